@@ -1,0 +1,123 @@
+/*
+ * The C interface between torch_bridge.cpp and the C core: the view of one
+ * intercepted call, the per-call entry points and the seam vtable. Valid C
+ * and C++ (no C11 atomics here); everything atomic stays behind the opaque
+ * ust__binding.
+ *
+ * Internal header: never installed.
+ */
+#ifndef UST_CALLVIEW_H
+#define UST_CALLVIEW_H
+
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ust__arg_kind {
+  UST__ARG_NONE = 0, /* an optional argument that is None, or an undefined tensor */
+  UST__ARG_TENSOR,
+  UST__ARG_INT,
+  UST__ARG_DOUBLE,
+  UST__ARG_BOOL,
+  UST__ARG_INTLIST,
+  UST__ARG_OTHER, /* anything understudy does not read (strings, tensor lists, ...) */
+} ust__arg_kind;
+
+/* dtypes as small ids: DLPack 0.6 has no codes for the fp8 types. */
+typedef enum ust__dtype {
+  UST__DT_OTHER = 0,
+  UST__DT_F16, UST__DT_BF16, UST__DT_F32, UST__DT_F64,
+  UST__DT_I8, UST__DT_U8, UST__DT_I16, UST__DT_I32, UST__DT_I64, UST__DT_BOOL,
+  UST__DT_F8E4M3FN, UST__DT_F8E5M2, UST__DT_F8E4M3FNUZ, UST__DT_F8E5M2FNUZ,
+  UST__DT_C64, UST__DT_C128,
+  UST__DT_COUNT
+} ust__dtype;
+const char *ust__dtype_name(int dt);
+
+/* One argument. Tensors are borrowed views: shape, strides and data point
+ * into the caller's tensor and are valid only until production runs (it
+ * consumes the stack). */
+typedef struct ust__arg {
+  int kind;   /* ust__arg_kind */
+  int dtype;  /* ust__dtype, tensors only */
+  DLTensor t;
+  int64_t i;  /* ints and bools; the length of int lists */
+  double f;
+} ust__arg;
+
+typedef enum ust__device {
+  UST__DEV_CPU = 0,
+  UST__DEV_CUDA = 1,  /* CUDA or HIP: torch calls both "cuda" */
+  UST__DEV_OTHER = 2, /* meta, fake, ...: served, not counted */
+} ust__device;
+
+typedef struct ust__call {
+  uint32_t size; /* sizeof(ust__call): grows only at the tail */
+  int nargs;
+  const ust__arg *args; /* borrowed */
+  int device;           /* ust__device of the first tensor argument */
+  int device_id;
+  void *stream;         /* native stream (cudaStream_t / hipStream_t); NULL on the host */
+} ust__call;
+
+struct ust__binding;
+struct ust__route;
+
+/* What ust__call_begin decided, carried to the end of the call. */
+typedef struct ust__call_state {
+  struct ust__route *route;
+  int timing; /* 0 none, 1 host clock, 2 device events */
+  int gpu_slot;
+  uint64_t t0_ns;
+} ust__call_state;
+
+/* 1 when the binding's operator is in mode off: the bridge then passes the
+ * call through without building a view. */
+int ust__binding_is_off(const struct ust__binding *b);
+/* 1 until the binding's argument names were resolved against a schema. */
+int ust__binding_needs_names(const struct ust__binding *b);
+/* Resolve argument names (borrowed). Thread-safe: the first caller resolves,
+ * the others wait for it. */
+void ust__binding_resolve(struct ust__binding *b, int nargs, const char *const *names);
+const char *ust__binding_display(const struct ust__binding *b);
+
+/* Before production runs. Never fails: when anything is off, st->route is
+ * NULL and the call is served untouched. */
+void ust__call_begin(struct ust__binding *b, const ust__call *call, ust__call_state *st);
+/* After production returned. */
+void ust__call_end(const ust__call *call, ust__call_state *st);
+/* After production raised: releases what begin took; records nothing. */
+void ust__call_cancel(const ust__call *call, ust__call_state *st);
+/* An error inside understudy on the call path (the call was served by
+ * production); counted in the report. */
+void ust__count_internal_error(void);
+
+/* The seam the bridge installs when the library loads. */
+typedef struct ust__seam_i {
+  const char *torch_version; /* static storage */
+  /* Register an interceptor for the binding's op and overload; *handle is
+   * the seam's. Returns 0, or UST_ETORCH with the last error set. */
+  int (*register_binding)(struct ust__binding *b, void **handle);
+  /* Remove it; cannot fail. */
+  void (*unregister_binding)(void *handle);
+  /* 1 when the op has a schema in this process now. */
+  int (*op_defined)(const char *qualname, const char *overload);
+} ust__seam_i;
+
+void ust__seam_install(const ust__seam_i *seam);
+const char *ust__binding_qualname(const struct ust__binding *b);
+const char *ust__binding_overload(const struct ust__binding *b);
+
+/* Calls in flight through interceptors; disable waits for it to drain. */
+void ust__inflight_enter(void);
+void ust__inflight_leave(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UST_CALLVIEW_H */

@@ -1,0 +1,107 @@
+/*
+ * Key dimensions: a tiny, closed grammar, compiled once per binding.
+ *
+ *   NAME[i]      size of dimension i of tensor argument NAME (i < 0 counts
+ *                from the end)
+ *   rows(NAME)   product of all sizes of NAME but the last
+ *   numel(NAME)  number of elements of NAME
+ *   len(NAME)    length of the int[] argument NAME
+ *   NAME         value of the int or bool argument NAME
+ */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch/dispatch.h"
+
+static int is_ident(const char *s, size_t n) {
+  if (n == 0 || !(isalpha((unsigned char)s[0]) || s[0] == '_'))
+    return 0;
+  for (size_t i = 1; i < n; i++)
+    if (!(isalnum((unsigned char)s[i]) || s[i] == '_'))
+      return 0;
+  return 1;
+}
+
+static int set_arg(ust__dim_prog *out, const char *s, size_t n) {
+  if (!is_ident(s, n) || n >= sizeof out->arg)
+    return -1;
+  memcpy(out->arg, s, n);
+  out->arg[n] = '\0';
+  return 0;
+}
+
+int ust__dim_compile(const char *expr, ust__dim_prog *out) {
+  memset(out, 0, sizeof *out);
+  out->arg_index = -1;
+  size_t n = strlen(expr);
+  static const struct {
+    const char *fn;
+    int kind;
+  } fns[] = {{"rows(", UST__DIM_ROWS}, {"numel(", UST__DIM_NUMEL}, {"len(", UST__DIM_LEN}};
+  for (size_t k = 0; k < sizeof fns / sizeof fns[0]; k++) {
+    size_t fl = strlen(fns[k].fn);
+    if (n > fl + 1 && strncmp(expr, fns[k].fn, fl) == 0 && expr[n - 1] == ')') {
+      out->kind = fns[k].kind;
+      if (set_arg(out, expr + fl, n - fl - 1) == 0)
+        return 0;
+      goto bad;
+    }
+  }
+  const char *br = strchr(expr, '[');
+  if (br != NULL) {
+    char *end = NULL;
+    long d = strtol(br + 1, &end, 10);
+    if (end == br + 1 || end == NULL || end[0] != ']' || end[1] != '\0' || d < -8 || d > 7)
+      goto bad;
+    out->kind = UST__DIM_SIZE;
+    out->dim = (int)d;
+    if (set_arg(out, expr, (size_t)(br - expr)) == 0)
+      return 0;
+    goto bad;
+  }
+  out->kind = UST__DIM_SCALAR;
+  if (set_arg(out, expr, n) == 0)
+    return 0;
+bad:
+  return ust__error(UST_EPROBLEM,
+                    "'%s' is not a key dimension (expected NAME[i], rows(NAME), numel(NAME), "
+                    "len(NAME) or NAME)",
+                    expr);
+}
+
+int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
+  if (p->arg_index < 0 || p->arg_index >= call->nargs)
+    return -1;
+  const ust__arg *a = &call->args[p->arg_index];
+  switch (p->kind) {
+  case UST__DIM_SIZE: {
+    if (a->kind != UST__ARG_TENSOR)
+      return -1;
+    int d = p->dim < 0 ? a->t.ndim + p->dim : p->dim;
+    return d >= 0 && d < a->t.ndim ? a->t.shape[d] : -1;
+  }
+  case UST__DIM_ROWS:
+  case UST__DIM_NUMEL: {
+    if (a->kind != UST__ARG_TENSOR)
+      return -1;
+    int64_t v = 1;
+    int last = p->kind == UST__DIM_ROWS ? a->t.ndim - 1 : a->t.ndim;
+    for (int d = 0; d < last; d++)
+      v *= a->t.shape[d];
+    return v;
+  }
+  case UST__DIM_LEN:
+    return a->kind == UST__ARG_INTLIST ? a->i : -1;
+  case UST__DIM_SCALAR:
+    return a->kind == UST__ARG_INT || a->kind == UST__ARG_BOOL ? a->i : -1;
+  }
+  return -1;
+}
+
+int64_t ust__dim_bucket(int bucket, int64_t v) {
+  if (bucket != UST__BUCKET_POW2 || v <= 1)
+    return v;
+  uint64_t u = (uint64_t)v - 1;
+  return (int64_t)(1ull << (64 - __builtin_clzll(u)));
+}

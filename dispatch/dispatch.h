@@ -1,0 +1,110 @@
+/*
+ * dispatch/: the C view of an intercepted call, key dimensions, the route
+ * table and the per-call decision. torch_bridge.cpp (the only C++ file) fills
+ * the view; everything else here is C and never sees a torch header.
+ *
+ * Internal header: never installed.
+ */
+#ifndef UST_DISPATCH_H
+#define UST_DISPATCH_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#include "dispatch/callview.h"
+#include "plugin/plugin.h"
+#include "scorer/scorer.h"
+
+/* ---- key dimensions -------------------------------------------------------- */
+
+typedef enum ust__dim_kind {
+  UST__DIM_SIZE = 0, /* NAME[i] */
+  UST__DIM_ROWS,     /* rows(NAME): product of all sizes but the last */
+  UST__DIM_NUMEL,    /* numel(NAME) */
+  UST__DIM_LEN,      /* len(NAME): length of an int[] argument */
+  UST__DIM_SCALAR,   /* NAME: an int or bool argument */
+} ust__dim_kind;
+
+typedef struct ust__dim_prog {
+  int kind;
+  int dim;                    /* UST__DIM_SIZE: index, negative from the end */
+  char arg[UST__NAME_MAX];
+  int arg_index;              /* resolved against the schema; -1 if absent */
+  int bucket;
+} ust__dim_prog;
+
+/* Compile a dimension expression; on error returns UST_EPROBLEM with a
+ * message that quotes the expression. */
+int ust__dim_compile(const char *expr, ust__dim_prog *out);
+/* Evaluate against a call; -1 when the argument is missing or None. */
+int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call);
+int64_t ust__dim_bucket(int bucket, int64_t v);
+
+/* ---- operators, bindings, routes -------------------------------------------- */
+
+typedef struct ust__operator {
+  char name[UST__NAME_MAX];
+  const ust__problem *problem; /* borrowed from the engine's problem set */
+  atomic_int mode;             /* ust__mode */
+  uint32_t sample_q32;         /* timed fraction of calls, in 1/2^32 */
+  double sample;
+} ust__operator;
+
+/* One dispatcher op + overload bound by an operator. The bridge holds a
+ * pointer to it for as long as its kernel is registered. */
+typedef struct ust__binding {
+  int index;
+  ust__operator *op;
+  char qualname[UST__QUALNAME_MAX]; /* "aten::mm" */
+  char overload[UST__NAME_MAX];     /* "" or "out" */
+  char display[UST__QUALNAME_MAX + UST__NAME_MAX]; /* "aten::mm.out" */
+  int n_dims;
+  ust__dim_prog dims[UST__MAX_DIMS];
+  const ust__binding_def *def;
+  atomic_int resolved;           /* 0 new, 1 resolving, 2 done */
+  atomic_uint_fast64_t untracked; /* calls not tracked: route table full */
+  void *seam_handle;             /* owned by the seam */
+  struct ust__route_table *routes; /* the engine's table */
+} ust__binding;
+
+#define UST__MAX_KEY_TENSORS 8
+
+typedef struct ust__route_key {
+  uint16_t binding;
+  uint8_t device;
+  uint8_t n_dtypes;
+  uint8_t dtypes[UST__MAX_KEY_TENSORS];
+  int64_t dims[UST__MAX_DIMS];
+} ust__route_key;
+
+typedef struct ust__route {
+  ust__route_key key;
+  uint64_t hash;
+  ust__binding *binding;
+  atomic_uint_fast64_t calls;    /* every call on this route */
+  atomic_uint_fast64_t timed;    /* calls whose latency was recorded */
+  atomic_uint_fast64_t captured; /* calls made while the stream captured a graph */
+  atomic_uint_fast64_t timing_dropped; /* sampled but no timer slot free */
+  ust__hist hist;                /* production latency, ns */
+} ust__route;
+
+typedef struct ust__route_table {
+  uint32_t cap;   /* power of two, twice max_routes */
+  uint32_t max_routes;
+  atomic_uint count;
+  _Atomic(ust__route *) *slots;
+} ust__route_table;
+
+int ust__routes_init(ust__route_table *t, int max_routes);
+void ust__routes_free(ust__route_table *t);
+/* Find or insert the route for key. Lock-free; NULL when the table is full
+ * or memory ran out. Thread-safe. */
+ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust__binding *b);
+/* Build the key of a call; returns -1 if the call cannot be keyed. */
+int ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key);
+/* "aten::mm|cpu|f32,f32|M=128,K=64,N=64" into buf. */
+void ust__route_key_str(const ust__route *r, char *buf, size_t cap);
+
+#endif /* UST_DISPATCH_H */

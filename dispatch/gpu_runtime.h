@@ -1,0 +1,40 @@
+/*
+ * One spelling for the GPU runtime: CUDA names, mapped to HIP when building
+ * for ROCm, so backend_gpu.c and the kernels are single-source.
+ */
+#ifndef UST_GPU_RUNTIME_H
+#define UST_GPU_RUNTIME_H
+
+#if defined(UST_GPU_HIP)
+#include <hip/hip_runtime_api.h>
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaErrorNotReady hipErrorNotReady
+#define cudaEvent_t hipEvent_t
+#define cudaStream_t hipStream_t
+#define cudaEventDefault hipEventDefault
+#define cudaEventCreateWithFlags hipEventCreateWithFlags
+#define cudaEventDestroy hipEventDestroy
+#define cudaEventRecord hipEventRecord
+#define cudaEventQuery hipEventQuery
+#define cudaEventSynchronize hipEventSynchronize
+#define cudaEventElapsedTime hipEventElapsedTime
+#define cudaGetDevice hipGetDevice
+#define cudaSetDevice hipSetDevice
+#define cudaGetErrorString hipGetErrorString
+#define cudaStreamCaptureStatus hipStreamCaptureStatus
+#define cudaStreamCaptureStatusNone hipStreamCaptureStatusNone
+#define cudaStreamCaptureMode hipStreamCaptureMode
+#define cudaStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
+#define cudaStreamIsCapturing hipStreamIsCapturing
+#define cudaThreadExchangeStreamCaptureMode hipThreadExchangeStreamCaptureMode
+#else
+#include <cuda_runtime_api.h>
+#endif
+
+/* Every GPU runtime call that can fail goes through this: it logs the
+ * statement, function and place, and yields the error (0 on success). */
+#define UST__GPU_CHECK(stmt)                                                                   \
+  ust__gpu_check((stmt), #stmt, __func__, __FILE__, __LINE__)
+
+#endif /* UST_GPU_RUNTIME_H */

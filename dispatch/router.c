@@ -1,0 +1,217 @@
+/*
+ * The router: shape key of a call, the route table, the sampling decision.
+ *
+ * The route table is an open-addressing array of atomic route pointers:
+ * lookups and inserts are lock-free, so the per-call path takes no lock.
+ * Routes are never removed while the engine lives, which is what makes the
+ * lock-free read safe; they are freed at disable, after every interceptor is
+ * gone and in-flight calls have drained.
+ */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch/backend.h"
+#include "dispatch/dispatch.h"
+
+const char *ust__dtype_name(int dt) {
+  static const char *names[UST__DT_COUNT] = {
+      "other", "f16", "bf16", "f32", "f64", "i8", "u8", "i16", "i32", "i64", "bool",
+      "f8e4m3fn", "f8e5m2", "f8e4m3fnuz", "f8e5m2fnuz", "c64", "c128"};
+  return dt >= 0 && dt < UST__DT_COUNT ? names[dt] : "other";
+}
+
+int ust__routes_init(ust__route_table *t, int max_routes) {
+  uint32_t cap = 16;
+  while (cap < (uint32_t)max_routes * 2u)
+    cap <<= 1;
+  t->cap = cap;
+  t->max_routes = (uint32_t)max_routes;
+  atomic_init(&t->count, 0);
+  t->slots = calloc(cap, sizeof *t->slots);
+  return t->slots == NULL ? ust__error(UST_ENOMEM, "out of memory for %u route slots", cap) : 0;
+}
+
+static void route_free(ust__route *r) {
+  if (r == NULL)
+    return;
+  ust__hist_free(&r->hist);
+  free(r);
+}
+
+void ust__routes_free(ust__route_table *t) {
+  if (t == NULL || t->slots == NULL)
+    return;
+  for (uint32_t i = 0; i < t->cap; i++)
+    route_free(atomic_load(&t->slots[i]));
+  free(t->slots);
+  t->slots = NULL;
+}
+
+static uint64_t key_hash(const ust__route_key *k) {
+  const unsigned char *p = (const unsigned char *)k;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < sizeof *k; i++) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h ^ (h >> 29);
+}
+
+ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust__binding *b) {
+  uint64_t h = key_hash(key);
+  uint32_t mask = t->cap - 1;
+  ust__route *fresh = NULL;
+  for (uint32_t probe = 0; probe < t->cap; probe++) {
+    uint32_t i = (uint32_t)(h + probe) & mask;
+    ust__route *r = atomic_load_explicit(&t->slots[i], memory_order_acquire);
+    if (r == NULL) {
+      if (fresh == NULL) {
+        if (atomic_fetch_add(&t->count, 1) >= t->max_routes) {
+          atomic_fetch_sub(&t->count, 1);
+          return NULL;
+        }
+        fresh = calloc(1, sizeof *fresh);
+        if (fresh == NULL || ust__hist_init(&fresh->hist) != 0) {
+          route_free(fresh);
+          atomic_fetch_sub(&t->count, 1);
+          return NULL;
+        }
+        fresh->key = *key;
+        fresh->hash = h;
+        fresh->binding = b;
+      }
+      ust__route *expected = NULL;
+      if (atomic_compare_exchange_strong_explicit(&t->slots[i], &expected, fresh,
+                                                  memory_order_acq_rel, memory_order_acquire))
+        return fresh;
+      r = expected; /* another thread filled this slot first */
+    }
+    if (r->hash == h && memcmp(&r->key, key, sizeof *key) == 0) {
+      if (fresh != NULL) {
+        route_free(fresh);
+        atomic_fetch_sub(&t->count, 1);
+      }
+      return r;
+    }
+  }
+  if (fresh != NULL) {
+    route_free(fresh);
+    atomic_fetch_sub(&t->count, 1);
+  }
+  return NULL;
+}
+
+int ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key) {
+  memset(key, 0, sizeof *key);
+  key->binding = (uint16_t)b->index;
+  key->device = (uint8_t)call->device;
+  for (int i = 0; i < call->nargs && key->n_dtypes < UST__MAX_KEY_TENSORS; i++)
+    if (call->args[i].kind == UST__ARG_TENSOR)
+      key->dtypes[key->n_dtypes++] = (uint8_t)call->args[i].dtype;
+  for (int d = 0; d < b->n_dims; d++)
+    key->dims[d] = ust__dim_bucket(b->dims[d].bucket, ust__dim_eval(&b->dims[d], call));
+  return 0;
+}
+
+void ust__route_key_str(const ust__route *r, char *buf, size_t cap) {
+  const ust__binding *b = r->binding;
+  size_t n = (size_t)snprintf(buf, cap, "%s|%s|", b->display,
+                              r->key.device == UST__DEV_CUDA ? "cuda" : "cpu");
+  for (int i = 0; i < r->key.n_dtypes && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? "," : "", ust__dtype_name(r->key.dtypes[i]));
+  if (n < cap)
+    n += (size_t)snprintf(buf + n, cap - n, "|");
+  for (int d = 0; d < b->n_dims && n < cap; d++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s=%lld", d ? "," : "", b->def->dims[d].name,
+                          (long long)r->key.dims[d]);
+}
+
+void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names) {
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&b->resolved, &expected, 1)) {
+    while (atomic_load(&b->resolved) != 2)
+      sched_yield();
+    return;
+  }
+  for (int d = 0; d < b->n_dims; d++) {
+    b->dims[d].arg_index = -1;
+    for (int i = 0; i < nargs; i++)
+      if (strcmp(names[i], b->dims[d].arg) == 0)
+        b->dims[d].arg_index = i;
+    if (b->dims[d].arg_index < 0)
+      ust__log(UST_LOG_WARN, "%s: key dimension '%s' names argument '%s', which %s does not have",
+               b->op->problem->path, b->def->dims[d].name, b->dims[d].arg, b->display);
+  }
+  atomic_store(&b->resolved, 2);
+}
+
+/* Exactly floor(n * sample) of the first n calls are timed, spread evenly. */
+static int sampled(uint64_t n, uint32_t q32, double sample) {
+  if (sample >= 1.0)
+    return 1;
+  unsigned __int128 a = (unsigned __int128)n * q32, p = (unsigned __int128)(n - 1) * q32;
+  return (uint64_t)(a >> 32) != (uint64_t)(p >> 32);
+}
+
+void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st) {
+  st->route = NULL;
+  st->timing = 0;
+  if (call->device == UST__DEV_OTHER)
+    return;
+  ust__route_key key;
+  ust__route_key_make(b, call, &key);
+  ust__route *r = ust__routes_get(b->routes, &key, b);
+  if (r == NULL) {
+    atomic_fetch_add_explicit(&b->untracked, 1, memory_order_relaxed);
+    return;
+  }
+  st->route = r;
+  uint64_t n = atomic_fetch_add_explicit(&r->calls, 1, memory_order_relaxed) + 1;
+  if (call->device == UST__DEV_CUDA && ust__gpu_capturing(call->stream)) {
+    /* Nothing is timed inside a graph: replays do not come back here. */
+    atomic_fetch_add_explicit(&r->captured, 1, memory_order_relaxed);
+    return;
+  }
+  if (!sampled(n, b->op->sample_q32, b->op->sample))
+    return;
+  if (call->device == UST__DEV_CPU) {
+    st->timing = 1;
+    st->t0_ns = ust__now_ns();
+  } else {
+    st->gpu_slot = ust__gpu_timer_begin(call->device_id, call->stream);
+    if (st->gpu_slot >= 0)
+      st->timing = 2;
+    else
+      atomic_fetch_add_explicit(&r->timing_dropped, 1, memory_order_relaxed);
+  }
+}
+
+void ust__call_end(const ust__call *call, ust__call_state *st) {
+  if (st->timing == 1) {
+    uint64_t dt = ust__now_ns() - st->t0_ns;
+    ust__hist_record(&st->route->hist, dt);
+    atomic_fetch_add_explicit(&st->route->timed, 1, memory_order_relaxed);
+  } else if (st->timing == 2) {
+    ust__gpu_timer_end(st->gpu_slot, call->stream, st->route);
+  }
+}
+
+void ust__call_cancel(const ust__call *call, ust__call_state *st) {
+  if (st->timing == 2)
+    ust__gpu_timer_cancel(st->gpu_slot);
+  st->timing = 0;
+}
+
+int ust__binding_is_off(const ust__binding *b) {
+  return atomic_load_explicit(&b->op->mode, memory_order_relaxed) == UST__MODE_OFF;
+}
+
+int ust__binding_needs_names(const ust__binding *b) {
+  return atomic_load_explicit(&b->resolved, memory_order_acquire) != 2;
+}
+
+const char *ust__binding_display(const ust__binding *b) { return b->display; }
+const char *ust__binding_qualname(const ust__binding *b) { return b->qualname; }
+const char *ust__binding_overload(const ust__binding *b) { return b->overload; }

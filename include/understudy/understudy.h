@@ -1,0 +1,130 @@
+/*
+ * understudy: the embedding API.
+ *
+ * understudy is a shared object loaded into a PyTorch process. Once enabled it
+ * intercepts the dispatcher ops bound by the configured operators (see
+ * problems/NAME.json), keys every call by (op, dtypes, the operator's key
+ * dimensions), and, per route, observes production: call counts, latency
+ * histograms and device time, from which the live importance weights follow.
+ * Figures leave the process as a versioned JSON report.
+ *
+ * Errors: every function that can fail returns 0 or a negative UST_E* code;
+ * ust_last_error() then holds a message for the calling thread that names what
+ * was wrong (the config field, the problem file and its field, ...).
+ *
+ * Threading: ust_enable, ust_disable, ust_set_mode and the report functions
+ * may be called from any thread; they serialise on one internal lock.
+ * Intercepted calls never take that lock.
+ *
+ * Nothing here aborts, exits or throws: understudy fails open.
+ */
+#ifndef UNDERSTUDY_UNDERSTUDY_H
+#define UNDERSTUDY_UNDERSTUDY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(UST_BUILDING)
+#define UST_API __attribute__((visibility("default")))
+#else
+#define UST_API
+#endif
+
+#define UST_ABI_VERSION 1
+
+/* X(name, code, message): the one list of error codes. */
+#define UST_ERRNO_MAP(X)                                                     \
+  X(EINVAL, -1, "invalid argument")                                          \
+  X(ECONFIG, -2, "invalid config")                                           \
+  X(EPROBLEM, -3, "invalid problem definition")                              \
+  X(ENOMEM, -4, "out of memory")                                             \
+  X(EIO, -5, "input/output error")                                           \
+  X(ESTATE, -6, "wrong state for this call")                                 \
+  X(ENOTFOUND, -7, "not found")                                              \
+  X(ETORCH, -8, "dispatcher registration failed")                            \
+  X(EGPU, -9, "GPU runtime error")                                           \
+  X(EFULL, -10, "table full")                                                \
+  X(EINTERNAL, -11, "internal error")
+
+typedef enum ust_errno {
+  UST_OK = 0,
+#define UST__ERRNO_ENUM(name, code, msg) UST_##name = code,
+  UST_ERRNO_MAP(UST__ERRNO_ENUM)
+#undef UST__ERRNO_ENUM
+} ust_errno;
+
+/* Static description of an error code; never NULL. */
+UST_API const char *ust_strerror(int err);
+/* Symbolic name ("UST_ECONFIG"); never NULL. */
+UST_API const char *ust_err_name(int err);
+/* The message of the calling thread's last failed call; "" if none. The
+ * string is owned by understudy and valid until the thread's next call. */
+UST_API const char *ust_last_error(void);
+
+/* Library version as "major.minor.patch"; static storage. */
+UST_API const char *ust_version(void);
+/* Torch version the dispatcher seam was built against, or "" when the
+ * library was built without one. Static storage. */
+UST_API const char *ust_torch_version(void);
+
+typedef enum ust_log_level {
+  UST_LOG_ERROR = 0,
+  UST_LOG_WARN = 1,
+  UST_LOG_INFO = 2,
+  UST_LOG_DEBUG = 3,
+} ust_log_level;
+
+/* Log sink. msg is borrowed for the duration of the call. Called from any
+ * thread, never per intercepted call. */
+typedef void (*ust_log_cb)(int level, const char *msg, void *user);
+
+/* Replace the log sink (NULL restores the default: stderr, prefixed
+ * "understudy: "). Messages above max_level are dropped. Thread-safe. */
+UST_API void ust_set_log(ust_log_cb cb, void *user, int max_level);
+
+/* Enable understudy with a JSON config (see README, "Config reference").
+ * config_json: borrowed; NULL or "" means the defaults.
+ * problems_dir: directory of operator definitions, borrowed; NULL uses the
+ * config's "problems_dir".
+ * Loads and validates every operator definition and the config before
+ * touching the dispatcher: on any error nothing is registered and torch keeps
+ * running exactly as before. Returns UST_ESTATE if already enabled. */
+UST_API int ust_enable(const char *config_json, const char *problems_dir);
+
+/* Unregister every interceptor, wait for in-flight intercepted calls and
+ * pending device timings, write the final report (if a report path is
+ * configured) and free everything. A no-op returning 0 when not enabled. */
+UST_API int ust_disable(void);
+
+/* 1 if enabled, else 0. */
+UST_API int ust_is_enabled(void);
+
+/* Change an operator's mode while running: "off" (registered, pure
+ * pass-through) or "observe". Takes effect on the next call. */
+UST_API int ust_set_mode(const char *operator_name, const char *mode);
+
+/* Write the JSON report to path atomically (temp file, fsync, rename).
+ * path NULL uses the configured report path. */
+UST_API int ust_report_write(const char *path);
+
+/* The JSON report as a string. *out receives a new string; free it with
+ * ust_free(). */
+UST_API int ust_report_json(char **out);
+
+/* Free memory returned by understudy. ust_free(NULL) is a no-op. */
+UST_API void ust_free(void *p);
+
+/* Wait until every device timing recorded so far has been harvested into
+ * the route statistics. Synchronises with the device (it waits on events):
+ * for tests and for reports at exit, never for the serving path. */
+UST_API int ust_flush_sync(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UNDERSTUDY_UNDERSTUDY_H */

@@ -1,0 +1,229 @@
+/* The JSON config: parsed strictly, every error names its JSON path. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "plugin/plugin.h"
+
+int ust__mode_parse(const char *s, int *mode) {
+  if (strcmp(s, "off") == 0)
+    *mode = UST__MODE_OFF;
+  else if (strcmp(s, "observe") == 0)
+    *mode = UST__MODE_OBSERVE;
+  else
+    return -1;
+  return 0;
+}
+
+const char *ust__mode_name(int mode) {
+  switch (mode) {
+  case UST__MODE_OFF:
+    return "off";
+  case UST__MODE_OBSERVE:
+    return "observe";
+  }
+  return "unknown";
+}
+
+static int level_parse(const char *s) {
+  static const char *names[] = {"error", "warn", "info", "debug"};
+  for (int i = 0; i < 4; i++)
+    if (strcmp(s, names[i]) == 0)
+      return i;
+  return -1;
+}
+
+/* Fails with a message naming `path` unless every key of obj is in allowed. */
+static int check_keys(const cJSON *obj, const char *path, const char *const *allowed) {
+  for (const cJSON *it = obj->child; it != NULL; it = it->next) {
+    int ok = 0;
+    for (const char *const *a = allowed; *a != NULL; a++)
+      if (strcmp(it->string, *a) == 0)
+        ok = 1;
+    if (!ok) {
+      char list[256] = "";
+      for (const char *const *a = allowed; *a != NULL; a++) {
+        strncat(list, *a, sizeof list - strlen(list) - 1);
+        if (a[1] != NULL)
+          strncat(list, ", ", sizeof list - strlen(list) - 1);
+      }
+      return ust__error(UST_ECONFIG, "config: unknown field '%s%s%s' (expected one of: %s)", path,
+                        *path ? "." : "", it->string, list);
+    }
+  }
+  return 0;
+}
+
+static int parse_mode(const cJSON *v, const char *path, int *mode) {
+  if (!cJSON_IsString(v))
+    return ust__error(UST_ECONFIG, "config: '%s' must be a string (off, observe)", path);
+  if (ust__mode_parse(v->valuestring, mode) != 0)
+    return ust__error(UST_ECONFIG, "config: '%s' is '%s'; expected off or observe", path,
+                      v->valuestring);
+  return 0;
+}
+
+static int parse_sample(const cJSON *v, const char *path, double *sample) {
+  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0.0 ||
+      v->valuedouble > 1.0)
+    return ust__error(UST_ECONFIG, "config: '%s' must be a number in [0, 1]", path);
+  *sample = v->valuedouble;
+  return 0;
+}
+
+static int parse_string(const cJSON *v, const char *path, char **out) {
+  if (!cJSON_IsString(v) || v->valuestring[0] == '\0')
+    return ust__error(UST_ECONFIG, "config: '%s' must be a non-empty string", path);
+  free(*out);
+  *out = ust__strdup(v->valuestring);
+  return *out == NULL ? ust__error(UST_ENOMEM, "config: out of memory") : 0;
+}
+
+static int parse_operators(const cJSON *ops, ust__config *cfg) {
+  if (!cJSON_IsObject(ops))
+    return ust__error(UST_ECONFIG, "config: 'operators' must be an object mapping operator names to settings");
+  int n = cJSON_GetArraySize(ops);
+  cfg->ops = calloc(n > 0 ? (size_t)n : 1, sizeof *cfg->ops);
+  if (cfg->ops == NULL)
+    return ust__error(UST_ENOMEM, "config: out of memory");
+  for (const cJSON *it = ops->child; it != NULL; it = it->next) {
+    char path[UST__NAME_MAX + 32];
+    snprintf(path, sizeof path, "operators.%s", it->string);
+    ust__op_config *oc = &cfg->ops[cfg->n_ops];
+    if (ust__copy_name(oc->name, sizeof oc->name, it->string) != 0 || it->string[0] == '\0')
+      return ust__error(UST_ECONFIG, "config: operator name '%s' is empty or too long", it->string);
+    for (int j = 0; j < cfg->n_ops; j++)
+      if (strcmp(cfg->ops[j].name, oc->name) == 0)
+        return ust__error(UST_ECONFIG, "config: '%s' appears twice", path);
+    oc->mode = cfg->default_mode;
+    oc->sample = cfg->default_sample;
+    int rc;
+    if (cJSON_IsString(it)) {
+      rc = parse_mode(it, path, &oc->mode);
+    } else if (cJSON_IsObject(it)) {
+      static const char *const keys[] = {"mode", "sample", NULL};
+      rc = check_keys(it, path, keys);
+      const cJSON *v;
+      char sub[UST__NAME_MAX + 48];
+      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "mode")) != NULL) {
+        snprintf(sub, sizeof sub, "%s.mode", path);
+        rc = parse_mode(v, sub, &oc->mode);
+      }
+      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "sample")) != NULL) {
+        snprintf(sub, sizeof sub, "%s.sample", path);
+        rc = parse_sample(v, sub, &oc->sample);
+      }
+    } else {
+      rc = ust__error(UST_ECONFIG, "config: '%s' must be a mode string or an object {mode, sample}", path);
+    }
+    if (rc != 0)
+      return rc;
+    cfg->n_ops++;
+  }
+  return 0;
+}
+
+static int parse_root(const cJSON *root, ust__config *cfg) {
+  static const char *const keys[] = {"version", "problems_dir", "report", "log_level", "max_routes",
+                                     "defaults", "operators", NULL};
+  if (!cJSON_IsObject(root))
+    return ust__error(UST_ECONFIG, "config: the top level must be a JSON object");
+  int rc = check_keys(root, "", keys);
+  if (rc != 0)
+    return rc;
+  const cJSON *v;
+  if ((v = cJSON_GetObjectItemCaseSensitive(root, "version")) != NULL &&
+      (!cJSON_IsNumber(v) || v->valuedouble != 1))
+    return ust__error(UST_ECONFIG, "config: 'version' must be 1");
+  if ((v = cJSON_GetObjectItemCaseSensitive(root, "problems_dir")) != NULL &&
+      (rc = parse_string(v, "problems_dir", &cfg->problems_dir)) != 0)
+    return rc;
+  if ((v = cJSON_GetObjectItemCaseSensitive(root, "log_level")) != NULL) {
+    if (!cJSON_IsString(v) || (cfg->log_level = level_parse(v->valuestring)) < 0)
+      return ust__error(UST_ECONFIG, "config: 'log_level' must be one of error, warn, info, debug");
+  }
+  if ((v = cJSON_GetObjectItemCaseSensitive(root, "max_routes")) != NULL) {
+    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > (1 << 20) ||
+        v->valuedouble != (double)(int)v->valuedouble)
+      return ust__error(UST_ECONFIG, "config: 'max_routes' must be an integer in [1, 1048576]");
+    cfg->max_routes = (int)v->valuedouble;
+  }
+  const cJSON *report = cJSON_GetObjectItemCaseSensitive(root, "report");
+  if (report != NULL) {
+    static const char *const rkeys[] = {"path", "interval_s", NULL};
+    if (!cJSON_IsObject(report))
+      return ust__error(UST_ECONFIG, "config: 'report' must be an object {path, interval_s}");
+    if ((rc = check_keys(report, "report", rkeys)) != 0)
+      return rc;
+    if ((v = cJSON_GetObjectItemCaseSensitive(report, "path")) != NULL &&
+        (rc = parse_string(v, "report.path", &cfg->report_path)) != 0)
+      return rc;
+    if ((v = cJSON_GetObjectItemCaseSensitive(report, "interval_s")) != NULL) {
+      if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0)
+        return ust__error(UST_ECONFIG, "config: 'report.interval_s' must be a number >= 0");
+      cfg->report_interval_s = v->valuedouble;
+    }
+  }
+  const cJSON *defaults = cJSON_GetObjectItemCaseSensitive(root, "defaults");
+  if (defaults != NULL) {
+    static const char *const dkeys[] = {"mode", "sample", NULL};
+    if (!cJSON_IsObject(defaults))
+      return ust__error(UST_ECONFIG, "config: 'defaults' must be an object {mode, sample}");
+    if ((rc = check_keys(defaults, "defaults", dkeys)) != 0)
+      return rc;
+    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "mode")) != NULL &&
+        (rc = parse_mode(v, "defaults.mode", &cfg->default_mode)) != 0)
+      return rc;
+    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "sample")) != NULL &&
+        (rc = parse_sample(v, "defaults.sample", &cfg->default_sample)) != 0)
+      return rc;
+  }
+  const cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
+  cfg->all_operators = ops == NULL;
+  if (ops != NULL && (rc = parse_operators(ops, cfg)) != 0)
+    return rc;
+  return 0;
+}
+
+int ust__config_parse(const char *json, ust__config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->report_interval_s = 10.0;
+  cfg->log_level = UST_LOG_WARN;
+  cfg->default_mode = UST__MODE_OBSERVE;
+  cfg->default_sample = 1.0;
+  cfg->max_routes = 4096;
+  cfg->all_operators = 1;
+  if (json == NULL || json[0] == '\0')
+    return 0;
+  cJSON *root = cJSON_Parse(json);
+  if (root == NULL) {
+    const char *at = cJSON_GetErrorPtr();
+    char near[40] = "";
+    if (at != NULL)
+      snprintf(near, sizeof near, "%.32s", at);
+    ust__config_free(cfg);
+    return ust__error(UST_ECONFIG, "config: not valid JSON (near '%s', offset %ld)", near,
+                      at != NULL ? (long)(at - json) : -1L);
+  }
+  int rc = parse_root(root, cfg);
+  cJSON_Delete(root);
+  if (rc != 0) {
+    ust__config_free(cfg);
+    return rc;
+  }
+  return 0;
+}
+
+void ust__config_free(ust__config *cfg) {
+  if (cfg == NULL)
+    return;
+  free(cfg->problems_dir);
+  free(cfg->report_path);
+  free(cfg->ops);
+  cfg->problems_dir = cfg->report_path = NULL;
+  cfg->ops = NULL;
+  cfg->n_ops = 0;
+}

@@ -1,0 +1,312 @@
+/* Lifecycle: enable, disable, runtime mode changes, the worker thread. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "dispatch/backend.h"
+#include "plugin/engine.h"
+
+static pthread_mutex_t engine_lock = PTHREAD_MUTEX_INITIALIZER;
+static ust__engine *engine; /* guarded by engine_lock */
+static const ust__seam_i *seam;
+static atomic_long inflight;
+static atomic_uint_fast64_t internal_errors;
+
+void ust__count_internal_error(void) { atomic_fetch_add_explicit(&internal_errors, 1, memory_order_relaxed); }
+uint64_t ust__internal_errors(void) { return atomic_load(&internal_errors); }
+
+void ust__seam_install(const ust__seam_i *s) { seam = s; }
+const char *ust_torch_version(void) { return seam != NULL ? seam->torch_version : ""; }
+void ust__inflight_enter(void) { atomic_fetch_add_explicit(&inflight, 1, memory_order_acq_rel); }
+void ust__inflight_leave(void) { atomic_fetch_sub_explicit(&inflight, 1, memory_order_acq_rel); }
+
+static uint64_t unix_ms(void) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  return (uint64_t)tv.tv_sec * 1000u + (uint64_t)tv.tv_usec / 1000u;
+}
+
+static void *worker_main(void *arg) {
+  ust__engine *e = arg;
+  double interval = e->cfg.report_interval_s;
+  uint64_t next_report = ust__now_ns() + (uint64_t)(interval * 1e9);
+  pthread_mutex_lock(&e->worker_lock);
+  while (!e->worker_stop) {
+    pthread_mutex_unlock(&e->worker_lock);
+    ust__gpu_harvest();
+    uint64_t now = ust__now_ns();
+    if (e->cfg.report_path != NULL && interval > 0 && now >= next_report) {
+      if (ust__report_write_file(e, e->cfg.report_path) != 0)
+        ust__log(UST_LOG_WARN, "periodic report: %s", ust_last_error());
+      next_report = now + (uint64_t)(interval * 1e9);
+    }
+    /* Device timings are polled every 2 ms; a host-only build only wakes
+     * for reports. */
+    uint64_t wait_ns = ust__gpu_available() ? 2000000u : 100000000u;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t t = (uint64_t)ts.tv_nsec + wait_ns;
+    ts.tv_sec += (time_t)(t / 1000000000u);
+    ts.tv_nsec = (long)(t % 1000000000u);
+    pthread_mutex_lock(&e->worker_lock);
+    if (!e->worker_stop)
+      pthread_cond_timedwait(&e->worker_cond, &e->worker_lock, &ts);
+  }
+  pthread_mutex_unlock(&e->worker_lock);
+  return NULL;
+}
+
+static void engine_free(ust__engine *e) {
+  if (e == NULL)
+    return;
+  ust__routes_free(&e->routes);
+  free(e->bindings);
+  free(e->ops);
+  ust__problems_free(&e->problems);
+  ust__config_free(&e->cfg);
+  pthread_mutex_destroy(&e->worker_lock);
+  pthread_cond_destroy(&e->worker_cond);
+  free(e);
+}
+
+static int build_operators(ust__engine *e) {
+  const ust__config *c = &e->cfg;
+  for (int i = 0; i < c->n_ops; i++)
+    if (ust__problems_find(&e->problems, c->ops[i].name) == NULL)
+      return ust__error(UST_ECONFIG, "config: 'operators.%s': no operator named '%s' is defined in %s",
+                        c->ops[i].name, c->ops[i].name, c->problems_dir);
+  int n = c->all_operators ? e->problems.n : c->n_ops;
+  e->ops = calloc(n > 0 ? (size_t)n : 1, sizeof *e->ops);
+  if (e->ops == NULL)
+    return ust__error(UST_ENOMEM, "out of memory");
+  int nb = 0;
+  for (int i = 0; i < n; i++) {
+    ust__operator *op = &e->ops[i];
+    const ust__problem *p = c->all_operators ? &e->problems.items[i] : ust__problems_find(&e->problems, c->ops[i].name);
+    memcpy(op->name, p->name, sizeof op->name);
+    op->problem = p;
+    atomic_init(&op->mode, c->all_operators ? c->default_mode : c->ops[i].mode);
+    op->sample = c->all_operators ? c->default_sample : c->ops[i].sample;
+    op->sample_q32 = (uint32_t)(op->sample * 4294967295.0);
+    for (int b = 0; b < p->n_bindings; b++)
+      nb += p->bindings[b].n_overloads;
+  }
+  e->n_ops = n;
+  if (nb > 65535)
+    return ust__error(UST_ECONFIG, "config: %d dispatcher bindings; at most 65535 are supported", nb);
+  e->bindings = calloc(nb > 0 ? (size_t)nb : 1, sizeof *e->bindings);
+  if (e->bindings == NULL)
+    return ust__error(UST_ENOMEM, "out of memory");
+  for (int i = 0; i < n; i++) {
+    const ust__problem *p = e->ops[i].problem;
+    for (int bd = 0; bd < p->n_bindings; bd++) {
+      const ust__binding_def *def = &p->bindings[bd];
+      for (int o = 0; o < def->n_overloads; o++) {
+        ust__binding *b = &e->bindings[e->n_bindings];
+        b->index = e->n_bindings;
+        b->op = &e->ops[i];
+        b->def = def;
+        b->routes = &e->routes;
+        memcpy(b->qualname, def->op, sizeof b->qualname);
+        memcpy(b->overload, def->overloads[o], sizeof b->overload);
+        snprintf(b->display, sizeof b->display, "%s%s%s", b->qualname, b->overload[0] ? "." : "", b->overload);
+        for (int j = 0; j < e->n_bindings; j++)
+          if (strcmp(e->bindings[j].display, b->display) == 0)
+            return ust__error(UST_ECONFIG, "%s: '%s' is already bound by operator '%s' (%s)", p->path, b->display,
+                              e->bindings[j].op->name, e->bindings[j].op->problem->path);
+        b->n_dims = def->n_dims;
+        for (int d = 0; d < def->n_dims; d++) {
+          if (ust__dim_compile(def->dims[d].expr, &b->dims[d]) != 0)
+            return ust__error(UST_EPROBLEM, "%s: %s", p->path, ust_last_error());
+          b->dims[d].bucket = def->dims[d].bucket;
+        }
+        e->n_bindings++;
+      }
+    }
+  }
+  return 0;
+}
+
+static void unregister_all(ust__engine *e) {
+  for (int i = 0; i < e->n_bindings; i++) {
+    if (e->bindings[i].seam_handle != NULL && seam != NULL)
+      seam->unregister_binding(e->bindings[i].seam_handle);
+    e->bindings[i].seam_handle = NULL;
+  }
+}
+
+static int engine_create(const char *config_json, const char *problems_dir, ust__engine **out) {
+  ust__engine *e = calloc(1, sizeof *e);
+  if (e == NULL)
+    return ust__error(UST_ENOMEM, "out of memory");
+  pthread_mutex_init(&e->worker_lock, NULL);
+  pthread_cond_init(&e->worker_cond, NULL);
+  int rc = ust__config_parse(config_json, &e->cfg);
+  if (rc == 0 && problems_dir != NULL && problems_dir[0] != '\0') {
+    free(e->cfg.problems_dir);
+    if ((e->cfg.problems_dir = ust__strdup(problems_dir)) == NULL)
+      rc = ust__error(UST_ENOMEM, "out of memory");
+  }
+  if (rc == 0 && e->cfg.problems_dir == NULL)
+    rc = ust__error(UST_ECONFIG, "config: 'problems_dir' is not set and no problems directory was given");
+  if (rc == 0)
+    rc = ust__problems_load_dir(e->cfg.problems_dir, &e->problems);
+  if (rc == 0)
+    rc = build_operators(e);
+  if (rc == 0)
+    rc = ust__routes_init(&e->routes, e->cfg.max_routes);
+  if (rc != 0) {
+    engine_free(e);
+    return rc;
+  }
+  e->started_unix_ms = unix_ms();
+  *out = e;
+  return 0;
+}
+
+int ust_enable(const char *config_json, const char *problems_dir) {
+  ust__clear_error();
+  pthread_mutex_lock(&engine_lock);
+  int rc = 0;
+  ust__engine *e = NULL;
+  if (engine != NULL) {
+    rc = ust__error(UST_ESTATE, "understudy is already enabled; call disable first");
+    goto out;
+  }
+  if ((rc = engine_create(config_json, problems_dir, &e)) != 0)
+    goto out;
+  ust_set_log(NULL, NULL, e->cfg.log_level);
+  if ((rc = ust__gpu_init(1024)) != 0)
+    goto fail;
+  for (int i = 0; seam != NULL && i < e->n_bindings; i++) {
+    ust__binding *b = &e->bindings[i];
+    if ((rc = seam->register_binding(b, &b->seam_handle)) != 0)
+      goto fail;
+    if (!seam->op_defined(b->qualname, b->overload))
+      ust__log(UST_LOG_INFO, "%s is not defined in this process yet; it is intercepted once it is", b->display);
+  }
+  if (pthread_create(&e->worker, NULL, worker_main, e) != 0) {
+    rc = ust__error(UST_EINTERNAL, "cannot start the worker thread");
+    goto fail;
+  }
+  e->worker_started = 1;
+  engine = e;
+  ust__log(UST_LOG_INFO, "enabled: %d operators, %d dispatcher bindings", e->n_ops, e->n_bindings);
+  goto out;
+fail:
+  unregister_all(e);
+  ust__gpu_shutdown();
+  engine_free(e);
+out:
+  pthread_mutex_unlock(&engine_lock);
+  return rc;
+}
+
+int ust_disable(void) {
+  ust__clear_error();
+  pthread_mutex_lock(&engine_lock);
+  ust__engine *e = engine;
+  int rc = 0;
+  if (e == NULL) {
+    pthread_mutex_unlock(&engine_lock);
+    return 0;
+  }
+  unregister_all(e);
+  /* A call that looked up our kernel just before it was removed may not
+   * have entered it yet; a short grace period covers that window, then the
+   * in-flight count drains. */
+  usleep(1000);
+  while (atomic_load(&inflight) > 0)
+    usleep(100);
+  pthread_mutex_lock(&e->worker_lock);
+  e->worker_stop = 1;
+  pthread_cond_signal(&e->worker_cond);
+  pthread_mutex_unlock(&e->worker_lock);
+  if (e->worker_started)
+    pthread_join(e->worker, NULL);
+  ust__gpu_harvest_all_sync();
+  if (e->cfg.report_path != NULL)
+    rc = ust__report_write_file(e, e->cfg.report_path);
+  ust__gpu_shutdown();
+  engine = NULL;
+  engine_free(e);
+  pthread_mutex_unlock(&engine_lock);
+  return rc;
+}
+
+int ust_is_enabled(void) {
+  pthread_mutex_lock(&engine_lock);
+  int on = engine != NULL;
+  pthread_mutex_unlock(&engine_lock);
+  return on;
+}
+
+int ust_set_mode(const char *operator_name, const char *mode) {
+  ust__clear_error();
+  if (operator_name == NULL || mode == NULL)
+    return ust__error(UST_EINVAL, "set_mode: operator and mode are required");
+  int m;
+  if (ust__mode_parse(mode, &m) != 0)
+    return ust__error(UST_EINVAL, "set_mode: mode '%s' is not one of off, observe", mode);
+  pthread_mutex_lock(&engine_lock);
+  int rc = ust__error(UST_ESTATE, "set_mode: understudy is not enabled");
+  if (engine != NULL) {
+    rc = ust__error(UST_ENOTFOUND, "set_mode: no enabled operator is named '%s'", operator_name);
+    for (int i = 0; i < engine->n_ops; i++)
+      if (strcmp(engine->ops[i].name, operator_name) == 0) {
+        atomic_store(&engine->ops[i].mode, m);
+        rc = 0;
+        ust__clear_error();
+      }
+  }
+  pthread_mutex_unlock(&engine_lock);
+  return rc;
+}
+
+int ust_report_write(const char *path) {
+  ust__clear_error();
+  pthread_mutex_lock(&engine_lock);
+  int rc;
+  if (engine == NULL)
+    rc = ust__error(UST_ESTATE, "report: understudy is not enabled");
+  else if (path == NULL && engine->cfg.report_path == NULL)
+    rc = ust__error(UST_EINVAL, "report: no path given and no 'report.path' configured");
+  else
+    rc = ust__report_write_file(engine, path != NULL ? path : engine->cfg.report_path);
+  pthread_mutex_unlock(&engine_lock);
+  return rc;
+}
+
+int ust_report_json(char **out) {
+  ust__clear_error();
+  if (out == NULL)
+    return ust__error(UST_EINVAL, "report: out is NULL");
+  *out = NULL;
+  pthread_mutex_lock(&engine_lock);
+  int rc = 0;
+  if (engine == NULL) {
+    rc = ust__error(UST_ESTATE, "report: understudy is not enabled");
+  } else {
+    cJSON *j = ust__report_build(engine);
+    *out = j != NULL ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (*out == NULL)
+      rc = ust__error(UST_ENOMEM, "report: out of memory");
+  }
+  pthread_mutex_unlock(&engine_lock);
+  return rc;
+}
+
+int ust_flush_sync(void) {
+  pthread_mutex_lock(&engine_lock);
+  if (engine != NULL)
+    ust__gpu_harvest_all_sync();
+  pthread_mutex_unlock(&engine_lock);
+  return 0;
+}

@@ -1,0 +1,102 @@
+/* Error codes, their names and messages, and the per-thread last error. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plugin/plugin.h"
+
+static _Thread_local char last_error[1024];
+
+const char *ust_strerror(int err) {
+  switch (err) {
+  case UST_OK:
+    return "success";
+#define UST__ERRNO_MSG(name, code, msg) \
+  case UST_##name:                      \
+    return msg;
+    UST_ERRNO_MAP(UST__ERRNO_MSG)
+#undef UST__ERRNO_MSG
+  }
+  return "unknown error";
+}
+
+const char *ust_err_name(int err) {
+  switch (err) {
+  case UST_OK:
+    return "UST_OK";
+#define UST__ERRNO_NAME(name, code, msg) \
+  case UST_##name:                       \
+    return "UST_" #name;
+    UST_ERRNO_MAP(UST__ERRNO_NAME)
+#undef UST__ERRNO_NAME
+  }
+  return "UST_UNKNOWN";
+}
+
+const char *ust_last_error(void) { return last_error; }
+
+void ust__clear_error(void) { last_error[0] = '\0'; }
+
+int ust__error(int err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return err;
+}
+
+const char *ust_version(void) { return UST_VERSION_STRING; }
+
+void ust_free(void *p) { free(p); }
+
+char *ust__strdup(const char *s) {
+  if (s == NULL)
+    return NULL;
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d != NULL)
+    memcpy(d, s, n);
+  return d;
+}
+
+int ust__copy_name(char *dst, size_t cap, const char *src) {
+  size_t n = strlen(src);
+  if (n >= cap)
+    return -1;
+  memcpy(dst, src, n + 1);
+  return 0;
+}
+
+char *ust__read_file(const char *path, size_t *len_out) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return NULL;
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  while (buf != NULL) {
+    size_t got = fread(buf + len, 1, cap - len - 1, f);
+    len += got;
+    if (got == 0)
+      break;
+    if (cap - len - 1 == 0) {
+      char *bigger = realloc(buf, cap * 2);
+      if (bigger == NULL) {
+        free(buf);
+        buf = NULL;
+        break;
+      }
+      buf = bigger;
+      cap *= 2;
+    }
+  }
+  int failed = ferror(f);
+  fclose(f);
+  if (buf == NULL || failed) {
+    free(buf);
+    return NULL;
+  }
+  buf[len] = '\0';
+  if (len_out != NULL)
+    *len_out = len;
+  return buf;
+}

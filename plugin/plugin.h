@@ -1,0 +1,132 @@
+/*
+ * plugin/: lifecycle, config, operator definitions, errors and logging.
+ *
+ * Owns: the engine (one per enabled period), the parsed config, the loaded
+ * problem definitions, the thread-local last error and the log sink.
+ * Internal header: never installed.
+ */
+#ifndef UST_PLUGIN_H
+#define UST_PLUGIN_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdatomic.h>
+#include <pthread.h>
+
+#include "understudy/understudy.h"
+
+struct cJSON;
+
+/* ---- errors and logging ---------------------------------------------- */
+
+/* Set the calling thread's last error and return err (so callers write
+ * `return ust__error(UST_ECONFIG, "...")`). */
+int ust__error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ust__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ust__clear_error(void);
+
+/* Debug builds assert; release builds log once and take the fail-open path. */
+#ifndef NDEBUG
+#include <assert.h>
+#define UST__CHECK(cond) (assert(cond), 1)
+#else
+#define UST__CHECK(cond) ((cond) ? 1 : (ust__log(UST_LOG_ERROR, "internal check failed: %s (%s:%d)", #cond, __FILE__, __LINE__), 0))
+#endif
+
+/* ---- modes ------------------------------------------------------------ */
+
+typedef enum ust__mode {
+  UST__MODE_OFF = 0,
+  UST__MODE_OBSERVE = 1,
+} ust__mode;
+
+int ust__mode_parse(const char *s, int *mode);
+const char *ust__mode_name(int mode);
+
+/* ---- operator definitions (problems/NAME.json) --------------------------- */
+
+#define UST__NAME_MAX 64
+#define UST__QUALNAME_MAX 160
+#define UST__MAX_DIMS 8
+#define UST__MAX_OVERLOADS 8
+#define UST__MAX_WRITES 8
+
+typedef enum ust__bucket {
+  UST__BUCKET_EXACT = 0,
+  UST__BUCKET_POW2 = 1,
+} ust__bucket;
+
+/* A key dimension as written in the file: name = expression over the
+ * call's arguments (see dispatch/dimexpr.h for the grammar). */
+typedef struct ust__dim_def {
+  char name[UST__NAME_MAX];
+  char expr[UST__QUALNAME_MAX];
+  int bucket; /* ust__bucket */
+} ust__dim_def;
+
+typedef struct ust__binding_def {
+  char op[UST__QUALNAME_MAX]; /* "aten::mm", "_C::rms_norm" */
+  int n_overloads;
+  char overloads[UST__MAX_OVERLOADS][UST__NAME_MAX]; /* "" is the default overload */
+  int n_writes;
+  char writes[UST__MAX_WRITES][UST__NAME_MAX]; /* argument names the op writes */
+  int n_dims;
+  ust__dim_def dims[UST__MAX_DIMS];
+} ust__binding_def;
+
+typedef struct ust__problem {
+  char name[UST__NAME_MAX];
+  char *path;        /* owned */
+  char *description; /* owned, may be NULL */
+  int n_bindings;
+  ust__binding_def *bindings; /* owned */
+} ust__problem;
+
+typedef struct ust__problem_set {
+  int n;
+  ust__problem *items; /* owned */
+} ust__problem_set;
+
+/* Parse one definition. text and path are borrowed; on error returns
+ * UST_EPROBLEM with a message naming path and the field. */
+int ust__problem_parse(const char *text, const char *path, ust__problem *out);
+/* Load every *.json file of dir (sorted by name; names must be unique). */
+int ust__problems_load_dir(const char *dir, ust__problem_set *out);
+void ust__problem_free(ust__problem *p);
+void ust__problems_free(ust__problem_set *set);
+const ust__problem *ust__problems_find(const ust__problem_set *set, const char *name);
+
+/* ---- config ------------------------------------------------------------- */
+
+typedef struct ust__op_config {
+  char name[UST__NAME_MAX];
+  int mode;
+  double sample;
+} ust__op_config;
+
+typedef struct ust__config {
+  char *problems_dir;        /* owned, NULL: caller supplies */
+  char *report_path;         /* owned, NULL: no periodic report */
+  double report_interval_s;  /* <= 0: only at disable */
+  int log_level;
+  int default_mode;
+  double default_sample;
+  int max_routes;
+  int all_operators;         /* 1 when "operators" is absent: every definition */
+  int n_ops;
+  ust__op_config *ops;       /* owned */
+} ust__config;
+
+/* Parse a JSON config (NULL or "" gives the defaults). Unknown fields are
+ * errors, named with their JSON path. */
+int ust__config_parse(const char *json, ust__config *out);
+void ust__config_free(ust__config *cfg);
+
+/* ---- JSON helpers shared by the parsers --------------------------------- */
+
+char *ust__read_file(const char *path, size_t *len_out);
+char *ust__strdup(const char *s);
+/* Copy src into dst[cap]; returns -1 if it does not fit. */
+int ust__copy_name(char *dst, size_t cap, const char *src);
+
+#endif /* UST_PLUGIN_H */

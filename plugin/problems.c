@@ -1,0 +1,271 @@
+/* Operator definitions: one JSON file per operator in problems/. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "dispatch/dispatch.h"
+#include "plugin/plugin.h"
+
+#define PERR(...) ust__error(UST_EPROBLEM, __VA_ARGS__)
+
+static int valid_name(const char *s) {
+  if (s[0] == '\0')
+    return 0;
+  for (const char *p = s; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
+      return 0;
+  return 1;
+}
+
+static int only_keys(const cJSON *obj, const char *path, const char *where, const char *const *allowed) {
+  for (const cJSON *it = obj->child; it != NULL; it = it->next) {
+    const char *const *a = allowed;
+    while (*a != NULL && strcmp(*a, it->string) != 0)
+      a++;
+    if (*a == NULL)
+      return PERR("%s: unknown field '%s%s'", path, where, it->string);
+  }
+  return 0;
+}
+
+static int parse_binding(const cJSON *jb, const char *path, int bi, const cJSON *bucket, ust__binding_def *b) {
+  char where[64];
+  snprintf(where, sizeof where, "bindings[%d].", bi);
+  static const char *const keys[] = {"op", "overloads", "writes", "key", NULL};
+  if (!cJSON_IsObject(jb))
+    return PERR("%s: 'bindings[%d]' must be an object {op, overloads, writes, key}", path, bi);
+  int rc = only_keys(jb, path, where, keys);
+  if (rc != 0)
+    return rc;
+  const cJSON *op = cJSON_GetObjectItemCaseSensitive(jb, "op");
+  if (!cJSON_IsString(op) || strstr(op->valuestring, "::") == NULL || strchr(op->valuestring, '.') != NULL ||
+      ust__copy_name(b->op, sizeof b->op, op->valuestring) != 0)
+    return PERR("%s: 'bindings[%d].op' must be a dispatcher op name 'namespace::name' without overload", path, bi);
+  const cJSON *ovs = cJSON_GetObjectItemCaseSensitive(jb, "overloads");
+  if (ovs == NULL) {
+    b->n_overloads = 1;
+    b->overloads[0][0] = '\0';
+  } else {
+    if (!cJSON_IsArray(ovs) || cJSON_GetArraySize(ovs) < 1 || cJSON_GetArraySize(ovs) > UST__MAX_OVERLOADS)
+      return PERR("%s: 'bindings[%d].overloads' must be a list of 1 to %d overload names (\"\" is the default)",
+                  path, bi, UST__MAX_OVERLOADS);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, ovs) {
+      if (!cJSON_IsString(it) || ust__copy_name(b->overloads[b->n_overloads], UST__NAME_MAX, it->valuestring) != 0)
+        return PERR("%s: 'bindings[%d].overloads' holds a non-string or too long name", path, bi);
+      for (int j = 0; j < b->n_overloads; j++)
+        if (strcmp(b->overloads[j], it->valuestring) == 0)
+          return PERR("%s: 'bindings[%d].overloads' lists '%s' twice", path, bi, it->valuestring);
+      b->n_overloads++;
+    }
+  }
+  const cJSON *wr = cJSON_GetObjectItemCaseSensitive(jb, "writes");
+  if (wr != NULL) {
+    if (!cJSON_IsArray(wr) || cJSON_GetArraySize(wr) > UST__MAX_WRITES)
+      return PERR("%s: 'bindings[%d].writes' must be a list of at most %d argument names", path, bi, UST__MAX_WRITES);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, wr) {
+      if (!cJSON_IsString(it) || ust__copy_name(b->writes[b->n_writes], UST__NAME_MAX, it->valuestring) != 0)
+        return PERR("%s: 'bindings[%d].writes' holds a non-string or too long name", path, bi);
+      b->n_writes++;
+    }
+  }
+  const cJSON *key = cJSON_GetObjectItemCaseSensitive(jb, "key");
+  if (key == NULL || !cJSON_IsObject(key) || cJSON_GetArraySize(key) > UST__MAX_DIMS)
+    return PERR("%s: 'bindings[%d].key' must be an object of at most %d dimensions {NAME: expression}", path, bi,
+                UST__MAX_DIMS);
+  const cJSON *it;
+  cJSON_ArrayForEach(it, key) {
+    ust__dim_def *d = &b->dims[b->n_dims];
+    if (!cJSON_IsString(it) || ust__copy_name(d->name, sizeof d->name, it->string) != 0 ||
+        ust__copy_name(d->expr, sizeof d->expr, it->valuestring) != 0)
+      return PERR("%s: 'bindings[%d].key.%s' must be a string expression", path, bi, it->string);
+    ust__dim_prog prog;
+    if (ust__dim_compile(d->expr, &prog) != 0) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", ust_last_error());
+      return PERR("%s: 'bindings[%d].key.%s': %s", path, bi, it->string, why);
+    }
+    const cJSON *bk = bucket != NULL ? cJSON_GetObjectItemCaseSensitive(bucket, d->name) : NULL;
+    d->bucket = bk != NULL && strcmp(bk->valuestring, "pow2") == 0 ? UST__BUCKET_POW2 : UST__BUCKET_EXACT;
+    b->n_dims++;
+  }
+  return 0;
+}
+
+int ust__problem_parse(const char *text, const char *path, ust__problem *p) {
+  memset(p, 0, sizeof *p);
+  cJSON *root = cJSON_Parse(text);
+  if (root == NULL) {
+    const char *at = cJSON_GetErrorPtr();
+    return PERR("%s: not valid JSON (at offset %ld)", path, at != NULL ? (long)(at - text) : -1L);
+  }
+  int rc = 0;
+  static const char *const keys[] = {"schema_version", "operator", "description", "bindings", "bucket", NULL};
+  const cJSON *v;
+  if (!cJSON_IsObject(root)) {
+    rc = PERR("%s: the top level must be an object", path);
+    goto out;
+  }
+  if ((rc = only_keys(root, path, "", keys)) != 0)
+    goto out;
+  v = cJSON_GetObjectItemCaseSensitive(root, "schema_version");
+  if (!cJSON_IsNumber(v) || v->valuedouble != 1) {
+    rc = PERR("%s: 'schema_version' must be 1", path);
+    goto out;
+  }
+  v = cJSON_GetObjectItemCaseSensitive(root, "operator");
+  if (!cJSON_IsString(v) || !valid_name(v->valuestring) || ust__copy_name(p->name, sizeof p->name, v->valuestring) != 0) {
+    rc = PERR("%s: 'operator' must be a name of lower-case letters, digits and '_'", path);
+    goto out;
+  }
+  v = cJSON_GetObjectItemCaseSensitive(root, "description");
+  if (v != NULL) {
+    if (!cJSON_IsString(v)) {
+      rc = PERR("%s: 'description' must be a string", path);
+      goto out;
+    }
+    p->description = ust__strdup(v->valuestring);
+  }
+  const cJSON *bucket = cJSON_GetObjectItemCaseSensitive(root, "bucket");
+  if (bucket != NULL) {
+    if (!cJSON_IsObject(bucket)) {
+      rc = PERR("%s: 'bucket' must be an object {DIM: \"exact\" | \"pow2\"}", path);
+      goto out;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, bucket) {
+      if (!cJSON_IsString(it) || (strcmp(it->valuestring, "exact") != 0 && strcmp(it->valuestring, "pow2") != 0)) {
+        rc = PERR("%s: 'bucket.%s' must be \"exact\" or \"pow2\"", path, it->string);
+        goto out;
+      }
+    }
+  }
+  const cJSON *jbs = cJSON_GetObjectItemCaseSensitive(root, "bindings");
+  if (!cJSON_IsArray(jbs) || cJSON_GetArraySize(jbs) < 1) {
+    rc = PERR("%s: 'bindings' must be a non-empty list", path);
+    goto out;
+  }
+  p->n_bindings = cJSON_GetArraySize(jbs);
+  p->bindings = calloc((size_t)p->n_bindings, sizeof *p->bindings);
+  if (p->bindings == NULL) {
+    rc = ust__error(UST_ENOMEM, "%s: out of memory", path);
+    goto out;
+  }
+  for (int i = 0; i < p->n_bindings; i++)
+    if ((rc = parse_binding(cJSON_GetArrayItem(jbs, i), path, i, bucket, &p->bindings[i])) != 0)
+      goto out;
+  if (bucket != NULL) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, bucket) {
+      int known = 0;
+      for (int i = 0; i < p->n_bindings; i++)
+        for (int d = 0; d < p->bindings[i].n_dims; d++)
+          known |= strcmp(p->bindings[i].dims[d].name, it->string) == 0;
+      if (!known) {
+        rc = PERR("%s: 'bucket.%s' names no key dimension of any binding", path, it->string);
+        goto out;
+      }
+    }
+  }
+  p->path = ust__strdup(path);
+out:
+  cJSON_Delete(root);
+  if (rc != 0)
+    ust__problem_free(p);
+  return rc;
+}
+
+void ust__problem_free(ust__problem *p) {
+  if (p == NULL)
+    return;
+  free(p->path);
+  free(p->description);
+  free(p->bindings);
+  memset(p, 0, sizeof *p);
+}
+
+void ust__problems_free(ust__problem_set *set) {
+  if (set == NULL)
+    return;
+  for (int i = 0; i < set->n; i++)
+    ust__problem_free(&set->items[i]);
+  free(set->items);
+  set->items = NULL;
+  set->n = 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int ust__problems_load_dir(const char *dir, ust__problem_set *out) {
+  memset(out, 0, sizeof *out);
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return PERR("problems directory '%s' cannot be opened", dir);
+  char **names = NULL;
+  int n = 0, cap = 0, rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    size_t len = strlen(e->d_name);
+    if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0 || e->d_name[0] == '.')
+      continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 32;
+      char **bigger = realloc(names, (size_t)cap * sizeof *names);
+      if (bigger == NULL) {
+        rc = ust__error(UST_ENOMEM, "out of memory listing '%s'", dir);
+        break;
+      }
+      names = bigger;
+    }
+    if ((names[n] = ust__strdup(e->d_name)) == NULL) {
+      rc = ust__error(UST_ENOMEM, "out of memory listing '%s'", dir);
+      break;
+    }
+    n++;
+  }
+  closedir(d);
+  if (rc == 0 && n == 0)
+    rc = PERR("problems directory '%s' holds no *.json definitions", dir);
+  if (rc == 0 && (out->items = calloc((size_t)n, sizeof *out->items)) == NULL)
+    rc = ust__error(UST_ENOMEM, "out of memory");
+  if (rc == 0)
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+  for (int i = 0; rc == 0 && i < n; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    char *text = ust__read_file(path, NULL);
+    if (text == NULL) {
+      rc = PERR("%s: cannot be read", path);
+      break;
+    }
+    rc = ust__problem_parse(text, path, &out->items[out->n]);
+    free(text);
+    if (rc != 0)
+      break;
+    for (int j = 0; j < out->n; j++)
+      if (strcmp(out->items[j].name, out->items[out->n].name) == 0) {
+        rc = PERR("%s: 'operator' '%s' is already defined by %s", path, out->items[out->n].name, out->items[j].path);
+        ust__problem_free(&out->items[out->n]);
+        break;
+      }
+    if (rc == 0)
+      out->n++;
+  }
+  for (int i = 0; i < n; i++)
+    free(names[i]);
+  free(names);
+  if (rc != 0)
+    ust__problems_free(out);
+  return rc;
+}
+
+const ust__problem *ust__problems_find(const ust__problem_set *set, const char *name) {
+  for (int i = 0; i < set->n; i++)
+    if (strcmp(set->items[i].name, name) == 0)
+      return &set->items[i];
+  return NULL;
+}

@@ -1,0 +1,214 @@
+/*
+ * The JSON report (schema "understudy.report", version 1).
+ *
+ * Per operator and per shape key: calls, timed calls, captured calls,
+ * latency quantiles and the sparse histogram (so reports merge exactly), the
+ * device time, and the importance weight: the share of observed device time,
+ * normalised to 1 over everything this process observed. When only a sample
+ * of calls is timed, device time is estimated as the timed sum scaled by
+ * calls / timed; both figures are reported.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "plugin/engine.h"
+
+typedef struct route_fig {
+  ust__route *r;
+  uint64_t calls, timed, captured, dropped;
+  double est_ns;
+  ust__hist_snap *hist;
+} route_fig;
+
+static cJSON *add_num(cJSON *o, const char *k, double v) { return cJSON_AddNumberToObject(o, k, v); }
+
+static cJSON *hist_json(const ust__hist_snap *s) {
+  cJSON *lat = cJSON_CreateObject();
+  add_num(lat, "p50", ust__hist_quantile(s, 0.50));
+  add_num(lat, "p90", ust__hist_quantile(s, 0.90));
+  add_num(lat, "p99", ust__hist_quantile(s, 0.99));
+  add_num(lat, "count", (double)s->count);
+  add_num(lat, "sum", (double)s->sum);
+  cJSON *b = cJSON_AddArrayToObject(lat, "buckets");
+  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++)
+    if (s->buckets[i] != 0) {
+      cJSON *pair = cJSON_CreateArray();
+      cJSON_AddItemToArray(pair, cJSON_CreateNumber(i));
+      cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)s->buckets[i]));
+      cJSON_AddItemToArray(b, pair);
+    }
+  return lat;
+}
+
+cJSON *ust__report_build(ust__engine *e) {
+  int nr = 0;
+  /* Routes inserted while this runs are left for the next report. */
+  uint32_t n_alloc = atomic_load(&e->routes.count) + 1;
+  route_fig *figs = calloc(n_alloc, sizeof *figs);
+  ust__hist_snap *snaps = calloc(n_alloc, sizeof *snaps);
+  cJSON *root = cJSON_CreateObject();
+  if (figs == NULL || snaps == NULL || root == NULL) {
+    free(figs);
+    free(snaps);
+    cJSON_Delete(root);
+    return NULL;
+  }
+  double total_est = 0;
+  for (uint32_t i = 0; i < e->routes.cap && nr < (int)n_alloc; i++) {
+    ust__route *r = atomic_load_explicit(&e->routes.slots[i], memory_order_acquire);
+    if (r == NULL)
+      continue;
+    route_fig *f = &figs[nr];
+    f->r = r;
+    f->hist = &snaps[nr];
+    ust__hist_snapshot(&r->hist, f->hist);
+    f->calls = atomic_load(&r->calls);
+    f->timed = f->hist->count;
+    f->captured = atomic_load(&r->captured);
+    f->dropped = atomic_load(&r->timing_dropped);
+    uint64_t eligible = f->calls - f->captured;
+    f->est_ns = f->timed > 0 ? (double)f->hist->sum * (double)eligible / (double)f->timed : 0.0;
+    total_est += f->est_ns;
+    nr++;
+  }
+
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  cJSON_AddStringToObject(root, "schema", "understudy.report");
+  add_num(root, "version", 1);
+  cJSON_AddStringToObject(root, "library_version", ust_version());
+  cJSON_AddStringToObject(root, "torch_version", ust_torch_version());
+  add_num(root, "pid", (double)getpid());
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  cJSON_AddStringToObject(root, "host", host);
+  add_num(root, "started_unix_ms", (double)e->started_unix_ms);
+  add_num(root, "generated_unix_ms", (double)tv.tv_sec * 1000.0 + (double)(tv.tv_usec / 1000));
+  cJSON *hs = cJSON_AddObjectToObject(root, "histogram");
+  cJSON_AddStringToObject(hs, "scheme", UST__HIST_SCHEME);
+  cJSON_AddStringToObject(hs, "unit", "ns");
+  add_num(hs, "buckets", UST__HIST_BUCKETS);
+
+  uint64_t t_calls = 0, t_timed = 0, t_captured = 0, t_untracked = 0;
+  cJSON *ops = cJSON_AddArrayToObject(root, "operators");
+  for (int oi = 0; oi < e->n_ops; oi++) {
+    ust__operator *op = &e->ops[oi];
+    cJSON *jo = cJSON_CreateObject();
+    cJSON_AddStringToObject(jo, "name", op->name);
+    cJSON_AddStringToObject(jo, "mode", ust__mode_name(atomic_load(&op->mode)));
+    add_num(jo, "sample", op->sample);
+    cJSON_AddStringToObject(jo, "definition", op->problem->path);
+    uint64_t calls = 0, timed = 0, captured = 0, untracked = 0;
+    double est = 0, measured = 0;
+    cJSON *bindings = cJSON_AddArrayToObject(jo, "bindings");
+    for (int bi = 0; bi < e->n_bindings; bi++)
+      if (e->bindings[bi].op == op) {
+        cJSON_AddItemToArray(bindings, cJSON_CreateString(e->bindings[bi].display));
+        untracked += atomic_load(&e->bindings[bi].untracked);
+      }
+    cJSON *shapes = cJSON_CreateArray();
+    for (int i = 0; i < nr; i++) {
+      route_fig *f = &figs[i];
+      if (f->r->binding->op != op)
+        continue;
+      const ust__binding *b = f->r->binding;
+      cJSON *js = cJSON_CreateObject();
+      char key[512];
+      ust__route_key_str(f->r, key, sizeof key);
+      cJSON_AddStringToObject(js, "key", key);
+      cJSON_AddStringToObject(js, "op", b->display);
+      cJSON_AddStringToObject(js, "device", f->r->key.device == UST__DEV_CUDA ? "cuda" : "cpu");
+      cJSON *dts = cJSON_AddArrayToObject(js, "dtypes");
+      for (int d = 0; d < f->r->key.n_dtypes; d++)
+        cJSON_AddItemToArray(dts, cJSON_CreateString(ust__dtype_name(f->r->key.dtypes[d])));
+      cJSON *dims = cJSON_AddObjectToObject(js, "dims");
+      for (int d = 0; d < b->n_dims; d++)
+        add_num(dims, b->def->dims[d].name, (double)f->r->key.dims[d]);
+      add_num(js, "calls", (double)f->calls);
+      add_num(js, "timed", (double)f->timed);
+      add_num(js, "captured", (double)f->captured);
+      add_num(js, "timing_dropped", (double)f->dropped);
+      add_num(js, "device_time_ns", (double)f->hist->sum);
+      add_num(js, "est_device_time_ns", f->est_ns);
+      add_num(js, "weight", total_est > 0 ? f->est_ns / total_est : 0.0);
+      cJSON_AddItemToObject(js, "latency_ns", hist_json(f->hist));
+      cJSON_AddItemToArray(shapes, js);
+      calls += f->calls;
+      timed += f->timed;
+      captured += f->captured;
+      est += f->est_ns;
+      measured += (double)f->hist->sum;
+    }
+    add_num(jo, "calls", (double)calls);
+    add_num(jo, "timed", (double)timed);
+    add_num(jo, "captured", (double)captured);
+    add_num(jo, "untracked", (double)untracked);
+    add_num(jo, "device_time_ns", measured);
+    add_num(jo, "est_device_time_ns", est);
+    add_num(jo, "weight", total_est > 0 ? est / total_est : 0.0);
+    cJSON_AddItemToObject(jo, "shapes", shapes);
+    cJSON_AddItemToArray(ops, jo);
+    t_calls += calls;
+    t_timed += timed;
+    t_captured += captured;
+    t_untracked += untracked;
+  }
+  cJSON *tot = cJSON_AddObjectToObject(root, "totals");
+  add_num(tot, "calls", (double)t_calls);
+  add_num(tot, "timed", (double)t_timed);
+  add_num(tot, "captured", (double)t_captured);
+  add_num(tot, "untracked", (double)t_untracked);
+  add_num(tot, "routes", nr);
+  add_num(tot, "internal_errors", (double)ust__internal_errors());
+  add_num(tot, "est_device_time_ns", total_est);
+  free(figs);
+  free(snaps);
+  return root;
+}
+
+int ust__report_write_file(ust__engine *e, const char *path) {
+  cJSON *j = ust__report_build(e);
+  char *text = j != NULL ? cJSON_Print(j) : NULL;
+  cJSON_Delete(j);
+  if (text == NULL)
+    return ust__error(UST_ENOMEM, "report: out of memory");
+  char tmp[4200];
+  static atomic_uint seq;
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&seq, 1));
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    int err = errno;
+    free(text);
+    return ust__error(UST_EIO, "report: cannot create '%s': %s", tmp, strerror(err));
+  }
+  size_t len = strlen(text), off = 0;
+  int rc = 0;
+  while (off < len) {
+    ssize_t w = write(fd, text + off, len - off);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0) {
+      rc = ust__error(UST_EIO, "report: writing '%s': %s", tmp, strerror(errno));
+      break;
+    }
+    off += (size_t)w;
+  }
+  free(text);
+  if (rc == 0 && fsync(fd) != 0)
+    rc = ust__error(UST_EIO, "report: fsync '%s': %s", tmp, strerror(errno));
+  close(fd);
+  if (rc == 0 && rename(tmp, path) != 0)
+    rc = ust__error(UST_EIO, "report: rename to '%s': %s", path, strerror(errno));
+  if (rc != 0)
+    unlink(tmp);
+  else
+    e->reports_written++;
+  return rc;
+}

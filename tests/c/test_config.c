@@ -1,0 +1,158 @@
+/* Config and problem-definition errors, the shipped definitions, the engine
+ * lifecycle without torch. */
+#include <cjson/cJSON.h>
+#include <unistd.h>
+
+#include "plugin/plugin.h"
+#include "tests/c/runner.h"
+
+TEST(config_defaults) {
+  ust__config c;
+  ASSERT_INT_EQ(ust__config_parse(NULL, &c), 0);
+  ASSERT_INT_EQ(c.default_mode, UST__MODE_OBSERVE);
+  ASSERT_TRUE(c.default_sample == 1.0);
+  ASSERT_INT_EQ(c.all_operators, 1);
+  ASSERT_INT_EQ(c.max_routes, 4096);
+  ust__config_free(&c);
+  ASSERT_INT_EQ(ust__config_parse("{\"defaults\": {\"mode\": \"off\", \"sample\": 0.5},"
+                                  " \"operators\": {\"gemm\": \"observe\", \"silu\": {\"sample\": 0.1}},"
+                                  " \"report\": {\"path\": \"/tmp/r.json\", \"interval_s\": 2}}",
+                                  &c),
+                0);
+  ASSERT_INT_EQ(c.all_operators, 0);
+  ASSERT_INT_EQ(c.n_ops, 2);
+  ASSERT_INT_EQ(c.ops[0].mode, UST__MODE_OBSERVE);
+  ASSERT_TRUE(c.ops[0].sample == 0.5);
+  ASSERT_INT_EQ(c.ops[1].mode, UST__MODE_OFF);
+  ASSERT_TRUE(c.ops[1].sample == 0.1);
+  ASSERT_TRUE(strcmp(c.report_path, "/tmp/r.json") == 0);
+  ASSERT_TRUE(c.report_interval_s == 2.0);
+  ust__config_free(&c);
+}
+
+TEST(config_errors_name_field) {
+  struct {
+    const char *json;
+    const char *want;
+  } cases[] = {
+      {"{", "not valid JSON"},
+      {"[]", "top level must be a JSON object"},
+      {"{\"modes\": 1}", "unknown field 'modes'"},
+      {"{\"operators\": {\"gemm\": {\"mode\": \"obsrve\"}}}", "'operators.gemm.mode' is 'obsrve'"},
+      {"{\"operators\": {\"gemm\": {\"sampel\": 1}}}", "unknown field 'operators.gemm.sampel'"},
+      {"{\"operators\": {\"gemm\": {\"sample\": 2}}}", "'operators.gemm.sample' must be a number in [0, 1]"},
+      {"{\"operators\": {\"gemm\": 3}}", "'operators.gemm' must be a mode string"},
+      {"{\"operators\": []}", "'operators' must be an object"},
+      {"{\"defaults\": {\"mode\": 1}}", "'defaults.mode' must be a string"},
+      {"{\"report\": {\"path\": \"\"}}", "'report.path' must be a non-empty string"},
+      {"{\"report\": {\"interval_s\": -1}}", "'report.interval_s' must be a number >= 0"},
+      {"{\"report\": {\"every\": 1}}", "unknown field 'report.every'"},
+      {"{\"max_routes\": 0}", "'max_routes' must be an integer"},
+      {"{\"log_level\": \"loud\"}", "'log_level' must be one of"},
+      {"{\"version\": 2}", "'version' must be 1"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ust__config c;
+    ASSERT_INT_EQ(ust__config_parse(cases[i].json, &c), UST_ECONFIG);
+    ASSERT_STR_CONTAINS(ust_last_error(), cases[i].want);
+  }
+}
+
+TEST(problem_errors_name_field) {
+  struct {
+    const char *json;
+    const char *want;
+  } cases[] = {
+      {"{", "p.json: not valid JSON"},
+      {"{\"schema_version\": 2}", "p.json: 'schema_version' must be 1"},
+      {"{\"schema_version\": 1, \"operator\": \"Bad-Name\"}", "p.json: 'operator' must be a name"},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": []}", "p.json: 'bindings' must be a non-empty list"},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"extra\": 1}", "p.json: unknown field 'extra'"},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": [{\"op\": \"mm\", \"key\": {}}]}",
+       "p.json: 'bindings[0].op' must be a dispatcher op name"},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": [{\"op\": \"aten::mm\"}]}",
+       "p.json: 'bindings[0].key' must be an object"},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": [{\"op\": \"aten::mm\", \"key\": {\"M\": \"self[\"}}]}",
+       "p.json: 'bindings[0].key.M': 'self[' is not a key dimension"},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": [{\"op\": \"aten::mm\", \"key\": {\"M\": \"self[0]\"}, \"wrties\": []}]}",
+       "p.json: unknown field 'bindings[0].wrties'"},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": [{\"op\": \"aten::mm\", \"overloads\": [\"\", \"\"], \"key\": {}}]}",
+       "'bindings[0].overloads' lists '' twice"},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"bucket\": {\"M\": \"log\"}, \"bindings\": [{\"op\": \"aten::mm\", \"key\": {\"M\": \"self[0]\"}}]}",
+       "p.json: 'bucket.M' must be \"exact\" or \"pow2\""},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"bucket\": {\"Q\": \"pow2\"}, \"bindings\": [{\"op\": \"aten::mm\", \"key\": {\"M\": \"self[0]\"}}]}",
+       "p.json: 'bucket.Q' names no key dimension"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ust__problem p;
+    ASSERT_INT_EQ(ust__problem_parse(cases[i].json, "p.json", &p), UST_EPROBLEM);
+    ASSERT_STR_CONTAINS(ust_last_error(), cases[i].want);
+  }
+}
+
+TEST(problems_shipped_load) {
+  ust__problem_set set;
+  ASSERT_INT_EQ(ust__problems_load_dir(UST_SOURCE_DIR "/problems", &set), 0);
+  const char *required[] = {"gemm", "sdpa", "grouped_mm", "rms_norm", "silu", "topk"};
+  for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
+    ASSERT_TRUE(ust__problems_find(&set, required[i]) != NULL);
+  const ust__problem *g = ust__problems_find(&set, "gemm");
+  int mm_out = 0;
+  for (int b = 0; b < g->n_bindings; b++)
+    for (int o = 0; o < g->bindings[b].n_overloads; o++)
+      mm_out |= strcmp(g->bindings[b].op, "aten::mm") == 0 && strcmp(g->bindings[b].overloads[o], "out") == 0;
+  ASSERT_TRUE(mm_out);
+  ust__problems_free(&set);
+  ASSERT_INT_EQ(ust__problems_load_dir("/nonexistent/dir", &set), UST_EPROBLEM);
+  ASSERT_STR_CONTAINS(ust_last_error(), "'/nonexistent/dir' cannot be opened");
+}
+
+TEST(engine_unknown_operator) {
+  ASSERT_INT_EQ(ust_enable("{\"operators\": {\"gemmm\": \"observe\"}}", UST_SOURCE_DIR "/problems"), UST_ECONFIG);
+  ASSERT_STR_CONTAINS(ust_last_error(), "'operators.gemmm': no operator named 'gemmm'");
+  ASSERT_INT_EQ(ust_is_enabled(), 0);
+  ASSERT_INT_EQ(ust_enable("{}", NULL), UST_ECONFIG);
+  ASSERT_STR_CONTAINS(ust_last_error(), "'problems_dir' is not set");
+  ASSERT_INT_EQ(ust_disable(), 0);
+}
+
+TEST(engine_report_roundtrip) {
+  char path[] = "/tmp/ust-report-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_TRUE(fd >= 0);
+  close(fd);
+  char cfg[512];
+  snprintf(cfg, sizeof cfg, "{\"operators\": {\"gemm\": \"observe\", \"topk\": \"off\"}, \"report\": {\"path\": \"%s\"}}",
+           path);
+  ASSERT_INT_EQ(ust_enable(cfg, UST_SOURCE_DIR "/problems"), 0);
+  ASSERT_INT_EQ(ust_enable(cfg, UST_SOURCE_DIR "/problems"), UST_ESTATE);
+  ASSERT_INT_EQ(ust_set_mode("topk", "observe"), 0);
+  ASSERT_INT_EQ(ust_set_mode("silu", "observe"), UST_ENOTFOUND);
+  ASSERT_INT_EQ(ust_set_mode("topk", "loud"), UST_EINVAL);
+  char *json = NULL;
+  ASSERT_INT_EQ(ust_report_json(&json), 0);
+  cJSON *r = cJSON_Parse(json);
+  ust_free(json);
+  ASSERT_TRUE(r != NULL);
+  ASSERT_TRUE(strcmp(cJSON_GetObjectItem(r, "schema")->valuestring, "understudy.report") == 0);
+  cJSON *ops = cJSON_GetObjectItem(r, "operators");
+  ASSERT_INT_EQ(cJSON_GetArraySize(ops), 2);
+  ASSERT_TRUE(strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(ops, 1), "mode")->valuestring, "observe") == 0);
+  cJSON_Delete(r);
+  ASSERT_INT_EQ(ust_disable(), 0);
+  ASSERT_INT_EQ(ust_is_enabled(), 0);
+  char *text = ust__read_file(path, NULL);
+  ASSERT_TRUE(text != NULL);
+  r = cJSON_Parse(text);
+  ASSERT_TRUE(r != NULL && cJSON_GetObjectItem(r, "totals") != NULL);
+  cJSON_Delete(r);
+  free(text);
+  unlink(path);
+}
+
+TEST(error_names) {
+  ASSERT_TRUE(strcmp(ust_err_name(UST_ECONFIG), "UST_ECONFIG") == 0);
+  ASSERT_TRUE(strcmp(ust_strerror(UST_ECONFIG), "invalid config") == 0);
+  ASSERT_TRUE(strcmp(ust_strerror(12345), "unknown error") == 0);
+  ASSERT_TRUE(strcmp(ust_strerror(UST_OK), "success") == 0);
+}

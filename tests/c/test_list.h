@@ -1,0 +1,18 @@
+/* X(name): every C test. Add a test here and define TEST(name) in a file. */
+#define UST_TEST_LIST(X)          \
+  X(dim_compile_grammar)          \
+  X(dim_eval_and_bucket)          \
+  X(route_key_distinguishes)      \
+  X(route_table_full)             \
+  X(route_table_threads)          \
+  X(sampling_exact_fraction)      \
+  X(hist_bucket_bounds)           \
+  X(hist_quantile_accuracy)       \
+  X(hist_merge_exact)             \
+  X(config_defaults)              \
+  X(config_errors_name_field)     \
+  X(problem_errors_name_field)    \
+  X(problems_shipped_load)        \
+  X(engine_unknown_operator)      \
+  X(engine_report_roundtrip)      \
+  X(error_names)

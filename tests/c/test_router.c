@@ -1,0 +1,232 @@
+/* Key dimensions, route keys, the route table and the sampling rule. */
+#include <pthread.h>
+
+#include "dispatch/dispatch.h"
+#include "tests/c/runner.h"
+
+TEST(dim_compile_grammar) {
+  ust__dim_prog p;
+  ASSERT_INT_EQ(ust__dim_compile("self[0]", &p), 0);
+  ASSERT_INT_EQ(p.kind, UST__DIM_SIZE);
+  ASSERT_INT_EQ(p.dim, 0);
+  ASSERT_TRUE(strcmp(p.arg, "self") == 0);
+  ASSERT_INT_EQ(ust__dim_compile("mat2[-1]", &p), 0);
+  ASSERT_INT_EQ(p.dim, -1);
+  ASSERT_INT_EQ(ust__dim_compile("rows(input)", &p), 0);
+  ASSERT_INT_EQ(p.kind, UST__DIM_ROWS);
+  ASSERT_INT_EQ(ust__dim_compile("numel(x)", &p), 0);
+  ASSERT_INT_EQ(p.kind, UST__DIM_NUMEL);
+  ASSERT_INT_EQ(ust__dim_compile("len(normalized_shape)", &p), 0);
+  ASSERT_INT_EQ(p.kind, UST__DIM_LEN);
+  ASSERT_INT_EQ(ust__dim_compile("is_causal", &p), 0);
+  ASSERT_INT_EQ(p.kind, UST__DIM_SCALAR);
+  const char *bad[] = {"", "self[", "self[x]", "self[0]x", "rows()", "1abc", "a b", "self[99]", "rows(a+b)"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ASSERT_INT_EQ(ust__dim_compile(bad[i], &p), UST_EPROBLEM);
+    ASSERT_STR_CONTAINS(ust_last_error(), "is not a key dimension");
+  }
+}
+
+static int64_t shape_a[3] = {4, 6, 8};
+static int64_t shape_b[2] = {8, 5};
+
+static void make_call(ust__call *c, ust__arg *args, int dtype_a) {
+  memset(args, 0, 4 * sizeof *args);
+  args[0].kind = UST__ARG_TENSOR;
+  args[0].dtype = dtype_a;
+  args[0].t.ndim = 3;
+  args[0].t.shape = shape_a;
+  args[1].kind = UST__ARG_TENSOR;
+  args[1].dtype = UST__DT_F32;
+  args[1].t.ndim = 2;
+  args[1].t.shape = shape_b;
+  args[2].kind = UST__ARG_INT;
+  args[2].i = 7;
+  args[3].kind = UST__ARG_NONE;
+  memset(c, 0, sizeof *c);
+  c->size = sizeof *c;
+  c->nargs = 4;
+  c->args = args;
+  c->device = UST__DEV_CPU;
+}
+
+TEST(dim_eval_and_bucket) {
+  ust__arg args[4];
+  ust__call c;
+  make_call(&c, args, UST__DT_F32);
+  struct {
+    const char *expr;
+    int arg;
+    int64_t want;
+  } cases[] = {{"a[0]", 0, 4}, {"a[-1]", 0, 8}, {"a[2]", 0, 8}, {"a[3]", 0, -1}, {"rows(a)", 0, 24},
+               {"numel(a)", 0, 192}, {"b[1]", 1, 5}, {"k", 2, 7}, {"k[0]", 2, -1}, {"opt", 3, -1}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ust__dim_prog p;
+    ASSERT_INT_EQ(ust__dim_compile(cases[i].expr, &p), 0);
+    p.arg_index = cases[i].arg;
+    ASSERT_INT_EQ(ust__dim_eval(&p, &c), cases[i].want);
+  }
+  ust__dim_prog p;
+  ust__dim_compile("a[0]", &p);
+  p.arg_index = -1;
+  ASSERT_INT_EQ(ust__dim_eval(&p, &c), -1);
+  int64_t in[] = {0, 1, 2, 3, 4, 5, 127, 128, 129, 1000, (int64_t)1 << 40};
+  int64_t out[] = {0, 1, 2, 4, 4, 8, 128, 128, 256, 1024, (int64_t)1 << 40};
+  for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+    ASSERT_INT_EQ(ust__dim_bucket(UST__BUCKET_POW2, in[i]), out[i]);
+    ASSERT_INT_EQ(ust__dim_bucket(UST__BUCKET_EXACT, in[i]), in[i]);
+  }
+}
+
+static void make_binding(ust__binding *b, ust__operator *op, ust__binding_def *def, ust__route_table *t, int index) {
+  memset(b, 0, sizeof *b);
+  memset(def, 0, sizeof *def);
+  b->index = index;
+  b->op = op;
+  b->def = def;
+  b->routes = t;
+  strcpy(b->display, "test::op");
+  def->n_dims = b->n_dims = 2;
+  strcpy(def->dims[0].name, "M");
+  strcpy(def->dims[1].name, "N");
+  ust__dim_compile("a[0]", &b->dims[0]);
+  ust__dim_compile("b[1]", &b->dims[1]);
+  b->dims[0].bucket = UST__BUCKET_POW2;
+  const char *names[] = {"a", "b", "k", "opt"};
+  ust__binding_resolve(b, 4, names);
+}
+
+TEST(route_key_distinguishes) {
+  ust__route_table t;
+  ASSERT_INT_EQ(ust__routes_init(&t, 16), 0);
+  ust__operator op = {.name = "test"};
+  ust__binding b0, b1;
+  ust__binding_def d0, d1;
+  make_binding(&b0, &op, &d0, &t, 0);
+  make_binding(&b1, &op, &d1, &t, 1);
+  ust__arg args[4];
+  ust__call c;
+  ust__route_key k1, k2, k3, k4;
+  make_call(&c, args, UST__DT_F32);
+  ust__route_key_make(&b0, &c, &k1);
+  ASSERT_INT_EQ(k1.dims[0], 4);
+  ASSERT_INT_EQ(k1.dims[1], 5);
+  ASSERT_INT_EQ(k1.n_dtypes, 2);
+  shape_a[0] = 3; /* buckets to 4: same route */
+  ust__route_key_make(&b0, &c, &k2);
+  shape_a[0] = 4;
+  make_call(&c, args, UST__DT_BF16);
+  ust__route_key_make(&b0, &c, &k3);
+  make_call(&c, args, UST__DT_F32);
+  ust__route_key_make(&b1, &c, &k4);
+  ust__route *r1 = ust__routes_get(&t, &k1, &b0);
+  ASSERT_TRUE(r1 != NULL);
+  ASSERT_TRUE(ust__routes_get(&t, &k2, &b0) == r1);
+  ust__route *r3 = ust__routes_get(&t, &k3, &b0);
+  ust__route *r4 = ust__routes_get(&t, &k4, &b1);
+  ASSERT_TRUE(r3 != NULL && r3 != r1);
+  ASSERT_TRUE(r4 != NULL && r4 != r1 && r4 != r3);
+  ASSERT_INT_EQ(atomic_load(&t.count), 3);
+  char s[256];
+  ust__route_key_str(r3, s, sizeof s);
+  ASSERT_STR_CONTAINS(s, "test::op|cpu|bf16,f32|M=4,N=5");
+  ust__routes_free(&t);
+}
+
+TEST(route_table_full) {
+  ust__route_table t;
+  ASSERT_INT_EQ(ust__routes_init(&t, 3), 0);
+  ust__operator op = {.name = "test"};
+  ust__binding b;
+  ust__binding_def d;
+  make_binding(&b, &op, &d, &t, 0);
+  ust__route_key k;
+  memset(&k, 0, sizeof k);
+  for (int i = 0; i < 3; i++) {
+    k.dims[0] = i;
+    ASSERT_TRUE(ust__routes_get(&t, &k, &b) != NULL);
+  }
+  k.dims[0] = 99;
+  ASSERT_TRUE(ust__routes_get(&t, &k, &b) == NULL);
+  k.dims[0] = 1; /* existing routes are still found */
+  ASSERT_TRUE(ust__routes_get(&t, &k, &b) != NULL);
+  ASSERT_INT_EQ(atomic_load(&t.count), 3);
+  ust__routes_free(&t);
+}
+
+typedef struct thread_arg {
+  ust__route_table *t;
+  ust__binding *b;
+  ust__route *seen[64];
+} thread_arg;
+
+static void *insert_many(void *p) {
+  thread_arg *a = p;
+  for (int round = 0; round < 200; round++)
+    for (int i = 0; i < 64; i++) {
+      ust__route_key k;
+      memset(&k, 0, sizeof k);
+      k.dims[0] = i;
+      ust__route *r = ust__routes_get(a->t, &k, a->b);
+      if (round == 0)
+        a->seen[i] = r;
+      else if (a->seen[i] != r)
+        a->seen[i] = NULL;
+      atomic_fetch_add(&r->calls, 1);
+    }
+  return NULL;
+}
+
+TEST(route_table_threads) {
+  ust__route_table t;
+  ASSERT_INT_EQ(ust__routes_init(&t, 128), 0);
+  ust__operator op = {.name = "test"};
+  ust__binding b;
+  ust__binding_def d;
+  make_binding(&b, &op, &d, &t, 0);
+  pthread_t th[4];
+  thread_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i] = (thread_arg){.t = &t, .b = &b};
+    pthread_create(&th[i], NULL, insert_many, &args[i]);
+  }
+  for (int i = 0; i < 4; i++)
+    pthread_join(th[i], NULL);
+  ASSERT_INT_EQ(atomic_load(&t.count), 64);
+  for (int i = 0; i < 64; i++) {
+    ASSERT_TRUE(args[0].seen[i] != NULL);
+    for (int j = 1; j < 4; j++)
+      ASSERT_TRUE(args[j].seen[i] == args[0].seen[i]);
+    ASSERT_U64_EQ(atomic_load(&args[0].seen[i]->calls), 4 * 200);
+  }
+  ust__routes_free(&t);
+}
+
+TEST(sampling_exact_fraction) {
+  /* Through the public path: a CPU call with sample 0.25 times exactly a
+   * quarter of the calls. */
+  ust__route_table t;
+  ASSERT_INT_EQ(ust__routes_init(&t, 4), 0);
+  ust__operator op = {.name = "test", .sample = 0.25};
+  op.sample_q32 = (uint32_t)(0.25 * 4294967295.0);
+  atomic_init(&op.mode, UST__MODE_OBSERVE);
+  ust__binding b;
+  ust__binding_def d;
+  make_binding(&b, &op, &d, &t, 0);
+  ust__arg args[4];
+  ust__call c;
+  make_call(&c, args, UST__DT_F32);
+  ust__route *r = NULL;
+  for (int i = 0; i < 1000; i++) {
+    ust__call_state st;
+    ust__call_begin(&b, &c, &st);
+    ust__call_end(&c, &st);
+    r = st.route;
+  }
+  ASSERT_TRUE(r != NULL);
+  ASSERT_U64_EQ(atomic_load(&r->calls), 1000);
+  uint64_t timed = atomic_load(&r->timed);
+  ASSERT_TRUE(timed >= 249 && timed <= 250);
+  ASSERT_U64_EQ(atomic_load(&r->hist.count), timed);
+  ust__routes_free(&t);
+}
