@@ -1,0 +1,195 @@
+"""understudy: sits in PyTorch's dispatcher and observes (then shadows, canaries
+and scores) the kernels that serve each operator and input shape.
+
+    import understudy
+    understudy.enable({"operators": {"gemm": "observe"}, "report": {"path": "r.json"}})
+    ...  # run the model
+    print(understudy.report())   # the live report as a dict
+    understudy.disable()         # writes the final report
+
+The native library does the work; this package loads it into the running
+torch, passes the config, and reads reports back.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pathlib
+import threading
+from typing import Any, Mapping, Optional, Union
+
+__all__ = [
+    "UnderstudyError", "ConfigError", "ProblemError", "enable", "disable", "is_enabled",
+    "set_mode", "report", "write_report", "flush", "library_path", "problems_dir",
+]
+
+_HERE = pathlib.Path(__file__).resolve().parent
+_REPO = _HERE.parent.parent
+
+
+class UnderstudyError(RuntimeError):
+    """An understudy call failed; the message names what was wrong."""
+
+    def __init__(self, code: int, name: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.name = name
+
+
+class ConfigError(UnderstudyError, ValueError):
+    """The config is invalid (the message names the field)."""
+
+
+class ProblemError(UnderstudyError, ValueError):
+    """An operator definition is invalid (the message names the file and field)."""
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def library_path() -> pathlib.Path:
+    """Where libunderstudy.so is taken from: $UNDERSTUDY_LIB, else the build tree."""
+    env = os.environ.get("UNDERSTUDY_LIB")
+    if env:
+        return pathlib.Path(env)
+    for cand in (_HERE / "_lib" / "libunderstudy.so", _REPO / "build" / "libunderstudy.so"):
+        if cand.exists():
+            return cand
+    raise UnderstudyError(-7, "UST_ENOTFOUND",
+                          "libunderstudy.so not found: build it (see README) or set UNDERSTUDY_LIB")
+
+
+def problems_dir() -> pathlib.Path:
+    """The operator definitions shipped with understudy ($UNDERSTUDY_PROBLEMS overrides)."""
+    env = os.environ.get("UNDERSTUDY_PROBLEMS")
+    if env:
+        return pathlib.Path(env)
+    for cand in (_REPO / "problems", _HERE / "_lib" / "problems"):
+        if cand.is_dir():
+            return cand
+    raise UnderstudyError(-7, "UST_ENOTFOUND", "the problems/ directory was not found; set UNDERSTUDY_PROBLEMS")
+
+
+def _load():
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        import torch  # noqa: F401  the seam links against the torch already loaded
+
+        lib = ctypes.CDLL(str(library_path()))
+        lib.ust_enable.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        lib.ust_set_mode.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        lib.ust_report_write.argtypes = [ctypes.c_char_p]
+        lib.ust_report_json.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        lib.ust_free.argtypes = [ctypes.c_void_p]
+        for fn in ("ust_last_error", "ust_err_name", "ust_version", "ust_torch_version", "ust_strerror"):
+            getattr(lib, fn).restype = ctypes.c_char_p
+        lib.ust_err_name.argtypes = [ctypes.c_int]
+        built = lib.ust_torch_version().decode()
+        if built and built.split("+")[0] != torch.__version__.split("+")[0]:
+            raise UnderstudyError(-8, "UST_ETORCH",
+                                  f"libunderstudy.so was built against torch {built}, but torch "
+                                  f"{torch.__version__} is loaded: rebuild it with this Python")
+        _lib = lib
+        return lib
+
+
+def _check(rc: int) -> None:
+    if rc == 0:
+        return
+    lib = _load()
+    name = lib.ust_err_name(rc).decode()
+    msg = lib.ust_last_error().decode() or lib.ust_strerror(rc).decode()
+    cls = {"UST_ECONFIG": ConfigError, "UST_EPROBLEM": ProblemError}.get(name, UnderstudyError)
+    raise cls(rc, name, msg)
+
+
+ConfigLike = Union[None, str, os.PathLike, Mapping[str, Any]]
+
+
+def _config_text(config: ConfigLike) -> str:
+    if config is None:
+        config = os.environ.get("UNDERSTUDY_CONFIG") or None
+        if config is None:
+            return ""
+    if isinstance(config, Mapping):
+        return json.dumps(config)
+    text = os.fspath(config)
+    if text.lstrip().startswith("{"):
+        return text
+    try:
+        return pathlib.Path(text).read_text()
+    except OSError as e:
+        raise ConfigError(-2, "UST_ECONFIG", f"config file '{text}' cannot be read: {e.strerror}") from None
+
+
+def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLike]] = None) -> None:
+    """Enable understudy in this process.
+
+    config: a dict, a JSON string, a path to a JSON file, or None for
+    $UNDERSTUDY_CONFIG (a path or inline JSON), else the defaults (observe
+    every shipped operator). problems: a directory of operator definitions
+    (default: the config's "problems_dir", else the shipped problems/).
+
+    Raises ConfigError / ProblemError naming the offending field; torch is
+    then untouched.
+    """
+    lib = _load()
+    text = _config_text(config)
+    pdir = problems
+    if pdir is None:
+        has_dir = False
+        if text:
+            try:
+                has_dir = "problems_dir" in json.loads(text)
+            except (ValueError, TypeError):
+                has_dir = False  # the library reports the JSON error with its position
+        pdir = None if has_dir else problems_dir()
+    _check(lib.ust_enable(text.encode(), None if pdir is None else os.fsencode(os.fspath(pdir))))
+
+
+def disable() -> None:
+    """Unregister every interceptor and write the final report (if configured)."""
+    if _lib is None:
+        return
+    _check(_lib.ust_disable())
+
+
+def is_enabled() -> bool:
+    return _lib is not None and bool(_lib.ust_is_enabled())
+
+
+def set_mode(operator: str, mode: str) -> None:
+    """Change an operator's mode ("off" or "observe") while running."""
+    _check(_load().ust_set_mode(operator.encode(), mode.encode()))
+
+
+def flush() -> None:
+    """Wait until every device timing recorded so far is in the statistics.
+
+    Synchronises with the device: for tests and reports, not the serving path."""
+    if _lib is not None:
+        _check(_lib.ust_flush_sync())
+
+
+def report(*, flush_timings: bool = True) -> dict:
+    """The live report as a dict (see README, "Report")."""
+    lib = _load()
+    if flush_timings:
+        flush()
+    out = ctypes.c_void_p()
+    _check(lib.ust_report_json(ctypes.byref(out)))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        lib.ust_free(out)
+
+
+def write_report(path: Optional[Union[str, os.PathLike]] = None) -> None:
+    """Write the report atomically to path (default: the configured report.path)."""
+    lib = _load()
+    flush()
+    _check(lib.ust_report_write(None if path is None else os.fsencode(os.fspath(path))))

@@ -1,0 +1,69 @@
+"""The understudy command line: `demo` and `report FILE`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1000.0:9.1f}"
+
+
+def format_report(rep: dict, *, max_shapes: int = 8) -> str:
+    """A readable table of a report: operators by weight, their hottest shape keys."""
+    lines = []
+    tot = rep.get("totals", {})
+    lines.append(f"understudy report (schema {rep.get('schema')} v{rep.get('version')}, "
+                 f"torch {rep.get('torch_version') or '?'}, pid {rep.get('pid')})")
+    lines.append(f"calls {int(tot.get('calls', 0))}  timed {int(tot.get('timed', 0))}  "
+                 f"captured {int(tot.get('captured', 0))}  routes {int(tot.get('routes', 0))}  "
+                 f"untracked {int(tot.get('untracked', 0))}  internal errors {int(tot.get('internal_errors', 0))}  "
+                 f"device time {tot.get('est_device_time_ns', 0) / 1e6:.3f} ms")
+    lines.append("")
+    head = f"{'operator / shape key':<64} {'mode':>8} {'calls':>8} {'capt':>6} {'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'weight':>7}"
+    lines.append(head)
+    lines.append("-" * len(head))
+    ops = sorted(rep.get("operators", []), key=lambda o: (-o.get("weight", 0), -o.get("calls", 0)))
+    for op in ops:
+        lines.append(f"{op['name']:<64} {op['mode']:>8} {int(op['calls']):>8} {int(op['captured']):>6} "
+                     f"{'':>9} {'':>9} {'':>9} {op['weight']:>7.3f}")
+        shapes = sorted(op.get("shapes", []), key=lambda s: (-s.get("weight", 0), -s.get("calls", 0)))
+        for s in shapes[:max_shapes]:
+            lat = s["latency_ns"]
+            key = s["key"]
+            if len(key) > 62:
+                key = key[:59] + "..."
+            lines.append(f"  {key:<62} {'':>8} {int(s['calls']):>8} {int(s['captured']):>6} "
+                         f"{_us(lat['p50'])} {_us(lat['p90'])} {_us(lat['p99'])} {s['weight']:>7.3f}")
+        if len(shapes) > max_shapes:
+            lines.append(f"  ... {len(shapes) - max_shapes} more shape keys")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="understudy")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    rp = sub.add_parser("report", help="print a JSON report as a table")
+    rp.add_argument("file")
+    rp.add_argument("--shapes", type=int, default=8, help="shape keys shown per operator")
+    dp = sub.add_parser("demo", help="generate with a small decoder under understudy and print the report")
+    dp.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    dp.add_argument("--tokens", type=int, default=24)
+    dp.add_argument("--report", default="understudy-demo-report.json")
+    args = ap.parse_args(argv)
+    if args.cmd == "report":
+        try:
+            with open(args.file) as f:
+                rep = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"understudy: cannot read report '{args.file}': {e}", file=sys.stderr)
+            return 2
+        if rep.get("schema") != "understudy.report":
+            print(f"understudy: '{args.file}' is not an understudy report", file=sys.stderr)
+            return 2
+        print(format_report(rep, max_shapes=args.shapes))
+        return 0
+    from understudy.demo import run_demo
+
+    return run_demo(device=args.device, tokens=args.tokens, report_path=args.report)
