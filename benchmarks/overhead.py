@@ -1,0 +1,94 @@
+"""Per-call host cost of the dispatcher seam.
+
+For a small op on each available device, measures in one run the host time
+per call of: plain torch; understudy enabled with the op's mode off;
+understudy observing every call; understudy observing 1 call in 16; and a
+pass-through Python TorchDispatchMode. Rounds interleave the variants and the
+table reports medians over rounds, with the difference and ratio to plain.
+
+    PYTHONPATH=python-shim python3 benchmarks/overhead.py [--calls N] [--rounds R]
+"""
+import argparse
+import statistics
+import sys
+import time
+import pathlib
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
+import understudy  # noqa: E402
+
+
+class PassThrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def per_call_us(fn, a, b, calls, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn(a, b)
+    t1 = time.perf_counter_ns()
+    if device == "cuda":
+        torch.cuda.synchronize()  # outside the timed region: host cost only
+    return (t1 - t0) / calls / 1e3
+
+
+def run(device, calls, rounds):
+    n = 16
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    variants = {
+        "plain": None,
+        "understudy, mode off": {"operators": {"gemm": "off"}},
+        "understudy, observe": {"operators": {"gemm": "observe"}},
+        "understudy, observe 1/16": {"operators": {"gemm": {"mode": "observe", "sample": 0.0625}}},
+        "python TorchDispatchMode": "mode",
+    }
+    samples = {k: [] for k in variants}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for name, cfg in variants.items():
+                if cfg == "mode":
+                    with PassThrough():
+                        per_call_us(torch.mm, a, b, calls // 10, device)
+                        samples[name].append(per_call_us(torch.mm, a, b, calls, device))
+                    continue
+                if cfg is not None:
+                    understudy.enable(cfg)
+                try:
+                    per_call_us(torch.mm, a, b, calls // 10, device)  # warm-up
+                    samples[name].append(per_call_us(torch.mm, a, b, calls, device))
+                finally:
+                    understudy.disable()
+    base = statistics.median(samples["plain"])
+    rows = []
+    for name, s in samples.items():
+        med = statistics.median(s)
+        rows.append((device, name, med, med - base, med / base))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    rows = []
+    for d in devices:
+        rows += run(d, args.calls, args.rounds)
+    dev_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    print(f"torch.mm 16x16 fp32, host time per call; median of {args.rounds} rounds x {args.calls} calls; "
+          f"torch {torch.__version__}; {dev_name}")
+    print(f"{'device':<6} {'variant':<26} {'us/call':>9} {'+us':>8} {'ratio':>7}")
+    for d, name, med, delta, ratio in rows:
+        print(f"{d:<6} {name:<26} {med:>9.2f} {delta:>+8.2f} {ratio:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()
