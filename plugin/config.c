@@ -193,7 +193,7 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->report_interval_s = 10.0;
   cfg->log_level = UST_LOG_WARN;
   cfg->default_mode = UST__MODE_OBSERVE;
-  cfg->default_sample = 1.0;
+  cfg->default_sample = 1.0 / 16;
   cfg->max_routes = 4096;
   cfg->all_operators = 1;
   if (json == NULL || json[0] == '\0')

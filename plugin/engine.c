@@ -93,7 +93,7 @@ static int build_operators(ust__engine *e) {
     op->problem = p;
     atomic_init(&op->mode, c->all_operators ? c->default_mode : c->ops[i].mode);
     op->sample = c->all_operators ? c->default_sample : c->ops[i].sample;
-    op->sample_q32 = (uint32_t)(op->sample * 4294967295.0);
+    op->sample_q32 = op->sample >= 1.0 ? UINT32_MAX : (uint32_t)(op->sample * 4294967296.0 + 0.5);
     for (int b = 0; b < p->n_bindings; b++)
       nb += p->bindings[b].n_overloads;
   }

@@ -10,7 +10,7 @@ TEST(config_defaults) {
   ust__config c;
   ASSERT_INT_EQ(ust__config_parse(NULL, &c), 0);
   ASSERT_INT_EQ(c.default_mode, UST__MODE_OBSERVE);
-  ASSERT_TRUE(c.default_sample == 1.0);
+  ASSERT_TRUE(c.default_sample == 1.0 / 16);
   ASSERT_INT_EQ(c.all_operators, 1);
   ASSERT_INT_EQ(c.max_routes, 4096);
   ust__config_free(&c);

@@ -25,7 +25,7 @@ def test_cuda_counts_match_and_outputs_identical(us):
     with DispatchCounter() as truth:
         counted = run_model()
     assert torch.equal(plain, counted)
-    us.enable({})
+    us.enable({"defaults": {"sample": 1.0}})
     served = run_model()
     rep = us.report()  # flushes device timings
     assert torch.equal(plain, served)
@@ -54,7 +54,7 @@ def test_event_timing_agrees_with_torch_events(us):
     stop.record()
     torch.cuda.synchronize()
     ref_ns = start.elapsed_time(stop) / 20 * 1e6
-    us.enable({"operators": {"gemm": "observe"}})
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}})
     for _ in range(20):
         torch.mm(a, b)
     (s,) = us.report()["operators"][0]["shapes"]
@@ -110,7 +110,7 @@ def test_observed_call_does_not_wait_for_queued_work(us):
     a = torch.randn(256, 256, device="cuda")
     torch.mm(a, a)
     torch.cuda.synchronize()
-    us.enable({"operators": {"gemm": "observe"}})
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}})
     torch.mm(a, a)  # first call: timer slots are created outside the measurement
     torch.cuda.synchronize()
     done = torch.cuda.Event()

@@ -25,7 +25,7 @@ def test_counts_match_dispatch_mode_and_outputs_identical(us, report_path, grad_
         counted = run_model(grad_ctx)
     assert torch.equal(plain, counted)
 
-    us.enable({"report": {"path": str(report_path)}})
+    us.enable({"defaults": {"sample": 1.0}, "report": {"path": str(report_path)}})
     served = run_model(grad_ctx)
     rep = us.report()
     us.disable()
@@ -54,6 +54,18 @@ def test_counts_match_dispatch_mode_and_outputs_identical(us, report_path, grad_
     # the final report written at disable carries the same counts
     final = load_report(report_path)
     assert bound_ops(final) == got
+
+
+def test_default_sampling_times_one_call_in_16(us):
+    us.enable({"operators": {"gemm": "observe"}})
+    a, b = torch.randn(32, 32), torch.randn(32, 32)
+    for _ in range(160):
+        torch.mm(a, b)
+    (s,) = us.report()["operators"][0]["shapes"]
+    assert s["calls"] == 160 and s["timed"] == 10
+    assert s["latency_ns"]["count"] == 10
+    # device time is the timed sum scaled to every call
+    assert abs(s["est_device_time_ns"] - s["device_time_ns"] * 16) <= 1e-6 * s["est_device_time_ns"]
 
 
 def test_shape_keys_and_bucketing(us):
@@ -140,7 +152,7 @@ def test_production_errors_reach_the_caller_unchanged(us):
     with pytest.raises(RuntimeError) as plain:
         torch.mm(a, b)
     ref = torch.mm(a, a.T)
-    us.enable({"operators": {"gemm": "observe"}})
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}})
     with pytest.raises(RuntimeError) as seen:
         torch.mm(a, b)
     assert str(seen.value) == str(plain.value)

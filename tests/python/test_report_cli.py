@@ -11,7 +11,7 @@ from conftest import ROOT, load_report
 
 
 def test_periodic_atomic_report_and_cli_table(us, report_path):
-    us.enable({"operators": {"gemm": "observe"}, "report": {"path": str(report_path), "interval_s": 0.05}})
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "report": {"path": str(report_path), "interval_s": 0.05}})
     for _ in range(10):
         torch.mm(torch.randn(16, 8), torch.randn(8, 4))
     deadline = time.time() + 5
