@@ -127,7 +127,7 @@ def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-
     name, generate, vocab = build_model(device)
     ids = torch.randint(0, vocab, (2, 16), device=device, generator=torch.Generator(device=device).manual_seed(1))
     print(f"understudy demo: {name} on {device}, torch {torch.__version__}")
-    generate(ids, 2)  # warm-up outside understudy: first-call costs stay out of the figures
+    generate(ids, tokens)  # warm-up outside understudy: per-shape set-up (cuDNN plans, ...) stays out of the figures
     understudy.enable({"defaults": {"mode": "observe"}, "report": {"path": report_path, "interval_s": 5}})
     try:
         t0 = time.perf_counter()

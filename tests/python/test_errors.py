@@ -9,6 +9,8 @@ import torch
 import understudy
 from conftest import DispatchCounter
 
+_keep_alive = []
+
 
 def torch_still_works():
     a, b = torch.randn(3, 3), torch.randn(3, 3)
@@ -82,6 +84,7 @@ def test_unknown_op_in_a_definition_is_accepted_and_inert(us, tmp_path):
     us.enable(problems=pdir)
     torch_still_works()
     lib = torch.library.Library("ust_test_ns", "DEF")
+    _keep_alive.append(lib)  # deleting it would leave a schema-less name behind for later tests
     lib.define("rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float eps) -> ()")
 
     def impl(out, x, w, eps):
@@ -96,4 +99,3 @@ def test_unknown_op_in_a_definition_is_accepted_and_inert(us, tmp_path):
     (s,) = rep["operators"][0]["shapes"]
     assert s["key"] == "ust_test_ns::rms_norm|cpu|f32,f32,f32|M=6,N=8" and s["calls"] == 1
     us.disable()
-    del lib
