@@ -13,6 +13,12 @@
 
 #include <dlpack/dlpack.h>
 
+/* uthash reports running out of memory here instead of exiting
+ * (HASH_NONFATAL_OOM is set for the whole core); the item is then not added. */
+extern _Thread_local int ust__hash_oom;
+#define uthash_nonfatal_oom(obj) (ust__hash_oom = 1)
+#include <uthash.h>
+
 #include "dispatch/callview.h"
 #include "plugin/plugin.h"
 #include "scorer/scorer.h"
@@ -50,6 +56,7 @@ typedef struct ust__operator {
   atomic_int mode;             /* ust__mode */
   uint32_t sample_q32;         /* timed fraction of calls, in 1/2^32 */
   double sample;
+  UT_hash_handle hh; /* the engine's registry, by name */
 } ust__operator;
 
 /* One dispatcher op + overload bound by an operator. The bridge holds a
@@ -67,6 +74,7 @@ typedef struct ust__binding {
   atomic_uint_fast64_t untracked; /* calls not tracked: route table full */
   void *seam_handle;             /* owned by the seam */
   struct ust__route_table *routes; /* the engine's table */
+  UT_hash_handle hh;             /* the engine's registry, by display name */
 } ust__binding;
 
 #define UST__MAX_KEY_TENSORS 8

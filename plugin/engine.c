@@ -16,6 +16,7 @@ static pthread_mutex_t engine_lock = PTHREAD_MUTEX_INITIALIZER;
 static ust__engine *engine; /* guarded by engine_lock */
 static const ust__seam_i *seam;
 static atomic_long inflight;
+_Thread_local int ust__hash_oom;
 static atomic_uint_fast64_t internal_errors;
 
 void ust__count_internal_error(void) { atomic_fetch_add_explicit(&internal_errors, 1, memory_order_relaxed); }
@@ -65,6 +66,8 @@ static void *worker_main(void *arg) {
 static void engine_free(ust__engine *e) {
   if (e == NULL)
     return;
+  HASH_CLEAR(hh, e->ops_by_name);
+  HASH_CLEAR(hh, e->bindings_by_name);
   ust__routes_free(&e->routes);
   free(e->bindings);
   free(e->ops);
@@ -77,6 +80,7 @@ static void engine_free(ust__engine *e) {
 
 static int build_operators(ust__engine *e) {
   const ust__config *c = &e->cfg;
+  ust__hash_oom = 0;
   for (int i = 0; i < c->n_ops; i++)
     if (ust__problems_find(&e->problems, c->ops[i].name) == NULL)
       return ust__error(UST_ECONFIG, "config: 'operators.%s': no operator named '%s' is defined in %s",
@@ -94,6 +98,9 @@ static int build_operators(ust__engine *e) {
     atomic_init(&op->mode, c->all_operators ? c->default_mode : c->ops[i].mode);
     op->sample = c->all_operators ? c->default_sample : c->ops[i].sample;
     op->sample_q32 = op->sample >= 1.0 ? UINT32_MAX : (uint32_t)(op->sample * 4294967296.0 + 0.5);
+    HASH_ADD_STR(e->ops_by_name, name, op);
+    if (ust__hash_oom)
+      return ust__error(UST_ENOMEM, "out of memory");
     for (int b = 0; b < p->n_bindings; b++)
       nb += p->bindings[b].n_overloads;
   }
@@ -116,10 +123,14 @@ static int build_operators(ust__engine *e) {
         memcpy(b->qualname, def->op, sizeof b->qualname);
         memcpy(b->overload, def->overloads[o], sizeof b->overload);
         snprintf(b->display, sizeof b->display, "%s%s%s", b->qualname, b->overload[0] ? "." : "", b->overload);
-        for (int j = 0; j < e->n_bindings; j++)
-          if (strcmp(e->bindings[j].display, b->display) == 0)
-            return ust__error(UST_ECONFIG, "%s: '%s' is already bound by operator '%s' (%s)", p->path, b->display,
-                              e->bindings[j].op->name, e->bindings[j].op->problem->path);
+        ust__binding *dup = NULL;
+        HASH_FIND_STR(e->bindings_by_name, b->display, dup);
+        if (dup != NULL)
+          return ust__error(UST_ECONFIG, "%s: '%s' is already bound by operator '%s' (%s)", p->path, b->display,
+                            dup->op->name, dup->op->problem->path);
+        HASH_ADD_STR(e->bindings_by_name, display, b);
+        if (ust__hash_oom)
+          return ust__error(UST_ENOMEM, "out of memory");
         b->n_dims = def->n_dims;
         for (int d = 0; d < def->n_dims; d++) {
           if (ust__dim_compile(def->dims[d].expr, &b->dims[d]) != 0)
@@ -257,13 +268,15 @@ int ust_set_mode(const char *operator_name, const char *mode) {
   pthread_mutex_lock(&engine_lock);
   int rc = ust__error(UST_ESTATE, "set_mode: understudy is not enabled");
   if (engine != NULL) {
-    rc = ust__error(UST_ENOTFOUND, "set_mode: no enabled operator is named '%s'", operator_name);
-    for (int i = 0; i < engine->n_ops; i++)
-      if (strcmp(engine->ops[i].name, operator_name) == 0) {
-        atomic_store(&engine->ops[i].mode, m);
-        rc = 0;
-        ust__clear_error();
-      }
+    ust__operator *op = NULL;
+    HASH_FIND_STR(engine->ops_by_name, operator_name, op);
+    if (op == NULL) {
+      rc = ust__error(UST_ENOTFOUND, "set_mode: no enabled operator is named '%s'", operator_name);
+    } else {
+      atomic_store(&op->mode, m);
+      rc = 0;
+      ust__clear_error();
+    }
   }
   pthread_mutex_unlock(&engine_lock);
   return rc;

@@ -13,8 +13,10 @@ typedef struct ust__engine {
   ust__problem_set problems;
   int n_ops;
   ust__operator *ops;          /* owned */
+  ust__operator *ops_by_name;  /* uthash head over ops */
   int n_bindings;
   ust__binding *bindings;      /* owned; the bridge borrows pointers into it */
+  ust__binding *bindings_by_name; /* uthash head over bindings, by display name */
   ust__route_table routes;
   uint64_t started_unix_ms;
   uint64_t reports_written;

@@ -25,14 +25,6 @@ int ust__error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3
 void ust__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ust__clear_error(void);
 
-/* Debug builds assert; release builds log once and take the fail-open path. */
-#ifndef NDEBUG
-#include <assert.h>
-#define UST__CHECK(cond) (assert(cond), 1)
-#else
-#define UST__CHECK(cond) ((cond) ? 1 : (ust__log(UST_LOG_ERROR, "internal check failed: %s (%s:%d)", #cond, __FILE__, __LINE__), 0))
-#endif
-
 /* ---- modes ------------------------------------------------------------ */
 
 typedef enum ust__mode {
