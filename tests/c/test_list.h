@@ -15,4 +15,5 @@
   X(problems_shipped_load)        \
   X(engine_unknown_operator)      \
   X(engine_report_roundtrip)      \
-  X(error_names)
+  X(error_names)                  \
+  X(parsers_survive_mutations)
