@@ -207,6 +207,7 @@ int ust_enable(const char *config_json, const char *problems_dir) {
     goto fail;
   }
   e->worker_started = 1;
+  atomic_store(&internal_errors, 0); /* the report counts this enabled period */
   engine = e;
   ust__log(UST_LOG_INFO, "enabled: %d operators, %d dispatcher bindings", e->n_ops, e->n_bindings);
   goto out;

@@ -19,7 +19,6 @@ typedef struct ust__engine {
   ust__binding *bindings_by_name; /* uthash head over bindings, by display name */
   ust__route_table routes;
   uint64_t started_unix_ms;
-  uint64_t reports_written;
 
   pthread_t worker;
   int worker_started;

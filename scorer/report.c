@@ -208,7 +208,5 @@ int ust__report_write_file(ust__engine *e, const char *path) {
     rc = ust__error(UST_EIO, "report: rename to '%s': %s", path, strerror(errno));
   if (rc != 0)
     unlink(tmp);
-  else
-    e->reports_written++;
   return rc;
 }
