@@ -195,6 +195,7 @@ int ust_enable(const char *config_json, const char *problems_dir) {
   ust_set_log(NULL, NULL, e->cfg.log_level);
   if ((rc = ust__gpu_init(1024)) != 0)
     goto fail;
+  atomic_store(&internal_errors, 0); /* the report counts this enabled period */
   for (int i = 0; seam != NULL && i < e->n_bindings; i++) {
     ust__binding *b = &e->bindings[i];
     if ((rc = seam->register_binding(b, &b->seam_handle)) != 0)
@@ -207,7 +208,6 @@ int ust_enable(const char *config_json, const char *problems_dir) {
     goto fail;
   }
   e->worker_started = 1;
-  atomic_store(&internal_errors, 0); /* the report counts this enabled period */
   engine = e;
   ust__log(UST_LOG_INFO, "enabled: %d operators, %d dispatcher bindings", e->n_ops, e->n_bindings);
   goto out;
