@@ -43,26 +43,24 @@ setup() {
   fi
 }
 
+# configure DIR [cmake options...]: once per build tree.
+configure() {
+  local dir=$1 args=("${@:2}")
+  command -v ninja >/dev/null && args+=(-G Ninja)
+  [ -n "${UST_DEPS_PREFIX:-}" ] && args+=("-DCMAKE_PREFIX_PATH=$UST_DEPS_PREFIX")
+  [ -f "$dir/CMakeCache.txt" ] || cmake -S . -B "$dir" "${args[@]}" >/dev/null
+}
+
 build() {
-  local gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  local extra=()
-  [ -n "${UST_DEPS_PREFIX:-}" ] && extra+=("-DCMAKE_PREFIX_PATH=$UST_DEPS_PREFIX")
-  [ -f "$BUILD_DIR/CMakeCache.txt" ] || cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DUST_PYTHON="$(command -v "$PY")" \
-    -DUST_GPU="${UST_GPU:-auto}" "${extra[@]}" >/dev/null
+  configure "$BUILD_DIR" -DUST_PYTHON="$(command -v "$PY")" -DUST_GPU="${UST_GPU:-auto}"
   cmake --build "$BUILD_DIR" -j"$(nproc)"
 }
 
 sanitized_c_tests() {
   # The C core again under AddressSanitizer + UBSan (no torch needed).
-  local dir="$BUILD_DIR-asan" gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  local extra=()
-  [ -n "${UST_DEPS_PREFIX:-}" ] && extra+=("-DCMAKE_PREFIX_PATH=$UST_DEPS_PREFIX")
-  [ -f "$dir/CMakeCache.txt" ] || cmake -S . -B "$dir" "${gen[@]}" -DUST_TORCH=OFF -DUST_SANITIZE=ON \
-    -DUST_GPU=none -DCMAKE_BUILD_TYPE=Debug "${extra[@]}" >/dev/null
-  cmake --build "$dir" -j"$(nproc)" --target ust_test_runner
-  ASAN_OPTIONS=detect_leaks=1 "$dir/ust_test_runner"
+  configure "$BUILD_DIR-asan" -DUST_TORCH=OFF -DUST_SANITIZE=ON -DUST_GPU=none -DCMAKE_BUILD_TYPE=Debug
+  cmake --build "$BUILD_DIR-asan" -j"$(nproc)" --target ust_test_runner
+  ASAN_OPTIONS=detect_leaks=1 "$BUILD_DIR-asan/ust_test_runner"
 }
 
 cmd=${1:-}

@@ -54,9 +54,9 @@ def library_path() -> pathlib.Path:
     env = os.environ.get("UNDERSTUDY_LIB")
     if env:
         return pathlib.Path(env)
-    for cand in (_HERE / "_lib" / "libunderstudy.so", _REPO / "build" / "libunderstudy.so"):
-        if cand.exists():
-            return cand
+    cand = _REPO / "build" / "libunderstudy.so"
+    if cand.exists():
+        return cand
     raise UnderstudyError(-7, "UST_ENOTFOUND",
                           "libunderstudy.so not found: build it (see README) or set UNDERSTUDY_LIB")
 
@@ -66,9 +66,9 @@ def problems_dir() -> pathlib.Path:
     env = os.environ.get("UNDERSTUDY_PROBLEMS")
     if env:
         return pathlib.Path(env)
-    for cand in (_REPO / "problems", _HERE / "_lib" / "problems"):
-        if cand.is_dir():
-            return cand
+    cand = _REPO / "problems"
+    if cand.is_dir():
+        return cand
     raise UnderstudyError(-7, "UST_ENOTFOUND", "the problems/ directory was not found; set UNDERSTUDY_PROBLEMS")
 
 

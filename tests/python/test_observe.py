@@ -170,13 +170,19 @@ def test_meta_tensors_are_not_counted(us):
     assert us.report()["totals"]["calls"] == 0
 
 
+def interceptors(op):
+    return [line for line in torch._C._dispatch_dump(op).splitlines()
+            if "BackendSelect" in line and "understudy" in line]
+
+
 def test_disable_restores_plain_dispatch(us):
+    assert interceptors("aten::mm.out") == []
     us.enable({"operators": {"gemm": "observe"}})
+    assert len(interceptors("aten::mm")) == 1 and len(interceptors("aten::mm.out")) == 1
     us.disable()
     assert not us.is_enabled()
-    with DispatchCounter() as truth:
-        torch.mm(torch.randn(2, 2), torch.randn(2, 2))
-    assert truth.counts["aten::mm"] == 1
+    assert interceptors("aten::mm") == [] and interceptors("aten::mm.out") == []
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::mm", "BackendSelect")
     us.enable({"operators": {"gemm": "observe"}})  # and it can be enabled again
     torch.mm(torch.randn(2, 2), torch.randn(2, 2))
     assert bound_ops(us.report())["aten::mm"] == 1
