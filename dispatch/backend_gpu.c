@@ -19,11 +19,11 @@
 
 #define MAX_DEVICES 64
 
-static int ust__gpu_check(cudaError_t err, const char *stmt, const char *fn, const char *file, int line) {
-  if (err != cudaSuccess)
-    ust__log(UST_LOG_WARN, "GPU call failed: %s: %s (in %s, %s:%d)", stmt, cudaGetErrorString(err), fn, file,
-             line);
-  return (int)err;
+int ust__gpu_check(int err, const char *stmt, const char *fn, const char *file, int line) {
+  if (err != (int)cudaSuccess)
+    ust__log(UST_LOG_WARN, "GPU call failed: %s: %s (in %s, %s:%d)", stmt, cudaGetErrorString((cudaError_t)err), fn,
+             file, line);
+  return err;
 }
 
 typedef struct slot {

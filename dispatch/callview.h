@@ -65,6 +65,8 @@ typedef struct ust__call {
 } ust__call;
 
 struct ust__binding;
+struct ust__pair;
+struct ust_candidate;
 struct ust__route;
 
 /* What ust__call_begin decided, carried to the end of the call. */
@@ -73,16 +75,31 @@ typedef struct ust__call_state {
   int timing; /* 0 none, 1 host clock, 2 device events */
   int gpu_slot;
   uint64_t t0_ns;
+  void *shadow; /* a shadow slot (guard/shadow.c) when this call is shadowed */
 } ust__call_state;
+
+/* What the bridge needs to run a shadowed call's candidate. */
+typedef struct ust__shadow_info {
+  int kind;                           /* UST__CAND_NATIVE or UST__CAND_TORCH_OP */
+  const struct ust_candidate *native; /* native: the loaded descriptor */
+  const char *torch_op;               /* torch op: "ns::name" */
+  const char *torch_overload;         /* torch op: "" or the overload */
+  int compare;                        /* ust__cmp_kind */
+  int aa;                             /* 1: also run production a second time (A/A) */
+  uint32_t writes_mask;               /* arguments the op writes, by index */
+} ust__shadow_info;
+
+enum { UST__CAND_NATIVE = 1, UST__CAND_TORCH_OP = 2 };
 
 /* 1 when the binding's operator is in mode off: the bridge then passes the
  * call through without building a view. */
 int ust__binding_is_off(const struct ust__binding *b);
 /* 1 until the binding's argument names were resolved against a schema. */
 int ust__binding_needs_names(const struct ust__binding *b);
-/* Resolve argument names (borrowed). Thread-safe: the first caller resolves,
- * the others wait for it. */
-void ust__binding_resolve(struct ust__binding *b, int nargs, const char *const *names);
+/* Resolve argument names (borrowed) and which arguments the schema marks
+ * written (schema_writes, by index; the operator's curated list is added).
+ * Thread-safe: the first caller resolves, the others wait for it. */
+void ust__binding_resolve(struct ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes);
 const char *ust__binding_display(const struct ust__binding *b);
 
 /* Before production runs. Never fails: when anything is off, st->route is
@@ -90,6 +107,24 @@ const char *ust__binding_display(const struct ust__binding *b);
 void ust__call_begin(struct ust__binding *b, const ust__call *call, ust__call_state *st);
 /* After production returned. */
 void ust__call_end(const ust__call *call, ust__call_state *st);
+
+/* Shadowed calls (st->shadow != NULL after ust__call_begin): the bridge
+ * snapshots the written arguments, marks UST__MARK_PROD_BEGIN, runs
+ * production, marks UST__MARK_PROD_END, marks UST__MARK_CAND_BEGIN, runs
+ * the candidate on the snapshot, marks UST__MARK_CAND_END, and hands the
+ * outputs to ust__shadow_finish, which compares them (now on the host,
+ * enqueued on the stream on a GPU) and releases st->shadow. If anything in
+ * between goes wrong, ust__shadow_abandon releases it instead. The marks
+ * record on stream (events) or read the host clock. */
+void ust__shadow_info_get(const ust__call_state *st, ust__shadow_info *out);
+void ust__shadow_mark(ust__call_state *st, int mark, void *stream);
+/* pairs: borrowed (struct ust__pair, guard/guard.h); fail: ust__shadow_fail
+ * with msg (borrowed, may be NULL) saying why. */
+void ust__shadow_finish(const ust__call *call, ust__call_state *st, const struct ust__pair *pairs, int n_pairs,
+                        int fail, const char *msg);
+/* production_raised: 1 when production raised (the call is not counted as
+ * shadowed), 0 for an internal error (counted as skipped). */
+void ust__shadow_abandon(const ust__call *call, ust__call_state *st, int production_raised);
 /* After production raised: releases what begin took; records nothing. */
 void ust__call_cancel(const ust__call *call, ust__call_state *st);
 /* An error inside understudy on the call path (the call was served by

@@ -50,11 +50,14 @@ int64_t ust__dim_bucket(int bucket, int64_t v);
 
 /* ---- operators, bindings, routes -------------------------------------------- */
 
+#define UST__MAX_ARGS 32 /* arguments of a schema understudy reads */
+
 typedef struct ust__operator {
   char name[UST__NAME_MAX];
   const ust__problem *problem; /* borrowed from the engine's problem set */
   atomic_int mode;             /* ust__mode */
-  uint32_t sample_q32;         /* timed fraction of calls, in 1/2^32 */
+  uint32_t sample_q32;         /* measured fraction of calls (timed; shadowed in shadow mode), in 1/2^32 */
+  ust__candidate *cand;        /* owned by the engine; NULL without one */
   double sample;
   UT_hash_handle hh; /* the engine's registry, by name */
 } ust__operator;
@@ -74,6 +77,10 @@ typedef struct ust__binding {
   atomic_uint_fast64_t untracked; /* calls not tracked: route table full */
   void *seam_handle;             /* owned by the seam */
   struct ust__route_table *routes; /* the engine's table */
+  struct ust__candidate *cand;   /* the operator's candidate when it targets this binding */
+  uint32_t writes_mask;          /* arguments the op writes (schema and curated list), by index */
+  int n_arg_names;
+  char arg_names[UST__MAX_ARGS][UST__NAME_MAX]; /* the schema's, once resolved */
   UT_hash_handle hh;             /* the engine's registry, by display name */
 } ust__binding;
 
@@ -96,6 +103,23 @@ typedef struct ust__route {
   atomic_uint_fast64_t captured; /* calls made while the stream captured a graph */
   atomic_uint_fast64_t timing_dropped; /* sampled but no timer slot free */
   ust__hist hist;                /* production latency, ns */
+
+  /* Shadow mode (guard/shadow.c): written by the calling threads and the
+   * worker; read by the report. */
+  atomic_uint_fast64_t shadow_seen;   /* calls considered for shadowing (the sampling count) */
+  atomic_uint_fast64_t shadow_calls;  /* calls whose candidate ran (or was attempted) */
+  atomic_uint_fast64_t verified;      /* shadow calls that reached a verdict */
+  atomic_uint_fast64_t passed;
+  atomic_uint_fast64_t failed;
+  atomic_uint_fast64_t skipped;       /* sampled, but not shadowed: in-flight bound or an internal error */
+  atomic_uint_fast64_t unverifiable;  /* ran, but an output's dtype cannot be compared */
+  atomic_uint_fast64_t aa_runs;       /* A/A checks: production against itself */
+  atomic_uint_fast64_t aa_mismatching;
+  atomic_uint_fast64_t max_abs_bits, max_rel_bits;       /* over passing verifications */
+  atomic_uint_fast64_t aa_max_abs_bits, aa_max_rel_bits; /* production's own spread */
+  atomic_int rolled_back;             /* 1 once a verified failure rolled the route back */
+  ust__hist cand_hist;                /* candidate latency, ns */
+  _Atomic(struct ust__evidence *) evidence; /* the failure that rolled the route back */
 } ust__route;
 
 typedef struct ust__route_table {

@@ -28,6 +28,19 @@
 #define cudaStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
 #define cudaStreamIsCapturing hipStreamIsCapturing
 #define cudaThreadExchangeStreamCaptureMode hipThreadExchangeStreamCaptureMode
+#define cudaMalloc hipMalloc
+#define cudaFree hipFree
+#define cudaHostAlloc hipHostMalloc
+#define cudaHostAllocDefault hipHostMallocDefault
+#define cudaFreeHost hipHostFree
+#define cudaMemsetAsync hipMemsetAsync
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaGetLastError hipGetLastError
+#define cudaDeviceGetAttribute hipDeviceGetAttribute
+#define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define cudaDeviceSynchronize hipDeviceSynchronize
+#define cudaStreamSynchronize hipStreamSynchronize
 #else
 #include <cuda_runtime_api.h>
 #endif
@@ -35,6 +48,11 @@
 /* Every GPU runtime call that can fail goes through this: it logs the
  * statement, function and place, and yields the error (0 on success). */
 #define UST__GPU_CHECK(stmt)                                                                   \
-  ust__gpu_check((stmt), #stmt, __func__, __FILE__, __LINE__)
+  ust__gpu_check((int)(stmt), #stmt, __func__, __FILE__, __LINE__)
+
+#ifdef __cplusplus
+extern "C"
+#endif
+int ust__gpu_check(int err, const char *stmt, const char *fn, const char *file, int line);
 
 #endif /* UST_GPU_RUNTIME_H */

@@ -14,6 +14,7 @@
 
 #include "dispatch/backend.h"
 #include "dispatch/dispatch.h"
+#include "guard/guard.h"
 
 const char *ust__dtype_name(int dt) {
   static const char *names[UST__DT_COUNT] = {
@@ -37,6 +38,8 @@ static void route_free(ust__route *r) {
   if (r == NULL)
     return;
   ust__hist_free(&r->hist);
+  ust__hist_free(&r->cand_hist);
+  free(atomic_load(&r->evidence));
   free(r);
 }
 
@@ -78,7 +81,7 @@ ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust_
           return NULL;
         }
         fresh = calloc(1, sizeof *fresh);
-        if (fresh == NULL || ust__hist_init(&fresh->hist) != 0) {
+        if (fresh == NULL || ust__hist_init(&fresh->hist) != 0 || ust__hist_init(&fresh->cand_hist) != 0) {
           route_free(fresh);
           atomic_fetch_sub(&t->count, 1);
           return NULL;
@@ -133,13 +136,23 @@ void ust__route_key_str(const ust__route *r, char *buf, size_t cap) {
                           (long long)r->key.dims[d]);
 }
 
-void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names) {
+void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&b->resolved, &expected, 1)) {
     while (atomic_load(&b->resolved) != 2)
       sched_yield();
     return;
   }
+  b->n_arg_names = nargs < UST__MAX_ARGS ? nargs : UST__MAX_ARGS;
+  for (int i = 0; i < b->n_arg_names; i++)
+    ust__copy_name(b->arg_names[i], sizeof b->arg_names[i], names[i]);
+  /* Schemas are not always truthful about what an op writes (custom ops
+   * registered without alias annotations): the curated list adds to them. */
+  b->writes_mask = schema_writes;
+  for (int w = 0; w < b->def->n_writes; w++)
+    for (int i = 0; i < b->n_arg_names; i++)
+      if (strcmp(b->arg_names[i], b->def->writes[w]) == 0)
+        b->writes_mask |= 1u << i;
   for (int d = 0; d < b->n_dims; d++) {
     b->dims[d].arg_index = -1;
     for (int i = 0; i < nargs; i++)
@@ -160,9 +173,33 @@ static int sampled(uint64_t n, uint32_t q32, double sample) {
   return (uint64_t)(a >> 32) != (uint64_t)(p >> 32);
 }
 
+/* Shadow this call? Only for the binding the candidate targets, on routes
+ * not rolled back, outside graph capture, on sampled calls, and while a
+ * slot is free (otherwise the skip is counted and production serves). */
+static int shadow_begin(ust__binding *b, const ust__call *call, ust__route *r, ust__call_state *st) {
+  if (b->cand == NULL || atomic_load_explicit(&b->op->mode, memory_order_relaxed) != UST__MODE_SHADOW ||
+      atomic_load_explicit(&r->rolled_back, memory_order_relaxed))
+    return 0;
+#if !defined(UST_GPU_CUDA) && !defined(UST_GPU_HIP)
+  if (call->device != UST__DEV_CPU)
+    return 0;
+#endif
+  uint64_t n = atomic_fetch_add_explicit(&r->shadow_seen, 1, memory_order_relaxed) + 1;
+  if (!sampled(n, b->op->sample_q32, b->op->sample))
+    return 0;
+  st->shadow = ust__shadow_acquire(r);
+  if (st->shadow == NULL) {
+    atomic_fetch_add_explicit(&r->skipped, 1, memory_order_relaxed);
+    return 0;
+  }
+  atomic_fetch_add_explicit(&r->shadow_calls, 1, memory_order_relaxed);
+  return 1;
+}
+
 void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st) {
   st->route = NULL;
   st->timing = 0;
+  st->shadow = NULL;
   if (call->device == UST__DEV_OTHER)
     return;
   ust__route_key key;
@@ -179,6 +216,8 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     atomic_fetch_add_explicit(&r->captured, 1, memory_order_relaxed);
     return;
   }
+  if (shadow_begin(b, call, r, st))
+    return; /* a shadowed call times production itself */
   if (!sampled(n, b->op->sample_q32, b->op->sample))
     return;
   if (call->device == UST__DEV_CPU) {
@@ -204,6 +243,8 @@ void ust__call_end(const ust__call *call, ust__call_state *st) {
 }
 
 void ust__call_cancel(const ust__call *call, ust__call_state *st) {
+  if (st->shadow != NULL)
+    ust__shadow_abandon(call, st, 1);
   if (st->timing == 2)
     ust__gpu_timer_cancel(st->gpu_slot);
   st->timing = 0;

@@ -13,6 +13,8 @@ int ust__mode_parse(const char *s, int *mode) {
     *mode = UST__MODE_OFF;
   else if (strcmp(s, "observe") == 0)
     *mode = UST__MODE_OBSERVE;
+  else if (strcmp(s, "shadow") == 0)
+    *mode = UST__MODE_SHADOW;
   else
     return -1;
   return 0;
@@ -24,8 +26,23 @@ const char *ust__mode_name(int mode) {
     return "off";
   case UST__MODE_OBSERVE:
     return "observe";
+  case UST__MODE_SHADOW:
+    return "shadow";
   }
   return "unknown";
+}
+
+int ust__cmp_kind_parse(const char *s) {
+  static const char *names[] = {"allclose", "exact", "set"};
+  for (int i = 0; i < 3; i++)
+    if (strcmp(s, names[i]) == 0)
+      return i;
+  return -1;
+}
+
+const char *ust__cmp_kind_name(int kind) {
+  static const char *names[] = {"allclose", "exact", "set"};
+  return kind >= 0 && kind < 3 ? names[kind] : "allclose";
 }
 
 static int level_parse(const char *s) {
@@ -59,9 +76,9 @@ static int check_keys(const cJSON *obj, const char *path, const char *const *all
 
 static int parse_mode(const cJSON *v, const char *path, int *mode) {
   if (!cJSON_IsString(v))
-    return ust__error(UST_ECONFIG, "config: '%s' must be a string (off, observe)", path);
+    return ust__error(UST_ECONFIG, "config: '%s' must be a string (off, observe, shadow)", path);
   if (ust__mode_parse(v->valuestring, mode) != 0)
-    return ust__error(UST_ECONFIG, "config: '%s' is '%s'; expected off or observe", path,
+    return ust__error(UST_ECONFIG, "config: '%s' is '%s'; expected off, observe or shadow", path,
                       v->valuestring);
   return 0;
 }
@@ -82,6 +99,86 @@ static int parse_string(const cJSON *v, const char *path, char **out) {
   return *out == NULL ? ust__error(UST_ENOMEM, "config: out of memory") : 0;
 }
 
+static int is_hex64(const char *s) {
+  if (strlen(s) != 64)
+    return 0;
+  for (const char *p = s; *p; p++)
+    if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f') || (*p >= 'A' && *p <= 'F')))
+      return 0;
+  return 1;
+}
+
+/* "candidate": {"native": PATH, "sha256": HEX, "target": OP} or
+ * {"torch_op": "ns::name", "target": OP}. */
+static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *cc) {
+  static const char *const keys[] = {"native", "sha256", "torch_op", "target", NULL};
+  if (!cJSON_IsObject(c))
+    return ust__error(UST_ECONFIG, "config: '%s' must be an object {native, sha256} or {torch_op, target}", path);
+  int rc = check_keys(c, path, keys);
+  if (rc != 0)
+    return rc;
+  const cJSON *native = cJSON_GetObjectItemCaseSensitive(c, "native");
+  const cJSON *sha = cJSON_GetObjectItemCaseSensitive(c, "sha256");
+  const cJSON *top = cJSON_GetObjectItemCaseSensitive(c, "torch_op");
+  const cJSON *target = cJSON_GetObjectItemCaseSensitive(c, "target");
+  char sub[UST__NAME_MAX + 64];
+  if ((native == NULL) == (top == NULL))
+    return ust__error(UST_ECONFIG, "config: '%s' needs exactly one of 'native' (a shared object) or 'torch_op'", path);
+  if (native != NULL) {
+    cc->kind = UST__CAND_NATIVE;
+    snprintf(sub, sizeof sub, "%s.native", path);
+    if ((rc = parse_string(native, sub, &cc->path)) != 0)
+      return rc;
+    if (sha == NULL || !cJSON_IsString(sha) || !is_hex64(sha->valuestring))
+      return ust__error(UST_ECONFIG,
+                        "config: '%s.sha256' must be the 64 hex digits of the shared object's SHA-256 "
+                        "(a native candidate is loaded only when it matches)", path);
+    for (int i = 0; i < 64; i++)
+      cc->sha256[i] = (char)(sha->valuestring[i] | 0x20); /* lower case */
+  } else {
+    cc->kind = UST__CAND_TORCH_OP;
+    if (sha != NULL)
+      return ust__error(UST_ECONFIG, "config: '%s.sha256' applies to native candidates only", path);
+    if (!cJSON_IsString(top) || strstr(top->valuestring, "::") == NULL ||
+        ust__copy_name(cc->torch_op, sizeof cc->torch_op, top->valuestring) != 0)
+      return ust__error(UST_ECONFIG, "config: '%s.torch_op' must be a dispatcher op name like \"ns::name\"", path);
+  }
+  if (target != NULL && (!cJSON_IsString(target) || strstr(target->valuestring, "::") == NULL ||
+                         ust__copy_name(cc->target, sizeof cc->target, target->valuestring) != 0))
+    return ust__error(UST_ECONFIG, "config: '%s.target' must be a bound dispatcher op like \"aten::mm\"", path);
+  return 0;
+}
+
+/* "guard": {"compare": KIND, "atol": X, "rtol": Y, "aa_sample": P} */
+static int parse_guard(const cJSON *g, const char *path, ust__op_config *oc) {
+  static const char *const keys[] = {"compare", "atol", "rtol", "aa_sample", NULL};
+  if (!cJSON_IsObject(g))
+    return ust__error(UST_ECONFIG, "config: '%s' must be an object {compare, atol, rtol, aa_sample}", path);
+  int rc = check_keys(g, path, keys);
+  if (rc != 0)
+    return rc;
+  const cJSON *v;
+  if ((v = cJSON_GetObjectItemCaseSensitive(g, "compare")) != NULL &&
+      (!cJSON_IsString(v) || (oc->compare = ust__cmp_kind_parse(v->valuestring)) < 0))
+    return ust__error(UST_ECONFIG, "config: '%s.compare' must be \"allclose\", \"exact\" or \"set\"", path);
+  const char *tol_names[2] = {"atol", "rtol"};
+  double *tols[2] = {&oc->atol, &oc->rtol};
+  for (int i = 0; i < 2; i++) {
+    if ((v = cJSON_GetObjectItemCaseSensitive(g, tol_names[i])) == NULL)
+      continue;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0)
+      return ust__error(UST_ECONFIG, "config: '%s.%s' must be a number >= 0", path, tol_names[i]);
+    *tols[i] = v->valuedouble;
+  }
+  if ((v = cJSON_GetObjectItemCaseSensitive(g, "aa_sample")) != NULL) {
+    char sub[UST__NAME_MAX + 64];
+    snprintf(sub, sizeof sub, "%s.aa_sample", path);
+    if ((rc = parse_sample(v, sub, &oc->aa_sample)) != 0)
+      return rc;
+  }
+  return 0;
+}
+
 static int parse_operators(const cJSON *ops, ust__config *cfg) {
   if (!cJSON_IsObject(ops))
     return ust__error(UST_ECONFIG, "config: 'operators' must be an object mapping operator names to settings");
@@ -100,11 +197,13 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
         return ust__error(UST_ECONFIG, "config: '%s' appears twice", path);
     oc->mode = cfg->default_mode;
     oc->sample = cfg->default_sample;
+    oc->compare = -1;
+    oc->atol = oc->rtol = -1;
     int rc;
     if (cJSON_IsString(it)) {
       rc = parse_mode(it, path, &oc->mode);
     } else if (cJSON_IsObject(it)) {
-      static const char *const keys[] = {"mode", "sample", NULL};
+      static const char *const keys[] = {"mode", "sample", "candidate", "guard", NULL};
       rc = check_keys(it, path, keys);
       const cJSON *v;
       char sub[UST__NAME_MAX + 48];
@@ -116,11 +215,24 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
         snprintf(sub, sizeof sub, "%s.sample", path);
         rc = parse_sample(v, sub, &oc->sample);
       }
+      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "candidate")) != NULL) {
+        snprintf(sub, sizeof sub, "%s.candidate", path);
+        rc = parse_candidate(v, sub, &oc->cand);
+      }
+      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "guard")) != NULL) {
+        snprintf(sub, sizeof sub, "%s.guard", path);
+        rc = parse_guard(v, sub, oc);
+      }
     } else {
-      rc = ust__error(UST_ECONFIG, "config: '%s' must be a mode string or an object {mode, sample}", path);
+      rc = ust__error(UST_ECONFIG, "config: '%s' must be a mode string or an object {mode, sample, candidate, guard}",
+                      path);
     }
-    if (rc != 0)
+    if (rc == 0 && oc->mode == UST__MODE_SHADOW && oc->cand.kind == 0)
+      rc = ust__error(UST_ECONFIG, "config: '%s' is in mode shadow but names no 'candidate'", path);
+    if (rc != 0) {
+      cfg->n_ops++; /* so that config_free releases what this entry owns */
       return rc;
+    }
     cfg->n_ops++;
   }
   return 0;
@@ -128,7 +240,7 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
 
 static int parse_root(const cJSON *root, ust__config *cfg) {
   static const char *const keys[] = {"version", "problems_dir", "report", "log_level", "max_routes",
-                                     "defaults", "operators", NULL};
+                                     "defaults", "operators", "shadow", NULL};
   if (!cJSON_IsObject(root))
     return ust__error(UST_ECONFIG, "config: the top level must be a JSON object");
   int rc = check_keys(root, "", keys);
@@ -167,6 +279,20 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
       cfg->report_interval_s = v->valuedouble;
     }
   }
+  const cJSON *shadow = cJSON_GetObjectItemCaseSensitive(root, "shadow");
+  if (shadow != NULL) {
+    static const char *const skeys[] = {"max_inflight", NULL};
+    if (!cJSON_IsObject(shadow))
+      return ust__error(UST_ECONFIG, "config: 'shadow' must be an object {max_inflight}");
+    if ((rc = check_keys(shadow, "shadow", skeys)) != 0)
+      return rc;
+    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "max_inflight")) != NULL) {
+      if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 4096 ||
+          v->valuedouble != (double)(int)v->valuedouble)
+        return ust__error(UST_ECONFIG, "config: 'shadow.max_inflight' must be an integer in [1, 4096]");
+      cfg->shadow_max_inflight = (int)v->valuedouble;
+    }
+  }
   const cJSON *defaults = cJSON_GetObjectItemCaseSensitive(root, "defaults");
   if (defaults != NULL) {
     static const char *const dkeys[] = {"mode", "sample", NULL};
@@ -177,6 +303,9 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
     if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "mode")) != NULL &&
         (rc = parse_mode(v, "defaults.mode", &cfg->default_mode)) != 0)
       return rc;
+    if (cfg->default_mode == UST__MODE_SHADOW)
+      return ust__error(UST_ECONFIG, "config: 'defaults.mode' cannot be shadow: shadow needs a candidate, named per "
+                                     "operator in 'operators.NAME.candidate'");
     if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "sample")) != NULL &&
         (rc = parse_sample(v, "defaults.sample", &cfg->default_sample)) != 0)
       return rc;
@@ -195,6 +324,7 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->default_mode = UST__MODE_OBSERVE;
   cfg->default_sample = 1.0 / 16;
   cfg->max_routes = 4096;
+  cfg->shadow_max_inflight = 64;
   cfg->all_operators = 1;
   if (json == NULL || json[0] == '\0')
     return 0;
@@ -222,6 +352,8 @@ void ust__config_free(ust__config *cfg) {
     return;
   free(cfg->problems_dir);
   free(cfg->report_path);
+  for (int i = 0; cfg->ops != NULL && i < cfg->n_ops; i++)
+    free(cfg->ops[i].cand.path);
   free(cfg->ops);
   cfg->problems_dir = cfg->report_path = NULL;
   cfg->ops = NULL;

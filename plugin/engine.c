@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "dispatch/backend.h"
+#include "guard/guard.h"
 #include "plugin/engine.h"
 
 static pthread_mutex_t engine_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -41,6 +42,7 @@ static void *worker_main(void *arg) {
   while (!e->worker_stop) {
     pthread_mutex_unlock(&e->worker_lock);
     ust__gpu_harvest();
+    int shadow_pending = ust__shadow_harvest();
     uint64_t now = ust__now_ns();
     if (e->cfg.report_path != NULL && interval > 0 && now >= next_report) {
       if (ust__report_write_file(e, e->cfg.report_path) != 0)
@@ -49,7 +51,7 @@ static void *worker_main(void *arg) {
     }
     /* Device timings are polled every 2 ms; a host-only build only wakes
      * for reports. */
-    uint64_t wait_ns = ust__gpu_available() ? 2000000u : 100000000u;
+    uint64_t wait_ns = ust__gpu_available() || shadow_pending > 0 ? 2000000u : 100000000u;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t t = (uint64_t)ts.tv_nsec + wait_ns;
@@ -70,6 +72,9 @@ static void engine_free(ust__engine *e) {
   HASH_CLEAR(hh, e->bindings_by_name);
   ust__routes_free(&e->routes);
   free(e->bindings);
+  for (int i = 0; e->cands != NULL && i < e->n_ops; i++)
+    ust__candidate_unload(&e->cands[i]);
+  free(e->cands);
   free(e->ops);
   ust__problems_free(&e->problems);
   ust__config_free(&e->cfg);
@@ -87,7 +92,8 @@ static int build_operators(ust__engine *e) {
                         c->ops[i].name, c->ops[i].name, c->problems_dir);
   int n = c->all_operators ? e->problems.n : c->n_ops;
   e->ops = calloc(n > 0 ? (size_t)n : 1, sizeof *e->ops);
-  if (e->ops == NULL)
+  e->cands = calloc(n > 0 ? (size_t)n : 1, sizeof *e->cands);
+  if (e->ops == NULL || e->cands == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
   int nb = 0;
   for (int i = 0; i < n; i++) {
@@ -101,6 +107,13 @@ static int build_operators(ust__engine *e) {
     HASH_ADD_STR(e->ops_by_name, name, op);
     if (ust__hash_oom)
       return ust__error(UST_ENOMEM, "out of memory");
+    e->n_ops = i + 1; /* from here on engine_free releases this operator's candidate */
+    if (!c->all_operators && c->ops[i].cand.kind != 0) {
+      int rc = ust__candidate_load(&c->ops[i], p, &e->cands[i]);
+      if (rc != 0)
+        return rc;
+      op->cand = &e->cands[i];
+    }
     for (int b = 0; b < p->n_bindings; b++)
       nb += p->bindings[b].n_overloads;
   }
@@ -120,6 +133,7 @@ static int build_operators(ust__engine *e) {
         b->op = &e->ops[i];
         b->def = def;
         b->routes = &e->routes;
+        b->cand = NULL;
         memcpy(b->qualname, def->op, sizeof b->qualname);
         memcpy(b->overload, def->overloads[o], sizeof b->overload);
         snprintf(b->display, sizeof b->display, "%s%s%s", b->qualname, b->overload[0] ? "." : "", b->overload);
@@ -128,6 +142,8 @@ static int build_operators(ust__engine *e) {
         if (dup != NULL)
           return ust__error(UST_ECONFIG, "%s: '%s' is already bound by operator '%s' (%s)", p->path, b->display,
                             dup->op->name, dup->op->problem->path);
+        if (b->op->cand != NULL && strcmp(b->op->cand->target, b->display) == 0)
+          b->cand = b->op->cand;
         HASH_ADD_STR(e->bindings_by_name, display, b);
         if (ust__hash_oom)
           return ust__error(UST_ENOMEM, "out of memory");
@@ -193,7 +209,7 @@ int ust_enable(const char *config_json, const char *problems_dir) {
   if ((rc = engine_create(config_json, problems_dir, &e)) != 0)
     goto out;
   ust_set_log(NULL, NULL, e->cfg.log_level);
-  if ((rc = ust__gpu_init(1024)) != 0)
+  if ((rc = ust__gpu_init(1024)) != 0 || (rc = ust__shadow_init(e->cfg.shadow_max_inflight)) != 0)
     goto fail;
   atomic_store(&internal_errors, 0); /* the report counts this enabled period */
   for (int i = 0; seam != NULL && i < e->n_bindings; i++) {
@@ -213,6 +229,7 @@ int ust_enable(const char *config_json, const char *problems_dir) {
   goto out;
 fail:
   unregister_all(e);
+  ust__shadow_shutdown();
   ust__gpu_shutdown();
   engine_free(e);
 out:
@@ -243,8 +260,10 @@ int ust_disable(void) {
   if (e->worker_started)
     pthread_join(e->worker, NULL);
   ust__gpu_harvest_all_sync();
+  ust__shadow_harvest_all_sync();
   if (e->cfg.report_path != NULL)
     rc = ust__report_write_file(e, e->cfg.report_path);
+  ust__shadow_shutdown();
   ust__gpu_shutdown();
   engine = NULL;
   engine_free(e);
@@ -265,7 +284,7 @@ int ust_set_mode(const char *operator_name, const char *mode) {
     return ust__error(UST_EINVAL, "set_mode: operator and mode are required");
   int m;
   if (ust__mode_parse(mode, &m) != 0)
-    return ust__error(UST_EINVAL, "set_mode: mode '%s' is not one of off, observe", mode);
+    return ust__error(UST_EINVAL, "set_mode: mode '%s' is not one of off, observe, shadow", mode);
   pthread_mutex_lock(&engine_lock);
   int rc = ust__error(UST_ESTATE, "set_mode: understudy is not enabled");
   if (engine != NULL) {
@@ -273,6 +292,9 @@ int ust_set_mode(const char *operator_name, const char *mode) {
     HASH_FIND_STR(engine->ops_by_name, operator_name, op);
     if (op == NULL) {
       rc = ust__error(UST_ENOTFOUND, "set_mode: no enabled operator is named '%s'", operator_name);
+    } else if (m == UST__MODE_SHADOW && op->cand == NULL) {
+      rc = ust__error(UST_ESTATE, "set_mode: operator '%s' has no candidate; shadow needs one in the config",
+                      operator_name);
     } else {
       atomic_store(&op->mode, m);
       rc = 0;
@@ -319,8 +341,10 @@ int ust_report_json(char **out) {
 
 int ust_flush_sync(void) {
   pthread_mutex_lock(&engine_lock);
-  if (engine != NULL)
+  if (engine != NULL) {
     ust__gpu_harvest_all_sync();
+    ust__shadow_harvest_all_sync();
+  }
   pthread_mutex_unlock(&engine_lock);
   return 0;
 }

@@ -14,6 +14,7 @@ typedef struct ust__engine {
   int n_ops;
   ust__operator *ops;          /* owned */
   ust__operator *ops_by_name;  /* uthash head over ops */
+  ust__candidate *cands;       /* owned, one per operator (kind 0: none) */
   int n_bindings;
   ust__binding *bindings;      /* owned; the bridge borrows pointers into it */
   ust__binding *bindings_by_name; /* uthash head over bindings, by display name */

@@ -14,6 +14,7 @@
 #include <pthread.h>
 
 #include "understudy/understudy.h"
+#include "dispatch/callview.h" /* UST__CAND_* */
 
 struct cJSON;
 
@@ -30,9 +31,13 @@ void ust__clear_error(void);
 typedef enum ust__mode {
   UST__MODE_OFF = 0,
   UST__MODE_OBSERVE = 1,
+  UST__MODE_SHADOW = 2, /* observe, and run the candidate beside production on sampled calls */
 } ust__mode;
 
 int ust__mode_parse(const char *s, int *mode);
+/* "allclose", "exact", "set" -> ust__cmp_kind; -1 otherwise. */
+int ust__cmp_kind_parse(const char *s);
+const char *ust__cmp_kind_name(int kind);
 const char *ust__mode_name(int mode);
 
 /* ---- operator definitions (problems/NAME.json) --------------------------- */
@@ -68,6 +73,7 @@ typedef struct ust__binding_def {
 
 typedef struct ust__problem {
   char name[UST__NAME_MAX];
+  int compare; /* ust__cmp_kind (guard/guard.h): how candidates' outputs are judged */
   char *path;        /* owned */
   char *description; /* owned, may be NULL */
   int n_bindings;
@@ -90,11 +96,46 @@ const ust__problem *ust__problems_find(const ust__problem_set *set, const char *
 
 /* ---- config ------------------------------------------------------------- */
 
+/* A candidate as the config names it. */
+typedef struct ust__cand_config {
+  int kind;                            /* 0 none, UST__CAND_NATIVE, UST__CAND_TORCH_OP */
+  char *path;                          /* native: owned */
+  char sha256[65];                     /* native: the pin, lowercase hex */
+  char torch_op[UST__QUALNAME_MAX];    /* torch op: "ns::name" or "ns::name.overload" */
+  char target[UST__QUALNAME_MAX + UST__NAME_MAX]; /* the binding it stands in for; "" = default */
+} ust__cand_config;
+
 typedef struct ust__op_config {
   char name[UST__NAME_MAX];
   int mode;
   double sample;
+  ust__cand_config cand;
+  int compare;       /* -1: the operator definition's */
+  double atol, rtol; /* < 0: the defaults for each dtype */
+  double aa_sample;  /* fraction of shadow calls that also run production twice */
 } ust__op_config;
+
+/* A loaded candidate; owned by the engine, borrowed by bindings. */
+typedef struct ust__candidate {
+  int kind;
+  char name[UST__QUALNAME_MAX];
+  char target[UST__QUALNAME_MAX + UST__NAME_MAX];
+  char torch_op[UST__QUALNAME_MAX]; /* "ns::name" */
+  char torch_overload[UST__NAME_MAX];
+  char *path;                       /* owned, native only */
+  char sha256[65];
+  void *dl;                         /* dlopen handle, native only */
+  const struct ust_candidate *desc; /* native only; lives in dl */
+  int compare;
+  double atol, rtol;                /* < 0: per-dtype defaults */
+  double aa_sample;
+  uint32_t aa_q32;
+} ust__candidate;
+
+/* Load what cc names for operator op (its definition p): verify and open a
+ * native shared object, or note a torch op. Errors name the config field. */
+int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__candidate *out);
+void ust__candidate_unload(ust__candidate *c);
 
 typedef struct ust__config {
   char *problems_dir;        /* owned, NULL: caller supplies */
@@ -104,6 +145,7 @@ typedef struct ust__config {
   int default_mode;
   double default_sample;
   int max_routes;
+  int shadow_max_inflight;   /* shadow calls whose comparison is pending, at most */
   int all_operators;         /* 1 when "operators" is absent: every definition */
   int n_ops;
   ust__op_config *ops;       /* owned */

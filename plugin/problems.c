@@ -104,7 +104,8 @@ int ust__problem_parse(const char *text, const char *path, ust__problem *p) {
     return PERR("%s: not valid JSON (at offset %ld)", path, at != NULL ? (long)(at - text) : -1L);
   }
   int rc = 0;
-  static const char *const keys[] = {"schema_version", "operator", "description", "bindings", "bucket", NULL};
+  static const char *const keys[] = {"schema_version", "operator", "description", "bindings", "bucket", "compare",
+                                     NULL};
   const cJSON *v;
   if (!cJSON_IsObject(root)) {
     rc = PERR("%s: the top level must be an object", path);
@@ -129,6 +130,11 @@ int ust__problem_parse(const char *text, const char *path, ust__problem *p) {
       goto out;
     }
     p->description = ust__strdup(v->valuestring);
+  }
+  v = cJSON_GetObjectItemCaseSensitive(root, "compare");
+  if (v != NULL && (!cJSON_IsString(v) || (p->compare = ust__cmp_kind_parse(v->valuestring)) < 0)) {
+    rc = PERR("%s: 'compare' must be \"allclose\", \"exact\" or \"set\"", path);
+    goto out;
   }
   const cJSON *bucket = cJSON_GetObjectItemCaseSensitive(root, "bucket");
   if (bucket != NULL) {

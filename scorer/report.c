@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "guard/guard.h"
 #include "plugin/engine.h"
 
 typedef struct route_fig {
@@ -47,16 +49,98 @@ static cJSON *hist_json(const ust__hist_snap *s) {
   return lat;
 }
 
+static double u64_as_double(atomic_uint_fast64_t *a) { return ust__bits_to_double(atomic_load(a)); }
+
+/* The route's effective mode: the operator's, except that only the
+ * candidate's target binding shadows, and a rolled-back route no longer does. */
+static const char *route_mode(const ust__route *r) {
+  const ust__binding *b = r->binding;
+  int m = atomic_load(&b->op->mode);
+  if (m == UST__MODE_SHADOW && b->cand == NULL)
+    m = UST__MODE_OBSERVE;
+  if (b->cand != NULL && atomic_load(&r->rolled_back))
+    return "rolled_back";
+  return ust__mode_name(m);
+}
+
+static cJSON *evidence_json(const ust__evidence *ev) {
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "reason", ev->reason);
+  cJSON_AddStringToObject(j, "output", ev->output);
+  cJSON_AddStringToObject(j, "message", ev->message);
+  add_num(j, "shadow_call", (double)ev->shadow_call);
+  add_num(j, "unix_ms", (double)ev->unix_ms);
+  cJSON *shape = cJSON_AddArrayToObject(j, "shape");
+  for (int d = 0; d < ev->ndim; d++)
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)ev->shape[d]));
+  if (!ev->has_stats)
+    return j;
+  const ust__cmp_stats *st = &ev->stats;
+  add_num(j, "atol", ev->atol);
+  add_num(j, "rtol", ev->rtol);
+  add_num(j, "elements", (double)st->n);
+  add_num(j, "mismatches", (double)st->mismatches);
+  add_num(j, "nonfinite_production", (double)st->nonfinite_prod);
+  add_num(j, "nonfinite_candidate", (double)st->nonfinite_cand);
+  add_num(j, "nonfinite_where_production_finite", (double)st->nonfinite_bad);
+  add_num(j, "max_abs_err", ust__bits_to_double(st->max_abs_bits));
+  add_num(j, "max_rel_err", ust__bits_to_double(st->max_rel_bits));
+  add_num(j, "rel_l2_err", st->sum_sq_prod > 0 ? sqrt(st->sum_sq_diff / st->sum_sq_prod) : 0.0);
+  int64_t first = ust__cmp_first_mismatch(st);
+  if (first < 0) {
+    cJSON_AddNullToObject(j, "first_mismatch");
+  } else {
+    cJSON *fm = cJSON_AddObjectToObject(j, "first_mismatch");
+    add_num(fm, "flat_index", (double)first);
+    cJSON *idx = cJSON_AddArrayToObject(fm, "index");
+    for (int d = 0; d < ev->ndim; d++)
+      cJSON_AddItemToArray(idx, cJSON_CreateNumber((double)ev->first_index[d]));
+  }
+  return j;
+}
+
+static cJSON *shadow_json(ust__route *r, const ust__hist_snap *prod, ust__hist_snap *cand_snap) {
+  cJSON *j = cJSON_CreateObject();
+  add_num(j, "calls", (double)atomic_load(&r->shadow_calls));
+  add_num(j, "verified", (double)atomic_load(&r->verified));
+  add_num(j, "passed", (double)atomic_load(&r->passed));
+  add_num(j, "failed", (double)atomic_load(&r->failed));
+  add_num(j, "skipped", (double)atomic_load(&r->skipped));
+  add_num(j, "unverifiable", (double)atomic_load(&r->unverifiable));
+  add_num(j, "max_abs_err", u64_as_double(&r->max_abs_bits));
+  add_num(j, "max_rel_err", u64_as_double(&r->max_rel_bits));
+  ust__hist_snapshot(&r->cand_hist, cand_snap);
+  cJSON_AddItemToObject(j, "candidate_latency_ns", hist_json(cand_snap));
+  double tp = ust__hist_quantile(prod, 0.5), tc = ust__hist_quantile(cand_snap, 0.5);
+  if (tp > 0 && tc > 0)
+    add_num(j, "speedup", tp / tc);
+  else
+    cJSON_AddNullToObject(j, "speedup");
+  cJSON *aa = cJSON_AddObjectToObject(j, "aa");
+  add_num(aa, "runs", (double)atomic_load(&r->aa_runs));
+  add_num(aa, "mismatching", (double)atomic_load(&r->aa_mismatching));
+  add_num(aa, "max_abs_err", u64_as_double(&r->aa_max_abs_bits));
+  add_num(aa, "max_rel_err", u64_as_double(&r->aa_max_rel_bits));
+  const ust__evidence *ev = atomic_load(&r->evidence);
+  if (ev != NULL)
+    cJSON_AddItemToObject(j, "rollback", evidence_json(ev));
+  else
+    cJSON_AddNullToObject(j, "rollback");
+  return j;
+}
+
 cJSON *ust__report_build(ust__engine *e) {
   int nr = 0;
   /* Routes inserted while this runs are left for the next report. */
   uint32_t n_alloc = atomic_load(&e->routes.count) + 1;
   route_fig *figs = calloc(n_alloc, sizeof *figs);
   ust__hist_snap *snaps = calloc(n_alloc, sizeof *snaps);
+  ust__hist_snap *cand_snap = malloc(sizeof *cand_snap);
   cJSON *root = cJSON_CreateObject();
-  if (figs == NULL || snaps == NULL || root == NULL) {
+  if (figs == NULL || snaps == NULL || cand_snap == NULL || root == NULL) {
     free(figs);
     free(snaps);
+    free(cand_snap);
     cJSON_Delete(root);
     return NULL;
   }
@@ -97,6 +181,7 @@ cJSON *ust__report_build(ust__engine *e) {
   add_num(hs, "buckets", UST__HIST_BUCKETS);
 
   uint64_t t_calls = 0, t_timed = 0, t_captured = 0, t_untracked = 0;
+  uint64_t t_shadow = 0, t_verified = 0, t_failed = 0, t_rollbacks = 0;
   cJSON *ops = cJSON_AddArrayToObject(root, "operators");
   for (int oi = 0; oi < e->n_ops; oi++) {
     ust__operator *op = &e->ops[oi];
@@ -105,6 +190,23 @@ cJSON *ust__report_build(ust__engine *e) {
     cJSON_AddStringToObject(jo, "mode", ust__mode_name(atomic_load(&op->mode)));
     add_num(jo, "sample", op->sample);
     cJSON_AddStringToObject(jo, "definition", op->problem->path);
+    if (op->cand != NULL) {
+      const ust__candidate *c = op->cand;
+      cJSON *jc = cJSON_AddObjectToObject(jo, "candidate");
+      cJSON_AddStringToObject(jc, "kind", c->kind == UST__CAND_NATIVE ? "native" : "torch_op");
+      cJSON_AddStringToObject(jc, "name", c->name);
+      cJSON_AddStringToObject(jc, "target", c->target);
+      if (c->kind == UST__CAND_NATIVE) {
+        cJSON_AddStringToObject(jc, "path", c->path);
+        cJSON_AddStringToObject(jc, "sha256", c->sha256);
+      }
+      cJSON_AddStringToObject(jc, "compare", ust__cmp_kind_name(c->compare));
+      if (c->atol >= 0)
+        add_num(jc, "atol", c->atol);
+      if (c->rtol >= 0)
+        add_num(jc, "rtol", c->rtol);
+      add_num(jc, "aa_sample", c->aa_sample);
+    }
     uint64_t calls = 0, timed = 0, captured = 0, untracked = 0;
     double est = 0, measured = 0;
     cJSON *bindings = cJSON_AddArrayToObject(jo, "bindings");
@@ -124,6 +226,7 @@ cJSON *ust__report_build(ust__engine *e) {
       ust__route_key_str(f->r, key, sizeof key);
       cJSON_AddStringToObject(js, "key", key);
       cJSON_AddStringToObject(js, "op", b->display);
+      cJSON_AddStringToObject(js, "mode", route_mode(f->r));
       cJSON_AddStringToObject(js, "device", f->r->key.device == UST__DEV_CUDA ? "cuda" : "cpu");
       cJSON *dts = cJSON_AddArrayToObject(js, "dtypes");
       for (int d = 0; d < f->r->key.n_dtypes; d++)
@@ -139,6 +242,13 @@ cJSON *ust__report_build(ust__engine *e) {
       add_num(js, "est_device_time_ns", f->est_ns);
       add_num(js, "weight", total_est > 0 ? f->est_ns / total_est : 0.0);
       cJSON_AddItemToObject(js, "latency_ns", hist_json(f->hist));
+      if (b->cand != NULL) {
+        cJSON_AddItemToObject(js, "shadow", shadow_json(f->r, f->hist, cand_snap));
+        t_shadow += atomic_load(&f->r->shadow_calls);
+        t_verified += atomic_load(&f->r->verified);
+        t_failed += atomic_load(&f->r->failed);
+        t_rollbacks += atomic_load(&f->r->rolled_back) ? 1u : 0u;
+      }
       cJSON_AddItemToArray(shapes, js);
       calls += f->calls;
       timed += f->timed;
@@ -168,8 +278,13 @@ cJSON *ust__report_build(ust__engine *e) {
   add_num(tot, "routes", nr);
   add_num(tot, "internal_errors", (double)ust__internal_errors());
   add_num(tot, "est_device_time_ns", total_est);
+  add_num(tot, "shadow_calls", (double)t_shadow);
+  add_num(tot, "verified", (double)t_verified);
+  add_num(tot, "failed", (double)t_failed);
+  add_num(tot, "rollbacks", (double)t_rollbacks);
   free(figs);
   free(snaps);
+  free(cand_snap);
   return root;
 }
 

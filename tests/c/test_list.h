@@ -16,4 +16,8 @@
   X(engine_unknown_operator)      \
   X(engine_report_roundtrip)      \
   X(error_names)                  \
-  X(parsers_survive_mutations)
+  X(parsers_survive_mutations)    \
+  X(sha256_known_vectors)         \
+  X(dlopen_verified_refuses_mismatch) \
+  X(dlopen_verified_loads_pinned) \
+  X(dlopen_verified_loads_each_file)

@@ -93,7 +93,7 @@ static void make_binding(ust__binding *b, ust__operator *op, ust__binding_def *d
   ust__dim_compile("b[1]", &b->dims[1]);
   b->dims[0].bucket = UST__BUCKET_POW2;
   const char *names[] = {"a", "b", "k", "opt"};
-  ust__binding_resolve(b, 4, names);
+  ust__binding_resolve(b, 4, names, 0);
 }
 
 TEST(route_key_distinguishes) {

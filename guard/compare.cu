@@ -1,0 +1,269 @@
+// The comparison kernel: one pass over a pair of dense buffers (production,
+// candidate) that reduces mismatches, non-finite counts, max abs/rel error
+// and L2 sums into a ust__cmp_stats in device memory.
+//
+// Single source for CUDA and HIP (gpu_runtime.h maps the names). Each thread
+// reads 16-byte vectors of both buffers in a grid-stride loop, judges every
+// element with the shared rule (compare_elem.h), reduces across its warp and
+// block, and one thread per block folds the block's figures in with atomics.
+#include <stdint.h>
+
+#include <type_traits>
+
+#if defined(UST_GPU_HIP)
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#define UST__SHFL_DOWN(v, o) __shfl_down((v), (o))
+#define UST__WARP 64
+#else
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#define UST__SHFL_DOWN(v, o) __shfl_down_sync(0xffffffffu, (v), (o))
+#define UST__WARP 32
+#endif
+
+#include "dispatch/gpu_runtime.h"
+#include "guard/compare_elem.h"
+#include "guard/guard.h"
+
+#include "understudy/understudy.h"
+
+extern "C" int ust__error(int err, const char *fmt, ...);
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename M> struct Acc {
+  UST__CMP_ACC_FIELDS(M)
+};
+
+template <typename T> struct Traits;
+template <> struct Traits<__half> {
+  using M = float;
+  static __device__ M load(__half v) { return __half2float(v); }
+};
+struct bf16_t {
+  uint16_t bits;
+};
+template <> struct Traits<bf16_t> {
+  using M = float;
+  static __device__ M load(bf16_t v) { return __uint_as_float(UST__BF16_BITS_TO_F32_BITS(v.bits)); }
+};
+template <> struct Traits<float> {
+  using M = float;
+  static __device__ M load(float v) { return v; }
+};
+template <> struct Traits<double> {
+  using M = double;
+  static __device__ M load(double v) { return v; }
+};
+
+// Integers compare exactly; their error figures are kept in double.
+template <typename T> struct IntTraits {
+  using M = double;
+};
+template <> struct Traits<int8_t> : IntTraits<int8_t> {};
+template <> struct Traits<uint8_t> : IntTraits<uint8_t> {};
+template <> struct Traits<int16_t> : IntTraits<int16_t> {};
+template <> struct Traits<int32_t> : IntTraits<int32_t> {};
+template <> struct Traits<int64_t> : IntTraits<int64_t> {};
+
+__device__ __forceinline__ int dev_isfinite_f(float x) { return isfinite(x); }
+__device__ __forceinline__ int dev_isfinite_d(double x) { return isfinite(x); }
+__device__ __forceinline__ int dev_isnan_f(float x) { return isnan(x); }
+__device__ __forceinline__ int dev_isnan_d(double x) { return isnan(x); }
+
+template <typename T, bool Int> struct Elem;
+template <typename T> struct Elem<T, false> {
+  using M = typename Traits<T>::M;
+  static __device__ __forceinline__ void run(T pv, T cv, M atol, M rtol, int exact, unsigned long long idx,
+                                             Acc<M> &a) {
+    if constexpr (sizeof(M) == 4)
+      UST__CMP_FLOAT_ELEM(M, fabsf, dev_isfinite_f, dev_isnan_f, Traits<T>::load(pv), Traits<T>::load(cv), atol,
+                          rtol, exact, idx, a);
+    else
+      UST__CMP_FLOAT_ELEM(M, fabs, dev_isfinite_d, dev_isnan_d, Traits<T>::load(pv), Traits<T>::load(cv), atol,
+                          rtol, exact, idx, a);
+  }
+};
+template <typename T> struct Elem<T, true> {
+  using M = double;
+  static __device__ __forceinline__ void run(T pv, T cv, M, M, int, unsigned long long idx, Acc<M> &a) {
+    UST__CMP_INT_ELEM((long long)pv, (long long)cv, idx, a);
+  }
+};
+
+template <typename T> using MathOf = typename Traits<T>::M;
+
+__device__ __forceinline__ unsigned long long dbits(double d) { return (unsigned long long)__double_as_longlong(d); }
+
+template <typename V> __device__ __forceinline__ V warp_sum(V v) {
+  for (int o = UST__WARP / 2; o > 0; o >>= 1)
+    v += UST__SHFL_DOWN(v, o);
+  return v;
+}
+template <typename V> __device__ __forceinline__ V warp_max(V v) {
+  for (int o = UST__WARP / 2; o > 0; o >>= 1) {
+    V w = UST__SHFL_DOWN(v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+template <typename V> __device__ __forceinline__ V warp_min(V v) {
+  for (int o = UST__WARP / 2; o > 0; o >>= 1) {
+    V w = UST__SHFL_DOWN(v, o);
+    v = w < v ? w : v;
+  }
+  return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) compare_kernel(const T *__restrict__ prod, const T *__restrict__ cand,
+                                                           long long n, int vec_ok, MathOf<T> atol,
+                                                           MathOf<T> rtol, int exact, ust__cmp_stats *out) {
+  using M = MathOf<T>;
+  constexpr bool kInt = std::is_integral<T>::value;
+  constexpr int kVec = 16 / sizeof(T);
+  Acc<M> a;
+  UST__CMP_ACC_INIT(a);
+  const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  long long done = 0;
+  if (vec_ok) {
+    const long long nv = n / kVec;
+    const uint4 *pv = reinterpret_cast<const uint4 *>(prod);
+    const uint4 *cv = reinterpret_cast<const uint4 *>(cand);
+    for (long long v = tid; v < nv; v += stride) {
+      uint4 pw = __ldg(pv + v), cw = __ldg(cv + v);
+      const T *pe = reinterpret_cast<const T *>(&pw);
+      const T *ce = reinterpret_cast<const T *>(&cw);
+#pragma unroll
+      for (int k = 0; k < kVec; k++)
+        Elem<T, kInt>::run(pe[k], ce[k], atol, rtol, exact, (unsigned long long)(v * kVec + k), a);
+    }
+    done = nv * kVec;
+  }
+  for (long long i = done + tid; i < n; i += stride)
+    Elem<T, kInt>::run(prod[i], cand[i], atol, rtol, exact, (unsigned long long)i, a);
+
+  // Block reduction: warps first, then the first warp over the warp results.
+  __shared__ unsigned long long s_cnt[5][kThreads / UST__WARP];
+  __shared__ double s_max[2][kThreads / UST__WARP];
+  __shared__ double s_sum[2][kThreads / UST__WARP];
+  unsigned long long c[5] = {a.mismatches, a.nf_prod, a.nf_cand, a.nf_bad, a.first};
+  double mx[2] = {(double)a.max_abs, (double)a.max_rel};
+  double sm[2] = {a.ssd, a.ssp};
+  for (int k = 0; k < 4; k++)
+    c[k] = warp_sum(c[k]);
+  c[4] = warp_min(c[4]);
+  for (int k = 0; k < 2; k++) {
+    mx[k] = warp_max(mx[k]);
+    sm[k] = warp_sum(sm[k]);
+  }
+  const int lane = threadIdx.x % UST__WARP, warp = threadIdx.x / UST__WARP;
+  if (lane == 0) {
+    for (int k = 0; k < 5; k++)
+      s_cnt[k][warp] = c[k];
+    for (int k = 0; k < 2; k++) {
+      s_max[k][warp] = mx[k];
+      s_sum[k][warp] = sm[k];
+    }
+  }
+  __syncthreads();
+  if (warp != 0)
+    return;
+  constexpr int kWarps = kThreads / UST__WARP;
+  for (int k = 0; k < 5; k++)
+    c[k] = lane < kWarps ? s_cnt[k][lane] : (k == 4 ? ~0ull : 0ull);
+  for (int k = 0; k < 2; k++) {
+    mx[k] = lane < kWarps ? s_max[k][lane] : 0.0;
+    sm[k] = lane < kWarps ? s_sum[k][lane] : 0.0;
+  }
+  for (int k = 0; k < 4; k++)
+    c[k] = warp_sum(c[k]);
+  c[4] = warp_min(c[4]);
+  for (int k = 0; k < 2; k++) {
+    mx[k] = warp_max(mx[k]);
+    sm[k] = warp_sum(sm[k]);
+  }
+  if (lane != 0)
+    return;
+  if (c[0])
+    atomicAdd(&out->mismatches, c[0]);
+  if (c[1])
+    atomicAdd(&out->nonfinite_prod, c[1]);
+  if (c[2])
+    atomicAdd(&out->nonfinite_cand, c[2]);
+  if (c[3])
+    atomicAdd(&out->nonfinite_bad, c[3]);
+  if (c[4] != ~0ull)
+    atomicMax(&out->first_mismatch_inv, ~c[4]);
+  if (mx[0] > 0)
+    atomicMax(&out->max_abs_bits, dbits(mx[0]));
+  if (mx[1] > 0)
+    atomicMax(&out->max_rel_bits, dbits(mx[1]));
+  if (sm[0] != 0)
+    atomicAdd(&out->sum_sq_diff, sm[0]);
+  if (sm[1] != 0)
+    atomicAdd(&out->sum_sq_prod, sm[1]);
+  if (blockIdx.x == 0)
+    atomicAdd(&out->n, (unsigned long long)n);
+}
+
+int sm_count(void) {
+  static int cached[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+    return 80;
+  if (cached[dev] == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      v = 80;
+    cached[dev] = v;
+  }
+  return cached[dev];
+}
+
+template <typename T>
+int launch(const void *prod, const void *cand, long long n, int kind, double atol, double rtol, ust__cmp_stats *out,
+           cudaStream_t stream) {
+  using M = MathOf<T>;
+  constexpr int kVec = 16 / sizeof(T);
+  const int vec_ok = (reinterpret_cast<uintptr_t>(prod) % 16 == 0) && (reinterpret_cast<uintptr_t>(cand) % 16 == 0);
+  long long work = vec_ok ? (n + kVec - 1) / kVec : n;
+  long long blocks = (work + kThreads - 1) / kThreads;
+  const long long cap = (long long)sm_count() * (2048 / kThreads);
+  if (blocks > cap)
+    blocks = cap;
+  if (blocks < 1)
+    blocks = 1;
+  compare_kernel<T><<<(unsigned)blocks, kThreads, 0, stream>>>(static_cast<const T *>(prod),
+                                                               static_cast<const T *>(cand), n, vec_ok, (M)atol,
+                                                               (M)rtol, kind == UST__CMP_EXACT, out);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return ust__error(UST_EGPU, "compare kernel launch failed: %s", cudaGetErrorString(err));
+  return 0;
+}
+
+} // namespace
+
+extern "C" int ust__compare_launch(const void *prod, const void *cand, int dtype, int64_t n, int kind, double atol,
+                                   double rtol, ust__cmp_stats *dev_out, void *stream) {
+  if (n <= 0)
+    return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+  case UST__DT_F16: return launch<__half>(prod, cand, n, kind, atol, rtol, dev_out, s);
+  case UST__DT_BF16: return launch<bf16_t>(prod, cand, n, kind, atol, rtol, dev_out, s);
+  case UST__DT_F32: return launch<float>(prod, cand, n, kind, atol, rtol, dev_out, s);
+  case UST__DT_F64: return launch<double>(prod, cand, n, kind, atol, rtol, dev_out, s);
+  case UST__DT_I8: return launch<int8_t>(prod, cand, n, kind, atol, rtol, dev_out, s);
+  case UST__DT_U8: case UST__DT_BOOL: return launch<uint8_t>(prod, cand, n, kind, atol, rtol, dev_out, s);
+  case UST__DT_I16: return launch<int16_t>(prod, cand, n, kind, atol, rtol, dev_out, s);
+  case UST__DT_I32: return launch<int32_t>(prod, cand, n, kind, atol, rtol, dev_out, s);
+  case UST__DT_I64: return launch<int64_t>(prod, cand, n, kind, atol, rtol, dev_out, s);
+  }
+  return ust__error(UST_EINVAL, "compare: dtype %s is not supported", ust__dtype_name(dtype));
+}

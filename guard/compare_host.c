@@ -1,0 +1,139 @@
+/* The comparison for host tensors, and the helpers shared with the GPU path. */
+#include <math.h>
+#include <string.h>
+
+#include "guard/compare_elem.h"
+#include "guard/guard.h"
+#include "plugin/plugin.h"
+
+typedef struct acc_d {
+  UST__CMP_ACC_FIELDS(double)
+} acc_d;
+
+double ust__bits_to_double(unsigned long long bits) {
+  double d;
+  memcpy(&d, &bits, sizeof d);
+  return d;
+}
+
+static unsigned long long double_bits(double d) {
+  unsigned long long b;
+  memcpy(&b, &d, sizeof b);
+  return b;
+}
+
+int64_t ust__cmp_first_mismatch(const ust__cmp_stats *s) {
+  return s->first_mismatch_inv == 0 ? -1 : (int64_t)~s->first_mismatch_inv;
+}
+
+int ust__cmp_dtype_supported(int dt) {
+  switch (dt) {
+  case UST__DT_F16: case UST__DT_BF16: case UST__DT_F32: case UST__DT_F64:
+  case UST__DT_I8: case UST__DT_U8: case UST__DT_I16: case UST__DT_I32: case UST__DT_I64: case UST__DT_BOOL:
+    return 1;
+  }
+  return 0;
+}
+
+/* 16-bit types: the paper's tolerances; fp32 and fp64 are held tighter. */
+void ust__cmp_default_tol(int dt, double *atol, double *rtol) {
+  switch (dt) {
+  case UST__DT_F32:
+    *atol = 1e-4;
+    *rtol = 1e-3;
+    break;
+  case UST__DT_F64:
+    *atol = 1e-8;
+    *rtol = 1e-7;
+    break;
+  case UST__DT_F16: case UST__DT_BF16:
+    *atol = 1e-2;
+    *rtol = 5e-2;
+    break;
+  default:
+    *atol = 0;
+    *rtol = 0;
+  }
+}
+
+static float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else { /* subnormal: normalise */
+    int e = -1;
+    do {
+      e++;
+      man <<= 1;
+    } while ((man & 0x400u) == 0);
+    bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+static double load_float(const void *base, int dt, int64_t i) {
+  switch (dt) {
+  case UST__DT_F16: return f16_to_f32(((const uint16_t *)base)[i]);
+  case UST__DT_BF16: {
+    uint32_t bits = UST__BF16_BITS_TO_F32_BITS(((const uint16_t *)base)[i]);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+  }
+  case UST__DT_F32: return ((const float *)base)[i];
+  default: return ((const double *)base)[i];
+  }
+}
+
+static long long load_int(const void *base, int dt, int64_t i) {
+  switch (dt) {
+  case UST__DT_I8: return ((const int8_t *)base)[i];
+  case UST__DT_U8: case UST__DT_BOOL: return ((const uint8_t *)base)[i];
+  case UST__DT_I16: return ((const int16_t *)base)[i];
+  case UST__DT_I32: return ((const int32_t *)base)[i];
+  default: return ((const int64_t *)base)[i];
+  }
+}
+
+static int is_float(int dt) {
+  return dt == UST__DT_F16 || dt == UST__DT_BF16 || dt == UST__DT_F32 || dt == UST__DT_F64;
+}
+
+void ust__compare_host(const void *prod, const void *cand, int dt, int64_t n, int kind, double atol, double rtol,
+                       ust__cmp_stats *out) {
+  acc_d a;
+  UST__CMP_ACC_INIT(a);
+  const int exact = kind == UST__CMP_EXACT;
+  if (is_float(dt)) {
+    for (int64_t i = 0; i < n; i++)
+      UST__CMP_FLOAT_ELEM(double, fabs, isfinite, isnan, load_float(prod, dt, i), load_float(cand, dt, i), atol,
+                          rtol, exact, i, a);
+  } else {
+    for (int64_t i = 0; i < n; i++)
+      UST__CMP_INT_ELEM(load_int(prod, dt, i), load_int(cand, dt, i), i, a);
+  }
+  memset(out, 0, sizeof *out);
+  out->n = (unsigned long long)(n > 0 ? n : 0);
+  out->mismatches = a.mismatches;
+  out->nonfinite_prod = a.nf_prod;
+  out->nonfinite_cand = a.nf_cand;
+  out->nonfinite_bad = a.nf_bad;
+  out->first_mismatch_inv = a.first == ~0ull ? 0 : ~a.first;
+  out->max_abs_bits = double_bits(a.max_abs);
+  out->max_rel_bits = double_bits(a.max_rel);
+  out->sum_sq_diff = a.ssd;
+  out->sum_sq_prod = a.ssp;
+}
+
+#if !defined(UST_GPU_CUDA) && !defined(UST_GPU_HIP)
+int ust__compare_launch(const void *prod, const void *cand, int dtype, int64_t n, int kind, double atol,
+                        double rtol, ust__cmp_stats *dev_out, void *stream) {
+  return ust__error(UST_EGPU, "this build of understudy has no GPU backend");
+}
+#endif

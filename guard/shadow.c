@@ -1,0 +1,563 @@
+/*
+ * Shadow calls: the slots that carry one shadowed call from the router to its
+ * verdict, the comparison of its outputs, and the rollback at the first
+ * verified failure.
+ *
+ * A slot holds the call's timestamps (host clock or device events), the
+ * description of each output pair and room for the comparison results. On
+ * the host everything concludes inside ust__shadow_finish. On a GPU the
+ * compare kernel reduces into the slot's device buffer, an async copy moves
+ * the results to the slot's pinned host buffer, a last event marks the end,
+ * and the worker thread concludes the slot once that event has completed.
+ * The number of slots bounds the shadow work in flight.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include "dispatch/backend.h"
+#include "dispatch/dispatch.h"
+#include "guard/guard.h"
+
+#if defined(UST_GPU_CUDA) || defined(UST_GPU_HIP)
+#define UST__SHADOW_GPU 1
+#include "dispatch/gpu_runtime.h"
+#endif
+
+#define MAX_SLOT_PAIRS (2 * UST__SHADOW_MAX_PAIRS)
+
+typedef struct pair_meta {
+  const char *name;
+  int aa;
+  int dtype;
+  int ndim;
+  int64_t shape[8];
+  const char *fail; /* a metadata failure (shape, dtype, ...), or NULL */
+  char detail[160];
+  int compared;     /* 1 when stats hold its comparison */
+  double atol, rtol;
+} pair_meta;
+
+typedef struct shadow_slot {
+  ust__route *route;
+  int on_gpu;  /* this use enqueued device work */
+  int aborted; /* concluded as skipped */
+  uint64_t t[UST__MARK_COUNT];
+  int n_pairs;
+  pair_meta meta[MAX_SLOT_PAIRS];
+  ust__cmp_stats host[MAX_SLOT_PAIRS];
+  int fail;
+  char msg[256];
+#ifdef UST__SHADOW_GPU
+  int device; /* device of the resources below; -1 before first use */
+  cudaEvent_t ev[UST__MARK_COUNT + 1];
+  ust__cmp_stats *dev_stats;  /* device memory */
+  ust__cmp_stats *pinned;     /* pinned host memory */
+#endif
+} shadow_slot;
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static shadow_slot *slots;
+static int n_slots;
+static int *free_list;
+static int n_free;
+static int *pending; /* GPU slots whose results are in flight */
+static int n_pending;
+
+static uint64_t unix_ms(void) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  return (uint64_t)tv.tv_sec * 1000u + (uint64_t)tv.tv_usec / 1000u;
+}
+
+static void atomic_max_u64(atomic_uint_fast64_t *a, uint64_t v) {
+  uint64_t cur = atomic_load_explicit(a, memory_order_relaxed);
+  while (v > cur && !atomic_compare_exchange_weak_explicit(a, &cur, v, memory_order_relaxed, memory_order_relaxed))
+    ;
+}
+
+#ifdef UST__SHADOW_GPU
+/* Creating events and buffers is not capture-safe; the relaxed mode keeps a
+ * capture running in another thread valid. */
+static int slot_gpu_resources(shadow_slot *s, int device) {
+  if (s->device == device)
+    return 0;
+  if (s->device >= 0)
+    return -1; /* a slot keeps its first device; the call is skipped */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  int rc = 0, made = 0;
+  for (; rc == 0 && made < UST__MARK_COUNT + 1; made++)
+    rc = UST__GPU_CHECK(cudaEventCreateWithFlags(&s->ev[made], cudaEventDefault));
+  if (rc == 0)
+    rc = UST__GPU_CHECK(cudaMalloc((void **)&s->dev_stats, sizeof(ust__cmp_stats) * MAX_SLOT_PAIRS));
+  if (rc == 0 &&
+      (rc = UST__GPU_CHECK(cudaHostAlloc((void **)&s->pinned, sizeof(ust__cmp_stats) * MAX_SLOT_PAIRS,
+                                         cudaHostAllocDefault))) != 0) {
+    cudaFree(s->dev_stats);
+  }
+  if (rc != 0) {
+    for (int i = 0; i < made - 1; i++)
+      cudaEventDestroy(s->ev[i]);
+    s->dev_stats = NULL;
+    s->pinned = NULL;
+  } else {
+    s->device = device;
+  }
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return rc == 0 ? 0 : -1;
+}
+
+static void slot_gpu_free(shadow_slot *s) {
+  if (s->device < 0)
+    return;
+  for (int i = 0; i < UST__MARK_COUNT + 1; i++)
+    cudaEventDestroy(s->ev[i]);
+  cudaFree(s->dev_stats);
+  cudaFreeHost(s->pinned);
+  s->device = -1;
+}
+#endif
+
+int ust__shadow_init(int max_inflight) {
+  pthread_mutex_lock(&pool_lock);
+  slots = calloc((size_t)max_inflight, sizeof *slots);
+  free_list = calloc((size_t)max_inflight, sizeof *free_list);
+  pending = calloc((size_t)max_inflight, sizeof *pending);
+  int rc = 0;
+  if (slots == NULL || free_list == NULL || pending == NULL) {
+    free(slots);
+    free(free_list);
+    free(pending);
+    slots = NULL;
+    free_list = pending = NULL;
+    rc = ust__error(UST_ENOMEM, "out of memory for %d shadow slots", max_inflight);
+  } else {
+    n_slots = n_free = max_inflight;
+    n_pending = 0;
+    for (int i = 0; i < max_inflight; i++) {
+      free_list[i] = max_inflight - 1 - i;
+#ifdef UST__SHADOW_GPU
+      slots[i].device = -1;
+#endif
+    }
+  }
+  pthread_mutex_unlock(&pool_lock);
+  return rc;
+}
+
+static void release(shadow_slot *s) {
+  s->route = NULL;
+  pthread_mutex_lock(&pool_lock);
+  free_list[n_free++] = (int)(s - slots);
+  pthread_mutex_unlock(&pool_lock);
+}
+
+void *ust__shadow_acquire(ust__route *route) {
+  pthread_mutex_lock(&pool_lock);
+  int idx = n_free > 0 ? free_list[--n_free] : -1;
+  pthread_mutex_unlock(&pool_lock);
+  if (idx < 0)
+    return NULL;
+  shadow_slot *s = &slots[idx];
+  s->route = route;
+  s->on_gpu = 0;
+  s->aborted = 0;
+  s->n_pairs = 0;
+  s->fail = UST__FAIL_NONE;
+  s->msg[0] = '\0';
+  memset(s->t, 0, sizeof s->t);
+  return s;
+}
+
+void ust__shadow_info_get(const ust__call_state *st, ust__shadow_info *out) {
+  const ust__binding *b = st->route->binding;
+  const ust__candidate *c = b->cand;
+  memset(out, 0, sizeof *out);
+  out->kind = c->kind;
+  out->native = c->desc;
+  out->torch_op = c->torch_op;
+  out->torch_overload = c->torch_overload;
+  out->compare = c->compare;
+  out->writes_mask = b->writes_mask;
+  if (c->aa_sample > 0) {
+    /* Every A/A check is an extra production run: the same exact sampling
+     * as the timing decision, over this route's shadow calls. */
+    uint64_t n = atomic_load_explicit(&st->route->shadow_calls, memory_order_relaxed);
+    unsigned __int128 a = (unsigned __int128)n * c->aa_q32, p = (unsigned __int128)(n - 1) * c->aa_q32;
+    out->aa = c->aa_sample >= 1.0 || (uint64_t)(a >> 32) != (uint64_t)(p >> 32);
+  }
+}
+
+void ust__shadow_mark(ust__call_state *st, int mark, void *stream) {
+  shadow_slot *s = st->shadow;
+  if (s == NULL || mark < 0 || mark >= UST__MARK_COUNT)
+    return;
+#ifdef UST__SHADOW_GPU
+  if (stream != NULL) {
+    int dev = 0;
+    if (s->aborted || UST__GPU_CHECK(cudaGetDevice(&dev)) != 0 || slot_gpu_resources(s, dev) != 0 ||
+        UST__GPU_CHECK(cudaEventRecord(s->ev[mark], (cudaStream_t)stream)) != 0) {
+      s->aborted = 1;
+      return;
+    }
+    s->on_gpu = 1;
+    return;
+  }
+#endif
+  s->t[mark] = ust__now_ns();
+}
+
+static int64_t numel_of(const DLTensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++)
+    n *= t->shape[i];
+  return n;
+}
+
+/* Metadata checks: what makes a comparison meaningless fails on its own. */
+static const char *meta_check(const ust__pair *p, char *detail, size_t cap) {
+  const DLTensor *a = &p->prod, *b = &p->cand;
+  if (a->device.device_type != b->device.device_type || a->device.device_id != b->device.device_id) {
+    snprintf(detail, cap, "on device %d:%d, production's on %d:%d", (int)b->device.device_type,
+             (int)b->device.device_id, (int)a->device.device_type, (int)a->device.device_id);
+    return "device";
+  }
+  if (p->prod_dtype != p->cand_dtype) {
+    snprintf(detail, cap, "dtype %s, production's %s", ust__dtype_name(p->cand_dtype),
+             ust__dtype_name(p->prod_dtype));
+    return "dtype";
+  }
+  int same = a->ndim == b->ndim;
+  for (int i = 0; same && i < a->ndim; i++)
+    same = a->shape[i] == b->shape[i];
+  if (!same) {
+    size_t n = (size_t)snprintf(detail, cap, "shape [");
+    for (int i = 0; i < b->ndim && n < cap; i++)
+      n += (size_t)snprintf(detail + n, cap - n, "%s%lld", i ? "," : "", (long long)b->shape[i]);
+    if (n < cap)
+      n += (size_t)snprintf(detail + n, cap - n, "], production's [");
+    for (int i = 0; i < a->ndim && n < cap; i++)
+      n += (size_t)snprintf(detail + n, cap - n, "%s%lld", i ? "," : "", (long long)a->shape[i]);
+    if (n < cap)
+      snprintf(detail + n, cap - n, "]");
+    return "shape";
+  }
+  /* Strides matter where a dimension has more than one element. */
+  for (int i = 0; i < a->ndim; i++) {
+    int64_t sa = a->strides != NULL ? a->strides[i] : 0, sb = b->strides != NULL ? b->strides[i] : 0;
+    if (a->shape[i] > 1 && a->strides != NULL && b->strides != NULL && sa != sb) {
+      snprintf(detail, cap, "stride %lld in dimension %d, production's %lld", (long long)sb, i, (long long)sa);
+      return "stride";
+    }
+  }
+  return NULL;
+}
+
+static void tolerances(const ust__candidate *c, int dtype, double *atol, double *rtol) {
+  ust__cmp_default_tol(dtype, atol, rtol);
+  if (c->atol >= 0)
+    *atol = c->atol;
+  if (c->rtol >= 0)
+    *rtol = c->rtol;
+}
+
+static void conclude(shadow_slot *s);
+
+void ust__shadow_finish(const ust__call *call, ust__call_state *st, const ust__pair *pairs, int n_pairs, int fail,
+                        const char *msg) {
+  shadow_slot *s = st->shadow;
+  st->shadow = NULL;
+  if (s == NULL)
+    return;
+  const ust__candidate *c = s->route->binding->cand;
+  s->fail = fail;
+  if (msg != NULL)
+    snprintf(s->msg, sizeof s->msg, "%s", msg);
+  if (n_pairs > MAX_SLOT_PAIRS)
+    n_pairs = MAX_SLOT_PAIRS;
+  s->n_pairs = n_pairs;
+#ifdef UST__SHADOW_GPU
+  const int gpu = call->device == UST__DEV_CUDA && call->stream != NULL && s->on_gpu && !s->aborted;
+  if (gpu && UST__GPU_CHECK(cudaMemsetAsync(s->dev_stats, 0, sizeof(ust__cmp_stats) * (size_t)n_pairs,
+                                            (cudaStream_t)call->stream)) != 0)
+    s->aborted = 1;
+#else
+  const int gpu = 0;
+#endif
+  for (int i = 0; i < n_pairs && !s->aborted; i++) {
+    const ust__pair *p = &pairs[i];
+    pair_meta *m = &s->meta[i];
+    memset(m, 0, sizeof *m);
+    m->name = p->name;
+    m->aa = p->aa;
+    m->dtype = p->prod_dtype;
+    m->ndim = p->prod.ndim < 8 ? p->prod.ndim : 8;
+    for (int d = 0; d < m->ndim; d++)
+      m->shape[d] = p->prod.shape[d];
+    if (s->fail != UST__FAIL_NONE && !p->aa)
+      continue;
+    if ((m->fail = meta_check(p, m->detail, sizeof m->detail)) != NULL)
+      continue;
+    if (!ust__cmp_dtype_supported(p->prod_dtype))
+      continue;
+    tolerances(c, p->prod_dtype, &m->atol, &m->rtol);
+    int kind = c->compare == UST__CMP_EXACT ? UST__CMP_EXACT : UST__CMP_ALLCLOSE;
+    int64_t n = numel_of(&p->prod);
+    m->compared = 1;
+    if (!gpu) {
+      ust__compare_host(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol, &s->host[i]);
+      continue;
+    }
+#ifdef UST__SHADOW_GPU
+    if (ust__compare_launch(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol,
+                            &s->dev_stats[i], call->stream) != 0) {
+      ust__log(UST_LOG_WARN, "shadow: %s", ust_last_error());
+      s->aborted = 1;
+    }
+#endif
+  }
+#ifdef UST__SHADOW_GPU
+  if (gpu || s->on_gpu) {
+    cudaStream_t stream = (cudaStream_t)call->stream;
+    if (!s->aborted && UST__GPU_CHECK(cudaMemcpyAsync(s->pinned, s->dev_stats, sizeof(ust__cmp_stats) * (size_t)n_pairs,
+                                                       cudaMemcpyDeviceToHost, stream)) != 0)
+      s->aborted = 1;
+    /* The slot goes back only when the device is done with its buffers. */
+    if (s->device >= 0 && UST__GPU_CHECK(cudaEventRecord(s->ev[UST__MARK_COUNT], stream)) == 0) {
+      pthread_mutex_lock(&pool_lock);
+      pending[n_pending++] = (int)(s - slots);
+      pthread_mutex_unlock(&pool_lock);
+      return;
+    }
+    s->aborted = 1;
+  }
+#endif
+  conclude(s);
+}
+
+void ust__shadow_abandon(const ust__call *call, ust__call_state *st, int production_raised) {
+  shadow_slot *s = st->shadow;
+  st->shadow = NULL;
+  if (s == NULL)
+    return;
+  if (production_raised)
+    atomic_fetch_sub_explicit(&s->route->shadow_calls, 1, memory_order_relaxed);
+  s->aborted = production_raised ? 2 : 1;
+  s->n_pairs = 0;
+#ifdef UST__SHADOW_GPU
+  if (s->on_gpu && s->device >= 0 && call->stream != NULL &&
+      UST__GPU_CHECK(cudaEventRecord(s->ev[UST__MARK_COUNT], (cudaStream_t)call->stream)) == 0) {
+    pthread_mutex_lock(&pool_lock);
+    pending[n_pending++] = (int)(s - slots);
+    pthread_mutex_unlock(&pool_lock);
+    return;
+  }
+#endif
+  conclude(s);
+}
+
+static void unravel(int64_t flat, const pair_meta *m, int64_t *idx) {
+  for (int d = m->ndim - 1; d >= 0; d--) {
+    int64_t extent = m->shape[d] > 0 ? m->shape[d] : 1;
+    idx[d] = flat % extent;
+    flat /= extent;
+  }
+}
+
+static void roll_back(ust__route *r, const char *reason, const pair_meta *m, const ust__cmp_stats *st,
+                      const char *message) {
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&r->rolled_back, &expected, 1))
+    return;
+  ust__evidence *e = calloc(1, sizeof *e);
+  char key[512];
+  ust__route_key_str(r, key, sizeof key);
+  if (e != NULL) {
+    e->shadow_call = atomic_load(&r->shadow_calls);
+    e->unix_ms = unix_ms();
+    snprintf(e->reason, sizeof e->reason, "%s", reason);
+    snprintf(e->message, sizeof e->message, "%s", message != NULL ? message : "");
+    if (m != NULL) {
+      snprintf(e->output, sizeof e->output, "%s", m->name != NULL ? m->name : "?");
+      e->ndim = m->ndim;
+      memcpy(e->shape, m->shape, sizeof e->shape);
+      e->atol = m->atol;
+      e->rtol = m->rtol;
+    }
+    if (st != NULL && m != NULL) {
+      e->has_stats = 1;
+      e->stats = *st;
+      int64_t first = ust__cmp_first_mismatch(st);
+      if (first >= 0)
+        unravel(first, m, e->first_index);
+    }
+    atomic_store(&r->evidence, e);
+  }
+  ust__log(UST_LOG_WARN, "rolled back %s: %s%s%s%s", key, reason, m != NULL ? " in " : "",
+           m != NULL && m->name != NULL ? m->name : "", message != NULL && message[0] ? ": " : "");
+}
+
+static void conclude(shadow_slot *s) {
+  ust__route *r = s->route;
+  const ust__cmp_stats *stats = s->host;
+#ifdef UST__SHADOW_GPU
+  if (s->on_gpu && s->pinned != NULL)
+    stats = s->pinned;
+#endif
+  if (s->aborted) {
+    if (s->aborted == 1)
+      atomic_fetch_add_explicit(&r->skipped, 1, memory_order_relaxed);
+    release(s);
+    return;
+  }
+  uint64_t t_prod = 0, t_cand = 0;
+  int have_times = 0;
+#ifdef UST__SHADOW_GPU
+  if (s->on_gpu) {
+    float ms_p = 0, ms_c = 0;
+    have_times = UST__GPU_CHECK(cudaEventElapsedTime(&ms_p, s->ev[UST__MARK_PROD_BEGIN], s->ev[UST__MARK_PROD_END])) == 0 &&
+                 UST__GPU_CHECK(cudaEventElapsedTime(&ms_c, s->ev[UST__MARK_CAND_BEGIN], s->ev[UST__MARK_CAND_END])) == 0;
+    t_prod = (uint64_t)((double)ms_p * 1e6 + 0.5);
+    t_cand = (uint64_t)((double)ms_c * 1e6 + 0.5);
+  } else
+#endif
+  {
+    have_times = 1;
+    t_prod = s->t[UST__MARK_PROD_END] - s->t[UST__MARK_PROD_BEGIN];
+    t_cand = s->t[UST__MARK_CAND_END] - s->t[UST__MARK_CAND_BEGIN];
+  }
+  if (have_times) {
+    ust__hist_record(&r->hist, t_prod);
+    atomic_fetch_add_explicit(&r->timed, 1, memory_order_relaxed);
+    ust__hist_record(&r->cand_hist, t_cand);
+  }
+
+  /* A/A: production's own spread on this call. */
+  int aa_seen = 0, aa_bad = 0;
+  for (int i = 0; i < s->n_pairs; i++) {
+    const pair_meta *m = &s->meta[i];
+    if (!m->aa)
+      continue;
+    aa_seen = 1;
+    if (m->compared) {
+      atomic_max_u64(&r->aa_max_abs_bits, stats[i].max_abs_bits);
+      atomic_max_u64(&r->aa_max_rel_bits, stats[i].max_rel_bits);
+      aa_bad |= stats[i].mismatches > 0;
+    }
+  }
+  if (aa_seen) {
+    atomic_fetch_add_explicit(&r->aa_runs, 1, memory_order_relaxed);
+    if (aa_bad)
+      atomic_fetch_add_explicit(&r->aa_mismatching, 1, memory_order_relaxed);
+  }
+
+  static const char *fail_reason[] = {"", "error", "raised", "schema"};
+  const char *reason = NULL;
+  const pair_meta *bad = NULL;
+  const ust__cmp_stats *bad_stats = NULL;
+  const char *message = s->msg;
+  int unverifiable = 0;
+  if (s->fail != UST__FAIL_NONE) {
+    reason = fail_reason[s->fail >= 0 && s->fail <= UST__FAIL_SCHEMA ? s->fail : 0];
+  } else {
+    for (int i = 0; i < s->n_pairs && reason == NULL; i++) {
+      const pair_meta *m = &s->meta[i];
+      if (m->aa)
+        continue;
+      if (m->fail != NULL) {
+        reason = m->fail;
+        bad = m;
+        message = m->detail;
+      } else if (!m->compared) {
+        unverifiable = 1;
+      } else if (stats[i].mismatches > 0) {
+        reason = stats[i].nonfinite_bad > 0 ? "nonfinite" : "mismatch";
+        bad = m;
+        bad_stats = &stats[i];
+      }
+    }
+  }
+  if (reason != NULL) {
+    atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->failed, 1, memory_order_relaxed);
+    roll_back(r, reason, bad, bad_stats, message);
+  } else if (unverifiable) {
+    atomic_fetch_add_explicit(&r->unverifiable, 1, memory_order_relaxed);
+  } else {
+    atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->passed, 1, memory_order_relaxed);
+    for (int i = 0; i < s->n_pairs; i++)
+      if (!s->meta[i].aa && s->meta[i].compared) {
+        atomic_max_u64(&r->max_abs_bits, stats[i].max_abs_bits);
+        atomic_max_u64(&r->max_rel_bits, stats[i].max_rel_bits);
+      }
+  }
+  release(s);
+}
+
+#ifdef UST__SHADOW_GPU
+static int harvest_locked(int wait_sync) {
+  int kept = 0, n_done = 0;
+  int done[1024];
+  for (int i = 0; i < n_pending; i++) {
+    shadow_slot *s = &slots[pending[i]];
+    cudaError_t q = wait_sync ? cudaEventSynchronize(s->ev[UST__MARK_COUNT]) : cudaEventQuery(s->ev[UST__MARK_COUNT]);
+    if (q == cudaErrorNotReady || n_done == (int)(sizeof done / sizeof done[0])) {
+      pending[kept++] = pending[i];
+      continue;
+    }
+    if (q != cudaSuccess) {
+      UST__GPU_CHECK(q);
+      if (!s->aborted)
+        s->aborted = 1;
+    }
+    done[n_done++] = pending[i];
+  }
+  n_pending = kept;
+  /* Concluded outside the pending list but still under the lock's
+   * protection of that list only; conclude takes the lock to release. */
+  pthread_mutex_unlock(&pool_lock);
+  for (int i = 0; i < n_done; i++)
+    conclude(&slots[done[i]]);
+  pthread_mutex_lock(&pool_lock);
+  return n_pending;
+}
+#endif
+
+int ust__shadow_harvest(void) {
+#ifdef UST__SHADOW_GPU
+  pthread_mutex_lock(&pool_lock);
+  int left = n_pending > 0 ? harvest_locked(0) : 0;
+  pthread_mutex_unlock(&pool_lock);
+  return left;
+#else
+  return 0;
+#endif
+}
+
+void ust__shadow_harvest_all_sync(void) {
+#ifdef UST__SHADOW_GPU
+  pthread_mutex_lock(&pool_lock);
+  while (n_pending > 0)
+    harvest_locked(1);
+  pthread_mutex_unlock(&pool_lock);
+#endif
+}
+
+void ust__shadow_shutdown(void) {
+  ust__shadow_harvest_all_sync();
+  pthread_mutex_lock(&pool_lock);
+#ifdef UST__SHADOW_GPU
+  for (int i = 0; i < n_slots; i++)
+    slot_gpu_free(&slots[i]);
+#endif
+  free(slots);
+  free(free_list);
+  free(pending);
+  slots = NULL;
+  free_list = pending = NULL;
+  n_slots = n_free = n_pending = 0;
+  pthread_mutex_unlock(&pool_lock);
+}

@@ -1,0 +1,44 @@
+/*
+ * Loading candidate shared objects only when they are the bytes that were
+ * pinned: a SHA-256 of the file, checked and loaded from one in-memory copy.
+ *
+ * Threading: both functions may be called from any thread at any time; they
+ * keep no state between calls. Errors go to the calling thread's last error
+ * (ust_last_error()). Nothing here aborts or exits.
+ *
+ * Internal header: never installed.
+ */
+#ifndef UST_VERIFY_H
+#define UST_VERIFY_H
+
+#include <stddef.h>
+
+/* SHA-256 (FIPS 180-4) of len bytes as 64 lowercase hex digits + NUL into hex.
+ * data is borrowed for the call and may be NULL when len is 0; hex is the
+ * caller's storage of at least 65 bytes. Cannot fail. */
+void ust__sha256_hex(const void *data, size_t len, char hex[65]);
+
+/* Load the shared object at path only if its SHA-256 equals pin (64 hex
+ * digits, either case).
+ *
+ * The file is read once into memory, hashed, and exactly those bytes are
+ * loaded (written to a sealed memfd_create'd file and dlopen'ed through
+ * /proc/self/fd/N, RTLD_NOW|RTLD_LOCAL), so the file cannot be swapped
+ * between the check and the load. The memfd is closed before returning.
+ *
+ * path and pin are borrowed for the call. On success returns 0 and stores a
+ * new handle in *handle; the caller owns it and releases it with dlclose().
+ * On failure *handle is left untouched and one of these is returned, with
+ * ust_last_error() set:
+ *   UST_EINVAL    path or handle is NULL.
+ *   UST_ECONFIG   pin is not 64 hex digits, or the digest differs (the
+ *                 message names the path, the pinned digest and the actual
+ *                 digest).
+ *   UST_EIO       the file cannot be read (the message names the path and
+ *                 strerror), or the in-memory copy cannot be made.
+ *   UST_EINTERNAL dlopen fails (the message names the path and dlerror()).
+ *
+ * Loading runs the object's constructors on the calling thread. */
+int ust__dlopen_verified(const char *path, const char *pin, void **handle);
+
+#endif /* UST_VERIFY_H */
