@@ -101,6 +101,8 @@ int ust__binding_needs_names(const struct ust__binding *b);
  * Thread-safe: the first caller resolves, the others wait for it. */
 void ust__binding_resolve(struct ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes);
 const char *ust__binding_display(const struct ust__binding *b);
+/* The schema's name of argument i, stable while enabled; "?" if unknown. */
+const char *ust__binding_arg_name(const struct ust__binding *b, int i);
 
 /* Before production runs. Never fails: when anything is off, st->route is
  * NULL and the call is served untouched. */

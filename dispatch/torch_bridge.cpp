@@ -7,15 +7,27 @@
 // kernel. Every exception of understudy's own is caught here and counted;
 // exceptions raised by production reach the caller unchanged, as they would
 // without understudy.
+//
+// Shadowed calls (the router decides which) also snapshot the arguments
+// production writes, run the candidate on the snapshot after production, and
+// hand both sides' outputs to the guard. Production's results are what the
+// caller receives; a candidate that fails or raises only earns a verdict.
+#include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "dispatch/callview.h"
+#include "guard/guard.h"
+#include "understudy/candidate.h"
 #include "understudy/understudy.h"
 
 extern "C" int ust__error(int err, const char *fmt, ...);
@@ -128,10 +140,300 @@ void resolve_names(ust__binding *b, const c10::OperatorHandle &op) {
   const auto &schema_args = op.schema().arguments();
   std::vector<const char *> names;
   names.reserve(schema_args.size());
-  for (const auto &arg : schema_args)
-    names.push_back(arg.name().c_str());
-  ust__binding_resolve(b, static_cast<int>(names.size()), names.data());
+  uint32_t writes = 0;
+  for (size_t i = 0; i < schema_args.size(); i++) {
+    names.push_back(schema_args[i].name().c_str());
+    const auto *alias = schema_args[i].alias_info();
+    if (alias != nullptr && alias->isWrite() && i < 32)
+      writes |= 1u << i;
+  }
+  ust__binding_resolve(b, static_cast<int>(names.size()), names.data(), writes);
 }
+
+// Calls made while understudy runs a shadow (snapshots, the candidate, its
+// own use of aten ops) pass through the interceptors untouched: they are
+// not live traffic, and a candidate built from the op it stands in for must
+// not shadow itself.
+thread_local int tl_shadow_depth = 0;
+
+struct ShadowScope {
+  ShadowScope() { tl_shadow_depth++; }
+  ~ShadowScope() { tl_shadow_depth--; }
+  ShadowScope(const ShadowScope &) = delete;
+  ShadowScope &operator=(const ShadowScope &) = delete;
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+};
+
+void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
+  const DTypeInfo d = dtype_of(t.scalar_type());
+  std::memset(dl, 0, sizeof *dl);
+  dl->data = t.has_storage() ? t.data_ptr() : nullptr;
+#if defined(UST_GPU_HIP)
+  dl->device.device_type = t.is_cuda() ? kDLROCM : kDLCPU;
+#else
+  dl->device.device_type = t.is_cuda() ? kDLCUDA : kDLCPU;
+#endif
+  dl->device.device_id = t.is_cuda() ? t.get_device() : 0;
+  dl->ndim = static_cast<int32_t>(t.dim());
+  dl->dtype = d.dl;
+  dl->shape = const_cast<int64_t *>(t.sizes().data());
+  dl->strides = const_cast<int64_t *>(t.strides().data());
+  if (dtype_id != nullptr)
+    *dtype_id = d.id;
+}
+
+const char *result_name(size_t j) {
+  static const char *names[] = {"result 0", "result 1", "result 2", "result 3",
+                                "result 4", "result 5", "result 6", "result 7"};
+  return j < 8 ? names[j] : "result";
+}
+
+bool is_defined_tensor(const c10::IValue &v) { return v.isTensor() && v.toTensor().defined(); }
+
+// Fresh outputs for a native candidate, like production's, filled with a
+// value no correct kernel leaves behind, so an output the candidate forgets
+// to write cannot pass by reusing memory that held the right answer.
+at::Tensor poisoned_like(const at::Tensor &r) {
+  at::Tensor t = at::empty_strided(r.sizes(), r.strides(), r.options());
+  if (at::isFloatingType(r.scalar_type()))
+    t.fill_(std::numeric_limits<double>::quiet_NaN());
+  else if (r.scalar_type() != at::kBool)
+    t.fill_(-77);
+  return t;
+}
+
+class ShadowRun {
+public:
+  ShadowRun(const c10::OperatorHandle &op, const ust__binding *b, const ust__call &call, ust__call_state &st)
+      : b_(b), call_(call), st_(st), n_args_(op.schema().arguments().size()),
+        n_returns_(op.schema().returns().size()) {}
+
+  // Before production: what is needed later, and snapshots of what
+  // production writes. Throws on internal errors.
+  void prepare(const torch::jit::Stack &stack) {
+    ShadowScope scope;
+    ust__shadow_info_get(&st_, &info_);
+    saved_.assign(stack.end() - static_cast<std::ptrdiff_t>(n_args_), stack.end());
+    snaps_.resize(n_args_);
+    aa_snaps_.resize(n_args_);
+    for (size_t i = 0; i < n_args_ && i < 32; i++) {
+      if (!((info_.writes_mask >> i) & 1u) || !is_defined_tensor(saved_[i]))
+        continue;
+      snaps_[i] = saved_[i].toTensor().clone(at::MemoryFormat::Preserve);
+      if (info_.aa)
+        aa_snaps_[i] = saved_[i].toTensor().clone(at::MemoryFormat::Preserve);
+    }
+  }
+
+  // After production returned: the candidate, the A/A run, the comparison.
+  void run_candidate_and_compare(const c10::OperatorHandle &op, c10::DispatchKeySet below,
+                                 const torch::jit::Stack &stack) {
+    ShadowScope scope;
+    prod_returns_.assign(stack.end() - static_cast<std::ptrdiff_t>(n_returns_), stack.end());
+    std::vector<c10::IValue> cand_returns;
+    int fail = UST__FAIL_NONE;
+    std::string msg;
+    ust__shadow_mark(&st_, UST__MARK_CAND_BEGIN, call_.stream);
+    if (info_.kind == UST__CAND_NATIVE)
+      fail = run_native(cand_returns, msg);
+    else
+      fail = run_torch_op(cand_returns, msg);
+    ust__shadow_mark(&st_, UST__MARK_CAND_END, call_.stream);
+
+    std::vector<c10::IValue> aa_returns;
+    if (info_.aa) {
+      torch::jit::Stack aa_stack = with_snapshots(aa_snaps_);
+      op.redispatchBoxed(below, &aa_stack);
+      aa_returns.assign(aa_stack.begin(), aa_stack.end());
+    }
+
+    std::vector<ust__pair> pairs;
+    if (fail == UST__FAIL_NONE)
+      add_pairs(pairs, snaps_, cand_returns, 0, fail, msg);
+    if (info_.aa)
+      add_pairs(pairs, aa_snaps_, aa_returns, 1, fail, msg);
+    ust__shadow_finish(&call_, &st_, pairs.data(), static_cast<int>(pairs.size()), fail,
+                       msg.empty() ? nullptr : msg.c_str());
+  }
+
+private:
+  torch::jit::Stack with_snapshots(const std::vector<at::Tensor> &snaps) const {
+    torch::jit::Stack s(saved_.begin(), saved_.end());
+    for (size_t i = 0; i < n_args_; i++)
+      if (snaps[i].defined())
+        s[i] = snaps[i];
+    return s;
+  }
+
+  // The production return j aliases a written argument: compared there.
+  bool aliases_written_arg(size_t j) const {
+    if (!is_defined_tensor(prod_returns_[j]))
+      return false;
+    const at::Tensor &r = prod_returns_[j].toTensor();
+    for (size_t i = 0; i < n_args_; i++)
+      if (snaps_[i].defined() && saved_[i].toTensor().is_same(r))
+        return true;
+    return false;
+  }
+
+  int run_native(std::vector<c10::IValue> &cand_returns, std::string &msg) {
+    const ust_candidate *d = info_.native;
+    std::vector<ust_value> values(n_args_);
+    std::vector<DLTensor> outputs;
+    for (size_t i = 0; i < n_args_; i++) {
+      ust_value &v = values[i];
+      std::memset(&v, 0, sizeof v);
+      v.name = ust__binding_arg_name(b_, static_cast<int>(i));
+      const c10::IValue &iv = saved_[i];
+      if (iv.isTensor() && iv.toTensor().defined()) {
+        v.kind = UST_VALUE_TENSOR;
+        v.writable = snaps_[i].defined() ? 1 : 0;
+        fill_dl(v.writable ? snaps_[i] : iv.toTensor(), &v.tensor, nullptr);
+      } else if (iv.isTensor() || iv.isNone()) {
+        v.kind = UST_VALUE_NONE;
+      } else if (iv.isBool()) {
+        v.kind = UST_VALUE_BOOL;
+        v.i = iv.toBool();
+      } else if (iv.isInt()) {
+        v.kind = UST_VALUE_INT;
+        v.i = iv.toInt();
+      } else if (iv.isDouble()) {
+        v.kind = UST_VALUE_DOUBLE;
+        v.f = iv.toDouble();
+      } else {
+        v.kind = UST_VALUE_OTHER;
+      }
+    }
+    cand_returns.assign(n_returns_, c10::IValue());
+    for (size_t j = 0; j < n_returns_; j++) {
+      if (!is_defined_tensor(prod_returns_[j]) || aliases_written_arg(j))
+        continue;
+      native_outputs_.push_back(poisoned_like(prod_returns_[j].toTensor()));
+      cand_returns[j] = native_outputs_.back();
+    }
+    outputs.resize(native_outputs_.size());
+    for (size_t k = 0; k < native_outputs_.size(); k++)
+      fill_dl(native_outputs_[k], &outputs[k], nullptr);
+    ust_candidate_call cc;
+    std::memset(&cc, 0, sizeof cc);
+    cc.size = sizeof cc;
+    cc.n_args = static_cast<int32_t>(n_args_);
+    cc.args = values.data();
+    cc.n_outputs = static_cast<int32_t>(outputs.size());
+    cc.outputs = outputs.data();
+#if defined(UST_GPU_HIP)
+    cc.device.device_type = call_.device == UST__DEV_CUDA ? kDLROCM : kDLCPU;
+#else
+    cc.device.device_type = call_.device == UST__DEV_CUDA ? kDLCUDA : kDLCPU;
+#endif
+    cc.device.device_id = call_.device_id;
+    cc.stream = call_.stream;
+    char buf[256] = "";
+    int rc;
+    try {
+      rc = d->run(d->ctx, &cc, buf, sizeof buf);
+    } catch (const std::exception &e) {
+      msg = std::string("candidate raised: ") + e.what();
+      return UST__FAIL_RAISED;
+    } catch (...) {
+      msg = "candidate raised an exception";
+      return UST__FAIL_RAISED;
+    }
+    if (rc != 0) {
+      buf[sizeof buf - 1] = '\0';
+      msg = "candidate returned status " + std::to_string(rc) + (buf[0] ? std::string(": ") + buf : std::string());
+      return UST__FAIL_ERROR;
+    }
+    return UST__FAIL_NONE;
+  }
+
+  int run_torch_op(std::vector<c10::IValue> &cand_returns, std::string &msg) {
+    auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(info_.torch_op, info_.torch_overload));
+    if (!handle.has_value())
+      throw std::runtime_error(std::string("candidate op ") + info_.torch_op + " is not defined in this process");
+    const auto &cs = handle->schema();
+    if (cs.arguments().size() != n_args_ || cs.returns().size() != n_returns_) {
+      msg = "candidate " + cs.operator_name().name + " takes " + std::to_string(cs.arguments().size()) +
+            " arguments and returns " + std::to_string(cs.returns().size()) + " values; production " +
+            std::to_string(n_args_) + " and " + std::to_string(n_returns_);
+      return UST__FAIL_SCHEMA;
+    }
+    torch::jit::Stack s = with_snapshots(snaps_);
+    try {
+      handle->callBoxed(&s);
+    } catch (const std::exception &e) {
+      msg = std::string("candidate raised: ") + e.what();
+      if (msg.size() > 240)
+        msg.resize(240);
+      return UST__FAIL_RAISED;
+    } catch (...) {
+      msg = "candidate raised an exception";
+      return UST__FAIL_RAISED;
+    }
+    cand_returns.assign(s.begin(), s.end());
+    return UST__FAIL_NONE;
+  }
+
+  // Pairs of (production's value, the other side's): every written argument
+  // (against its snapshot, which the other side wrote), then every return
+  // that is not a written argument.
+  void add_pairs(std::vector<ust__pair> &pairs, const std::vector<at::Tensor> &snaps,
+                 const std::vector<c10::IValue> &other_returns, int aa, int &fail, std::string &msg) {
+    for (size_t i = 0; i < n_args_; i++)
+      if (snaps[i].defined())
+        add_pair(pairs, ust__binding_arg_name(b_, static_cast<int>(i)), saved_[i].toTensor(),
+                 snaps[i], aa);
+    for (size_t j = 0; j < n_returns_; j++) {
+      if (!is_defined_tensor(prod_returns_[j]) || aliases_written_arg(j))
+        continue;
+      if (j >= other_returns.size() || !is_defined_tensor(other_returns[j])) {
+        if (!aa && fail == UST__FAIL_NONE) {
+          fail = UST__FAIL_SCHEMA;
+          msg = std::string("candidate returned no tensor for ") + result_name(j);
+        }
+        continue;
+      }
+      add_pair(pairs, result_name(j), prod_returns_[j].toTensor(), other_returns[j].toTensor(), aa);
+    }
+  }
+
+  void add_pair(std::vector<ust__pair> &pairs, const char *name, const at::Tensor &prod, const at::Tensor &other,
+                int aa) {
+    if (pairs.size() >= 2 * UST__SHADOW_MAX_PAIRS)
+      return;
+    ust__pair p;
+    std::memset(&p, 0, sizeof p);
+    p.name = name;
+    p.aa = aa;
+    keep_.push_back(prod);
+    keep_.push_back(other);
+    fill_dl(keep_[keep_.size() - 2], &p.prod, &p.prod_dtype);
+    fill_dl(keep_.back(), &p.cand, &p.cand_dtype);
+    if (prod.device() == other.device() && prod.sizes() == other.sizes() && prod.scalar_type() == other.scalar_type()) {
+      at::Tensor a = prod, b = other;
+      if (info_.compare == UST__CMP_SET && a.dim() > 0 && a.scalar_type() != at::kBool) {
+        a = std::get<0>(a.sort(-1));
+        b = std::get<0>(b.sort(-1));
+      }
+      dense_.push_back(a.contiguous());
+      dense_.push_back(b.contiguous());
+      p.prod_dense = dense_[dense_.size() - 2].const_data_ptr();
+      p.cand_dense = dense_.back().const_data_ptr();
+    }
+    pairs.push_back(p);
+  }
+
+  const ust__binding *b_;
+  const ust__call &call_;
+  ust__call_state &st_;
+  size_t n_args_, n_returns_;
+  ust__shadow_info info_{};
+  std::vector<c10::IValue> saved_, prod_returns_;
+  std::vector<at::Tensor> snaps_, aa_snaps_, native_outputs_;
+  // Tensors the guard reads through DLTensor views (their sizes and strides
+  // live in the TensorImpl, which these references keep alive).
+  std::vector<at::Tensor> keep_, dense_;
+};
 
 struct InflightGuard {
   InflightGuard() { ust__inflight_enter(); }
@@ -148,7 +450,7 @@ public:
     InflightGuard inflight;
     const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
                                                                c10::DispatchKey::BackendSelect);
-    if (ust__binding_is_off(b_)) {
+    if (tl_shadow_depth > 0 || ust__binding_is_off(b_)) {
       op.redispatchBoxed(below, stack);
       return;
     }
@@ -166,6 +468,10 @@ public:
       ust__count_internal_error();
       tracked = false;
     }
+    if (tracked && st.shadow != nullptr) {
+      shadowed(op, below, stack, call, st);
+      return;
+    }
     try {
       op.redispatchBoxed(below, stack);
     } catch (...) {
@@ -178,6 +484,47 @@ public:
   }
 
 private:
+  // Production serves exactly as in the plain path; the shadow work before
+  // and after it fails open. st.shadow is released exactly once: by
+  // ust__shadow_finish, or by ust__shadow_abandon.
+  void shadowed(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack *stack,
+                const ust__call &call, ust__call_state &st) {
+    c10::OptionalDeviceGuard device_guard;
+    std::unique_ptr<ShadowRun> run;
+    try {
+      if (call.device == UST__DEV_CUDA)
+        device_guard.reset_device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call.device_id)));
+      run = std::make_unique<ShadowRun>(op, b_, call, st);
+      run->prepare(*stack);
+    } catch (...) {
+      ust__count_internal_error();
+      ust__shadow_abandon(&call, &st, 0);
+      run.reset();
+    }
+    if (run)
+      ust__shadow_mark(&st, UST__MARK_PROD_BEGIN, call.stream);
+    try {
+      op.redispatchBoxed(below, stack);
+    } catch (...) {
+      if (run)
+        ust__shadow_abandon(&call, &st, 1);
+      throw;
+    }
+    if (!run)
+      return;
+    ust__shadow_mark(&st, UST__MARK_PROD_END, call.stream);
+    try {
+      run->run_candidate_and_compare(op, below, *stack);
+    } catch (const std::exception &e) {
+      ust__count_internal_error();
+      ust__error(UST_EINTERNAL, "shadow of %s: %s", ust__binding_display(b_), e.what());
+      ust__shadow_abandon(&call, &st, 0);
+    } catch (...) {
+      ust__count_internal_error();
+      ust__shadow_abandon(&call, &st, 0);
+    }
+  }
+
   ust__binding *b_;
 };
 

@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <dlpack/dlpack.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -122,6 +124,38 @@ UST_API void ust_free(void *p);
  * the route statistics. Synchronises with the device (it waits on events):
  * for tests and for reports at exit, never for the serving path. */
 UST_API int ust_flush_sync(void);
+
+/* ---- the guard's comparison, for tools and tests ------------------------ */
+
+typedef enum ust_compare_kind {
+  UST_COMPARE_ALLCLOSE = 0, /* |c - p| <= atol + rtol * |p|; integers exactly */
+  UST_COMPARE_EXACT = 1,    /* equal values; NaN equals NaN */
+} ust_compare_kind;
+
+typedef struct ust_compare_result {
+  uint32_t size; /* the caller sets sizeof(ust_compare_result); fields beyond it are not written */
+  uint64_t elements;
+  uint64_t mismatches;            /* outside tolerance, non-finite disagreements included */
+  uint64_t nonfinite_production;
+  uint64_t nonfinite_candidate;
+  uint64_t nonfinite_bad;         /* candidate non-finite where production is finite */
+  int64_t first_mismatch;         /* row-major index of the first mismatch; -1 if none */
+  double max_abs_err;             /* over elements finite on both sides */
+  double max_rel_err;             /* |c - p| / |p| over finite elements with p != 0 */
+  double sum_sq_diff;             /* sum (c - p)^2 over finite elements */
+  double sum_sq_production;       /* sum p^2 over finite production elements */
+} ust_compare_result;
+
+/* Compare two tensors exactly as the guard judges a candidate's output
+ * against production's, in one pass. Both must have the same shape and
+ * dtype, be row-major and compact (strides NULL or contiguous) and live on
+ * the same device: host memory, or GPU memory when the library was built
+ * with a GPU backend. atol or rtol < 0 selects the guard's default for the
+ * dtype. On a GPU the work is enqueued on stream (NULL: the default stream)
+ * and this function waits for it (it synchronises that stream). Tensors are
+ * borrowed for the call. Thread-safe. */
+UST_API int ust_compare_sync(const DLTensor *production, const DLTensor *candidate, int kind, double atol,
+                             double rtol, void *stream, ust_compare_result *out);
 
 #ifdef __cplusplus
 }

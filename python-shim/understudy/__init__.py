@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional, Union
 __all__ = [
     "UnderstudyError", "ConfigError", "ProblemError", "enable", "disable", "is_enabled",
     "set_mode", "report", "write_report", "flush", "library_path", "problems_dir",
+    "register_candidate", "native", "sha256_of", "compare",
 ]
 
 _HERE = pathlib.Path(__file__).resolve().parent
@@ -163,7 +164,8 @@ def is_enabled() -> bool:
 
 
 def set_mode(operator: str, mode: str) -> None:
-    """Change an operator's mode ("off" or "observe") while running."""
+    """Change an operator's mode while running: "off", "observe", or "shadow"
+    (which needs the candidate named in the config)."""
     _check(_load().ust_set_mode(operator.encode(), mode.encode()))
 
 
@@ -193,3 +195,6 @@ def write_report(path: Optional[Union[str, os.PathLike]] = None) -> None:
     lib = _load()
     flush()
     _check(lib.ust_report_write(None if path is None else os.fsencode(os.fspath(path))))
+
+
+from .candidates import compare, native, register_candidate, sha256_of  # noqa: E402

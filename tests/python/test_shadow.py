@@ -1,0 +1,447 @@
+"""Shadow mode on CPU tensors: candidates run beside production and are judged.
+
+Ground truth: production's outputs from the same calls with understudy
+disabled (served outputs must be bit-identical), float64 references for the
+comparison, and the arguments the tests hand in.
+"""
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+import understudy
+from conftest import ROOT
+
+CAND_DIR = ROOT / "build" / "candidates"
+
+# vLLM-style ops that write their arguments, as serving frameworks define
+# them. Kept for the whole session: see test_errors.py on torch 2.11 and
+# deleted libraries.
+_lib = torch.library.Library("_C", "FRAGMENT")
+_lib.define("rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float eps) -> ()")
+_lib.define("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()")
+
+
+def _rms(x, w, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def _rms_norm_impl(out, input, weight, eps):
+    out.copy_(_rms(input, weight, eps))
+
+
+def _fused_add_impl(input, residual, weight, eps):
+    s = input.float() + residual.float()
+    residual.copy_(s.to(residual.dtype))
+    input.copy_(_rms(s.to(input.dtype), weight, eps))
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("rms_norm", _rms_norm_impl, _key)
+    _lib.impl("fused_add_rms_norm", _fused_add_impl, _key)
+
+
+def _import_example(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / "candidates" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_registered = {}
+
+
+def candidate_op(name, fn, like):
+    """Register a torch-op candidate once per session."""
+    if name not in _registered:
+        _registered[name] = understudy.register_candidate(name, fn, like=like)
+    return _registered[name]
+
+
+def native(lib_name):
+    path = CAND_DIR / f"lib{lib_name}.so"
+    if not path.exists():
+        pytest.fail(f"{path} was not built; run ./run.sh build")
+    return understudy.native(path)
+
+
+def shadow_config(op, candidate, **extra):
+    entry = {"mode": "shadow", "sample": 1.0, "candidate": candidate}
+    entry.update(extra)
+    return {"operators": {op: entry}, "report": {"interval_s": 0}}
+
+
+def routes(rep, op_display):
+    return [s for o in rep["operators"] for s in o["shapes"] if s["op"] == op_display]
+
+
+def rms_inputs(device="cpu", dtype=torch.float32, shapes=((1, 128), (7, 128), (64, 256), (3, 5, 64))):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for shape in shapes:
+        x = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+        w = torch.randn(shape[-1], generator=g).to(device=device, dtype=dtype)
+        out.append((x, w))
+    return out
+
+
+def run_rms_norm(inputs, repeat=3):
+    outs = []
+    for _ in range(repeat):
+        for x, w in inputs:
+            o = torch.empty_like(x)
+            torch.ops._C.rms_norm(o, x, w, 1e-6)
+            outs.append(o)
+    return outs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_correct_candidate_passes_every_verification(us, dtype):
+    inputs = rms_inputs(dtype=dtype)
+    expected = run_rms_norm(inputs)
+    us.enable(shadow_config("rms_norm", native("rms_norm_cpu"), ))
+    served = run_rms_norm(inputs)
+    rep = us.report()
+    us.disable()
+    for e, s in zip(expected, served):
+        assert torch.equal(e, s)
+    rs = routes(rep, "_C::rms_norm")
+    assert len(rs) == len(inputs)
+    for r in rs:
+        sh = r["shadow"]
+        assert r["mode"] == "shadow"
+        assert r["calls"] == 3
+        assert (sh["calls"], sh["verified"], sh["passed"], sh["failed"], sh["skipped"]) == (3, 3, 3, 0, 0)
+        assert sh["rollback"] is None
+        assert sh["candidate_latency_ns"]["count"] == 3
+        assert r["latency_ns"]["count"] == 3
+        assert sh["speedup"] > 0
+    op = next(o for o in rep["operators"] if o["name"] == "rms_norm")
+    assert op["candidate"]["kind"] == "native"
+    assert op["candidate"]["target"] == "_C::rms_norm"
+    assert rep["totals"]["rollbacks"] == 0
+
+
+@pytest.mark.parametrize("variant, reason", [("wrong_tail", "mismatch"), ("wrong_nan", "nonfinite"),
+                                             ("wrong_error", "error")])
+def test_wrong_native_candidate_rolls_back_at_first_failure(us, variant, reason):
+    inputs = rms_inputs()
+    expected = run_rms_norm(inputs)
+    us.enable(shadow_config("rms_norm", native(f"rms_norm_cpu_{variant}")))
+    served = run_rms_norm(inputs)
+    rep = us.report()
+    us.disable()
+    for e, s in zip(expected, served):
+        assert torch.equal(e, s)
+    rs = routes(rep, "_C::rms_norm")
+    assert len(rs) == len(inputs)
+    for r in rs:
+        sh = r["shadow"]
+        assert r["mode"] == "rolled_back"
+        assert r["calls"] == 3
+        # Rolled back at the first verified failure: the candidate ran once.
+        assert (sh["calls"], sh["verified"], sh["passed"], sh["failed"]) == (1, 1, 0, 1)
+        ev = sh["rollback"]
+        assert ev["reason"] == reason
+        assert ev["shadow_call"] == 1
+    assert rep["totals"]["rollbacks"] == len(inputs)
+    if reason == "error":
+        for r in rs:
+            assert "deliberate failure" in r["shadow"]["rollback"]["message"]
+        return
+    by_shape = {tuple(r["shadow"]["rollback"]["shape"]): r["shadow"]["rollback"] for r in rs}
+    for x, _ in inputs:
+        ev = by_shape[tuple(x.shape)]
+        assert ev["output"] == "out"
+        assert ev["elements"] == x.numel()
+        assert ev["mismatches"] == 1
+        # Wrong only on the tail: the last row's last element, or (NaN) the
+        # middle of the last row.
+        idx = ev["first_mismatch"]["index"]
+        assert idx[:-1] == [d - 1 for d in x.shape[:-1]]
+        if reason == "mismatch":
+            assert idx[-1] == x.shape[-1] - 1
+            assert ev["max_abs_err"] >= 1.0
+        else:
+            assert ev["nonfinite_where_production_finite"] == 1
+
+
+def test_sha256_mismatch_is_refused(us):
+    entry = native("rms_norm_cpu")
+    entry["sha256"] = "0" * 64
+    with pytest.raises(understudy.ConfigError) as ei:
+        us.enable(shadow_config("rms_norm", entry))
+    msg = str(ei.value)
+    assert "operators.rms_norm.candidate.native" in msg
+    assert "0" * 64 in msg and understudy.sha256_of(entry["native"]) in msg
+    assert not us.is_enabled()
+    x = torch.randn(4, 8)
+    o = torch.empty_like(x)
+    torch.ops._C.rms_norm(o, x, torch.ones(8), 1e-6)
+    assert torch.allclose(o, _rms(x, torch.ones(8), 1e-6))
+
+
+def test_shadow_without_candidate_is_a_config_error(us):
+    with pytest.raises(understudy.ConfigError, match="names no 'candidate'"):
+        us.enable({"operators": {"rms_norm": "shadow"}})
+    with pytest.raises(understudy.ConfigError, match="64 hex digits"):
+        us.enable(shadow_config("rms_norm", {"native": "x.so", "sha256": "abc"}))
+    with pytest.raises(understudy.ConfigError, match="does not bind"):
+        us.enable(shadow_config("gemm", {"torch_op": "ns::x", "target": "aten::silu"}))
+
+
+def test_candidate_that_raises_leaves_production_serving(us):
+    wrong_silu = _import_example("wrong_silu")
+    name = candidate_op(wrong_silu.RAISES_NAME, wrong_silu.raising_silu, wrong_silu.TARGET)
+    x = torch.randn(33, 17)
+    expected = torch.nn.functional.silu(x)
+    us.enable(shadow_config("silu", {"torch_op": name, "target": "aten::silu"}))
+    got = [torch.nn.functional.silu(x) for _ in range(4)]
+    rep = us.report()
+    us.disable()
+    for g in got:
+        assert torch.equal(g, expected)
+    (r,) = routes(rep, "aten::silu")
+    sh = r["shadow"]
+    assert r["calls"] == 4 and r["mode"] == "rolled_back"
+    assert (sh["calls"], sh["failed"]) == (1, 1)
+    assert sh["rollback"]["reason"] == "raised"
+    assert "deliberate failure" in sh["rollback"]["message"]
+    assert rep["totals"]["internal_errors"] == 0
+
+
+def test_torch_op_candidates_wrong_tail_and_correct(us):
+    wrong_silu = _import_example("wrong_silu")
+    wrong = candidate_op(wrong_silu.WRONG_TAIL_NAME, wrong_silu.silu_wrong_tail, wrong_silu.TARGET)
+    x = torch.randn(8, 100)
+    expected = torch.nn.functional.silu(x)
+    us.enable(shadow_config("silu", {"torch_op": wrong, "target": "aten::silu"}))
+    got = torch.nn.functional.silu(x)
+    rep = us.report()
+    us.disable()
+    assert torch.equal(got, expected)
+    (r,) = routes(rep, "aten::silu")
+    ev = r["shadow"]["rollback"]
+    assert ev["reason"] == "mismatch" and ev["output"] == "result 0"
+    assert ev["first_mismatch"]["index"] == [7, 99] and ev["mismatches"] == 1
+
+    right = candidate_op("ust_test::silu_decomposed", lambda t: t * torch.sigmoid(t), "aten::silu")
+    us.enable(shadow_config("silu", {"torch_op": right, "target": "aten::silu"}))
+    for _ in range(5):
+        torch.nn.functional.silu(x)
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "aten::silu")
+    sh = r["shadow"]
+    assert r["mode"] == "shadow"
+    assert (sh["calls"], sh["verified"], sh["passed"], sh["failed"]) == (5, 5, 5, 0)
+    # A real comparison happened: a decomposed silu is close but not identical.
+    ref = (x.double() * torch.sigmoid(x.double()))
+    assert sh["max_abs_err"] <= 1e-4
+    assert sh["max_abs_err"] == pytest.approx(
+        (x * torch.sigmoid(x) - expected).abs().max().item(), abs=1e-12)
+    assert (expected.double() - ref).abs().max().item() < 1e-5
+
+
+def test_candidate_built_from_the_op_it_shadows_does_not_recurse(us):
+    # A torch-op candidate that calls aten::mm itself: the inner call is not
+    # live traffic and is neither shadowed again nor counted.
+    mm_via_aten = candidate_op("ust_test::mm_via_aten", lambda a, b: torch.mm(a, b), "aten::mm")
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    us.enable(shadow_config("gemm", {"torch_op": mm_via_aten, "target": "aten::mm"}))
+    for _ in range(6):
+        torch.mm(a, b)
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "aten::mm")
+    assert r["calls"] == 6
+    sh = r["shadow"]
+    assert (sh["calls"], sh["passed"]) == (6, 6)
+    assert sh["max_abs_err"] == 0.0
+
+
+def test_out_variant_written_argument_is_judged(us):
+    # rms_norm(Tensor(a!) out, ...) with a torch-op candidate: production's
+    # out is intact and the candidate's write into the snapshot is compared.
+    def cand(out, input, weight, eps):
+        out.copy_(_rms(input, weight, eps))
+
+    name = candidate_op("ust_test::rms_norm_cand", cand, "_C::rms_norm")
+    inputs = rms_inputs()
+    expected = run_rms_norm(inputs, repeat=2)
+    us.enable(shadow_config("rms_norm", {"torch_op": name, "target": "_C::rms_norm"}))
+    served = run_rms_norm(inputs, repeat=2)
+    rep = us.report()
+    us.disable()
+    assert all(torch.equal(e, s) for e, s in zip(expected, served))
+    for r in routes(rep, "_C::rms_norm"):
+        assert (r["shadow"]["passed"], r["shadow"]["failed"]) == (2, 0)
+
+
+def _fused_add_calls(inputs, repeat=2):
+    results = []
+    for _ in range(repeat):
+        for x, w in inputs:
+            inp, res = x.clone(), (x * 0.5 + 1).clone()
+            torch.ops._C.fused_add_rms_norm(inp, res, w, 1e-6)
+            results.append((inp, res))
+    return results
+
+
+def test_in_place_op_is_judged_on_the_snapshot(us):
+    # The candidate reads input and residual: had it run on production's
+    # results (already normalised, already summed) it would disagree. It
+    # passes only if it saw the values from before production ran.
+    name = candidate_op("ust_test::fused_add_cand", _fused_add_impl, "_C::fused_add_rms_norm")
+    inputs = rms_inputs()
+    expected = _fused_add_calls(inputs)
+    us.enable(shadow_config("fused_add_rms_norm", {"torch_op": name}))
+    served = _fused_add_calls(inputs)
+    rep = us.report()
+    us.disable()
+    for (ei, er), (si, sr) in zip(expected, served):
+        assert torch.equal(ei, si) and torch.equal(er, sr)
+    rs = routes(rep, "_C::fused_add_rms_norm")
+    assert len(rs) == len(inputs)
+    for r in rs:
+        assert (r["shadow"]["passed"], r["shadow"]["failed"]) == (2, 0)
+
+    def wrong_residual(input, residual, weight, eps):
+        _fused_add_impl(input, residual, weight, eps)
+        residual.view(-1)[0] += 3.0
+
+    wname = candidate_op("ust_test::fused_add_wrong_residual", wrong_residual, "_C::fused_add_rms_norm")
+    us.enable(shadow_config("fused_add_rms_norm", {"torch_op": wname}))
+    served = _fused_add_calls(inputs[:1], repeat=1)
+    rep = us.report()
+    us.disable()
+    assert torch.equal(served[0][0], expected[0][0]) and torch.equal(served[0][1], expected[0][1])
+    (r,) = routes(rep, "_C::fused_add_rms_norm")
+    ev = r["shadow"]["rollback"]
+    assert ev["output"] == "residual" and ev["first_mismatch"]["flat_index"] == 0
+
+
+def test_set_comparison_accepts_reordered_topk(us):
+    # topk is compared as sets: a candidate that returns the same values and
+    # indices in ascending order passes; one with a wrong value does not.
+    def topk_ascending(self, k, dim=-1, largest=True, sorted=True):
+        v, i = torch.ops.aten.topk.default(self, k, dim, largest, sorted)
+        return v.flip(-1), i.flip(-1)
+
+    name = candidate_op("ust_test::topk_ascending", topk_ascending, "aten::topk")
+    x = torch.randn(4, 50)
+    expected = torch.topk(x, 5)
+    us.enable(shadow_config("topk", {"torch_op": name}))
+    got = torch.topk(x, 5)
+    rep = us.report()
+    us.disable()
+    assert torch.equal(got.values, expected.values) and torch.equal(got.indices, expected.indices)
+    (r,) = routes(rep, "aten::topk")
+    assert (r["shadow"]["passed"], r["shadow"]["failed"]) == (1, 0)
+
+
+def test_aa_check_reports_production_spread(us):
+    inputs = rms_inputs(shapes=((8, 64),))
+    us.enable(shadow_config("rms_norm", native("rms_norm_cpu"), guard={"aa_sample": 1.0}))
+    run_rms_norm(inputs, repeat=4)
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "_C::rms_norm")
+    aa = r["shadow"]["aa"]
+    assert aa["runs"] == 4 and aa["mismatching"] == 0
+    assert aa["max_abs_err"] == 0.0  # the CPU reference is deterministic
+
+
+def test_mode_change_stops_and_resumes_shadowing(us):
+    inputs = rms_inputs(shapes=((4, 32),))
+    cfg = shadow_config("rms_norm", native("rms_norm_cpu"))
+    cfg["operators"]["gemm"] = "observe"
+    us.enable(cfg)
+    run_rms_norm(inputs, repeat=2)
+    us.set_mode("rms_norm", "observe")
+    run_rms_norm(inputs, repeat=3)
+    us.set_mode("rms_norm", "shadow")
+    run_rms_norm(inputs, repeat=1)
+    rep = us.report()
+    with pytest.raises(understudy.UnderstudyError, match="no candidate"):
+        us.set_mode("gemm", "shadow")
+    us.disable()
+    (r,) = routes(rep, "_C::rms_norm")
+    assert r["calls"] == 6
+    assert (r["shadow"]["calls"], r["shadow"]["passed"]) == (3, 3)
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def _reference(p, c, atol, rtol):
+    """The guard's rule in float64 torch, written independently."""
+    p64, c64 = p.double().flatten(), c.double().flatten()
+    pf, cf = torch.isfinite(p64), torch.isfinite(c64)
+    both = pf & cf
+    d = (c64 - p64).abs()
+    bad_close = both & ~(d <= atol + rtol * p64.abs())
+    same_nonfinite = (~pf) & ((torch.isnan(p64) & torch.isnan(c64)) | (p64 == c64))
+    mism = bad_close | (pf & ~cf) | ((~pf) & ~same_nonfinite)
+    nz = both & (p64 != 0)
+    return {
+        "elements": p64.numel(),
+        "mismatches": int(mism.sum()),
+        "nonfinite_production": int((~pf).sum()),
+        "nonfinite_candidate": int((~cf).sum()),
+        "nonfinite_bad": int((pf & ~cf).sum()),
+        "first_mismatch": int(mism.nonzero()[0, 0]) if mism.any() else -1,
+        "max_abs_err": float(d[both].max()) if both.any() else 0.0,
+        "max_rel_err": float((d[nz] / p64[nz].abs()).max()) if nz.any() else 0.0,
+        "sum_sq_diff": float((d[both] ** 2).sum()),
+        "sum_sq_production": float((p64[pf] ** 2).sum()),
+    }
+
+
+def poisoned_pair(n, dtype, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.randn(n, generator=g, dtype=torch.float64)
+    c = p + torch.randn(n, generator=g, dtype=torch.float64) * 1e-3
+    idx = torch.randperm(n, generator=g)[:12]
+    c[idx[0]] += 5.0             # a large error
+    c[idx[1]] = float("nan")     # NaN where production is finite
+    c[idx[2]] = float("inf")
+    p[idx[3]] = float("nan")     # production NaN, candidate finite
+    p[idx[4]] = float("nan")
+    c[idx[4]] = float("nan")     # both NaN: agree
+    p[idx[5]] = float("-inf")
+    c[idx[5]] = float("-inf")    # same infinity: agree
+    p[idx[6]] = 0.0
+    c[idx[6]] = 0.0
+    return p.to(dtype=dtype, device=device), c.to(dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compare_matches_float64_reference(dtype):
+    n = 100003  # not a multiple of any vector width
+    p, c = poisoned_pair(n, dtype)
+    got = understudy.compare(p, c, atol=1e-2, rtol=5e-2)
+    ref = _reference(p, c, 1e-2, 5e-2)
+    for k in ("elements", "mismatches", "nonfinite_production", "nonfinite_candidate", "nonfinite_bad",
+              "first_mismatch"):
+        assert got[k] == ref[k], k
+    for k in ("max_abs_err", "max_rel_err", "sum_sq_diff", "sum_sq_production"):
+        assert got[k] == pytest.approx(ref[k], rel=1e-5, abs=1e-12), k
+
+
+def test_compare_integers_exactly():
+    g = torch.Generator().manual_seed(1)
+    p = torch.randint(-1000, 1000, (5000,), generator=g, dtype=torch.int64)
+    c = p.clone()
+    c[4321] += 1
+    c[77] -= 3
+    got = understudy.compare(p.int(), c.int())
+    assert (got["mismatches"], got["first_mismatch"], got["max_abs_err"]) == (2, 77, 3.0)
+    assert understudy.compare(p, p)["mismatches"] == 0
+    got = understudy.compare(torch.tensor([1.0, float("nan")], dtype=torch.float64),
+                             torch.tensor([1.0 + 1e-9, float("nan")], dtype=torch.float64), exact=True)
+    assert (got["mismatches"], got["first_mismatch"]) == (1, 0)
+    with pytest.raises(understudy.UnderstudyError, match="dimension 0"):
+        understudy.compare(torch.zeros(3), torch.zeros(4))
