@@ -3,6 +3,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include "dispatch/backend.h"
 #include "guard/guard.h"
 #include "plugin/plugin.h"
 
@@ -45,7 +46,7 @@ static int compact(const DLTensor *t) {
   return 1;
 }
 
-static void fill_result(const ust__cmp_stats *s, ust_compare_result *out) {
+static void fill_result(const ust__cmp_stats *s, double ns, ust_compare_result *out) {
   ust_compare_result r;
   memset(&r, 0, sizeof r);
   r.size = out->size;
@@ -59,6 +60,7 @@ static void fill_result(const ust__cmp_stats *s, ust_compare_result *out) {
   r.max_rel_err = ust__bits_to_double(s->max_rel_bits);
   r.sum_sq_diff = s->sum_sq_diff;
   r.sum_sq_production = s->sum_sq_prod;
+  r.device_time_ns = ns;
   size_t n = out->size < sizeof r ? out->size : sizeof r;
   memcpy(out, &r, n);
 }
@@ -69,7 +71,7 @@ static void fill_result(const ust__cmp_stats *s, ust_compare_result *out) {
 static pthread_mutex_t scratch_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int compare_gpu(const DLTensor *p, const DLTensor *c, int dt, int64_t n, int kind, double atol, double rtol,
-                       void *stream, ust__cmp_stats *host) {
+                       void *stream, ust__cmp_stats *host, double *ns) {
   int prev = 0, rc = 0;
   if (UST__GPU_CHECK(cudaGetDevice(&prev)) != 0)
     return ust__error(UST_EGPU, "compare: no usable GPU");
@@ -82,15 +84,27 @@ static int compare_gpu(const DLTensor *p, const DLTensor *c, int dt, int64_t n, 
     rc = ust__error(UST_EGPU, "compare: cannot allocate result buffers");
   pthread_mutex_unlock(&scratch_lock);
   cudaStream_t s = (cudaStream_t)stream;
-  if (rc == 0 && UST__GPU_CHECK(cudaMemsetAsync(dev, 0, sizeof *dev, s)) != 0)
+  cudaEvent_t ev[2] = {NULL, NULL};
+  if (rc == 0 && (UST__GPU_CHECK(cudaEventCreateWithFlags(&ev[0], cudaEventDefault)) != 0 ||
+                  UST__GPU_CHECK(cudaEventCreateWithFlags(&ev[1], cudaEventDefault)) != 0))
+    rc = ust__error(UST_EGPU, "compare: cannot create events");
+  if (rc == 0 && (UST__GPU_CHECK(cudaEventRecord(ev[0], s)) != 0 ||
+                  UST__GPU_CHECK(cudaMemsetAsync(dev, 0, sizeof *dev, s)) != 0))
     rc = ust__error(UST_EGPU, "compare: memset failed");
   if (rc == 0)
     rc = ust__compare_launch(p->data, c->data, dt, n, kind, atol, rtol, dev, stream);
-  if (rc == 0 && (UST__GPU_CHECK(cudaMemcpyAsync(pinned, dev, sizeof *dev, cudaMemcpyDeviceToHost, s)) != 0 ||
+  if (rc == 0 && (UST__GPU_CHECK(cudaEventRecord(ev[1], s)) != 0 ||
+                  UST__GPU_CHECK(cudaMemcpyAsync(pinned, dev, sizeof *dev, cudaMemcpyDeviceToHost, s)) != 0 ||
                   UST__GPU_CHECK(cudaStreamSynchronize(s)) != 0))
     rc = ust__error(UST_EGPU, "compare: reading the results failed");
+  float ms = 0;
+  if (rc == 0 && UST__GPU_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1])) == 0)
+    *ns = (double)ms * 1e6;
   if (rc == 0)
     *host = *pinned;
+  for (int i = 0; i < 2; i++)
+    if (ev[i] != NULL)
+      cudaEventDestroy(ev[i]);
   if (dev != NULL)
     cudaFree(dev);
   if (pinned != NULL)
@@ -137,8 +151,9 @@ int ust_compare_sync(const DLTensor *p, const DLTensor *c, int kind, double atol
   ust__cmp_stats st;
   memset(&st, 0, sizeof st);
   if (p->device.device_type == kDLCPU) {
+    uint64_t t0 = ust__now_ns();
     ust__compare_host(pb, cb, dt, n, kind, atol, rtol, &st);
-    fill_result(&st, out);
+    fill_result(&st, (double)(ust__now_ns() - t0), out);
     return 0;
   }
   if (p->device.device_type != kDLCUDA && p->device.device_type != kDLROCM)
@@ -147,11 +162,12 @@ int ust_compare_sync(const DLTensor *p, const DLTensor *c, int kind, double atol
   DLTensor pv = *p, cv = *c;
   pv.data = (void *)pb;
   cv.data = (void *)cb;
-  int rc = compare_gpu(&pv, &cv, dt, n, kind, atol, rtol, stream, &st);
+  double ns = 0;
+  int rc = compare_gpu(&pv, &cv, dt, n, kind, atol, rtol, stream, &st, &ns);
   if (rc != 0)
     return rc;
   st.n = (unsigned long long)n;
-  fill_result(&st, out);
+  fill_result(&st, ns, out);
   return 0;
 #else
   return ust__error(UST_EGPU, "compare: this build of understudy has no GPU backend");

@@ -144,6 +144,7 @@ typedef struct ust_compare_result {
   double max_rel_err;             /* |c - p| / |p| over finite elements with p != 0 */
   double sum_sq_diff;             /* sum (c - p)^2 over finite elements */
   double sum_sq_production;       /* sum p^2 over finite production elements */
+  double device_time_ns;          /* GPU: the comparison's time on the device (events); host: wall time */
 } ust_compare_result;
 
 /* Compare two tensors exactly as the guard judges a candidate's output

@@ -72,7 +72,8 @@ class CompareResult(ctypes.Structure):
                 ("nonfinite_production", ctypes.c_uint64), ("nonfinite_candidate", ctypes.c_uint64),
                 ("nonfinite_bad", ctypes.c_uint64), ("first_mismatch", ctypes.c_int64),
                 ("max_abs_err", ctypes.c_double), ("max_rel_err", ctypes.c_double),
-                ("sum_sq_diff", ctypes.c_double), ("sum_sq_production", ctypes.c_double)]
+                ("sum_sq_diff", ctypes.c_double), ("sum_sq_production", ctypes.c_double),
+                ("device_time_ns", ctypes.c_double)]
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name, _ in self._fields_ if name != "size"}
