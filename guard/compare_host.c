@@ -56,7 +56,7 @@ void ust__cmp_default_tol(int dt, double *atol, double *rtol) {
   }
 }
 
-static float f16_to_f32(uint16_t h) {
+static inline float f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
   if (exp == 0x1f) {
     bits = sign | 0x7f800000u | (man << 13);
@@ -77,46 +77,44 @@ static float f16_to_f32(uint16_t h) {
   return f;
 }
 
-static double load_float(const void *base, int dt, int64_t i) {
-  switch (dt) {
-  case UST__DT_F16: return f16_to_f32(((const uint16_t *)base)[i]);
-  case UST__DT_BF16: {
-    uint32_t bits = UST__BF16_BITS_TO_F32_BITS(((const uint16_t *)base)[i]);
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-  }
-  case UST__DT_F32: return ((const float *)base)[i];
-  default: return ((const double *)base)[i];
-  }
+static inline float bf16_to_f32(uint16_t h) {
+  uint32_t bits = UST__BF16_BITS_TO_F32_BITS(h);
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
 }
 
-static long long load_int(const void *base, int dt, int64_t i) {
-  switch (dt) {
-  case UST__DT_I8: return ((const int8_t *)base)[i];
-  case UST__DT_U8: case UST__DT_BOOL: return ((const uint8_t *)base)[i];
-  case UST__DT_I16: return ((const int16_t *)base)[i];
-  case UST__DT_I32: return ((const int32_t *)base)[i];
-  default: return ((const int64_t *)base)[i];
-  }
-}
-
-static int is_float(int dt) {
-  return dt == UST__DT_F16 || dt == UST__DT_BF16 || dt == UST__DT_F32 || dt == UST__DT_F64;
-}
+/* One loop per dtype, so that the element load is inlined. */
+#define FLOAT_LOOP(T, LOAD)                                                                      \
+  do {                                                                                           \
+    const T *pp_ = prod, *cp_ = cand;                                                            \
+    for (int64_t i = 0; i < n; i++)                                                              \
+      UST__CMP_FLOAT_ELEM(double, fabs, isfinite, isnan, (double)LOAD(pp_[i]), (double)LOAD(cp_[i]), \
+                          atol, rtol, exact, i, a);                                              \
+  } while (0)
+#define INT_LOOP(T)                                                                              \
+  do {                                                                                           \
+    const T *pp_ = prod, *cp_ = cand;                                                            \
+    for (int64_t i = 0; i < n; i++)                                                              \
+      UST__CMP_INT_ELEM((long long)pp_[i], (long long)cp_[i], i, a);                             \
+  } while (0)
+#define AS_IS(x) (x)
 
 void ust__compare_host(const void *prod, const void *cand, int dt, int64_t n, int kind, double atol, double rtol,
                        ust__cmp_stats *out) {
   acc_d a;
   UST__CMP_ACC_INIT(a);
   const int exact = kind == UST__CMP_EXACT;
-  if (is_float(dt)) {
-    for (int64_t i = 0; i < n; i++)
-      UST__CMP_FLOAT_ELEM(double, fabs, isfinite, isnan, load_float(prod, dt, i), load_float(cand, dt, i), atol,
-                          rtol, exact, i, a);
-  } else {
-    for (int64_t i = 0; i < n; i++)
-      UST__CMP_INT_ELEM(load_int(prod, dt, i), load_int(cand, dt, i), i, a);
+  switch (dt) {
+  case UST__DT_F16: FLOAT_LOOP(uint16_t, f16_to_f32); break;
+  case UST__DT_BF16: FLOAT_LOOP(uint16_t, bf16_to_f32); break;
+  case UST__DT_F32: FLOAT_LOOP(float, AS_IS); break;
+  case UST__DT_F64: FLOAT_LOOP(double, AS_IS); break;
+  case UST__DT_I8: INT_LOOP(int8_t); break;
+  case UST__DT_U8: case UST__DT_BOOL: INT_LOOP(uint8_t); break;
+  case UST__DT_I16: INT_LOOP(int16_t); break;
+  case UST__DT_I32: INT_LOOP(int32_t); break;
+  default: INT_LOOP(int64_t); break;
   }
   memset(out, 0, sizeof *out);
   out->n = (unsigned long long)(n > 0 ? n : 0);

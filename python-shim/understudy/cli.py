@@ -41,6 +41,41 @@ def format_report(rep: dict, *, max_shapes: int = 8) -> str:
     return "\n".join(lines)
 
 
+def format_verdicts(rep: dict) -> str:
+    """Shadow verdicts per route: verified / passed / failed, speedup, rollbacks with evidence."""
+    rows = [(op, s) for op in rep.get("operators", []) for s in op.get("shapes", []) if "shadow" in s]
+    if not rows:
+        return ""
+    lines = []
+    head = (f"{'shadow verdicts: route':<58} {'candidate':<34} {'mode':>11} {'calls':>6} {'verif':>6} "
+            f"{'pass':>5} {'fail':>5} {'skip':>5} {'speedup':>8}")
+    lines.append(head)
+    lines.append("-" * len(head))
+    for op, s in rows:
+        sh = s["shadow"]
+        key = s["key"] if len(s["key"]) <= 58 else s["key"][:55] + "..."
+        cand = op.get("candidate", {}).get("name", "?")
+        cand = cand if len(cand) <= 34 else cand[:31] + "..."
+        speed = f"{sh['speedup']:.2f}x" if sh.get("speedup") else "-"
+        lines.append(f"{key:<58} {cand:<34} {s.get('mode', '?'):>11} {int(sh['calls']):>6} {int(sh['verified']):>6} "
+                     f"{int(sh['passed']):>5} {int(sh['failed']):>5} {int(sh['skipped']):>5} {speed:>8}")
+        ev = sh.get("rollback")
+        if ev:
+            what = f"  rolled back at shadow call {int(ev['shadow_call'])}: {ev['reason']}"
+            if ev.get("output"):
+                what += f" in {ev['output']}"
+            if "mismatches" in ev:
+                what += (f", {int(ev['mismatches'])} of {int(ev['elements'])} elements outside atol {ev['atol']:g} "
+                         f"rtol {ev['rtol']:g}, max abs err {ev['max_abs_err']:.3g}")
+                fm = ev.get("first_mismatch")
+                if fm:
+                    what += f", first at {fm['index']}"
+            if ev.get("message"):
+                what += f" ({ev['message']})"
+            lines.append(what)
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="understudy")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -63,6 +98,9 @@ def main(argv=None) -> int:
             print(f"understudy: '{args.file}' is not an understudy report", file=sys.stderr)
             return 2
         print(format_report(rep, max_shapes=args.shapes))
+        verdicts = format_verdicts(rep)
+        if verdicts:
+            print("\n" + verdicts)
         return 0
     from understudy.demo import run_demo
 

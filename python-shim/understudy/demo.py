@@ -4,6 +4,12 @@ Uses a Hugging Face Llama-shaped model with random weights when transformers
 is importable, else a plain torch decoder of the same structure (RMSNorm,
 grouped-query attention through SDPA, SiLU-gated MLP, top-k sampling). Runs
 on CUDA when it is available, else on the CPU.
+
+Two phases: observe (every bound op counted and timed), then shadow, where
+the model's RMSNorm goes through a vLLM-style out-variant op (_C::rms_norm)
+and example candidates run beside production: the native rms_norm kernel
+(CPU or CUDA build), a deliberately wrong silu (rolled back at its first
+verified mismatch), and on CUDA with Triton the Triton GEMM for aten::mm.
 """
 from __future__ import annotations
 
@@ -13,6 +19,42 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def _rms_norm(x, weight, eps):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def vllm_rms_norm(x, weight, eps):
+    """RMSNorm through _C::rms_norm(Tensor! result, input, weight, epsilon), as vLLM calls it."""
+    out = torch.empty_like(x)
+    torch.ops._C.rms_norm(out, x.contiguous(), weight, eps)
+    return out
+
+
+_vllm_lib = None
+
+
+def define_vllm_rms_norm() -> bool:
+    """Define _C::rms_norm as vLLM does (when vLLM is not loaded), with a torch
+    implementation as production. Returns False when it already exists."""
+    global _vllm_lib
+    try:
+        torch._C._get_schema("_C::rms_norm", "")
+        return False
+    except RuntimeError:
+        pass
+    _vllm_lib = torch.library.Library("_C", "FRAGMENT")
+    _vllm_lib.define("rms_norm(Tensor(a!) result, Tensor input, Tensor weight, float epsilon) -> ()")
+
+    def impl(result, input, weight, epsilon):
+        xf = input.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)
+        result.copy_((y.to(input.dtype) * weight))
+
+    for key in ("CPU", "CUDA"):
+        _vllm_lib.impl("rms_norm", impl, key)
+    return True
 
 
 class DecoderLayer(nn.Module):
@@ -31,7 +73,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cache, pos):
         b, t, d = x.shape
-        h = F.rms_norm(x, (d,), self.norm1, 1e-6)
+        h = _norm(x, self.norm1, 1e-6)
         q = self.q(h).view(b, t, self.heads, self.hd).transpose(1, 2)
         k = self.k(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
         v = self.v(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
@@ -44,9 +86,24 @@ class DecoderLayer(nn.Module):
         kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         a = F.scaled_dot_product_attention(q, kk, vv, is_causal=cache is None and t > 1)
         x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
-        h = F.rms_norm(x, (d,), self.norm2, 1e-6)
+        h = _norm(x, self.norm2, 1e-6)
         x = x + self.down(F.silu(self.gate(h)) * self.up(h))
         return x, new_cache
+
+
+_norm = _rms_norm
+
+
+def use_vllm_rms_norm(model: nn.Module, on: bool) -> None:
+    """Route the model's RMSNorm through _C::rms_norm (or back to F.rms_norm)."""
+    global _norm
+    _norm = vllm_rms_norm if on else _rms_norm
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
+            if on:
+                m.forward = (lambda mod: lambda h: vllm_rms_norm(h, mod.weight, mod.variance_epsilon))(m)
+            elif "forward" in m.__dict__:
+                del m.forward
 
 
 def rope(x, pos: int):
@@ -75,7 +132,7 @@ class TinyDecoder(nn.Module):
         for i, layer in enumerate(self.layers):
             x, c = layer(x, None if caches is None else caches[i], pos)
             new.append(c)
-        x = F.rms_norm(x, (x.shape[-1],), self.norm, 1e-6)
+        x = _norm(x, self.norm, 1e-6)
         return self.lm_head(x[:, -1]), new
 
     @torch.no_grad()
@@ -96,7 +153,7 @@ class TinyDecoder(nn.Module):
 
 
 def build_model(device: str, prefer_hf: bool = True):
-    """Returns (name, generate(ids, new_tokens) -> token tensor, vocab)."""
+    """Returns (name, generate(ids, new_tokens) -> token tensor, vocab, model)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
     if prefer_hf:
@@ -113,10 +170,55 @@ def build_model(device: str, prefer_hf: bool = True):
                 torch.manual_seed(0)
                 return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=True, top_k=50,
                                       pad_token_id=0)
-            return "transformers LlamaForCausalLM (random weights, 4 layers, hidden 256)", gen_hf, cfg.vocab_size
+            return ("transformers LlamaForCausalLM (random weights, 4 layers, hidden 256)", gen_hf, cfg.vocab_size,
+                    model)
     model = TinyDecoder().to(device=device, dtype=dtype).eval()
     return ("plain torch decoder (random weights, 2 layers, hidden 128)",
-            lambda ids, n: model.generate(ids, n), model.embed.num_embeddings)
+            lambda ids, n: model.generate(ids, n), model.embed.num_embeddings, model)
+
+
+def _example(name: str):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "candidates" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"understudy_example_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def shadow_config(device: str, report_path: str) -> tuple[dict, list[str]]:
+    """The demo's shadow config and a line per candidate."""
+    import pathlib
+
+    import understudy
+
+    notes = []
+    ops: dict = {"sdpa": "observe", "topk": "observe", "gemm": "observe", "grouped_mm": "observe"}
+    lib = pathlib.Path(__file__).resolve().parents[2] / "build" / "candidates" / (
+        "librms_norm_cuda.so" if device == "cuda" else "librms_norm_cpu.so")
+    if lib.exists():
+        ops["rms_norm"] = {"mode": "shadow", "sample": 1.0, "candidate": understudy.native(lib, target="_C::rms_norm")}
+        notes.append(f"rms_norm: native {lib.name} (pinned sha256 {ops['rms_norm']['candidate']['sha256'][:12]}...)")
+    else:
+        ops["rms_norm"] = "observe"
+        notes.append(f"rms_norm: {lib} not built, observed only")
+    wrong = _example("wrong_silu")
+    name = understudy.register_candidate(wrong.WRONG_TAIL_NAME, wrong.silu_wrong_tail, like=wrong.TARGET)
+    ops["silu"] = {"mode": "shadow", "sample": 1.0, "candidate": {"torch_op": name}}
+    notes.append(f"silu: torch op {name} (wrong in the last element, on purpose)")
+    if device == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            notes.append("gemm: Triton is not installed, observed only")
+        else:
+            tmm = _example("triton_mm")
+            name = understudy.register_candidate(tmm.OP_NAME, tmm.mm_triton, like=tmm.TARGET)
+            ops["gemm"] = {"mode": "shadow", "sample": 0.5, "candidate": {"torch_op": name, "target": "aten::mm"}}
+            notes.append(f"gemm: torch op {name} (Triton GEMM) for aten::mm, half the calls shadowed")
+    return {"operators": ops, "report": {"path": report_path, "interval_s": 5}}, notes
 
 
 def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-report.json") -> int:
@@ -124,7 +226,7 @@ def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-
     from understudy.cli import format_report
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    name, generate, vocab = build_model(device)
+    name, generate, vocab, model = build_model(device)
     ids = torch.randint(0, vocab, (2, 16), device=device, generator=torch.Generator(device=device).manual_seed(1))
     print(f"understudy demo: {name} on {device}, torch {torch.__version__}")
     generate(ids, tokens)  # warm-up outside understudy: per-shape set-up (cuDNN plans, ...) stays out of the figures
@@ -142,4 +244,33 @@ def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-
           f"report written to {report_path}\n")
     with open(report_path) as f:
         print(format_report(json.load(f)))
-    return 0
+    return run_shadow_phase(device, generate, model, ids, tokens, report_path)
+
+
+def run_shadow_phase(device, generate, model, ids, tokens, report_path) -> int:
+    import understudy
+    from understudy.cli import format_verdicts
+
+    define_vllm_rms_norm()
+    use_vllm_rms_norm(model, True)
+    shadow_path = report_path.replace(".json", "") + "-shadow.json"
+    config, notes = shadow_config(device, shadow_path)
+    print("\nshadow phase: RMSNorm through _C::rms_norm (vLLM's out-variant op); candidates:")
+    for n in notes:
+        print(f"  {n}")
+    try:
+        with torch.inference_mode():
+            plain = generate(ids, tokens)
+            understudy.enable(config)
+            try:
+                served = generate(ids, tokens)
+            finally:
+                understudy.disable()
+    finally:
+        use_vllm_rms_norm(model, False)
+    same = torch.equal(plain, served)
+    print(f"tokens served under shadow mode equal the tokens without understudy: {same}; "
+          f"report written to {shadow_path}\n")
+    with open(shadow_path) as f:
+        print(format_verdicts(json.load(f)))
+    return 0 if same else 1
