@@ -74,6 +74,10 @@ case "$cmd" in
     log "Python tests (torch $("$PY" -c 'import torch; print(torch.__version__)'))"
     "$PY" -m pytest -q tests/python "${@:2}"
     ;;
-  bench) setup; build; PYTHONPATH=python-shim "$PY" benchmarks/overhead.py "${@:2}" ;;
+  bench)
+    setup; build
+    log "dispatcher overhead"; PYTHONPATH=python-shim "$PY" benchmarks/overhead.py "${@:2}"
+    log "comparison bandwidth"; PYTHONPATH=python-shim "$PY" benchmarks/compare.py
+    ;;
   *) echo "usage: ./run.sh demo|test|bench|build" >&2; exit 2 ;;
 esac

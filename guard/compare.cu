@@ -14,7 +14,14 @@
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
 #define UST__SHFL_DOWN(v, o) __shfl_down((v), (o))
+// HIP's wavefront (warpSize, the shuffles' default width): 64 lanes on
+// GCN/CDNA (gfx9*, e.g. gfx90a, gfx942), 32 on RDNA (gfx10-12, where HIP
+// supports only wave32). Only the device pass's value is ever run.
+#if defined(__GFX10__) || defined(__GFX11__) || defined(__GFX12__)
+#define UST__WARP 32
+#else
 #define UST__WARP 64
+#endif
 #else
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>

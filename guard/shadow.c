@@ -395,8 +395,9 @@ static void roll_back(ust__route *r, const char *reason, const pair_meta *m, con
     }
     atomic_store(&r->evidence, e);
   }
-  ust__log(UST_LOG_WARN, "rolled back %s: %s%s%s%s", key, reason, m != NULL ? " in " : "",
-           m != NULL && m->name != NULL ? m->name : "", message != NULL && message[0] ? ": " : "");
+  ust__log(UST_LOG_WARN, "rolled back %s: %s%s%s%s%s", key, reason, m != NULL ? " in " : "",
+           m != NULL && m->name != NULL ? m->name : "", message != NULL && message[0] ? ": " : "",
+           message != NULL ? message : "");
 }
 
 static void conclude(shadow_slot *s) {

@@ -1,5 +1,6 @@
 /* Candidates: loading a pinned native shared object, or noting a torch op. */
 #include <dlfcn.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,12 @@ static int pick_target(const char *field, const char *want, const ust__problem *
   char first[UST__QUALNAME_MAX + UST__NAME_MAX];
   const ust__binding_def *b0 = &p->bindings[0];
   snprintf(first, sizeof first, "%s%s%s", b0->op, b0->overloads[0][0] ? "." : "", b0->overloads[0]);
+  int n_bound = 0;
+  for (int i = 0; i < p->n_bindings; i++)
+    n_bound += p->bindings[i].n_overloads;
+  if ((want == NULL || want[0] == '\0') && n_bound > 1)
+    return ust__error(UST_ECONFIG, "config: '%s' is not set: operator '%s' binds %d ops (%s first); name the one "
+                      "the candidate stands in for", field, p->name, n_bound, first);
   if (want == NULL || want[0] == '\0')
     want = first;
   for (int i = 0; i < p->n_bindings; i++)
@@ -55,7 +62,7 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
   }
   if ((c->path = ust__strdup(cc->path)) == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
-  int rc = ust__dlopen_verified(cc->path, cc->sha256, &c->dl);
+  int rc = ust__dlopen_verified(cc->path, cc->sha256, &c->dl, &c->dl_fd);
   if (rc != 0) {
     char why[512];
     snprintf(why, sizeof why, "%s", ust_last_error());
@@ -99,6 +106,8 @@ void ust__candidate_unload(ust__candidate *c) {
     return;
   if (c->dl != NULL)
     dlclose(c->dl);
+  if (c->dl != NULL && c->dl_fd >= 0)
+    close(c->dl_fd);
   free(c->path);
   c->dl = NULL;
   c->path = NULL;

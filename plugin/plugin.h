@@ -125,6 +125,7 @@ typedef struct ust__candidate {
   char *path;                       /* owned, native only */
   char sha256[65];
   void *dl;                         /* dlopen handle, native only */
+  int dl_fd;                        /* the memfd the object was loaded from (its name); open while loaded */
   const struct ust_candidate *desc; /* native only; lives in dl */
   int compare;
   double atol, rtol;                /* < 0: per-dtype defaults */

@@ -197,9 +197,9 @@ static int copy_sealed(const char *path, const char *pin, const char *want, char
   return 0;
 }
 
-int ust__dlopen_verified(const char *path, const char *pin, void **handle) {
-  if (path == NULL || handle == NULL)
-    return ust__error(UST_EINVAL, "ust__dlopen_verified: path and handle must not be NULL");
+int ust__dlopen_verified(const char *path, const char *pin, void **handle, int *fd_out) {
+  if (path == NULL || handle == NULL || fd_out == NULL)
+    return ust__error(UST_EINVAL, "ust__dlopen_verified: path, handle and fd_out must not be NULL");
   char want[65];
   if (!normalise_pin(pin, want))
     return ust__error(UST_ECONFIG, "%s: pin '%.80s' is not 64 hex digits", path,
@@ -213,7 +213,7 @@ int ust__dlopen_verified(const char *path, const char *pin, void **handle) {
     return ust__error(UST_EIO, "%s: cannot be read: %s", path, e != 0 ? strerror(e) : "unknown error");
   }
 
-  int rc = 0, fd = -1, n_extra = 0;
+  int rc = 0, fd = -1, n_extra = 0, keep_fd = -1;
   int extra[UST__VERIFY_MAX_RENAMES];
   char got[65];
   ust__sha256_hex(bytes, len, got);
@@ -259,11 +259,18 @@ int ust__dlopen_verified(const char *path, const char *pin, void **handle) {
     goto out;
   }
   *handle = h;
+  /* The object's name stays /proc/self/fd/N: that descriptor stays open for
+   * as long as the object is loaded, so the name keeps naming these bytes
+   * (runtimes and debuggers that reopen a loaded object by its name, as the
+   * CUDA runtime does, read what was verified). */
+  keep_fd = load_fd;
+  *fd_out = keep_fd;
 
 out:
   for (int i = 0; i < n_extra; i++)
-    close(extra[i]);
-  if (fd >= 0)
+    if (extra[i] != keep_fd)
+      close(extra[i]);
+  if (fd >= 0 && fd != keep_fd)
     close(fd);
   free(bytes);
   return rc;

@@ -24,10 +24,12 @@ void ust__sha256_hex(const void *data, size_t len, char hex[65]);
  * The file is read once into memory, hashed, and exactly those bytes are
  * loaded (written to a sealed memfd_create'd file and dlopen'ed through
  * /proc/self/fd/N, RTLD_NOW|RTLD_LOCAL), so the file cannot be swapped
- * between the check and the load. The memfd is closed before returning.
+ * between the check and the load.
  *
  * path and pin are borrowed for the call. On success returns 0 and stores a
- * new handle in *handle; the caller owns it and releases it with dlclose().
+ * new handle in *handle and the memfd in *fd_out: the object is named
+ * /proc/self/fd/N after that descriptor, so the caller keeps it open while
+ * the object is loaded and closes it after dlclose().
  * On failure *handle is left untouched and one of these is returned, with
  * ust_last_error() set:
  *   UST_EINVAL    path or handle is NULL.
@@ -39,6 +41,6 @@ void ust__sha256_hex(const void *data, size_t len, char hex[65]);
  *   UST_EINTERNAL dlopen fails (the message names the path and dlerror()).
  *
  * Loading runs the object's constructors on the calling thread. */
-int ust__dlopen_verified(const char *path, const char *pin, void **handle);
+int ust__dlopen_verified(const char *path, const char *pin, void **handle, int *fd_out);
 
 #endif /* UST_VERIFY_H */

@@ -206,7 +206,7 @@ def shadow_config(device: str, report_path: str) -> tuple[dict, list[str]]:
         notes.append(f"rms_norm: {lib} not built, observed only")
     wrong = _example("wrong_silu")
     name = understudy.register_candidate(wrong.WRONG_TAIL_NAME, wrong.silu_wrong_tail, like=wrong.TARGET)
-    ops["silu"] = {"mode": "shadow", "sample": 1.0, "candidate": {"torch_op": name}}
+    ops["silu"] = {"mode": "shadow", "sample": 1.0, "candidate": {"torch_op": name, "target": "aten::silu"}}
     notes.append(f"silu: torch op {name} (wrong in the last element, on purpose)")
     if device == "cuda":
         try:

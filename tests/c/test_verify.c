@@ -10,6 +10,9 @@
 #include "plugin/verify.h"
 #include "tests/c/runner.h"
 
+/* Descriptors kept by successful loads in the single-load tests. */
+static int kept_fd = -1;
+
 #define CJSON_SO "/usr/lib/x86_64-linux-gnu/libcjson.so.1"
 #define ZLIB_SO "/usr/lib/x86_64-linux-gnu/libz.so.1"
 
@@ -81,7 +84,7 @@ TEST(dlopen_verified_refuses_mismatch) {
   write_temp(path, "hello", 5);
   void *h = (void *)&h;
   const char *wrong = "0000000000000000000000000000000000000000000000000000000000000000";
-  ASSERT_INT_EQ(ust__dlopen_verified(path, wrong, &h), UST_ECONFIG);
+  ASSERT_INT_EQ(ust__dlopen_verified(path, wrong, &h, &kept_fd), UST_ECONFIG);
   ASSERT_STR_CONTAINS(ust_last_error(), path);
   ASSERT_STR_CONTAINS(ust_last_error(), wrong);
   ASSERT_STR_CONTAINS(ust_last_error(), "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
@@ -97,20 +100,20 @@ TEST(dlopen_verified_refuses_mismatch) {
       "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824",
   };
   for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; i++) {
-    ASSERT_INT_EQ(ust__dlopen_verified(path, malformed[i], &h), UST_ECONFIG);
+    ASSERT_INT_EQ(ust__dlopen_verified(path, malformed[i], &h, &kept_fd), UST_ECONFIG);
     ASSERT_STR_CONTAINS(ust_last_error(), "is not 64 hex digits");
     ASSERT_STR_CONTAINS(ust_last_error(), path);
   }
   ASSERT_INT_EQ(unlink(path), 0);
 
   const char *pin = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
-  ASSERT_INT_EQ(ust__dlopen_verified(path, pin, &h), UST_EIO);
+  ASSERT_INT_EQ(ust__dlopen_verified(path, pin, &h, &kept_fd), UST_EIO);
   ASSERT_STR_CONTAINS(ust_last_error(), path);
   ASSERT_STR_CONTAINS(ust_last_error(), strerror(ENOENT));
-  ASSERT_INT_EQ(ust__dlopen_verified("/tmp", pin, &h), UST_EIO);
+  ASSERT_INT_EQ(ust__dlopen_verified("/tmp", pin, &h, &kept_fd), UST_EIO);
   ASSERT_STR_CONTAINS(ust_last_error(), "/tmp: cannot be read");
-  ASSERT_INT_EQ(ust__dlopen_verified(NULL, pin, &h), UST_EINVAL);
-  ASSERT_INT_EQ(ust__dlopen_verified(path, pin, NULL), UST_EINVAL);
+  ASSERT_INT_EQ(ust__dlopen_verified(NULL, pin, &h, &kept_fd), UST_EINVAL);
+  ASSERT_INT_EQ(ust__dlopen_verified(path, pin, NULL, &kept_fd), UST_EINVAL);
   ASSERT_TRUE(h == (void *)&h);
 }
 
@@ -121,20 +124,21 @@ TEST(dlopen_verified_loads_pinned) {
     return;
   }
   void *h = NULL;
-  ASSERT_INT_EQ(ust__dlopen_verified(CJSON_SO, pin, &h), 0);
+  ASSERT_INT_EQ(ust__dlopen_verified(CJSON_SO, pin, &h, &kept_fd), 0);
   ASSERT_TRUE(h != NULL);
   const char *(*version)(void);
   *(void **)&version = dlsym(h, "cJSON_Version");
   ASSERT_TRUE(version != NULL);
   ASSERT_STR_CONTAINS(version(), ".");
   ASSERT_INT_EQ(dlclose(h), 0);
+  close(kept_fd);
 
   /* A digest that matches bytes which are not an ELF object gets past the
    * pin (in upper case too) and fails in dlopen. */
   char path[] = "/tmp/ust-verify-XXXXXX";
   write_temp(path, "not an ELF object\n", 18);
   h = NULL;
-  ASSERT_INT_EQ(ust__dlopen_verified(path, "FD679D38D79ED3776E37B06764ADF01E9C2D872FC9A41448E86B086FFBBE5029", &h),
+  ASSERT_INT_EQ(ust__dlopen_verified(path, "FD679D38D79ED3776E37B06764ADF01E9C2D872FC9A41448E86B086FFBBE5029", &h, &kept_fd),
                 UST_EINTERNAL);
   ASSERT_STR_CONTAINS(ust_last_error(), path);
   ASSERT_STR_CONTAINS(ust_last_error(), "dlopen failed");
@@ -152,17 +156,22 @@ TEST(dlopen_verified_loads_each_file) {
     return;
   }
   void *a = NULL, *b = NULL, *c = NULL;
-  ASSERT_INT_EQ(ust__dlopen_verified(CJSON_SO, cjson_pin, &a), 0);
-  ASSERT_INT_EQ(ust__dlopen_verified(ZLIB_SO, zlib_pin, &b), 0);
+  int fds[3] = {-1, -1, -1};
+  ASSERT_INT_EQ(ust__dlopen_verified(CJSON_SO, cjson_pin, &a, &fds[0]), 0);
+  ASSERT_INT_EQ(ust__dlopen_verified(ZLIB_SO, zlib_pin, &b, &fds[1]), 0);
   ASSERT_TRUE(a != b);
   ASSERT_TRUE(dlsym(b, "zlibVersion") != NULL);
   ASSERT_TRUE(dlsym(b, "cJSON_Version") == NULL);
   ASSERT_TRUE(dlsym(a, "cJSON_Version") != NULL);
   /* A third load steps over both names still in use. */
-  ASSERT_INT_EQ(ust__dlopen_verified(CJSON_SO, cjson_pin, &c), 0);
+  ASSERT_INT_EQ(ust__dlopen_verified(CJSON_SO, cjson_pin, &c, &fds[2]), 0);
   ASSERT_TRUE(c != a && c != b);
   ASSERT_TRUE(dlsym(c, "cJSON_Version") != NULL);
   ASSERT_INT_EQ(dlclose(c), 0);
   ASSERT_INT_EQ(dlclose(b), 0);
   ASSERT_INT_EQ(dlclose(a), 0);
+  /* Each load kept its own descriptor, so each name still named its bytes. */
+  ASSERT_TRUE(fds[0] != fds[1] && fds[1] != fds[2] && fds[0] != fds[2]);
+  for (int i = 0; i < 3; i++)
+    close(fds[i]);
 }

@@ -190,6 +190,8 @@ def test_shadow_without_candidate_is_a_config_error(us):
         us.enable(shadow_config("rms_norm", {"native": "x.so", "sha256": "abc"}))
     with pytest.raises(understudy.ConfigError, match="does not bind"):
         us.enable(shadow_config("gemm", {"torch_op": "ns::x", "target": "aten::silu"}))
+    with pytest.raises(understudy.ConfigError, match="binds 6 ops .* name the one"):
+        us.enable(shadow_config("gemm", {"torch_op": "ns::x"}))
 
 
 def test_candidate_that_raises_leaves_production_serving(us):
@@ -297,7 +299,7 @@ def test_in_place_op_is_judged_on_the_snapshot(us):
     name = candidate_op("ust_test::fused_add_cand", _fused_add_impl, "_C::fused_add_rms_norm")
     inputs = rms_inputs()
     expected = _fused_add_calls(inputs)
-    us.enable(shadow_config("fused_add_rms_norm", {"torch_op": name}))
+    us.enable(shadow_config("fused_add_rms_norm", {"torch_op": name, "target": "_C::fused_add_rms_norm"}))
     served = _fused_add_calls(inputs)
     rep = us.report()
     us.disable()
@@ -313,7 +315,7 @@ def test_in_place_op_is_judged_on_the_snapshot(us):
         residual.view(-1)[0] += 3.0
 
     wname = candidate_op("ust_test::fused_add_wrong_residual", wrong_residual, "_C::fused_add_rms_norm")
-    us.enable(shadow_config("fused_add_rms_norm", {"torch_op": wname}))
+    us.enable(shadow_config("fused_add_rms_norm", {"torch_op": wname, "target": "_C::fused_add_rms_norm"}))
     served = _fused_add_calls(inputs[:1], repeat=1)
     rep = us.report()
     us.disable()
@@ -333,7 +335,7 @@ def test_set_comparison_accepts_reordered_topk(us):
     name = candidate_op("ust_test::topk_ascending", topk_ascending, "aten::topk")
     x = torch.randn(4, 50)
     expected = torch.topk(x, 5)
-    us.enable(shadow_config("topk", {"torch_op": name}))
+    us.enable(shadow_config("topk", {"torch_op": name, "target": "aten::topk"}))
     got = torch.topk(x, 5)
     rep = us.report()
     us.disable()

@@ -82,7 +82,7 @@ def test_wrong_and_raising_torch_op_candidates_on_cuda(us):
     x = torch.randn(64, 1000, device="cuda", dtype=torch.bfloat16)
     expected = F.silu(x)
     for name, reason in ((wrong, "mismatch"), (raises, "raised")):
-        us.enable(shadow_config("silu", {"torch_op": name}))
+        us.enable(shadow_config("silu", {"torch_op": name, "target": "aten::silu"}))
         got = [F.silu(x) for _ in range(3)]
         rep = us.report()
         us.disable()
@@ -96,7 +96,7 @@ def test_in_place_op_on_cuda_judged_on_snapshot(us):
     name = candidate_op("ust_test::fused_add_cand", _fused_add_impl, "_C::fused_add_rms_norm")
     inputs = rms_inputs("cuda", torch.bfloat16, shapes=((32, 2048),))
     expected = _fused_add_calls(inputs)
-    us.enable(shadow_config("fused_add_rms_norm", {"torch_op": name}, guard={"aa_sample": 1.0}))
+    us.enable(shadow_config("fused_add_rms_norm", {"torch_op": name, "target": "_C::fused_add_rms_norm"}, guard={"aa_sample": 1.0}))
     served = _fused_add_calls(inputs)
     rep = us.report()
     us.disable()
