@@ -117,9 +117,9 @@ void ust__call_end(const ust__call *call, ust__call_state *st);
  * outputs to ust__shadow_finish, which compares them (now on the host,
  * enqueued on the stream on a GPU) and releases st->shadow. If anything in
  * between goes wrong, ust__shadow_abandon releases it instead. The marks
- * record on stream (events) or read the host clock. */
+ * record events on the call's stream (GPU) or read the host clock. */
 void ust__shadow_info_get(const ust__call_state *st, ust__shadow_info *out);
-void ust__shadow_mark(ust__call_state *st, int mark, void *stream);
+void ust__shadow_mark(ust__call_state *st, int mark, const ust__call *call);
 /* pairs: borrowed (struct ust__pair, guard/guard.h); fail: ust__shadow_fail
  * with msg (borrowed, may be NULL) saying why. */
 void ust__shadow_finish(const ust__call *call, ust__call_state *st, const struct ust__pair *pairs, int n_pairs,

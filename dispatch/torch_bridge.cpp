@@ -233,12 +233,12 @@ public:
     std::vector<c10::IValue> cand_returns;
     int fail = UST__FAIL_NONE;
     std::string msg;
-    ust__shadow_mark(&st_, UST__MARK_CAND_BEGIN, call_.stream);
+    ust__shadow_mark(&st_, UST__MARK_CAND_BEGIN, &call_);
     if (info_.kind == UST__CAND_NATIVE)
       fail = run_native(cand_returns, msg);
     else
       fail = run_torch_op(cand_returns, msg);
-    ust__shadow_mark(&st_, UST__MARK_CAND_END, call_.stream);
+    ust__shadow_mark(&st_, UST__MARK_CAND_END, &call_);
 
     std::vector<c10::IValue> aa_returns;
     if (info_.aa) {
@@ -502,7 +502,7 @@ private:
       run.reset();
     }
     if (run)
-      ust__shadow_mark(&st, UST__MARK_PROD_BEGIN, call.stream);
+      ust__shadow_mark(&st, UST__MARK_PROD_BEGIN, &call);
     try {
       op.redispatchBoxed(below, stack);
     } catch (...) {
@@ -512,7 +512,7 @@ private:
     }
     if (!run)
       return;
-    ust__shadow_mark(&st, UST__MARK_PROD_END, call.stream);
+    ust__shadow_mark(&st, UST__MARK_PROD_END, &call);
     try {
       run->run_candidate_and_compare(op, below, *stack);
     } catch (const std::exception &e) {

@@ -190,12 +190,14 @@ void ust__shadow_info_get(const ust__call_state *st, ust__shadow_info *out) {
   }
 }
 
-void ust__shadow_mark(ust__call_state *st, int mark, void *stream) {
+void ust__shadow_mark(ust__call_state *st, int mark, const ust__call *call) {
   shadow_slot *s = st->shadow;
   if (s == NULL || mark < 0 || mark >= UST__MARK_COUNT)
     return;
 #ifdef UST__SHADOW_GPU
-  if (stream != NULL) {
+  /* The stream may be NULL: CUDA's legacy default stream. */
+  void *stream = call->stream;
+  if (call->device == UST__DEV_CUDA) {
     int dev = 0;
     if (s->aborted || UST__GPU_CHECK(cudaGetDevice(&dev)) != 0 || slot_gpu_resources(s, dev) != 0 ||
         UST__GPU_CHECK(cudaEventRecord(s->ev[mark], (cudaStream_t)stream)) != 0) {
@@ -279,13 +281,15 @@ void ust__shadow_finish(const ust__call *call, ust__call_state *st, const ust__p
     n_pairs = MAX_SLOT_PAIRS;
   s->n_pairs = n_pairs;
 #ifdef UST__SHADOW_GPU
-  const int gpu = call->device == UST__DEV_CUDA && call->stream != NULL && s->on_gpu && !s->aborted;
+  const int gpu = call->device == UST__DEV_CUDA && s->on_gpu && !s->aborted;
   if (gpu && UST__GPU_CHECK(cudaMemsetAsync(s->dev_stats, 0, sizeof(ust__cmp_stats) * (size_t)n_pairs,
                                             (cudaStream_t)call->stream)) != 0)
     s->aborted = 1;
 #else
   const int gpu = 0;
 #endif
+  if (call->device != UST__DEV_CPU && !gpu)
+    s->aborted = 1; /* device memory is never read on the host */
   for (int i = 0; i < n_pairs && !s->aborted; i++) {
     const ust__pair *p = &pairs[i];
     pair_meta *m = &s->meta[i];
@@ -347,7 +351,7 @@ void ust__shadow_abandon(const ust__call *call, ust__call_state *st, int product
   s->aborted = production_raised ? 2 : 1;
   s->n_pairs = 0;
 #ifdef UST__SHADOW_GPU
-  if (s->on_gpu && s->device >= 0 && call->stream != NULL &&
+  if (s->on_gpu && s->device >= 0 && call->device == UST__DEV_CUDA &&
       UST__GPU_CHECK(cudaEventRecord(s->ev[UST__MARK_COUNT], (cudaStream_t)call->stream)) == 0) {
     pthread_mutex_lock(&pool_lock);
     pending[n_pending++] = (int)(s - slots);
