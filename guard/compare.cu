@@ -84,19 +84,22 @@ __device__ __forceinline__ int dev_isnan_d(double x) { return isnan(x); }
 template <typename T, bool Int> struct Elem;
 template <typename T> struct Elem<T, false> {
   using M = typename Traits<T>::M;
+  // ssd, ssp: where the squares go (float partials in the vector loop).
+  template <typename S>
   static __device__ __forceinline__ void run(T pv, T cv, M atol, M rtol, int exact, unsigned long long idx,
-                                             Acc<M> &a) {
+                                             Acc<M> &a, S &ssd, S &ssp) {
     if constexpr (sizeof(M) == 4)
-      UST__CMP_FLOAT_ELEM(M, fabsf, dev_isfinite_f, dev_isnan_f, Traits<T>::load(pv), Traits<T>::load(cv), atol,
-                          rtol, exact, idx, a);
+      UST__CMP_FLOAT_ELEM(M, S, fabsf, dev_isfinite_f, dev_isnan_f, Traits<T>::load(pv), Traits<T>::load(cv), atol,
+                          rtol, exact, idx, a, ssd, ssp);
     else
-      UST__CMP_FLOAT_ELEM(M, fabs, dev_isfinite_d, dev_isnan_d, Traits<T>::load(pv), Traits<T>::load(cv), atol,
-                          rtol, exact, idx, a);
+      UST__CMP_FLOAT_ELEM(M, S, fabs, dev_isfinite_d, dev_isnan_d, Traits<T>::load(pv), Traits<T>::load(cv), atol,
+                          rtol, exact, idx, a, ssd, ssp);
   }
 };
 template <typename T> struct Elem<T, true> {
   using M = double;
-  static __device__ __forceinline__ void run(T pv, T cv, M, M, int, unsigned long long idx, Acc<M> &a) {
+  template <typename S>
+  static __device__ __forceinline__ void run(T pv, T cv, M, M, int, unsigned long long idx, Acc<M> &a, S &, S &) {
     UST__CMP_INT_ELEM((long long)pv, (long long)cv, idx, a);
   }
 };
@@ -145,14 +148,19 @@ __global__ void __launch_bounds__(kThreads) compare_kernel(const T *__restrict__
       uint4 pw = __ldg(pv + v), cw = __ldg(cv + v);
       const T *pe = reinterpret_cast<const T *>(&pw);
       const T *ce = reinterpret_cast<const T *>(&cw);
+      // Squares of one vector are summed in the math type (float for 16-
+      // and 32-bit data) and folded into the double sums once per vector.
+      M sd = 0, sp = 0;
 #pragma unroll
       for (int k = 0; k < kVec; k++)
-        Elem<T, kInt>::run(pe[k], ce[k], atol, rtol, exact, (unsigned long long)(v * kVec + k), a);
+        Elem<T, kInt>::run(pe[k], ce[k], atol, rtol, exact, (unsigned long long)(v * kVec + k), a, sd, sp);
+      a.ssd += (double)sd;
+      a.ssp += (double)sp;
     }
     done = nv * kVec;
   }
   for (long long i = done + tid; i < n; i += stride)
-    Elem<T, kInt>::run(prod[i], cand[i], atol, rtol, exact, (unsigned long long)i, a);
+    Elem<T, kInt>::run(prod[i], cand[i], atol, rtol, exact, (unsigned long long)i, a, a.ssd, a.ssp);
 
   // Block reduction: warps first, then the first warp over the warp results.
   __shared__ unsigned long long s_cnt[5][kThreads / UST__WARP];

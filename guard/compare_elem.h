@@ -40,8 +40,10 @@
       (a).first = (unsigned long long)(idx);                                                   \
   } while (0)
 
-/* T: math type; FABS, ISFINITE, ISNAN: its functions. */
-#define UST__CMP_FLOAT_ELEM(T, FABS, ISFINITE, ISNAN, p, c, atol, rtol, exact, idx, a)          \
+/* T: math type; FABS, ISFINITE, ISNAN: its functions; S: the type the
+ * squares are summed in, into ssd and ssp (the kernel sums a vector's worth
+ * in float and folds it into double once per vector). */
+#define UST__CMP_FLOAT_ELEM(T, S, FABS, ISFINITE, ISNAN, p, c, atol, rtol, exact, idx, a, ssd, ssp) \
   do {                                                                                         \
     const T p_ = (p), c_ = (c);                                                                \
     const int pf_ = ISFINITE(p_), cf_ = ISFINITE(c_);                                          \
@@ -53,15 +55,15 @@
         (a).max_abs = d_;                                                                      \
       if (ap_ > 0 && d_ > (a).max_rel * ap_) /* divides only for a new maximum */              \
         (a).max_rel = d_ / ap_;                                                                \
-      (a).ssd += (double)d_ * (double)d_;                                                      \
-      (a).ssp += (double)p_ * (double)p_;                                                      \
+      (ssd) += (S)d_ * (S)d_;                                                                  \
+      (ssp) += (S)p_ * (S)p_;                                                                  \
     } else {                                                                                   \
       (a).nf_prod += !pf_;                                                                     \
       (a).nf_cand += !cf_;                                                                     \
       if (pf_) {                                                                               \
         (a).nf_bad++;                                                                          \
         UST__CMP_MISMATCH(a, idx);                                                             \
-        (a).ssp += (double)p_ * (double)p_;                                                    \
+        (ssp) += (S)p_ * (S)p_;                                                                \
       } else if (!((ISNAN(p_) && ISNAN(c_)) || p_ == c_)) {                                    \
         UST__CMP_MISMATCH(a, idx);                                                             \
       }                                                                                        \

@@ -89,8 +89,8 @@ static inline float bf16_to_f32(uint16_t h) {
   do {                                                                                           \
     const T *pp_ = prod, *cp_ = cand;                                                            \
     for (int64_t i = 0; i < n; i++)                                                              \
-      UST__CMP_FLOAT_ELEM(double, fabs, isfinite, isnan, (double)LOAD(pp_[i]), (double)LOAD(cp_[i]), \
-                          atol, rtol, exact, i, a);                                              \
+      UST__CMP_FLOAT_ELEM(double, double, fabs, isfinite, isnan, (double)LOAD(pp_[i]),            \
+                          (double)LOAD(cp_[i]), atol, rtol, exact, i, a, a.ssd, a.ssp);          \
   } while (0)
 #define INT_LOOP(T)                                                                              \
   do {                                                                                           \

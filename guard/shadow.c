@@ -49,11 +49,13 @@ typedef struct shadow_slot {
   ust__cmp_stats host[MAX_SLOT_PAIRS];
   int fail;
   char msg[256];
+  uint64_t call_no; /* 1-based number of this shadow call on its route */
 #ifdef UST__SHADOW_GPU
-  int device; /* device of the resources below; -1 before first use */
+  int device;                 /* of this use */
+  unsigned ev_made;           /* bit i: ev[i] exists (events live for one use) */
   cudaEvent_t ev[UST__MARK_COUNT + 1];
-  ust__cmp_stats *dev_stats;  /* device memory */
-  ust__cmp_stats *pinned;     /* pinned host memory */
+  ust__cmp_stats *dev_stats;  /* this slot's part of the device's arena */
+  ust__cmp_stats *pinned;     /* and of its pinned host arena */
 #endif
 } shadow_slot;
 
@@ -78,45 +80,61 @@ static void atomic_max_u64(atomic_uint_fast64_t *a, uint64_t v) {
 }
 
 #ifdef UST__SHADOW_GPU
-/* Creating events and buffers is not capture-safe; the relaxed mode keeps a
- * capture running in another thread valid. */
-static int slot_gpu_resources(shadow_slot *s, int device) {
-  if (s->device == device)
-    return 0;
-  if (s->device >= 0)
-    return -1; /* a slot keeps its first device; the call is skipped */
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
-  int rc = 0, made = 0;
-  for (; rc == 0 && made < UST__MARK_COUNT + 1; made++)
-    rc = UST__GPU_CHECK(cudaEventCreateWithFlags(&s->ev[made], cudaEventDefault));
-  if (rc == 0)
-    rc = UST__GPU_CHECK(cudaMalloc((void **)&s->dev_stats, sizeof(ust__cmp_stats) * MAX_SLOT_PAIRS));
-  if (rc == 0 &&
-      (rc = UST__GPU_CHECK(cudaHostAlloc((void **)&s->pinned, sizeof(ust__cmp_stats) * MAX_SLOT_PAIRS,
-                                         cudaHostAllocDefault))) != 0) {
-    cudaFree(s->dev_stats);
+#define MAX_DEVICES 64
+
+/* Per device, the result buffers of every slot, allocated at the first
+ * shadowed call on that device: allocation may synchronise the device, so
+ * it happens once there and never again on the serving path. */
+typedef struct gpu_arena {
+  ust__cmp_stats *dev;
+  ust__cmp_stats *pinned;
+} gpu_arena;
+static gpu_arena arenas[MAX_DEVICES]; /* guarded by pool_lock */
+
+/* Not capture-safe calls run in the relaxed mode, so a capture running in
+ * another thread stays valid. */
+static int arena_get(int device, gpu_arena *out) {
+  if (device < 0 || device >= MAX_DEVICES)
+    return -1;
+  pthread_mutex_lock(&pool_lock);
+  gpu_arena *a = &arenas[device];
+  int rc = 0;
+  if (a->dev == NULL) {
+    size_t bytes = sizeof(ust__cmp_stats) * MAX_SLOT_PAIRS * (size_t)n_slots;
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (UST__GPU_CHECK(cudaMalloc((void **)&a->dev, bytes)) != 0) {
+      a->dev = NULL;
+      rc = -1;
+    } else if (UST__GPU_CHECK(cudaHostAlloc((void **)&a->pinned, bytes, cudaHostAllocDefault)) != 0) {
+      cudaFree(a->dev);
+      a->dev = NULL;
+      a->pinned = NULL;
+      rc = -1;
+    }
+    cudaThreadExchangeStreamCaptureMode(&mode);
   }
-  if (rc != 0) {
-    for (int i = 0; i < made - 1; i++)
-      cudaEventDestroy(s->ev[i]);
-    s->dev_stats = NULL;
-    s->pinned = NULL;
-  } else {
-    s->device = device;
-  }
-  cudaThreadExchangeStreamCaptureMode(&mode);
-  return rc == 0 ? 0 : -1;
+  *out = *a;
+  pthread_mutex_unlock(&pool_lock);
+  return rc;
 }
 
-static void slot_gpu_free(shadow_slot *s) {
-  if (s->device < 0)
-    return;
+static void slot_events_free(shadow_slot *s) {
   for (int i = 0; i < UST__MARK_COUNT + 1; i++)
-    cudaEventDestroy(s->ev[i]);
-  cudaFree(s->dev_stats);
-  cudaFreeHost(s->pinned);
-  s->device = -1;
+    if (s->ev_made & (1u << i))
+      cudaEventDestroy(s->ev[i]);
+  s->ev_made = 0;
+}
+
+/* Record event i of this use on stream (creating it: events are cheap and
+ * per use, so a slot serves any device). */
+static int slot_record(shadow_slot *s, int i, cudaStream_t stream) {
+  if (!(s->ev_made & (1u << i))) {
+    if (UST__GPU_CHECK(cudaEventCreateWithFlags(&s->ev[i], cudaEventDefault)) != 0)
+      return -1;
+    s->ev_made |= 1u << i;
+  }
+  return UST__GPU_CHECK(cudaEventRecord(s->ev[i], stream)) == 0 ? 0 : -1;
 }
 #endif
 
@@ -136,12 +154,8 @@ int ust__shadow_init(int max_inflight) {
   } else {
     n_slots = n_free = max_inflight;
     n_pending = 0;
-    for (int i = 0; i < max_inflight; i++) {
+    for (int i = 0; i < max_inflight; i++)
       free_list[i] = max_inflight - 1 - i;
-#ifdef UST__SHADOW_GPU
-      slots[i].device = -1;
-#endif
-    }
   }
   pthread_mutex_unlock(&pool_lock);
   return rc;
@@ -149,6 +163,9 @@ int ust__shadow_init(int max_inflight) {
 
 static void release(shadow_slot *s) {
   s->route = NULL;
+#ifdef UST__SHADOW_GPU
+  slot_events_free(s);
+#endif
   pthread_mutex_lock(&pool_lock);
   free_list[n_free++] = (int)(s - slots);
   pthread_mutex_unlock(&pool_lock);
@@ -168,6 +185,12 @@ void *ust__shadow_acquire(ust__route *route) {
   s->fail = UST__FAIL_NONE;
   s->msg[0] = '\0';
   memset(s->t, 0, sizeof s->t);
+#ifdef UST__SHADOW_GPU
+  s->device = -1;
+  s->ev_made = 0;
+  s->dev_stats = s->pinned = NULL;
+#endif
+  s->call_no = atomic_fetch_add_explicit(&route->shadow_calls, 1, memory_order_relaxed) + 1;
   return s;
 }
 
@@ -184,7 +207,7 @@ void ust__shadow_info_get(const ust__call_state *st, ust__shadow_info *out) {
   if (c->aa_sample > 0) {
     /* Every A/A check is an extra production run: the same exact sampling
      * as the timing decision, over this route's shadow calls. */
-    uint64_t n = atomic_load_explicit(&st->route->shadow_calls, memory_order_relaxed);
+    uint64_t n = ((const shadow_slot *)st->shadow)->call_no;
     unsigned __int128 a = (unsigned __int128)n * c->aa_q32, p = (unsigned __int128)(n - 1) * c->aa_q32;
     out->aa = c->aa_sample >= 1.0 || (uint64_t)(a >> 32) != (uint64_t)(p >> 32);
   }
@@ -198,9 +221,19 @@ void ust__shadow_mark(ust__call_state *st, int mark, const ust__call *call) {
   /* The stream may be NULL: CUDA's legacy default stream. */
   void *stream = call->stream;
   if (call->device == UST__DEV_CUDA) {
-    int dev = 0;
-    if (s->aborted || UST__GPU_CHECK(cudaGetDevice(&dev)) != 0 || slot_gpu_resources(s, dev) != 0 ||
-        UST__GPU_CHECK(cudaEventRecord(s->ev[mark], (cudaStream_t)stream)) != 0) {
+    if (s->aborted)
+      return;
+    if (s->device < 0) {
+      gpu_arena a;
+      size_t idx = (size_t)(s - slots);
+      if (UST__GPU_CHECK(cudaGetDevice(&s->device)) != 0 || arena_get(s->device, &a) != 0) {
+        s->aborted = 1;
+        return;
+      }
+      s->dev_stats = a.dev + idx * MAX_SLOT_PAIRS;
+      s->pinned = a.pinned + idx * MAX_SLOT_PAIRS;
+    }
+    if (slot_record(s, mark, (cudaStream_t)stream) != 0) {
       s->aborted = 1;
       return;
     }
@@ -266,6 +299,13 @@ static void tolerances(const ust__candidate *c, int dtype, double *atol, double 
 }
 
 static void conclude(shadow_slot *s);
+static void roll_back(ust__route *r, uint64_t call_no, const char *reason, const pair_meta *m,
+                      const ust__cmp_stats *st, const char *message);
+
+static const char *fail_reason(int fail) {
+  static const char *names[] = {"", "error", "raised", "schema"};
+  return names[fail >= 0 && fail <= UST__FAIL_SCHEMA ? fail : 0];
+}
 
 void ust__shadow_finish(const ust__call *call, ust__call_state *st, const ust__pair *pairs, int n_pairs, int fail,
                         const char *msg) {
@@ -277,6 +317,10 @@ void ust__shadow_finish(const ust__call *call, ust__call_state *st, const ust__p
   s->fail = fail;
   if (msg != NULL)
     snprintf(s->msg, sizeof s->msg, "%s", msg);
+  /* A failure known on the host (an error, a raise) rolls back at once;
+   * the slot still waits for the device before it is concluded. */
+  if (fail != UST__FAIL_NONE)
+    roll_back(s->route, s->call_no, fail_reason(fail), NULL, NULL, s->msg);
   if (n_pairs > MAX_SLOT_PAIRS)
     n_pairs = MAX_SLOT_PAIRS;
   s->n_pairs = n_pairs;
@@ -329,7 +373,7 @@ void ust__shadow_finish(const ust__call *call, ust__call_state *st, const ust__p
                                                        cudaMemcpyDeviceToHost, stream)) != 0)
       s->aborted = 1;
     /* The slot goes back only when the device is done with its buffers. */
-    if (s->device >= 0 && UST__GPU_CHECK(cudaEventRecord(s->ev[UST__MARK_COUNT], stream)) == 0) {
+    if (s->device >= 0 && slot_record(s, UST__MARK_COUNT, stream) == 0) {
       pthread_mutex_lock(&pool_lock);
       pending[n_pending++] = (int)(s - slots);
       pthread_mutex_unlock(&pool_lock);
@@ -352,7 +396,7 @@ void ust__shadow_abandon(const ust__call *call, ust__call_state *st, int product
   s->n_pairs = 0;
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu && s->device >= 0 && call->device == UST__DEV_CUDA &&
-      UST__GPU_CHECK(cudaEventRecord(s->ev[UST__MARK_COUNT], (cudaStream_t)call->stream)) == 0) {
+      slot_record(s, UST__MARK_COUNT, (cudaStream_t)call->stream) == 0) {
     pthread_mutex_lock(&pool_lock);
     pending[n_pending++] = (int)(s - slots);
     pthread_mutex_unlock(&pool_lock);
@@ -370,8 +414,8 @@ static void unravel(int64_t flat, const pair_meta *m, int64_t *idx) {
   }
 }
 
-static void roll_back(ust__route *r, const char *reason, const pair_meta *m, const ust__cmp_stats *st,
-                      const char *message) {
+static void roll_back(ust__route *r, uint64_t call_no, const char *reason, const pair_meta *m,
+                      const ust__cmp_stats *st, const char *message) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&r->rolled_back, &expected, 1))
     return;
@@ -379,7 +423,7 @@ static void roll_back(ust__route *r, const char *reason, const pair_meta *m, con
   char key[512];
   ust__route_key_str(r, key, sizeof key);
   if (e != NULL) {
-    e->shadow_call = atomic_load(&r->shadow_calls);
+    e->shadow_call = call_no;
     e->unix_ms = unix_ms();
     snprintf(e->reason, sizeof e->reason, "%s", reason);
     snprintf(e->message, sizeof e->message, "%s", message != NULL ? message : "");
@@ -422,7 +466,9 @@ static void conclude(shadow_slot *s) {
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu) {
     float ms_p = 0, ms_c = 0;
-    have_times = UST__GPU_CHECK(cudaEventElapsedTime(&ms_p, s->ev[UST__MARK_PROD_BEGIN], s->ev[UST__MARK_PROD_END])) == 0 &&
+    const unsigned need = (1u << UST__MARK_COUNT) - 1;
+    have_times = (s->ev_made & need) == need &&
+                 UST__GPU_CHECK(cudaEventElapsedTime(&ms_p, s->ev[UST__MARK_PROD_BEGIN], s->ev[UST__MARK_PROD_END])) == 0 &&
                  UST__GPU_CHECK(cudaEventElapsedTime(&ms_c, s->ev[UST__MARK_CAND_BEGIN], s->ev[UST__MARK_CAND_END])) == 0;
     t_prod = (uint64_t)((double)ms_p * 1e6 + 0.5);
     t_cand = (uint64_t)((double)ms_c * 1e6 + 0.5);
@@ -458,14 +504,13 @@ static void conclude(shadow_slot *s) {
       atomic_fetch_add_explicit(&r->aa_mismatching, 1, memory_order_relaxed);
   }
 
-  static const char *fail_reason[] = {"", "error", "raised", "schema"};
   const char *reason = NULL;
   const pair_meta *bad = NULL;
   const ust__cmp_stats *bad_stats = NULL;
   const char *message = s->msg;
   int unverifiable = 0;
   if (s->fail != UST__FAIL_NONE) {
-    reason = fail_reason[s->fail >= 0 && s->fail <= UST__FAIL_SCHEMA ? s->fail : 0];
+    reason = fail_reason(s->fail);
   } else {
     for (int i = 0; i < s->n_pairs && reason == NULL; i++) {
       const pair_meta *m = &s->meta[i];
@@ -487,7 +532,7 @@ static void conclude(shadow_slot *s) {
   if (reason != NULL) {
     atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->failed, 1, memory_order_relaxed);
-    roll_back(r, reason, bad, bad_stats, message);
+    roll_back(r, s->call_no, reason, bad, bad_stats, message);
   } else if (unverifiable) {
     atomic_fetch_add_explicit(&r->unverifiable, 1, memory_order_relaxed);
   } else {
@@ -555,8 +600,13 @@ void ust__shadow_shutdown(void) {
   ust__shadow_harvest_all_sync();
   pthread_mutex_lock(&pool_lock);
 #ifdef UST__SHADOW_GPU
-  for (int i = 0; i < n_slots; i++)
-    slot_gpu_free(&slots[i]);
+  for (int d = 0; d < MAX_DEVICES; d++) {
+    if (arenas[d].dev != NULL) {
+      cudaFree(arenas[d].dev);
+      cudaFreeHost(arenas[d].pinned);
+    }
+    arenas[d].dev = arenas[d].pinned = NULL;
+  }
 #endif
   free(slots);
   free(free_list);
