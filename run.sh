@@ -8,7 +8,9 @@
 #
 # Set-up installs what is missing: the distribution's cJSON, uthash and dlpack
 # headers (apt, as root), CMake and ninja, torch==2.13.0 when the Python has no
-# torch (an existing torch is kept: the library is built against it), and pytest.
+# torch (an existing torch is kept: the library is built against it), and pytest;
+# `test` also installs hipcc and libamdhip64-dev to check that the GPU code
+# builds as HIP (UST_SKIP_HIP=1 skips that step, e.g. on a machine without apt).
 # PYTHON selects the interpreter (default python3); BUILD_DIR the build tree.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -56,6 +58,32 @@ build() {
   cmake --build "$BUILD_DIR" -j"$(nproc)"
 }
 
+hip_build() {
+  # The GPU code again as HIP (AMD), compiled by the distribution's hipcc
+  # toolchain: it cannot run here, it must build. Its C tests run (host-only).
+  if ! command -v hipcc >/dev/null; then
+    if [ "$(id -u)" != 0 ]; then
+      echo "run.sh: hipcc missing and not root: apt-get install hipcc libamdhip64-dev" >&2
+      return 1
+    fi
+    log "installing hipcc libamdhip64-dev"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hipcc libamdhip64-dev >/dev/null
+  fi
+  # The distribution's ROCm layout needs CMake >= 3.27 (see CMakeLists.txt).
+  if ! "$PY" - <<'PYEOF'
+import re, subprocess, sys
+v = re.search(r"(\d+)\.(\d+)", subprocess.run(["cmake", "--version"], capture_output=True, text=True).stdout)
+sys.exit(0 if v and (int(v[1]), int(v[2])) >= (3, 27) else 1)
+PYEOF
+  then
+    "$PY" -m pip install -q "cmake>=3.27"
+  fi
+  configure "$BUILD_DIR-hip" -DUST_TORCH=OFF -DUST_GPU=hip
+  cmake --build "$BUILD_DIR-hip" -j"$(nproc)" --target ust_test_runner
+  "$BUILD_DIR-hip/ust_test_runner"
+}
+
 sanitized_c_tests() {
   # The C core again under AddressSanitizer + UBSan (no torch needed).
   configure "$BUILD_DIR-asan" -DUST_TORCH=OFF -DUST_SANITIZE=ON -DUST_GPU=none -DCMAKE_BUILD_TYPE=Debug
@@ -71,6 +99,7 @@ case "$cmd" in
     setup test; build
     log "C tests"; "$BUILD_DIR/ust_test_runner"
     log "C tests, ASan + UBSan"; sanitized_c_tests
+    if [ -z "${UST_SKIP_HIP:-}" ]; then log "HIP build (compile only) and its C tests"; hip_build; fi
     log "Python tests (torch $("$PY" -c 'import torch; print(torch.__version__)'))"
     "$PY" -m pytest -q tests/python "${@:2}"
     ;;
