@@ -62,10 +62,15 @@ TEST(parsers_survive_mutations) {
   const char *configs[] = {
       "{\"version\": 1, \"report\": {\"path\": \"/tmp/x.json\", \"interval_s\": 3}, \"log_level\": \"info\","
       " \"max_routes\": 64, \"defaults\": {\"mode\": \"off\", \"sample\": 0.5},"
-      " \"operators\": {\"gemm\": \"observe\", \"topk\": {\"mode\": \"off\", \"sample\": 1}}}"};
+      " \"operators\": {\"gemm\": \"observe\", \"topk\": {\"mode\": \"off\", \"sample\": 1}}}",
+      "{\"shadow\": {\"max_inflight\": 4}, \"operators\": {\"rms_norm\": {\"mode\": \"shadow\", \"sample\": 1,"
+      " \"candidate\": {\"native\": \"x.so\", \"sha256\": \"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\","
+      " \"target\": \"_C::rms_norm\"}, \"guard\": {\"compare\": \"set\", \"atol\": 0.1, \"rtol\": 0, \"aa_sample\": 0.5}},"
+      " \"gemm\": {\"candidate\": {\"torch_op\": \"ns::mm.out\", \"target\": \"aten::mm.out\"}}}}"};
   fz_state = 0x243f6a8885a308d3ull;
-  for (int i = 0; i < 5000; i++) {
-    char *m = mutate(configs[0], strlen(configs[0]));
+  for (int i = 0; i < 10000; i++) {
+    const char *seed = configs[i % 2];
+    char *m = mutate(seed, strlen(seed));
     ust__config c;
     int rc = ust__config_parse(m, &c);
     if (rc == 0)

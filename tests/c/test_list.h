@@ -20,4 +20,10 @@
   X(sha256_known_vectors)         \
   X(dlopen_verified_refuses_mismatch) \
   X(dlopen_verified_loads_pinned) \
-  X(dlopen_verified_loads_each_file)
+  X(dlopen_verified_loads_each_file) \
+  X(compare_rule_cases)           \
+  X(compare_f16_decoding_all_patterns) \
+  X(compare_integers_exactly)     \
+  X(config_candidate_fields)      \
+  X(engine_loads_pinned_native_candidate) \
+  X(shadow_pool_bounds_inflight)
