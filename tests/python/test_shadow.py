@@ -447,3 +447,39 @@ def test_compare_integers_exactly():
     assert (got["mismatches"], got["first_mismatch"]) == (1, 0)
     with pytest.raises(understudy.UnderstudyError, match="dimension 0"):
         understudy.compare(torch.zeros(3), torch.zeros(4))
+
+
+def test_four_threads_shadow_with_exact_counts(us):
+    # Four serving threads on one route: every call counted, every call
+    # shadowed and verified, outputs identical to production's.
+    import threading
+
+    x, w = rms_inputs(shapes=((16, 256),))[0]
+    want = torch.empty_like(x)
+    _rms_norm_impl(want, x, w, 1e-6)
+    us.enable(shadow_config("rms_norm", native("rms_norm_cpu")))
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(200):
+                o = torch.empty_like(x)
+                torch.ops._C.rms_norm(o, x, w, 1e-6)
+                if not torch.equal(o, want):
+                    errors.append("output differs")
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rep = us.report()
+    us.disable()
+    assert errors == []
+    (r,) = routes(rep, "_C::rms_norm")
+    sh = r["shadow"]
+    assert r["calls"] == 800
+    assert (sh["calls"], sh["verified"], sh["passed"], sh["failed"], sh["skipped"]) == (800, 800, 800, 0, 0)
+    assert r["latency_ns"]["count"] == 800 and sh["candidate_latency_ns"]["count"] == 800
