@@ -87,6 +87,7 @@ typedef struct ust__shadow_info {
   int compare;                        /* ust__cmp_kind */
   int aa;                             /* 1: also run production a second time (A/A) */
   uint32_t writes_mask;               /* arguments the op writes, by index */
+  int compared_returns;               /* leading returns judged; -1: all */
 } ust__shadow_info;
 
 enum { UST__CAND_NATIVE = 1, UST__CAND_TORCH_OP = 2 };
@@ -120,6 +121,8 @@ void ust__call_end(const ust__call *call, ust__call_state *st);
  * record events on the call's stream (GPU) or read the host clock. */
 void ust__shadow_info_get(const ust__call_state *st, ust__shadow_info *out);
 void ust__shadow_mark(ust__call_state *st, int mark, const ust__call *call);
+/* 0 once the shadow could not record its device work (then abandon it). */
+int ust__shadow_alive(const ust__call_state *st);
 /* pairs: borrowed (struct ust__pair, guard/guard.h); fail: ust__shadow_fail
  * with msg (borrowed, may be NULL) saying why. */
 void ust__shadow_finish(const ust__call *call, ust__call_state *st, const struct ust__pair *pairs, int n_pairs,

@@ -107,11 +107,13 @@ typedef struct ust__route {
   /* Shadow mode (guard/shadow.c): written by the calling threads and the
    * worker; read by the report. */
   atomic_uint_fast64_t shadow_seen;   /* calls considered for shadowing (the sampling count) */
-  atomic_uint_fast64_t shadow_calls;  /* calls whose candidate ran (or was attempted) */
+  atomic_uint_fast64_t shadow_calls;  /* sampled calls that took a slot; each ends verified, skipped or
+                                         unverifiable */
   atomic_uint_fast64_t verified;      /* shadow calls that reached a verdict */
   atomic_uint_fast64_t passed;
   atomic_uint_fast64_t failed;
-  atomic_uint_fast64_t skipped;       /* sampled, but not shadowed: in-flight bound or an internal error */
+  atomic_uint_fast64_t skipped;       /* sampled, but no verdict: in-flight bound, production raised, or an
+                                         internal error */
   atomic_uint_fast64_t unverifiable;  /* ran, but an output's dtype cannot be compared */
   atomic_uint_fast64_t aa_runs;       /* A/A checks: production against itself */
   atomic_uint_fast64_t aa_mismatching;

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,14 @@ at::Tensor poisoned_like(const at::Tensor &r) {
   return t;
 }
 
+void enter_call_device(c10::OptionalDeviceGuard &g, const ust__call &call) {
+  if (call.device == UST__DEV_CUDA)
+    g.reset_device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call.device_id)));
+}
+
+// One shadowed call. prepare() runs before production, the rest after it;
+// every method may throw (an internal error: the caller's result is already
+// production's, and the slot is then abandoned by the caller of these).
 class ShadowRun {
 public:
   ShadowRun(const c10::OperatorHandle &op, const ust__binding *b, const ust__call &call, ust__call_state &st)
@@ -209,19 +218,36 @@ public:
         n_returns_(op.schema().returns().size()) {}
 
   // Before production: what is needed later, and snapshots of what
-  // production writes. Throws on internal errors.
+  // production writes. Read-only arguments that share storage with a
+  // written one are copied too (addmm(c, a, b, out=c)): the candidate must
+  // read them as production did, before production wrote them.
   void prepare(const torch::jit::Stack &stack) {
     ShadowScope scope;
     ust__shadow_info_get(&st_, &info_);
     saved_.assign(stack.end() - static_cast<std::ptrdiff_t>(n_args_), stack.end());
     snaps_.resize(n_args_);
     aa_snaps_.resize(n_args_);
+    inputs_.resize(n_args_);
     for (size_t i = 0; i < n_args_ && i < 32; i++) {
-      if (!((info_.writes_mask >> i) & 1u) || !is_defined_tensor(saved_[i]))
+      if (!((info_.writes_mask >> i) & 1u))
+        continue;
+      if (saved_[i].isTensorList())
+        throw std::runtime_error("written tensor lists are not shadowed");
+      if (!is_defined_tensor(saved_[i]))
         continue;
       snaps_[i] = saved_[i].toTensor().clone(at::MemoryFormat::Preserve);
       if (info_.aa)
         aa_snaps_[i] = saved_[i].toTensor().clone(at::MemoryFormat::Preserve);
+    }
+    for (size_t i = 0; i < n_args_; i++) {
+      if (snaps_[i].defined() || !is_defined_tensor(saved_[i]) || !saved_[i].toTensor().has_storage())
+        continue;
+      const at::Tensor &t = saved_[i].toTensor();
+      for (size_t j = 0; j < n_args_; j++)
+        if (snaps_[j].defined() && saved_[j].toTensor().has_storage() && saved_[j].toTensor().is_alias_of(t)) {
+          inputs_[i] = t.clone(at::MemoryFormat::Preserve);
+          break;
+        }
     }
   }
 
@@ -230,15 +256,24 @@ public:
                                  const torch::jit::Stack &stack) {
     ShadowScope scope;
     prod_returns_.assign(stack.end() - static_cast<std::ptrdiff_t>(n_returns_), stack.end());
+    // An out= argument production resized holds nothing the candidate
+    // needs: give the candidate one of production's final shape.
+    for (size_t i = 0; i < n_args_; i++)
+      if (snaps_[i].defined() && snaps_[i].sizes() != saved_[i].toTensor().sizes()) {
+        snaps_[i] = poisoned_like(saved_[i].toTensor());
+        if (aa_snaps_[i].defined())
+          aa_snaps_[i] = poisoned_like(saved_[i].toTensor());
+      }
     std::vector<c10::IValue> cand_returns;
-    int fail = UST__FAIL_NONE;
     std::string msg;
-    ust__shadow_mark(&st_, UST__MARK_CAND_BEGIN, &call_);
-    if (info_.kind == UST__CAND_NATIVE)
-      fail = run_native(cand_returns, msg);
-    else
-      fail = run_torch_op(cand_returns, msg);
-    ust__shadow_mark(&st_, UST__MARK_CAND_END, &call_);
+    // Everything understudy does for the candidate happens outside its
+    // timed interval: the interval holds the candidate alone.
+    int fail = info_.kind == UST__CAND_NATIVE ? prepare_native(cand_returns) : prepare_torch_op(msg);
+    if (fail == UST__FAIL_NONE) {
+      ust__shadow_mark(&st_, UST__MARK_CAND_BEGIN, &call_);
+      fail = info_.kind == UST__CAND_NATIVE ? call_native(msg) : call_torch_op(cand_returns, msg);
+      ust__shadow_mark(&st_, UST__MARK_CAND_END, &call_);
+    }
 
     std::vector<c10::IValue> aa_returns;
     if (info_.aa) {
@@ -259,9 +294,12 @@ public:
 private:
   torch::jit::Stack with_snapshots(const std::vector<at::Tensor> &snaps) const {
     torch::jit::Stack s(saved_.begin(), saved_.end());
-    for (size_t i = 0; i < n_args_; i++)
+    for (size_t i = 0; i < n_args_; i++) {
       if (snaps[i].defined())
         s[i] = snaps[i];
+      else if (inputs_[i].defined())
+        s[i] = inputs_[i];
+    }
     return s;
   }
 
@@ -276,19 +314,22 @@ private:
     return false;
   }
 
-  int run_native(std::vector<c10::IValue> &cand_returns, std::string &msg) {
-    const ust_candidate *d = info_.native;
-    std::vector<ust_value> values(n_args_);
-    std::vector<DLTensor> outputs;
+  bool compared_return(size_t j) const {
+    return info_.compared_returns < 0 || j < static_cast<size_t>(info_.compared_returns);
+  }
+
+  // Arguments as DLPack views, and fresh outputs like production's returns.
+  int prepare_native(std::vector<c10::IValue> &cand_returns) {
+    values_.assign(n_args_, ust_value{});
     for (size_t i = 0; i < n_args_; i++) {
-      ust_value &v = values[i];
+      ust_value &v = values_[i];
       std::memset(&v, 0, sizeof v);
       v.name = ust__binding_arg_name(b_, static_cast<int>(i));
       const c10::IValue &iv = saved_[i];
       if (iv.isTensor() && iv.toTensor().defined()) {
         v.kind = UST_VALUE_TENSOR;
         v.writable = snaps_[i].defined() ? 1 : 0;
-        fill_dl(v.writable ? snaps_[i] : iv.toTensor(), &v.tensor, nullptr);
+        fill_dl(v.writable ? snaps_[i] : inputs_[i].defined() ? inputs_[i] : iv.toTensor(), &v.tensor, nullptr);
       } else if (iv.isTensor() || iv.isNone()) {
         v.kind = UST_VALUE_NONE;
       } else if (iv.isBool()) {
@@ -311,16 +352,21 @@ private:
       native_outputs_.push_back(poisoned_like(prod_returns_[j].toTensor()));
       cand_returns[j] = native_outputs_.back();
     }
-    outputs.resize(native_outputs_.size());
+    outputs_.resize(native_outputs_.size());
     for (size_t k = 0; k < native_outputs_.size(); k++)
-      fill_dl(native_outputs_[k], &outputs[k], nullptr);
+      fill_dl(native_outputs_[k], &outputs_[k], nullptr);
+    return UST__FAIL_NONE;
+  }
+
+  int call_native(std::string &msg) {
+    const ust_candidate *d = info_.native;
     ust_candidate_call cc;
     std::memset(&cc, 0, sizeof cc);
     cc.size = sizeof cc;
     cc.n_args = static_cast<int32_t>(n_args_);
-    cc.args = values.data();
-    cc.n_outputs = static_cast<int32_t>(outputs.size());
-    cc.outputs = outputs.data();
+    cc.args = values_.data();
+    cc.n_outputs = static_cast<int32_t>(outputs_.size());
+    cc.outputs = outputs_.data();
 #if defined(UST_GPU_HIP)
     cc.device.device_type = call_.device == UST__DEV_CUDA ? kDLROCM : kDLCPU;
 #else
@@ -347,7 +393,7 @@ private:
     return UST__FAIL_NONE;
   }
 
-  int run_torch_op(std::vector<c10::IValue> &cand_returns, std::string &msg) {
+  int prepare_torch_op(std::string &msg) {
     auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(info_.torch_op, info_.torch_overload));
     if (!handle.has_value())
       throw std::runtime_error(std::string("candidate op ") + info_.torch_op + " is not defined in this process");
@@ -358,9 +404,14 @@ private:
             std::to_string(n_args_) + " and " + std::to_string(n_returns_);
       return UST__FAIL_SCHEMA;
     }
-    torch::jit::Stack s = with_snapshots(snaps_);
+    cand_op_ = *handle;
+    cand_stack_ = with_snapshots(snaps_);
+    return UST__FAIL_NONE;
+  }
+
+  int call_torch_op(std::vector<c10::IValue> &cand_returns, std::string &msg) {
     try {
-      handle->callBoxed(&s);
+      cand_op_->callBoxed(&cand_stack_);
     } catch (const std::exception &e) {
       msg = std::string("candidate raised: ") + e.what();
       if (msg.size() > 240)
@@ -370,22 +421,33 @@ private:
       msg = "candidate raised an exception";
       return UST__FAIL_RAISED;
     }
-    cand_returns.assign(s.begin(), s.end());
+    cand_returns.assign(cand_stack_.begin(), cand_stack_.end());
     return UST__FAIL_NONE;
   }
 
   // Pairs of (production's value, the other side's): every written argument
-  // (against its snapshot, which the other side wrote), then every return
-  // that is not a written argument.
+  // (against its snapshot, which the other side wrote), then every compared
+  // return that is not a written argument. A return understudy cannot read
+  // (a tensor list, ...) makes the call unverifiable rather than passed.
   void add_pairs(std::vector<ust__pair> &pairs, const std::vector<at::Tensor> &snaps,
                  const std::vector<c10::IValue> &other_returns, int aa, int &fail, std::string &msg) {
+    std::vector<const char *> names;
+    std::vector<at::Tensor> prod, other;
     for (size_t i = 0; i < n_args_; i++)
-      if (snaps[i].defined())
-        add_pair(pairs, ust__binding_arg_name(b_, static_cast<int>(i)), saved_[i].toTensor(),
-                 snaps[i], aa);
+      if (snaps[i].defined()) {
+        names.push_back(ust__binding_arg_name(b_, static_cast<int>(i)));
+        prod.push_back(saved_[i].toTensor());
+        other.push_back(snaps[i]);
+      }
+    bool unreadable = false;
     for (size_t j = 0; j < n_returns_; j++) {
-      if (!is_defined_tensor(prod_returns_[j]) || aliases_written_arg(j))
+      if (!compared_return(j) || aliases_written_arg(j) || prod_returns_[j].isNone())
         continue;
+      if (!is_defined_tensor(prod_returns_[j])) {
+        unreadable |= !(prod_returns_[j].isTensor() || prod_returns_[j].isInt() || prod_returns_[j].isDouble() ||
+                        prod_returns_[j].isBool());
+        continue;
+      }
       if (j >= other_returns.size() || !is_defined_tensor(other_returns[j])) {
         if (!aa && fail == UST__FAIL_NONE) {
           fail = UST__FAIL_SCHEMA;
@@ -393,8 +455,47 @@ private:
         }
         continue;
       }
-      add_pair(pairs, result_name(j), prod_returns_[j].toTensor(), other_returns[j].toTensor(), aa);
+      names.push_back(result_name(j));
+      prod.push_back(prod_returns_[j].toTensor());
+      other.push_back(other_returns[j].toTensor());
     }
+    if (info_.compare == UST__CMP_SET)
+      as_sets(prod);
+    if (info_.compare == UST__CMP_SET)
+      as_sets(other);
+    for (size_t k = 0; k < prod.size(); k++)
+      add_pair(pairs, names[k], prod[k], other[k], aa);
+    if (unreadable || pairs.size() >= 2 * UST__SHADOW_MAX_PAIRS) {
+      // A pair whose dtype the guard does not read: the verdict is then
+      // "unverifiable", never "passed" on a partial look.
+      ust__pair p;
+      std::memset(&p, 0, sizeof p);
+      p.name = "unreadable outputs";
+      p.aa = aa;
+      p.prod_dtype = p.cand_dtype = UST__DT_OTHER;
+      if (pairs.size() >= 2 * UST__SHADOW_MAX_PAIRS)
+        pairs.back() = p;
+      else
+        pairs.push_back(p);
+    }
+  }
+
+  // Set comparison (top-k style): order the rows of one side's outputs by
+  // (first output's value, then second's) with one permutation, so values
+  // and indices stay paired and ties order the same way on both sides.
+  static void as_sets(std::vector<at::Tensor> &ts) {
+    if (ts.empty() || ts[0].dim() == 0 || ts[0].scalar_type() == at::kBool)
+      return;
+    at::Tensor perm;
+    if (ts.size() > 1 && ts[1].sizes() == ts[0].sizes()) {
+      perm = std::get<1>(ts[1].sort(/*stable=*/true, -1));
+      perm = perm.gather(-1, std::get<1>(ts[0].gather(-1, perm).sort(/*stable=*/true, -1)));
+    } else {
+      perm = std::get<1>(ts[0].sort(/*stable=*/true, -1));
+    }
+    for (auto &t : ts)
+      if (t.sizes() == perm.sizes())
+        t = t.gather(-1, perm);
   }
 
   void add_pair(std::vector<ust__pair> &pairs, const char *name, const at::Tensor &prod, const at::Tensor &other,
@@ -410,13 +511,8 @@ private:
     fill_dl(keep_[keep_.size() - 2], &p.prod, &p.prod_dtype);
     fill_dl(keep_.back(), &p.cand, &p.cand_dtype);
     if (prod.device() == other.device() && prod.sizes() == other.sizes() && prod.scalar_type() == other.scalar_type()) {
-      at::Tensor a = prod, b = other;
-      if (info_.compare == UST__CMP_SET && a.dim() > 0 && a.scalar_type() != at::kBool) {
-        a = std::get<0>(a.sort(-1));
-        b = std::get<0>(b.sort(-1));
-      }
-      dense_.push_back(a.contiguous());
-      dense_.push_back(b.contiguous());
+      dense_.push_back(prod.contiguous());
+      dense_.push_back(other.contiguous());
       p.prod_dense = dense_[dense_.size() - 2].const_data_ptr();
       p.cand_dense = dense_.back().const_data_ptr();
     }
@@ -429,7 +525,11 @@ private:
   size_t n_args_, n_returns_;
   ust__shadow_info info_{};
   std::vector<c10::IValue> saved_, prod_returns_;
-  std::vector<at::Tensor> snaps_, aa_snaps_, native_outputs_;
+  std::vector<at::Tensor> snaps_, aa_snaps_, inputs_, native_outputs_;
+  std::vector<ust_value> values_;
+  std::vector<DLTensor> outputs_;
+  std::optional<c10::OperatorHandle> cand_op_;
+  torch::jit::Stack cand_stack_;
   // Tensors the guard reads through DLTensor views (their sizes and strides
   // live in the TensorImpl, which these references keep alive).
   std::vector<at::Tensor> keep_, dense_;
@@ -489,11 +589,12 @@ private:
   // ust__shadow_finish, or by ust__shadow_abandon.
   void shadowed(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack *stack,
                 const ust__call &call, ust__call_state &st) {
-    c10::OptionalDeviceGuard device_guard;
+    // understudy's own device work runs on the call's device; production
+    // runs outside this guard, exactly as in the plain path.
     std::unique_ptr<ShadowRun> run;
     try {
-      if (call.device == UST__DEV_CUDA)
-        device_guard.reset_device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call.device_id)));
+      c10::OptionalDeviceGuard guard;
+      enter_call_device(guard, call);
       run = std::make_unique<ShadowRun>(op, b_, call, st);
       run->prepare(*stack);
     } catch (...) {
@@ -513,7 +614,13 @@ private:
     if (!run)
       return;
     ust__shadow_mark(&st, UST__MARK_PROD_END, &call);
+    if (!ust__shadow_alive(&st)) {
+      ust__shadow_abandon(&call, &st, 0); /* no device resources for this call: do not run the candidate */
+      return;
+    }
     try {
+      c10::OptionalDeviceGuard guard;
+      enter_call_device(guard, call);
       run->run_candidate_and_compare(op, below, *stack);
     } catch (const std::exception &e) {
       ust__count_internal_error();

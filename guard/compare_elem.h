@@ -1,10 +1,13 @@
 /*
  * The element rule of the comparison, written once for the host loop
  * (compare_host.c, C) and the GPU kernel (compare.cu, CUDA or HIP), so both
- * judge every element the same way.
+ * apply the same rule. The math type differs: the host computes in double,
+ * the kernel in float for 16- and 32-bit inputs (double for 64-bit), so an
+ * element within a float rounding of the tolerance may be judged
+ * differently by the two.
  *
  * For one pair (p: production, c: candidate) of floating values, in math
- * type T (float for 16- and 32-bit inputs, double for 64-bit):
+ * type T:
  * - both finite: a mismatch when |c - p| > atol + rtol * |p| (allclose; the
  *   inequality is written so that NaN-free values compare as torch.allclose
  *   does), or when they differ at all (exact); |c - p| feeds max_abs, the

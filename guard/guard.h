@@ -27,7 +27,7 @@ extern "C" {
 
 typedef enum ust__cmp_kind {
   UST__CMP_ALLCLOSE = 0, /* |c - p| <= atol + rtol * |p|; integer dtypes compare exactly */
-  UST__CMP_EXACT = 1,    /* bit-equal values (NaN equals NaN) */
+  UST__CMP_EXACT = 1,    /* equal values (-0 equals +0; any NaN equals any NaN) */
   UST__CMP_SET = 2,      /* allclose after sorting both sides along the last dimension */
 } ust__cmp_kind;
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include "dispatch/backend.h"
 #include "dispatch/dispatch.h"
@@ -39,6 +40,8 @@ typedef struct pair_meta {
   double atol, rtol;
 } pair_meta;
 
+enum slot_state { SLOT_FREE = 0, SLOT_IN_CALL, SLOT_PENDING, SLOT_CONCLUDING };
+
 typedef struct shadow_slot {
   ust__route *route;
   int on_gpu;  /* this use enqueued device work */
@@ -50,6 +53,8 @@ typedef struct shadow_slot {
   int fail;
   char msg[256];
   uint64_t call_no; /* 1-based number of this shadow call on its route */
+  atomic_int state;         /* slot_state */
+  atomic_uint_fast64_t uses; /* incremented at each release: a flush waits for it to move */
 #ifdef UST__SHADOW_GPU
   int device;                 /* of this use */
   unsigned ev_made;           /* bit i: ev[i] exists (events live for one use) */
@@ -166,10 +171,28 @@ static void release(shadow_slot *s) {
 #ifdef UST__SHADOW_GPU
   slot_events_free(s);
 #endif
+  atomic_store(&s->state, SLOT_FREE);
+  atomic_fetch_add(&s->uses, 1);
   pthread_mutex_lock(&pool_lock);
   free_list[n_free++] = (int)(s - slots);
   pthread_mutex_unlock(&pool_lock);
 }
+
+#ifdef UST__SHADOW_GPU
+static void enqueue_pending(shadow_slot *s) {
+  pthread_mutex_lock(&pool_lock);
+  atomic_store(&s->state, SLOT_PENDING);
+  pending[n_pending++] = (int)(s - slots);
+  pthread_mutex_unlock(&pool_lock);
+}
+
+/* Device work of this slot was queued but no event fences it: the slot's
+ * buffers may still be written, so it never goes back to the pool. */
+static void retire_unfenced(shadow_slot *s) {
+  atomic_fetch_add_explicit(&s->route->skipped, 1, memory_order_relaxed);
+  ust__log(UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
+}
+#endif
 
 void *ust__shadow_acquire(ust__route *route) {
   pthread_mutex_lock(&pool_lock);
@@ -191,6 +214,7 @@ void *ust__shadow_acquire(ust__route *route) {
   s->dev_stats = s->pinned = NULL;
 #endif
   s->call_no = atomic_fetch_add_explicit(&route->shadow_calls, 1, memory_order_relaxed) + 1;
+  atomic_store(&s->state, SLOT_IN_CALL);
   return s;
 }
 
@@ -204,6 +228,7 @@ void ust__shadow_info_get(const ust__call_state *st, ust__shadow_info *out) {
   out->torch_overload = c->torch_overload;
   out->compare = c->compare;
   out->writes_mask = b->writes_mask;
+  out->compared_returns = b->def->compared_returns;
   if (c->aa_sample > 0) {
     /* Every A/A check is an extra production run: the same exact sampling
      * as the timing decision, over this route's shadow calls. */
@@ -242,6 +267,11 @@ void ust__shadow_mark(ust__call_state *st, int mark, const ust__call *call) {
   }
 #endif
   s->t[mark] = ust__now_ns();
+}
+
+int ust__shadow_alive(const ust__call_state *st) {
+  const shadow_slot *s = st->shadow;
+  return s != NULL && !s->aborted;
 }
 
 static int64_t numel_of(const DLTensor *t) {
@@ -346,9 +376,13 @@ void ust__shadow_finish(const ust__call *call, ust__call_state *st, const ust__p
       m->shape[d] = p->prod.shape[d];
     if (s->fail != UST__FAIL_NONE && !p->aa)
       continue;
-    if ((m->fail = meta_check(p, m->detail, sizeof m->detail)) != NULL)
+    /* Outputs understudy cannot read (an unsupported dtype, or production's
+     * own output on another device than the call, such as a CPU RNG seed of
+     * a GPU kernel) leave the call unverifiable rather than judged. */
+    if (!ust__cmp_dtype_supported(p->prod_dtype) ||
+        (p->prod.device.device_type == kDLCPU) != (call->device == UST__DEV_CPU))
       continue;
-    if (!ust__cmp_dtype_supported(p->prod_dtype))
+    if ((m->fail = meta_check(p, m->detail, sizeof m->detail)) != NULL)
       continue;
     tolerances(c, p->prod_dtype, &m->atol, &m->rtol);
     int kind = c->compare == UST__CMP_EXACT ? UST__CMP_EXACT : UST__CMP_ALLCLOSE;
@@ -374,9 +408,11 @@ void ust__shadow_finish(const ust__call *call, ust__call_state *st, const ust__p
       s->aborted = 1;
     /* The slot goes back only when the device is done with its buffers. */
     if (s->device >= 0 && slot_record(s, UST__MARK_COUNT, stream) == 0) {
-      pthread_mutex_lock(&pool_lock);
-      pending[n_pending++] = (int)(s - slots);
-      pthread_mutex_unlock(&pool_lock);
+      enqueue_pending(s);
+      return;
+    }
+    if (s->device >= 0) {
+      retire_unfenced(s);
       return;
     }
     s->aborted = 1;
@@ -390,16 +426,18 @@ void ust__shadow_abandon(const ust__call *call, ust__call_state *st, int product
   st->shadow = NULL;
   if (s == NULL)
     return;
-  if (production_raised)
-    atomic_fetch_sub_explicit(&s->route->shadow_calls, 1, memory_order_relaxed);
-  s->aborted = production_raised ? 2 : 1;
+  /* Production raised, or understudy failed: the sampled call is counted
+   * as skipped (its number is not handed out again). */
+  (void)production_raised;
+  s->aborted = 1;
   s->n_pairs = 0;
 #ifdef UST__SHADOW_GPU
-  if (s->on_gpu && s->device >= 0 && call->device == UST__DEV_CUDA &&
-      slot_record(s, UST__MARK_COUNT, (cudaStream_t)call->stream) == 0) {
-    pthread_mutex_lock(&pool_lock);
-    pending[n_pending++] = (int)(s - slots);
-    pthread_mutex_unlock(&pool_lock);
+  if (s->on_gpu && s->device >= 0 && call->device == UST__DEV_CUDA) {
+    if (slot_record(s, UST__MARK_COUNT, (cudaStream_t)call->stream) == 0) {
+      enqueue_pending(s);
+    } else {
+      retire_unfenced(s);
+    }
     return;
   }
 #endif
@@ -414,11 +452,17 @@ static void unravel(int64_t flat, const pair_meta *m, int64_t *idx) {
   }
 }
 
+/* The first failure of a route publishes its evidence, then flips the route
+ * (so a report never shows a rolled-back route without its evidence, save
+ * when memory ran out). Later failures only count. */
 static void roll_back(ust__route *r, uint64_t call_no, const char *reason, const pair_meta *m,
                       const ust__cmp_stats *st, const char *message) {
-  int expected = 0;
-  if (!atomic_compare_exchange_strong(&r->rolled_back, &expected, 1))
+  static pthread_mutex_t first_lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&first_lock);
+  if (atomic_load(&r->rolled_back)) {
+    pthread_mutex_unlock(&first_lock);
     return;
+  }
   ust__evidence *e = calloc(1, sizeof *e);
   char key[512];
   ust__route_key_str(r, key, sizeof key);
@@ -443,6 +487,8 @@ static void roll_back(ust__route *r, uint64_t call_no, const char *reason, const
     }
     atomic_store(&r->evidence, e);
   }
+  atomic_store(&r->rolled_back, 1);
+  pthread_mutex_unlock(&first_lock);
   ust__log(UST_LOG_WARN, "rolled back %s: %s%s%s%s%s", key, reason, m != NULL ? " in " : "",
            m != NULL && m->name != NULL ? m->name : "", message != NULL && message[0] ? ": " : "",
            message != NULL ? message : "");
@@ -456,8 +502,13 @@ static void conclude(shadow_slot *s) {
     stats = s->pinned;
 #endif
   if (s->aborted) {
-    if (s->aborted == 1)
+    if (s->fail != UST__FAIL_NONE) {
+      /* rolled back already, on the host-known failure */
+      atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
+      atomic_fetch_add_explicit(&r->failed, 1, memory_order_relaxed);
+    } else {
       atomic_fetch_add_explicit(&r->skipped, 1, memory_order_relaxed);
+    }
     release(s);
     return;
   }
@@ -548,51 +599,68 @@ static void conclude(shadow_slot *s) {
 }
 
 #ifdef UST__SHADOW_GPU
-static int harvest_locked(int wait_sync) {
-  int kept = 0, n_done = 0;
-  int done[1024];
+static _Thread_local int harvest_relaxed;
+
+/* Take the completed slots off the pending list under the lock, then
+ * conclude them outside it. Never blocks. The worker queries events while
+ * other threads may capture graphs: it does so in the relaxed capture mode,
+ * which keeps their captures valid. */
+static int harvest_once(void) {
+  if (!harvest_relaxed) {
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    harvest_relaxed = 1;
+  }
+  int done[64], n_done = 0, kept = 0;
+  pthread_mutex_lock(&pool_lock);
   for (int i = 0; i < n_pending; i++) {
     shadow_slot *s = &slots[pending[i]];
-    cudaError_t q = wait_sync ? cudaEventSynchronize(s->ev[UST__MARK_COUNT]) : cudaEventQuery(s->ev[UST__MARK_COUNT]);
-    if (q == cudaErrorNotReady || n_done == (int)(sizeof done / sizeof done[0])) {
+    cudaError_t q = n_done < 64 ? cudaEventQuery(s->ev[UST__MARK_COUNT]) : cudaErrorNotReady;
+    if (q == cudaErrorNotReady) {
       pending[kept++] = pending[i];
       continue;
     }
     if (q != cudaSuccess) {
       UST__GPU_CHECK(q);
-      if (!s->aborted)
-        s->aborted = 1;
+      s->aborted = 1;
     }
+    atomic_store(&s->state, SLOT_CONCLUDING);
     done[n_done++] = pending[i];
   }
   n_pending = kept;
-  /* Concluded outside the pending list but still under the lock's
-   * protection of that list only; conclude takes the lock to release. */
+  int left = n_pending;
   pthread_mutex_unlock(&pool_lock);
   for (int i = 0; i < n_done; i++)
     conclude(&slots[done[i]]);
-  pthread_mutex_lock(&pool_lock);
-  return n_pending;
+  return left + n_done;
 }
 #endif
 
 int ust__shadow_harvest(void) {
 #ifdef UST__SHADOW_GPU
-  pthread_mutex_lock(&pool_lock);
-  int left = n_pending > 0 ? harvest_locked(0) : 0;
-  pthread_mutex_unlock(&pool_lock);
-  return left;
+  return harvest_once();
 #else
   return 0;
 #endif
 }
 
+/* Waits for the comparisons pending or being concluded when it starts, by
+ * polling: no lock is held while the device works, so serving threads keep
+ * taking and returning slots meanwhile. */
 void ust__shadow_harvest_all_sync(void) {
 #ifdef UST__SHADOW_GPU
-  pthread_mutex_lock(&pool_lock);
-  while (n_pending > 0)
-    harvest_locked(1);
-  pthread_mutex_unlock(&pool_lock);
+  for (int i = 0; i < n_slots; i++) {
+    shadow_slot *s = &slots[i];
+    int st = atomic_load(&s->state);
+    if (st != SLOT_PENDING && st != SLOT_CONCLUDING)
+      continue;
+    uint64_t use = atomic_load(&s->uses);
+    while (atomic_load(&s->uses) == use) {
+      harvest_once();
+      if (atomic_load(&s->uses) == use)
+        usleep(50);
+    }
+  }
 #endif
 }
 

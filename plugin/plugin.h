@@ -69,6 +69,8 @@ typedef struct ust__binding_def {
   char writes[UST__MAX_WRITES][UST__NAME_MAX]; /* argument names the op writes */
   int n_dims;
   ust__dim_def dims[UST__MAX_DIMS];
+  int compared_returns; /* the leading returns a candidate is judged on; -1: all (the rest are
+                           not data: RNG state, debug masks, sizes) */
 } ust__binding_def;
 
 typedef struct ust__problem {

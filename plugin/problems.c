@@ -34,7 +34,7 @@ static int only_keys(const cJSON *obj, const char *path, const char *where, cons
 static int parse_binding(const cJSON *jb, const char *path, int bi, const cJSON *bucket, ust__binding_def *b) {
   char where[64];
   snprintf(where, sizeof where, "bindings[%d].", bi);
-  static const char *const keys[] = {"op", "overloads", "writes", "key", NULL};
+  static const char *const keys[] = {"op", "overloads", "writes", "key", "compared_returns", NULL};
   if (!cJSON_IsObject(jb))
     return PERR("%s: 'bindings[%d]' must be an object {op, overloads, writes, key}", path, bi);
   int rc = only_keys(jb, path, where, keys);
@@ -72,6 +72,14 @@ static int parse_binding(const cJSON *jb, const char *path, int bi, const cJSON 
         return PERR("%s: 'bindings[%d].writes' holds a non-string or too long name", path, bi);
       b->n_writes++;
     }
+  }
+  b->compared_returns = -1;
+  const cJSON *cr = cJSON_GetObjectItemCaseSensitive(jb, "compared_returns");
+  if (cr != NULL) {
+    if (!cJSON_IsNumber(cr) || cr->valuedouble < 0 || cr->valuedouble > 64 ||
+        cr->valuedouble != (double)(int)cr->valuedouble)
+      return PERR("%s: 'bindings[%d].compared_returns' must be an integer in [0, 64]", path, bi);
+    b->compared_returns = (int)cr->valuedouble;
   }
   const cJSON *key = cJSON_GetObjectItemCaseSensitive(jb, "key");
   if (key == NULL || !cJSON_IsObject(key) || cJSON_GetArraySize(key) > UST__MAX_DIMS)

@@ -332,16 +332,25 @@ def test_set_comparison_accepts_reordered_topk(us):
         v, i = torch.ops.aten.topk.default(self, k, dim, largest, sorted)
         return v.flip(-1), i.flip(-1)
 
-    name = candidate_op("ust_test::topk_ascending", topk_ascending, "aten::topk")
+    def topk_unpaired(self, k, dim=-1, largest=True, sorted=True):
+        # the right values and the right set of indices, but not paired
+        v, i = torch.ops.aten.topk.default(self, k, dim, largest, sorted)
+        return v, i.flip(-1)
+
     x = torch.randn(4, 50)
     expected = torch.topk(x, 5)
-    us.enable(shadow_config("topk", {"torch_op": name, "target": "aten::topk"}))
-    got = torch.topk(x, 5)
-    rep = us.report()
-    us.disable()
-    assert torch.equal(got.values, expected.values) and torch.equal(got.indices, expected.indices)
-    (r,) = routes(rep, "aten::topk")
-    assert (r["shadow"]["passed"], r["shadow"]["failed"]) == (1, 0)
+    for fn, fname, passed in ((topk_ascending, "ust_test::topk_ascending", True),
+                              (topk_unpaired, "ust_test::topk_unpaired", False)):
+        name = candidate_op(fname, fn, "aten::topk")
+        us.enable(shadow_config("topk", {"torch_op": name, "target": "aten::topk"}))
+        got = torch.topk(x, 5)
+        rep = us.report()
+        us.disable()
+        assert torch.equal(got.values, expected.values) and torch.equal(got.indices, expected.indices)
+        (r,) = routes(rep, "aten::topk")
+        assert (r["shadow"]["passed"], r["shadow"]["failed"]) == ((1, 0) if passed else (0, 1)), fname
+        if not passed:
+            assert r["shadow"]["rollback"]["output"] == "result 1"
 
 
 def test_aa_check_reports_production_spread(us):
@@ -483,3 +492,42 @@ def test_four_threads_shadow_with_exact_counts(us):
     assert r["calls"] == 800
     assert (sh["calls"], sh["verified"], sh["passed"], sh["failed"], sh["skipped"]) == (800, 800, 800, 0, 0)
     assert r["latency_ns"]["count"] == 800 and sh["candidate_latency_ns"]["count"] == 800
+
+
+def test_read_only_argument_aliasing_a_written_one(us):
+    # addmm(c, a, b, out=c): production overwrites c, which it also reads;
+    # the candidate must read c as it was.
+    def addmm_out(self, mat1, mat2, *, beta=1, alpha=1, out):
+        return torch.ops.aten.addmm.out(self, mat1, mat2, beta=beta, alpha=alpha, out=out)
+
+    name = candidate_op("ust_test::addmm_out", addmm_out, "aten::addmm.out")
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    c0 = torch.randn(8, 4)
+    want = torch.addmm(c0, a, b)
+    us.enable(shadow_config("gemm", {"torch_op": name, "target": "aten::addmm.out"}))
+    c = c0.clone()
+    torch.addmm(c, a, b, out=c)
+    rep = us.report()
+    us.disable()
+    assert torch.equal(c, want)
+    (r,) = routes(rep, "aten::addmm.out")
+    assert (r["shadow"]["passed"], r["shadow"]["failed"]) == (1, 0), r["shadow"]["rollback"]
+
+
+def test_out_argument_resized_by_production(us):
+    # silu(x, out=empty(0)): production resizes out; the candidate gets an
+    # out of the final shape, not the empty snapshot.
+    def silu_out(self, *, out):
+        return torch.ops.aten.silu.out(self, out=out)
+
+    name = candidate_op("ust_test::silu_out", silu_out, "aten::silu.out")
+    x = torch.randn(6, 7)
+    us.enable(shadow_config("silu", {"torch_op": name, "target": "aten::silu.out"}))
+    out = torch.empty(0)
+    torch.nn.functional.silu(x, inplace=False)  # not the target: observed only
+    torch.ops.aten.silu.out(x, out=out)
+    rep = us.report()
+    us.disable()
+    assert torch.equal(out, torch.nn.functional.silu(x))
+    (r,) = routes(rep, "aten::silu.out")
+    assert (r["shadow"]["passed"], r["shadow"]["failed"]) == (1, 0), r["shadow"]["rollback"]
