@@ -135,7 +135,11 @@ static void slot_events_free(shadow_slot *s) {
  * per use, so a slot serves any device). */
 static int slot_record(shadow_slot *s, int i, cudaStream_t stream) {
   if (!(s->ev_made & (1u << i))) {
-    if (UST__GPU_CHECK(cudaEventCreateWithFlags(&s->ev[i], cudaEventDefault)) != 0)
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    int rc = UST__GPU_CHECK(cudaEventCreateWithFlags(&s->ev[i], cudaEventDefault));
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (rc != 0)
       return -1;
     s->ev_made |= 1u << i;
   }
@@ -599,18 +603,13 @@ static void conclude(shadow_slot *s) {
 }
 
 #ifdef UST__SHADOW_GPU
-static _Thread_local int harvest_relaxed;
-
 /* Take the completed slots off the pending list under the lock, then
- * conclude them outside it. Never blocks. The worker queries events while
- * other threads may capture graphs: it does so in the relaxed capture mode,
- * which keeps their captures valid. */
+ * conclude them outside it. Never blocks. Events are queried while other
+ * threads may capture graphs: in the relaxed capture mode, which keeps their
+ * captures valid; the calling thread's own mode is restored after. */
 static int harvest_once(void) {
-  if (!harvest_relaxed) {
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    harvest_relaxed = 1;
-  }
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   int done[64], n_done = 0, kept = 0;
   pthread_mutex_lock(&pool_lock);
   for (int i = 0; i < n_pending; i++) {
@@ -632,6 +631,7 @@ static int harvest_once(void) {
   pthread_mutex_unlock(&pool_lock);
   for (int i = 0; i < n_done; i++)
     conclude(&slots[done[i]]);
+  cudaThreadExchangeStreamCaptureMode(&mode);
   return left + n_done;
 }
 #endif
