@@ -47,4 +47,32 @@ void ust__hist_merge(ust__hist_snap *dst, const ust__hist_snap *src);
  * holds rank ceil(q * count); 0 for an empty histogram. */
 double ust__hist_quantile(const ust__hist_snap *s, double q);
 
+/* ---- roofline expressions ---------------------------------------------------
+ *
+ * W (FLOPs) and Q (bytes) of an operator are expressions over the call's
+ * dimensions, compiled once and evaluated per shape key without Python:
+ *
+ *   expr    := term (('+' | '-') term)*
+ *   term    := unary (('*' | '/' | '%') unary)*
+ *   unary   := ('-' | '+') unary | power
+ *   power   := primary ('^' unary)?
+ *   primary := NUMBER | NAME | NAME '(' expr (',' expr)* ')' | '(' expr ')'
+ *
+ * NAME is one of the variables given at compile time; the functions are
+ * min, max (two or more arguments), ceil, floor, abs (one), cdiv(a, b)
+ * (ceil(a / b)). Evaluation is in double: integers are exact up to 2^53.
+ * The program is bounded (1024 characters, 256 steps, nesting 64), so any
+ * input compiles or fails in bounded time and memory. */
+
+typedef struct ust__expr ust__expr;
+
+/* Compile text against the variable names (borrowed). On success *out is a
+ * new program (free with ust__expr_free); on error returns UST_EPROBLEM with
+ * a message that quotes the text and the position. */
+int ust__expr_compile(const char *text, const char *const *vars, int n_vars, ust__expr **out);
+/* Evaluate with values[i] for vars[i]. Returns UST_EINVAL (message names
+ * the expression) for a division by zero or a non-finite result. */
+int ust__expr_eval(const ust__expr *e, const double *values, double *out);
+void ust__expr_free(ust__expr *e);
+
 #endif /* UST_SCORER_H */

@@ -26,4 +26,7 @@
   X(compare_integers_exactly)     \
   X(config_candidate_fields)      \
   X(engine_loads_pinned_native_candidate) \
-  X(shadow_pool_bounds_inflight)
+  X(shadow_pool_bounds_inflight)  \
+  X(expr_values)                  \
+  X(expr_errors_name_position)    \
+  X(expr_survives_mutations)
