@@ -75,4 +75,47 @@ int ust__expr_compile(const char *text, const char *const *vars, int n_vars, ust
 int ust__expr_eval(const ust__expr *e, const double *values, double *out);
 void ust__expr_free(ust__expr *e);
 
+/* ---- hardware profiles (problems/hardware/NAME.json) ------------------------
+ *
+ * Dense peak rates per execution path and the memory bandwidth, picked by
+ * the device's name. The paths are named after the W buckets of an
+ * operator's FLOPs: bf16, fp16, fp8_e4m3, tf32, fp32. */
+
+enum { UST__PATH_BF16 = 0, UST__PATH_FP16, UST__PATH_FP8_E4M3, UST__PATH_TF32, UST__PATH_FP32, UST__N_PATHS };
+const char *ust__path_name(int path);
+/* -1 for an unknown name. */
+int ust__path_parse(const char *name);
+
+#define UST__HW_MAX_MATCH 8
+
+typedef struct ust__hw_profile {
+  char name[64];
+  int n_match;
+  char match[UST__HW_MAX_MATCH][64]; /* whole words of the device name that select this profile */
+  double p_peak[UST__N_PATHS];       /* FLOP/s; 0: the device has no such path */
+  double b_peak;                     /* bytes/s */
+  char *source;                      /* owned */
+  char *path;                        /* owned: the file it came from */
+} ust__hw_profile;
+
+typedef struct ust__hw_set {
+  int n;
+  ust__hw_profile *items; /* owned */
+} ust__hw_set;
+
+/* Parse one profile; text and path borrowed. Errors are UST_EPROBLEM naming
+ * path and field. */
+int ust__hw_parse(const char *text, const char *path, ust__hw_profile *out);
+/* Every *.json of dir. */
+int ust__hw_load_dir(const char *dir, ust__hw_set *out);
+void ust__hw_free(ust__hw_set *set);
+/* The profile whose match word appears as a whole word in device_name
+ * ("NVIDIA H200" picks H200, not H20); NULL when none does. */
+const ust__hw_profile *ust__hw_pick(const ust__hw_set *set, const char *device_name);
+
+/* The roofline floor of one call: T_SOL = max(sum_d W[d] / P[d], Q / B), in
+ * seconds (the Atrex-Bench evaluator's hybrid rule). W on a path the profile
+ * lacks is an error (UST_EINVAL naming the path). */
+int ust__roofline_tsol(const ust__hw_profile *hw, const double w[UST__N_PATHS], double q_bytes, double *seconds);
+
 #endif /* UST_SCORER_H */

@@ -29,4 +29,7 @@
   X(shadow_pool_bounds_inflight)  \
   X(expr_values)                  \
   X(expr_errors_name_position)    \
-  X(expr_survives_mutations)
+  X(expr_survives_mutations)      \
+  X(hardware_profiles_shipped_load) \
+  X(hardware_profile_errors_name_field) \
+  X(roofline_reproduces_atrex_sol)

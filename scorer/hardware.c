@@ -1,0 +1,223 @@
+/* Hardware profiles and the roofline floor T_SOL. */
+#include <ctype.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "plugin/plugin.h"
+#include "scorer/scorer.h"
+
+static const char *const path_names[UST__N_PATHS] = {"bf16", "fp16", "fp8_e4m3", "tf32", "fp32"};
+
+const char *ust__path_name(int path) { return path >= 0 && path < UST__N_PATHS ? path_names[path] : "?"; }
+
+int ust__path_parse(const char *name) {
+  for (int i = 0; i < UST__N_PATHS; i++)
+    if (strcmp(name, path_names[i]) == 0)
+      return i;
+  return -1;
+}
+
+#define HERR(...) ust__error(UST_EPROBLEM, __VA_ARGS__)
+
+static int positive_number(const cJSON *v) { return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble > 0; }
+
+int ust__hw_parse(const char *text, const char *path, ust__hw_profile *out) {
+  memset(out, 0, sizeof *out);
+  cJSON *root = cJSON_Parse(text);
+  if (root == NULL)
+    return HERR("%s: not valid JSON", path);
+  int rc = 0;
+  static const char *const keys[] = {"schema_version", "name", "match", "p_peak", "b_peak", "source", NULL};
+  if (!cJSON_IsObject(root)) {
+    rc = HERR("%s: the top level must be an object", path);
+    goto out;
+  }
+  for (const cJSON *it = root->child; it != NULL && rc == 0; it = it->next) {
+    int known = 0;
+    for (const char *const *k = keys; *k != NULL; k++)
+      known |= strcmp(it->string, *k) == 0;
+    if (!known)
+      rc = HERR("%s: unknown field '%s' (expected schema_version, name, match, p_peak, b_peak, source)", path,
+                it->string);
+  }
+  if (rc != 0)
+    goto out;
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "schema_version");
+  if (!cJSON_IsNumber(v) || v->valuedouble != 1) {
+    rc = HERR("%s: 'schema_version' must be 1", path);
+    goto out;
+  }
+  v = cJSON_GetObjectItemCaseSensitive(root, "name");
+  if (!cJSON_IsString(v) || v->valuestring[0] == '\0' || ust__copy_name(out->name, sizeof out->name, v->valuestring) != 0) {
+    rc = HERR("%s: 'name' must be a non-empty string of at most 63 characters", path);
+    goto out;
+  }
+  v = cJSON_GetObjectItemCaseSensitive(root, "match");
+  if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) < 1 || cJSON_GetArraySize(v) > UST__HW_MAX_MATCH) {
+    rc = HERR("%s: 'match' must be a list of 1 to %d device-name words", path, UST__HW_MAX_MATCH);
+    goto out;
+  }
+  const cJSON *it;
+  cJSON_ArrayForEach(it, v) {
+    if (!cJSON_IsString(it) || it->valuestring[0] == '\0' ||
+        ust__copy_name(out->match[out->n_match], sizeof out->match[0], it->valuestring) != 0) {
+      rc = HERR("%s: 'match' holds an empty, non-string or too long entry", path);
+      goto out;
+    }
+    out->n_match++;
+  }
+  v = cJSON_GetObjectItemCaseSensitive(root, "p_peak");
+  if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) < 1) {
+    rc = HERR("%s: 'p_peak' must be an object {path: FLOP/s} (paths: bf16, fp16, fp8_e4m3, tf32, fp32)", path);
+    goto out;
+  }
+  cJSON_ArrayForEach(it, v) {
+    int p = ust__path_parse(it->string);
+    if (p < 0) {
+      rc = HERR("%s: 'p_peak.%s' is not a path (bf16, fp16, fp8_e4m3, tf32, fp32)", path, it->string);
+      goto out;
+    }
+    if (!positive_number(it)) {
+      rc = HERR("%s: 'p_peak.%s' must be a positive number of FLOP/s", path, it->string);
+      goto out;
+    }
+    out->p_peak[p] = it->valuedouble;
+  }
+  v = cJSON_GetObjectItemCaseSensitive(root, "b_peak");
+  if (!positive_number(v)) {
+    rc = HERR("%s: 'b_peak' must be a positive number of bytes/s", path);
+    goto out;
+  }
+  out->b_peak = v->valuedouble;
+  v = cJSON_GetObjectItemCaseSensitive(root, "source");
+  if (!cJSON_IsString(v) || v->valuestring[0] == '\0') {
+    rc = HERR("%s: 'source' must say where the figures come from", path);
+    goto out;
+  }
+  out->source = ust__strdup(v->valuestring);
+  out->path = ust__strdup(path);
+  if (out->source == NULL || out->path == NULL)
+    rc = ust__error(UST_ENOMEM, "out of memory");
+out:
+  cJSON_Delete(root);
+  if (rc != 0) {
+    free(out->source);
+    free(out->path);
+    out->source = out->path = NULL;
+  }
+  return rc;
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int ust__hw_load_dir(const char *dir, ust__hw_set *out) {
+  memset(out, 0, sizeof *out);
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return HERR("hardware profiles: '%s' cannot be opened", dir);
+  char **names = NULL;
+  int n = 0, cap = 0, rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    size_t l = strlen(e->d_name);
+    if (l < 6 || strcmp(e->d_name + l - 5, ".json") != 0)
+      continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      char **grown = realloc(names, (size_t)cap * sizeof *names);
+      if (grown == NULL) {
+        rc = ust__error(UST_ENOMEM, "out of memory");
+        break;
+      }
+      names = grown;
+    }
+    if ((names[n] = ust__strdup(e->d_name)) == NULL) {
+      rc = ust__error(UST_ENOMEM, "out of memory");
+      break;
+    }
+    n++;
+  }
+  closedir(d);
+  if (rc == 0 && n > 0)
+    qsort(names, (size_t)n, sizeof *names, by_name);
+  if (rc == 0 && (out->items = calloc(n > 0 ? (size_t)n : 1, sizeof *out->items)) == NULL)
+    rc = ust__error(UST_ENOMEM, "out of memory");
+  for (int i = 0; rc == 0 && i < n; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    size_t len = 0;
+    char *text = ust__read_file(path, &len);
+    if (text == NULL) {
+      rc = HERR("%s: cannot be read", path);
+      break;
+    }
+    rc = ust__hw_parse(text, path, &out->items[out->n]);
+    free(text);
+    if (rc != 0)
+      break;
+    for (int j = 0; j < out->n; j++)
+      if (strcmp(out->items[j].name, out->items[out->n].name) == 0) {
+        rc = HERR("%s: profile name '%s' is already used by %s", path, out->items[j].name, out->items[j].path);
+        break;
+      }
+    out->n++;
+  }
+  for (int i = 0; i < n; i++)
+    free(names[i]);
+  free(names);
+  if (rc != 0)
+    ust__hw_free(out);
+  return rc;
+}
+
+void ust__hw_free(ust__hw_set *set) {
+  if (set == NULL)
+    return;
+  for (int i = 0; i < set->n; i++) {
+    free(set->items[i].source);
+    free(set->items[i].path);
+  }
+  free(set->items);
+  set->items = NULL;
+  set->n = 0;
+}
+
+static int whole_word_in(const char *hay, const char *word) {
+  size_t wl = strlen(word);
+  for (const char *p = strstr(hay, word); p != NULL; p = strstr(p + 1, word)) {
+    int before = p == hay || !isalnum((unsigned char)p[-1]);
+    int after = !isalnum((unsigned char)p[wl]);
+    if (before && after)
+      return 1;
+  }
+  return 0;
+}
+
+const ust__hw_profile *ust__hw_pick(const ust__hw_set *set, const char *device_name) {
+  if (set == NULL || device_name == NULL)
+    return NULL;
+  for (int i = 0; i < set->n; i++)
+    for (int m = 0; m < set->items[i].n_match; m++)
+      if (whole_word_in(device_name, set->items[i].match[m]))
+        return &set->items[i];
+  return NULL;
+}
+
+int ust__roofline_tsol(const ust__hw_profile *hw, const double w[UST__N_PATHS], double q_bytes, double *seconds) {
+  double compute = 0;
+  for (int d = 0; d < UST__N_PATHS; d++) {
+    if (w[d] == 0)
+      continue;
+    if (hw->p_peak[d] <= 0)
+      return ust__error(UST_EINVAL, "roofline: %s has no %s path for %g FLOPs", hw->name, ust__path_name(d), w[d]);
+    compute += w[d] / hw->p_peak[d];
+  }
+  const double memory = q_bytes / hw->b_peak;
+  *seconds = compute > memory ? compute : memory;
+  return 0;
+}
