@@ -95,6 +95,12 @@ int ust__problems_load_dir(const char *dir, ust__problem_set *out);
 void ust__problem_free(ust__problem *p);
 void ust__problems_free(ust__problem_set *set);
 const ust__problem *ust__problems_find(const ust__problem_set *set, const char *name);
+/* The *.json file names of dir (hidden files left out), sorted: *names is a
+ * new array of new strings (free with ust__free_names). Errors are
+ * UST_EPROBLEM naming `what` and the directory (none found is one), or
+ * UST_ENOMEM. */
+int ust__list_json(const char *dir, const char *what, char ***names, int *n);
+void ust__free_names(char **names, int n);
 
 /* ---- config ------------------------------------------------------------- */
 

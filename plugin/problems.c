@@ -214,11 +214,18 @@ void ust__problems_free(ust__problem_set *set) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-int ust__problems_load_dir(const char *dir, ust__problem_set *out) {
-  memset(out, 0, sizeof *out);
+void ust__free_names(char **names, int n) {
+  for (int i = 0; i < n; i++)
+    free(names[i]);
+  free(names);
+}
+
+int ust__list_json(const char *dir, const char *what, char ***names_out, int *n_out) {
+  *names_out = NULL;
+  *n_out = 0;
   DIR *d = opendir(dir);
   if (d == NULL)
-    return PERR("problems directory '%s' cannot be opened", dir);
+    return PERR("%s directory '%s' cannot be opened", what, dir);
   char **names = NULL;
   int n = 0, cap = 0, rc = 0;
   struct dirent *e;
@@ -243,11 +250,26 @@ int ust__problems_load_dir(const char *dir, ust__problem_set *out) {
   }
   closedir(d);
   if (rc == 0 && n == 0)
-    rc = PERR("problems directory '%s' holds no *.json definitions", dir);
-  if (rc == 0 && (out->items = calloc((size_t)n, sizeof *out->items)) == NULL)
+    rc = PERR("%s directory '%s' holds no *.json files", what, dir);
+  if (rc != 0) {
+    ust__free_names(names, n);
+    return rc;
+  }
+  qsort(names, (size_t)n, sizeof *names, cmp_str);
+  *names_out = names;
+  *n_out = n;
+  return 0;
+}
+
+int ust__problems_load_dir(const char *dir, ust__problem_set *out) {
+  memset(out, 0, sizeof *out);
+  char **names = NULL;
+  int n = 0;
+  int rc = ust__list_json(dir, "problems", &names, &n);
+  if (rc != 0)
+    return rc;
+  if ((out->items = calloc((size_t)n, sizeof *out->items)) == NULL)
     rc = ust__error(UST_ENOMEM, "out of memory");
-  if (rc == 0)
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
   for (int i = 0; rc == 0 && i < n; i++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -269,9 +291,7 @@ int ust__problems_load_dir(const char *dir, ust__problem_set *out) {
     if (rc == 0)
       out->n++;
   }
-  for (int i = 0; i < n; i++)
-    free(names[i]);
-  free(names);
+  ust__free_names(names, n);
   if (rc != 0)
     ust__problems_free(out);
   return rc;

@@ -1,6 +1,5 @@
 /* Hardware profiles and the roofline floor T_SOL. */
 #include <ctype.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,39 +112,14 @@ out:
   return rc;
 }
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 int ust__hw_load_dir(const char *dir, ust__hw_set *out) {
   memset(out, 0, sizeof *out);
-  DIR *d = opendir(dir);
-  if (d == NULL)
-    return HERR("hardware profiles: '%s' cannot be opened", dir);
   char **names = NULL;
-  int n = 0, cap = 0, rc = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    size_t l = strlen(e->d_name);
-    if (l < 6 || strcmp(e->d_name + l - 5, ".json") != 0)
-      continue;
-    if (n == cap) {
-      cap = cap ? cap * 2 : 16;
-      char **grown = realloc(names, (size_t)cap * sizeof *names);
-      if (grown == NULL) {
-        rc = ust__error(UST_ENOMEM, "out of memory");
-        break;
-      }
-      names = grown;
-    }
-    if ((names[n] = ust__strdup(e->d_name)) == NULL) {
-      rc = ust__error(UST_ENOMEM, "out of memory");
-      break;
-    }
-    n++;
-  }
-  closedir(d);
-  if (rc == 0 && n > 0)
-    qsort(names, (size_t)n, sizeof *names, by_name);
-  if (rc == 0 && (out->items = calloc(n > 0 ? (size_t)n : 1, sizeof *out->items)) == NULL)
+  int n = 0;
+  int rc = ust__list_json(dir, "hardware profiles", &names, &n);
+  if (rc != 0)
+    return rc;
+  if ((out->items = calloc((size_t)n, sizeof *out->items)) == NULL)
     rc = ust__error(UST_ENOMEM, "out of memory");
   for (int i = 0; rc == 0 && i < n; i++) {
     char path[4096];
@@ -167,9 +141,7 @@ int ust__hw_load_dir(const char *dir, ust__hw_set *out) {
       }
     out->n++;
   }
-  for (int i = 0; i < n; i++)
-    free(names[i]);
-  free(names);
+  ust__free_names(names, n);
   if (rc != 0)
     ust__hw_free(out);
   return rc;
