@@ -6,6 +6,8 @@
  *   rows(NAME)   product of all sizes of NAME but the last
  *   numel(NAME)  number of elements of NAME
  *   len(NAME)    length of the int[] argument NAME
+ *   esize(NAME)  bytes per element of tensor argument NAME
+ *   bytes(NAME)  numel(NAME) * esize(NAME)
  *   NAME         value of the int or bool argument NAME
  */
 #include <ctype.h>
@@ -38,7 +40,8 @@ int ust__dim_compile(const char *expr, ust__dim_prog *out) {
   static const struct {
     const char *fn;
     int kind;
-  } fns[] = {{"rows(", UST__DIM_ROWS}, {"numel(", UST__DIM_NUMEL}, {"len(", UST__DIM_LEN}};
+  } fns[] = {{"rows(", UST__DIM_ROWS}, {"numel(", UST__DIM_NUMEL}, {"len(", UST__DIM_LEN},
+             {"esize(", UST__DIM_ESIZE}, {"bytes(", UST__DIM_BYTES}};
   for (size_t k = 0; k < sizeof fns / sizeof fns[0]; k++) {
     size_t fl = strlen(fns[k].fn);
     if (n > fl + 1 && strncmp(expr, fns[k].fn, fl) == 0 && expr[n - 1] == ')') {
@@ -65,8 +68,8 @@ int ust__dim_compile(const char *expr, ust__dim_prog *out) {
     return 0;
 bad:
   return ust__error(UST_EPROBLEM,
-                    "'%s' is not a key dimension (expected NAME[i], rows(NAME), numel(NAME), "
-                    "len(NAME) or NAME)",
+                    "'%s' is not a dimension (expected NAME[i], rows(NAME), numel(NAME), "
+                    "len(NAME), esize(NAME), bytes(NAME) or NAME)",
                     expr);
 }
 
@@ -82,15 +85,18 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
     return d >= 0 && d < a->t.ndim ? a->t.shape[d] : -1;
   }
   case UST__DIM_ROWS:
-  case UST__DIM_NUMEL: {
+  case UST__DIM_NUMEL:
+  case UST__DIM_BYTES: {
     if (a->kind != UST__ARG_TENSOR)
       return -1;
     int64_t v = 1;
     int last = p->kind == UST__DIM_ROWS ? a->t.ndim - 1 : a->t.ndim;
     for (int d = 0; d < last; d++)
       v *= a->t.shape[d];
-    return v;
+    return p->kind == UST__DIM_BYTES ? v * (a->t.dtype.bits / 8) * a->t.dtype.lanes : v;
   }
+  case UST__DIM_ESIZE:
+    return a->kind == UST__ARG_TENSOR ? (int64_t)(a->t.dtype.bits / 8) * a->t.dtype.lanes : -1;
   case UST__DIM_LEN:
     return a->kind == UST__ARG_INTLIST ? a->i : -1;
   case UST__DIM_SCALAR:

@@ -31,6 +31,8 @@ typedef enum ust__dim_kind {
   UST__DIM_NUMEL,    /* numel(NAME) */
   UST__DIM_LEN,      /* len(NAME): length of an int[] argument */
   UST__DIM_SCALAR,   /* NAME: an int or bool argument */
+  UST__DIM_ESIZE,    /* esize(NAME): bytes per element of a tensor argument */
+  UST__DIM_BYTES,    /* bytes(NAME): numel * esize */
 } ust__dim_kind;
 
 typedef struct ust__dim_prog {
@@ -47,6 +49,27 @@ int ust__dim_compile(const char *expr, ust__dim_prog *out);
 /* Evaluate against a call; -1 when the argument is missing or None. */
 int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call);
 int64_t ust__dim_bucket(int bucket, int64_t v);
+
+/* ---- a binding's roofline, compiled (scorer/roofline.c) -------------------- */
+
+typedef struct ust__roofline_prog {
+  int present;
+  int n_vars;
+  ust__dim_prog vars[UST__MAX_RVARS];
+  ust__expr *w, *q_read, *q_write; /* owned */
+  char w_dtype[UST__NAME_MAX];
+  int w_dtype_index;               /* resolved against the schema; -1 if absent */
+} ust__roofline_prog;
+
+/* Compile def (borrowed); errors are UST_EPROBLEM naming where. */
+int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__roofline_prog *out);
+/* Resolve argument names (borrowed) once the schema is known. */
+void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names);
+/* W per path and bytes read and written by one call: 0, or -1 when the
+ * binding has no roofline or a dimension is missing from the call. */
+int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, double w[UST__N_PATHS], double *q_read,
+                       double *q_write);
+void ust__roofline_free(ust__roofline_prog *p);
 
 /* ---- operators, bindings, routes -------------------------------------------- */
 
@@ -81,6 +104,7 @@ typedef struct ust__binding {
   uint32_t writes_mask;          /* arguments the op writes (schema and curated list), by index */
   int n_arg_names;
   char arg_names[UST__MAX_ARGS][UST__NAME_MAX]; /* the schema's, once resolved */
+  ust__roofline_prog roofline;   /* compiled from def->roofline; present 0 without one */
   UT_hash_handle hh;             /* the engine's registry, by display name */
 } ust__binding;
 

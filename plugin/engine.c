@@ -71,6 +71,8 @@ static void engine_free(ust__engine *e) {
   HASH_CLEAR(hh, e->ops_by_name);
   HASH_CLEAR(hh, e->bindings_by_name);
   ust__routes_free(&e->routes);
+  for (int i = 0; e->bindings != NULL && i < e->n_bindings; i++)
+    ust__roofline_free(&e->bindings[i].roofline);
   free(e->bindings);
   for (int i = 0; e->cands != NULL && i < e->n_ops; i++)
     ust__candidate_unload(&e->cands[i]);
@@ -147,6 +149,10 @@ static int build_operators(ust__engine *e) {
         HASH_ADD_STR(e->bindings_by_name, display, b);
         if (ust__hash_oom)
           return ust__error(UST_ENOMEM, "out of memory");
+        char where[UST__QUALNAME_MAX + 300];
+        snprintf(where, sizeof where, "%s (%s)", p->path, b->display);
+        if (ust__roofline_compile(&def->roofline, where, &b->roofline) != 0)
+          return UST_EPROBLEM;
         b->n_dims = def->n_dims;
         for (int d = 0; d < def->n_dims; d++) {
           if (ust__dim_compile(def->dims[d].expr, &b->dims[d]) != 0)

@@ -61,6 +61,23 @@ typedef struct ust__dim_def {
   int bucket; /* ust__bucket */
 } ust__dim_def;
 
+#define UST__MAX_RVARS 16
+#define UST__EXPR_MAX 512
+
+/* A binding's roofline: W (FLOPs) and Q (bytes read, written) as expressions
+ * (scorer/expr.c) over named dimensions of the call (the key-dimension
+ * grammar plus esize(NAME) and bytes(NAME), evaluated exactly, unbucketed).
+ * W is booked on the path of w_dtype's dtype (bf16, fp16, fp8, fp32). */
+typedef struct ust__roofline_def {
+  int present;
+  int n_vars;
+  ust__dim_def vars[UST__MAX_RVARS];
+  char w[UST__EXPR_MAX];
+  char w_dtype[UST__NAME_MAX]; /* argument whose dtype selects W's path */
+  char q_read[UST__EXPR_MAX];
+  char q_write[UST__EXPR_MAX];
+} ust__roofline_def;
+
 typedef struct ust__binding_def {
   char op[UST__QUALNAME_MAX]; /* "aten::mm", "_C::rms_norm" */
   int n_overloads;
@@ -71,6 +88,7 @@ typedef struct ust__binding_def {
   ust__dim_def dims[UST__MAX_DIMS];
   int compared_returns; /* the leading returns a candidate is judged on; -1: all (the rest are
                            not data: RNG state, debug masks, sizes) */
+  ust__roofline_def roofline;
 } ust__binding_def;
 
 typedef struct ust__problem {

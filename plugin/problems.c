@@ -8,6 +8,7 @@
 
 #include "dispatch/dispatch.h"
 #include "plugin/plugin.h"
+#include "scorer/scorer.h"
 
 #define PERR(...) ust__error(UST_EPROBLEM, __VA_ARGS__)
 
@@ -31,10 +32,63 @@ static int only_keys(const cJSON *obj, const char *path, const char *where, cons
   return 0;
 }
 
+/* "roofline": {"vars": {NAME: dimension}, "W": expr, "W_dtype": ARG,
+ * "Q_read": expr, "Q_write": expr}; every expression is compiled here so
+ * that a bad one is refused with the file and field. */
+static int parse_roofline(const cJSON *rl, const char *path, int bi, ust__roofline_def *r) {
+  static const char *const keys[] = {"vars", "W", "W_dtype", "Q_read", "Q_write", NULL};
+  char where[64];
+  snprintf(where, sizeof where, "bindings[%d].roofline.", bi);
+  if (!cJSON_IsObject(rl))
+    return PERR("%s: 'bindings[%d].roofline' must be an object {vars, W, W_dtype, Q_read, Q_write}", path, bi);
+  int rc = only_keys(rl, path, where, keys);
+  if (rc != 0)
+    return rc;
+  const cJSON *vars = cJSON_GetObjectItemCaseSensitive(rl, "vars");
+  if (!cJSON_IsObject(vars) || cJSON_GetArraySize(vars) > UST__MAX_RVARS)
+    return PERR("%s: 'bindings[%d].roofline.vars' must be an object of at most %d dimensions {NAME: dimension}",
+                path, bi, UST__MAX_RVARS);
+  const char *names[UST__MAX_RVARS];
+  const cJSON *it;
+  cJSON_ArrayForEach(it, vars) {
+    ust__dim_def *d = &r->vars[r->n_vars];
+    ust__dim_prog prog;
+    if (!cJSON_IsString(it) || ust__copy_name(d->name, sizeof d->name, it->string) != 0 ||
+        ust__copy_name(d->expr, sizeof d->expr, it->valuestring) != 0)
+      return PERR("%s: 'bindings[%d].roofline.vars.%s' must be a string dimension", path, bi, it->string);
+    if (ust__dim_compile(d->expr, &prog) != 0) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", ust_last_error());
+      return PERR("%s: 'bindings[%d].roofline.vars.%s': %s", path, bi, it->string, why);
+    }
+    names[r->n_vars++] = d->name;
+  }
+  static const char *const exprs[] = {"W", "Q_read", "Q_write"};
+  char *dst[] = {r->w, r->q_read, r->q_write};
+  for (int k = 0; k < 3; k++) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(rl, exprs[k]);
+    if (!cJSON_IsString(e) || ust__copy_name(dst[k], UST__EXPR_MAX, e->valuestring) != 0)
+      return PERR("%s: 'bindings[%d].roofline.%s' must be an expression of at most %d characters", path, bi,
+                  exprs[k], UST__EXPR_MAX - 1);
+    ust__expr *prog = NULL;
+    if (ust__expr_compile(dst[k], names, r->n_vars, &prog) != 0) {
+      char why[600];
+      snprintf(why, sizeof why, "%s", ust_last_error());
+      return PERR("%s: 'bindings[%d].roofline.%s': %s", path, bi, exprs[k], why);
+    }
+    ust__expr_free(prog);
+  }
+  const cJSON *wd = cJSON_GetObjectItemCaseSensitive(rl, "W_dtype");
+  if (!cJSON_IsString(wd) || ust__copy_name(r->w_dtype, sizeof r->w_dtype, wd->valuestring) != 0)
+    return PERR("%s: 'bindings[%d].roofline.W_dtype' must name the argument whose dtype books W", path, bi);
+  r->present = 1;
+  return 0;
+}
+
 static int parse_binding(const cJSON *jb, const char *path, int bi, const cJSON *bucket, ust__binding_def *b) {
   char where[64];
   snprintf(where, sizeof where, "bindings[%d].", bi);
-  static const char *const keys[] = {"op", "overloads", "writes", "key", "compared_returns", NULL};
+  static const char *const keys[] = {"op", "overloads", "writes", "key", "compared_returns", "roofline", NULL};
   if (!cJSON_IsObject(jb))
     return PERR("%s: 'bindings[%d]' must be an object {op, overloads, writes, key}", path, bi);
   int rc = only_keys(jb, path, where, keys);
@@ -81,6 +135,9 @@ static int parse_binding(const cJSON *jb, const char *path, int bi, const cJSON 
       return PERR("%s: 'bindings[%d].compared_returns' must be an integer in [0, 64]", path, bi);
     b->compared_returns = (int)cr->valuedouble;
   }
+  const cJSON *rl = cJSON_GetObjectItemCaseSensitive(jb, "roofline");
+  if (rl != NULL && (rc = parse_roofline(rl, path, bi, &b->roofline)) != 0)
+    return rc;
   const cJSON *key = cJSON_GetObjectItemCaseSensitive(jb, "key");
   if (key == NULL || !cJSON_IsObject(key) || cJSON_GetArraySize(key) > UST__MAX_DIMS)
     return PERR("%s: 'bindings[%d].key' must be an object of at most %d dimensions {NAME: expression}", path, bi,

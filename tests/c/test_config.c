@@ -73,7 +73,7 @@ TEST(problem_errors_name_field) {
       {"{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": [{\"op\": \"aten::mm\"}]}",
        "p.json: 'bindings[0].key' must be an object"},
       {"{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": [{\"op\": \"aten::mm\", \"key\": {\"M\": \"self[\"}}]}",
-       "p.json: 'bindings[0].key.M': 'self[' is not a key dimension"},
+       "p.json: 'bindings[0].key.M': 'self[' is not a dimension"},
       {"{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": [{\"op\": \"aten::mm\", \"key\": {\"M\": \"self[0]\"}, \"wrties\": []}]}",
        "p.json: unknown field 'bindings[0].wrties'"},
       {"{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": [{\"op\": \"aten::mm\", \"overloads\": [\"\", \"\"], \"key\": {}}]}",

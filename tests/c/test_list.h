@@ -32,4 +32,6 @@
   X(expr_survives_mutations)      \
   X(hardware_profiles_shipped_load) \
   X(hardware_profile_errors_name_field) \
-  X(roofline_reproduces_atrex_sol)
+  X(roofline_reproduces_atrex_sol)  \
+  X(roofline_definitions_reproduce_atrex) \
+  X(roofline_definition_errors_name_field)

@@ -23,7 +23,7 @@ TEST(dim_compile_grammar) {
   const char *bad[] = {"", "self[", "self[x]", "self[0]x", "rows()", "1abc", "a b", "self[99]", "rows(a+b)"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ASSERT_INT_EQ(ust__dim_compile(bad[i], &p), UST_EPROBLEM);
-    ASSERT_STR_CONTAINS(ust_last_error(), "is not a key dimension");
+    ASSERT_STR_CONTAINS(ust_last_error(), "is not a dimension");
   }
 }
 

@@ -1,0 +1,97 @@
+/* A binding's roofline: its dimensions and W/Q expressions, compiled once,
+ * evaluated against a call view. */
+#include <stdio.h>
+#include <string.h>
+
+#include "dispatch/dispatch.h"
+
+int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__roofline_prog *out) {
+  memset(out, 0, sizeof *out);
+  out->w_dtype_index = -1;
+  if (!def->present)
+    return 0;
+  const char *names[UST__MAX_RVARS];
+  for (int i = 0; i < def->n_vars; i++) {
+    if (ust__dim_compile(def->vars[i].expr, &out->vars[i]) != 0)
+      return ust__error(UST_EPROBLEM, "%s: roofline.vars.%s: %s", where, def->vars[i].name, ust_last_error());
+    names[i] = def->vars[i].name;
+  }
+  out->n_vars = def->n_vars;
+  const char *texts[3] = {def->w, def->q_read, def->q_write};
+  ust__expr **progs[3] = {&out->w, &out->q_read, &out->q_write};
+  for (int k = 0; k < 3; k++)
+    if (ust__expr_compile(texts[k], names, def->n_vars, progs[k]) != 0) {
+      char why[700];
+      snprintf(why, sizeof why, "%s", ust_last_error());
+      ust__roofline_free(out);
+      return ust__error(UST_EPROBLEM, "%s: %s", where, why);
+    }
+  snprintf(out->w_dtype, sizeof out->w_dtype, "%s", def->w_dtype);
+  out->present = 1;
+  return 0;
+}
+
+void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names) {
+  if (!p->present)
+    return;
+  for (int v = 0; v < p->n_vars; v++) {
+    p->vars[v].arg_index = -1;
+    for (int i = 0; i < nargs; i++)
+      if (strcmp(names[i], p->vars[v].arg) == 0)
+        p->vars[v].arg_index = i;
+  }
+  p->w_dtype_index = -1;
+  for (int i = 0; i < nargs; i++)
+    if (strcmp(names[i], p->w_dtype) == 0)
+      p->w_dtype_index = i;
+}
+
+static int path_of_dtype(int dt) {
+  switch (dt) {
+  case UST__DT_BF16: return UST__PATH_BF16;
+  case UST__DT_F16: return UST__PATH_FP16;
+  case UST__DT_F8E4M3FN: case UST__DT_F8E5M2: case UST__DT_F8E4M3FNUZ: case UST__DT_F8E5M2FNUZ:
+    return UST__PATH_FP8_E4M3;
+  case UST__DT_F32: case UST__DT_F64: return UST__PATH_FP32;
+  }
+  return -1;
+}
+
+int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, double w[UST__N_PATHS], double *q_read,
+                       double *q_write) {
+  if (!p->present)
+    return -1;
+  double vals[UST__MAX_RVARS];
+  for (int v = 0; v < p->n_vars; v++) {
+    int64_t x = ust__dim_eval(&p->vars[v], call);
+    if (x < 0)
+      return -1;
+    vals[v] = (double)x;
+  }
+  double wv = 0;
+  if (ust__expr_eval(p->w, vals, &wv) != 0 || ust__expr_eval(p->q_read, vals, q_read) != 0 ||
+      ust__expr_eval(p->q_write, vals, q_write) != 0)
+    return -1;
+  for (int d = 0; d < UST__N_PATHS; d++)
+    w[d] = 0;
+  if (wv != 0) {
+    if (p->w_dtype_index < 0 || p->w_dtype_index >= call->nargs ||
+        call->args[p->w_dtype_index].kind != UST__ARG_TENSOR)
+      return -1;
+    int path = path_of_dtype(call->args[p->w_dtype_index].dtype);
+    if (path < 0)
+      return -1;
+    w[path] = wv;
+  }
+  return 0;
+}
+
+void ust__roofline_free(ust__roofline_prog *p) {
+  if (p == NULL)
+    return;
+  ust__expr_free(p->w);
+  ust__expr_free(p->q_read);
+  ust__expr_free(p->q_write);
+  p->w = p->q_read = p->q_write = NULL;
+  p->present = 0;
+}
