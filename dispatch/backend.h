@@ -10,6 +10,7 @@
 #ifndef UST_BACKEND_H
 #define UST_BACKEND_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct ust__route;
@@ -28,8 +29,11 @@ int ust__gpu_capturing(void *stream);
 /* Record the start event on stream; returns a slot, or -1 when no slot is
  * free (the call is then served untimed and the drop counted). */
 int ust__gpu_timer_begin(int device_id, void *stream);
-/* Record the end event and queue the slot for harvest into route. */
-void ust__gpu_timer_end(int slot, void *stream, struct ust__route *route);
+/* Record the end event and queue the slot for harvest into route, with the
+ * call's roofline floor (0: unknown). */
+void ust__gpu_timer_end(int slot, void *stream, struct ust__route *route, uint64_t tsol_ps);
+/* The GPU's name ("NVIDIA H200"); -1 when there is none. */
+int ust__gpu_device_name(int device, char *buf, size_t cap);
 /* Release a slot whose call raised; nothing is recorded. */
 void ust__gpu_timer_cancel(int slot);
 /* Move completed timings into their routes; returns how many are still

@@ -10,6 +10,7 @@
  * The worker runs in the relaxed stream-capture mode, so its event queries
  * cannot invalidate a graph capture running in another thread.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,7 @@ typedef struct slot {
   cudaEvent_t start, stop;
   int device; /* -1 until its events exist */
   ust__route *route;
+  uint64_t tsol_ps;
 } slot;
 
 typedef struct device_pool {
@@ -153,9 +155,10 @@ void ust__gpu_timer_cancel(int token) {
   pthread_mutex_unlock(&pool_lock);
 }
 
-void ust__gpu_timer_end(int token, void *stream, ust__route *route) {
+void ust__gpu_timer_end(int token, void *stream, ust__route *route, uint64_t tsol_ps) {
   slot *s = &pools[token >> 20].slots[token & 0xfffff];
   s->route = route;
+  s->tsol_ps = tsol_ps;
   if (UST__GPU_CHECK(cudaEventRecord(s->stop, (cudaStream_t)stream)) != 0) {
     ust__gpu_timer_cancel(token);
     return;
@@ -179,8 +182,10 @@ static int harvest_locked(int wait_sync) {
     }
     float ms = 0;
     if (q == cudaSuccess && UST__GPU_CHECK(cudaEventElapsedTime(&ms, s->start, s->stop)) == 0) {
-      ust__hist_record(&s->route->hist, (uint64_t)((double)ms * 1e6 + 0.5));
+      const uint64_t ns = (uint64_t)((double)ms * 1e6 + 0.5);
+      ust__hist_record(&s->route->hist, ns);
       atomic_fetch_add_explicit(&s->route->timed, 1, memory_order_relaxed);
+      ust__route_roof_add(s->route, s->tsol_ps, ns, 0);
     } else {
       atomic_fetch_add_explicit(&s->route->timing_dropped, 1, memory_order_relaxed);
     }
@@ -209,6 +214,14 @@ void ust__gpu_harvest_all_sync(void) {
   if (n_pending > 0)
     harvest_locked(1);
   pthread_mutex_unlock(&pool_lock);
+}
+
+int ust__gpu_device_name(int device, char *buf, size_t cap) {
+  struct cudaDeviceProp prop;
+  if (cap == 0 || UST__GPU_CHECK(cudaGetDeviceProperties(&prop, device)) != 0)
+    return -1;
+  snprintf(buf, cap, "%s", prop.name);
+  return 0;
 }
 
 void ust__gpu_shutdown(void) {

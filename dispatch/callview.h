@@ -76,6 +76,7 @@ typedef struct ust__call_state {
   int gpu_slot;
   uint64_t t0_ns;
   void *shadow; /* a shadow slot (guard/shadow.c) when this call is shadowed */
+  uint64_t tsol_ps; /* the call's roofline floor, when timed and known */
 } ust__call_state;
 
 /* What the bridge needs to run a shadowed call's candidate. */

@@ -71,6 +71,23 @@ int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, doubl
                        double *q_write);
 void ust__roofline_free(ust__roofline_prog *p);
 
+/* ---- the hardware a call runs on ---------------------------------------------- */
+
+#define UST__HW_MAX_DEVICES 64
+
+/* The engine's hardware profiles and, per GPU, the one its name picked
+ * (resolved at the first call on that GPU). */
+typedef struct ust__hw_ctx {
+  ust__hw_set set;
+  const ust__hw_profile *forced;          /* config hardware.profile: every device */
+  _Atomic(const ust__hw_profile *) gpu[UST__HW_MAX_DEVICES];
+  atomic_int gpu_resolved[UST__HW_MAX_DEVICES];
+} ust__hw_ctx;
+
+/* The profile for a call's device, or NULL (a CPU without a forced profile,
+ * an unknown GPU). Thread-safe. */
+const ust__hw_profile *ust__hw_for_call(ust__hw_ctx *hw, const ust__call *call);
+
 /* ---- operators, bindings, routes -------------------------------------------- */
 
 #define UST__MAX_ARGS 32 /* arguments of a schema understudy reads */
@@ -105,6 +122,7 @@ typedef struct ust__binding {
   int n_arg_names;
   char arg_names[UST__MAX_ARGS][UST__NAME_MAX]; /* the schema's, once resolved */
   ust__roofline_prog roofline;   /* compiled from def->roofline; present 0 without one */
+  ust__hw_ctx *hw;               /* the engine's */
   UT_hash_handle hh;             /* the engine's registry, by display name */
 } ust__binding;
 
@@ -127,6 +145,16 @@ typedef struct ust__route {
   atomic_uint_fast64_t captured; /* calls made while the stream captured a graph */
   atomic_uint_fast64_t timing_dropped; /* sampled but no timer slot free */
   ust__hist hist;                /* production latency, ns */
+
+  /* Roofline (scorer): over timed calls whose T_SOL is known, the sum of
+   * T_SOL and of the measured time; S = tsol / time. */
+  _Atomic(const ust__hw_profile *) hw; /* the profile of the last scored call */
+  atomic_uint_fast64_t roof_calls;
+  atomic_uint_fast64_t roof_tsol_ps;
+  atomic_uint_fast64_t roof_time_ns;
+  atomic_uint_fast64_t cand_roof_calls;  /* the same for the candidate, over passing shadow calls */
+  atomic_uint_fast64_t cand_roof_tsol_ps;
+  atomic_uint_fast64_t cand_roof_time_ns;
 
   /* Shadow mode (guard/shadow.c): written by the calling threads and the
    * worker; read by the report. */
@@ -160,6 +188,12 @@ void ust__routes_free(ust__route_table *t);
 /* Find or insert the route for key. Lock-free; NULL when the table is full
  * or memory ran out. Thread-safe. */
 ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust__binding *b);
+/* T_SOL of a call in picoseconds (0 when unknown), and the route's profile
+ * is noted. Called only for calls that are timed. */
+uint64_t ust__route_tsol_ps(ust__route *r, const ust__call *call);
+/* Add one timed call's T_SOL and time to the route's roofline sums. */
+void ust__route_roof_add(ust__route *r, uint64_t tsol_ps, uint64_t time_ns, int candidate);
+
 /* Build the key of a call; returns -1 if the call cannot be keyed. */
 int ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key);
 /* "aten::mm|cpu|f32,f32|M=128,K=64,N=64" into buf. */

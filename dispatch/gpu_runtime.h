@@ -41,6 +41,8 @@
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaStreamSynchronize hipStreamSynchronize
+#define cudaDeviceProp hipDeviceProp_t
+#define cudaGetDeviceProperties hipGetDeviceProperties
 #else
 #include <cuda_runtime_api.h>
 #endif

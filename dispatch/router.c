@@ -200,6 +200,7 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   st->route = NULL;
   st->timing = 0;
   st->shadow = NULL;
+  st->tsol_ps = 0;
   if (call->device == UST__DEV_OTHER)
     return;
   ust__route_key key;
@@ -216,10 +217,14 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     atomic_fetch_add_explicit(&r->captured, 1, memory_order_relaxed);
     return;
   }
-  if (shadow_begin(b, call, r, st))
-    return; /* a shadowed call times production itself */
+  if (shadow_begin(b, call, r, st)) {
+    /* a shadowed call times production itself */
+    ust__shadow_note_tsol(st->shadow, ust__route_tsol_ps(r, call));
+    return;
+  }
   if (!sampled(n, b->op->sample_q32, b->op->sample))
     return;
+  st->tsol_ps = ust__route_tsol_ps(r, call);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;
     st->t0_ns = ust__now_ns();
@@ -237,8 +242,9 @@ void ust__call_end(const ust__call *call, ust__call_state *st) {
     uint64_t dt = ust__now_ns() - st->t0_ns;
     ust__hist_record(&st->route->hist, dt);
     atomic_fetch_add_explicit(&st->route->timed, 1, memory_order_relaxed);
+    ust__route_roof_add(st->route, st->tsol_ps, dt, 0);
   } else if (st->timing == 2) {
-    ust__gpu_timer_end(st->gpu_slot, call->stream, st->route);
+    ust__gpu_timer_end(st->gpu_slot, call->stream, st->route, st->tsol_ps);
   }
 }
 

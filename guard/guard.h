@@ -126,6 +126,8 @@ void ust__shadow_shutdown(void);
 /* Take a slot for a call on route; NULL when max_inflight are in use.
  * Thread-safe. */
 void *ust__shadow_acquire(struct ust__route *route);
+/* The call's roofline floor (0: unknown), scored against both sides' times. */
+void ust__shadow_note_tsol(void *slot, uint64_t tsol_ps);
 /* Conclude the comparisons that completed; returns how many are pending.
  * Never blocks; called from the worker thread. */
 int ust__shadow_harvest(void);

@@ -53,6 +53,7 @@ typedef struct shadow_slot {
   int fail;
   char msg[256];
   uint64_t call_no; /* 1-based number of this shadow call on its route */
+  uint64_t tsol_ps; /* the call's roofline floor; 0 unknown */
   atomic_int state;         /* slot_state */
   atomic_uint_fast64_t uses; /* incremented at each release: a flush waits for it to move */
 #ifdef UST__SHADOW_GPU
@@ -217,6 +218,7 @@ void *ust__shadow_acquire(ust__route *route) {
   s->ev_made = 0;
   s->dev_stats = s->pinned = NULL;
 #endif
+  s->tsol_ps = 0;
   s->call_no = atomic_fetch_add_explicit(&route->shadow_calls, 1, memory_order_relaxed) + 1;
   atomic_store(&s->state, SLOT_IN_CALL);
   return s;
@@ -271,6 +273,11 @@ void ust__shadow_mark(ust__call_state *st, int mark, const ust__call *call) {
   }
 #endif
   s->t[mark] = ust__now_ns();
+}
+
+void ust__shadow_note_tsol(void *slot, uint64_t tsol_ps) {
+  if (slot != NULL)
+    ((shadow_slot *)slot)->tsol_ps = tsol_ps;
 }
 
 int ust__shadow_alive(const ust__call_state *st) {
@@ -538,6 +545,7 @@ static void conclude(shadow_slot *s) {
     ust__hist_record(&r->hist, t_prod);
     atomic_fetch_add_explicit(&r->timed, 1, memory_order_relaxed);
     ust__hist_record(&r->cand_hist, t_cand);
+    ust__route_roof_add(r, s->tsol_ps, t_prod, 0);
   }
 
   /* A/A: production's own spread on this call. */
@@ -593,6 +601,8 @@ static void conclude(shadow_slot *s) {
   } else {
     atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->passed, 1, memory_order_relaxed);
+    if (have_times)
+      ust__route_roof_add(r, s->tsol_ps, t_cand, 1);
     for (int i = 0; i < s->n_pairs; i++)
       if (!s->meta[i].aa && s->meta[i].compared) {
         atomic_max_u64(&r->max_abs_bits, stats[i].max_abs_bits);

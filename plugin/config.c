@@ -240,7 +240,7 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
 
 static int parse_root(const cJSON *root, ust__config *cfg) {
   static const char *const keys[] = {"version", "problems_dir", "report", "log_level", "max_routes",
-                                     "defaults", "operators", "shadow", NULL};
+                                     "defaults", "operators", "shadow", "hardware", NULL};
   if (!cJSON_IsObject(root))
     return ust__error(UST_ECONFIG, "config: the top level must be a JSON object");
   int rc = check_keys(root, "", keys);
@@ -278,6 +278,20 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
         return ust__error(UST_ECONFIG, "config: 'report.interval_s' must be a number >= 0");
       cfg->report_interval_s = v->valuedouble;
     }
+  }
+  const cJSON *hw = cJSON_GetObjectItemCaseSensitive(root, "hardware");
+  if (hw != NULL) {
+    static const char *const hkeys[] = {"dir", "profile", NULL};
+    if (!cJSON_IsObject(hw))
+      return ust__error(UST_ECONFIG, "config: 'hardware' must be an object {dir, profile}");
+    if ((rc = check_keys(hw, "hardware", hkeys)) != 0)
+      return rc;
+    if ((v = cJSON_GetObjectItemCaseSensitive(hw, "dir")) != NULL &&
+        (rc = parse_string(v, "hardware.dir", &cfg->hardware_dir)) != 0)
+      return rc;
+    if ((v = cJSON_GetObjectItemCaseSensitive(hw, "profile")) != NULL &&
+        (rc = parse_string(v, "hardware.profile", &cfg->hardware_profile)) != 0)
+      return rc;
   }
   const cJSON *shadow = cJSON_GetObjectItemCaseSensitive(root, "shadow");
   if (shadow != NULL) {
@@ -352,6 +366,9 @@ void ust__config_free(ust__config *cfg) {
     return;
   free(cfg->problems_dir);
   free(cfg->report_path);
+  free(cfg->hardware_dir);
+  free(cfg->hardware_profile);
+  cfg->hardware_dir = cfg->hardware_profile = NULL;
   for (int i = 0; cfg->ops != NULL && i < cfg->n_ops; i++)
     free(cfg->ops[i].cand.path);
   free(cfg->ops);

@@ -79,6 +79,7 @@ static void engine_free(ust__engine *e) {
   free(e->cands);
   free(e->ops);
   ust__problems_free(&e->problems);
+  ust__hw_free(&e->hw.set);
   ust__config_free(&e->cfg);
   pthread_mutex_destroy(&e->worker_lock);
   pthread_cond_destroy(&e->worker_cond);
@@ -135,6 +136,7 @@ static int build_operators(ust__engine *e) {
         b->op = &e->ops[i];
         b->def = def;
         b->routes = &e->routes;
+        b->hw = &e->hw;
         b->cand = NULL;
         memcpy(b->qualname, def->op, sizeof b->qualname);
         memcpy(b->overload, def->overloads[o], sizeof b->overload);
@@ -174,6 +176,36 @@ static void unregister_all(ust__engine *e) {
   }
 }
 
+/* Hardware profiles: hardware.dir, else <problems_dir>/hardware when it
+ * exists (without profiles nothing is scored); hardware.profile forces one. */
+static int load_hardware(ust__engine *e) {
+  const ust__config *c = &e->cfg;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", c->hardware_dir != NULL ? c->hardware_dir : "");
+  if (c->hardware_dir == NULL) {
+    snprintf(dir, sizeof dir, "%s/hardware", c->problems_dir);
+    if (access(dir, F_OK) != 0) {
+      if (c->hardware_profile != NULL)
+        return ust__error(UST_ECONFIG, "config: 'hardware.profile' is set but there is no '%s'", dir);
+      return 0;
+    }
+  }
+  int rc = ust__hw_load_dir(dir, &e->hw.set);
+  if (rc != 0)
+    return rc;
+  if (c->hardware_profile != NULL) {
+    for (int i = 0; i < e->hw.set.n && e->hw.forced == NULL; i++)
+      if (strcmp(e->hw.set.items[i].name, c->hardware_profile) == 0)
+        e->hw.forced = &e->hw.set.items[i];
+    if (e->hw.forced == NULL)
+      e->hw.forced = ust__hw_pick(&e->hw.set, c->hardware_profile);
+    if (e->hw.forced == NULL)
+      return ust__error(UST_ECONFIG, "config: 'hardware.profile' is '%s', which no profile in %s names or matches",
+                        c->hardware_profile, dir);
+  }
+  return 0;
+}
+
 static int engine_create(const char *config_json, const char *problems_dir, ust__engine **out) {
   ust__engine *e = calloc(1, sizeof *e);
   if (e == NULL)
@@ -190,6 +222,8 @@ static int engine_create(const char *config_json, const char *problems_dir, ust_
     rc = ust__error(UST_ECONFIG, "config: 'problems_dir' is not set and no problems directory was given");
   if (rc == 0)
     rc = ust__problems_load_dir(e->cfg.problems_dir, &e->problems);
+  if (rc == 0)
+    rc = load_hardware(e);
   if (rc == 0)
     rc = build_operators(e);
   if (rc == 0)

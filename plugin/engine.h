@@ -19,6 +19,7 @@ typedef struct ust__engine {
   ust__binding *bindings;      /* owned; the bridge borrows pointers into it */
   ust__binding *bindings_by_name; /* uthash head over bindings, by display name */
   ust__route_table routes;
+  ust__hw_ctx hw;              /* hardware profiles; bindings borrow it */
   uint64_t started_unix_ms;
 
   pthread_t worker;

@@ -173,6 +173,8 @@ typedef struct ust__config {
   double default_sample;
   int max_routes;
   int shadow_max_inflight;   /* shadow calls whose comparison is pending, at most */
+  char *hardware_dir;        /* owned, NULL: <problems_dir>/hardware */
+  char *hardware_profile;    /* owned, NULL: picked by device name (none for CPUs) */
   int all_operators;         /* 1 when "operators" is absent: every definition */
   int n_ops;
   ust__op_config *ops;       /* owned */

@@ -129,6 +129,50 @@ static cJSON *shadow_json(ust__route *r, const ust__hist_snap *prod, ust__hist_s
   return j;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  if (n == 0)
+    return 0;
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* S of a route's production (candidate = 0) or candidate; -1 when unknown. */
+static double route_s(ust__route *r, int candidate) {
+  uint64_t n = atomic_load(candidate ? &r->cand_roof_calls : &r->roof_calls);
+  uint64_t t = atomic_load(candidate ? &r->cand_roof_time_ns : &r->roof_time_ns);
+  if (n == 0 || t == 0)
+    return -1;
+  return (double)atomic_load(candidate ? &r->cand_roof_tsol_ps : &r->roof_tsol_ps) / 1000.0 / (double)t;
+}
+
+static cJSON *roofline_json(ust__route *r) {
+  cJSON *j = cJSON_CreateObject();
+  const ust__hw_profile *hw = atomic_load(&r->hw);
+  if (hw != NULL)
+    cJSON_AddStringToObject(j, "hardware", hw->name);
+  else
+    cJSON_AddNullToObject(j, "hardware");
+  uint64_t n = atomic_load(&r->roof_calls);
+  add_num(j, "calls", (double)n);
+  add_num(j, "tsol_ns_mean", n ? (double)atomic_load(&r->roof_tsol_ps) / 1000.0 / (double)n : 0.0);
+  add_num(j, "time_ns_sum", (double)atomic_load(&r->roof_time_ns));
+  double sp = route_s(r, 0), sc = route_s(r, 1);
+  if (sp >= 0)
+    add_num(j, "S", sp);
+  else
+    cJSON_AddNullToObject(j, "S");
+  if (r->binding->cand != NULL && sc >= 0 && !atomic_load(&r->rolled_back))
+    add_num(j, "S_candidate", sc);
+  else
+    cJSON_AddNullToObject(j, "S_candidate");
+  return j;
+}
+
 cJSON *ust__report_build(ust__engine *e) {
   int nr = 0;
   /* Routes inserted while this runs are left for the next report. */
@@ -136,11 +180,14 @@ cJSON *ust__report_build(ust__engine *e) {
   route_fig *figs = calloc(n_alloc, sizeof *figs);
   ust__hist_snap *snaps = calloc(n_alloc, sizeof *snaps);
   ust__hist_snap *cand_snap = malloc(sizeof *cand_snap);
+  double *svals = calloc(n_alloc, sizeof *svals), *cvals = calloc(n_alloc, sizeof *cvals);
   cJSON *root = cJSON_CreateObject();
-  if (figs == NULL || snaps == NULL || cand_snap == NULL || root == NULL) {
+  if (figs == NULL || snaps == NULL || cand_snap == NULL || svals == NULL || cvals == NULL || root == NULL) {
     free(figs);
     free(snaps);
     free(cand_snap);
+    free(svals);
+    free(cvals);
     cJSON_Delete(root);
     return NULL;
   }
@@ -182,6 +229,7 @@ cJSON *ust__report_build(ust__engine *e) {
 
   uint64_t t_calls = 0, t_timed = 0, t_captured = 0, t_untracked = 0;
   uint64_t t_shadow = 0, t_verified = 0, t_failed = 0, t_rollbacks = 0;
+  double s_agg = 0, s_agg_cand = 0;
   cJSON *ops = cJSON_AddArrayToObject(root, "operators");
   for (int oi = 0; oi < e->n_ops; oi++) {
     ust__operator *op = &e->ops[oi];
@@ -216,6 +264,8 @@ cJSON *ust__report_build(ust__engine *e) {
         untracked += atomic_load(&e->bindings[bi].untracked);
       }
     cJSON *shapes = cJSON_CreateArray();
+    int ns = 0, nc = 0, cand_routes = 0, covered = 0;
+    double tsol_sum = 0, time_sum = 0;
     for (int i = 0; i < nr; i++) {
       route_fig *f = &figs[i];
       if (f->r->binding->op != op)
@@ -242,6 +292,22 @@ cJSON *ust__report_build(ust__engine *e) {
       add_num(js, "est_device_time_ns", f->est_ns);
       add_num(js, "weight", total_est > 0 ? f->est_ns / total_est : 0.0);
       cJSON_AddItemToObject(js, "latency_ns", hist_json(f->hist));
+      if (b->roofline.present) {
+        cJSON_AddItemToObject(js, "roofline", roofline_json(f->r));
+        double sp = route_s(f->r, 0), sc = route_s(f->r, 1);
+        if (sp >= 0) {
+          svals[ns++] = sp;
+          tsol_sum += (double)atomic_load(&f->r->roof_tsol_ps) / 1000.0;
+          time_sum += (double)atomic_load(&f->r->roof_time_ns);
+        }
+        if (b->cand != NULL) {
+          cand_routes++;
+          if (sc >= 0 && !atomic_load(&f->r->rolled_back)) {
+            cvals[nc++] = sc;
+            covered++;
+          }
+        }
+      }
       if (b->cand != NULL) {
         cJSON_AddItemToObject(js, "shadow", shadow_json(f->r, f->hist, cand_snap));
         t_shadow += atomic_load(&f->r->shadow_calls);
@@ -262,7 +328,22 @@ cJSON *ust__report_build(ust__engine *e) {
     add_num(jo, "untracked", (double)untracked);
     add_num(jo, "device_time_ns", measured);
     add_num(jo, "est_device_time_ns", est);
-    add_num(jo, "weight", total_est > 0 ? est / total_est : 0.0);
+    const double w_op = total_est > 0 ? est / total_est : 0.0;
+    add_num(jo, "weight", w_op);
+    /* S_i: the median over shape keys (the paper), and the time-weighted
+     * variant; for a candidate, over the keys where it verified correct. */
+    const double s_op = median(svals, ns);
+    cJSON *jr = cJSON_AddObjectToObject(jo, "roofline");
+    add_num(jr, "scored_shapes", ns);
+    add_num(jr, "S", s_op);
+    add_num(jr, "S_weighted", time_sum > 0 ? tsol_sum / time_sum : 0.0);
+    if (op->cand != NULL) {
+      const double s_c = median(cvals, nc);
+      add_num(jr, "S_candidate", s_c);
+      add_num(jr, "coverage", cand_routes > 0 ? (double)covered / cand_routes : 0.0);
+      s_agg_cand += w_op * s_c;
+    }
+    s_agg += w_op * s_op;
     cJSON_AddItemToObject(jo, "shapes", shapes);
     cJSON_AddItemToArray(ops, jo);
     t_calls += calls;
@@ -282,9 +363,15 @@ cJSON *ust__report_build(ust__engine *e) {
   add_num(tot, "verified", (double)t_verified);
   add_num(tot, "failed", (double)t_failed);
   add_num(tot, "rollbacks", (double)t_rollbacks);
+  /* S_agg = sum_i w_i S_i: production's (the headroom left) and the
+   * candidates' (operators without a verified candidate count 0). */
+  add_num(tot, "S_agg", s_agg);
+  add_num(tot, "S_agg_candidate", s_agg_cand);
   free(figs);
   free(snaps);
   free(cand_snap);
+  free(svals);
+  free(cvals);
   return root;
 }
 

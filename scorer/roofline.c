@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dispatch/backend.h"
 #include "dispatch/dispatch.h"
 
 int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__roofline_prog *out) {
@@ -94,4 +95,50 @@ void ust__roofline_free(ust__roofline_prog *p) {
   ust__expr_free(p->q_write);
   p->w = p->q_read = p->q_write = NULL;
   p->present = 0;
+}
+
+const ust__hw_profile *ust__hw_for_call(ust__hw_ctx *hw, const ust__call *call) {
+  if (hw == NULL)
+    return NULL;
+  if (hw->forced != NULL)
+    return hw->forced;
+  if (call->device != UST__DEV_CUDA || call->device_id < 0 || call->device_id >= UST__HW_MAX_DEVICES)
+    return NULL;
+  const int d = call->device_id;
+  if (atomic_load_explicit(&hw->gpu_resolved[d], memory_order_acquire))
+    return atomic_load_explicit(&hw->gpu[d], memory_order_relaxed);
+  /* First call on this GPU: pick by its name. Two threads may both look;
+   * they find the same profile. */
+  char name[256] = "";
+  const ust__hw_profile *p = NULL;
+  if (ust__gpu_device_name(d, name, sizeof name) == 0) {
+    p = ust__hw_pick(&hw->set, name);
+    if (p == NULL)
+      ust__log(UST_LOG_INFO, "no hardware profile matches '%s': its calls are not scored", name);
+  }
+  atomic_store_explicit(&hw->gpu[d], p, memory_order_relaxed);
+  atomic_store_explicit(&hw->gpu_resolved[d], 1, memory_order_release);
+  return p;
+}
+
+uint64_t ust__route_tsol_ps(ust__route *r, const ust__call *call) {
+  const ust__binding *b = r->binding;
+  if (!b->roofline.present)
+    return 0;
+  const ust__hw_profile *hw = ust__hw_for_call(b->hw, call);
+  if (hw == NULL)
+    return 0;
+  double w[UST__N_PATHS], qr, qw, seconds;
+  if (ust__roofline_eval(&b->roofline, call, w, &qr, &qw) != 0 || ust__roofline_tsol(hw, w, qr + qw, &seconds) != 0)
+    return 0;
+  atomic_store_explicit(&r->hw, hw, memory_order_relaxed);
+  return (uint64_t)(seconds * 1e12 + 0.5);
+}
+
+void ust__route_roof_add(ust__route *r, uint64_t tsol_ps, uint64_t time_ns, int candidate) {
+  if (tsol_ps == 0 || time_ns == 0)
+    return;
+  atomic_fetch_add_explicit(candidate ? &r->cand_roof_calls : &r->roof_calls, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(candidate ? &r->cand_roof_tsol_ps : &r->roof_tsol_ps, tsol_ps, memory_order_relaxed);
+  atomic_fetch_add_explicit(candidate ? &r->cand_roof_time_ns : &r->roof_time_ns, time_ns, memory_order_relaxed);
 }

@@ -20,6 +20,9 @@ def format_report(rep: dict, *, max_shapes: int = 8) -> str:
                  f"captured {int(tot.get('captured', 0))}  routes {int(tot.get('routes', 0))}  "
                  f"untracked {int(tot.get('untracked', 0))}  internal errors {int(tot.get('internal_errors', 0))}  "
                  f"device time {tot.get('est_device_time_ns', 0) / 1e6:.3f} ms")
+    if tot.get("S_agg"):
+        lines.append(f"roofline: S_agg production {tot['S_agg']:.3f}, candidates {tot.get('S_agg_candidate', 0):.3f} "
+                     f"(S = T_SOL / measured time; 1 is the hardware's floor)")
     lines.append("")
     head = f"{'operator / shape key':<64} {'mode':>8} {'calls':>8} {'capt':>6} {'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'weight':>7}"
     lines.append(head)
