@@ -160,7 +160,12 @@ static cJSON *roofline_json(ust__route *r) {
   uint64_t n = atomic_load(&r->roof_calls);
   add_num(j, "calls", (double)n);
   add_num(j, "tsol_ns_mean", n ? (double)atomic_load(&r->roof_tsol_ps) / 1000.0 / (double)n : 0.0);
+  /* the sums, in integer units, so that reports merge exactly */
+  add_num(j, "tsol_ps_sum", (double)atomic_load(&r->roof_tsol_ps));
   add_num(j, "time_ns_sum", (double)atomic_load(&r->roof_time_ns));
+  add_num(j, "candidate_calls", (double)atomic_load(&r->cand_roof_calls));
+  add_num(j, "candidate_tsol_ps_sum", (double)atomic_load(&r->cand_roof_tsol_ps));
+  add_num(j, "candidate_time_ns_sum", (double)atomic_load(&r->cand_roof_time_ns));
   double sp = route_s(r, 0), sc = route_s(r, 1);
   if (sp >= 0)
     add_num(j, "S", sp);

@@ -79,12 +79,46 @@ def format_verdicts(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def _merge_cmd(out: str, paths: list) -> int:
+    import os
+    import tempfile
+
+    from understudy.merge import MergeError, merge
+
+    reports = []
+    for p in paths:
+        try:
+            with open(p) as f:
+                reports.append(json.load(f))
+        except (OSError, ValueError) as e:
+            print(f"understudy: cannot read report '{p}': {e}", file=sys.stderr)
+            return 2
+    try:
+        merged = merge(reports)
+    except MergeError as e:
+        print(f"understudy: merge: {e}", file=sys.stderr)
+        return 2
+    d = os.path.dirname(os.path.abspath(out))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".merge-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(merged, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+    print(f"merged {len(reports)} reports into {out}: {merged['totals']['calls']} calls, "
+          f"{merged['totals']['routes']} shape keys, S_agg {merged['totals']['S_agg']:.4f}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="understudy")
     sub = ap.add_subparsers(dest="cmd", required=True)
     rp = sub.add_parser("report", help="print a JSON report as a table")
     rp.add_argument("file")
     rp.add_argument("--shapes", type=int, default=8, help="shape keys shown per operator")
+    mp = sub.add_parser("merge", help="merge reports from many processes into one, exactly")
+    mp.add_argument("out", help="where the merged report is written (atomically)")
+    mp.add_argument("reports", nargs="+")
     dp = sub.add_parser("demo", help="generate with a small decoder under understudy and print the report")
     dp.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     dp.add_argument("--tokens", type=int, default=24)
@@ -105,6 +139,8 @@ def main(argv=None) -> int:
         if verdicts:
             print("\n" + verdicts)
         return 0
+    if args.cmd == "merge":
+        return _merge_cmd(args.out, args.reports)
     from understudy.demo import run_demo
 
     return run_demo(device=args.device, tokens=args.tokens, report_path=args.report)
