@@ -133,6 +133,7 @@ typedef struct ust__route_key {
   uint8_t device;
   uint8_t n_dtypes;
   uint8_t dtypes[UST__MAX_KEY_TENSORS];
+  uint8_t phase; /* ust_phase of the calling thread */
   int64_t dims[UST__MAX_DIMS];
 } ust__route_key;
 
@@ -193,6 +194,9 @@ ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust_
 uint64_t ust__route_tsol_ps(ust__route *r, const ust__call *call);
 /* Add one timed call's T_SOL and time to the route's roofline sums. */
 void ust__route_roof_add(ust__route *r, uint64_t tsol_ps, uint64_t time_ns, int candidate);
+
+#define UST__N_PHASES 3
+const char *ust__phase_name(int phase);
 
 /* Build the key of a call; returns -1 if the call cannot be keyed. */
 int ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key);

@@ -111,9 +111,25 @@ ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust_
   return NULL;
 }
 
+static _Thread_local int tl_phase;
+
+int ust_set_phase(int phase) {
+  if (phase < UST_PHASE_UNKNOWN || phase > UST_PHASE_DECODE)
+    return ust__error(UST_EINVAL, "set_phase: %d is not a phase (0 unknown, 1 prefill, 2 decode)", phase);
+  int prev = tl_phase;
+  tl_phase = phase;
+  return prev;
+}
+
+const char *ust__phase_name(int phase) {
+  static const char *names[] = {"unknown", "prefill", "decode"};
+  return phase >= 0 && phase <= UST_PHASE_DECODE ? names[phase] : "unknown";
+}
+
 int ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key) {
   memset(key, 0, sizeof *key);
   key->binding = (uint16_t)b->index;
+  key->phase = (uint8_t)tl_phase;
   key->device = (uint8_t)call->device;
   for (int i = 0; i < call->nargs && key->n_dtypes < UST__MAX_KEY_TENSORS; i++)
     if (call->args[i].kind == UST__ARG_TENSOR)
@@ -134,6 +150,8 @@ void ust__route_key_str(const ust__route *r, char *buf, size_t cap) {
   for (int d = 0; d < b->n_dims && n < cap; d++)
     n += (size_t)snprintf(buf + n, cap - n, "%s%s=%lld", d ? "," : "", b->def->dims[d].name,
                           (long long)r->key.dims[d]);
+  if (r->key.phase != UST_PHASE_UNKNOWN && n < cap)
+    snprintf(buf + n, cap - n, "|%s", ust__phase_name(r->key.phase));
 }
 
 void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes) {

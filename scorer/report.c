@@ -186,17 +186,22 @@ cJSON *ust__report_build(ust__engine *e) {
   ust__hist_snap *snaps = calloc(n_alloc, sizeof *snaps);
   ust__hist_snap *cand_snap = malloc(sizeof *cand_snap);
   double *svals = calloc(n_alloc, sizeof *svals), *cvals = calloc(n_alloc, sizeof *cvals);
+  /* per phase: S of the operator's routes, production and candidate */
+  double *sph = calloc((size_t)n_alloc * UST__N_PHASES, sizeof *sph), *cph = calloc((size_t)n_alloc * UST__N_PHASES, sizeof *cph);
   cJSON *root = cJSON_CreateObject();
-  if (figs == NULL || snaps == NULL || cand_snap == NULL || svals == NULL || cvals == NULL || root == NULL) {
+  if (figs == NULL || snaps == NULL || cand_snap == NULL || svals == NULL || cvals == NULL || sph == NULL ||
+      cph == NULL || root == NULL) {
     free(figs);
     free(snaps);
     free(cand_snap);
     free(svals);
     free(cvals);
+    free(sph);
+    free(cph);
     cJSON_Delete(root);
     return NULL;
   }
-  double total_est = 0;
+  double total_est = 0, total_ph[UST__N_PHASES] = {0};
   for (uint32_t i = 0; i < e->routes.cap && nr < (int)n_alloc; i++) {
     ust__route *r = atomic_load_explicit(&e->routes.slots[i], memory_order_acquire);
     if (r == NULL)
@@ -212,6 +217,7 @@ cJSON *ust__report_build(ust__engine *e) {
     uint64_t eligible = f->calls - f->captured;
     f->est_ns = f->timed > 0 ? (double)f->hist->sum * (double)eligible / (double)f->timed : 0.0;
     total_est += f->est_ns;
+    total_ph[r->key.phase < UST__N_PHASES ? r->key.phase : 0] += f->est_ns;
     nr++;
   }
 
@@ -234,7 +240,7 @@ cJSON *ust__report_build(ust__engine *e) {
 
   uint64_t t_calls = 0, t_timed = 0, t_captured = 0, t_untracked = 0;
   uint64_t t_shadow = 0, t_verified = 0, t_failed = 0, t_rollbacks = 0;
-  double s_agg = 0, s_agg_cand = 0;
+  double s_agg = 0, s_agg_cand = 0, s_agg_ph[UST__N_PHASES] = {0}, s_agg_cand_ph[UST__N_PHASES] = {0};
   cJSON *ops = cJSON_AddArrayToObject(root, "operators");
   for (int oi = 0; oi < e->n_ops; oi++) {
     ust__operator *op = &e->ops[oi];
@@ -270,7 +276,8 @@ cJSON *ust__report_build(ust__engine *e) {
       }
     cJSON *shapes = cJSON_CreateArray();
     int ns = 0, nc = 0, cand_routes = 0, covered = 0;
-    double tsol_sum = 0, time_sum = 0;
+    int nsp[UST__N_PHASES] = {0}, ncp[UST__N_PHASES] = {0}, routes_ph[UST__N_PHASES] = {0};
+    double tsol_sum = 0, time_sum = 0, est_ph[UST__N_PHASES] = {0};
     for (int i = 0; i < nr; i++) {
       route_fig *f = &figs[i];
       if (f->r->binding->op != op)
@@ -282,6 +289,10 @@ cJSON *ust__report_build(ust__engine *e) {
       cJSON_AddStringToObject(js, "key", key);
       cJSON_AddStringToObject(js, "op", b->display);
       cJSON_AddStringToObject(js, "mode", route_mode(f->r));
+      const int ph = f->r->key.phase < UST__N_PHASES ? f->r->key.phase : 0;
+      cJSON_AddStringToObject(js, "phase", ust__phase_name(ph));
+      est_ph[ph] += f->est_ns;
+      routes_ph[ph]++;
       cJSON_AddStringToObject(js, "device", f->r->key.device == UST__DEV_CUDA ? "cuda" : "cpu");
       cJSON *dts = cJSON_AddArrayToObject(js, "dtypes");
       for (int d = 0; d < f->r->key.n_dtypes; d++)
@@ -302,6 +313,7 @@ cJSON *ust__report_build(ust__engine *e) {
         double sp = route_s(f->r, 0), sc = route_s(f->r, 1);
         if (sp >= 0) {
           svals[ns++] = sp;
+          sph[ph * n_alloc + nsp[ph]++] = sp;
           tsol_sum += (double)atomic_load(&f->r->roof_tsol_ps) / 1000.0;
           time_sum += (double)atomic_load(&f->r->roof_time_ns);
         }
@@ -309,6 +321,7 @@ cJSON *ust__report_build(ust__engine *e) {
           cand_routes++;
           if (sc >= 0 && !atomic_load(&f->r->rolled_back)) {
             cvals[nc++] = sc;
+            cph[ph * n_alloc + ncp[ph]++] = sc;
             covered++;
           }
         }
@@ -349,6 +362,24 @@ cJSON *ust__report_build(ust__engine *e) {
       s_agg_cand += w_op * s_c;
     }
     s_agg += w_op * s_op;
+    /* The same per phase: weights are shares of that phase's device time. */
+    cJSON *jp = cJSON_AddObjectToObject(jo, "phases");
+    for (int p = 0; p < UST__N_PHASES; p++) {
+      if (routes_ph[p] == 0)
+        continue;
+      cJSON *x = cJSON_AddObjectToObject(jp, ust__phase_name(p));
+      const double wp = total_ph[p] > 0 ? est_ph[p] / total_ph[p] : 0.0;
+      const double sp_op = median(sph + p * n_alloc, nsp[p]);
+      add_num(x, "est_device_time_ns", est_ph[p]);
+      add_num(x, "weight", wp);
+      add_num(x, "S", sp_op);
+      s_agg_ph[p] += wp * sp_op;
+      if (op->cand != NULL) {
+        const double sc_op = median(cph + p * n_alloc, ncp[p]);
+        add_num(x, "S_candidate", sc_op);
+        s_agg_cand_ph[p] += wp * sc_op;
+      }
+    }
     cJSON_AddItemToObject(jo, "shapes", shapes);
     cJSON_AddItemToArray(ops, jo);
     t_calls += calls;
@@ -372,6 +403,17 @@ cJSON *ust__report_build(ust__engine *e) {
    * candidates' (operators without a verified candidate count 0). */
   add_num(tot, "S_agg", s_agg);
   add_num(tot, "S_agg_candidate", s_agg_cand);
+  cJSON *tp = cJSON_AddObjectToObject(tot, "phases");
+  for (int p = 0; p < UST__N_PHASES; p++) {
+    if (total_ph[p] <= 0)
+      continue;
+    cJSON *x = cJSON_AddObjectToObject(tp, ust__phase_name(p));
+    add_num(x, "est_device_time_ns", total_ph[p]);
+    add_num(x, "S_agg", s_agg_ph[p]);
+    add_num(x, "S_agg_candidate", s_agg_cand_ph[p]);
+  }
+  free(sph);
+  free(cph);
   free(figs);
   free(snaps);
   free(cand_snap);

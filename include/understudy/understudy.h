@@ -125,6 +125,20 @@ UST_API void ust_free(void *p);
  * for tests and for reports at exit, never for the serving path. */
 UST_API int ust_flush_sync(void);
 
+/* ---- phases ---------------------------------------------------------------- */
+
+typedef enum ust_phase {
+  UST_PHASE_UNKNOWN = 0,
+  UST_PHASE_PREFILL = 1,
+  UST_PHASE_DECODE = 2,
+} ust_phase;
+
+/* Set the calling thread's serving phase; calls it makes from now on are
+ * keyed, weighted and scored under that phase. Returns the previous phase,
+ * or UST_EINVAL for an unknown one. Thread-local; cheap enough to call per
+ * forward step. */
+UST_API int ust_set_phase(int phase);
+
 /* ---- the guard's comparison, for tools and tests ------------------------ */
 
 typedef enum ust_compare_kind {

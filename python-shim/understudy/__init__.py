@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Union
 __all__ = [
     "UnderstudyError", "ConfigError", "ProblemError", "enable", "disable", "is_enabled",
     "set_mode", "report", "write_report", "flush", "library_path", "problems_dir",
-    "register_candidate", "native", "sha256_of", "compare",
+    "register_candidate", "native", "sha256_of", "compare", "phase", "set_phase",
 ]
 
 _HERE = pathlib.Path(__file__).resolve().parent
@@ -167,6 +167,35 @@ def set_mode(operator: str, mode: str) -> None:
     """Change an operator's mode while running: "off", "observe", or "shadow"
     (which needs the candidate named in the config)."""
     _check(_load().ust_set_mode(operator.encode(), mode.encode()))
+
+
+_PHASES = {"unknown": 0, "prefill": 1, "decode": 2}
+
+
+def set_phase(name: str) -> str:
+    """Set the calling thread's serving phase ("prefill", "decode" or "unknown");
+    returns the previous one. Calls are keyed, weighted and scored per phase."""
+    if name not in _PHASES:
+        raise ValueError(f"phase must be one of {', '.join(_PHASES)}, not {name!r}")
+    lib = _load()
+    prev = lib.ust_set_phase(_PHASES[name])
+    return {v: k for k, v in _PHASES.items()}[prev]
+
+
+class phase:
+    """with understudy.phase("decode"): ... - the phase of the calls made inside."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.prev = "unknown"
+
+    def __enter__(self):
+        self.prev = set_phase(self.name)
+        return self
+
+    def __exit__(self, *exc):
+        set_phase(self.prev)
+        return False
 
 
 def flush() -> None:

@@ -87,7 +87,8 @@ def merge(reports: Iterable[dict]) -> dict:
             for s in o["shapes"]:
                 t = m["shapes"].get(s["key"])
                 if t is None:
-                    t = m["shapes"][s["key"]] = {k: s[k] for k in ("key", "op", "mode", "device", "dtypes", "dims")}
+                    t = m["shapes"][s["key"]] = {k: s[k] for k in ("key", "op", "mode", "phase", "device", "dtypes", "dims")
+                                                 if k in s}
                     t.update({k: 0 for k in ADD_SHAPE})
                     t["_lat"] = None
                 for k in ADD_SHAPE:
@@ -119,17 +120,28 @@ def merge(reports: Iterable[dict]) -> dict:
                     rf["hardware"] = rf["hardware"] or s["roofline"].get("hardware")
 
     total_est = sum(t["est_device_time_ns"] for m in ops.values() for t in m["shapes"].values())
+    total_ph: dict = {}
+    for m in ops.values():
+        for t in m["shapes"].values():
+            ph = t.get("phase", "unknown")
+            total_ph[ph] = total_ph.get(ph, 0.0) + t["est_device_time_ns"]
+    s_agg_ph = {p: 0.0 for p in total_ph}
+    s_agg_cand_ph = {p: 0.0 for p in total_ph}
     out_ops, tot = [], {k: 0 for k in ("calls", "timed", "captured", "untracked", "shadow_calls", "verified",
                                        "failed", "rollbacks")}
     s_agg = s_agg_cand = 0.0
     for name, m in ops.items():
         shapes, s_vals, c_vals = [], [], []
+        ph_est, ph_s, ph_c, ph_routes = {}, {}, {}, {}
         tsol_sum = time_sum = 0.0
         cand_routes = covered = 0
         for t in m["shapes"].values():
             s = {k: v for k, v in t.items() if not k.startswith("_")}
             s["weight"] = t["est_device_time_ns"] / total_est if total_est > 0 else 0.0
             s["latency_ns"] = _hist_json(t["_lat"])
+            ph = t.get("phase", "unknown")
+            ph_est[ph] = ph_est.get(ph, 0.0) + t["est_device_time_ns"]
+            ph_routes[ph] = ph_routes.get(ph, 0) + 1
             if "_shadow" in t:
                 sh = t["_shadow"]
                 cand = _hist_json(sh["_cand"])
@@ -152,12 +164,14 @@ def merge(reports: Iterable[dict]) -> dict:
                                  **{k: rf[k] for k in ADD_ROOF if k != "calls"}, "S": sp, "S_candidate": sc}
                 if sp is not None:
                     s_vals.append(sp)
+                    ph_s.setdefault(ph, []).append(sp)
                     tsol_sum += rf["tsol_ps_sum"] / 1000.0
                     time_sum += rf["time_ns_sum"]
                 if "shadow" in s:
                     cand_routes += 1
                     if sc is not None:
                         c_vals.append(sc)
+                        ph_c.setdefault(ph, []).append(sc)
                         covered += 1
             shapes.append(s)
             for k in ("calls", "timed", "captured"):
@@ -181,6 +195,15 @@ def merge(reports: Iterable[dict]) -> dict:
             s_agg_cand += w * roof["S_candidate"]
         s_agg += w * roof["S"]
         o["roofline"] = roof
+        o["phases"] = {}
+        for ph in ph_routes:
+            wp = ph_est[ph] / total_ph[ph] if total_ph.get(ph, 0) > 0 else 0.0
+            x = {"est_device_time_ns": ph_est[ph], "weight": wp, "S": _median(ph_s.get(ph, []))}
+            s_agg_ph[ph] += wp * x["S"]
+            if m["candidate"] is not None:
+                x["S_candidate"] = _median(ph_c.get(ph, []))
+                s_agg_cand_ph[ph] += wp * x["S_candidate"]
+            o["phases"][ph] = x
         o["shapes"] = shapes
         tot["untracked"] += m["untracked"]
         out_ops.append(o)
@@ -194,5 +217,7 @@ def merge(reports: Iterable[dict]) -> dict:
         "histogram": first["histogram"], "operators": out_ops,
         "totals": tot | {"routes": sum(len(m["shapes"]) for m in ops.values()),
                          "internal_errors": sum(r["totals"].get("internal_errors", 0) for r in reports),
-                         "est_device_time_ns": total_est, "S_agg": s_agg, "S_agg_candidate": s_agg_cand},
+                         "est_device_time_ns": total_est, "S_agg": s_agg, "S_agg_candidate": s_agg_cand,
+                         "phases": {p: {"est_device_time_ns": total_ph[p], "S_agg": s_agg_ph[p],
+                                        "S_agg_candidate": s_agg_cand_ph[p]} for p in total_ph if total_ph[p] > 0}},
     }

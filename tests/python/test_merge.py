@@ -22,6 +22,10 @@ def real_report(us):
                "hardware": {"profile": "H200"}})
     import torch
     run_rms_norm(rms_inputs(shapes=((7, 128), (64, 256), (3, 5, 64))), repeat=7)
+    with understudy.phase("prefill"):
+        run_rms_norm(rms_inputs(shapes=((256, 128),)), repeat=3)
+    with understudy.phase("decode"):
+        run_rms_norm(rms_inputs(shapes=((2, 128),)), repeat=9)
     for n in (16, 33, 64):
         x = torch.randn(n, 48)
         for _ in range(5):
@@ -93,6 +97,10 @@ def test_split_into_four_merges_back_exactly(us):
     assert merged["totals"]["S_agg"] == pytest.approx(rep["totals"]["S_agg"], rel=1e-12)
     assert merged["totals"]["S_agg_candidate"] == pytest.approx(rep["totals"]["S_agg_candidate"], rel=1e-12)
     assert rep["totals"]["S_agg"] > 0 and rep["totals"]["S_agg_candidate"] > 0
+    assert set(merged["totals"]["phases"]) == set(rep["totals"]["phases"]) == {"unknown", "prefill", "decode"}
+    for ph, x in rep["totals"]["phases"].items():
+        for f in x:
+            assert merged["totals"]["phases"][ph][f] == pytest.approx(x[f], rel=1e-12), (ph, f)
     got = {o["name"]: o for o in merged["operators"]}
     for o in rep["operators"]:
         m = got[o["name"]]
@@ -101,10 +109,14 @@ def test_split_into_four_merges_back_exactly(us):
         assert m["weight"] == pytest.approx(o["weight"], rel=1e-12, abs=1e-15)
         for f in o["roofline"]:
             assert m["roofline"][f] == pytest.approx(o["roofline"][f], rel=1e-12), (o["name"], f)
+        assert set(m["phases"]) == set(o["phases"])
+        for ph, x in o["phases"].items():
+            for f in x:
+                assert m["phases"][ph][f] == pytest.approx(x[f], rel=1e-12, abs=1e-15), (o["name"], ph, f)
         ms = {s["key"]: s for s in m["shapes"]}
         for s in o["shapes"]:
             t = ms[s["key"]]
-            for f in ("calls", "timed", "captured", "timing_dropped", "device_time_ns", "mode"):
+            for f in ("calls", "timed", "captured", "timing_dropped", "device_time_ns", "mode", "phase"):
                 assert t[f] == s[f], (s["key"], f)
             assert t["latency_ns"] == s["latency_ns"], s["key"]  # buckets, count, sum and quantiles
             assert t["weight"] == pytest.approx(s["weight"], rel=1e-12, abs=1e-15)

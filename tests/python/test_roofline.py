@@ -93,3 +93,37 @@ def test_unknown_profile_is_a_config_error(us):
         us.enable({"hardware": {"profile": "H9000"}})
     with pytest.raises(understudy.ConfigError, match="unknown field 'hardware.profil'"):
         us.enable({"hardware": {"profil": "H200"}})
+
+
+def test_phases_weight_and_score_separately(us):
+    import torch
+    us.enable({"operators": {"rms_norm": {"sample": 1.0}, "silu": {"sample": 1.0}},
+               "hardware": {"profile": "H200"}})
+    prefill, decode = rms_inputs(shapes=((512, 256),)), rms_inputs(shapes=((4, 256),))
+    with understudy.phase("prefill"):
+        run_rms_norm(prefill, repeat=3)
+        torch.nn.functional.silu(torch.randn(512, 256))
+    with understudy.phase("decode"):
+        run_rms_norm(decode, repeat=6)
+        for _ in range(6):
+            torch.nn.functional.silu(torch.randn(4, 256))
+    run_rms_norm(decode, repeat=1)  # outside any phase: unknown
+    with pytest.raises(ValueError):
+        understudy.set_phase("training")
+    rep = us.report()
+    us.disable()
+    rs = routes(rep, "_C::rms_norm")
+    by_phase = {r["phase"]: r for r in rs}
+    assert set(by_phase) == {"prefill", "decode", "unknown"}
+    assert by_phase["prefill"]["key"].endswith("|prefill") and by_phase["prefill"]["calls"] == 3
+    assert by_phase["decode"]["calls"] == 6 and by_phase["unknown"]["calls"] == 1
+    tot = rep["totals"]
+    assert sum(p["est_device_time_ns"] for p in tot["phases"].values()) == pytest.approx(tot["est_device_time_ns"])
+    for ph in ("prefill", "decode"):
+        ops = [o for o in rep["operators"] if ph in o["phases"]]
+        assert {o["name"] for o in ops} == {"rms_norm", "silu"}
+        assert sum(o["phases"][ph]["weight"] for o in ops) == pytest.approx(1.0)
+        s_agg = sum(o["phases"][ph]["weight"] * o["phases"][ph]["S"] for o in ops)
+        assert tot["phases"][ph]["S_agg"] == pytest.approx(s_agg, rel=1e-12)
+        rms = next(o for o in ops if o["name"] == "rms_norm")["phases"][ph]
+        assert rms["S"] == pytest.approx(by_phase[ph]["roofline"]["S"], rel=1e-12)  # one shape key per phase
