@@ -22,7 +22,8 @@ from typing import Any, Mapping, Optional, Union
 __all__ = [
     "UnderstudyError", "ConfigError", "ProblemError", "enable", "disable", "is_enabled",
     "set_mode", "report", "write_report", "flush", "library_path", "problems_dir",
-    "register_candidate", "native", "sha256_of", "compare", "phase", "set_phase",
+    "register_candidate", "native", "sha256_of", "compare", "phase", "set_phase", "serve_metrics",
+    "metrics_text",
 ]
 
 _HERE = pathlib.Path(__file__).resolve().parent
@@ -227,3 +228,4 @@ def write_report(path: Optional[Union[str, os.PathLike]] = None) -> None:
 
 
 from .candidates import compare, native, register_candidate, sha256_of  # noqa: E402
+from .metrics import metrics_text, serve_metrics  # noqa: E402

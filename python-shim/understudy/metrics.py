@@ -1,0 +1,137 @@
+"""Prometheus text exposition of the report's figures, served on loopback.
+
+    understudy.serve_metrics(port=9464)        # http://127.0.0.1:9464/metrics
+
+A fleet aggregates with Prometheus itself: counters are per process and
+labelled by operator, dispatcher op, shape key and phase; latency is exposed
+as a summary (p50/p90/p99, sum, count). Scrapes read the live report without
+waiting for the device (timings still in flight appear at the next scrape).
+"""
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Optional
+
+
+def _esc(v) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(**kv) -> str:
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in kv.items()) + "}"
+
+
+def _num(v) -> str:
+    if v is None:
+        return "NaN"
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def metrics_text(rep: dict) -> str:
+    """The exposition (text format 0.0.4) of one report."""
+    out: list = []
+    declared = set()
+
+    def metric(name, kind, help_, labels, value):
+        if name not in declared:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            declared.add(name)
+        out.append(f"{name}{labels} {_num(value)}")
+
+    for o in rep["operators"]:
+        ol = _labels(operator=o["name"])
+        metric("understudy_operator_weight", "gauge", "share of the observed device time", ol, o["weight"])
+        if "roofline" in o:
+            metric("understudy_operator_roofline_s", "gauge", "production's S_i (T_SOL / time, median over shape keys)",
+                   ol, o["roofline"]["S"])
+            if "S_candidate" in o["roofline"]:
+                metric("understudy_operator_candidate_roofline_s", "gauge", "the candidate's S_i", ol,
+                       o["roofline"]["S_candidate"])
+                metric("understudy_operator_candidate_coverage", "gauge",
+                       "shape keys with a verified candidate / shape keys seen", ol, o["roofline"]["coverage"])
+        for s in o["shapes"]:
+            sl = dict(operator=o["name"], op=s["op"], key=s["key"], phase=s.get("phase", "unknown"),
+                      device=s["device"])
+            lb = _labels(**sl)
+            metric("understudy_calls_total", "counter", "intercepted calls", lb, s["calls"])
+            metric("understudy_timed_calls_total", "counter", "calls whose latency was measured", lb, s["timed"])
+            metric("understudy_captured_calls_total", "counter", "calls made during CUDA graph capture", lb,
+                   s["captured"])
+            metric("understudy_device_time_ns_total", "counter", "estimated device time (timed sum scaled to all calls)",
+                   lb, s["est_device_time_ns"])
+            lat = s["latency_ns"]
+            for q, k in (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99")):
+                metric("understudy_latency_ns", "summary", "production latency (ns)", _labels(**sl, quantile=q), lat[k])
+            out.append(f"understudy_latency_ns_sum{lb} {_num(lat['sum'])}")
+            out.append(f"understudy_latency_ns_count{lb} {_num(lat['count'])}")
+            if "shadow" in s:
+                sh = s["shadow"]
+                for f in ("calls", "verified", "passed", "failed", "skipped"):
+                    metric(f"understudy_shadow_{f}_total", "counter", f"shadow calls: {f}", lb, sh[f])
+                metric("understudy_rolled_back", "gauge", "1 once the route's candidate was rolled back", lb,
+                       1 if s.get("mode") == "rolled_back" else 0)
+                if sh.get("speedup") is not None:
+                    metric("understudy_candidate_speedup", "gauge", "production p50 / candidate p50", lb, sh["speedup"])
+            if s.get("roofline", {}).get("S") is not None:
+                metric("understudy_roofline_s", "gauge", "production's S on the shape key", lb, s["roofline"]["S"])
+    tot = rep["totals"]
+    metric("understudy_internal_errors_total", "counter", "understudy failures (production served)", "",
+           tot.get("internal_errors", 0))
+    metric("understudy_untracked_calls_total", "counter", "calls beyond max_routes", "", tot.get("untracked", 0))
+    if "S_agg" in tot:
+        metric("understudy_s_agg", "gauge", "sum_i w_i S_i, production", _labels(phase="all"), tot["S_agg"])
+        metric("understudy_s_agg_candidate", "gauge", "sum_i w_i S_i, candidates", _labels(phase="all"),
+               tot["S_agg_candidate"])
+        for ph, x in tot.get("phases", {}).items():
+            out.append(f"understudy_s_agg{_labels(phase=ph)} {_num(x['S_agg'])}")
+            out.append(f"understudy_s_agg_candidate{_labels(phase=ph)} {_num(x['S_agg_candidate'])}")
+    return "\n".join(out) + "\n"
+
+
+class MetricsServer:
+    """A loopback HTTP server answering GET /metrics; stop() shuts it down."""
+
+    def __init__(self, host: str, port: int, source):
+        source_ = source
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404, "only /metrics is served")
+                    return
+                try:
+                    body = metrics_text(source_()).encode()
+                    code = 200
+                except Exception as e:  # understudy disabled, ...: say so, keep serving
+                    body = f"# understudy: {e}\n".encode()
+                    code = 503
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # the serving process's stderr is not ours
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="understudy-metrics", daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def serve_metrics(port: int = 9464, host: str = "127.0.0.1", source=None) -> MetricsServer:
+    """Serve /metrics on host:port (port 0: any free port, see .port). Loopback by
+    default: exposing it further is the operator's decision."""
+    if source is None:
+        from . import report
+
+        def source():
+            return report(flush_timings=False)
+    return MetricsServer(host, port, source)
