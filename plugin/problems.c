@@ -170,7 +170,7 @@ int ust__problem_parse(const char *text, const char *path, ust__problem *p) {
   }
   int rc = 0;
   static const char *const keys[] = {"schema_version", "operator", "description", "bindings", "bucket", "compare",
-                                     NULL};
+                                     "atrex", NULL};
   const cJSON *v;
   if (!cJSON_IsObject(root)) {
     rc = PERR("%s: the top level must be an object", path);
@@ -195,6 +195,13 @@ int ust__problem_parse(const char *text, const char *path, ust__problem *p) {
       goto out;
     }
     p->description = ust__strdup(v->valuestring);
+  }
+  /* "atrex": how shape keys map onto Atrex-Bench kwargs; read by the Python
+   * exporter, only its type is checked here. */
+  v = cJSON_GetObjectItemCaseSensitive(root, "atrex");
+  if (v != NULL && !cJSON_IsObject(v)) {
+    rc = PERR("%s: 'atrex' must be an object {operator, bindings}", path);
+    goto out;
   }
   v = cJSON_GetObjectItemCaseSensitive(root, "compare");
   if (v != NULL && (!cJSON_IsString(v) || (p->compare = ust__cmp_kind_parse(v->valuestring)) < 0)) {

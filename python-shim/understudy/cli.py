@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -119,6 +120,9 @@ def main(argv=None) -> int:
     mp = sub.add_parser("merge", help="merge reports from many processes into one, exactly")
     mp.add_argument("out", help="where the merged report is written (atomically)")
     mp.add_argument("reports", nargs="+")
+    xp = sub.add_parser("export-atrex", help="write the observed workload as Atrex-Bench shapes and importance")
+    xp.add_argument("out_dir")
+    xp.add_argument("report")
     dp = sub.add_parser("demo", help="generate with a small decoder under understudy and print the report")
     dp.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     dp.add_argument("--tokens", type=int, default=24)
@@ -141,6 +145,20 @@ def main(argv=None) -> int:
         return 0
     if args.cmd == "merge":
         return _merge_cmd(args.out, args.reports)
+    if args.cmd == "export-atrex":
+        from understudy.atrex import export
+
+        try:
+            with open(args.report) as f:
+                rep = json.load(f)
+            os.makedirs(args.out_dir, exist_ok=True)
+            done = export(rep, args.out_dir)
+        except (OSError, ValueError) as e:
+            print(f"understudy: export-atrex: {e}", file=sys.stderr)
+            return 2
+        print(f"exported {sum(done.values())} shapes of {len(done)} operators to {args.out_dir}: "
+              + ", ".join(f"{k} {v}" for k, v in done.items()))
+        return 0
     from understudy.demo import run_demo
 
     return run_demo(device=args.device, tokens=args.tokens, report_path=args.report)
