@@ -120,6 +120,10 @@ def main(argv=None) -> int:
     mp = sub.add_parser("merge", help="merge reports from many processes into one, exactly")
     mp.add_argument("out", help="where the merged report is written (atomically)")
     mp.add_argument("reports", nargs="+")
+    cp = sub.add_parser("calibrate", help="measure this device's copy bandwidth and matrix rates into a profile")
+    cp.add_argument("--out", required=True)
+    cp.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    cp.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     xp = sub.add_parser("export-atrex", help="write the observed workload as Atrex-Bench shapes and importance")
     xp.add_argument("out_dir")
     xp.add_argument("report")
@@ -145,6 +149,10 @@ def main(argv=None) -> int:
         return 0
     if args.cmd == "merge":
         return _merge_cmd(args.out, args.reports)
+    if args.cmd == "calibrate":
+        from understudy.calibrate import main as calibrate_main
+
+        return calibrate_main(args.out, args.device, args.quick)
     if args.cmd == "export-atrex":
         from understudy.atrex import export
 
