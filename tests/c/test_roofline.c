@@ -129,142 +129,214 @@ TEST(roofline_reproduces_atrex_sol) {
 
 /* ---- the definitions in problems/ against roofline.json ---------------------
  *
- * Each Atrex-Bench shape's kwargs are laid onto the argument tensors of the
- * dispatcher op the operator binds, as the serving framework would call it;
- * the binding's roofline then has to give the benchmark's W and Q exactly. */
+ * Each operator definition with an "atrex" block says, per binding, how an
+ * Atrex-Bench shape's kwargs lay onto the dispatcher op's arguments ("call":
+ * tensor shapes and scalars as expressions over the kwargs). Every shape of
+ * every such operator is built as a call view, and the binding's roofline
+ * has to give the benchmark's W and Q exactly. List kwargs are exposed as
+ * NAME_len, NAME_rows (product of all but the last), NAME_last, NAME_numel
+ * and NAME_0, NAME_1, ... */
+
+#define MAX_KW 48
+
+typedef struct kwvars {
+  int n;
+  char names[MAX_KW][64];
+  const char *ptrs[MAX_KW];
+  double vals[MAX_KW];
+} kwvars;
+
+static void kw_add(kwvars *v, const char *name, double x) {
+  if (v->n == MAX_KW)
+    return;
+  snprintf(v->names[v->n], sizeof v->names[0], "%s", name);
+  v->ptrs[v->n] = v->names[v->n];
+  v->vals[v->n++] = x;
+}
+
+static void kw_collect(kwvars *v, const cJSON *obj) {
+  const cJSON *it;
+  cJSON_ArrayForEach(it, obj) {
+    if (cJSON_IsNumber(it)) {
+      kw_add(v, it->string, it->valuedouble);
+    } else if (cJSON_IsBool(it)) {
+      kw_add(v, it->string, cJSON_IsTrue(it));
+    } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) > 0) {
+      char name[64];
+      double rows = 1, numel = 1;
+      int n = cJSON_GetArraySize(it);
+      for (int i = 0; i < n; i++) {
+        double x = cJSON_GetArrayItem(it, i)->valuedouble;
+        snprintf(name, sizeof name, "%s_%d", it->string, i);
+        kw_add(v, name, x);
+        numel *= x;
+        if (i < n - 1)
+          rows *= x;
+      }
+      const struct {
+        const char *suffix;
+        double x;
+      } derived[] = {{"len", n}, {"rows", rows}, {"numel", numel},
+                     {"last", cJSON_GetArrayItem(it, n - 1)->valuedouble}};
+      for (size_t k = 0; k < sizeof derived / sizeof derived[0]; k++) {
+        snprintf(name, sizeof name, "%s_%s", it->string, derived[k].suffix);
+        kw_add(v, name, derived[k].x);
+      }
+    }
+  }
+}
+
+static double kw_eval(const kwvars *v, const char *text) {
+  ust__expr *e = NULL;
+  double x = 0;
+  if (ust__expr_compile(text, v->ptrs, v->n, &e) != 0 || ust__expr_eval(e, v->vals, &x) != 0) {
+    fprintf(stderr, "call expression: %s\n", ust_last_error());
+    exit(1);
+  }
+  ust__expr_free(e);
+  return x;
+}
+
+static int dtype_of_name(const char *s, DLDataType *dl) {
+  static const struct {
+    const char *name;
+    int id;
+    DLDataType dl;
+  } t[] = {{"bf16", UST__DT_BF16, {kDLBfloat, 16, 1}}, {"fp16", UST__DT_F16, {kDLFloat, 16, 1}},
+           {"fp32", UST__DT_F32, {kDLFloat, 32, 1}},   {"fp8_e4m3", UST__DT_F8E4M3FN, {kDLFloat, 8, 1}},
+           {"int32", UST__DT_I32, {kDLInt, 32, 1}},    {"int64", UST__DT_I64, {kDLInt, 64, 1}},
+           {"uint8", UST__DT_U8, {kDLUInt, 8, 1}},     {"bool", UST__DT_BOOL, {kDLUInt, 8, 1}}};
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+    if (strcmp(s, t[i].name) == 0) {
+      *dl = t[i].dl;
+      return t[i].id;
+    }
+  fprintf(stderr, "unknown dtype '%s' in an atrex call\n", s);
+  exit(1);
+}
 
 typedef struct call_builder {
-  ust__arg args[8];
-  int64_t shapes[8][8];
+  ust__arg args[UST__MAX_ARGS];
+  int64_t shapes[UST__MAX_ARGS][8];
+  const char *names[UST__MAX_ARGS];
   int nargs;
 } call_builder;
 
-static void tensor(call_builder *cb, int i, int ndim, const int64_t *shape) {
-  ust__arg *a = &cb->args[i];
-  memset(a, 0, sizeof *a);
-  a->kind = UST__ARG_TENSOR;
-  a->dtype = UST__DT_BF16;
-  a->t.ndim = ndim;
-  a->t.dtype = (DLDataType){kDLBfloat, 16, 1};
-  memcpy(cb->shapes[i], shape, sizeof(int64_t) * (size_t)ndim);
-  a->t.shape = cb->shapes[i];
+static void build_call(const cJSON *spec, const kwvars *v, call_builder *cb) {
+  memset(cb, 0, sizeof *cb);
+  const cJSON *a;
+  cJSON_ArrayForEach(a, spec) {
+    ust__arg *x = &cb->args[cb->nargs];
+    cb->names[cb->nargs] = cJSON_GetObjectItem(a, "name")->valuestring;
+    const cJSON *t = cJSON_GetObjectItem(a, "tensor"), *d;
+    if (t != NULL) {
+      x->kind = UST__ARG_TENSOR;
+      x->dtype = dtype_of_name(cJSON_GetObjectItem(a, "dtype")->valuestring, &x->t.dtype);
+      x->t.ndim = cJSON_GetArraySize(t);
+      for (int i = 0; i < x->t.ndim; i++)
+        cb->shapes[cb->nargs][i] = (int64_t)kw_eval(v, cJSON_GetArrayItem(t, i)->valuestring);
+      x->t.shape = cb->shapes[cb->nargs];
+    } else if ((d = cJSON_GetObjectItem(a, "double")) != NULL) {
+      x->kind = UST__ARG_DOUBLE;
+      x->f = kw_eval(v, d->valuestring);
+    } else if ((d = cJSON_GetObjectItem(a, "int")) != NULL) {
+      x->kind = UST__ARG_INT;
+      x->i = (int64_t)kw_eval(v, d->valuestring);
+    } else if (cJSON_GetObjectItem(a, "none") != NULL) {
+      x->kind = UST__ARG_NONE;
+    } else {
+      x->kind = UST__ARG_OTHER;
+    }
+    cb->nargs++;
+  }
 }
-
-static void scalar(call_builder *cb, int i) {
-  memset(&cb->args[i], 0, sizeof cb->args[i]);
-  cb->args[i].kind = UST__ARG_DOUBLE;
-}
-
-static double kw(const cJSON *shape, const char *name) {
-  return cJSON_GetObjectItem(cJSON_GetObjectItem(shape, "input_kwargs"), name)->valuedouble;
-}
-
-static void build_rms_norm(const cJSON *s, call_builder *cb) { /* _C::rms_norm(result!, input, weight, epsilon) */
-  int64_t t = (int64_t)kw(s, "token_count"), h = (int64_t)kw(s, "hidden_size");
-  tensor(cb, 0, 2, (int64_t[]){t, h});
-  tensor(cb, 1, 2, (int64_t[]){t, h});
-  tensor(cb, 2, 1, (int64_t[]){h});
-  scalar(cb, 3);
-  cb->nargs = 4;
-}
-
-static void build_fused_add(const cJSON *s, call_builder *cb) { /* (input!, residual!, weight, epsilon) */
-  int64_t t = (int64_t)kw(s, "token_count"), h = (int64_t)kw(s, "hidden_size");
-  tensor(cb, 0, 2, (int64_t[]){t, h});
-  tensor(cb, 1, 2, (int64_t[]){t, h});
-  tensor(cb, 2, 1, (int64_t[]){h});
-  scalar(cb, 3);
-  cb->nargs = 4;
-}
-
-static void build_silu_and_mul(const cJSON *s, call_builder *cb) { /* (result!, input): input [..., 2d] */
-  const cJSON *shape = cJSON_GetObjectItem(cJSON_GetObjectItem(s, "input_kwargs"), "shape");
-  int64_t dims[8];
-  int n = cJSON_GetArraySize(shape);
-  for (int i = 0; i < n; i++)
-    dims[i] = (int64_t)cJSON_GetArrayItem(shape, i)->valuedouble;
-  tensor(cb, 1, n, dims);
-  dims[n - 1] /= 2;
-  tensor(cb, 0, n, dims);
-  cb->nargs = 2;
-}
-
-static const struct {
-  const char *atrex, *problem, *op;
-  const char *names[8];
-  void (*build)(const cJSON *, call_builder *);
-} cases[] = {
-    {"rms_norm", "rms_norm", "_C::rms_norm", {"result", "input", "weight", "epsilon"}, build_rms_norm},
-    {"fused_add_rms_norm", "fused_add_rms_norm", "_C::fused_add_rms_norm", {"input", "residual", "weight", "epsilon"},
-     build_fused_add},
-    {"silu_and_mul", "silu_and_mul", "_C::silu_and_mul", {"result", "input"}, build_silu_and_mul},
-};
 
 static cJSON *load_json(const char *path) {
   size_t len = 0;
   char *text = ust__read_file(path, &len);
-  if (text == NULL) {
-    fprintf(stderr, "%s cannot be read\n", path);
-    exit(1);
-  }
+  if (text == NULL)
+    return NULL;
   cJSON *j = cJSON_Parse(text);
   free(text);
-  if (j == NULL) {
-    fprintf(stderr, "%s is not JSON\n", path);
-    exit(1);
-  }
   return j;
 }
 
 TEST(roofline_definitions_reproduce_atrex) {
   ust__problem_set set;
   ASSERT_INT_EQ(ust__problems_load_dir(UST_SOURCE_DIR "/problems", &set), 0);
-  int checked = 0;
-  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const ust__problem *p = ust__problems_find(&set, cases[c].problem);
-    ASSERT_TRUE(p != NULL);
-    const ust__binding_def *def = NULL;
-    for (int b = 0; b < p->n_bindings; b++)
-      if (strcmp(p->bindings[b].op, cases[c].op) == 0)
-        def = &p->bindings[b];
-    ASSERT_TRUE(def != NULL && def->roofline.present);
-    ust__roofline_prog prog;
-    ASSERT_INT_EQ(ust__roofline_compile(&def->roofline, p->path, &prog), 0);
-    int nargs = 0;
-    while (nargs < 8 && cases[c].names[nargs] != NULL)
-      nargs++;
-    ust__roofline_resolve(&prog, nargs, cases[c].names);
+  int checked = 0, operators = 0;
+  for (int pi = 0; pi < set.n; pi++) {
+    const ust__problem *p = &set.items[pi];
+    cJSON *file = load_json(p->path);
+    ASSERT_TRUE(file != NULL);
+    const cJSON *atrex = cJSON_GetObjectItem(file, "atrex");
     char path[1024];
-    snprintf(path, sizeof path, "%s/tests/data/atrex-bench/%s/shapes.json", UST_SOURCE_DIR, cases[c].atrex);
-    cJSON *shapes = load_json(path);
-    snprintf(path, sizeof path, "%s/tests/data/atrex-bench/%s/roofline.json", UST_SOURCE_DIR, cases[c].atrex);
-    cJSON *roof = load_json(path);
-    const cJSON *s;
-    cJSON_ArrayForEach(s, shapes) {
-      call_builder cb;
-      memset(&cb, 0, sizeof cb);
-      cases[c].build(s, &cb);
-      ust__call call = {.size = sizeof call, .nargs = cb.nargs, .args = cb.args, .device = UST__DEV_CUDA};
-      double w[UST__N_PATHS], qr, qw;
-      ASSERT_INT_EQ(ust__roofline_eval(&prog, &call, w, &qr, &qw), 0);
-      const cJSON *want = cJSON_GetObjectItem(cJSON_GetObjectItem(roof, "shapes"), s->string);
-      ASSERT_TRUE(want != NULL);
-      const double ww = cJSON_GetObjectItem(cJSON_GetObjectItem(want, "semantic_W_flops"), "bf16")->valuedouble;
-      const double wr = cJSON_GetObjectItem(want, "semantic_Q_read_bytes")->valuedouble;
-      const double wq = cJSON_GetObjectItem(want, "semantic_Q_write_bytes")->valuedouble;
-      if (w[UST__PATH_BF16] != ww || qr != wr || qw != wq) {
-        fprintf(stderr, "%s shape %s: W %.17g Qr %.17g Qw %.17g; roofline.json %.17g %.17g %.17g\n", cases[c].atrex,
-                s->string, w[UST__PATH_BF16], qr, qw, ww, wr, wq);
-        ASSERT_TRUE(0);
+    cJSON *shapes = NULL, *roof = NULL;
+    if (atrex != NULL) {
+      const char *name = cJSON_GetObjectItem(atrex, "operator")->valuestring;
+      snprintf(path, sizeof path, "%s/tests/data/atrex-bench/%s/shapes.json", UST_SOURCE_DIR, name);
+      shapes = load_json(path);
+      snprintf(path, sizeof path, "%s/tests/data/atrex-bench/%s/roofline.json", UST_SOURCE_DIR, name);
+      roof = load_json(path);
+    }
+    const cJSON *bindings = atrex != NULL && roof != NULL ? cJSON_GetObjectItem(atrex, "bindings") : NULL;
+    const cJSON *bj;
+    cJSON_ArrayForEach(bj, bindings) {
+      const cJSON *spec = cJSON_GetObjectItem(bj, "call");
+      if (spec == NULL)
+        continue;
+      const ust__binding_def *def = NULL;
+      for (int b = 0; b < p->n_bindings; b++)
+        if (strcmp(p->bindings[b].op, bj->string) == 0)
+          def = &p->bindings[b];
+      ASSERT_TRUE(def != NULL && def->roofline.present);
+      ust__roofline_prog prog;
+      ASSERT_INT_EQ(ust__roofline_compile(&def->roofline, p->path, &prog), 0);
+      int resolved = 0;
+      const cJSON *s;
+      cJSON_ArrayForEach(s, shapes) {
+        kwvars v = {0};
+        kw_collect(&v, cJSON_GetObjectItem(s, "input_kwargs"));
+        kw_collect(&v, cJSON_GetObjectItem(s, "init_kwargs"));
+        call_builder cb;
+        build_call(spec, &v, &cb);
+        if (!resolved) {
+          ust__roofline_resolve(&prog, cb.nargs, cb.names);
+          resolved = 1;
+        }
+        ust__call call = {.size = sizeof call, .nargs = cb.nargs, .args = cb.args, .device = UST__DEV_CUDA};
+        double w[UST__N_PATHS], qr, qw;
+        ASSERT_INT_EQ(ust__roofline_eval(&prog, &call, w, &qr, &qw), 0);
+        const cJSON *want = cJSON_GetObjectItem(cJSON_GetObjectItem(roof, "shapes"), s->string);
+        ASSERT_TRUE(want != NULL);
+        double ww[UST__N_PATHS] = {0};
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItem(want, "semantic_W_flops")) ww[ust__path_parse(it->string)] =
+            it->valuedouble;
+        const double wr = cJSON_GetObjectItem(want, "semantic_Q_read_bytes")->valuedouble;
+        const double wq = cJSON_GetObjectItem(want, "semantic_Q_write_bytes")->valuedouble;
+        int same = qr == wr && qw == wq;
+        for (int d = 0; d < UST__N_PATHS; d++)
+          same &= w[d] == ww[d];
+        if (!same) {
+          fprintf(stderr, "%s (%s) shape %s: W", p->name, bj->string, s->string);
+          for (int d = 0; d < UST__N_PATHS; d++)
+            if (w[d] != 0 || ww[d] != 0)
+              fprintf(stderr, " %s %.17g (roofline.json %.17g)", ust__path_name(d), w[d], ww[d]);
+          fprintf(stderr, "; Q_read %.17g (%.17g); Q_write %.17g (%.17g)\n", qr, wr, qw, wq);
+          ASSERT_TRUE(0);
+        }
+        checked++;
       }
-      checked++;
+      ust__roofline_free(&prog);
+      operators++;
     }
     cJSON_Delete(shapes);
     cJSON_Delete(roof);
-    ust__roofline_free(&prog);
+    cJSON_Delete(file);
   }
-  fprintf(stderr, "%d shapes reproduced exactly\n", checked);
-  ASSERT_TRUE(checked == 56 + 19 + 37);
+  fprintf(stderr, "%d bindings, %d shapes reproduced exactly\n", operators, checked);
+  ASSERT_TRUE(operators >= 3 && checked >= 56 + 19 + 37);
   ust__problems_free(&set);
 }
 
