@@ -8,6 +8,7 @@
  *   len(NAME)    length of the int[] argument NAME
  *   esize(NAME)  bytes per element of tensor argument NAME
  *   bytes(NAME)  numel(NAME) * esize(NAME)
+ *   obytes(NAME) bytes(NAME) of an optional tensor argument: 0 when it is None
  *   NAME         value of the int or bool argument NAME
  */
 #include <ctype.h>
@@ -41,7 +42,7 @@ int ust__dim_compile(const char *expr, ust__dim_prog *out) {
     const char *fn;
     int kind;
   } fns[] = {{"rows(", UST__DIM_ROWS}, {"numel(", UST__DIM_NUMEL}, {"len(", UST__DIM_LEN},
-             {"esize(", UST__DIM_ESIZE}, {"bytes(", UST__DIM_BYTES}};
+             {"esize(", UST__DIM_ESIZE}, {"bytes(", UST__DIM_BYTES}, {"obytes(", UST__DIM_OBYTES}};
   for (size_t k = 0; k < sizeof fns / sizeof fns[0]; k++) {
     size_t fl = strlen(fns[k].fn);
     if (n > fl + 1 && strncmp(expr, fns[k].fn, fl) == 0 && expr[n - 1] == ')') {
@@ -69,7 +70,7 @@ int ust__dim_compile(const char *expr, ust__dim_prog *out) {
 bad:
   return ust__error(UST_EPROBLEM,
                     "'%s' is not a dimension (expected NAME[i], rows(NAME), numel(NAME), "
-                    "len(NAME), esize(NAME), bytes(NAME) or NAME)",
+                    "len(NAME), esize(NAME), bytes(NAME), obytes(NAME) or NAME)",
                     expr);
 }
 
@@ -77,6 +78,8 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
   if (p->arg_index < 0 || p->arg_index >= call->nargs)
     return -1;
   const ust__arg *a = &call->args[p->arg_index];
+  if (p->kind == UST__DIM_OBYTES && a->kind == UST__ARG_NONE)
+    return 0;
   switch (p->kind) {
   case UST__DIM_SIZE: {
     if (a->kind != UST__ARG_TENSOR)
@@ -86,14 +89,15 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
   }
   case UST__DIM_ROWS:
   case UST__DIM_NUMEL:
-  case UST__DIM_BYTES: {
+  case UST__DIM_BYTES:
+  case UST__DIM_OBYTES: {
     if (a->kind != UST__ARG_TENSOR)
       return -1;
     int64_t v = 1;
     int last = p->kind == UST__DIM_ROWS ? a->t.ndim - 1 : a->t.ndim;
     for (int d = 0; d < last; d++)
       v *= a->t.shape[d];
-    return p->kind == UST__DIM_BYTES ? v * (a->t.dtype.bits / 8) * a->t.dtype.lanes : v;
+    return p->kind == UST__DIM_BYTES || p->kind == UST__DIM_OBYTES ? v * (a->t.dtype.bits / 8) * a->t.dtype.lanes : v;
   }
   case UST__DIM_ESIZE:
     return a->kind == UST__ARG_TENSOR ? (int64_t)(a->t.dtype.bits / 8) * a->t.dtype.lanes : -1;

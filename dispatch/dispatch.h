@@ -33,6 +33,7 @@ typedef enum ust__dim_kind {
   UST__DIM_SCALAR,   /* NAME: an int or bool argument */
   UST__DIM_ESIZE,    /* esize(NAME): bytes per element of a tensor argument */
   UST__DIM_BYTES,    /* bytes(NAME): numel * esize */
+  UST__DIM_OBYTES,   /* obytes(NAME): bytes of an optional tensor, 0 when None */
 } ust__dim_kind;
 
 typedef struct ust__dim_prog {
@@ -64,7 +65,7 @@ typedef struct ust__roofline_prog {
 /* Compile def (borrowed); errors are UST_EPROBLEM naming where. */
 int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__roofline_prog *out);
 /* Resolve argument names (borrowed) once the schema is known. */
-void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names);
+void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names, const char *display);
 /* W per path and bytes read and written by one call: 0, or -1 when the
  * binding has no roofline or a dimension is missing from the call. */
 int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, double w[UST__N_PATHS], double *q_read,
@@ -150,6 +151,7 @@ typedef struct ust__route {
   /* Roofline (scorer): over timed calls whose T_SOL is known, the sum of
    * T_SOL and of the measured time; S = tsol / time. */
   _Atomic(const ust__hw_profile *) hw; /* the profile of the last scored call */
+  atomic_uint_fast64_t roof_unscored;  /* timed calls whose T_SOL could not be computed */
   atomic_uint_fast64_t roof_calls;
   atomic_uint_fast64_t roof_tsol_ps;
   atomic_uint_fast64_t roof_time_ns;

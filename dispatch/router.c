@@ -164,7 +164,7 @@ void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, 
   b->n_arg_names = nargs < UST__MAX_ARGS ? nargs : UST__MAX_ARGS;
   for (int i = 0; i < b->n_arg_names; i++)
     ust__copy_name(b->arg_names[i], sizeof b->arg_names[i], names[i]);
-  ust__roofline_resolve(&b->roofline, nargs, names);
+  ust__roofline_resolve(&b->roofline, nargs, names, b->display);
   /* Schemas are not always truthful about what an op writes (custom ops
    * registered without alias annotations): the curated list adds to them. */
   b->writes_mask = schema_writes;

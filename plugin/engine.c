@@ -151,16 +151,16 @@ static int build_operators(ust__engine *e) {
         HASH_ADD_STR(e->bindings_by_name, display, b);
         if (ust__hash_oom)
           return ust__error(UST_ENOMEM, "out of memory");
-        char where[UST__QUALNAME_MAX + 300];
-        snprintf(where, sizeof where, "%s (%s)", p->path, b->display);
-        if (ust__roofline_compile(&def->roofline, where, &b->roofline) != 0)
-          return UST_EPROBLEM;
         b->n_dims = def->n_dims;
         for (int d = 0; d < def->n_dims; d++) {
           if (ust__dim_compile(def->dims[d].expr, &b->dims[d]) != 0)
             return ust__error(UST_EPROBLEM, "%s: %s", p->path, ust_last_error());
           b->dims[d].bucket = def->dims[d].bucket;
         }
+        char where[UST__QUALNAME_MAX + 300];
+        snprintf(where, sizeof where, "%s (%s)", p->path, b->display);
+        if (ust__roofline_compile(&def->roofline, where, &b->roofline) != 0)
+          return UST_EPROBLEM;
         e->n_bindings++;
       }
     }

@@ -230,7 +230,7 @@ int ust__expr_compile(const char *text, const char *const *vars, int n_vars, ust
   return 0;
 }
 
-int ust__expr_eval(const ust__expr *e, const double *values, double *out) {
+static int eval(const ust__expr *e, const double *values, double *out, int quiet) {
   double st[MAX_STACK];
   int sp = 0;
   for (int i = 0; i < e->n; i++) {
@@ -255,7 +255,7 @@ int ust__expr_eval(const ust__expr *e, const double *values, double *out) {
     default:
       b = st[--sp];
       if ((s->op == OP_DIV || s->op == OP_MOD || s->op == OP_CDIV) && b == 0)
-        return ust__error(UST_EINVAL, "expression '%s': division by zero", e->text);
+        return quiet ? UST_EINVAL : ust__error(UST_EINVAL, "expression '%s': division by zero", e->text);
       switch (s->op) {
       case OP_ADD: st[sp - 1] += b; break;
       case OP_SUB: st[sp - 1] -= b; break;
@@ -268,9 +268,12 @@ int ust__expr_eval(const ust__expr *e, const double *values, double *out) {
     }
   }
   if (sp != 1 || !isfinite(st[0]))
-    return ust__error(UST_EINVAL, "expression '%s': the result is not a finite number", e->text);
+    return quiet ? UST_EINVAL : ust__error(UST_EINVAL, "expression '%s': the result is not a finite number", e->text);
   *out = st[0];
   return 0;
 }
+
+int ust__expr_eval(const ust__expr *e, const double *values, double *out) { return eval(e, values, out, 0); }
+int ust__expr_eval_quiet(const ust__expr *e, const double *values, double *out) { return eval(e, values, out, 1); }
 
 void ust__expr_free(ust__expr *e) { free(e); }

@@ -31,7 +31,8 @@ int ust__hw_parse(const char *text, const char *path, ust__hw_profile *out) {
   if (root == NULL)
     return HERR("%s: not valid JSON", path);
   int rc = 0;
-  static const char *const keys[] = {"schema_version", "name", "match", "p_peak", "b_peak", "source", NULL};
+  static const char *const keys[] = {"schema_version", "name", "match", "exclude", "p_peak", "b_peak", "source",
+                                     NULL};
   if (!cJSON_IsObject(root)) {
     rc = HERR("%s: the top level must be an object", path);
     goto out;
@@ -41,8 +42,8 @@ int ust__hw_parse(const char *text, const char *path, ust__hw_profile *out) {
     for (const char *const *k = keys; *k != NULL; k++)
       known |= strcmp(it->string, *k) == 0;
     if (!known)
-      rc = HERR("%s: unknown field '%s' (expected schema_version, name, match, p_peak, b_peak, source)", path,
-                it->string);
+      rc = HERR("%s: unknown field '%s' (expected schema_version, name, match, exclude, p_peak, b_peak, source)",
+                path, it->string);
   }
   if (rc != 0)
     goto out;
@@ -69,6 +70,19 @@ int ust__hw_parse(const char *text, const char *path, ust__hw_profile *out) {
       goto out;
     }
     out->n_match++;
+  }
+  v = cJSON_GetObjectItemCaseSensitive(root, "exclude");
+  if (v != NULL && (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > UST__HW_MAX_MATCH)) {
+    rc = HERR("%s: 'exclude' must be a list of at most %d device-name words", path, UST__HW_MAX_MATCH);
+    goto out;
+  }
+  cJSON_ArrayForEach(it, v) {
+    if (!cJSON_IsString(it) || it->valuestring[0] == '\0' ||
+        ust__copy_name(out->exclude[out->n_exclude], sizeof out->exclude[0], it->valuestring) != 0) {
+      rc = HERR("%s: 'exclude' holds an empty, non-string or too long entry", path);
+      goto out;
+    }
+    out->n_exclude++;
   }
   v = cJSON_GetObjectItemCaseSensitive(root, "p_peak");
   if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) < 1) {
@@ -173,23 +187,43 @@ static int whole_word_in(const char *hay, const char *word) {
 const ust__hw_profile *ust__hw_pick(const ust__hw_set *set, const char *device_name) {
   if (set == NULL || device_name == NULL)
     return NULL;
-  for (int i = 0; i < set->n; i++)
-    for (int m = 0; m < set->items[i].n_match; m++)
-      if (whole_word_in(device_name, set->items[i].match[m]))
-        return &set->items[i];
-  return NULL;
+  const ust__hw_profile *best = NULL;
+  size_t best_len = 0;
+  for (int i = 0; i < set->n; i++) {
+    const ust__hw_profile *p = &set->items[i];
+    int excluded = 0;
+    for (int x = 0; x < p->n_exclude; x++)
+      excluded |= whole_word_in(device_name, p->exclude[x]);
+    for (int m = 0; m < p->n_match && !excluded; m++)
+      if (whole_word_in(device_name, p->match[m]) && strlen(p->match[m]) > best_len) {
+        best = p;
+        best_len = strlen(p->match[m]);
+      }
+  }
+  return best;
 }
 
-int ust__roofline_tsol(const ust__hw_profile *hw, const double w[UST__N_PATHS], double q_bytes, double *seconds) {
+static int tsol(const ust__hw_profile *hw, const double w[UST__N_PATHS], double q_bytes, double *seconds, int quiet) {
   double compute = 0;
   for (int d = 0; d < UST__N_PATHS; d++) {
     if (w[d] == 0)
       continue;
     if (hw->p_peak[d] <= 0)
-      return ust__error(UST_EINVAL, "roofline: %s has no %s path for %g FLOPs", hw->name, ust__path_name(d), w[d]);
+      return quiet ? UST_EINVAL
+                   : ust__error(UST_EINVAL, "roofline: %s has no %s path for %g FLOPs", hw->name, ust__path_name(d),
+                                w[d]);
     compute += w[d] / hw->p_peak[d];
   }
   const double memory = q_bytes / hw->b_peak;
   *seconds = compute > memory ? compute : memory;
   return 0;
+}
+
+int ust__roofline_tsol(const ust__hw_profile *hw, const double w[UST__N_PATHS], double q_bytes, double *seconds) {
+  return tsol(hw, w, q_bytes, seconds, 0);
+}
+
+int ust__roofline_tsol_quiet(const ust__hw_profile *hw, const double w[UST__N_PATHS], double q_bytes,
+                             double *seconds) {
+  return tsol(hw, w, q_bytes, seconds, 1);
 }

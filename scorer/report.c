@@ -141,16 +141,18 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* S of a route's production (candidate = 0) or candidate; -1 when unknown. */
-static double route_s(ust__route *r, int candidate) {
+/* S of a route as DESIGN.md defines it: the mean T_SOL of its scored calls
+ * over the median measured time (production's, or the candidate's over its
+ * passing shadow calls); -1 when unknown. */
+static double route_s(ust__route *r, int candidate, const ust__hist_snap *times) {
   uint64_t n = atomic_load(candidate ? &r->cand_roof_calls : &r->roof_calls);
-  uint64_t t = atomic_load(candidate ? &r->cand_roof_time_ns : &r->roof_time_ns);
-  if (n == 0 || t == 0)
+  double p50 = ust__hist_quantile(times, 0.5);
+  if (n == 0 || p50 <= 0)
     return -1;
-  return (double)atomic_load(candidate ? &r->cand_roof_tsol_ps : &r->roof_tsol_ps) / 1000.0 / (double)t;
+  return (double)atomic_load(candidate ? &r->cand_roof_tsol_ps : &r->roof_tsol_ps) / 1000.0 / (double)n / p50;
 }
 
-static cJSON *roofline_json(ust__route *r) {
+static cJSON *roofline_json(ust__route *r, const ust__hist_snap *prod, const ust__hist_snap *cand) {
   cJSON *j = cJSON_CreateObject();
   const ust__hw_profile *hw = atomic_load(&r->hw);
   if (hw != NULL)
@@ -159,14 +161,15 @@ static cJSON *roofline_json(ust__route *r) {
     cJSON_AddNullToObject(j, "hardware");
   uint64_t n = atomic_load(&r->roof_calls);
   add_num(j, "calls", (double)n);
+  add_num(j, "unscored", (double)atomic_load(&r->roof_unscored));
   add_num(j, "tsol_ns_mean", n ? (double)atomic_load(&r->roof_tsol_ps) / 1000.0 / (double)n : 0.0);
-  /* the sums, in integer units, so that reports merge exactly */
-  add_num(j, "tsol_ps_sum", (double)atomic_load(&r->roof_tsol_ps));
+  /* sums (ns), so that reports merge exactly */
+  add_num(j, "tsol_ns_sum", (double)atomic_load(&r->roof_tsol_ps) / 1000.0);
   add_num(j, "time_ns_sum", (double)atomic_load(&r->roof_time_ns));
   add_num(j, "candidate_calls", (double)atomic_load(&r->cand_roof_calls));
-  add_num(j, "candidate_tsol_ps_sum", (double)atomic_load(&r->cand_roof_tsol_ps));
+  add_num(j, "candidate_tsol_ns_sum", (double)atomic_load(&r->cand_roof_tsol_ps) / 1000.0);
   add_num(j, "candidate_time_ns_sum", (double)atomic_load(&r->cand_roof_time_ns));
-  double sp = route_s(r, 0), sc = route_s(r, 1);
+  double sp = route_s(r, 0, prod), sc = cand != NULL ? route_s(r, 1, cand) : -1;
   if (sp >= 0)
     add_num(j, "S", sp);
   else
@@ -309,8 +312,10 @@ cJSON *ust__report_build(ust__engine *e) {
       add_num(js, "weight", total_est > 0 ? f->est_ns / total_est : 0.0);
       cJSON_AddItemToObject(js, "latency_ns", hist_json(f->hist));
       if (b->roofline.present) {
-        cJSON_AddItemToObject(js, "roofline", roofline_json(f->r));
-        double sp = route_s(f->r, 0), sc = route_s(f->r, 1);
+        if (b->cand != NULL)
+          ust__hist_snapshot(&f->r->cand_hist, cand_snap);
+        cJSON_AddItemToObject(js, "roofline", roofline_json(f->r, f->hist, b->cand != NULL ? cand_snap : NULL));
+        double sp = route_s(f->r, 0, f->hist), sc = b->cand != NULL ? route_s(f->r, 1, cand_snap) : -1;
         if (sp >= 0) {
           svals[ns++] = sp;
           sph[ph * n_alloc + nsp[ph]++] = sp;

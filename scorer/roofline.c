@@ -32,7 +32,7 @@ int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__
   return 0;
 }
 
-void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names) {
+void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names, const char *display) {
   if (!p->present)
     return;
   for (int v = 0; v < p->n_vars; v++) {
@@ -40,11 +40,17 @@ void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *
     for (int i = 0; i < nargs; i++)
       if (strcmp(names[i], p->vars[v].arg) == 0)
         p->vars[v].arg_index = i;
+    if (p->vars[v].arg_index < 0)
+      ust__log(UST_LOG_WARN, "%s: its roofline names argument '%s', which the schema lacks: calls are not scored",
+               display, p->vars[v].arg);
   }
   p->w_dtype_index = -1;
   for (int i = 0; i < nargs; i++)
     if (strcmp(names[i], p->w_dtype) == 0)
       p->w_dtype_index = i;
+  if (p->w_dtype_index < 0)
+    ust__log(UST_LOG_WARN, "%s: its roofline's W_dtype names argument '%s', which the schema lacks", display,
+             p->w_dtype);
 }
 
 static int path_of_dtype(int dt) {
@@ -53,9 +59,9 @@ static int path_of_dtype(int dt) {
   case UST__DT_F16: return UST__PATH_FP16;
   case UST__DT_F8E4M3FN: case UST__DT_F8E5M2: case UST__DT_F8E4M3FNUZ: case UST__DT_F8E5M2FNUZ:
     return UST__PATH_FP8_E4M3;
-  case UST__DT_F32: case UST__DT_F64: return UST__PATH_FP32;
+  case UST__DT_F32: return UST__PATH_FP32;
   }
-  return -1;
+  return -1; /* fp64, integer paths: no peak in the profiles, so not scored */
 }
 
 int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, double w[UST__N_PATHS], double *q_read,
@@ -70,8 +76,8 @@ int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, doubl
     vals[v] = (double)x;
   }
   double wv = 0;
-  if (ust__expr_eval(p->w, vals, &wv) != 0 || ust__expr_eval(p->q_read, vals, q_read) != 0 ||
-      ust__expr_eval(p->q_write, vals, q_write) != 0)
+  if (ust__expr_eval_quiet(p->w, vals, &wv) != 0 || ust__expr_eval_quiet(p->q_read, vals, q_read) != 0 ||
+      ust__expr_eval_quiet(p->q_write, vals, q_write) != 0)
     return -1;
   for (int d = 0; d < UST__N_PATHS; d++)
     w[d] = 0;
@@ -111,11 +117,12 @@ const ust__hw_profile *ust__hw_for_call(ust__hw_ctx *hw, const ust__call *call) 
    * they find the same profile. */
   char name[256] = "";
   const ust__hw_profile *p = NULL;
-  if (ust__gpu_device_name(d, name, sizeof name) == 0) {
-    p = ust__hw_pick(&hw->set, name);
-    if (p == NULL)
-      ust__log(UST_LOG_INFO, "no hardware profile matches '%s': its calls are not scored", name);
-  }
+  if (ust__gpu_device_name(d, name, sizeof name) != 0)
+    return NULL; /* asked again at the next scored call */
+  p = ust__hw_pick(&hw->set, name);
+  if (p == NULL)
+    ust__log(UST_LOG_WARN, "no hardware profile matches '%s': its calls are not scored (add one, or run "
+                           "understudy calibrate)", name);
   atomic_store_explicit(&hw->gpu[d], p, memory_order_relaxed);
   atomic_store_explicit(&hw->gpu_resolved[d], 1, memory_order_release);
   return p;
@@ -129,8 +136,11 @@ uint64_t ust__route_tsol_ps(ust__route *r, const ust__call *call) {
   if (hw == NULL)
     return 0;
   double w[UST__N_PATHS], qr, qw, seconds;
-  if (ust__roofline_eval(&b->roofline, call, w, &qr, &qw) != 0 || ust__roofline_tsol(hw, w, qr + qw, &seconds) != 0)
+  if (ust__roofline_eval(&b->roofline, call, w, &qr, &qw) != 0 ||
+      ust__roofline_tsol_quiet(hw, w, qr + qw, &seconds) != 0) {
+    atomic_fetch_add_explicit(&r->roof_unscored, 1, memory_order_relaxed);
     return 0;
+  }
   atomic_store_explicit(&r->hw, hw, memory_order_relaxed);
   return (uint64_t)(seconds * 1e12 + 0.5);
 }

@@ -73,6 +73,8 @@ int ust__expr_compile(const char *text, const char *const *vars, int n_vars, ust
 /* Evaluate with values[i] for vars[i]. Returns UST_EINVAL (message names
  * the expression) for a division by zero or a non-finite result. */
 int ust__expr_eval(const ust__expr *e, const double *values, double *out);
+/* The same without setting the thread's last error: for the per-call path. */
+int ust__expr_eval_quiet(const ust__expr *e, const double *values, double *out);
 void ust__expr_free(ust__expr *e);
 
 /* ---- hardware profiles (problems/hardware/NAME.json) ------------------------
@@ -92,6 +94,8 @@ typedef struct ust__hw_profile {
   char name[64];
   int n_match;
   char match[UST__HW_MAX_MATCH][64]; /* whole words of the device name that select this profile */
+  int n_exclude;
+  char exclude[UST__HW_MAX_MATCH][64]; /* whole words that rule it out ("NVL", "PCIe": other SKUs) */
   double p_peak[UST__N_PATHS];       /* FLOP/s; 0: the device has no such path */
   double b_peak;                     /* bytes/s */
   char *source;                      /* owned */
@@ -109,13 +113,17 @@ int ust__hw_parse(const char *text, const char *path, ust__hw_profile *out);
 /* Every *.json of dir. */
 int ust__hw_load_dir(const char *dir, ust__hw_set *out);
 void ust__hw_free(ust__hw_set *set);
-/* The profile whose match word appears as a whole word in device_name
- * ("NVIDIA H200" picks H200, not H20); NULL when none does. */
+/* The profile whose match words appear as whole words in device_name and
+ * whose exclude words do not ("NVIDIA H200" picks H200, not H20; "NVIDIA
+ * H200 NVL" not the SXM profile); the longest match wins; NULL when none. */
 const ust__hw_profile *ust__hw_pick(const ust__hw_set *set, const char *device_name);
 
 /* The roofline floor of one call: T_SOL = max(sum_d W[d] / P[d], Q / B), in
  * seconds (the Atrex-Bench evaluator's hybrid rule). W on a path the profile
  * lacks is an error (UST_EINVAL naming the path). */
 int ust__roofline_tsol(const ust__hw_profile *hw, const double w[UST__N_PATHS], double q_bytes, double *seconds);
+/* The same without setting the thread's last error: for the per-call path. */
+int ust__roofline_tsol_quiet(const ust__hw_profile *hw, const double w[UST__N_PATHS], double q_bytes,
+                             double *seconds);
 
 #endif /* UST_SCORER_H */

@@ -1,14 +1,15 @@
 """Export the observed workload in Atrex-Bench's layout, so the benchmark can be
 refreshed from live traffic:
 
-    python -m understudy export-atrex OUT_DIR REPORT.json
+    python -m understudy export-atrex OUT_DIR REPORT.json [--problems-dir DIR]
 
 writes OUT_DIR/<operator>/shapes.json (the observed shape keys as the
 benchmark's kwargs, busiest first), OUT_DIR/<operator>/observed.json (calls,
 device time and phase per exported shape) and OUT_DIR/operator_importance.json
 (each exported operator's share of the exported device time). The mapping from
 shape-key dimensions to kwargs is the "atrex" block of the operator's
-definition. Dimensions bucketed in the shape key (pow2) are exported as the
+definition, read from the problems directory (not from the report's paths).
+Dimensions bucketed in the shape key (pow2) are exported as the
 bucket's upper bound.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ast
 import json
 import operator
 import os
+import re
 import time
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
@@ -47,18 +49,39 @@ def _eval(expr, dims: dict):
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-def export(rep: dict, out_dir: str) -> dict:
-    """Write the files; returns {operator: number of shapes exported}."""
+_SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def _definitions(problems_dir: str) -> dict:
+    """Operator name -> its atrex mapping, from the definitions in problems_dir
+    (never from paths a report names: reports come from other machines)."""
+    out = {}
+    for fn in sorted(os.listdir(problems_dir)):
+        if not fn.endswith(".json"):
+            continue
+        with open(os.path.join(problems_dir, fn)) as f:
+            d = json.load(f)
+        if isinstance(d, dict) and d.get("atrex"):
+            out[d["operator"]] = d["atrex"]
+    return out
+
+
+def export(rep: dict, out_dir: str, problems_dir: str = None) -> dict:
+    """Write the files; returns {operator: number of shapes exported}. Raises
+    ValueError when nothing of the report can be exported."""
+    if problems_dir is None:
+        from . import problems_dir as default_dir
+        problems_dir = str(default_dir())
+    mappings = _definitions(problems_dir)
+    out_root = os.path.realpath(out_dir)
     exported, importance, total = {}, {}, 0.0
     for o in rep["operators"]:
-        try:
-            with open(o["definition"]) as f:
-                mapping = json.load(f).get("atrex")
-        except (OSError, ValueError, KeyError, TypeError):
-            mapping = None
+        mapping = mappings.get(o["name"])
         if not mapping:
             continue
         name = mapping["operator"]
+        if not _SAFE.match(name) or ".." in name:
+            raise ValueError(f"operator {o['name']!r}: atrex operator name {name!r} is not a plain directory name")
         rows = {}
         for s in sorted(o["shapes"], key=lambda s: -s["est_device_time_ns"]):
             b = mapping["bindings"].get(s["op"])
@@ -75,7 +98,9 @@ def export(rep: dict, out_dir: str) -> dict:
         if not rows:
             continue
         ordered = sorted(rows.values(), key=lambda r: -r["est_device_time_ns"])
-        d = os.path.join(out_dir, name)
+        d = os.path.join(out_root, name)
+        if os.path.dirname(os.path.realpath(d)) != out_root:
+            raise ValueError(f"{d} is not inside {out_root}")
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "shapes.json"), "w") as f:
             json.dump({str(i): {"init_kwargs": r["init_kwargs"], "input_kwargs": r["input_kwargs"]}
@@ -90,6 +115,9 @@ def export(rep: dict, out_dir: str) -> dict:
                             "num_profiles": len(ordered)}
         total += est
         exported[name] = len(ordered)
+    if not exported:
+        raise ValueError("no operator of the report has an atrex mapping in " + problems_dir
+                         + " (or none of its shape keys was called)")
     for v in importance.values():
         v["importance_score"] = v["est_device_time_ns"] / total if total > 0 else 0.0
     with open(os.path.join(out_dir, "operator_importance.json"), "w") as f:

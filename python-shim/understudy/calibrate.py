@@ -79,10 +79,19 @@ def calibrate(device: str = None, quick: bool = False) -> dict:
             n = sizes[-1]
             a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
             p_peak["tf32"] = 2 * n ** 3 / _time(lambda: torch.mm(a, b), device, reps)
+            try:  # fp8 e4m3 through torch._scaled_mm, where the device has it
+                fa = a.to(torch.float8_e4m3fn)
+                fb = b.to(torch.float8_e4m3fn).t().contiguous().t()
+                one = torch.ones((), device=device)
+                p_peak["fp8_e4m3"] = 2 * n ** 3 / _time(
+                    lambda: torch._scaled_mm(fa, fb, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), device, reps)
+            except (RuntimeError, AttributeError, TypeError):
+                pass
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-    dev_name = torch.cuda.get_device_name() if device == "cuda" else _cpu_name()
-    return {"schema_version": 1, "name": f"{dev_name} (measured)", "match": [dev_name],
+    dev_name = (torch.cuda.get_device_name() if device == "cuda" else _cpu_name()).strip()
+    # profile names and match words are at most 63 characters
+    return {"schema_version": 1, "name": f"{dev_name[:52]} (measured)", "match": [dev_name[:63]],
             "p_peak": {k: float(f"{v:.4g}") for k, v in p_peak.items()}, "b_peak": float(f"{b_peak:.4g}"),
             "source": f"understudy calibrate on {platform.node()}, {time.strftime('%Y-%m-%d %H:%M:%S')}, "
                       f"torch {torch.__version__}: best of {reps} (copy sizes {copy_sizes} bytes, mm sizes {sizes})"}

@@ -127,6 +127,7 @@ def main(argv=None) -> int:
     xp = sub.add_parser("export-atrex", help="write the observed workload as Atrex-Bench shapes and importance")
     xp.add_argument("out_dir")
     xp.add_argument("report")
+    xp.add_argument("--problems-dir", default=None, help="operator definitions (default: the shipped problems/)")
     dp = sub.add_parser("demo", help="generate with a small decoder under understudy and print the report")
     dp.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     dp.add_argument("--tokens", type=int, default=24)
@@ -160,8 +161,8 @@ def main(argv=None) -> int:
             with open(args.report) as f:
                 rep = json.load(f)
             os.makedirs(args.out_dir, exist_ok=True)
-            done = export(rep, args.out_dir)
-        except (OSError, ValueError) as e:
+            done = export(rep, args.out_dir, args.problems_dir)
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, RecursionError) as e:
             print(f"understudy: export-atrex: {e}", file=sys.stderr)
             return 2
         print(f"exported {sum(done.values())} shapes of {len(done)} operators to {args.out_dir}: "

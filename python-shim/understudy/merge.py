@@ -60,7 +60,8 @@ def _median(v: list) -> float:
 
 ADD_SHAPE = ("calls", "timed", "captured", "timing_dropped", "device_time_ns", "est_device_time_ns")
 ADD_SHADOW = ("calls", "verified", "passed", "failed", "skipped", "unverifiable")
-ADD_ROOF = ("calls", "tsol_ps_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ps_sum", "candidate_time_ns_sum")
+ADD_ROOF = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",
+            "candidate_time_ns_sum")
 
 
 class MergeError(ValueError):
@@ -76,12 +77,26 @@ def merge(reports: Iterable[dict]) -> dict:
             raise MergeError(f"report {i} is not an understudy.report v1")
         if r.get("histogram", {}).get("scheme") != reports[0]["histogram"]["scheme"]:
             raise MergeError(f"report {i} uses histogram scheme {r.get('histogram', {}).get('scheme')!r}")
+    seen = {}
+    for i, r in enumerate(reports):
+        ident = (r.get("host"), r.get("pid"), r.get("started_unix_ms"))
+        if ident in seen:
+            raise MergeError(f"reports {seen[ident]} and {i} come from the same process (host {ident[0]}, pid "
+                             f"{ident[1]}, started {ident[2]}): a process's reports are snapshots, merge only its last")
+        seen[ident] = i
     ops: dict = {}
     for r in reports:
         for o in r["operators"]:
             m = ops.setdefault(o["name"], {"src": o, "modes": set(), "bindings": [], "untracked": 0,
                                            "candidate": o.get("candidate"), "shapes": {}})
             m["modes"].add(o["mode"])
+            cand = o.get("candidate")
+            if cand is not None:
+                if m["candidate"] is None:
+                    m["candidate"] = cand
+                elif (m["candidate"].get("name"), m["candidate"].get("sha256")) != (cand.get("name"), cand.get("sha256")):
+                    raise MergeError(f"operator '{o['name']}' ran different candidates ({m['candidate'].get('name')} "
+                                     f"and {cand.get('name')}): their figures do not combine")
             m["bindings"] += [b for b in o["bindings"] if b not in m["bindings"]]
             m["untracked"] += o.get("untracked", 0)
             for s in o["shapes"]:
@@ -155,17 +170,20 @@ def merge(reports: Iterable[dict]) -> dict:
                 tot["failed"] += sh["failed"]
                 tot["rollbacks"] += 1 if s["mode"] == "rolled_back" else 0
             if "_roof" in t:
+                # S = mean T_SOL / median time, as the library computes it
                 rf = t["_roof"]
-                sp = rf["tsol_ps_sum"] / 1000.0 / rf["time_ns_sum"] if rf["calls"] and rf["time_ns_sum"] else None
-                sc = (rf["candidate_tsol_ps_sum"] / 1000.0 / rf["candidate_time_ns_sum"]
-                      if rf["candidate_calls"] and rf["candidate_time_ns_sum"] and s["mode"] != "rolled_back" else None)
+                p50 = s["latency_ns"]["p50"]
+                cp50 = s["shadow"]["candidate_latency_ns"]["p50"] if "shadow" in s else 0
+                sp = rf["tsol_ns_sum"] / rf["calls"] / p50 if rf["calls"] and p50 > 0 else None
+                sc = (rf["candidate_tsol_ns_sum"] / rf["candidate_calls"] / cp50
+                      if rf["candidate_calls"] and cp50 > 0 and s["mode"] != "rolled_back" else None)
                 s["roofline"] = {"hardware": rf["hardware"], "calls": rf["calls"],
-                                 "tsol_ns_mean": rf["tsol_ps_sum"] / 1000.0 / rf["calls"] if rf["calls"] else 0.0,
+                                 "tsol_ns_mean": rf["tsol_ns_sum"] / rf["calls"] if rf["calls"] else 0.0,
                                  **{k: rf[k] for k in ADD_ROOF if k != "calls"}, "S": sp, "S_candidate": sc}
                 if sp is not None:
                     s_vals.append(sp)
                     ph_s.setdefault(ph, []).append(sp)
-                    tsol_sum += rf["tsol_ps_sum"] / 1000.0
+                    tsol_sum += rf["tsol_ns_sum"]
                     time_sum += rf["time_ns_sum"]
                 if "shadow" in s:
                     cand_routes += 1

@@ -29,16 +29,13 @@ def _num(v) -> str:
 
 
 def metrics_text(rep: dict) -> str:
-    """The exposition (text format 0.0.4) of one report."""
-    out: list = []
-    declared = set()
+    """The exposition (text format 0.0.4) of one report: each metric family once,
+    HELP and TYPE first, then all its samples."""
+    families: dict = {}
 
-    def metric(name, kind, help_, labels, value):
-        if name not in declared:
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} {kind}")
-            declared.add(name)
-        out.append(f"{name}{labels} {_num(value)}")
+    def metric(name, kind, help_, labels, value, suffix=""):
+        fam = families.setdefault(name, {"kind": kind, "help": help_, "samples": []})
+        fam["samples"].append(f"{name}{suffix}{labels} {_num(value)}")
 
     for o in rep["operators"]:
         ol = _labels(operator=o["name"])
@@ -59,13 +56,17 @@ def metrics_text(rep: dict) -> str:
             metric("understudy_timed_calls_total", "counter", "calls whose latency was measured", lb, s["timed"])
             metric("understudy_captured_calls_total", "counter", "calls made during CUDA graph capture", lb,
                    s["captured"])
-            metric("understudy_device_time_ns_total", "counter", "estimated device time (timed sum scaled to all calls)",
-                   lb, s["est_device_time_ns"])
+            metric("understudy_measured_device_time_ns_total", "counter", "device time of the timed calls (ns)", lb,
+                   s["device_time_ns"])
+            metric("understudy_estimated_device_time_ns", "gauge",
+                   "device time of all calls, the timed sum scaled by calls / timed (ns)", lb, s["est_device_time_ns"])
             lat = s["latency_ns"]
+            empty = lat["count"] == 0
             for q, k in (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99")):
-                metric("understudy_latency_ns", "summary", "production latency (ns)", _labels(**sl, quantile=q), lat[k])
-            out.append(f"understudy_latency_ns_sum{lb} {_num(lat['sum'])}")
-            out.append(f"understudy_latency_ns_count{lb} {_num(lat['count'])}")
+                metric("understudy_latency_ns", "summary", "production latency (ns)", _labels(**sl, quantile=q),
+                       None if empty else lat[k])
+            metric("understudy_latency_ns", "summary", "", lb, lat["sum"], "_sum")
+            metric("understudy_latency_ns", "summary", "", lb, lat["count"], "_count")
             if "shadow" in s:
                 sh = s["shadow"]
                 for f in ("calls", "verified", "passed", "failed", "skipped"):
@@ -85,8 +86,17 @@ def metrics_text(rep: dict) -> str:
         metric("understudy_s_agg_candidate", "gauge", "sum_i w_i S_i, candidates", _labels(phase="all"),
                tot["S_agg_candidate"])
         for ph, x in tot.get("phases", {}).items():
-            out.append(f"understudy_s_agg{_labels(phase=ph)} {_num(x['S_agg'])}")
-            out.append(f"understudy_s_agg_candidate{_labels(phase=ph)} {_num(x['S_agg_candidate'])}")
+            metric("understudy_s_agg", "gauge", "", _labels(phase=ph), x["S_agg"])
+            metric("understudy_s_agg_candidate", "gauge", "", _labels(phase=ph), x["S_agg_candidate"])
+    out = []
+    for name, fam in families.items():
+        out.append(f"# HELP {name} {fam['help']}")
+        out.append(f"# TYPE {name} {fam['kind']}")
+        if fam["kind"] == "summary":  # quantiles, then _sum and _count, per label set
+            out += [x for x in fam["samples"] if "quantile=" in x]
+            out += [x for x in fam["samples"] if "quantile=" not in x]
+        else:
+            out += fam["samples"]
     return "\n".join(out) + "\n"
 
 

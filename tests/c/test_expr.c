@@ -78,6 +78,15 @@ TEST(expr_errors_name_position) {
   memcpy(many + n - 1, "\0", 1);
   ASSERT_INT_EQ(ust__expr_compile(many, vars, 2, &e), UST_EPROBLEM);
   ASSERT_STR_CONTAINS(ust_last_error(), "too long");
+  /* short and shallow, yet more values on the stack at once than it holds */
+  char wide[400] = "1";
+  for (int d = 0; d < 5; d++) {
+    char next[400];
+    snprintf(next, sizeof next, "min(1,1,1,1,1,1,1,1,1,1,1,1,1,1,%s)", wide);
+    snprintf(wide, sizeof wide, "%s", next);
+  }
+  ASSERT_INT_EQ(ust__expr_compile(wide, vars, 2, &e), UST_EPROBLEM);
+  ASSERT_STR_CONTAINS(ust_last_error(), "needs too deep a stack");
   /* division by zero is an evaluation error naming the expression */
   ASSERT_INT_EQ(ust__expr_compile("M / (N - 2)", vars, 2, &e), 0);
   double v = 0, vals[2] = {6, 2};

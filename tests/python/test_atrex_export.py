@@ -42,3 +42,18 @@ def test_export_writes_atrex_layout(us, tmp_path):
     assert imp["operators"]["rms_norm"]["importance_score"] == 1.0
     assert imp["operators"]["rms_norm"]["phase"] == "decode/prefill"
     assert not (out / "gemm").exists()
+
+
+def test_export_refuses_what_it_cannot_map(tmp_path):
+    from understudy.atrex import export
+    import pytest
+
+    rep = {"operators": [{"name": "gemm", "definition": "/etc/passwd", "shapes": []}]}
+    with pytest.raises(ValueError, match="no operator of the report has an atrex mapping"):
+        export(rep, str(tmp_path))
+    bad = tmp_path / "defs"
+    bad.mkdir()
+    (bad / "x.json").write_text(json.dumps({"operator": "x", "atrex": {"operator": "../escape", "bindings": {}}}))
+    rep = {"operators": [{"name": "x", "definition": "", "shapes": []}]}
+    with pytest.raises(ValueError, match="not a plain directory name"):
+        export(rep, str(tmp_path / "out"), str(bad))

@@ -56,6 +56,8 @@ def split(rep, k, seed=0):
     """k reports whose additive figures sum to rep's: one process's traffic as k processes' shares."""
     rng = random.Random(seed)
     parts = [copy.deepcopy(rep) for _ in range(k)]
+    for i, p in enumerate(parts):
+        p["pid"] = 1000 + i  # k processes
     for oi, o in enumerate(rep["operators"]):
         for p, c in zip(parts, _split_int(o["untracked"], k, rng)):
             p["operators"][oi]["untracked"] = c
@@ -80,10 +82,13 @@ def split(rep, k, seed=0):
                         p["shadow"]["max_abs_err"] = s["shadow"]["max_abs_err"] / (j + 1)
                         p["shadow"]["max_rel_err"] = s["shadow"]["max_rel_err"] / (j + 1)
             if "roofline" in s:
-                for f in ("calls", "tsol_ps_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ps_sum",
-                          "candidate_time_ns_sum"):
+                for f in ("calls", "unscored", "time_ns_sum", "candidate_calls", "candidate_time_ns_sum"):
                     for p, c in zip(ps, _split_int(s["roofline"][f], k, rng)):
                         p["roofline"][f] = c
+                for f in ("tsol_ns_sum", "candidate_tsol_ns_sum"):  # ns, with fractions
+                    fr = [rng.random() + 0.1 for _ in range(k)]
+                    for p, x in zip(ps, fr):
+                        p["roofline"][f] = s["roofline"][f] * x / sum(fr)
     for p, c in zip(parts, _split_int(rep["totals"]["internal_errors"], k, rng)):
         p["totals"]["internal_errors"] = c
     return parts
@@ -135,6 +140,25 @@ def test_merge_refuses_foreign_files():
         merge([{"schema": "x"}])
     with pytest.raises(MergeError, match="nothing to merge"):
         merge([])
+
+
+def test_merge_takes_the_candidate_from_any_report_and_refuses_conflicts(us):
+    rep = real_report(us)
+    a, b = split(rep, 2)
+    # the first rank ran no candidate: its rms_norm routes observe only
+    op = next(o for o in a["operators"] if o["name"] == "rms_norm")
+    del op["candidate"]
+    merged = merge([a, b])
+    mo = next(o for o in merged["operators"] if o["name"] == "rms_norm")
+    assert mo["candidate"]["name"] == "rms_norm_cpu" and "S_candidate" in mo["roofline"]
+    assert merged["totals"]["S_agg_candidate"] == pytest.approx(rep["totals"]["S_agg_candidate"], rel=1e-12)
+    c = copy.deepcopy(b)
+    next(o for o in c["operators"] if o["name"] == "rms_norm")["candidate"]["sha256"] = "0" * 64
+    c["pid"] = 4242
+    with pytest.raises(MergeError, match="ran different candidates"):
+        merge([b, c])
+    with pytest.raises(MergeError, match="come from the same process"):
+        merge([b, copy.deepcopy(b)])
 
 
 WORKER = r"""

@@ -11,13 +11,22 @@ LINE = re.compile(r'^[a-z_]+(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? (-?[0-9.e+-]+|Na
 
 
 def parse(text):
-    samples = {}
+    """Every line well-formed, and each family contiguous under its HELP/TYPE."""
+    samples, done, current = {}, set(), None
     for line in text.splitlines():
         if line.startswith("#"):
             assert line.startswith("# HELP ") or line.startswith("# TYPE "), line
+            fam = line.split()[2]
+            if line.startswith("# HELP "):
+                assert fam not in done, f"family {fam} appears twice"
+                if current:
+                    done.add(current)
+                current = fam
             continue
         assert LINE.match(line), line
         name_labels, value = line.rsplit(" ", 1)
+        base = name_labels.split("{")[0]
+        assert base in (current, current + "_sum", current + "_count"), f"{base} outside its family {current}"
         samples[name_labels] = float(value)
     return samples
 
@@ -48,6 +57,7 @@ def test_metrics_carry_the_report(us):
     assert samples["understudy_shadow_passed_total" + lb] == 5
     assert samples["understudy_rolled_back" + lb] == 0
     assert samples["understudy_latency_ns_count" + lb] == 5
+    assert samples["understudy_measured_device_time_ns_total" + lb] == s["device_time_ns"]
     assert samples["understudy_roofline_s" + lb] > 0
     assert samples['understudy_s_agg{phase="decode"}'] == rep["totals"]["phases"]["decode"]["S_agg"]
     assert samples['understudy_operator_weight{operator="silu"}'] > 0
