@@ -22,24 +22,32 @@ def format_report(rep: dict, *, max_shapes: int = 8) -> str:
                  f"untracked {int(tot.get('untracked', 0))}  internal errors {int(tot.get('internal_errors', 0))}  "
                  f"device time {tot.get('est_device_time_ns', 0) / 1e6:.3f} ms")
     if tot.get("S_agg"):
+        cov = [f"{o['name']} {o['roofline']['coverage']:.2f}" for o in rep.get("operators", [])
+               if "coverage" in o.get("roofline", {})]
         lines.append(f"roofline: S_agg production {tot['S_agg']:.3f}, candidates {tot.get('S_agg_candidate', 0):.3f} "
-                     f"(S = T_SOL / measured time; 1 is the hardware's floor)")
+                     f"(S = T_SOL / median time; 1 is the hardware's floor)"
+                     + (f"; candidate coverage: {', '.join(cov)}" if cov else ""))
     lines.append("")
-    head = f"{'operator / shape key':<64} {'mode':>8} {'calls':>8} {'capt':>6} {'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'weight':>7}"
+    head = (f"{'operator / shape key':<64} {'mode':>8} {'calls':>8} {'capt':>6} {'p50 us':>9} {'p90 us':>9} "
+            f"{'p99 us':>9} {'weight':>7} {'S':>7}")
     lines.append(head)
     lines.append("-" * len(head))
     ops = sorted(rep.get("operators", []), key=lambda o: (-o.get("weight", 0), -o.get("calls", 0)))
     for op in ops:
+        roof = op.get("roofline", {})
+        s_op = f"{roof['S']:7.3f}" if roof.get("scored_shapes") else f"{'-':>7}"
         lines.append(f"{op['name']:<64} {op['mode']:>8} {int(op['calls']):>8} {int(op['captured']):>6} "
-                     f"{'':>9} {'':>9} {'':>9} {op['weight']:>7.3f}")
+                     f"{'':>9} {'':>9} {'':>9} {op['weight']:>7.3f} {s_op}")
         shapes = sorted(op.get("shapes", []), key=lambda s: (-s.get("weight", 0), -s.get("calls", 0)))
         for s in shapes[:max_shapes]:
             lat = s["latency_ns"]
             key = s["key"]
             if len(key) > 62:
                 key = key[:59] + "..."
+            sr = s.get("roofline", {}).get("S")
             lines.append(f"  {key:<62} {'':>8} {int(s['calls']):>8} {int(s['captured']):>6} "
-                         f"{_us(lat['p50'])} {_us(lat['p90'])} {_us(lat['p99'])} {s['weight']:>7.3f}")
+                         f"{_us(lat['p50'])} {_us(lat['p90'])} {_us(lat['p99'])} {s['weight']:>7.3f} "
+                         + (f"{sr:7.3f}" if sr is not None else f"{'-':>7}"))
         if len(shapes) > max_shapes:
             lines.append(f"  ... {len(shapes) - max_shapes} more shape keys")
     return "\n".join(lines)
@@ -132,6 +140,8 @@ def main(argv=None) -> int:
     dp.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     dp.add_argument("--tokens", type=int, default=24)
     dp.add_argument("--report", default="understudy-demo-report.json")
+    dp.add_argument("--model", default="small", choices=["small", "llama-8b-shaped", "qwen3-moe-shaped"],
+                    help="small (default), or HF models with real serving dimensions and 2 layers (GPU)")
     args = ap.parse_args(argv)
     if args.cmd == "report":
         try:
@@ -170,4 +180,4 @@ def main(argv=None) -> int:
         return 0
     from understudy.demo import run_demo
 
-    return run_demo(device=args.device, tokens=args.tokens, report_path=args.report)
+    return run_demo(device=args.device, tokens=args.tokens, report_path=args.report, model=args.model)

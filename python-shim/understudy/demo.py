@@ -152,10 +152,36 @@ class TinyDecoder(nn.Module):
         return torch.cat(out, dim=1)
 
 
-def build_model(device: str, prefer_hf: bool = True):
+# Realistic dimensions with few layers and random weights: the shapes serving
+# traffic has, at a size one GPU holds in seconds.
+SHAPED = {
+    "llama-8b-shaped": ("LlamaConfig", "LlamaForCausalLM",
+                        dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
+                             num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096),
+                        "Llama-3-8B dimensions, 2 layers"),
+    "qwen3-moe-shaped": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                         dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                              num_experts=128, num_experts_per_tok=8, num_hidden_layers=2, num_attention_heads=32,
+                              num_key_value_heads=4, head_dim=128, max_position_embeddings=4096),
+                         "Qwen3-30B-A3B dimensions, 2 layers"),
+}
+
+
+def build_model(device: str, prefer_hf: bool = True, model: str = "small"):
     """Returns (name, generate(ids, new_tokens) -> token tensor, vocab, model)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
+    if model in SHAPED:
+        import transformers
+
+        cfg_name, cls_name, kw, what = SHAPED[model]
+        cfg = getattr(transformers, cfg_name)(**kw)
+        m = getattr(transformers, cls_name)(cfg).to(device=device, dtype=dtype).eval()
+
+        def gen_shaped(ids, n):
+            torch.manual_seed(0)
+            return m.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=True, top_k=50, pad_token_id=0)
+        return f"transformers {cls_name} (random weights, {what})", gen_shaped, cfg.vocab_size, m
     if prefer_hf:
         try:
             from transformers import LlamaConfig, LlamaForCausalLM
@@ -221,12 +247,13 @@ def shadow_config(device: str, report_path: str) -> tuple[dict, list[str]]:
     return {"operators": ops, "report": {"path": report_path, "interval_s": 5}}, notes
 
 
-def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-report.json") -> int:
+def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-report.json",
+             model: str = "small") -> int:
     import understudy
     from understudy.cli import format_report
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    name, generate, vocab, model = build_model(device)
+    name, generate, vocab, model = build_model(device, model=model)
     ids = torch.randint(0, vocab, (2, 16), device=device, generator=torch.Generator(device=device).manual_seed(1))
     print(f"understudy demo: {name} on {device}, torch {torch.__version__}")
     generate(ids, tokens)  # warm-up outside understudy: per-shape set-up (cuDNN plans, ...) stays out of the figures
