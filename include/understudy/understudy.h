@@ -6,7 +6,11 @@
  * problems/NAME.json), keys every call by (op, dtypes, the operator's key
  * dimensions), and, per route, observes production: call counts, latency
  * histograms and device time, from which the live importance weights follow.
- * Figures leave the process as a versioned JSON report.
+ * In shadow mode a candidate (include/understudy/candidate.h, or a dispatcher
+ * op) runs beside production on sampled calls and is judged against it; a
+ * route rolls back at its first verified failure. Calls of operators with a
+ * roofline definition are scored against the device's floor. Figures leave
+ * the process as a versioned JSON report.
  *
  * Errors: every function that can fail returns 0 or a negative UST_E* code;
  * ust_last_error() then holds a message for the calling thread that names what
@@ -106,7 +110,9 @@ UST_API int ust_disable(void);
 UST_API int ust_is_enabled(void);
 
 /* Change an operator's mode while running: "off" (registered, pure
- * pass-through) or "observe". Takes effect on the next call. */
+ * pass-through), "observe", or "shadow" (UST_ESTATE unless the config names
+ * a candidate for the operator). Takes effect on the next call; routes
+ * rolled back stay rolled back for this enabled period. */
 UST_API int ust_set_mode(const char *operator_name, const char *mode);
 
 /* Write the JSON report to path atomically (temp file, fsync, rename).
