@@ -65,6 +65,30 @@ DTypeInfo dtype_of(c10::ScalarType s) {
   }
 }
 
+// A borrowed DLPack view of t (its sizes and strides live in the TensorImpl,
+// valid while t is). The data pointer is read-only access to torch (no
+// copy-on-write materialisation); writable snapshots are understudy's own.
+DLDevice dl_device(bool cuda, int index) {
+#if defined(UST_GPU_HIP)
+  return DLDevice{cuda ? kDLROCM : kDLCPU, cuda ? index : 0};
+#else
+  return DLDevice{cuda ? kDLCUDA : kDLCPU, cuda ? index : 0};
+#endif
+}
+
+void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
+  const DTypeInfo d = dtype_of(t.scalar_type());
+  std::memset(dl, 0, sizeof *dl);
+  dl->data = t.has_storage() ? const_cast<void *>(t.const_data_ptr()) : nullptr;
+  dl->device = dl_device(t.is_cuda(), t.is_cuda() ? t.get_device() : 0);
+  dl->ndim = static_cast<int32_t>(t.dim());
+  dl->dtype = d.dl;
+  dl->shape = const_cast<int64_t *>(t.sizes().data());
+  dl->strides = const_cast<int64_t *>(t.strides().data());
+  if (dtype_id != nullptr)
+    *dtype_id = d.id;
+}
+
 // Fills the view from the arguments on top of the stack. Returns false when
 // the call touches no tensor understudy counts (meta, fake, sparse, ...).
 bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args,
@@ -96,17 +120,8 @@ bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, u
       }
       if (devkind == UST__DEV_OTHER || t.layout() != c10::kStrided)
         continue;
-      const DTypeInfo d = dtype_of(t.scalar_type());
       a.kind = UST__ARG_TENSOR;
-      a.dtype = d.id;
-      a.t.data = t.has_storage() ? const_cast<void *>(t.const_data_ptr()) : nullptr;
-      a.t.device.device_type = devkind == UST__DEV_CPU ? kDLCPU : kDLCUDA;
-      a.t.device.device_id = call->device_id;
-      a.t.ndim = static_cast<int32_t>(t.dim());
-      a.t.dtype = d.dl;
-      a.t.shape = const_cast<int64_t *>(t.sizes().data());
-      a.t.strides = const_cast<int64_t *>(t.strides().data());
-      a.t.byte_offset = 0;
+      fill_dl(t, &a.t, &a.dtype);
     } else if (iv.isInt()) {
       a.kind = UST__ARG_INT;
       a.i = iv.toInt();
@@ -164,24 +179,6 @@ struct ShadowScope {
   ShadowScope &operator=(const ShadowScope &) = delete;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
 };
-
-void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
-  const DTypeInfo d = dtype_of(t.scalar_type());
-  std::memset(dl, 0, sizeof *dl);
-  dl->data = t.has_storage() ? t.data_ptr() : nullptr;
-#if defined(UST_GPU_HIP)
-  dl->device.device_type = t.is_cuda() ? kDLROCM : kDLCPU;
-#else
-  dl->device.device_type = t.is_cuda() ? kDLCUDA : kDLCPU;
-#endif
-  dl->device.device_id = t.is_cuda() ? t.get_device() : 0;
-  dl->ndim = static_cast<int32_t>(t.dim());
-  dl->dtype = d.dl;
-  dl->shape = const_cast<int64_t *>(t.sizes().data());
-  dl->strides = const_cast<int64_t *>(t.strides().data());
-  if (dtype_id != nullptr)
-    *dtype_id = d.id;
-}
 
 const char *result_name(size_t j) {
   static const char *names[] = {"result 0", "result 1", "result 2", "result 3",
@@ -318,31 +315,28 @@ private:
     return info_.compared_returns < 0 || j < static_cast<size_t>(info_.compared_returns);
   }
 
-  // Arguments as DLPack views, and fresh outputs like production's returns.
+  // The arguments as the call view read them, with understudy's snapshots
+  // in place of what production writes (and of read-only arguments that
+  // alias it), and fresh outputs like production's returns.
   int prepare_native(std::vector<c10::IValue> &cand_returns) {
     values_.assign(n_args_, ust_value{});
     for (size_t i = 0; i < n_args_; i++) {
       ust_value &v = values_[i];
-      std::memset(&v, 0, sizeof v);
       v.name = ust__binding_arg_name(b_, static_cast<int>(i));
-      const c10::IValue &iv = saved_[i];
-      if (iv.isTensor() && iv.toTensor().defined()) {
-        v.kind = UST_VALUE_TENSOR;
-        v.writable = snaps_[i].defined() ? 1 : 0;
-        fill_dl(v.writable ? snaps_[i] : inputs_[i].defined() ? inputs_[i] : iv.toTensor(), &v.tensor, nullptr);
-      } else if (iv.isTensor() || iv.isNone()) {
-        v.kind = UST_VALUE_NONE;
-      } else if (iv.isBool()) {
-        v.kind = UST_VALUE_BOOL;
-        v.i = iv.toBool();
-      } else if (iv.isInt()) {
-        v.kind = UST_VALUE_INT;
-        v.i = iv.toInt();
-      } else if (iv.isDouble()) {
-        v.kind = UST_VALUE_DOUBLE;
-        v.f = iv.toDouble();
-      } else {
-        v.kind = UST_VALUE_OTHER;
+      const ust__arg *a = static_cast<int>(i) < call_.nargs ? &call_.args[i] : nullptr;
+      switch (a != nullptr ? a->kind : UST__ARG_OTHER) {
+      case UST__ARG_NONE: v.kind = UST_VALUE_NONE; break;
+      case UST__ARG_TENSOR: v.kind = UST_VALUE_TENSOR; v.tensor = a->t; break;
+      case UST__ARG_INT: v.kind = UST_VALUE_INT; v.i = a->i; break;
+      case UST__ARG_BOOL: v.kind = UST_VALUE_BOOL; v.i = a->i; break;
+      case UST__ARG_DOUBLE: v.kind = UST_VALUE_DOUBLE; v.f = a->f; break;
+      default: v.kind = UST_VALUE_OTHER;
+      }
+      if (snaps_[i].defined()) {
+        v.writable = 1;
+        fill_dl(snaps_[i], &v.tensor, nullptr);
+      } else if (inputs_[i].defined()) {
+        fill_dl(inputs_[i], &v.tensor, nullptr);
       }
     }
     cand_returns.assign(n_returns_, c10::IValue());
@@ -367,24 +361,12 @@ private:
     cc.args = values_.data();
     cc.n_outputs = static_cast<int32_t>(outputs_.size());
     cc.outputs = outputs_.data();
-#if defined(UST_GPU_HIP)
-    cc.device.device_type = call_.device == UST__DEV_CUDA ? kDLROCM : kDLCPU;
-#else
-    cc.device.device_type = call_.device == UST__DEV_CUDA ? kDLCUDA : kDLCPU;
-#endif
-    cc.device.device_id = call_.device_id;
+    cc.device = dl_device(call_.device == UST__DEV_CUDA, call_.device_id);
     cc.stream = call_.stream;
     char buf[256] = "";
-    int rc;
-    try {
-      rc = d->run(d->ctx, &cc, buf, sizeof buf);
-    } catch (const std::exception &e) {
-      msg = std::string("candidate raised: ") + e.what();
-      return UST__FAIL_RAISED;
-    } catch (...) {
-      msg = "candidate raised an exception";
-      return UST__FAIL_RAISED;
-    }
+    int rc = 0;
+    if (int f = guarded([&] { rc = d->run(d->ctx, &cc, buf, sizeof buf); }, msg))
+      return f;
     if (rc != 0) {
       buf[sizeof buf - 1] = '\0';
       msg = "candidate returned status " + std::to_string(rc) + (buf[0] ? std::string(": ") + buf : std::string());
@@ -410,19 +392,25 @@ private:
   }
 
   int call_torch_op(std::vector<c10::IValue> &cand_returns, std::string &msg) {
-    try {
-      cand_op_->callBoxed(&cand_stack_);
-    } catch (const std::exception &e) {
-      msg = std::string("candidate raised: ") + e.what();
-      if (msg.size() > 240)
-        msg.resize(240);
-      return UST__FAIL_RAISED;
-    } catch (...) {
-      msg = "candidate raised an exception";
-      return UST__FAIL_RAISED;
-    }
+    if (int f = guarded([&] { cand_op_->callBoxed(&cand_stack_); }, msg))
+      return f;
     cand_returns.assign(cand_stack_.begin(), cand_stack_.end());
     return UST__FAIL_NONE;
+  }
+
+  // Runs the candidate; whatever it raises stays here and becomes a verdict.
+  template <typename F> static int guarded(F &&run, std::string &msg) {
+    try {
+      run();
+      return UST__FAIL_NONE;
+    } catch (const std::exception &e) {
+      msg = std::string("candidate raised: ") + e.what();
+    } catch (...) {
+      msg = "candidate raised an exception";
+    }
+    if (msg.size() > 240)
+      msg.resize(240);
+    return UST__FAIL_RAISED;
   }
 
   // Pairs of (production's value, the other side's): every written argument
@@ -459,10 +447,10 @@ private:
       prod.push_back(prod_returns_[j].toTensor());
       other.push_back(other_returns[j].toTensor());
     }
-    if (info_.compare == UST__CMP_SET)
+    if (info_.compare == UST__CMP_SET) {
       as_sets(prod);
-    if (info_.compare == UST__CMP_SET)
       as_sets(other);
+    }
     for (size_t k = 0; k < prod.size(); k++)
       add_pair(pairs, names[k], prod[k], other[k], aa);
     if (unreadable || pairs.size() >= 2 * UST__SHADOW_MAX_PAIRS) {
