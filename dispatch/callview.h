@@ -128,9 +128,9 @@ int ust__shadow_alive(const ust__call_state *st);
  * with msg (borrowed, may be NULL) saying why. */
 void ust__shadow_finish(const ust__call *call, ust__call_state *st, const struct ust__pair *pairs, int n_pairs,
                         int fail, const char *msg);
-/* production_raised: 1 when production raised (the call is not counted as
- * shadowed), 0 for an internal error (counted as skipped). */
-void ust__shadow_abandon(const ust__call *call, ust__call_state *st, int production_raised);
+/* Production raised, or understudy failed: the sampled call is counted as
+ * skipped (its number is not handed out again). */
+void ust__shadow_abandon(const ust__call *call, ust__call_state *st);
 /* After production raised: releases what begin took; records nothing. */
 void ust__call_cancel(const ust__call *call, ust__call_state *st);
 /* An error inside understudy on the call path (the call was served by

@@ -268,7 +268,7 @@ void ust__call_end(const ust__call *call, ust__call_state *st) {
 
 void ust__call_cancel(const ust__call *call, ust__call_state *st) {
   if (st->shadow != NULL)
-    ust__shadow_abandon(call, st, 1);
+    ust__shadow_abandon(call, st);
   if (st->timing == 2)
     ust__gpu_timer_cancel(st->gpu_slot);
   st->timing = 0;

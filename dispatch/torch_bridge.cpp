@@ -587,7 +587,7 @@ private:
       run->prepare(*stack);
     } catch (...) {
       ust__count_internal_error();
-      ust__shadow_abandon(&call, &st, 0);
+      ust__shadow_abandon(&call, &st);
       run.reset();
     }
     if (run)
@@ -596,14 +596,14 @@ private:
       op.redispatchBoxed(below, stack);
     } catch (...) {
       if (run)
-        ust__shadow_abandon(&call, &st, 1);
+        ust__shadow_abandon(&call, &st);
       throw;
     }
     if (!run)
       return;
     ust__shadow_mark(&st, UST__MARK_PROD_END, &call);
     if (!ust__shadow_alive(&st)) {
-      ust__shadow_abandon(&call, &st, 0); /* no device resources for this call: do not run the candidate */
+      ust__shadow_abandon(&call, &st); /* no device resources for this call: do not run the candidate */
       return;
     }
     try {
@@ -613,10 +613,10 @@ private:
     } catch (const std::exception &e) {
       ust__count_internal_error();
       ust__error(UST_EINTERNAL, "shadow of %s: %s", ust__binding_display(b_), e.what());
-      ust__shadow_abandon(&call, &st, 0);
+      ust__shadow_abandon(&call, &st);
     } catch (...) {
       ust__count_internal_error();
-      ust__shadow_abandon(&call, &st, 0);
+      ust__shadow_abandon(&call, &st);
     }
   }
 

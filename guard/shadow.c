@@ -340,6 +340,24 @@ static void tolerances(const ust__candidate *c, int dtype, double *atol, double 
 }
 
 static void conclude(shadow_slot *s);
+
+/* A slot that queued device work goes back only when the device is done with
+ * its buffers: its last event is recorded and the worker concludes it; if
+ * that event cannot be recorded the slot is retired. Host slots conclude now. */
+static void release_after_device(shadow_slot *s, const ust__call *call) {
+#ifdef UST__SHADOW_GPU
+  if (s->on_gpu) {
+    if (slot_record(s, UST__MARK_COUNT, (cudaStream_t)call->stream) == 0)
+      enqueue_pending(s);
+    else
+      retire_unfenced(s);
+    return;
+  }
+#endif
+  (void)call;
+  conclude(s);
+}
+
 static void roll_back(ust__route *r, uint64_t call_no, const char *reason, const pair_meta *m,
                       const ust__cmp_stats *st, const char *message);
 
@@ -412,47 +430,22 @@ void ust__shadow_finish(const ust__call *call, ust__call_state *st, const ust__p
 #endif
   }
 #ifdef UST__SHADOW_GPU
-  if (gpu || s->on_gpu) {
-    cudaStream_t stream = (cudaStream_t)call->stream;
-    if (!s->aborted && UST__GPU_CHECK(cudaMemcpyAsync(s->pinned, s->dev_stats, sizeof(ust__cmp_stats) * (size_t)n_pairs,
-                                                       cudaMemcpyDeviceToHost, stream)) != 0)
-      s->aborted = 1;
-    /* The slot goes back only when the device is done with its buffers. */
-    if (s->device >= 0 && slot_record(s, UST__MARK_COUNT, stream) == 0) {
-      enqueue_pending(s);
-      return;
-    }
-    if (s->device >= 0) {
-      retire_unfenced(s);
-      return;
-    }
+  if (s->on_gpu && !s->aborted &&
+      UST__GPU_CHECK(cudaMemcpyAsync(s->pinned, s->dev_stats, sizeof(ust__cmp_stats) * (size_t)n_pairs,
+                                     cudaMemcpyDeviceToHost, (cudaStream_t)call->stream)) != 0)
     s->aborted = 1;
-  }
 #endif
-  conclude(s);
+  release_after_device(s, call);
 }
 
-void ust__shadow_abandon(const ust__call *call, ust__call_state *st, int production_raised) {
+void ust__shadow_abandon(const ust__call *call, ust__call_state *st) {
   shadow_slot *s = st->shadow;
   st->shadow = NULL;
   if (s == NULL)
     return;
-  /* Production raised, or understudy failed: the sampled call is counted
-   * as skipped (its number is not handed out again). */
-  (void)production_raised;
   s->aborted = 1;
   s->n_pairs = 0;
-#ifdef UST__SHADOW_GPU
-  if (s->on_gpu && s->device >= 0 && call->device == UST__DEV_CUDA) {
-    if (slot_record(s, UST__MARK_COUNT, (cudaStream_t)call->stream) == 0) {
-      enqueue_pending(s);
-    } else {
-      retire_unfenced(s);
-    }
-    return;
-  }
-#endif
-  conclude(s);
+  release_after_device(s, call);
 }
 
 static void unravel(int64_t flat, const pair_meta *m, int64_t *idx) {

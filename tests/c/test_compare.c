@@ -213,17 +213,17 @@ TEST(shadow_pool_bounds_inflight) {
   ASSERT_U64_EQ(atomic_load(&r->shadow_calls), 2);
   /* production raised: the sampled call is skipped and the slot is free
    * again; shadow call numbers are never handed out twice */
-  ust__shadow_abandon(&call, &a, 1);
+  ust__shadow_abandon(&call, &a);
   ASSERT_TRUE(a.shadow == NULL);
   ASSERT_U64_EQ(atomic_load(&r->skipped), 1);
   c.shadow = ust__shadow_acquire(r);
   ASSERT_TRUE(c.shadow != NULL);
   ASSERT_U64_EQ(atomic_load(&r->shadow_calls), 3);
   /* an internal error: skipped too */
-  ust__shadow_abandon(&call, &b, 0);
-  ust__shadow_abandon(&call, &c, 0);
+  ust__shadow_abandon(&call, &b);
+  ust__shadow_abandon(&call, &c);
   ASSERT_U64_EQ(atomic_load(&r->skipped), 3);
-  ust__shadow_abandon(&call, &c, 0); /* released already: a no-op */
+  ust__shadow_abandon(&call, &c); /* released already: a no-op */
   ASSERT_U64_EQ(atomic_load(&r->skipped), 3);
   ust__shadow_shutdown();
   free(r);
