@@ -74,6 +74,18 @@ bad:
                     expr);
 }
 
+int ust__arg_lookup(const char *name, int nargs, const char *const *names) {
+  for (int i = 0; i < nargs; i++)
+    if (strcmp(names[i], name) == 0)
+      return i;
+  return -1;
+}
+
+int ust__dim_resolve(ust__dim_prog *p, int nargs, const char *const *names) {
+  p->arg_index = ust__arg_lookup(p->arg, nargs, names);
+  return p->arg_index >= 0 ? 0 : -1;
+}
+
 int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
   if (p->arg_index < 0 || p->arg_index >= call->nargs)
     return -1;

@@ -47,6 +47,10 @@ typedef struct ust__dim_prog {
 /* Compile a dimension expression; on error returns UST_EPROBLEM with a
  * message that quotes the expression. */
 int ust__dim_compile(const char *expr, ust__dim_prog *out);
+/* The index of the argument called name in a schema's names, or -1. */
+int ust__arg_lookup(const char *name, int nargs, const char *const *names);
+/* Bind p to its argument's index in a schema's names; -1 when it has none. */
+int ust__dim_resolve(ust__dim_prog *p, int nargs, const char *const *names);
 /* Evaluate against a call; -1 when the argument is missing or None. */
 int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call);
 int64_t ust__dim_bucket(int bucket, int64_t v);

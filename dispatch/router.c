@@ -168,16 +168,13 @@ void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, 
   /* Schemas are not always truthful about what an op writes (custom ops
    * registered without alias annotations): the curated list adds to them. */
   b->writes_mask = schema_writes;
-  for (int w = 0; w < b->def->n_writes; w++)
-    for (int i = 0; i < b->n_arg_names; i++)
-      if (strcmp(b->arg_names[i], b->def->writes[w]) == 0)
-        b->writes_mask |= 1u << i;
+  for (int w = 0; w < b->def->n_writes; w++) {
+    int i = ust__arg_lookup(b->def->writes[w], b->n_arg_names, names);
+    if (i >= 0 && i < 32)
+      b->writes_mask |= 1u << i;
+  }
   for (int d = 0; d < b->n_dims; d++) {
-    b->dims[d].arg_index = -1;
-    for (int i = 0; i < nargs; i++)
-      if (strcmp(names[i], b->dims[d].arg) == 0)
-        b->dims[d].arg_index = i;
-    if (b->dims[d].arg_index < 0)
+    if (ust__dim_resolve(&b->dims[d], nargs, names) != 0)
       ust__log(UST_LOG_WARN, "%s: key dimension '%s' names argument '%s', which %s does not have",
                b->op->problem->path, b->def->dims[d].name, b->dims[d].arg, b->display);
   }

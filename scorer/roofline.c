@@ -36,18 +36,11 @@ void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *
   if (!p->present)
     return;
   for (int v = 0; v < p->n_vars; v++) {
-    p->vars[v].arg_index = -1;
-    for (int i = 0; i < nargs; i++)
-      if (strcmp(names[i], p->vars[v].arg) == 0)
-        p->vars[v].arg_index = i;
-    if (p->vars[v].arg_index < 0)
+    if (ust__dim_resolve(&p->vars[v], nargs, names) != 0)
       ust__log(UST_LOG_WARN, "%s: its roofline names argument '%s', which the schema lacks: calls are not scored",
                display, p->vars[v].arg);
   }
-  p->w_dtype_index = -1;
-  for (int i = 0; i < nargs; i++)
-    if (strcmp(names[i], p->w_dtype) == 0)
-      p->w_dtype_index = i;
+  p->w_dtype_index = ust__arg_lookup(p->w_dtype, nargs, names);
   if (p->w_dtype_index < 0)
     ust__log(UST_LOG_WARN, "%s: its roofline's W_dtype names argument '%s', which the schema lacks", display,
              p->w_dtype);
