@@ -99,7 +99,7 @@ static cJSON *evidence_json(const ust__evidence *ev) {
   return j;
 }
 
-static cJSON *shadow_json(ust__route *r, const ust__hist_snap *prod, ust__hist_snap *cand_snap) {
+static cJSON *shadow_json(ust__route *r, const ust__hist_snap *prod, const ust__hist_snap *cand_snap) {
   cJSON *j = cJSON_CreateObject();
   add_num(j, "calls", (double)atomic_load(&r->shadow_calls));
   add_num(j, "verified", (double)atomic_load(&r->verified));
@@ -109,7 +109,6 @@ static cJSON *shadow_json(ust__route *r, const ust__hist_snap *prod, ust__hist_s
   add_num(j, "unverifiable", (double)atomic_load(&r->unverifiable));
   add_num(j, "max_abs_err", u64_as_double(&r->max_abs_bits));
   add_num(j, "max_rel_err", u64_as_double(&r->max_rel_bits));
-  ust__hist_snapshot(&r->cand_hist, cand_snap);
   cJSON_AddItemToObject(j, "candidate_latency_ns", hist_json(cand_snap));
   double tp = ust__hist_quantile(prod, 0.5), tc = ust__hist_quantile(cand_snap, 0.5);
   if (tp > 0 && tc > 0)
@@ -152,7 +151,8 @@ static double route_s(ust__route *r, int candidate, const ust__hist_snap *times)
   return (double)atomic_load(candidate ? &r->cand_roof_tsol_ps : &r->roof_tsol_ps) / 1000.0 / (double)n / p50;
 }
 
-static cJSON *roofline_json(ust__route *r, const ust__hist_snap *prod, const ust__hist_snap *cand) {
+/* sp, sc: the route's S and its candidate's, -1 when unknown (route_s). */
+static cJSON *roofline_json(ust__route *r, double sp, double sc) {
   cJSON *j = cJSON_CreateObject();
   const ust__hw_profile *hw = atomic_load(&r->hw);
   if (hw != NULL)
@@ -169,7 +169,6 @@ static cJSON *roofline_json(ust__route *r, const ust__hist_snap *prod, const ust
   add_num(j, "candidate_calls", (double)atomic_load(&r->cand_roof_calls));
   add_num(j, "candidate_tsol_ns_sum", (double)atomic_load(&r->cand_roof_tsol_ps) / 1000.0);
   add_num(j, "candidate_time_ns_sum", (double)atomic_load(&r->cand_roof_time_ns));
-  double sp = route_s(r, 0, prod), sc = cand != NULL ? route_s(r, 1, cand) : -1;
   if (sp >= 0)
     add_num(j, "S", sp);
   else
@@ -311,11 +310,13 @@ cJSON *ust__report_build(ust__engine *e) {
       add_num(js, "est_device_time_ns", f->est_ns);
       add_num(js, "weight", total_est > 0 ? f->est_ns / total_est : 0.0);
       cJSON_AddItemToObject(js, "latency_ns", hist_json(f->hist));
+      /* One snapshot of the candidate's latency serves both its shadow
+       * figures and its S. */
+      if (b->cand != NULL)
+        ust__hist_snapshot(&f->r->cand_hist, cand_snap);
       if (b->roofline.present) {
-        if (b->cand != NULL)
-          ust__hist_snapshot(&f->r->cand_hist, cand_snap);
-        cJSON_AddItemToObject(js, "roofline", roofline_json(f->r, f->hist, b->cand != NULL ? cand_snap : NULL));
         double sp = route_s(f->r, 0, f->hist), sc = b->cand != NULL ? route_s(f->r, 1, cand_snap) : -1;
+        cJSON_AddItemToObject(js, "roofline", roofline_json(f->r, sp, sc));
         if (sp >= 0) {
           svals[ns++] = sp;
           sph[ph * n_alloc + nsp[ph]++] = sp;
