@@ -113,12 +113,13 @@ int ust__problems_load_dir(const char *dir, ust__problem_set *out);
 void ust__problem_free(ust__problem *p);
 void ust__problems_free(ust__problem_set *set);
 const ust__problem *ust__problems_find(const ust__problem_set *set, const char *name);
-/* The *.json file names of dir (hidden files left out), sorted: *names is a
- * new array of new strings (free with ust__free_names). Errors are
- * UST_EPROBLEM naming `what` and the directory (none found is one), or
- * UST_ENOMEM. */
-int ust__list_json(const char *dir, const char *what, char ***names, int *n);
-void ust__free_names(char **names, int n);
+/* Read every *.json file of dir (hidden ones left out), sorted by name, and
+ * hand each to cb with its path and text (borrowed for the call), its index
+ * and the number of files. Stops at cb's first error and returns it;
+ * UST_EPROBLEM naming `what` and the directory when it cannot be read or
+ * holds no *.json file. */
+typedef int (*ust__json_file_cb)(const char *path, const char *text, int index, int count, void *ctx);
+int ust__load_json_dir(const char *dir, const char *what, ust__json_file_cb cb, void *ctx);
 
 /* ---- config ------------------------------------------------------------- */
 

@@ -278,13 +278,14 @@ void ust__problems_free(ust__problem_set *set) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-void ust__free_names(char **names, int n) {
+static void free_names(char **names, int n) {
   for (int i = 0; i < n; i++)
     free(names[i]);
   free(names);
 }
 
-int ust__list_json(const char *dir, const char *what, char ***names_out, int *n_out) {
+/* The *.json file names of dir (hidden files left out), sorted. */
+static int list_json(const char *dir, const char *what, char ***names_out, int *n_out) {
   *names_out = NULL;
   *n_out = 0;
   DIR *d = opendir(dir);
@@ -316,7 +317,7 @@ int ust__list_json(const char *dir, const char *what, char ***names_out, int *n_
   if (rc == 0 && n == 0)
     rc = PERR("%s directory '%s' holds no *.json files", what, dir);
   if (rc != 0) {
-    ust__free_names(names, n);
+    free_names(names, n);
     return rc;
   }
   qsort(names, (size_t)n, sizeof *names, cmp_str);
@@ -325,15 +326,10 @@ int ust__list_json(const char *dir, const char *what, char ***names_out, int *n_
   return 0;
 }
 
-int ust__problems_load_dir(const char *dir, ust__problem_set *out) {
-  memset(out, 0, sizeof *out);
+int ust__load_json_dir(const char *dir, const char *what, ust__json_file_cb cb, void *ctx) {
   char **names = NULL;
   int n = 0;
-  int rc = ust__list_json(dir, "problems", &names, &n);
-  if (rc != 0)
-    return rc;
-  if ((out->items = calloc((size_t)n, sizeof *out->items)) == NULL)
-    rc = ust__error(UST_ENOMEM, "out of memory");
+  int rc = list_json(dir, what, &names, &n);
   for (int i = 0; rc == 0 && i < n; i++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -342,20 +338,33 @@ int ust__problems_load_dir(const char *dir, ust__problem_set *out) {
       rc = PERR("%s: cannot be read", path);
       break;
     }
-    rc = ust__problem_parse(text, path, &out->items[out->n]);
+    rc = cb(path, text, i, n, ctx);
     free(text);
-    if (rc != 0)
-      break;
-    for (int j = 0; j < out->n; j++)
-      if (strcmp(out->items[j].name, out->items[out->n].name) == 0) {
-        rc = PERR("%s: 'operator' '%s' is already defined by %s", path, out->items[out->n].name, out->items[j].path);
-        ust__problem_free(&out->items[out->n]);
-        break;
-      }
-    if (rc == 0)
-      out->n++;
   }
-  ust__free_names(names, n);
+  free_names(names, n);
+  return rc;
+}
+
+static int add_problem(const char *path, const char *text, int i, int n, void *ctx) {
+  ust__problem_set *out = ctx;
+  if (i == 0 && (out->items = calloc((size_t)n, sizeof *out->items)) == NULL)
+    return ust__error(UST_ENOMEM, "out of memory");
+  int rc = ust__problem_parse(text, path, &out->items[out->n]);
+  if (rc != 0)
+    return rc;
+  for (int j = 0; j < out->n; j++)
+    if (strcmp(out->items[j].name, out->items[out->n].name) == 0) {
+      rc = PERR("%s: 'operator' '%s' is already defined by %s", path, out->items[out->n].name, out->items[j].path);
+      ust__problem_free(&out->items[out->n]);
+      return rc;
+    }
+  out->n++;
+  return 0;
+}
+
+int ust__problems_load_dir(const char *dir, ust__problem_set *out) {
+  memset(out, 0, sizeof *out);
+  int rc = ust__load_json_dir(dir, "problems", add_problem, out);
   if (rc != 0)
     ust__problems_free(out);
   return rc;

@@ -126,36 +126,23 @@ out:
   return rc;
 }
 
-int ust__hw_load_dir(const char *dir, ust__hw_set *out) {
-  memset(out, 0, sizeof *out);
-  char **names = NULL;
-  int n = 0;
-  int rc = ust__list_json(dir, "hardware profiles", &names, &n);
+static int add_profile(const char *path, const char *text, int i, int n, void *ctx) {
+  ust__hw_set *out = ctx;
+  if (i == 0 && (out->items = calloc((size_t)n, sizeof *out->items)) == NULL)
+    return ust__error(UST_ENOMEM, "out of memory");
+  int rc = ust__hw_parse(text, path, &out->items[out->n]);
   if (rc != 0)
     return rc;
-  if ((out->items = calloc((size_t)n, sizeof *out->items)) == NULL)
-    rc = ust__error(UST_ENOMEM, "out of memory");
-  for (int i = 0; rc == 0 && i < n; i++) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-    size_t len = 0;
-    char *text = ust__read_file(path, &len);
-    if (text == NULL) {
-      rc = HERR("%s: cannot be read", path);
-      break;
-    }
-    rc = ust__hw_parse(text, path, &out->items[out->n]);
-    free(text);
-    if (rc != 0)
-      break;
-    for (int j = 0; j < out->n; j++)
-      if (strcmp(out->items[j].name, out->items[out->n].name) == 0) {
-        rc = HERR("%s: profile name '%s' is already used by %s", path, out->items[j].name, out->items[j].path);
-        break;
-      }
-    out->n++;
-  }
-  ust__free_names(names, n);
+  out->n++; /* owned by the set from here, freed with it on error too */
+  for (int j = 0; j < out->n - 1; j++)
+    if (strcmp(out->items[j].name, out->items[out->n - 1].name) == 0)
+      return HERR("%s: profile name '%s' is already used by %s", path, out->items[j].name, out->items[j].path);
+  return 0;
+}
+
+int ust__hw_load_dir(const char *dir, ust__hw_set *out) {
+  memset(out, 0, sizeof *out);
+  int rc = ust__load_json_dir(dir, "hardware profiles", add_profile, out);
   if (rc != 0)
     ust__hw_free(out);
   return rc;
