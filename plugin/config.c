@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "plugin/plugin.h"
+#include "plugin/verify.h"
 
 int ust__mode_parse(const char *s, int *mode) {
   if (strcmp(s, "off") == 0)
@@ -74,6 +75,28 @@ static int check_keys(const cJSON *obj, const char *path, const char *const *all
   return 0;
 }
 
+/* v must be an object whose keys are all in allowed; the error lists them. */
+static int section(const cJSON *v, const char *path, const char *const *allowed) {
+  if (!cJSON_IsObject(v)) {
+    char list[256] = "";
+    for (const char *const *a = allowed; *a != NULL; a++) {
+      strncat(list, *a, sizeof list - strlen(list) - 1);
+      if (a[1] != NULL)
+        strncat(list, ", ", sizeof list - strlen(list) - 1);
+    }
+    return ust__error(UST_ECONFIG, "config: '%s' must be an object {%s}", path, list);
+  }
+  return check_keys(v, path, allowed);
+}
+
+/* An integer in [lo, hi] into *out. */
+static int parse_int(const cJSON *v, const char *path, int lo, int hi, int *out) {
+  if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi || v->valuedouble != (double)(int)v->valuedouble)
+    return ust__error(UST_ECONFIG, "config: '%s' must be an integer in [%d, %d]", path, lo, hi);
+  *out = (int)v->valuedouble;
+  return 0;
+}
+
 static int parse_mode(const cJSON *v, const char *path, int *mode) {
   if (!cJSON_IsString(v))
     return ust__error(UST_ECONFIG, "config: '%s' must be a string (off, observe, shadow)", path);
@@ -99,22 +122,11 @@ static int parse_string(const cJSON *v, const char *path, char **out) {
   return *out == NULL ? ust__error(UST_ENOMEM, "config: out of memory") : 0;
 }
 
-static int is_hex64(const char *s) {
-  if (strlen(s) != 64)
-    return 0;
-  for (const char *p = s; *p; p++)
-    if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f') || (*p >= 'A' && *p <= 'F')))
-      return 0;
-  return 1;
-}
-
 /* "candidate": {"native": PATH, "sha256": HEX, "target": OP} or
  * {"torch_op": "ns::name", "target": OP}. */
 static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *cc) {
   static const char *const keys[] = {"native", "sha256", "torch_op", "target", NULL};
-  if (!cJSON_IsObject(c))
-    return ust__error(UST_ECONFIG, "config: '%s' must be an object {native, sha256} or {torch_op, target}", path);
-  int rc = check_keys(c, path, keys);
+  int rc = section(c, path, keys);
   if (rc != 0)
     return rc;
   const cJSON *native = cJSON_GetObjectItemCaseSensitive(c, "native");
@@ -129,12 +141,10 @@ static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *c
     snprintf(sub, sizeof sub, "%s.native", path);
     if ((rc = parse_string(native, sub, &cc->path)) != 0)
       return rc;
-    if (sha == NULL || !cJSON_IsString(sha) || !is_hex64(sha->valuestring))
+    if (sha == NULL || !cJSON_IsString(sha) || ust__sha256_pin_parse(sha->valuestring, cc->sha256) != 0)
       return ust__error(UST_ECONFIG,
                         "config: '%s.sha256' must be the 64 hex digits of the shared object's SHA-256 "
                         "(a native candidate is loaded only when it matches)", path);
-    for (int i = 0; i < 64; i++)
-      cc->sha256[i] = (char)(sha->valuestring[i] | 0x20); /* lower case */
   } else {
     cc->kind = UST__CAND_TORCH_OP;
     if (sha != NULL)
@@ -152,9 +162,7 @@ static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *c
 /* "guard": {"compare": KIND, "atol": X, "rtol": Y, "aa_sample": P} */
 static int parse_guard(const cJSON *g, const char *path, ust__op_config *oc) {
   static const char *const keys[] = {"compare", "atol", "rtol", "aa_sample", NULL};
-  if (!cJSON_IsObject(g))
-    return ust__error(UST_ECONFIG, "config: '%s' must be an object {compare, atol, rtol, aa_sample}", path);
-  int rc = check_keys(g, path, keys);
+  int rc = section(g, path, keys);
   if (rc != 0)
     return rc;
   const cJSON *v;
@@ -258,17 +266,13 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
       return ust__error(UST_ECONFIG, "config: 'log_level' must be one of error, warn, info, debug");
   }
   if ((v = cJSON_GetObjectItemCaseSensitive(root, "max_routes")) != NULL) {
-    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > (1 << 20) ||
-        v->valuedouble != (double)(int)v->valuedouble)
-      return ust__error(UST_ECONFIG, "config: 'max_routes' must be an integer in [1, 1048576]");
-    cfg->max_routes = (int)v->valuedouble;
+    if ((rc = parse_int(v, "max_routes", 1, 1 << 20, &cfg->max_routes)) != 0)
+      return rc;
   }
   const cJSON *report = cJSON_GetObjectItemCaseSensitive(root, "report");
   if (report != NULL) {
     static const char *const rkeys[] = {"path", "interval_s", NULL};
-    if (!cJSON_IsObject(report))
-      return ust__error(UST_ECONFIG, "config: 'report' must be an object {path, interval_s}");
-    if ((rc = check_keys(report, "report", rkeys)) != 0)
+    if ((rc = section(report, "report", rkeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(report, "path")) != NULL &&
         (rc = parse_string(v, "report.path", &cfg->report_path)) != 0)
@@ -282,9 +286,7 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
   const cJSON *hw = cJSON_GetObjectItemCaseSensitive(root, "hardware");
   if (hw != NULL) {
     static const char *const hkeys[] = {"dir", "profile", NULL};
-    if (!cJSON_IsObject(hw))
-      return ust__error(UST_ECONFIG, "config: 'hardware' must be an object {dir, profile}");
-    if ((rc = check_keys(hw, "hardware", hkeys)) != 0)
+    if ((rc = section(hw, "hardware", hkeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(hw, "dir")) != NULL &&
         (rc = parse_string(v, "hardware.dir", &cfg->hardware_dir)) != 0)
@@ -296,23 +298,17 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
   const cJSON *shadow = cJSON_GetObjectItemCaseSensitive(root, "shadow");
   if (shadow != NULL) {
     static const char *const skeys[] = {"max_inflight", NULL};
-    if (!cJSON_IsObject(shadow))
-      return ust__error(UST_ECONFIG, "config: 'shadow' must be an object {max_inflight}");
-    if ((rc = check_keys(shadow, "shadow", skeys)) != 0)
+    if ((rc = section(shadow, "shadow", skeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "max_inflight")) != NULL) {
-      if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 4096 ||
-          v->valuedouble != (double)(int)v->valuedouble)
-        return ust__error(UST_ECONFIG, "config: 'shadow.max_inflight' must be an integer in [1, 4096]");
-      cfg->shadow_max_inflight = (int)v->valuedouble;
+      if ((rc = parse_int(v, "shadow.max_inflight", 1, 4096, &cfg->shadow_max_inflight)) != 0)
+        return rc;
     }
   }
   const cJSON *defaults = cJSON_GetObjectItemCaseSensitive(root, "defaults");
   if (defaults != NULL) {
     static const char *const dkeys[] = {"mode", "sample", NULL};
-    if (!cJSON_IsObject(defaults))
-      return ust__error(UST_ECONFIG, "config: 'defaults' must be an object {mode, sample}");
-    if ((rc = check_keys(defaults, "defaults", dkeys)) != 0)
+    if ((rc = section(defaults, "defaults", dkeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "mode")) != NULL &&
         (rc = parse_mode(v, "defaults.mode", &cfg->default_mode)) != 0)

@@ -115,6 +115,12 @@ void ust__sha256_hex(const void *data, size_t len, char hex[65]) {
  * object that is still loaded; each try steps over one such object. */
 #define UST__VERIFY_MAX_RENAMES 64
 
+static int normalise_pin(const char *pin, char out[65]);
+
+int ust__sha256_pin_parse(const char *pin, char out[65]) {
+  return normalise_pin(pin, out) ? 0 : -1;
+}
+
 /* Copy pin into out as 64 lowercase hex digits; 0 when it is not 64 hex digits. */
 static int normalise_pin(const char *pin, char out[65]) {
   if (pin == NULL)

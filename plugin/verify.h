@@ -18,6 +18,10 @@
  * caller's storage of at least 65 bytes. Cannot fail. */
 void ust__sha256_hex(const void *data, size_t len, char hex[65]);
 
+/* A pin as 64 lowercase hex digits + NUL into out; -1 (out undefined) when
+ * pin is not 64 hex digits, in either case. */
+int ust__sha256_pin_parse(const char *pin, char out[65]);
+
 /* Load the shared object at path only if its SHA-256 equals pin (64 hex
  * digits, either case).
  *
