@@ -129,6 +129,18 @@ template <typename V> __device__ __forceinline__ V warp_min(V v) {
   return v;
 }
 
+// One warp's figures into its lane 0: counts add, the first mismatch is the
+// smallest index, maxima and sums as named.
+__device__ __forceinline__ void reduce_warp(unsigned long long c[5], double mx[2], double sm[2]) {
+  for (int k = 0; k < 4; k++)
+    c[k] = warp_sum(c[k]);
+  c[4] = warp_min(c[4]);
+  for (int k = 0; k < 2; k++) {
+    mx[k] = warp_max(mx[k]);
+    sm[k] = warp_sum(sm[k]);
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) compare_kernel(const T *__restrict__ prod, const T *__restrict__ cand,
                                                            long long n, int vec_ok, MathOf<T> atol,
@@ -214,13 +226,7 @@ __global__ void __launch_bounds__(kThreads) compare_kernel(const T *__restrict__
   unsigned long long c[5] = {a.mismatches, a.nf_prod, a.nf_cand, a.nf_bad, a.first};
   double mx[2] = {(double)a.max_abs, (double)a.max_rel};
   double sm[2] = {a.ssd, a.ssp};
-  for (int k = 0; k < 4; k++)
-    c[k] = warp_sum(c[k]);
-  c[4] = warp_min(c[4]);
-  for (int k = 0; k < 2; k++) {
-    mx[k] = warp_max(mx[k]);
-    sm[k] = warp_sum(sm[k]);
-  }
+  reduce_warp(c, mx, sm);
   const int lane = threadIdx.x % UST__WARP, warp = threadIdx.x / UST__WARP;
   if (lane == 0) {
     for (int k = 0; k < 5; k++)
@@ -240,13 +246,7 @@ __global__ void __launch_bounds__(kThreads) compare_kernel(const T *__restrict__
     mx[k] = lane < kWarps ? s_max[k][lane] : 0.0;
     sm[k] = lane < kWarps ? s_sum[k][lane] : 0.0;
   }
-  for (int k = 0; k < 4; k++)
-    c[k] = warp_sum(c[k]);
-  c[4] = warp_min(c[4]);
-  for (int k = 0; k < 2; k++) {
-    mx[k] = warp_max(mx[k]);
-    sm[k] = warp_sum(sm[k]);
-  }
+  reduce_warp(c, mx, sm);
   if (lane != 0)
     return;
   if (c[0])
