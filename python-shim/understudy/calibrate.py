@@ -57,9 +57,7 @@ def calibrate(device: str = None, quick: bool = False) -> dict:
     for nbytes in copy_sizes:
         src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1)
         dst = torch.empty_like(src)
-        t = _time(lambda: dst.copy_(src), device, reps)
-        b_peak = max(b_peak, 2 * nbytes / t)
-        del src, dst
+        b_peak = max(b_peak, 2 * nbytes / _time(lambda: dst.copy_(src), device, reps))
     paths = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     sizes = ([256, 512] if quick else [1024, 2048]) if device == "cpu" else ([2048, 4096] if quick else [4096, 8192])
     p_peak = {}

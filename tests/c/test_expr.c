@@ -79,11 +79,12 @@ TEST(expr_errors_name_position) {
   ASSERT_INT_EQ(ust__expr_compile(many, vars, 2, &e), UST_EPROBLEM);
   ASSERT_STR_CONTAINS(ust_last_error(), "too long");
   /* short and shallow, yet more values on the stack at once than it holds */
-  char wide[400] = "1";
+  char wide[512] = "1";
   for (int d = 0; d < 5; d++) {
-    char next[400];
+    char next[sizeof wide + 64];
     snprintf(next, sizeof next, "min(1,1,1,1,1,1,1,1,1,1,1,1,1,1,%s)", wide);
-    snprintf(wide, sizeof wide, "%s", next);
+    memcpy(wide, next, sizeof wide - 1);
+    wide[sizeof wide - 1] = '\0';
   }
   ASSERT_INT_EQ(ust__expr_compile(wide, vars, 2, &e), UST_EPROBLEM);
   ASSERT_STR_CONTAINS(ust_last_error(), "needs too deep a stack");

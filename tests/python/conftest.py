@@ -1,11 +1,9 @@
 import json
-import os
 import pathlib
 import sys
 from collections import Counter
 
 import pytest
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -1,5 +1,4 @@
 """The report file and `python -m understudy report`."""
-import json
 import os
 import subprocess
 import sys

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import understudy
-from test_shadow import (DTYPES, _fused_add_calls, _fused_add_impl, _import_example, _reference, candidate_op,
+from test_shadow import (DTYPES, served_under, _fused_add_calls, _fused_add_impl, _import_example, _reference, candidate_op,
                          native, poisoned_pair, rms_inputs, routes, run_rms_norm, shadow_config)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -17,12 +17,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_native_cuda_candidate_passes_and_outputs_identical(us, dtype):
     inputs = rms_inputs("cuda", dtype, shapes=((1, 4096), (7, 4096), (512, 4096), (3, 5, 128)))
-    expected = run_rms_norm(inputs)
-    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
-    served = run_rms_norm(inputs)
-    rep = us.report()
-    us.disable()
-    assert all(torch.equal(e, s) for e, s in zip(expected, served))
+    rep = served_under(us, shadow_config("rms_norm", native("rms_norm_cuda")), lambda: run_rms_norm(inputs))
     rs = routes(rep, "_C::rms_norm")
     assert len(rs) == len(inputs)
     for r in rs:
@@ -67,12 +62,7 @@ def test_triton_gemm_torch_op_candidate(us):
     shapes = [(16, 4096, 4096), (128, 4096, 11008), (1000, 1024, 1000), (4096, 4096, 4096)]
     mats = [(torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16) / k ** 0.25,
              torch.randn(k, n, device="cuda", generator=g, dtype=torch.bfloat16) / k ** 0.25) for m, k, n in shapes]
-    expected = [torch.mm(a, b) for a, b in mats for _ in range(4)]
-    us.enable(shadow_config("gemm", {"torch_op": name, "target": "aten::mm"}))
-    served = [torch.mm(a, b) for a, b in mats for _ in range(4)]
-    rep = us.report()
-    us.disable()
-    assert all(torch.equal(e, s) for e, s in zip(expected, served))
+    rep = served_under(us, shadow_config("gemm", {"torch_op": name, "target": "aten::mm"}), lambda: [torch.mm(a, b) for a, b in mats for _ in range(4)])
     rs = routes(rep, "aten::mm")
     assert len(rs) == len(shapes)
     for r in rs:
@@ -105,13 +95,7 @@ def test_wrong_and_raising_torch_op_candidates_on_cuda(us):
 def test_in_place_op_on_cuda_judged_on_snapshot(us):
     name = candidate_op("ust_test::fused_add_cand", _fused_add_impl, "_C::fused_add_rms_norm")
     inputs = rms_inputs("cuda", torch.bfloat16, shapes=((32, 2048),))
-    expected = _fused_add_calls(inputs)
-    us.enable(shadow_config("fused_add_rms_norm", {"torch_op": name, "target": "_C::fused_add_rms_norm"}, guard={"aa_sample": 1.0}))
-    served = _fused_add_calls(inputs)
-    rep = us.report()
-    us.disable()
-    for (ei, er), (si, sr) in zip(expected, served):
-        assert torch.equal(ei, si) and torch.equal(er, sr)
+    rep = served_under(us, shadow_config("fused_add_rms_norm", {"torch_op": name, "target": "_C::fused_add_rms_norm"}, guard={"aa_sample": 1.0}), lambda: _fused_add_calls(inputs))
     (r,) = routes(rep, "_C::fused_add_rms_norm")
     assert (r["shadow"]["passed"], r["shadow"]["failed"]) == (2, 0)
     assert r["shadow"]["aa"]["runs"] == 2
