@@ -66,10 +66,8 @@ static void fill_result(const ust__cmp_stats *s, double ns, ust_compare_result *
 }
 
 #ifdef UST__API_GPU
-/* One scratch result per call, from a small pool: the call waits for its
- * stream, so the buffers are free again when it returns. */
-static pthread_mutex_t scratch_lock = PTHREAD_MUTEX_INITIALIZER;
-
+/* A synchronous call: its result buffers are allocated for the call and
+ * freed once it has waited for its stream. */
 static int compare_gpu(const DLTensor *p, const DLTensor *c, int dt, int64_t n, int kind, double atol, double rtol,
                        void *stream, ust__cmp_stats *host, double *ns) {
   int prev = 0, rc = 0;
@@ -78,11 +76,9 @@ static int compare_gpu(const DLTensor *p, const DLTensor *c, int dt, int64_t n, 
   if (prev != p->device.device_id && UST__GPU_CHECK(cudaSetDevice(p->device.device_id)) != 0)
     return ust__error(UST_EGPU, "compare: cannot select GPU %d", p->device.device_id);
   ust__cmp_stats *dev = NULL, *pinned = NULL;
-  pthread_mutex_lock(&scratch_lock);
   if (UST__GPU_CHECK(cudaMalloc((void **)&dev, sizeof *dev)) != 0 ||
       UST__GPU_CHECK(cudaHostAlloc((void **)&pinned, sizeof *pinned, cudaHostAllocDefault)) != 0)
     rc = ust__error(UST_EGPU, "compare: cannot allocate result buffers");
-  pthread_mutex_unlock(&scratch_lock);
   cudaStream_t s = (cudaStream_t)stream;
   cudaEvent_t ev[2] = {NULL, NULL};
   if (rc == 0 && (UST__GPU_CHECK(cudaEventCreateWithFlags(&ev[0], cudaEventDefault)) != 0 ||
