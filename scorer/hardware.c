@@ -25,6 +25,22 @@ int ust__path_parse(const char *name) {
 
 static int positive_number(const cJSON *v) { return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble > 0; }
 
+/* The list field of root: device-name words (at least min_n of them). */
+static int parse_words(const cJSON *root, const char *field, int min_n, const char *path,
+                       char words[UST__HW_MAX_MATCH][64], int *n) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, field), *it;
+  if (v == NULL && min_n == 0)
+    return 0;
+  if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) < min_n || cJSON_GetArraySize(v) > UST__HW_MAX_MATCH)
+    return HERR("%s: '%s' must be a list of %d to %d device-name words", path, field, min_n, UST__HW_MAX_MATCH);
+  cJSON_ArrayForEach(it, v) {
+    if (!cJSON_IsString(it) || it->valuestring[0] == '\0' || ust__copy_name(words[*n], 64, it->valuestring) != 0)
+      return HERR("%s: '%s' holds an empty, non-string or too long entry", path, field);
+    (*n)++;
+  }
+  return 0;
+}
+
 int ust__hw_parse(const char *text, const char *path, ust__hw_profile *out) {
   memset(out, 0, sizeof *out);
   cJSON *root = cJSON_Parse(text);
@@ -57,33 +73,10 @@ int ust__hw_parse(const char *text, const char *path, ust__hw_profile *out) {
     rc = HERR("%s: 'name' must be a non-empty string of at most 63 characters", path);
     goto out;
   }
-  v = cJSON_GetObjectItemCaseSensitive(root, "match");
-  if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) < 1 || cJSON_GetArraySize(v) > UST__HW_MAX_MATCH) {
-    rc = HERR("%s: 'match' must be a list of 1 to %d device-name words", path, UST__HW_MAX_MATCH);
+  if ((rc = parse_words(root, "match", 1, path, out->match, &out->n_match)) != 0 ||
+      (rc = parse_words(root, "exclude", 0, path, out->exclude, &out->n_exclude)) != 0)
     goto out;
-  }
   const cJSON *it;
-  cJSON_ArrayForEach(it, v) {
-    if (!cJSON_IsString(it) || it->valuestring[0] == '\0' ||
-        ust__copy_name(out->match[out->n_match], sizeof out->match[0], it->valuestring) != 0) {
-      rc = HERR("%s: 'match' holds an empty, non-string or too long entry", path);
-      goto out;
-    }
-    out->n_match++;
-  }
-  v = cJSON_GetObjectItemCaseSensitive(root, "exclude");
-  if (v != NULL && (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > UST__HW_MAX_MATCH)) {
-    rc = HERR("%s: 'exclude' must be a list of at most %d device-name words", path, UST__HW_MAX_MATCH);
-    goto out;
-  }
-  cJSON_ArrayForEach(it, v) {
-    if (!cJSON_IsString(it) || it->valuestring[0] == '\0' ||
-        ust__copy_name(out->exclude[out->n_exclude], sizeof out->exclude[0], it->valuestring) != 0) {
-      rc = HERR("%s: 'exclude' holds an empty, non-string or too long entry", path);
-      goto out;
-    }
-    out->n_exclude++;
-  }
   v = cJSON_GetObjectItemCaseSensitive(root, "p_peak");
   if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) < 1) {
     rc = HERR("%s: 'p_peak' must be an object {path: FLOP/s} (paths: bf16, fp16, fp8_e4m3, tf32, fp32)", path);
