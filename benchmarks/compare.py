@@ -1,6 +1,10 @@
 """Bandwidth of the guard's comparison kernel against a device-to-device copy.
 
-For bf16 and fp32 outputs of >= 256 MB each, measures in one run:
+For bf16 and fp32 outputs of >= 256 MB each, in two cases: a candidate
+within the dtype's default tolerance (noise well below it: the steady state
+of shadowing a correct candidate) and one far outside it (about half the
+elements mismatch: what a wrong candidate shows once, before it is rolled
+back), measures in one run:
 - the copy bandwidth of the device (dst.copy_(src): reads and writes N bytes),
   timed with CUDA events around a burst of copies;
 - the comparison (one pass reading production and candidate: 2N bytes),
@@ -65,21 +69,27 @@ def main():
     name = torch.cuda.get_device_name() if device == "cuda" else "host"
     print(f"understudy compare benchmark on {name}, torch {torch.__version__}, {mb} MB per tensor, "
           f"median of {args.rounds} rounds")
-    print(f"{'dtype':>6} {'elements':>12} {'copy GB/s':>10} {'compare GB/s':>13} {'ratio':>6}")
-    for dtype in (torch.bfloat16, torch.float32):
+    print(f"{'dtype':>8} {'candidate':>17} {'elements':>10} {'mismatching':>11} {'copy GB/s':>10} "
+          f"{'compare GB/s':>13} {'ratio':>6}")
+    # Noise added to production: well within the default tolerance
+    # (atol 1e-2, rtol 5e-2 for bf16; 1e-4, 1e-3 for fp32), and far outside it.
+    cases = [(torch.bfloat16, "within tolerance", 1e-3), (torch.bfloat16, "outside", 1e-1),
+             (torch.float32, "within tolerance", 1e-5), (torch.float32, "outside", 1e-3)]
+    for dtype, case, noise in cases:
         n = mb * (1 << 20) // torch.tensor([], dtype=dtype).element_size()
         g = torch.Generator(device=device).manual_seed(0)
         p = torch.randn(n, device=device, dtype=dtype, generator=g)
-        c = p + torch.randn(n, device=device, dtype=dtype, generator=g) * 1e-3
+        c = p + torch.randn(n, device=device, dtype=dtype, generator=g) * noise
         dst = torch.empty_like(p)
         copy_gbps(p, dst, 2)
-        compare_gbps(p, c)  # warm-up
+        r = compare_gbps(p, c)[1]  # warm-up
         copies, compares = [], []
         for _ in range(args.rounds):
             copies.append(copy_gbps(p, dst, 10 if device == "cuda" else 2))
             compares.append(compare_gbps(p, c)[0])
         cp, cm = statistics.median(copies), statistics.median(compares)
-        print(f"{str(dtype).replace('torch.', ''):>6} {n:>12} {cp:>10.0f} {cm:>13.0f} {cm / cp:>6.2f}")
+        print(f"{str(dtype).replace('torch.', ''):>8} {case:>17} {n:>10} {r['mismatches'] / n:>11.1%} {cp:>10.0f} "
+              f"{cm:>13.0f} {cm / cp:>6.2f}")
         del p, c, dst
         if device == "cuda":
             torch.cuda.empty_cache()

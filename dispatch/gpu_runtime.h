@@ -39,6 +39,7 @@
 #define cudaGetLastError hipGetLastError
 #define cudaDeviceGetAttribute hipDeviceGetAttribute
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaStreamSynchronize hipStreamSynchronize
 #define cudaDeviceProp hipDeviceProp_t

@@ -8,6 +8,7 @@
 // block, and one thread per block folds the block's figures in with atomics.
 #include <stdint.h>
 
+#include <atomic>
 #include <type_traits>
 
 #if defined(UST_GPU_HIP)
@@ -107,6 +108,90 @@ template <typename T> struct Elem<T, true> {
 
 template <typename T> using MathOf = typename Traits<T>::M;
 
+// One 16-byte vector as values of the math type. bf16 is the high half of a
+// float: the low element of a 32-bit word is the word shifted up, the high
+// one the word with its low half cleared (one instruction each).
+template <typename T> struct Vec;
+template <> struct Vec<bf16_t> {
+  static __device__ __forceinline__ void unpack(const uint4 &w, float (&out)[8]) {
+    const unsigned u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      out[2 * i] = __uint_as_float(u[i] << 16);
+      out[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+  }
+};
+template <> struct Vec<__half> {
+  static __device__ __forceinline__ void unpack(const uint4 &w, float (&out)[8]) {
+    const __half2 *h = reinterpret_cast<const __half2 *>(&w);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float2 f = __half22float2(h[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+};
+template <> struct Vec<float> {
+  static __device__ __forceinline__ void unpack(const uint4 &w, float (&out)[4]) {
+    out[0] = __uint_as_float(w.x);
+    out[1] = __uint_as_float(w.y);
+    out[2] = __uint_as_float(w.z);
+    out[3] = __uint_as_float(w.w);
+  }
+};
+template <> struct Vec<double> {
+  static __device__ __forceinline__ void unpack(const uint4 &w, double (&out)[2]) {
+    out[0] = __hiloint2double((int)w.y, (int)w.x);
+    out[1] = __hiloint2double((int)w.w, (int)w.z);
+  }
+};
+
+__device__ __forceinline__ float dev_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ double dev_abs(double x) { return fabs(x); }
+__device__ __forceinline__ float dev_max(float x, float y) { return fmaxf(x, y); }
+__device__ __forceinline__ double dev_max(double x, double y) { return fmax(x, y); }
+
+// The common case of one vector, judged with a few instructions an element
+// and no branch: every pair finite and within tolerance. exact arrives as
+// atol = rtol = 0 (for finite values |c - p| <= 0 is c == p). A non-finite
+// candidate makes |c - p| fail the tolerance; a non-finite production value
+// makes the sum of p^2 non-finite. When it holds, the figures are exactly
+// those of the full rule (the squares summed in the math type first), and
+// the relative error, whose maximum moves rarely, is divided out only for a
+// vector that holds a new maximum. Returns false, having changed nothing,
+// when the vector needs the full rule.
+template <typename M, int N>
+__device__ __forceinline__ bool judge_fast(const M (&p)[N], const M (&c)[N], M atol, M rtol, Acc<M> &a) {
+  const M inf = (M)INFINITY, thr = a.max_rel;
+  M mx = a.max_abs, sd = 0, sp = 0;
+  bool ok = true, rel = false;
+#pragma unroll
+  for (int k = 0; k < N; k++) {
+    const M d = c[k] - p[k], ad = dev_abs(d), ap = dev_abs(p[k]);
+    ok &= ad <= atol + rtol * ap;
+    mx = dev_max(mx, ad);
+    rel |= ad > thr * ap;
+    sd += d * d;
+    sp += p[k] * p[k];
+  }
+  if (!(ok && sp < inf && sd < inf))
+    return false;
+  a.max_abs = mx;
+  a.ssd += (double)sd;
+  a.ssp += (double)sp;
+  if (rel) {
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      const M ad = dev_abs(c[k] - p[k]), ap = dev_abs(p[k]);
+      if (ap > 0 && ad > a.max_rel * ap)
+        a.max_rel = ad / ap;
+    }
+  }
+  return true;
+}
+
 __device__ __forceinline__ unsigned long long dbits(double d) { return (unsigned long long)__double_as_longlong(d); }
 
 template <typename V> __device__ __forceinline__ V warp_sum(V v) {
@@ -150,6 +235,7 @@ __global__ void __launch_bounds__(kThreads) compare_kernel(const T *__restrict__
   constexpr int kVec = 16 / sizeof(T);
   Acc<M> a;
   UST__CMP_ACC_INIT(a);
+  const M fast_atol = exact ? (M)0 : atol, fast_rtol = exact ? (M)0 : rtol;
   const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   const long long stride = (long long)gridDim.x * blockDim.x;
   long long done = 0;
@@ -161,45 +247,19 @@ __global__ void __launch_bounds__(kThreads) compare_kernel(const T *__restrict__
     // judged (independent loads, no copy between them), so that more bytes
     // are in flight per thread.
     auto judge = [&](const uint4 &pw, const uint4 &cw, long long v) {
+      if constexpr (!kInt) {
+        M p[kVec], c[kVec];
+        Vec<T>::unpack(pw, p);
+        Vec<T>::unpack(cw, c);
+        if (judge_fast<M, kVec>(p, c, fast_atol, fast_rtol, a))
+          return;
+      }
+      // The full rule, element by element, from scratch.
       const T *pe = reinterpret_cast<const T *>(&pw);
       const T *ce = reinterpret_cast<const T *>(&cw);
-      if constexpr (!kInt && sizeof(T) == 2) {
-        // 16-bit data (8 elements a vector, so arithmetic rather than memory
-        // bounds the pass): the common case first: every pair finite and within tolerance.
-        // One comparison per element covers it (a non-finite candidate
-        // makes |c - p| NaN or infinite; a non-finite production value
-        // fails |p| < inf); only a vector where it fails takes the full
-        // rule below, which then judges it from scratch.
-        const M inf = (M)INFINITY;
-        M mx = a.max_abs, mr = a.max_rel, fsd = 0, fsp = 0;
-        bool ok = true;
-#pragma unroll
-        for (int k = 0; k < kVec; k++) {
-          const M p = Traits<T>::load(pe[k]), c = Traits<T>::load(ce[k]);
-          const M ap = p < 0 ? -p : p, d = c - p < 0 ? p - c : c - p;
-          ok &= (exact ? c == p : d <= atol + rtol * ap) && ap < inf;
-          mx = d > mx ? d : mx;
-          if (ap > 0 && d > mr * ap)
-            mr = d / ap;
-          fsd += d * d;
-          fsp += p * p;
-        }
-        if (ok) {
-          a.max_abs = mx;
-          a.max_rel = mr;
-          a.ssd += (double)fsd;
-          a.ssp += (double)fsp;
-          return;
-        }
-      }
-      // Squares of one vector are summed in the math type (float for 16-
-      // and 32-bit data) and folded into the double sums once per vector.
-      M sd = 0, sp = 0;
 #pragma unroll
       for (int k = 0; k < kVec; k++)
-        Elem<T, kInt>::run(pe[k], ce[k], atol, rtol, exact, (unsigned long long)(v * kVec + k), a, sd, sp);
-      a.ssd += (double)sd;
-      a.ssp += (double)sp;
+        Elem<T, kInt>::run(pe[k], ce[k], atol, rtol, exact, (unsigned long long)(v * kVec + k), a, a.ssd, a.ssp);
     };
     for (long long v = tid; v < nv; v += kUnroll * stride) {
       uint4 pw[kUnroll], cw[kUnroll];
@@ -271,18 +331,23 @@ __global__ void __launch_bounds__(kThreads) compare_kernel(const T *__restrict__
     atomicAdd(&out->n, (unsigned long long)n);
 }
 
-int sm_count(void) {
-  static int cached[64];
+// The blocks of compare_kernel<T> that are resident at once on the current
+// device (SMs times blocks per SM at the kernel's register use): the grid
+// is one wave of them. Cached per device; 0 when the runtime cannot say.
+template <typename T> int resident_blocks(void) {
+  static std::atomic<int> cached[64]; // written once per device; any thread may
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
-    return 80;
-  if (cached[dev] == 0) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
-      v = 80;
-    cached[dev] = v;
+    return 0;
+  if (cached[dev].load(std::memory_order_relaxed) == 0) {
+    int sms = 0, per_sm = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0 ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, compare_kernel<T>, kThreads, 0) != cudaSuccess ||
+        per_sm <= 0)
+      return 0;
+    cached[dev].store(sms * per_sm, std::memory_order_relaxed);
   }
-  return cached[dev];
+  return cached[dev].load(std::memory_order_relaxed);
 }
 
 template <typename T>
@@ -293,7 +358,8 @@ int launch(const void *prod, const void *cand, long long n, int kind, double ato
   const int vec_ok = (reinterpret_cast<uintptr_t>(prod) % 16 == 0) && (reinterpret_cast<uintptr_t>(cand) % 16 == 0);
   long long work = vec_ok ? (n + kVec - 1) / kVec : n;
   long long blocks = (work + kThreads - 1) / kThreads;
-  const long long cap = (long long)sm_count() * 4; /* what stays resident at ~60 registers a thread */
+  const int resident = resident_blocks<T>();
+  const long long cap = resident > 0 ? resident : 1024; // the loop is grid-stride: any size is correct
   if (blocks > cap)
     blocks = cap;
   if (blocks < 1)

@@ -1,4 +1,6 @@
 /* ust_compare_sync: the guard's comparison as a public, synchronous call. */
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <dlpack/dlpack.h>
@@ -66,46 +68,105 @@ static void fill_result(const ust__cmp_stats *s, double ns, ust_compare_result *
 }
 
 #ifdef UST__API_GPU
-/* A synchronous call: its result buffers are allocated for the call and
- * freed once it has waited for its stream. */
+/* Result buffers and events of the synchronous GPU comparison, kept for
+ * reuse: allocating them per call (cudaMalloc, cudaHostAlloc, and freeing
+ * them) can synchronise the device, which stalls work the caller queued
+ * ahead and lets launch gaps into the measured time. A call takes a free
+ * entry of its device, or makes one, under a lock held only for the list;
+ * there are as many entries as calls ever ran at once, kept until the
+ * process ends. */
+typedef struct cmp_res {
+  struct cmp_res *next;
+  int device;
+  ust__cmp_stats *dev, *pinned;
+  cudaEvent_t ev[2];
+} cmp_res;
+
+static pthread_mutex_t res_lock = PTHREAD_MUTEX_INITIALIZER;
+static cmp_res *res_free;
+
+static void res_destroy(cmp_res *r) {
+  for (int i = 0; i < 2; i++)
+    if (r->ev[i] != NULL)
+      cudaEventDestroy(r->ev[i]);
+  if (r->dev != NULL)
+    cudaFree(r->dev);
+  if (r->pinned != NULL)
+    cudaFreeHost(r->pinned);
+  free(r);
+}
+
+/* A free entry of the current device into *out, made if there is none;
+ * 0 or the error. */
+static int res_take(int device, cmp_res **out) {
+  pthread_mutex_lock(&res_lock);
+  cmp_res **at = &res_free;
+  while (*at != NULL && (*at)->device != device)
+    at = &(*at)->next;
+  cmp_res *r = *at;
+  if (r != NULL)
+    *at = r->next;
+  pthread_mutex_unlock(&res_lock);
+  if (r != NULL) {
+    *out = r;
+    return 0;
+  }
+  r = calloc(1, sizeof *r);
+  if (r == NULL)
+    return ust__error(UST_ENOMEM, "compare: out of memory");
+  r->device = device;
+  if (UST__GPU_CHECK(cudaMalloc((void **)&r->dev, sizeof *r->dev)) != 0 ||
+      UST__GPU_CHECK(cudaHostAlloc((void **)&r->pinned, sizeof *r->pinned, cudaHostAllocDefault)) != 0 ||
+      UST__GPU_CHECK(cudaEventCreateWithFlags(&r->ev[0], cudaEventDefault)) != 0 ||
+      UST__GPU_CHECK(cudaEventCreateWithFlags(&r->ev[1], cudaEventDefault)) != 0) {
+    res_destroy(r);
+    return ust__error(UST_EGPU, "compare: cannot allocate result buffers and events on GPU %d", device);
+  }
+  *out = r;
+  return 0;
+}
+
+static void res_give(cmp_res *r) {
+  pthread_mutex_lock(&res_lock);
+  r->next = res_free;
+  res_free = r;
+  pthread_mutex_unlock(&res_lock);
+}
+
 static int compare_gpu(const DLTensor *p, const DLTensor *c, int dt, int64_t n, int kind, double atol, double rtol,
                        void *stream, ust__cmp_stats *host, double *ns) {
   int prev = 0, rc = 0;
   if (UST__GPU_CHECK(cudaGetDevice(&prev)) != 0)
     return ust__error(UST_EGPU, "compare: no usable GPU");
-  if (prev != p->device.device_id && UST__GPU_CHECK(cudaSetDevice(p->device.device_id)) != 0)
-    return ust__error(UST_EGPU, "compare: cannot select GPU %d", p->device.device_id);
-  ust__cmp_stats *dev = NULL, *pinned = NULL;
-  if (UST__GPU_CHECK(cudaMalloc((void **)&dev, sizeof *dev)) != 0 ||
-      UST__GPU_CHECK(cudaHostAlloc((void **)&pinned, sizeof *pinned, cudaHostAllocDefault)) != 0)
-    rc = ust__error(UST_EGPU, "compare: cannot allocate result buffers");
+  const int device = p->device.device_id;
+  if (prev != device && UST__GPU_CHECK(cudaSetDevice(device)) != 0)
+    return ust__error(UST_EGPU, "compare: cannot select GPU %d", device);
+  cmp_res *r = NULL;
+  if ((rc = res_take(device, &r)) != 0)
+    goto out;
   cudaStream_t s = (cudaStream_t)stream;
-  cudaEvent_t ev[2] = {NULL, NULL};
-  if (rc == 0 && (UST__GPU_CHECK(cudaEventCreateWithFlags(&ev[0], cudaEventDefault)) != 0 ||
-                  UST__GPU_CHECK(cudaEventCreateWithFlags(&ev[1], cudaEventDefault)) != 0))
-    rc = ust__error(UST_EGPU, "compare: cannot create events");
-  if (rc == 0 && (UST__GPU_CHECK(cudaEventRecord(ev[0], s)) != 0 ||
-                  UST__GPU_CHECK(cudaMemsetAsync(dev, 0, sizeof *dev, s)) != 0))
+  if (UST__GPU_CHECK(cudaEventRecord(r->ev[0], s)) != 0 ||
+      UST__GPU_CHECK(cudaMemsetAsync(r->dev, 0, sizeof *r->dev, s)) != 0)
     rc = ust__error(UST_EGPU, "compare: memset failed");
   if (rc == 0)
-    rc = ust__compare_launch(p->data, c->data, dt, n, kind, atol, rtol, dev, stream);
-  if (rc == 0 && (UST__GPU_CHECK(cudaEventRecord(ev[1], s)) != 0 ||
-                  UST__GPU_CHECK(cudaMemcpyAsync(pinned, dev, sizeof *dev, cudaMemcpyDeviceToHost, s)) != 0 ||
-                  UST__GPU_CHECK(cudaStreamSynchronize(s)) != 0))
+    rc = ust__compare_launch(p->data, c->data, dt, n, kind, atol, rtol, r->dev, stream);
+  if (rc == 0 && (UST__GPU_CHECK(cudaEventRecord(r->ev[1], s)) != 0 ||
+                  UST__GPU_CHECK(cudaMemcpyAsync(r->pinned, r->dev, sizeof *r->dev, cudaMemcpyDeviceToHost, s)) != 0))
     rc = ust__error(UST_EGPU, "compare: reading the results failed");
+  /* Whatever was queued is waited for before the entry is reused. */
+  if (UST__GPU_CHECK(cudaStreamSynchronize(s)) != 0 && rc == 0)
+    rc = ust__error(UST_EGPU, "compare: waiting for the stream failed");
   float ms = 0;
-  if (rc == 0 && UST__GPU_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1])) == 0)
+  if (rc == 0 && UST__GPU_CHECK(cudaEventElapsedTime(&ms, r->ev[0], r->ev[1])) == 0)
     *ns = (double)ms * 1e6;
   if (rc == 0)
-    *host = *pinned;
-  for (int i = 0; i < 2; i++)
-    if (ev[i] != NULL)
-      cudaEventDestroy(ev[i]);
-  if (dev != NULL)
-    cudaFree(dev);
-  if (pinned != NULL)
-    cudaFreeHost(pinned);
-  if (prev != p->device.device_id)
+    *host = *r->pinned;
+  if (rc == 0)
+    res_give(r);
+  else
+    res_destroy(r); /* after an error its state is unknown */
+out:
+  if (prev != device)
     cudaSetDevice(prev);
   return rc;
 }
