@@ -76,6 +76,7 @@ typedef struct ust__roofline_def {
   char w_dtype[UST__NAME_MAX]; /* argument whose dtype selects W's path */
   char q_read[UST__EXPR_MAX];
   char q_write[UST__EXPR_MAX];
+  char estimate[UST__EXPR_MAX]; /* "" when W and Q are exact; else how they approximate */
 } ust__roofline_def;
 
 typedef struct ust__binding_def {

@@ -33,10 +33,11 @@ static int only_keys(const cJSON *obj, const char *path, const char *where, cons
 }
 
 /* "roofline": {"vars": {NAME: dimension}, "W": expr, "W_dtype": ARG,
- * "Q_read": expr, "Q_write": expr}; every expression is compiled here so
+ * "Q_read": expr, "Q_write": expr, "estimate": text (optional: where W or Q
+ * is not exact, how it approximates)}; every expression is compiled here so
  * that a bad one is refused with the file and field. */
 static int parse_roofline(const cJSON *rl, const char *path, int bi, ust__roofline_def *r) {
-  static const char *const keys[] = {"vars", "W", "W_dtype", "Q_read", "Q_write", NULL};
+  static const char *const keys[] = {"vars", "W", "W_dtype", "Q_read", "Q_write", "estimate", NULL};
   char where[64];
   snprintf(where, sizeof where, "bindings[%d].roofline.", bi);
   if (!cJSON_IsObject(rl))
@@ -81,6 +82,11 @@ static int parse_roofline(const cJSON *rl, const char *path, int bi, ust__roofli
   const cJSON *wd = cJSON_GetObjectItemCaseSensitive(rl, "W_dtype");
   if (!cJSON_IsString(wd) || ust__copy_name(r->w_dtype, sizeof r->w_dtype, wd->valuestring) != 0)
     return PERR("%s: 'bindings[%d].roofline.W_dtype' must name the argument whose dtype books W", path, bi);
+  const cJSON *est = cJSON_GetObjectItemCaseSensitive(rl, "estimate");
+  if (est != NULL && (!cJSON_IsString(est) || est->valuestring[0] == '\0' ||
+                      ust__copy_name(r->estimate, sizeof r->estimate, est->valuestring) != 0))
+    return PERR("%s: 'bindings[%d].roofline.estimate' must be a text of 1 to %d characters saying how W or Q "
+                "approximates", path, bi, UST__EXPR_MAX - 1);
   r->present = 1;
   return 0;
 }

@@ -177,6 +177,9 @@ static cJSON *roofline_json(ust__route *r, double sp, double sc) {
     add_num(j, "S_candidate", sc);
   else
     cJSON_AddNullToObject(j, "S_candidate");
+  const char *est = r->binding->def->roofline.estimate;
+  if (est[0] != '\0')
+    cJSON_AddStringToObject(j, "estimate", est);
   return j;
 }
 

@@ -133,6 +133,8 @@ def merge(reports: Iterable[dict]) -> dict:
                     for k in ADD_ROOF:
                         rf[k] += s["roofline"].get(k, 0)
                     rf["hardware"] = rf["hardware"] or s["roofline"].get("hardware")
+                    if "estimate" in s["roofline"]:
+                        rf["estimate"] = s["roofline"]["estimate"]
 
     total_est = sum(t["est_device_time_ns"] for m in ops.values() for t in m["shapes"].values())
     total_ph: dict = {}
@@ -180,6 +182,8 @@ def merge(reports: Iterable[dict]) -> dict:
                 s["roofline"] = {"hardware": rf["hardware"], "calls": rf["calls"],
                                  "tsol_ns_mean": rf["tsol_ns_sum"] / rf["calls"] if rf["calls"] else 0.0,
                                  **{k: rf[k] for k in ADD_ROOF if k != "calls"}, "S": sp, "S_candidate": sc}
+                if "estimate" in rf:
+                    s["roofline"]["estimate"] = rf["estimate"]
                 if sp is not None:
                     s_vals.append(sp)
                     ph_s.setdefault(ph, []).append(sp)

@@ -378,6 +378,10 @@ TEST(roofline_definition_errors_name_field) {
       {"{\"vars\": {}, \"W\": \"1\", \"W_dtype\": \"x\", \"Q_read\": \"1\"}", "'bindings[0].roofline.Q_write'"},
       {"{\"vars\": {}, \"W\": \"1\", \"W_dtype\": \"x\", \"Q_read\": \"1\", \"Q_write\": \"1\", \"Qw\": 1}",
        "unknown field 'bindings[0].roofline.Qw'"},
+      {"{\"vars\": {}, \"W\": \"1\", \"W_dtype\": \"x\", \"Q_read\": \"1\", \"Q_write\": \"1\", \"estimate\": 2}",
+       "'bindings[0].roofline.estimate' must be a text"},
+      {"{\"vars\": {}, \"W\": \"1\", \"W_dtype\": \"x\", \"Q_read\": \"1\", \"Q_write\": \"1\", \"estimate\": \"\"}",
+       "'bindings[0].roofline.estimate' must be a text"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char text[1024];

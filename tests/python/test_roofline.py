@@ -28,8 +28,8 @@ def test_rms_norm_scored_against_a_forced_profile(us):
     us.enable({"operators": {"rms_norm": {"mode": "observe", "sample": 1.0}, "silu": {"sample": 1.0}},
                "hardware": {"profile": "H200"}})
     run_rms_norm(inputs, repeat=5)
-    x = torch.randn(32, 64)
-    torch.nn.functional.silu(x)  # an operator without a roofline: weighted, never scored
+    x = torch.randn(32, 64, dtype=torch.float64)
+    torch.nn.functional.silu(x)  # fp64 math has no path in the profile: weighted, never scored
     rep = us.report()
     us.disable()
     rs = {r["dims"]["N"]: r for r in routes(rep, "_C::rms_norm")}
@@ -53,6 +53,8 @@ def test_rms_norm_scored_against_a_forced_profile(us):
     assert op["roofline"]["S_weighted"] == pytest.approx(tsol / time, rel=1e-9)
     silu = next(o for o in rep["operators"] if o["name"] == "silu")
     assert silu["roofline"]["scored_shapes"] == 0 and silu["weight"] > 0
+    (sr,) = silu["shapes"]
+    assert sr["roofline"]["unscored"] == 1 and sr["roofline"]["S"] is None
     s_agg = sum(o["weight"] * o["roofline"]["S"] for o in rep["operators"])
     assert rep["totals"]["S_agg"] == pytest.approx(s_agg, rel=1e-12)
     assert rep["totals"]["S_agg"] == pytest.approx(op["weight"] * op["roofline"]["S"], rel=1e-12)
@@ -128,3 +130,62 @@ def test_phases_weight_and_score_separately(us):
         assert tot["phases"][ph]["S_agg"] == pytest.approx(s_agg, rel=1e-12)
         rms = next(o for o in ops if o["name"] == "rms_norm")["phases"][ph]
         assert rms["S"] == pytest.approx(by_phase[ph]["roofline"]["S"], rel=1e-12)  # one shape key per phase
+
+
+def test_torch_ops_scored(us):
+    """The torch ops an HF model runs, scored on the CPU against a forced
+    H200 profile; W and Q written out here from the shapes (attention's
+    query-key pairs counted from torch's own causal mask)."""
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    def floor(w, path, q):
+        return max(w / H200["p_peak"][path], q / H200["b_peak"]) * 1e9
+
+    us.enable({"operators": {name: {"mode": "observe", "sample": 1.0}
+                             for name in ("gemm", "sdpa", "silu", "topk", "grouped_mm")},
+               "hardware": {"profile": "H200"}})
+    expect = {}  # op display -> T_SOL in ns
+    a, b, bias = rnd(12, 40), rnd(40, 24), rnd(24)
+    torch.mm(a, b)
+    expect["aten::mm"] = floor(2 * 12 * 40 * 24, "fp32", 4 * (12 * 40 + 40 * 24 + 12 * 24))
+    torch.nn.functional.linear(a, b.t().contiguous(), bias)  # addmm(bias, a, w.t())
+    expect["aten::addmm"] = floor(2 * 12 * 40 * 24 + 12 * 24, "fp32", 4 * (24 + 12 * 40 + 40 * 24 + 12 * 24))
+    torch.bmm(rnd(3, 5, 8), rnd(3, 8, 6))
+    expect["aten::bmm"] = floor(2 * 3 * 5 * 8 * 6, "fp32", 4 * (3 * 5 * 8 + 3 * 8 * 6 + 3 * 5 * 6))
+    x = rnd(16, 96, dtype=torch.bfloat16)
+    torch.nn.functional.silu(x)
+    expect["aten::silu"] = floor(4 * x.numel(), "bf16", 2 * 2 * x.numel())
+    logits = rnd(4, 1000)
+    torch.topk(logits, 50)
+    expect["aten::topk"] = floor(logits.numel(), "fp32", 4 * logits.numel() + 4 * 50 * (4 + 8))
+    xs, ws = rnd(6, 16, dtype=torch.bfloat16), rnd(3, 16, 8, dtype=torch.bfloat16)
+    offs = torch.tensor([2, 2, 6], dtype=torch.int32)
+    torch._grouped_mm(xs, ws, offs=offs)
+    expect["aten::_grouped_mm"] = floor(2 * 6 * 16 * 8, "bf16", 2 * (6 * 16 + 3 * 16 * 8) + 4 * 3 + 2 * 6 * 8)
+    rep_mid = us.report()
+    sdpa = []
+    for causal in (False, True):
+        # Compute-bound on the H200 even when causal; equal head dims take the
+        # CPU flash kernel (others the math path, a composite).
+        B, H, L, S, D, Dv = 2, 4, 200, 232, 16, 16
+        q, k, v = rnd(B, H, L, D), rnd(B, H, S, D), rnd(B, H, S, Dv)
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        pairs = int(torch.ones(L, S).tril().sum()) if causal else L * S
+        sdpa.append(floor(2 * B * H * pairs * (D + Dv), "fp32", 4 * (q.numel() + k.numel() + v.numel() + B * H * L * Dv)))
+    rep = us.report()
+    us.disable()
+    for op, want in expect.items():
+        (r,) = routes(rep_mid, op)
+        assert r["roofline"]["calls"] == 1, op
+        assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, abs=1e-3), op  # T_SOL is kept in ps
+    gm = routes(rep_mid, "aten::_grouped_mm")[0]["roofline"]
+    assert "upper bound" in gm["estimate"]
+    assert "estimate" not in routes(rep_mid, "aten::mm")[0]["roofline"]
+    attn = [s for o in rep["operators"] if o["name"] == "sdpa" for s in o["shapes"]]
+    assert len(attn) == 2
+    got = sorted(s["roofline"]["tsol_ns_mean"] for s in attn)
+    assert got == pytest.approx(sorted(sdpa), abs=1e-3)
+    assert sdpa[1] < 0.5 * sdpa[0]  # the causal mask keeps fewer than half the pairs (L < S)
