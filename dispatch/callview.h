@@ -75,7 +75,9 @@ typedef struct ust__call_state {
   int timing; /* 0 none, 1 host clock, 2 device events */
   int gpu_slot;
   uint64_t t0_ns;
-  void *shadow; /* a shadow slot (guard/shadow.c) when this call is shadowed */
+  void *shadow; /* a shadow slot (guard/shadow.c) when this call is shadowed or its candidate verified */
+  int serve;    /* 1: the candidate serves this call (canary, live) */
+  int capturing; /* the call is being captured into a CUDA graph */
   uint64_t tsol_ps; /* the call's roofline floor, when timed and known */
 } ust__call_state;
 
@@ -133,6 +135,33 @@ void ust__shadow_finish(const ust__call *call, ust__call_state *st, const struct
 void ust__shadow_abandon(const ust__call *call, ust__call_state *st);
 /* After production raised: releases what begin took; records nothing. */
 void ust__call_cancel(const ust__call *call, ust__call_state *st);
+
+/* Serving (st->serve after ust__call_begin: canary or live). The bridge runs
+ * the candidate on the call's own arguments and returns its outputs; when
+ * st->shadow is set it also runs production on snapshots and hands both to
+ * the guard (ust__shadow_finish), roles as in shadow mode. */
+/* Count the call as served by the candidate (1) or production (0). */
+void ust__call_served(ust__call_state *st, int candidate);
+/* 1: the route's operator verifies before serving (strict). */
+int ust__call_strict(const ust__call_state *st);
+/* Production served a candidate call: no layout learned for its outputs. */
+void ust__call_unlearned(ust__call_state *st);
+/* The candidate served a call that was verified. */
+void ust__call_verified_serving(ust__call_state *st);
+/* The candidate failed (ust__shadow_fail) on a call it served unverified:
+ * the route rolls back; the bridge serves production. */
+void ust__call_serve_failed(ust__call_state *st, int fail, const char *msg);
+/* 1 when the route was rolled back by its shadow call number call_no. */
+int ust__call_rolled_back_on(const ust__call_state *st, uint64_t call_no);
+/* The outputs' layout production showed for calls with this call's
+ * signature (the bridge's blob), or NULL when not learned yet. */
+const void *ust__call_layout(const ust__call_state *st, const ust__call *call, size_t *len);
+void ust__call_learn_layout(const ust__call_state *st, const ust__call *call, const void *blob, size_t len);
+/* Wait for the stream and conclude every pending comparison (strict mode:
+ * synchronises). */
+void ust__flush_verdicts(void *stream);
+/* The shadow call number of the call's slot (0 without one). */
+uint64_t ust__shadow_call_no(const ust__call_state *st);
 /* An error inside understudy on the call path (the call was served by
  * production); counted in the report. */
 void ust__count_internal_error(void);

@@ -101,7 +101,11 @@ typedef struct ust__operator {
   char name[UST__NAME_MAX];
   const ust__problem *problem; /* borrowed from the engine's problem set */
   atomic_int mode;             /* ust__mode */
-  uint32_t sample_q32;         /* measured fraction of calls (timed; shadowed in shadow mode), in 1/2^32 */
+  uint32_t sample_q32;         /* measured fraction of calls (timed; shadowed in shadow mode; verified of the
+                                  candidate's in canary and live), in 1/2^32 */
+  _Atomic uint32_t canary_q32; /* the candidate's share of calls in canary mode, in 1/2^32 */
+  atomic_int strict;           /* canary/live: verify before serving */
+  ust__promotion promotion;    /* read and written under the rollout lock (guard/rollout.c) */
   ust__candidate *cand;        /* owned by the engine; NULL without one */
   double sample;
   UT_hash_handle hh; /* the engine's registry, by name */
@@ -181,7 +185,38 @@ typedef struct ust__route {
   atomic_int rolled_back;             /* 1 once a verified failure rolled the route back */
   ust__hist cand_hist;                /* candidate latency, ns */
   _Atomic(struct ust__evidence *) evidence; /* the failure that rolled the route back */
+
+  /* Rollout (guard/rollout.c). The route's own mode, packed with its canary
+   * share so that a reader never sees one without the other: 0 follows the
+   * operator, else (mode + 1) | canary_q32 << 32. */
+  atomic_uint_fast64_t rollout;
+  atomic_uint_fast64_t served_prod;   /* calls whose outputs production served */
+  atomic_uint_fast64_t served_cand;   /* calls whose outputs the candidate served */
+  atomic_uint_fast64_t served_cand_verified; /* of those, verified on the call (a sample) */
+  atomic_uint_fast64_t served_unlearned; /* candidate calls production served: the outputs' layout for the
+                                            call's shapes was not learned yet */
+  atomic_uint_fast64_t captured_cand; /* graph captures that captured the candidate (the rest: production) */
+  atomic_uint_fast64_t canary_seen;   /* canary sampling count */
+  atomic_uint_fast64_t verify_seen;   /* verification sampling count of candidate-served calls */
+  atomic_uint_fast64_t stage_passes;  /* passing verifications since the route's last transition */
+  atomic_uint_fast64_t transitions;
+  _Atomic(void *) layouts[8];         /* outputs' layouts learned from production, by input signature
+                                         (ust__route_layout_*); added once, freed with the route */
 } ust__route;
+
+/* A learned layout: the bridge's blob for calls whose inputs hash to sig. */
+typedef struct ust__layout {
+  uint64_t sig;
+  size_t len;
+  unsigned char blob[];
+} ust__layout;
+/* The layout learned for sig, or NULL. Lock-free. */
+const ust__layout *ust__route_layout_find(ust__route *r, uint64_t sig);
+/* Learn one (no-op once 8 are known or sig is). Thread-safe. */
+void ust__route_layout_add(ust__route *r, uint64_t sig, const void *blob, size_t len);
+/* A hash of a call's tensor sizes, strides, dtypes and scalar values: calls
+ * with the same signature produce outputs of the same layout. */
+uint64_t ust__call_signature(const ust__call *call);
 
 typedef struct ust__route_table {
   uint32_t cap;   /* power of two, twice max_routes */

@@ -39,7 +39,12 @@ static void route_free(ust__route *r) {
     return;
   ust__hist_free(&r->hist);
   ust__hist_free(&r->cand_hist);
-  free(atomic_load(&r->evidence));
+  for (ust__evidence *e = atomic_load(&r->evidence), *prev; e != NULL; e = prev) {
+    prev = e->prev;
+    free(e);
+  }
+  for (int i = 0; i < 8; i++)
+    free(atomic_load(&r->layouts[i]));
   free(r);
 }
 
@@ -71,6 +76,7 @@ ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust_
   uint64_t h = key_hash(key);
   uint32_t mask = t->cap - 1;
   ust__route *fresh = NULL;
+  int seeded = 0;
   for (uint32_t probe = 0; probe < t->cap; probe++) {
     uint32_t i = (uint32_t)(h + probe) & mask;
     ust__route *r = atomic_load_explicit(&t->slots[i], memory_order_acquire);
@@ -91,6 +97,10 @@ ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust_
         fresh->binding = b;
       }
       ust__route *expected = NULL;
+      if (!seeded) {
+        ust__rollout_route_created(fresh); /* before it is published: its first call sees its mode */
+        seeded = 1;
+      }
       if (atomic_compare_exchange_strong_explicit(&t->slots[i], &expected, fresh,
                                                   memory_order_acq_rel, memory_order_acquire))
         return fresh;
@@ -189,32 +199,35 @@ static int sampled(uint64_t n, uint32_t q32, double sample) {
   return (uint64_t)(a >> 32) != (uint64_t)(p >> 32);
 }
 
-/* Shadow this call? Only for the binding the candidate targets, on routes
- * not rolled back, outside graph capture, on sampled calls, and while a
- * slot is free (otherwise the skip is counted and production serves). */
-static int shadow_begin(ust__binding *b, const ust__call *call, ust__route *r, ust__call_state *st) {
-  if (b->cand == NULL || atomic_load_explicit(&b->op->mode, memory_order_relaxed) != UST__MODE_SHADOW ||
-      atomic_load_explicit(&r->rolled_back, memory_order_relaxed))
-    return 0;
+/* Take a shadow slot for a sampled call (count is the route's sampling
+ * counter); a skip is counted when none is free, and production serves. */
+static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, atomic_uint_fast64_t *count) {
 #if !defined(UST_GPU_CUDA) && !defined(UST_GPU_HIP)
   if (call->device != UST__DEV_CPU)
-    return 0;
+    return NULL;
 #endif
-  uint64_t n = atomic_fetch_add_explicit(&r->shadow_seen, 1, memory_order_relaxed) + 1;
+  uint64_t n = atomic_fetch_add_explicit(count, 1, memory_order_relaxed) + 1;
   if (!sampled(n, b->op->sample_q32, b->op->sample))
-    return 0;
-  st->shadow = ust__shadow_acquire(r);
-  if (st->shadow == NULL) {
+    return NULL;
+  void *slot = ust__shadow_acquire(r);
+  if (slot == NULL)
     atomic_fetch_add_explicit(&r->skipped, 1, memory_order_relaxed);
-    return 0;
-  }
-  return 1; /* the slot numbered this shadow call */
+  return slot;
 }
 
+/* The route's decision for one call (DESIGN.md, one call step by step):
+ * - during graph capture nothing is timed or shadowed; a live candidate is
+ *   captured, everything else is production;
+ * - shadow: production serves; sampled calls also run the candidate;
+ * - canary(p): the candidate serves a p share of the calls, live all of
+ *   them; a sample of those is verified against production;
+ * - otherwise production serves, a sample timed. */
 void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st) {
   st->route = NULL;
   st->timing = 0;
   st->shadow = NULL;
+  st->serve = 0;
+  st->capturing = 0;
   st->tsol_ps = 0;
   if (call->device == UST__DEV_OTHER)
     return;
@@ -227,15 +240,38 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   }
   st->route = r;
   uint64_t n = atomic_fetch_add_explicit(&r->calls, 1, memory_order_relaxed) + 1;
+  uint32_t canary_q32 = 0;
+  const int mode = ust__route_mode(r, &canary_q32);
   if (call->device == UST__DEV_CUDA && ust__gpu_capturing(call->stream)) {
-    /* Nothing is timed inside a graph: replays do not come back here. */
+    /* Replays do not come back here: what is captured is what they run. */
+    st->capturing = 1;
     atomic_fetch_add_explicit(&r->captured, 1, memory_order_relaxed);
+    if (mode == UST__MODE_LIVE) {
+      st->serve = 1;
+      atomic_fetch_add_explicit(&r->captured_cand, 1, memory_order_relaxed);
+    }
     return;
   }
-  if (shadow_begin(b, call, r, st)) {
-    /* a shadowed call times production itself */
-    ust__shadow_note_tsol(st->shadow, ust__route_tsol_ps(r, call));
+  if (mode == UST__MODE_OFF)
     return;
+  if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
+    uint64_t c = atomic_fetch_add_explicit(&r->canary_seen, 1, memory_order_relaxed) + 1;
+    if (mode == UST__MODE_LIVE || sampled(c, canary_q32, 0)) {
+      st->serve = 1;
+      st->shadow = take_slot(b, call, r, &r->verify_seen);
+      if (st->shadow != NULL) {
+        ust__shadow_set_serving(st->shadow);
+        ust__shadow_note_tsol(st->shadow, ust__route_tsol_ps(r, call));
+      }
+      return;
+    }
+  } else if (mode == UST__MODE_SHADOW) {
+    st->shadow = take_slot(b, call, r, &r->shadow_seen);
+    if (st->shadow != NULL) {
+      /* a shadowed call times production itself */
+      ust__shadow_note_tsol(st->shadow, ust__route_tsol_ps(r, call));
+      return;
+    }
   }
   if (!sampled(n, b->op->sample_q32, b->op->sample))
     return;
@@ -250,6 +286,112 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     else
       atomic_fetch_add_explicit(&r->timing_dropped, 1, memory_order_relaxed);
   }
+}
+
+void ust__call_served(ust__call_state *st, int candidate) {
+  if (st->route == NULL)
+    return;
+  atomic_fetch_add_explicit(candidate ? &st->route->served_cand : &st->route->served_prod, 1,
+                            memory_order_relaxed);
+}
+
+int ust__call_strict(const ust__call_state *st) {
+  return st->route != NULL && atomic_load_explicit(&st->route->binding->op->strict, memory_order_relaxed);
+}
+
+void ust__call_unlearned(ust__call_state *st) {
+  if (st->route != NULL)
+    atomic_fetch_add_explicit(&st->route->served_unlearned, 1, memory_order_relaxed);
+}
+
+void ust__call_verified_serving(ust__call_state *st) {
+  if (st->route != NULL)
+    atomic_fetch_add_explicit(&st->route->served_cand_verified, 1, memory_order_relaxed);
+}
+
+void ust__call_serve_failed(ust__call_state *st, int fail, const char *msg) {
+  if (st->route != NULL)
+    ust__serve_failed(st->route, fail, msg);
+}
+
+int ust__call_rolled_back_on(const ust__call_state *st, uint64_t call_no) {
+  const ust__route *r = st->route;
+  if (r == NULL || !atomic_load(&((ust__route *)r)->rolled_back))
+    return 0;
+  const ust__evidence *e = atomic_load(&((ust__route *)r)->evidence);
+  return e != NULL && e->shadow_call == call_no;
+}
+
+/* ---- learned output layouts ------------------------------------------------ */
+
+uint64_t ust__call_signature(const ust__call *call) {
+  uint64_t h = 0xcbf29ce484222325ull;
+#define MIX(v) (h = (h ^ (uint64_t)(v)) * 0x100000001b3ull)
+  for (int i = 0; i < call->nargs; i++) {
+    const ust__arg *a = &call->args[i];
+    MIX(a->kind);
+    if (a->kind == UST__ARG_TENSOR) {
+      MIX(a->dtype);
+      MIX(a->t.ndim);
+      for (int d = 0; d < a->t.ndim; d++) {
+        MIX(a->t.shape[d]);
+        MIX(a->t.strides != NULL ? a->t.strides[d] : 0);
+      }
+    } else if (a->kind == UST__ARG_INT || a->kind == UST__ARG_BOOL || a->kind == UST__ARG_INTLIST) {
+      MIX(a->i);
+    } else if (a->kind == UST__ARG_DOUBLE) {
+      uint64_t bits;
+      memcpy(&bits, &a->f, sizeof bits);
+      MIX(bits);
+    }
+  }
+#undef MIX
+  return h;
+}
+
+const ust__layout *ust__route_layout_find(ust__route *r, uint64_t sig) {
+  for (int i = 0; i < 8; i++) {
+    const ust__layout *l = atomic_load_explicit(&r->layouts[i], memory_order_acquire);
+    if (l == NULL)
+      return NULL;
+    if (l->sig == sig)
+      return l;
+  }
+  return NULL;
+}
+
+void ust__route_layout_add(ust__route *r, uint64_t sig, const void *blob, size_t len) {
+  if (ust__route_layout_find(r, sig) != NULL)
+    return;
+  ust__layout *l = malloc(sizeof *l + len);
+  if (l == NULL)
+    return;
+  l->sig = sig;
+  l->len = len;
+  memcpy(l->blob, blob, len);
+  for (int i = 0; i < 8; i++) {
+    void *expected = NULL;
+    if (atomic_compare_exchange_strong(&r->layouts[i], &expected, l))
+      return;
+    if (((const ust__layout *)expected)->sig == sig)
+      break; /* another thread learned it first */
+  }
+  free(l);
+}
+
+const void *ust__call_layout(const ust__call_state *st, const ust__call *call, size_t *len) {
+  if (st->route == NULL)
+    return NULL;
+  const ust__layout *l = ust__route_layout_find(st->route, ust__call_signature(call));
+  if (l == NULL)
+    return NULL;
+  *len = l->len;
+  return l->blob;
+}
+
+void ust__call_learn_layout(const ust__call_state *st, const ust__call *call, const void *blob, size_t len) {
+  if (st->route != NULL)
+    ust__route_layout_add(st->route, ust__call_signature(call), blob, len);
 }
 
 void ust__call_end(const ust__call *call, ust__call_state *st) {

@@ -210,22 +210,26 @@ void enter_call_device(c10::OptionalDeviceGuard &g, const ust__call &call) {
 // production's, and the slot is then abandoned by the caller of these).
 class ShadowRun {
 public:
-  ShadowRun(const c10::OperatorHandle &op, const ust__binding *b, const ust__call &call, ust__call_state &st)
+  // serving: the candidate serves this call (canary, live) and production,
+  // when the call is verified, runs on the snapshots; otherwise (shadow)
+  // production serves and the candidate runs on the snapshots.
+  ShadowRun(const c10::OperatorHandle &op, const ust__binding *b, const ust__call &call, ust__call_state &st,
+            bool serving = false)
       : b_(b), call_(call), st_(st), n_args_(op.schema().arguments().size()),
-        n_returns_(op.schema().returns().size()) {}
+        n_returns_(op.schema().returns().size()), serving_(serving) {}
 
   // Before production: what is needed later, and snapshots of what
   // production writes. Read-only arguments that share storage with a
   // written one are copied too (addmm(c, a, b, out=c)): the candidate must
   // read them as production did, before production wrote them.
-  void prepare(const torch::jit::Stack &stack) {
+  void prepare(const torch::jit::Stack &stack, bool snapshots = true) {
     ShadowScope scope;
     ust__shadow_info_get(&st_, &info_);
     saved_.assign(stack.end() - static_cast<std::ptrdiff_t>(n_args_), stack.end());
     snaps_.resize(n_args_);
     aa_snaps_.resize(n_args_);
     inputs_.resize(n_args_);
-    for (size_t i = 0; i < n_args_ && i < 32; i++) {
+    for (size_t i = 0; snapshots && i < n_args_ && i < 32; i++) {
       if (!((info_.writes_mask >> i) & 1u))
         continue;
       if (saved_[i].isTensorList())
@@ -253,6 +257,7 @@ public:
                                  const torch::jit::Stack &stack) {
     ShadowScope scope;
     prod_returns_.assign(stack.end() - static_cast<std::ptrdiff_t>(n_returns_), stack.end());
+    learn_layout();
     // An out= argument production resized holds nothing the candidate
     // needs: give the candidate one of production's final shape.
     for (size_t i = 0; i < n_args_; i++)
@@ -288,6 +293,107 @@ public:
                        msg.empty() ? nullptr : msg.c_str());
   }
 
+  enum Served { kCandidate, kProduction, kRunProduction };
+
+  // Serving (canary, live): the candidate runs on the call's own arguments
+  // and its outputs replace them on the stack (kCandidate). When the call is
+  // verified, production first runs on the snapshots (it may raise: that
+  // reaches the caller as it would without understudy) and the guard gets
+  // both sides. When the candidate fails, or a verdict known before
+  // returning says it is wrong, production's results are served instead:
+  // already on the stack (kProduction), or to be computed by the caller on
+  // the restored arguments (kRunProduction).
+  Served serve(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack &stack) {
+    ShadowScope scope;
+    const bool verify = st_.shadow != nullptr;
+    if (verify) {
+      ust__shadow_mark(&st_, UST__MARK_PROD_BEGIN, &call_);
+      torch::jit::Stack ps = with_snapshots(snaps_);
+      try {
+        op.redispatchBoxed(below, &ps);
+      } catch (...) {
+        production_raised_ = true;
+        throw;
+      }
+      ust__shadow_mark(&st_, UST__MARK_PROD_END, &call_);
+      prod_returns_.assign(ps.begin(), ps.end());
+      learn_layout();
+    }
+    std::vector<c10::IValue> cand_returns;
+    std::string msg;
+    int fail = UST__FAIL_NONE;
+    if (info_.kind == UST__CAND_NATIVE) {
+      if (!native_outputs(verify, cand_returns)) {
+        ust__call_unlearned(&st_);
+        if (verify)
+          ust__shadow_abandon(&call_, &st_);
+        return verify ? production_instead(stack) : kRunProduction;
+      }
+    } else {
+      fail = prepare_torch_op(msg, saved_);
+    }
+    if (fail == UST__FAIL_NONE) {
+      if (verify)
+        ust__shadow_mark(&st_, UST__MARK_CAND_BEGIN, &call_);
+      fail = info_.kind == UST__CAND_NATIVE ? call_native(msg) : call_torch_op(cand_returns, msg);
+      if (verify)
+        ust__shadow_mark(&st_, UST__MARK_CAND_END, &call_);
+    }
+    if (fail != UST__FAIL_NONE) {
+      if (verify) {
+        ust__shadow_finish(&call_, &st_, nullptr, 0, fail, msg.c_str());
+        return production_instead(stack);
+      }
+      ust__call_serve_failed(&st_, fail, msg.c_str());
+      restore_written();
+      return kRunProduction;
+    }
+    if (verify) {
+      const uint64_t call_no = ust__shadow_call_no(&st_);
+      std::vector<ust__pair> pairs;
+      add_pairs(pairs, snaps_, cand_returns, 0, fail, msg);
+      ust__shadow_finish(&call_, &st_, pairs.data(), static_cast<int>(pairs.size()), fail,
+                         msg.empty() ? nullptr : msg.c_str());
+      // A host comparison concludes in ust__shadow_finish; a device one
+      // only when the worker harvests it, unless strict waits for it.
+      if (call_.device == UST__DEV_CUDA && ust__call_strict(&st_))
+        ust__flush_verdicts(call_.stream);
+      if (ust__call_rolled_back_on(&st_, call_no))
+        return production_instead(stack);
+      ust__call_verified_serving(&st_);
+    }
+    torch::jit::drop(stack, n_args_);
+    for (size_t j = 0; j < n_returns_; j++)
+      stack.push_back(j < cand_returns.size() ? cand_returns[j] : c10::IValue());
+    return kCandidate;
+  }
+
+  bool production_raised() const { return production_raised_; }
+
+  // Production's results as the call's: its writes (in the snapshots) copied
+  // into the arguments, its returns on the stack.
+  Served production_instead(torch::jit::Stack &stack) {
+    for (size_t i = 0; i < n_args_; i++)
+      if (snaps_[i].defined())
+        saved_[i].toTensor().copy_(snaps_[i]);
+    torch::jit::drop(stack, n_args_);
+    for (size_t j = 0; j < n_returns_; j++) {
+      c10::IValue v = j < prod_returns_.size() ? prod_returns_[j] : c10::IValue();
+      for (size_t i = 0; i < n_args_ && is_defined_tensor(v); i++)
+        if (snaps_[i].defined() && snaps_[i].is_same(v.toTensor()))
+          v = saved_[i]; // a return that is a written argument is the caller's argument
+      stack.push_back(v);
+    }
+    return kProduction;
+  }
+
+  // The arguments the candidate may have written, back to what they held.
+  void restore_written() {
+    for (size_t i = 0; i < n_args_; i++)
+      if (snaps_[i].defined())
+        saved_[i].toTensor().copy_(snaps_[i]);
+  }
+
 private:
   torch::jit::Stack with_snapshots(const std::vector<at::Tensor> &snaps) const {
     torch::jit::Stack s(saved_.begin(), saved_.end());
@@ -300,25 +406,39 @@ private:
     return s;
   }
 
-  // The production return j aliases a written argument: compared there.
-  bool aliases_written_arg(size_t j) const {
-    if (!is_defined_tensor(prod_returns_[j]))
-      return false;
-    const at::Tensor &r = prod_returns_[j].toTensor();
-    for (size_t i = 0; i < n_args_; i++)
-      if (snaps_[i].defined() && saved_[i].toTensor().is_same(r))
-        return true;
-    return false;
+
+  // The layout of production's returns, learned for calls with this call's
+  // signature so that a native candidate serving unverified calls gets
+  // outputs like production's. Per return: 0 none, 1 a fresh tensor (dtype,
+  // device index, rank, sizes, strides), 2 a written argument (its index),
+  // 3 a value a native candidate cannot produce.
+  void learn_layout() {
+    if (info_.kind != UST__CAND_NATIVE)
+      return;
+    std::vector<int64_t> blob{static_cast<int64_t>(prod_returns_.size())};
+    for (size_t j = 0; j < prod_returns_.size(); j++) {
+      const c10::IValue &v = prod_returns_[j];
+      int64_t alias = -1;
+      for (size_t i = 0; i < n_args_ && is_defined_tensor(v); i++)
+        if (snaps_[i].defined() && (serving_ ? snaps_[i] : saved_[i].toTensor()).is_same(v.toTensor()))
+          alias = static_cast<int64_t>(i);
+      if (alias >= 0) {
+        blob.insert(blob.end(), {2, alias});
+      } else if (is_defined_tensor(v)) {
+        const at::Tensor &t = v.toTensor();
+        blob.insert(blob.end(), {1, static_cast<int64_t>(t.scalar_type()), t.is_cuda() ? t.get_device() : -1,
+                                 t.dim()});
+        blob.insert(blob.end(), t.sizes().begin(), t.sizes().end());
+        blob.insert(blob.end(), t.strides().begin(), t.strides().end());
+      } else {
+        blob.push_back(v.isNone() ? 0 : 3);
+      }
+    }
+    ust__call_learn_layout(&st_, &call_, blob.data(), blob.size() * sizeof(int64_t));
   }
 
-  bool compared_return(size_t j) const {
-    return info_.compared_returns < 0 || j < static_cast<size_t>(info_.compared_returns);
-  }
-
-  // The arguments as the call view read them, with understudy's snapshots
-  // in place of what production writes (and of read-only arguments that
-  // alias it), and fresh outputs like production's returns.
-  int prepare_native(std::vector<c10::IValue> &cand_returns) {
+  // The candidate ABI's view of the call's arguments, as the call view read them.
+  void call_values() {
     values_.assign(n_args_, ust_value{});
     for (size_t i = 0; i < n_args_; i++) {
       ust_value &v = values_[i];
@@ -332,6 +452,92 @@ private:
       case UST__ARG_DOUBLE: v.kind = UST_VALUE_DOUBLE; v.f = a->f; break;
       default: v.kind = UST_VALUE_OTHER;
       }
+    }
+  }
+
+  // A native candidate serving: its arguments are the call's own (written
+  // ones writable), its outputs fresh tensors like production's returns
+  // (this call's when verified, else the learned layout). false when no
+  // layout is known for this call's shapes.
+  bool native_outputs(bool verify, std::vector<c10::IValue> &cand_returns) {
+    call_values();
+    for (size_t i = 0; i < n_args_ && i < 32; i++)
+      values_[i].writable = (info_.writes_mask >> i) & 1u;
+    cand_returns.assign(n_returns_, c10::IValue());
+    if (verify) {
+      for (size_t j = 0; j < n_returns_; j++) {
+        if (!is_defined_tensor(prod_returns_[j]))
+          continue;
+        const at::Tensor &r = prod_returns_[j].toTensor();
+        bool alias = false;
+        for (size_t i = 0; i < n_args_; i++)
+          if (snaps_[i].defined() && snaps_[i].is_same(r)) {
+            cand_returns[j] = saved_[i];
+            alias = true;
+          }
+        if (!alias) {
+          native_outputs_.push_back(poisoned_like(r));
+          cand_returns[j] = native_outputs_.back();
+        }
+      }
+    } else if (n_returns_ > 0) {
+      size_t len = 0;
+      const int64_t *l = static_cast<const int64_t *>(ust__call_layout(&st_, &call_, &len));
+      const size_t n = len / sizeof(int64_t);
+      if (l == nullptr || n < 1 || static_cast<size_t>(l[0]) != n_returns_)
+        return false;
+      size_t at = 1;
+      for (size_t j = 0; j < n_returns_; j++) {
+        if (at >= n)
+          return false;
+        const int64_t kind = l[at++];
+        if (kind == 3)
+          return false;
+        if (kind == 2) {
+          cand_returns[j] = saved_[static_cast<size_t>(l[at++])];
+        } else if (kind == 1) {
+          const auto dtype = static_cast<c10::ScalarType>(l[at]);
+          const int64_t dev = l[at + 1], rank = l[at + 2];
+          at += 3;
+          if (at + 2 * static_cast<size_t>(rank) > n)
+            return false;
+          c10::IntArrayRef sizes(l + at, static_cast<size_t>(rank)), strides(l + at + rank, static_cast<size_t>(rank));
+          at += 2 * static_cast<size_t>(rank);
+          auto opts = at::TensorOptions().dtype(dtype).device(
+              dev < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dev)));
+          native_outputs_.push_back(at::empty_strided(sizes, strides, opts));
+          cand_returns[j] = native_outputs_.back();
+        }
+      }
+    }
+    outputs_.resize(native_outputs_.size());
+    for (size_t k = 0; k < native_outputs_.size(); k++)
+      fill_dl(native_outputs_[k], &outputs_[k], nullptr);
+    return true;
+  }
+
+  // The production return j aliases a written argument: compared there.
+  bool aliases_written_arg(size_t j) const {
+    if (!is_defined_tensor(prod_returns_[j]))
+      return false;
+    const at::Tensor &r = prod_returns_[j].toTensor();
+    for (size_t i = 0; i < n_args_; i++)
+      if (snaps_[i].defined() && (serving_ ? snaps_[i] : saved_[i].toTensor()).is_same(r))
+        return true;
+    return false;
+  }
+
+  bool compared_return(size_t j) const {
+    return info_.compared_returns < 0 || j < static_cast<size_t>(info_.compared_returns);
+  }
+
+  // The arguments as the call view read them, with understudy's snapshots
+  // in place of what production writes (and of read-only arguments that
+  // alias it), and fresh outputs like production's returns.
+  int prepare_native(std::vector<c10::IValue> &cand_returns) {
+    call_values();
+    for (size_t i = 0; i < n_args_; i++) {
+      ust_value &v = values_[i];
       if (snaps_[i].defined()) {
         v.writable = 1;
         fill_dl(snaps_[i], &v.tensor, nullptr);
@@ -375,7 +581,9 @@ private:
     return UST__FAIL_NONE;
   }
 
-  int prepare_torch_op(std::string &msg) {
+  int prepare_torch_op(std::string &msg) { return prepare_torch_op(msg, with_snapshots(snaps_)); }
+
+  int prepare_torch_op(std::string &msg, const torch::jit::Stack &args) {
     auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(info_.torch_op, info_.torch_overload));
     if (!handle.has_value())
       throw std::runtime_error(std::string("candidate op ") + info_.torch_op + " is not defined in this process");
@@ -387,7 +595,7 @@ private:
       return UST__FAIL_SCHEMA;
     }
     cand_op_ = *handle;
-    cand_stack_ = with_snapshots(snaps_);
+    cand_stack_ = args;
     return UST__FAIL_NONE;
   }
 
@@ -423,9 +631,11 @@ private:
     std::vector<at::Tensor> prod, other;
     for (size_t i = 0; i < n_args_; i++)
       if (snaps[i].defined()) {
+        // production wrote the caller's argument and the other side the
+        // snapshot; serving, the other way round
         names.push_back(ust__binding_arg_name(b_, static_cast<int>(i)));
-        prod.push_back(saved_[i].toTensor());
-        other.push_back(snaps[i]);
+        prod.push_back(serving_ && !aa ? snaps[i] : saved_[i].toTensor());
+        other.push_back(serving_ && !aa ? saved_[i].toTensor() : snaps[i]);
       }
     bool unreadable = false;
     for (size_t j = 0; j < n_returns_; j++) {
@@ -511,6 +721,8 @@ private:
   const ust__call &call_;
   ust__call_state &st_;
   size_t n_args_, n_returns_;
+  bool serving_;
+  bool production_raised_ = false;
   ust__shadow_info info_{};
   std::vector<c10::IValue> saved_, prod_returns_;
   std::vector<at::Tensor> snaps_, aa_snaps_, inputs_, native_outputs_;
@@ -556,8 +768,13 @@ public:
       ust__count_internal_error();
       tracked = false;
     }
-    if (tracked && st.shadow != nullptr) {
+    if (tracked && st.serve) {
+      if (served(op, below, stack, call, st))
+        return;
+      st.shadow = nullptr; // released by served()
+    } else if (tracked && st.shadow != nullptr) {
       shadowed(op, below, stack, call, st);
+      ust__call_served(&st, 0);
       return;
     }
     try {
@@ -567,11 +784,64 @@ public:
         ust__call_cancel(&call, &st);
       throw;
     }
-    if (tracked)
+    if (tracked) {
       ust__call_end(&call, &st);
+      ust__call_served(&st, 0);
+    }
   }
 
 private:
+  // The candidate serves (canary, live). Returns true when the call was
+  // served here, by the candidate or by production's results; false when
+  // the caller must run production on the (restored) arguments: the
+  // candidate could not serve or failed, or understudy did. Production's
+  // own exceptions propagate as in the plain path.
+  bool served(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack *stack,
+              const ust__call &call, ust__call_state &st) {
+    std::unique_ptr<ShadowRun> run;
+    ShadowRun::Served how = ShadowRun::kRunProduction;
+    bool restorable = false;
+    try {
+      c10::OptionalDeviceGuard guard;
+      enter_call_device(guard, call);
+      run = std::make_unique<ShadowRun>(op, b_, call, st, /*serving=*/true);
+      // No snapshots inside a graph capture: nothing could be restored
+      // there, and copies would become part of the graph.
+      run->prepare(*stack, /*snapshots=*/!st.capturing);
+      restorable = true;
+      how = run->serve(op, below, *stack);
+    } catch (...) {
+      if (run && run->production_raised()) {
+        // production raised on the snapshots: the caller sees it, as without understudy
+        if (st.shadow != nullptr)
+          ust__shadow_abandon(&call, &st);
+        throw;
+      }
+      how = internal_error(call, st, run.get(), restorable);
+    }
+    if (how == ShadowRun::kRunProduction) {
+      if (st.shadow != nullptr)
+        ust__shadow_abandon(&call, &st);
+      return false;
+    }
+    ust__call_served(&st, how == ShadowRun::kCandidate);
+    return true;
+  }
+
+  ShadowRun::Served internal_error(const ust__call &call, ust__call_state &st, ShadowRun *run, bool restorable) {
+    ust__count_internal_error();
+    if (st.shadow != nullptr)
+      ust__shadow_abandon(&call, &st);
+    if (run != nullptr && restorable) {
+      try {
+        run->restore_written();
+      } catch (...) {
+        ust__count_internal_error();
+      }
+    }
+    return ShadowRun::kRunProduction;
+  }
+
   // Production serves exactly as in the plain path; the shadow work before
   // and after it fails open. st.shadow is released exactly once: by
   // ust__shadow_finish, or by ust__shadow_abandon.

@@ -106,7 +106,10 @@ typedef struct ust__pair {
 /* What rolled a route back. Written once, by whoever concluded the failing
  * shadow call, then published through the route's evidence pointer. */
 typedef struct ust__evidence {
+  struct ust__evidence *prev; /* the route's previous rollback, when it was set back by hand since */
   uint64_t shadow_call;      /* 1-based number of the failing shadow call on its route */
+  int serving;               /* the failing call was a verification of the candidate serving */
+  uint64_t served_before_verdict; /* calls the candidate served from the failing one until the rollback */
   uint64_t unix_ms;
   char reason[32];           /* mismatch, nonfinite, shape, dtype, stride, device, error, raised, schema */
   char output[80];           /* the output that failed: argument name or "result N" */
@@ -133,6 +136,44 @@ void ust__shadow_note_tsol(void *slot, uint64_t tsol_ps);
 int ust__shadow_harvest(void);
 /* Conclude every pending comparison (synchronises with the device). */
 void ust__shadow_harvest_all_sync(void);
+
+/* The slot verifies a call its candidate served (canary, live). */
+void ust__shadow_set_serving(void *slot);
+/* The candidate failed on a call it served unverified (an error or a raise,
+ * ust__shadow_fail): roll the route back; production serves the call. */
+void ust__serve_failed(struct ust__route *r, int fail, const char *msg);
+
+/* ---- rollout (guard/rollout.c) ------------------------------------------- */
+
+struct ust__engine;
+struct ust__operator;
+struct ust__op_config;
+struct cJSON;
+
+/* At enable: the config's per-key modes, then the state file (which wins),
+ * seed the modes routes take when they are created. A state file that
+ * cannot be read is an error naming it and the field. */
+int ust__rollout_init(struct ust__engine *e);
+/* Write the state file if a transition is not saved yet. Thread-safe. */
+int ust__rollout_persist(void);
+void ust__rollout_shutdown(void);
+/* A route just created takes its key's mode, if one is known. */
+void ust__rollout_route_created(struct ust__route *r);
+/* The route's effective mode (ust__mode) and canary share in 1/2^32. Lock-free. */
+int ust__route_mode(const struct ust__route *r, uint32_t *canary_q32);
+/* Give a route its own mode; by: "manual", "policy", ...; recorded and persisted. */
+int ust__route_set_mode(struct ust__route *r, int mode, double canary, const char *by, const char *reason);
+/* The same by shape key, for a route that may not exist yet. */
+int ust__rollout_set_key(const char *key, int mode, double canary, const char *by, const char *reason);
+/* A verdict rolled the route back (its flag is set): recorded and persisted. */
+void ust__rollout_rolled_back(struct ust__route *r, const char *reason);
+/* After each passing verification of a route's candidate: the promotion policy. */
+void ust__rollout_passed(struct ust__route *r);
+double ust__route_speedup(struct ust__route *r);
+/* The route's rollout figures for the report. */
+struct cJSON *ust__rollout_json(struct ust__route *r);
+/* Apply an operator's reloadable settings (mode, canary, strict, promotion). */
+void ust__rollout_set_operator(struct ust__operator *op, const struct ust__op_config *oc);
 
 #ifdef __cplusplus
 }

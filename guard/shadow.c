@@ -53,6 +53,8 @@ typedef struct shadow_slot {
   int fail;
   char msg[256];
   uint64_t call_no; /* 1-based number of this shadow call on its route */
+  int serving;        /* verifies a call the candidate served (canary, live) */
+  uint64_t served_at; /* the route's served_cand when this call started */
   uint64_t tsol_ps; /* the call's roofline floor; 0 unknown */
   atomic_int state;         /* slot_state */
   atomic_uint_fast64_t uses; /* incremented at each release: a flush waits for it to move */
@@ -219,6 +221,8 @@ void *ust__shadow_acquire(ust__route *route) {
   s->dev_stats = s->pinned = NULL;
 #endif
   s->tsol_ps = 0;
+  s->serving = 0;
+  s->served_at = atomic_load_explicit(&route->served_cand, memory_order_relaxed);
   s->call_no = atomic_fetch_add_explicit(&route->shadow_calls, 1, memory_order_relaxed) + 1;
   atomic_store(&s->state, SLOT_IN_CALL);
   return s;
@@ -358,8 +362,8 @@ static void release_after_device(shadow_slot *s, const ust__call *call) {
   conclude(s);
 }
 
-static void roll_back(ust__route *r, uint64_t call_no, const char *reason, const pair_meta *m,
-                      const ust__cmp_stats *st, const char *message);
+static void roll_back(const shadow_slot *s, const char *reason, const pair_meta *m, const ust__cmp_stats *st,
+                      const char *message);
 
 static const char *fail_reason(int fail) {
   static const char *names[] = {"", "error", "raised", "schema"};
@@ -379,7 +383,7 @@ void ust__shadow_finish(const ust__call *call, ust__call_state *st, const ust__p
   /* A failure known on the host (an error, a raise) rolls back at once;
    * the slot still waits for the device before it is concluded. */
   if (fail != UST__FAIL_NONE)
-    roll_back(s->route, s->call_no, fail_reason(fail), NULL, NULL, s->msg);
+    roll_back(s, fail_reason(fail), NULL, NULL, s->msg);
   if (n_pairs > MAX_SLOT_PAIRS)
     n_pairs = MAX_SLOT_PAIRS;
   s->n_pairs = n_pairs;
@@ -459,8 +463,8 @@ static void unravel(int64_t flat, const pair_meta *m, int64_t *idx) {
 /* The first failure of a route publishes its evidence, then flips the route
  * (so a report never shows a rolled-back route without its evidence, save
  * when memory ran out). Later failures only count. */
-static void roll_back(ust__route *r, uint64_t call_no, const char *reason, const pair_meta *m,
-                      const ust__cmp_stats *st, const char *message) {
+static void roll_back_route(ust__route *r, uint64_t call_no, int serving, uint64_t served_at, const char *reason,
+                            const pair_meta *m, const ust__cmp_stats *st, const char *message) {
   static pthread_mutex_t first_lock = PTHREAD_MUTEX_INITIALIZER;
   pthread_mutex_lock(&first_lock);
   if (atomic_load(&r->rolled_back)) {
@@ -471,7 +475,11 @@ static void roll_back(ust__route *r, uint64_t call_no, const char *reason, const
   char key[512];
   ust__route_key_str(r, key, sizeof key);
   if (e != NULL) {
+    e->prev = atomic_load(&r->evidence);
     e->shadow_call = call_no;
+    e->serving = serving;
+    if (serving)
+      e->served_before_verdict = atomic_load(&r->served_cand) - served_at;
     e->unix_ms = unix_ms();
     snprintf(e->reason, sizeof e->reason, "%s", reason);
     snprintf(e->message, sizeof e->message, "%s", message != NULL ? message : "");
@@ -493,9 +501,29 @@ static void roll_back(ust__route *r, uint64_t call_no, const char *reason, const
   }
   atomic_store(&r->rolled_back, 1);
   pthread_mutex_unlock(&first_lock);
-  ust__log(UST_LOG_WARN, "rolled back %s: %s%s%s%s%s", key, reason, m != NULL ? " in " : "",
-           m != NULL && m->name != NULL ? m->name : "", message != NULL && message[0] ? ": " : "",
-           message != NULL ? message : "");
+  char why[160];
+  snprintf(why, sizeof why, "%s%s%s%s%s", reason, m != NULL ? " in " : "", m != NULL && m->name != NULL ? m->name : "",
+           message != NULL && message[0] ? ": " : "", message != NULL ? message : "");
+  ust__rollout_rolled_back(r, why);
+  ust__log(UST_LOG_WARN, "rolled back %s: %s", key, why);
+}
+
+static void roll_back(const shadow_slot *s, const char *reason, const pair_meta *m, const ust__cmp_stats *st,
+                      const char *message) {
+  roll_back_route(s->route, s->call_no, s->serving, s->served_at, reason, m, st, message);
+}
+
+void ust__serve_failed(ust__route *r, int fail, const char *msg) {
+  roll_back_route(r, 0, 1, atomic_load(&r->served_cand), fail_reason(fail), NULL, NULL, msg);
+}
+
+uint64_t ust__shadow_call_no(const ust__call_state *st) {
+  return st->shadow != NULL ? ((const shadow_slot *)st->shadow)->call_no : 0;
+}
+
+void ust__shadow_set_serving(void *slot) {
+  if (slot != NULL)
+    ((shadow_slot *)slot)->serving = 1;
 }
 
 static void conclude(shadow_slot *s) {
@@ -588,7 +616,7 @@ static void conclude(shadow_slot *s) {
   if (reason != NULL) {
     atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->failed, 1, memory_order_relaxed);
-    roll_back(r, s->call_no, reason, bad, bad_stats, message);
+    roll_back(s, reason, bad, bad_stats, message);
   } else if (unverifiable) {
     atomic_fetch_add_explicit(&r->unverifiable, 1, memory_order_relaxed);
   } else {
@@ -601,6 +629,8 @@ static void conclude(shadow_slot *s) {
         atomic_max_u64(&r->max_abs_bits, stats[i].max_abs_bits);
         atomic_max_u64(&r->max_rel_bits, stats[i].max_rel_bits);
       }
+    if (have_times)
+      ust__rollout_passed(r);
   }
   release(s);
 }
@@ -665,6 +695,15 @@ void ust__shadow_harvest_all_sync(void) {
     }
   }
 #endif
+}
+
+void ust__flush_verdicts(void *stream) {
+#ifdef UST__SHADOW_GPU
+  UST__GPU_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+#else
+  (void)stream;
+#endif
+  ust__shadow_harvest_all_sync();
 }
 
 void ust__shadow_shutdown(void) {

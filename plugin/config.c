@@ -9,28 +9,21 @@
 #include "plugin/plugin.h"
 #include "plugin/verify.h"
 
-int ust__mode_parse(const char *s, int *mode) {
-  if (strcmp(s, "off") == 0)
-    *mode = UST__MODE_OFF;
-  else if (strcmp(s, "observe") == 0)
-    *mode = UST__MODE_OBSERVE;
-  else if (strcmp(s, "shadow") == 0)
-    *mode = UST__MODE_SHADOW;
-  else
-    return -1;
-  return 0;
+static const char *const mode_names[] = {"off", "observe", "shadow", "canary", "live", "rolled_back"};
+
+int ust__mode_parse_any(const char *s, int *mode, int allow_rolled_back) {
+  for (int m = UST__MODE_OFF; m <= UST__MODE_ROLLED_BACK; m++)
+    if (strcmp(s, mode_names[m]) == 0 && (m != UST__MODE_ROLLED_BACK || allow_rolled_back)) {
+      *mode = m;
+      return 0;
+    }
+  return -1;
 }
 
+int ust__mode_parse(const char *s, int *mode) { return ust__mode_parse_any(s, mode, 0); }
+
 const char *ust__mode_name(int mode) {
-  switch (mode) {
-  case UST__MODE_OFF:
-    return "off";
-  case UST__MODE_OBSERVE:
-    return "observe";
-  case UST__MODE_SHADOW:
-    return "shadow";
-  }
-  return "unknown";
+  return mode >= UST__MODE_OFF && mode <= UST__MODE_ROLLED_BACK ? mode_names[mode] : "unknown";
 }
 
 int ust__cmp_kind_parse(const char *s) {
@@ -99,10 +92,91 @@ static int parse_int(const cJSON *v, const char *path, int lo, int hi, int *out)
 
 static int parse_mode(const cJSON *v, const char *path, int *mode) {
   if (!cJSON_IsString(v))
-    return ust__error(UST_ECONFIG, "config: '%s' must be a string (off, observe, shadow)", path);
+    return ust__error(UST_ECONFIG, "config: '%s' must be a string (off, observe, shadow, canary, live)", path);
   if (ust__mode_parse(v->valuestring, mode) != 0)
-    return ust__error(UST_ECONFIG, "config: '%s' is '%s'; expected off, observe or shadow", path,
+    return ust__error(UST_ECONFIG, "config: '%s' is '%s'; expected off, observe, shadow, canary or live", path,
                       v->valuestring);
+  return 0;
+}
+
+/* A fraction of calls in (0, 1): the canary's share. */
+static int parse_fraction(const cJSON *v, const char *path, double *out) {
+  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0.0 || v->valuedouble >= 1.0)
+    return ust__error(UST_ECONFIG, "config: '%s' must be a fraction of calls in (0, 1)", path);
+  *out = v->valuedouble;
+  return 0;
+}
+
+/* "promotion": {"min_verified": N, "min_speedup": X, "canary": P, "dry_run": B} */
+static int parse_promotion(const cJSON *v, const char *path, ust__promotion *p) {
+  static const char *const keys[] = {"min_verified", "min_speedup", "canary", "dry_run", NULL};
+  int rc = section(v, path, keys);
+  if (rc != 0)
+    return rc;
+  char sub[UST__NAME_MAX + 64];
+  const cJSON *x;
+  p->enabled = 1;
+  if ((x = cJSON_GetObjectItemCaseSensitive(v, "min_verified")) != NULL) {
+    snprintf(sub, sizeof sub, "%s.min_verified", path);
+    if ((rc = parse_int(x, sub, 1, 1 << 30, &p->min_verified)) != 0)
+      return rc;
+  }
+  if ((x = cJSON_GetObjectItemCaseSensitive(v, "min_speedup")) != NULL) {
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0)
+      return ust__error(UST_ECONFIG, "config: '%s.min_speedup' must be a number >= 0", path);
+    p->min_speedup = x->valuedouble;
+  }
+  if ((x = cJSON_GetObjectItemCaseSensitive(v, "canary")) != NULL) {
+    snprintf(sub, sizeof sub, "%s.canary", path);
+    if ((rc = parse_fraction(x, sub, &p->canary)) != 0)
+      return rc;
+  }
+  if ((x = cJSON_GetObjectItemCaseSensitive(v, "dry_run")) != NULL) {
+    if (!cJSON_IsBool(x))
+      return ust__error(UST_ECONFIG, "config: '%s.dry_run' must be true or false", path);
+    p->dry_run = cJSON_IsTrue(x);
+  }
+  return 0;
+}
+
+/* "routes": {KEY: MODE or {"mode": MODE, "canary": P}}: modes of single
+ * shape keys, as the report spells them. */
+static int parse_routes(const cJSON *v, const char *path, ust__op_config *oc) {
+  if (!cJSON_IsObject(v))
+    return ust__error(UST_ECONFIG, "config: '%s' must be an object mapping shape keys to modes", path);
+  int n = cJSON_GetArraySize(v);
+  oc->routes = calloc(n > 0 ? (size_t)n : 1, sizeof *oc->routes);
+  if (oc->routes == NULL)
+    return ust__error(UST_ENOMEM, "config: out of memory");
+  for (const cJSON *it = v->child; it != NULL; it = it->next) {
+    ust__route_config *rc_ = &oc->routes[oc->n_routes];
+    char sub[UST__NAME_MAX + 600];
+    snprintf(sub, sizeof sub, "%s.%s", path, it->string);
+    if (ust__copy_name(rc_->key, sizeof rc_->key, it->string) != 0 || strchr(it->string, '|') == NULL)
+      return ust__error(UST_ECONFIG, "config: '%s' is not a shape key like \"aten::mm|cuda|bf16,bf16|M=8,K=64,N=64\"",
+                        sub);
+    rc_->canary = -1;
+    int rc;
+    if (cJSON_IsString(it)) {
+      rc = parse_mode(it, sub, &rc_->mode);
+    } else {
+      static const char *const keys[] = {"mode", "canary", NULL};
+      rc = section(it, sub, keys);
+      const cJSON *m = cJSON_GetObjectItemCaseSensitive(it, "mode"), *c = cJSON_GetObjectItemCaseSensitive(it, "canary");
+      char sub2[UST__NAME_MAX + 640];
+      if (rc == 0 && m == NULL)
+        rc = ust__error(UST_ECONFIG, "config: '%s' needs a 'mode'", sub);
+      snprintf(sub2, sizeof sub2, "%s.mode", sub);
+      if (rc == 0)
+        rc = parse_mode(m, sub2, &rc_->mode);
+      snprintf(sub2, sizeof sub2, "%s.canary", sub);
+      if (rc == 0 && c != NULL)
+        rc = parse_fraction(c, sub2, &rc_->canary);
+    }
+    if (rc != 0)
+      return rc;
+    oc->n_routes++;
+  }
   return 0;
 }
 
@@ -205,13 +279,18 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
         return ust__error(UST_ECONFIG, "config: '%s' appears twice", path);
     oc->mode = cfg->default_mode;
     oc->sample = cfg->default_sample;
+    oc->canary = 0.1;
+    oc->promotion.min_verified = 100;
+    oc->promotion.min_speedup = 1.0;
+    oc->promotion.canary = 0.1;
     oc->compare = -1;
     oc->atol = oc->rtol = -1;
     int rc;
     if (cJSON_IsString(it)) {
       rc = parse_mode(it, path, &oc->mode);
     } else if (cJSON_IsObject(it)) {
-      static const char *const keys[] = {"mode", "sample", "candidate", "guard", NULL};
+      static const char *const keys[] = {"mode", "sample", "candidate", "guard", "canary", "strict", "promotion",
+                                         "routes", NULL};
       rc = check_keys(it, path, keys);
       const cJSON *v;
       char sub[UST__NAME_MAX + 48];
@@ -231,12 +310,36 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
         snprintf(sub, sizeof sub, "%s.guard", path);
         rc = parse_guard(v, sub, oc);
       }
+      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "canary")) != NULL) {
+        snprintf(sub, sizeof sub, "%s.canary", path);
+        rc = parse_fraction(v, sub, &oc->canary);
+      }
+      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "strict")) != NULL) {
+        if (!cJSON_IsBool(v))
+          rc = ust__error(UST_ECONFIG, "config: '%s.strict' must be true or false", path);
+        oc->strict = cJSON_IsTrue(v);
+      }
+      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "promotion")) != NULL) {
+        snprintf(sub, sizeof sub, "%s.promotion", path);
+        rc = parse_promotion(v, sub, &oc->promotion);
+      }
+      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "routes")) != NULL) {
+        snprintf(sub, sizeof sub, "%s.routes", path);
+        rc = parse_routes(v, sub, oc);
+      }
     } else {
       rc = ust__error(UST_ECONFIG, "config: '%s' must be a mode string or an object {mode, sample, candidate, guard}",
                       path);
     }
-    if (rc == 0 && oc->mode == UST__MODE_SHADOW && oc->cand.kind == 0)
-      rc = ust__error(UST_ECONFIG, "config: '%s' is in mode shadow but names no 'candidate'", path);
+    if (rc == 0 && oc->mode >= UST__MODE_SHADOW && oc->cand.kind == 0)
+      rc = ust__error(UST_ECONFIG, "config: '%s' is in mode %s but names no 'candidate'", path,
+                      ust__mode_name(oc->mode));
+    for (int k = 0; rc == 0 && k < oc->n_routes; k++)
+      if (oc->routes[k].mode >= UST__MODE_SHADOW && oc->cand.kind == 0)
+        rc = ust__error(UST_ECONFIG, "config: '%s.routes.%s' is in mode %s but the operator names no 'candidate'",
+                        path, oc->routes[k].key, ust__mode_name(oc->routes[k].mode));
+    if (rc == 0 && oc->promotion.enabled && oc->cand.kind == 0)
+      rc = ust__error(UST_ECONFIG, "config: '%s.promotion' needs a 'candidate' to promote", path);
     if (rc != 0) {
       cfg->n_ops++; /* so that config_free releases what this entry owns */
       return rc;
@@ -248,7 +351,7 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
 
 static int parse_root(const cJSON *root, ust__config *cfg) {
   static const char *const keys[] = {"version", "problems_dir", "report", "log_level", "max_routes",
-                                     "defaults", "operators", "shadow", "hardware", NULL};
+                                     "defaults", "operators", "shadow", "hardware", "state", NULL};
   if (!cJSON_IsObject(root))
     return ust__error(UST_ECONFIG, "config: the top level must be a JSON object");
   int rc = check_keys(root, "", keys);
@@ -295,6 +398,16 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
         (rc = parse_string(v, "hardware.profile", &cfg->hardware_profile)) != 0)
       return rc;
   }
+  const cJSON *state = cJSON_GetObjectItemCaseSensitive(root, "state");
+  if (state != NULL) {
+    static const char *const stkeys[] = {"path", NULL};
+    if ((rc = section(state, "state", stkeys)) != 0)
+      return rc;
+    if ((v = cJSON_GetObjectItemCaseSensitive(state, "path")) == NULL)
+      return ust__error(UST_ECONFIG, "config: 'state' needs a 'path' (the file the rollout state is kept in)");
+    if ((rc = parse_string(v, "state.path", &cfg->state_path)) != 0)
+      return rc;
+  }
   const cJSON *shadow = cJSON_GetObjectItemCaseSensitive(root, "shadow");
   if (shadow != NULL) {
     static const char *const skeys[] = {"max_inflight", NULL};
@@ -313,9 +426,9 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
     if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "mode")) != NULL &&
         (rc = parse_mode(v, "defaults.mode", &cfg->default_mode)) != 0)
       return rc;
-    if (cfg->default_mode == UST__MODE_SHADOW)
-      return ust__error(UST_ECONFIG, "config: 'defaults.mode' cannot be shadow: shadow needs a candidate, named per "
-                                     "operator in 'operators.NAME.candidate'");
+    if (cfg->default_mode >= UST__MODE_SHADOW)
+      return ust__error(UST_ECONFIG, "config: 'defaults.mode' cannot be %s: it needs a candidate, named per "
+                                     "operator in 'operators.NAME.candidate'", ust__mode_name(cfg->default_mode));
     if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "sample")) != NULL &&
         (rc = parse_sample(v, "defaults.sample", &cfg->default_sample)) != 0)
       return rc;
@@ -364,9 +477,12 @@ void ust__config_free(ust__config *cfg) {
   free(cfg->report_path);
   free(cfg->hardware_dir);
   free(cfg->hardware_profile);
-  cfg->hardware_dir = cfg->hardware_profile = NULL;
-  for (int i = 0; cfg->ops != NULL && i < cfg->n_ops; i++)
+  free(cfg->state_path);
+  cfg->hardware_dir = cfg->hardware_profile = cfg->state_path = NULL;
+  for (int i = 0; cfg->ops != NULL && i < cfg->n_ops; i++) {
     free(cfg->ops[i].cand.path);
+    free(cfg->ops[i].routes);
+  }
   free(cfg->ops);
   cfg->problems_dir = cfg->report_path = NULL;
   cfg->ops = NULL;

@@ -43,6 +43,8 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&e->worker_lock);
     ust__gpu_harvest();
     int shadow_pending = ust__shadow_harvest();
+    if (ust__rollout_persist() != 0)
+      ust__log(UST_LOG_WARN, "%s", ust_last_error());
     uint64_t now = ust__now_ns();
     if (e->cfg.report_path != NULL && interval > 0 && now >= next_report) {
       if (ust__report_write_file(e, e->cfg.report_path) != 0)
@@ -71,6 +73,7 @@ static void engine_free(ust__engine *e) {
   HASH_CLEAR(hh, e->ops_by_name);
   HASH_CLEAR(hh, e->bindings_by_name);
   ust__routes_free(&e->routes);
+  free(e->config_json);
   for (int i = 0; e->bindings != NULL && i < e->n_bindings; i++)
     ust__roofline_free(&e->bindings[i].roofline);
   free(e->bindings);
@@ -107,6 +110,8 @@ static int build_operators(ust__engine *e) {
     atomic_init(&op->mode, c->all_operators ? c->default_mode : c->ops[i].mode);
     op->sample = c->all_operators ? c->default_sample : c->ops[i].sample;
     op->sample_q32 = op->sample >= 1.0 ? UINT32_MAX : (uint32_t)(op->sample * 4294967296.0 + 0.5);
+    if (!c->all_operators)
+      ust__rollout_set_operator(op, &c->ops[i]);
     HASH_ADD_STR(e->ops_by_name, name, op);
     if (ust__hash_oom)
       return ust__error(UST_ENOMEM, "out of memory");
@@ -228,7 +233,10 @@ static int engine_create(const char *config_json, const char *problems_dir, ust_
     rc = build_operators(e);
   if (rc == 0)
     rc = ust__routes_init(&e->routes, e->cfg.max_routes);
+  if (rc == 0 && (rc = ust__rollout_init(e)) == 0 && (e->config_json = ust__strdup(config_json ? config_json : "")) == NULL)
+    rc = ust__error(UST_ENOMEM, "out of memory");
   if (rc != 0) {
+    ust__rollout_shutdown();
     engine_free(e);
     return rc;
   }
@@ -269,6 +277,7 @@ int ust_enable(const char *config_json, const char *problems_dir) {
   goto out;
 fail:
   unregister_all(e);
+  ust__rollout_shutdown();
   ust__shadow_shutdown();
   ust__gpu_shutdown();
   engine_free(e);
@@ -303,6 +312,10 @@ int ust_disable(void) {
   ust__shadow_harvest_all_sync();
   if (e->cfg.report_path != NULL)
     rc = ust__report_write_file(e, e->cfg.report_path);
+  int rs = ust__rollout_persist();
+  if (rc == 0)
+    rc = rs;
+  ust__rollout_shutdown();
   ust__shadow_shutdown();
   ust__gpu_shutdown();
   engine = NULL;
@@ -324,7 +337,7 @@ int ust_set_mode(const char *operator_name, const char *mode) {
     return ust__error(UST_EINVAL, "set_mode: operator and mode are required");
   int m;
   if (ust__mode_parse(mode, &m) != 0)
-    return ust__error(UST_EINVAL, "set_mode: mode '%s' is not one of off, observe, shadow", mode);
+    return ust__error(UST_EINVAL, "set_mode: mode '%s' is not one of off, observe, shadow, canary, live", mode);
   pthread_mutex_lock(&engine_lock);
   int rc = ust__error(UST_ESTATE, "set_mode: understudy is not enabled");
   if (engine != NULL) {
@@ -332,9 +345,9 @@ int ust_set_mode(const char *operator_name, const char *mode) {
     HASH_FIND_STR(engine->ops_by_name, operator_name, op);
     if (op == NULL) {
       rc = ust__error(UST_ENOTFOUND, "set_mode: no enabled operator is named '%s'", operator_name);
-    } else if (m == UST__MODE_SHADOW && op->cand == NULL) {
-      rc = ust__error(UST_ESTATE, "set_mode: operator '%s' has no candidate; shadow needs one in the config",
-                      operator_name);
+    } else if (m >= UST__MODE_SHADOW && op->cand == NULL) {
+      rc = ust__error(UST_ESTATE, "set_mode: operator '%s' has no candidate; %s needs one in the config",
+                      operator_name, mode);
     } else {
       atomic_store(&op->mode, m);
       rc = 0;
@@ -342,6 +355,122 @@ int ust_set_mode(const char *operator_name, const char *mode) {
     }
   }
   pthread_mutex_unlock(&engine_lock);
+  return rc;
+}
+
+int ust_set_route_mode(const char *route_key, const char *mode, double canary) {
+  ust__clear_error();
+  if (route_key == NULL || mode == NULL || strchr(route_key, '|') == NULL)
+    return ust__error(UST_EINVAL, "set_route_mode: a shape key (as the report spells it) and a mode are required");
+  int m;
+  if (ust__mode_parse(mode, &m) != 0)
+    return ust__error(UST_EINVAL, "set_route_mode: mode '%s' is not one of off, observe, shadow, canary, live", mode);
+  if (m == UST__MODE_CANARY && !(canary > 0 && canary < 1))
+    return ust__error(UST_EINVAL, "set_route_mode: canary share %g is not in (0, 1)", canary);
+  if (strlen(route_key) >= 512)
+    return ust__error(UST_EINVAL, "set_route_mode: the shape key is too long");
+  pthread_mutex_lock(&engine_lock);
+  int rc = ust__error(UST_ESTATE, "set_route_mode: understudy is not enabled");
+  if (engine != NULL) {
+    /* the key names its binding first: "ns::op[.overload]|..." */
+    char display[UST__QUALNAME_MAX + UST__NAME_MAX];
+    size_t n = (size_t)(strchr(route_key, '|') - route_key);
+    snprintf(display, sizeof display, "%.*s", (int)(n < sizeof display ? n : sizeof display - 1), route_key);
+    ust__binding *b = NULL;
+    HASH_FIND_STR(engine->bindings_by_name, display, b);
+    if (b == NULL)
+      rc = ust__error(UST_ENOTFOUND, "set_route_mode: '%s' is not a bound dispatcher op", display);
+    else if (m >= UST__MODE_SHADOW && b->cand == NULL)
+      rc = ust__error(UST_ESTATE, "set_route_mode: %s has no candidate targeting it; %s needs one", display, mode);
+    else if ((rc = ust__rollout_set_key(route_key, m, canary, "manual", "set by ust_set_route_mode")) == 0)
+      ust__clear_error();
+  }
+  pthread_mutex_unlock(&engine_lock);
+  return rc;
+}
+
+/* Fields of the config a reload may change: per operator. */
+static const char *const reloadable[] = {"mode", "canary", "strict", "promotion", "routes", NULL};
+
+/* The config as JSON with the reloadable fields taken out (an operator
+ * given as a mode string becomes an empty object). */
+static cJSON *config_fixed_part(const char *json) {
+  cJSON *root = cJSON_Parse(json != NULL && json[0] ? json : "{}");
+  if (root == NULL)
+    return NULL;
+  cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
+  for (cJSON *it = ops != NULL ? ops->child : NULL; it != NULL; it = it->next) {
+    if (cJSON_IsString(it)) {
+      cJSON_ReplaceItemViaPointer(ops, it, cJSON_CreateObject());
+      continue;
+    }
+    for (int k = 0; reloadable[k] != NULL; k++)
+      cJSON_DeleteItemFromObjectCaseSensitive(it, reloadable[k]);
+  }
+  return root;
+}
+
+/* The path of the first difference between two JSON values, into path. */
+static int first_difference(const cJSON *a, const cJSON *b, char *path, size_t cap) {
+  if (cJSON_Compare(a, b, 1))
+    return 0;
+  if (cJSON_IsObject(a) && cJSON_IsObject(b)) {
+    const cJSON *sides[2][2] = {{a, b}, {b, a}};
+    for (int s = 0; s < 2; s++)
+      for (const cJSON *x = sides[s][0]->child; x != NULL; x = x->next) {
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(sides[s][1], x->string);
+        size_t n = strlen(path);
+        snprintf(path + n, cap - n, "%s%s", n ? "." : "", x->string);
+        if (y == NULL || first_difference(s == 0 ? x : y, s == 0 ? y : x, path, cap))
+          return 1;
+        path[n] = '\0';
+      }
+  }
+  return 1;
+}
+
+int ust_reload(const char *config_json) {
+  ust__clear_error();
+  ust__config next;
+  int rc = ust__config_parse(config_json, &next);
+  if (rc != 0)
+    return rc;
+  pthread_mutex_lock(&engine_lock);
+  if (engine == NULL) {
+    rc = ust__error(UST_ESTATE, "reload: understudy is not enabled");
+    goto out;
+  }
+  cJSON *was = config_fixed_part(engine->config_json), *now = config_fixed_part(config_json);
+  char path[256] = "";
+  if (was == NULL || now == NULL)
+    rc = ust__error(UST_ENOMEM, "reload: out of memory");
+  else if (first_difference(was, now, path, sizeof path))
+    rc = ust__error(UST_ECONFIG, "reload: '%s' differs from the running config; a reload changes only operators' "
+                    "mode, canary, strict, promotion and routes", path[0] ? path : "(top level)");
+  cJSON_Delete(was);
+  cJSON_Delete(now);
+  for (int i = 0; rc == 0 && i < next.n_ops; i++) {
+    ust__operator *op = NULL;
+    HASH_FIND_STR(engine->ops_by_name, next.ops[i].name, op);
+    if (op != NULL)
+      ust__rollout_set_operator(op, &next.ops[i]);
+    for (int k = 0; op != NULL && k < next.ops[i].n_routes; k++) {
+      const ust__route_config *rcfg = &next.ops[i].routes[k];
+      if (ust__rollout_set_key(rcfg->key, rcfg->mode, rcfg->canary >= 0 ? rcfg->canary : next.ops[i].canary,
+                               "config", "set by a config reload") != 0)
+        ust__log(UST_LOG_WARN, "reload: %s", ust_last_error());
+    }
+  }
+  if (rc == 0) {
+    char *copy = ust__strdup(config_json != NULL ? config_json : "");
+    if (copy != NULL) {
+      free(engine->config_json);
+      engine->config_json = copy;
+    }
+  }
+out:
+  pthread_mutex_unlock(&engine_lock);
+  ust__config_free(&next);
   return rc;
 }
 

@@ -10,6 +10,7 @@
 
 typedef struct ust__engine {
   ust__config cfg;
+  char *config_json;           /* owned: the text enabled with (or last reloaded), for reload's comparison */
   ust__problem_set problems;
   int n_ops;
   ust__operator *ops;          /* owned */

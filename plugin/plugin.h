@@ -31,10 +31,15 @@ void ust__clear_error(void);
 typedef enum ust__mode {
   UST__MODE_OFF = 0,
   UST__MODE_OBSERVE = 1,
-  UST__MODE_SHADOW = 2, /* observe, and run the candidate beside production on sampled calls */
+  UST__MODE_SHADOW = 2,      /* observe, and run the candidate beside production on sampled calls */
+  UST__MODE_CANARY = 3,      /* the candidate serves a fraction of the calls, a sample of them verified */
+  UST__MODE_LIVE = 4,        /* the candidate serves every call, a sample of them verified */
+  UST__MODE_ROLLED_BACK = 5, /* a route's verdict: production serves, the candidate no longer runs */
 } ust__mode;
 
+/* off, observe, shadow, canary, live (and rolled_back when allow_rolled_back). */
 int ust__mode_parse(const char *s, int *mode);
+int ust__mode_parse_any(const char *s, int *mode, int allow_rolled_back);
 /* "allclose", "exact", "set" -> ust__cmp_kind; -1 otherwise. */
 int ust__cmp_kind_parse(const char *s);
 const char *ust__cmp_kind_name(int kind);
@@ -133,10 +138,34 @@ typedef struct ust__cand_config {
   char target[UST__QUALNAME_MAX + UST__NAME_MAX]; /* the binding it stands in for; "" = default */
 } ust__cand_config;
 
+/* The promotion policy of an operator's routes: shadow -> canary(canary) ->
+ * live, each step after min_verified passing verifications in the stage with
+ * the candidate's median at least min_speedup times faster than
+ * production's; with dry_run the step is recorded, not taken. */
+typedef struct ust__promotion {
+  int enabled;
+  int min_verified;
+  double min_speedup;
+  double canary;
+  int dry_run;
+} ust__promotion;
+
+/* A mode set for one shape key in the config ("routes"). */
+typedef struct ust__route_config {
+  char key[512];
+  int mode;
+  double canary; /* < 0: the operator's */
+} ust__route_config;
+
 typedef struct ust__op_config {
   char name[UST__NAME_MAX];
   int mode;
   double sample;
+  double canary;     /* fraction of calls the candidate serves in canary mode */
+  int strict;        /* canary/live: verify before serving (synchronises) */
+  ust__promotion promotion;
+  int n_routes;
+  ust__route_config *routes; /* owned */
   ust__cand_config cand;
   int compare;       /* -1: the operator definition's */
   double atol, rtol; /* < 0: the defaults for each dtype */
@@ -177,6 +206,7 @@ typedef struct ust__config {
   int shadow_max_inflight;   /* shadow calls whose comparison is pending, at most */
   char *hardware_dir;        /* owned, NULL: <problems_dir>/hardware */
   char *hardware_profile;    /* owned, NULL: picked by device name (none for CPUs) */
+  char *state_path;          /* owned, NULL: rollout state is not persisted */
   int all_operators;         /* 1 when "operators" is absent: every definition */
   int n_ops;
   ust__op_config *ops;       /* owned */

@@ -51,17 +51,8 @@ static cJSON *hist_json(const ust__hist_snap *s) {
 
 static double u64_as_double(atomic_uint_fast64_t *a) { return ust__bits_to_double(atomic_load(a)); }
 
-/* The route's effective mode: the operator's, except that only the
- * candidate's target binding shadows, and a rolled-back route no longer does. */
-static const char *route_mode(const ust__route *r) {
-  const ust__binding *b = r->binding;
-  int m = atomic_load(&b->op->mode);
-  if (m == UST__MODE_SHADOW && b->cand == NULL)
-    m = UST__MODE_OBSERVE;
-  if (b->cand != NULL && atomic_load(&r->rolled_back))
-    return "rolled_back";
-  return ust__mode_name(m);
-}
+/* The route's effective mode (guard/rollout.c). */
+static const char *route_mode(const ust__route *r) { return ust__mode_name(ust__route_mode(r, NULL)); }
 
 static cJSON *evidence_json(const ust__evidence *ev) {
   cJSON *j = cJSON_CreateObject();
@@ -69,6 +60,9 @@ static cJSON *evidence_json(const ust__evidence *ev) {
   cJSON_AddStringToObject(j, "output", ev->output);
   cJSON_AddStringToObject(j, "message", ev->message);
   add_num(j, "shadow_call", (double)ev->shadow_call);
+  cJSON_AddBoolToObject(j, "while_serving", ev->serving);
+  if (ev->serving)
+    add_num(j, "served_before_verdict", (double)ev->served_before_verdict);
   add_num(j, "unix_ms", (double)ev->unix_ms);
   cJSON *shape = cJSON_AddArrayToObject(j, "shape");
   for (int d = 0; d < ev->ndim; d++)
@@ -337,6 +331,7 @@ cJSON *ust__report_build(ust__engine *e) {
       }
       if (b->cand != NULL) {
         cJSON_AddItemToObject(js, "shadow", shadow_json(f->r, f->hist, cand_snap));
+        cJSON_AddItemToObject(js, "rollout", ust__rollout_json(f->r));
         t_shadow += atomic_load(&f->r->shadow_calls);
         t_verified += atomic_load(&f->r->verified);
         t_failed += atomic_load(&f->r->failed);

@@ -110,10 +110,26 @@ UST_API int ust_disable(void);
 UST_API int ust_is_enabled(void);
 
 /* Change an operator's mode while running: "off" (registered, pure
- * pass-through), "observe", or "shadow" (UST_ESTATE unless the config names
- * a candidate for the operator). Takes effect on the next call; routes
- * rolled back stay rolled back for this enabled period. */
+ * pass-through), "observe", "shadow", "canary" (the candidate serves the
+ * operator's configured share of calls) or "live" (the last three:
+ * UST_ESTATE unless the config names a candidate for the operator). Takes
+ * effect on the next call, on the routes that follow their operator; routes
+ * with a mode of their own (rolled back, promoted, set per key) keep it. */
 UST_API int ust_set_mode(const char *operator_name, const char *mode);
+
+/* Change one route's mode while running, by its shape key as the report
+ * spells it ("_C::rms_norm|cuda|bf16,bf16,bf16|M=8,N=4096"): "off",
+ * "observe", "shadow", "canary" (canary: the candidate's share of calls, in
+ * (0, 1); ignored otherwise) or "live". A key not seen yet takes the mode
+ * when its first call arrives. A rolled-back route set back to shadow,
+ * canary or live runs its candidate again (its evidence stays in the
+ * report). Recorded in the state file when one is configured. */
+UST_API int ust_set_route_mode(const char *route_key, const char *mode, double canary);
+
+/* Apply a changed config while running: operators' mode, canary, strict,
+ * promotion and routes. Every other field must equal the running config's
+ * (UST_ECONFIG naming the first that differs); nothing is applied on error. */
+UST_API int ust_reload(const char *config_json);
 
 /* Write the JSON report to path atomically (temp file, fsync, rename).
  * path NULL uses the configured report path. */

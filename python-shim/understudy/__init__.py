@@ -84,6 +84,8 @@ def _load():
         lib = ctypes.CDLL(str(library_path()))
         lib.ust_enable.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         lib.ust_set_mode.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        lib.ust_set_route_mode.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_double]
+        lib.ust_reload.argtypes = [ctypes.c_char_p]
         lib.ust_report_write.argtypes = [ctypes.c_char_p]
         lib.ust_report_json.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         lib.ust_free.argtypes = [ctypes.c_void_p]
@@ -151,6 +153,11 @@ def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLi
                 has_dir = False  # the library reports the JSON error with its position
         pdir = None if has_dir else problems_dir()
     _check(lib.ust_enable(text.encode(), None if pdir is None else os.fsencode(os.fspath(pdir))))
+    global _enabled_with
+    _enabled_with = config if config is not None else os.environ.get("UNDERSTUDY_CONFIG")
+
+
+_enabled_with: ConfigLike = None
 
 
 def disable() -> None:
@@ -164,10 +171,39 @@ def is_enabled() -> bool:
     return _lib is not None and bool(_lib.ust_is_enabled())
 
 
-def set_mode(operator: str, mode: str) -> None:
-    """Change an operator's mode while running: "off", "observe", or "shadow"
-    (which needs the candidate named in the config)."""
-    _check(_load().ust_set_mode(operator.encode(), mode.encode()))
+def set_mode(operator: Optional[str] = None, mode: str = "observe", *, key: Optional[str] = None,
+             canary: Optional[float] = None) -> None:
+    """Change a mode while running: "off", "observe", "shadow", "canary" or
+    "live" (the last three need the candidate named in the config).
+
+    set_mode("rms_norm", "shadow") sets an operator's mode (its routes that
+    have no mode of their own follow it); set_mode(mode="canary", canary=0.2,
+    key="_C::rms_norm|cuda|bf16,bf16,bf16|M=8,N=4096") sets one route's, by
+    its shape key as the report spells it (a key not seen yet takes it at
+    its first call; recorded in the state file when one is configured)."""
+    lib = _load()
+    if key is not None:
+        if operator is not None:
+            raise ValueError("set_mode: give an operator or a key, not both")
+        if mode == "canary" and canary is None:
+            raise ValueError("set_mode: canary mode on a key needs canary=<share of calls in (0, 1)>")
+        _check(lib.ust_set_route_mode(key.encode(), mode.encode(), float(canary or 0.0)))
+        return
+    if operator is None:
+        raise ValueError("set_mode: an operator or a key is required")
+    if canary is not None:
+        raise ValueError("set_mode: an operator's canary share is set in its config ('canary'); reload() changes it")
+    _check(lib.ust_set_mode(operator.encode(), mode.encode()))
+
+
+def reload(config: ConfigLike = None) -> None:
+    """Apply a changed config while running: operators' mode, canary, strict,
+    promotion and routes. config: as for enable(); None reads again what
+    enable() was given (a file is read anew). Any other field that differs
+    from the running config raises ConfigError naming it, and nothing is
+    applied."""
+    text = _config_text(config if config is not None else _enabled_with)
+    _check(_load().ust_reload(text.encode()))
 
 
 _PHASES = {"unknown": 0, "prefill": 1, "decode": 2}

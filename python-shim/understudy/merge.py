@@ -68,6 +68,25 @@ class MergeError(ValueError):
     pass
 
 
+def _rollout_add(acc, ro, t):
+    """Fold one process's rollout figures of a route into t["_rollout"]:
+    served and captured calls and transitions add; the mode is the common
+    one, else "mixed"; the last transition is the latest; a promotion's
+    state is per process and left out."""
+    if acc is None:
+        acc = t["_rollout"] = {"mode": ro["mode"], "served": {k: 0 for k in ro["served"]},
+                               "captured": {k: 0 for k in ro["captured"]}, "transitions": 0}
+    elif acc["mode"] != ro["mode"]:
+        acc["mode"] = "mixed"
+    for part in ("served", "captured"):
+        for k, v in ro[part].items():
+            acc[part][k] = acc[part].get(k, 0) + v
+    acc["transitions"] += ro["transitions"]
+    last = ro.get("last_transition")
+    if last and (acc.get("last_transition") is None or last["unix_ms"] > acc["last_transition"]["unix_ms"]):
+        acc["last_transition"] = last
+
+
 def merge(reports: Iterable[dict]) -> dict:
     reports = list(reports)
     if not reports:
@@ -111,6 +130,10 @@ def merge(reports: Iterable[dict]) -> dict:
                 t["_lat"] = _hist_add(t["_lat"], s["latency_ns"])
                 if s.get("mode") == "rolled_back":
                     t["mode"] = "rolled_back"
+                elif s.get("mode") != t.get("mode") and t.get("mode") != "rolled_back":
+                    t["mode"] = "mixed"  # the processes' routers were in different modes
+                if "rollout" in s:
+                    _rollout_add(t.setdefault("_rollout", None), s["rollout"], t)
                 if "shadow" in s:
                     sh = t.setdefault("_shadow", {k: 0 for k in ADD_SHADOW} | {
                         "max_abs_err": 0.0, "max_rel_err": 0.0, "_cand": None, "rollback": None,
@@ -171,6 +194,8 @@ def merge(reports: Iterable[dict]) -> dict:
                 tot["verified"] += sh["verified"]
                 tot["failed"] += sh["failed"]
                 tot["rollbacks"] += 1 if s["mode"] == "rolled_back" else 0
+            if "_rollout" in t:
+                s["rollout"] = t["_rollout"]
             if "_roof" in t:
                 # S = mean T_SOL / median time, as the library computes it
                 rf = t["_roof"]

@@ -1,0 +1,511 @@
+/*
+ * The rollout state machine: each route's mode (off, observe, shadow,
+ * canary(p), live, rolled_back), how it changes (by hand, by the promotion
+ * policy, by a verdict), and the state file that keeps it across restarts.
+ *
+ * A route follows its operator's mode until something gives it its own: a
+ * per-key entry of the config, the state file, ust_set_route_mode, or a
+ * transition of the policy. The table below holds those own modes by shape
+ * key, for routes that exist and for keys not seen yet in this process (a
+ * route takes its entry when it is created). It is what the state file
+ * holds, written whole (temp file, fsync, rename) by the worker after a
+ * transition, and at disable.
+ *
+ * Threading: the table, the last transitions and every operator's promotion
+ * policy are guarded by one lock, a leaf (nothing else is taken under it).
+ * The per-call path reads only the routes' atomic words.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "dispatch/dispatch.h"
+#include "guard/guard.h"
+#include "plugin/engine.h"
+
+typedef struct entry {
+  char key[512];
+  int mode;           /* ust__mode */
+  double canary;      /* canary share; 0 outside canary */
+  char from[16];      /* the last transition: mode before, why, by whom, when */
+  char reason[160];
+  char by[16];        /* "config", "state", "manual", "policy", "verdict" */
+  uint64_t unix_ms;
+  uint64_t transitions;
+  char policy[16];    /* the policy's last look short of a transition: "held" or "dry_run" */
+  char policy_note[160];
+  UT_hash_handle hh;
+} entry;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static entry *table;
+static char *state_path;
+static int dirty;
+static ust__engine *eng;
+
+static uint64_t unix_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint32_t q32_of(double p) {
+  return p >= 1.0 ? UINT32_MAX : p <= 0 ? 0u : (uint32_t)(p * 4294967296.0 + 0.5);
+}
+
+static double share_of(uint32_t q) { return q == UINT32_MAX ? 1.0 : (double)q / 4294967296.0; }
+
+static uint64_t pack(int mode, double canary) { return (uint64_t)(mode + 1) | (uint64_t)q32_of(canary) << 32; }
+
+int ust__route_mode(const ust__route *r, uint32_t *canary_q32) {
+  const ust__binding *b = r->binding;
+  uint64_t v = atomic_load_explicit(&((ust__route *)r)->rollout, memory_order_acquire);
+  int mode;
+  uint32_t q;
+  if (v & 0xff) {
+    mode = (int)(v & 0xff) - 1;
+    q = (uint32_t)(v >> 32);
+  } else {
+    mode = atomic_load_explicit(&b->op->mode, memory_order_relaxed);
+    q = atomic_load_explicit(&((ust__operator *)b->op)->canary_q32, memory_order_relaxed);
+  }
+  if (mode >= UST__MODE_SHADOW && b->cand == NULL)
+    mode = UST__MODE_OBSERVE; /* only the candidate's target binding runs it */
+  else if (b->cand != NULL && atomic_load_explicit(&((ust__route *)r)->rolled_back, memory_order_relaxed))
+    mode = UST__MODE_ROLLED_BACK;
+  if (canary_q32 != NULL)
+    *canary_q32 = q;
+  return mode;
+}
+
+static entry *entry_get(const char *key) {
+  entry *e = NULL;
+  HASH_FIND_STR(table, key, e);
+  if (e != NULL)
+    return e;
+  e = calloc(1, sizeof *e);
+  if (e == NULL)
+    return NULL;
+  snprintf(e->key, sizeof e->key, "%s", key);
+  ust__hash_oom = 0;
+  HASH_ADD_STR(table, key, e);
+  if (ust__hash_oom) {
+    free(e);
+    return NULL;
+  }
+  return e;
+}
+
+/* Record a transition in the table (lock held). */
+static void note(entry *e, int from, int to, double canary, const char *by, const char *reason) {
+  snprintf(e->from, sizeof e->from, "%s", ust__mode_name(from));
+  e->mode = to;
+  e->canary = to == UST__MODE_CANARY ? canary : 0;
+  snprintf(e->by, sizeof e->by, "%s", by);
+  snprintf(e->reason, sizeof e->reason, "%s", reason != NULL ? reason : "");
+  e->unix_ms = unix_ms();
+  e->transitions++;
+  e->policy[0] = e->policy_note[0] = '\0';
+  dirty = 1;
+}
+
+/* Give r its own mode (lock held). Leaving rolled_back clears the flag; the
+ * evidence stays for the report. */
+static void apply(ust__route *r, int mode, double canary) {
+  atomic_store_explicit(&r->stage_passes, 0, memory_order_relaxed);
+  atomic_store_explicit(&r->rollout, pack(mode == UST__MODE_ROLLED_BACK ? UST__MODE_SHADOW : mode, canary),
+                        memory_order_release);
+  atomic_store(&r->rolled_back, mode == UST__MODE_ROLLED_BACK);
+  atomic_fetch_add_explicit(&r->transitions, 1, memory_order_relaxed);
+}
+
+static int transition_locked(ust__route *r, int to, double canary, const char *by, const char *reason) {
+  char key[512];
+  ust__route_key_str(r, key, sizeof key);
+  entry *e = entry_get(key);
+  if (e == NULL)
+    return ust__error(UST_ENOMEM, "rollout: out of memory");
+  const int from = ust__route_mode(r, NULL);
+  apply(r, to, canary);
+  note(e, from, to, canary, by, reason);
+  ust__log(UST_LOG_INFO, "%s: %s -> %s%s%s (%s)", key, ust__mode_name(from), ust__mode_name(to),
+           reason != NULL && reason[0] ? ": " : "", reason != NULL ? reason : "", by);
+  return 0;
+}
+
+/* r's entry, if the table has one (lock held). */
+static entry *entry_of(const ust__route *r) {
+  char key[512];
+  ust__route_key_str(r, key, sizeof key);
+  entry *e = NULL;
+  HASH_FIND_STR(table, key, e);
+  return e;
+}
+
+void ust__rollout_route_created(ust__route *r) {
+  pthread_mutex_lock(&lock);
+  entry *e = entry_of(r);
+  if (e != NULL && e->transitions > 0) {
+    apply(r, e->mode, e->canary);
+    if (e->mode == UST__MODE_ROLLED_BACK && atomic_load(&r->evidence) == NULL) {
+      ust__evidence *ev = calloc(1, sizeof *ev);
+      if (ev != NULL) {
+        snprintf(ev->reason, sizeof ev->reason, "restored");
+        snprintf(ev->message, sizeof ev->message, "rolled back before this process started: %s", e->reason);
+        ev->unix_ms = e->unix_ms;
+        atomic_store(&r->evidence, ev);
+      }
+    }
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+int ust__route_set_mode(ust__route *r, int mode, double canary, const char *by, const char *reason) {
+  pthread_mutex_lock(&lock);
+  int rc = transition_locked(r, mode, canary, by, reason);
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
+/* The routes whose key string is key (one per key). */
+static ust__route *route_by_key(const char *key) {
+  ust__route_table *t = &eng->routes;
+  char k[512];
+  for (uint32_t i = 0; i < t->cap; i++) {
+    ust__route *r = atomic_load_explicit(&t->slots[i], memory_order_acquire);
+    if (r == NULL)
+      continue;
+    ust__route_key_str(r, k, sizeof k);
+    if (strcmp(k, key) == 0)
+      return r;
+  }
+  return NULL;
+}
+
+int ust__rollout_set_key(const char *key, int mode, double canary, const char *by, const char *reason) {
+  pthread_mutex_lock(&lock);
+  int rc = 0;
+  ust__route *r = eng != NULL ? route_by_key(key) : NULL;
+  if (r != NULL) {
+    rc = transition_locked(r, mode, canary, by, reason);
+  } else {
+    entry *e = entry_get(key);
+    if (e == NULL)
+      rc = ust__error(UST_ENOMEM, "rollout: out of memory");
+    else
+      note(e, e->transitions ? e->mode : UST__MODE_OBSERVE, mode, canary, by, reason);
+  }
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
+void ust__rollout_rolled_back(ust__route *r, const char *reason) {
+  char key[512];
+  ust__route_key_str(r, key, sizeof key);
+  pthread_mutex_lock(&lock);
+  entry *e = entry_get(key);
+  if (e != NULL) {
+    /* the route's flag is already set; the mode it left is its own or its operator's */
+    uint64_t v = atomic_load(&r->rollout);
+    int from = v & 0xff ? (int)(v & 0xff) - 1 : atomic_load(&r->binding->op->mode);
+    note(e, from, UST__MODE_ROLLED_BACK, 0, "verdict", reason);
+  }
+  atomic_fetch_add_explicit(&r->transitions, 1, memory_order_relaxed);
+  pthread_mutex_unlock(&lock);
+}
+
+/* p50 production over p50 candidate, from the route's histograms; 0 when
+ * either is empty. */
+double ust__route_speedup(ust__route *r) {
+  ust__hist_snap *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+  double s = 0;
+  if (a != NULL && b != NULL) {
+    ust__hist_snapshot(&r->hist, a);
+    ust__hist_snapshot(&r->cand_hist, b);
+    double tp = ust__hist_quantile(a, 0.5), tc = ust__hist_quantile(b, 0.5);
+    s = tp > 0 && tc > 0 ? tp / tc : 0;
+  }
+  free(a);
+  free(b);
+  return s;
+}
+
+/* The promotion policy, after a passing verification of r's candidate. */
+void ust__rollout_passed(ust__route *r) {
+  uint64_t passes = atomic_fetch_add_explicit(&r->stage_passes, 1, memory_order_relaxed) + 1;
+  ust__operator *op = r->binding->op;
+  pthread_mutex_lock(&lock);
+  const ust__promotion p = op->promotion;
+  int mode = ust__route_mode(r, NULL);
+  if (!p.enabled || passes < (uint64_t)p.min_verified || (mode != UST__MODE_SHADOW && mode != UST__MODE_CANARY)) {
+    pthread_mutex_unlock(&lock);
+    return;
+  }
+  const double speedup = ust__route_speedup(r);
+  const int to = mode == UST__MODE_SHADOW ? UST__MODE_CANARY : UST__MODE_LIVE;
+  char key[512], why[160];
+  ust__route_key_str(r, key, sizeof key);
+  entry *e = entry_get(key);
+  if (!(speedup >= p.min_speedup)) {
+    if (e != NULL) {
+      snprintf(e->policy, sizeof e->policy, "held");
+      snprintf(e->policy_note, sizeof e->policy_note, "%llu passes in %s, speedup %.3g below %.3g",
+               (unsigned long long)passes, ust__mode_name(mode), speedup, p.min_speedup);
+    }
+    pthread_mutex_unlock(&lock);
+    return;
+  }
+  snprintf(why, sizeof why, "%llu passes in %s, speedup %.3g >= %.3g", (unsigned long long)passes,
+           ust__mode_name(mode), speedup, p.min_speedup);
+  if (p.dry_run) {
+    if (e != NULL && strcmp(e->policy, "dry_run") != 0) {
+      /* what it would do; the route's mode is unchanged */
+      snprintf(e->policy, sizeof e->policy, "dry_run");
+      snprintf(e->policy_note, sizeof e->policy_note, "would move to %s: %.120s", ust__mode_name(to), why);
+      ust__log(UST_LOG_INFO, "%s: would move %s -> %s (%s; dry run)", key, ust__mode_name(mode), ust__mode_name(to),
+               why);
+    }
+    pthread_mutex_unlock(&lock);
+    return;
+  }
+  transition_locked(r, to, p.canary, "policy", why);
+  pthread_mutex_unlock(&lock);
+}
+
+/* ---- the report's view ----------------------------------------------------- */
+
+cJSON *ust__rollout_json(ust__route *r) {
+  cJSON *j = cJSON_CreateObject();
+  uint32_t q = 0;
+  int mode = ust__route_mode(r, &q);
+  cJSON_AddStringToObject(j, "mode", ust__mode_name(mode));
+  if (mode == UST__MODE_CANARY)
+    cJSON_AddNumberToObject(j, "canary", share_of(q));
+  cJSON_AddStringToObject(j, "set_by", (atomic_load(&r->rollout) & 0xff) || atomic_load(&r->rolled_back)
+                                           ? "route" : "operator");
+  cJSON *sv = cJSON_AddObjectToObject(j, "served");
+  cJSON_AddNumberToObject(sv, "production", (double)atomic_load(&r->served_prod));
+  cJSON_AddNumberToObject(sv, "candidate", (double)atomic_load(&r->served_cand));
+  cJSON_AddNumberToObject(sv, "candidate_verified", (double)atomic_load(&r->served_cand_verified));
+  cJSON_AddNumberToObject(sv, "unlearned", (double)atomic_load(&r->served_unlearned));
+  const double captured = (double)atomic_load(&r->captured), cc = (double)atomic_load(&r->captured_cand);
+  cJSON *cap = cJSON_AddObjectToObject(j, "captured");
+  cJSON_AddNumberToObject(cap, "production", captured - cc);
+  cJSON_AddNumberToObject(cap, "candidate", cc);
+  cJSON_AddNumberToObject(j, "transitions", (double)atomic_load(&r->transitions));
+  pthread_mutex_lock(&lock);
+  entry *e = entry_of(r);
+  if (e != NULL && e->transitions > 0) {
+    cJSON *t = cJSON_AddObjectToObject(j, "last_transition");
+    cJSON_AddStringToObject(t, "from", e->from);
+    cJSON_AddStringToObject(t, "to", ust__mode_name(e->mode));
+    cJSON_AddStringToObject(t, "by", e->by);
+    cJSON_AddStringToObject(t, "reason", e->reason);
+    cJSON_AddNumberToObject(t, "unix_ms", (double)e->unix_ms);
+  }
+  const ust__promotion p = r->binding->op->promotion;
+  if (p.enabled && r->binding->cand != NULL) {
+    cJSON *pr = cJSON_AddObjectToObject(j, "promotion");
+    const uint64_t passes = atomic_load(&r->stage_passes);
+    const char *state;
+    if (mode == UST__MODE_LIVE)
+      state = "live";
+    else if (mode == UST__MODE_ROLLED_BACK)
+      state = "rolled_back";
+    else if (mode != UST__MODE_SHADOW && mode != UST__MODE_CANARY)
+      state = "idle";
+    else if (passes < (uint64_t)p.min_verified)
+      state = "inconclusive";
+    else if (e != NULL && e->policy[0] != '\0')
+      state = e->policy;
+    else
+      state = "pending"; /* the minimum is reached; the next pass decides */
+    cJSON_AddStringToObject(pr, "state", state);
+    cJSON_AddNumberToObject(pr, "passes_in_stage", (double)passes);
+    cJSON_AddNumberToObject(pr, "needed", p.min_verified);
+    cJSON_AddNumberToObject(pr, "min_speedup", p.min_speedup);
+    if (e != NULL && e->policy_note[0] != '\0')
+      cJSON_AddStringToObject(pr, "note", e->policy_note);
+  }
+  pthread_mutex_unlock(&lock);
+  return j;
+}
+
+/* ---- the state file ---------------------------------------------------------- */
+
+#define STATE_SCHEMA "understudy.state"
+
+static int load_state(const char *path) {
+  size_t len = 0;
+  char *text = ust__read_file(path, &len);
+  if (text == NULL) {
+    if (errno == ENOENT)
+      return 0; /* the first start: nothing to restore */
+    return ust__error(UST_ECONFIG, "state file '%s': cannot read it: %s", path, strerror(errno));
+  }
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  int rc = 0;
+  const cJSON *routes = NULL, *schema = NULL;
+  if (root == NULL || !cJSON_IsObject(root))
+    rc = ust__error(UST_ECONFIG, "state file '%s': not a JSON object", path);
+  else if (!cJSON_IsString(schema = cJSON_GetObjectItemCaseSensitive(root, "schema")) ||
+           strcmp(schema->valuestring, STATE_SCHEMA " v1") != 0)
+    rc = ust__error(UST_ECONFIG, "state file '%s': 'schema' must be \"" STATE_SCHEMA " v1\"", path);
+  else if (!cJSON_IsObject(routes = cJSON_GetObjectItemCaseSensitive(root, "routes")))
+    rc = ust__error(UST_ECONFIG, "state file '%s': 'routes' must be an object", path);
+  for (const cJSON *it = routes != NULL ? routes->child : NULL; rc == 0 && it != NULL; it = it->next) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(it, "mode");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "canary");
+    const cJSON *why = cJSON_GetObjectItemCaseSensitive(it, "reason");
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(it, "unix_ms");
+    int mode;
+    if (!cJSON_IsString(m) || ust__mode_parse_any(m->valuestring, &mode, 1) != 0) {
+      rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.mode' must be a mode", path, it->string);
+      break;
+    }
+    if (mode == UST__MODE_CANARY && (!cJSON_IsNumber(c) || !(c->valuedouble > 0 && c->valuedouble < 1))) {
+      rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.canary' must be a fraction in (0, 1)", path,
+                      it->string);
+      break;
+    }
+    if (strlen(it->string) >= sizeof ((entry *)0)->key) {
+      rc = ust__error(UST_ECONFIG, "state file '%s': a route key is too long", path);
+      break;
+    }
+    entry *e = entry_get(it->string);
+    if (e == NULL) {
+      rc = ust__error(UST_ENOMEM, "state file: out of memory");
+      break;
+    }
+    e->mode = mode;
+    e->canary = mode == UST__MODE_CANARY ? c->valuedouble : 0;
+    snprintf(e->from, sizeof e->from, "%s", "restart");
+    snprintf(e->by, sizeof e->by, "state");
+    snprintf(e->reason, sizeof e->reason, "%s", cJSON_IsString(why) ? why->valuestring : "");
+    e->unix_ms = cJSON_IsNumber(ms) ? (uint64_t)ms->valuedouble : 0;
+    e->transitions = 1;
+  }
+  cJSON_Delete(root);
+  return rc;
+}
+
+static int write_state(const char *path) {
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "schema", STATE_SCHEMA " v1");
+  cJSON *routes = cJSON_AddObjectToObject(root, "routes");
+  for (entry *e = table; e != NULL; e = e->hh.next) {
+    if (e->transitions == 0)
+      continue;
+    cJSON *x = cJSON_AddObjectToObject(routes, e->key);
+    cJSON_AddStringToObject(x, "mode", ust__mode_name(e->mode));
+    if (e->mode == UST__MODE_CANARY)
+      cJSON_AddNumberToObject(x, "canary", e->canary);
+    cJSON_AddStringToObject(x, "reason", e->reason);
+    cJSON_AddNumberToObject(x, "unix_ms", (double)e->unix_ms);
+  }
+  char *text = cJSON_Print(root);
+  cJSON_Delete(root);
+  if (text == NULL)
+    return ust__error(UST_ENOMEM, "state file: out of memory");
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  int rc = 0;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    rc = ust__error(UST_EIO, "state file: open '%s': %s", tmp, strerror(errno));
+  } else {
+    size_t n = strlen(text), off = 0;
+    while (rc == 0 && off < n) {
+      ssize_t w = write(fd, text + off, n - off);
+      if (w < 0 && errno == EINTR)
+        continue;
+      if (w <= 0)
+        rc = ust__error(UST_EIO, "state file: write '%s': %s", tmp, strerror(errno));
+      else
+        off += (size_t)w;
+    }
+    if (rc == 0 && fsync(fd) != 0)
+      rc = ust__error(UST_EIO, "state file: fsync '%s': %s", tmp, strerror(errno));
+    close(fd);
+    if (rc == 0 && rename(tmp, path) != 0)
+      rc = ust__error(UST_EIO, "state file: rename to '%s': %s", path, strerror(errno));
+    if (rc != 0)
+      unlink(tmp);
+  }
+  free(text);
+  return rc;
+}
+
+int ust__rollout_persist(void) {
+  pthread_mutex_lock(&lock);
+  int rc = 0;
+  if (dirty && state_path != NULL) {
+    rc = write_state(state_path);
+    if (rc == 0)
+      dirty = 0;
+  }
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
+int ust__rollout_init(ust__engine *e) {
+  pthread_mutex_lock(&lock);
+  int rc = 0;
+  eng = e;
+  dirty = 0;
+  const ust__config *c = &e->cfg;
+  for (int i = 0; rc == 0 && i < c->n_ops; i++)
+    for (int k = 0; rc == 0 && k < c->ops[i].n_routes; k++) {
+      const ust__route_config *rcfg = &c->ops[i].routes[k];
+      entry *x = entry_get(rcfg->key);
+      if (x == NULL) {
+        rc = ust__error(UST_ENOMEM, "rollout: out of memory");
+        break;
+      }
+      note(x, UST__MODE_OBSERVE, rcfg->mode, rcfg->canary >= 0 ? rcfg->canary : c->ops[i].canary, "config",
+           "set in the config");
+    }
+  dirty = 0; /* the config is not state */
+  if (rc == 0 && c->state_path != NULL) {
+    state_path = ust__strdup(c->state_path);
+    rc = state_path == NULL ? ust__error(UST_ENOMEM, "out of memory") : load_state(c->state_path);
+  }
+  pthread_mutex_unlock(&lock);
+  if (rc != 0)
+    ust__rollout_shutdown();
+  return rc;
+}
+
+void ust__rollout_shutdown(void) {
+  pthread_mutex_lock(&lock);
+  entry *e, *tmp;
+  HASH_ITER(hh, table, e, tmp) {
+    HASH_DEL(table, e);
+    free(e);
+  }
+  free(state_path);
+  state_path = NULL;
+  eng = NULL;
+  dirty = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+/* Operator settings that a reload changes: under the lock, so the policy
+ * never reads a half-written one. */
+void ust__rollout_set_operator(ust__operator *op, const ust__op_config *oc) {
+  pthread_mutex_lock(&lock);
+  op->promotion = oc->promotion;
+  atomic_store(&op->canary_q32, q32_of(oc->canary));
+  atomic_store(&op->strict, oc->strict);
+  atomic_store(&op->mode, oc->mode);
+  pthread_mutex_unlock(&lock);
+}

@@ -1,0 +1,299 @@
+"""Canary and live: candidates serve per shape key, are promoted on evidence
+and rolled back on the first verified mismatch; modes persist across restarts.
+
+Ground truth: counters inside the production kernel and the candidate (a
+Python op each, defined here), which say which arm really ran, and the
+values each arm computes (the candidate's differ from production's in the
+last bits, within tolerance, so a served tensor tells its arm).
+"""
+import json
+import threading
+from collections import Counter
+
+import pytest
+import torch
+
+import understudy
+from test_shadow import candidate_op
+
+_lib = torch.library.Library("ust_rollout", "DEF")
+_lib.define("scale(Tensor x) -> Tensor")
+RUNS = Counter()
+WRONG = {"after": None}  # the candidate goes wrong after this many of its runs
+
+
+def production(x):
+    RUNS["production"] += 1
+    return x * 2
+
+
+def candidate_value(x):
+    return x * 2 * (1 + 2 ** -12)  # within fp32's tolerance, and never bit-equal to production
+
+
+def _candidate(x):
+    RUNS["candidate"] += 1
+    if WRONG["after"] is not None and RUNS["candidate"] > WRONG["after"]:
+        return x * 2 + 1
+    return candidate_value(x)
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("scale", production, _key)
+
+PROBLEM = {"schema_version": 1, "operator": "scale", "description": "x * 2, defined by the test",
+           "bindings": [{"op": "ust_rollout::scale", "key": {"M": "rows(x)", "N": "x[-1]"}}]}
+
+
+@pytest.fixture
+def problems(tmp_path):
+    d = tmp_path / "problems"
+    d.mkdir()
+    (d / "scale.json").write_text(json.dumps(PROBLEM))
+    RUNS.clear()
+    WRONG["after"] = None
+    return d
+
+
+def config(mode="shadow", sample=1.0, **extra):
+    op = {"mode": mode, "sample": sample, "candidate": {"torch_op": cand(), "target": "ust_rollout::scale"}}
+    op.update(extra)
+    return {"operators": {"scale": op}, "report": {"interval_s": 0}}
+
+
+def cand():
+    return candidate_op("ust_rollout_cand::scale", _candidate, "ust_rollout::scale")
+
+
+def route(rep):
+    (op,) = rep["operators"]
+    (r,) = op["shapes"]
+    return r
+
+
+def calls(n, x):
+    return [torch.ops.ust_rollout.scale(x) for _ in range(n)]
+
+
+def arm_of(y, x):
+    if torch.equal(y, x * 2):
+        return "production"
+    if torch.equal(y, candidate_value(x)):
+        return "candidate"
+    return "neither"
+
+
+def test_promoted_through_canary_to_live(us, problems):
+    x = torch.randn(8, 64)
+    us.enable(config(sample=0.5, promotion={"min_verified": 4, "min_speedup": 0, "canary": 0.5}), problems=problems)
+    arms = [arm_of(y, x) for y in calls(60, x)]
+    r = route(us.report())
+    ro = r["rollout"]
+    assert ro["mode"] == "live" and ro["transitions"] == 2
+    assert ro["last_transition"]["from"] == "canary" and ro["last_transition"]["by"] == "policy"
+    # every call served by exactly one arm, and the report says which
+    assert ro["served"]["production"] + ro["served"]["candidate"] == r["calls"] == 60
+    assert arms.count("candidate") == ro["served"]["candidate"] and "neither" not in arms
+    # production ran for the calls it served and for each verification of the candidate
+    assert RUNS["production"] == ro["served"]["production"] + ro["served"]["candidate_verified"]
+    assert RUNS["candidate"] == ro["served"]["candidate"] + r["shadow"]["calls"] - ro["served"]["candidate_verified"]
+    # live: the candidate serves every call; production runs only for the sampled half
+    before = dict(RUNS)
+    arms = [arm_of(y, x) for y in calls(20, x)]
+    assert arms == ["candidate"] * 20
+    assert RUNS["candidate"] - before["candidate"] == 20
+    assert RUNS["production"] - before["production"] == 10
+    r = route(us.report())
+    assert r["shadow"]["failed"] == 0 and r["rollout"]["promotion"]["state"] == "live"
+
+
+def test_wrong_after_n_calls_rolls_back_at_first_verified_mismatch(us, problems):
+    x = torch.randn(4, 32)
+    WRONG["after"] = 6
+    us.enable(config(mode="live", sample=0.5), problems=problems)
+    arms = [arm_of(y, x) for y in calls(20, x)]
+    # calls 1-6 correct; call 7 is not verified (every second call is) and
+    # serves the wrong value; call 8 is verified: rolled back, and the call
+    # itself gets production's result; production serves from then on
+    assert arms[:6] == ["candidate"] * 6
+    assert arms[6] == "neither"
+    assert arms[7:] == ["production"] * 13
+    r = route(us.report())
+    assert r["mode"] == "rolled_back" and r["rollout"]["mode"] == "rolled_back"
+    ev = r["shadow"]["rollback"]
+    assert ev["reason"] == "mismatch" and ev["while_serving"] is True and ev["served_before_verdict"] == 0
+    assert r["rollout"]["served"] == {"production": 13, "candidate": 6 + 1, "candidate_verified": 3,
+                                      "unlearned": 0}
+    assert RUNS["candidate"] == 8
+
+
+def test_too_little_traffic_is_inconclusive(us, problems):
+    x = torch.randn(2, 16)
+    us.enable(config(promotion={"min_verified": 50, "min_speedup": 0}), problems=problems)
+    assert [arm_of(y, x) for y in calls(10, x)] == ["production"] * 10
+    ro = route(us.report())["rollout"]
+    assert ro["mode"] == "shadow" and ro["transitions"] == 0
+    assert ro["promotion"]["state"] == "inconclusive" and ro["promotion"]["passes_in_stage"] == 10
+    assert ro["promotion"]["needed"] == 50
+
+
+def test_dry_run_changes_nothing_served(us, problems):
+    x = torch.randn(2, 16)
+    us.enable(config(promotion={"min_verified": 3, "min_speedup": 0, "dry_run": True}), problems=problems)
+    assert [arm_of(y, x) for y in calls(10, x)] == ["production"] * 10
+    ro = route(us.report())["rollout"]
+    assert ro["mode"] == "shadow" and ro["transitions"] == 0 and ro["served"]["candidate"] == 0
+    assert ro["promotion"]["state"] == "dry_run" and "would move to canary" in ro["promotion"]["note"]
+
+
+def test_held_below_the_speedup_threshold(us, problems):
+    x = torch.randn(2, 16)
+    us.enable(config(promotion={"min_verified": 3, "min_speedup": 1e9}), problems=problems)
+    calls(6, x)
+    ro = route(us.report())["rollout"]
+    assert ro["mode"] == "shadow" and ro["promotion"]["state"] == "held"
+    assert "below 1e+09" in ro["promotion"]["note"]
+
+
+def test_restart_restores_the_state_file(us, problems, tmp_path):
+    state = tmp_path / "rollout.json"
+    x, z = torch.randn(3, 8), torch.randn(5, 8)
+    WRONG["after"] = 0
+    cfg = config(sample=1.0) | {"state": {"path": str(state)}}
+    us.enable(cfg, problems=problems)
+    calls(1, z)  # shadowed: the always-wrong candidate is rolled back on this key
+    key = route(us.report())["key"]
+    xkey = key.replace("M=5", "M=3")
+    understudy.set_mode(key=xkey, mode="live")  # a key not seen yet
+    us.disable()
+    saved = json.loads(state.read_text())["routes"]
+    assert saved[key]["mode"] == "rolled_back" and "mismatch" in saved[key]["reason"]
+    assert saved[xkey]["mode"] == "live"
+
+    RUNS.clear()
+    WRONG["after"] = None
+    us.enable(cfg | {"operators": {"scale": cfg["operators"]["scale"] | {"sample": 0.0}}}, problems=problems)
+    assert arm_of(calls(1, x)[0], x) == "candidate" and RUNS["production"] == 0
+    assert arm_of(calls(1, z)[0], z) == "production" and RUNS["candidate"] == 1
+    rep = us.report()
+    by_key = {s["key"]: s for s in rep["operators"][0]["shapes"]}
+    assert by_key[xkey]["rollout"]["mode"] == "live" and by_key[xkey]["rollout"]["last_transition"]["by"] == "state"
+    assert by_key[key]["mode"] == "rolled_back" and by_key[key]["shadow"]["rollback"]["reason"] == "restored"
+
+
+def test_a_bad_state_file_is_refused(us, problems, tmp_path):
+    state = tmp_path / "rollout.json"
+    state.write_text(json.dumps({"schema": "understudy.state v1", "routes": {"k|x": {"mode": "warp"}}}))
+    with pytest.raises(understudy.ConfigError, match="'routes.k\\|x.mode' must be a mode"):
+        us.enable(config() | {"state": {"path": str(state)}}, problems=problems)
+    assert not understudy.is_enabled()
+
+
+def test_mode_changes_under_four_threads_keep_exact_counts(us, problems):
+    x = torch.randn(4, 32)
+    us.enable(config(sample=0.5), problems=problems)
+    calls(1, x)
+    key = route(us.report())["key"]
+    bad = []
+
+    def worker():
+        for _ in range(200):
+            if arm_of(torch.ops.ust_rollout.scale(x), x) == "neither":
+                bad.append(1)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    modes = [("live", None), ("canary", 0.3), ("shadow", None), ("observe", None)]
+    i = 0
+    while any(t.is_alive() for t in threads):
+        m, p = modes[i % len(modes)]
+        understudy.set_mode(key=key, mode=m, canary=p)
+        i += 1
+    for t in threads:
+        t.join()
+    r = route(us.report())
+    ro = r["rollout"]
+    assert not bad and i > 4
+    assert r["calls"] == 801
+    assert ro["served"]["production"] + ro["served"]["candidate"] == 801
+    assert RUNS["production"] == ro["served"]["production"] + ro["served"]["candidate_verified"]
+    assert RUNS["candidate"] == ro["served"]["candidate"] + r["shadow"]["calls"] - ro["served"]["candidate_verified"]
+    assert r["shadow"]["verified"] == r["shadow"]["passed"] == r["shadow"]["calls"]
+    assert ro["transitions"] == i
+
+
+def test_reload_changes_modes_and_refuses_other_fields(us, problems):
+    x = torch.randn(2, 8)
+    cfg = config(mode="shadow")
+    us.enable(cfg, problems=problems)
+    assert arm_of(calls(1, x)[0], x) == "production"
+    cfg["operators"]["scale"]["mode"] = "live"
+    understudy.reload(cfg)
+    assert arm_of(calls(1, x)[0], x) == "candidate"
+    changed = json.loads(json.dumps(cfg))
+    changed["operators"]["scale"]["candidate"]["torch_op"] = "ust_rollout_cand::other"
+    with pytest.raises(understudy.ConfigError, match="'operators.scale.candidate.torch_op' differs"):
+        understudy.reload(changed)
+    with pytest.raises(understudy.ConfigError, match="'max_routes' differs"):
+        understudy.reload(cfg | {"max_routes": 7})
+    assert arm_of(calls(1, x)[0], x) == "candidate"  # nothing applied
+    key = route(us.report())["key"]
+    cfg["operators"]["scale"]["routes"] = {key: {"mode": "canary", "canary": 0.5}}
+    understudy.reload(cfg)
+    ro = route(us.report())["rollout"]
+    assert ro["mode"] == "canary" and ro["canary"] == pytest.approx(0.5)
+
+
+def test_native_candidate_serves_live_in_place(us):
+    from test_shadow import native, rms_inputs, run_rms_norm
+    inputs = rms_inputs(shapes=((6, 128), (2, 256)))
+    expected = run_rms_norm(inputs, repeat=1)
+    us.enable({"operators": {"rms_norm": {"mode": "live", "sample": 0.5, "candidate": native("rms_norm_cpu")}},
+               "report": {"interval_s": 0}})
+    served = run_rms_norm(inputs, repeat=4)
+    rep = us.report()
+    rs = [s for s in rep["operators"][0]["shapes"] if s["op"] == "_C::rms_norm"]
+    assert len(rs) == 2
+    for r in rs:
+        assert r["rollout"]["served"]["candidate"] == 4 and r["rollout"]["served"]["production"] == 0
+        assert r["shadow"]["passed"] == 2 and r["shadow"]["failed"] == 0
+    for i, y in enumerate(served):
+        torch.testing.assert_close(y, expected[i % 2], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_live_candidate_is_what_a_cuda_graph_replays(us, problems):
+    x = torch.randn(16, 256, device="cuda")
+    us.enable(config(mode="live", sample=0.0), problems=problems)
+    calls(1, x)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = torch.ops.ust_rollout.scale(x)
+    x.copy_(torch.randn(16, 256, device="cuda"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert arm_of(y, x) == "candidate"
+    key = route(us.report())["key"]
+    understudy.set_mode(key=key, mode="observe")
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        y2 = torch.ops.ust_rollout.scale(x)
+    g2.replay()
+    torch.cuda.synchronize()
+    assert arm_of(y2, x) == "production"
+    ro = route(us.report())["rollout"]
+    assert ro["captured"] == {"production": 1, "candidate": 1}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_wrong_after_n_strict_serves_production(us, problems):
+    x = torch.randn(64, 512, device="cuda")
+    WRONG["after"] = 3
+    us.enable(config(mode="live", sample=1.0, strict=True), problems=problems)
+    arms = [arm_of(y, x) for y in calls(8, x)]
+    assert arms == ["candidate"] * 3 + ["production"] * 5
+    r = route(us.report())
+    assert r["mode"] == "rolled_back" and r["shadow"]["rollback"]["served_before_verdict"] == 0
+    assert r["rollout"]["served"]["candidate"] == 3
