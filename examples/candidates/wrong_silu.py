@@ -7,6 +7,10 @@ element, and one that fails outright:
                                            flattened output, which is off by at
                                            least 1 + |y|
     understudy_examples::silu_raises       raises RuntimeError("deliberate failure: ...")
+    understudy_examples::silu_goes_wrong   silu, bit-identical to production for its
+                                           first GOES_WRONG_AFTER calls, then wrong in
+                                           the last element (a candidate that breaks
+                                           in production, for canary and live)
 
     import wrong_silu
     wrong_silu.register()   # both; or register_wrong_tail() / register_raises()
@@ -20,6 +24,9 @@ import torch
 TARGET = "aten::silu"
 WRONG_TAIL_NAME = "understudy_examples::silu_wrong_tail"
 RAISES_NAME = "understudy_examples::silu_raises"
+GOES_WRONG_NAME = "understudy_examples::silu_goes_wrong"
+GOES_WRONG_AFTER = 40
+_runs = {"n": 0}
 
 
 def silu_wrong_tail(self: torch.Tensor) -> torch.Tensor:
@@ -39,6 +46,14 @@ def silu_wrong_tail(self: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def silu_goes_wrong(self: torch.Tensor) -> torch.Tensor:
+    """aten::silu(Tensor self) -> Tensor: right for GOES_WRONG_AFTER calls, then wrong in the tail."""
+    _runs["n"] += 1
+    if _runs["n"] <= GOES_WRONG_AFTER:
+        return torch.ops.aten.silu.default(self)
+    return silu_wrong_tail(self)
+
+
 def raising_silu(self: torch.Tensor) -> torch.Tensor:
     """aten::silu(Tensor self) -> Tensor, that always raises."""
     raise RuntimeError("deliberate failure: understudy_examples::silu_raises never computes")
@@ -52,6 +67,11 @@ def register_wrong_tail() -> str:
 def register_raises() -> str:
     import understudy
     return understudy.register_candidate(RAISES_NAME, raising_silu, like=TARGET)
+
+
+def register_goes_wrong() -> str:
+    import understudy
+    return understudy.register_candidate(GOES_WRONG_NAME, silu_goes_wrong, like=TARGET)
 
 
 def register() -> tuple[str, str]:

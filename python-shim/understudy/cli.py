@@ -84,6 +84,20 @@ def format_verdicts(rep: dict) -> str:
                     what += f", first at {fm['index']}"
             if ev.get("message"):
                 what += f" ({ev['message']})"
+            if ev.get("while_serving"):
+                what += (f"; it was serving: {int(ev.get('served_before_verdict', 0))} more calls served before "
+                         f"the verdict")
+            lines.append(what)
+        ro = s.get("rollout")
+        if ro and (ro["served"]["candidate"] or ro.get("last_transition")):
+            sv = ro["served"]
+            what = (f"  served: candidate {int(sv['candidate'])} ({int(sv['candidate_verified'])} verified), "
+                    f"production {int(sv['production'])}")
+            last = ro.get("last_transition")
+            if last:
+                what += f"; {int(ro['transitions'])} transitions, last {last['from']} -> {last['to']} by {last['by']}"
+                if last.get("reason"):
+                    what += f" ({last['reason']})"
             lines.append(what)
     return "\n".join(lines)
 

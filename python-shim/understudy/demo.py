@@ -300,4 +300,62 @@ def run_shadow_phase(device, generate, model, ids, tokens, report_path) -> int:
           f"report written to {shadow_path}\n")
     with open(shadow_path) as f:
         print(format_verdicts(json.load(f)))
-    return 0 if same else 1
+    if not same:
+        return 1
+    return run_rollout_phase(device, generate, model, ids, tokens, report_path)
+
+
+def rollout_config(device: str, report_path: str) -> tuple[dict, list[str]]:
+    """Candidates take the stage: the native rms_norm under a promotion
+    policy, and a silu candidate served live that breaks after a while."""
+    import pathlib
+
+    import understudy
+
+    notes = []
+    ops: dict = {}
+    lib = pathlib.Path(__file__).resolve().parents[2] / "build" / "candidates" / (
+        "librms_norm_cuda.so" if device == "cuda" else "librms_norm_cpu.so")
+    if lib.exists():
+        ops["rms_norm"] = {"mode": "shadow", "sample": 0.5, "candidate": understudy.native(lib, target="_C::rms_norm"),
+                           "promotion": {"min_verified": 8, "min_speedup": 1.0, "canary": 0.5}}
+        notes.append(f"rms_norm: native {lib.name}, promoted shadow -> canary(0.5) -> live after 8 passing "
+                     f"verifications in each stage with its median at least as fast as production's")
+    wrong = _example("wrong_silu")
+    name = understudy.register_candidate(wrong.GOES_WRONG_NAME, wrong.silu_goes_wrong, like=wrong.TARGET)
+    ops["silu"] = {"mode": "live", "sample": 0.25, "candidate": {"torch_op": name, "target": "aten::silu"}}
+    notes.append(f"silu: torch op {name} serving live, 1 call in 4 verified: right for "
+                 f"{wrong.GOES_WRONG_AFTER} calls, then wrong in the last element")
+    return {"operators": ops, "report": {"path": report_path, "interval_s": 5}}, notes
+
+
+def run_rollout_phase(device, generate, model, ids, tokens, report_path) -> int:
+    import understudy
+    from understudy.cli import format_verdicts
+
+    define_vllm_rms_norm()
+    use_vllm_rms_norm(model, True)
+    path = report_path.replace(".json", "") + "-rollout.json"
+    config, notes = rollout_config(device, path)
+    print("\nrollout phase: candidates serve; promotions and rollbacks follow the evidence:")
+    for n in notes:
+        print(f"  {n}")
+    try:
+        with torch.inference_mode():
+            understudy.enable(config)
+            try:
+                for _ in range(2):
+                    generate(ids, tokens)
+            finally:
+                understudy.disable()
+    finally:
+        use_vllm_rms_norm(model, False)
+    with open(path) as f:
+        rep = json.load(f)
+    print(f"report written to {path}\n")
+    print(format_verdicts(rep))
+    modes = {(o["name"], s.get("rollout", {}).get("mode")) for o in rep["operators"] for s in o["shapes"]}
+    promoted = ("rms_norm", "live") in modes or ("rms_norm", "canary") in modes or "rms_norm" not in config["operators"]
+    rolled_back = ("silu", "rolled_back") in modes
+    print(f"\nrms_norm promoted: {promoted}; silu rolled back: {rolled_back}")
+    return 0 if promoted and rolled_back else 1
