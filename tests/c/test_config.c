@@ -50,6 +50,21 @@ TEST(config_errors_name_field) {
       {"{\"max_routes\": 0}", "'max_routes' must be an integer"},
       {"{\"log_level\": \"loud\"}", "'log_level' must be one of"},
       {"{\"version\": 2}", "'version' must be 1"},
+      {"{\"operators\": {\"gemm\": {\"mode\": \"live\"}}}", "'operators.gemm' is in mode live but names no 'candidate'"},
+      {"{\"operators\": {\"gemm\": {\"canary\": 1.5}}}", "'operators.gemm.canary' must be a fraction of calls in (0, 1)"},
+      {"{\"operators\": {\"gemm\": {\"strict\": 1}}}", "'operators.gemm.strict' must be true or false"},
+      {"{\"operators\": {\"gemm\": {\"promotion\": {\"min_verified\": 0}}}}",
+       "'operators.gemm.promotion.min_verified' must be an integer"},
+      {"{\"operators\": {\"gemm\": {\"promotion\": {\"dry\": true}}}}", "unknown field 'operators.gemm.promotion.dry'"},
+      {"{\"operators\": {\"gemm\": {\"promotion\": {}}}}", "'operators.gemm.promotion' needs a 'candidate'"},
+      {"{\"operators\": {\"gemm\": {\"routes\": {\"aten::mm\": \"observe\"}}}}",
+       "'operators.gemm.routes.aten::mm' is not a shape key"},
+      {"{\"operators\": {\"gemm\": {\"routes\": {\"aten::mm|cpu|f32,f32|M=1,K=1,N=1\": {\"canary\": 0.5}}}}}",
+       "'operators.gemm.routes.aten::mm|cpu|f32,f32|M=1,K=1,N=1' needs a 'mode'"},
+      {"{\"operators\": {\"gemm\": {\"routes\": {\"aten::mm|cpu|f32,f32|M=1,K=1,N=1\": \"canary\"}}}}",
+       "is in mode canary but the operator names no 'candidate'"},
+      {"{\"state\": {}}", "'state' needs a 'path'"},
+      {"{\"defaults\": {\"mode\": \"live\"}}", "'defaults.mode' cannot be live"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     ust__config c;
