@@ -75,6 +75,21 @@ def calls(n, x):
     return [torch.ops.ust_rollout.scale(x) for _ in range(n)]
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+def calls_until(mode, x, batch=10, limit=400):
+    """Calls in batches until the route is in mode (verdicts on a GPU arrive
+    through the worker: each batch is flushed). Returns the served arms."""
+    arms = []
+    while len(arms) < limit:
+        arms += [arm_of(y, x) for y in calls(batch, x)]
+        understudy.flush()
+        if route(understudy.report())["rollout"]["mode"] == mode:
+            return arms
+    raise AssertionError(f"not {mode} after {limit} calls")
+
+
 def arm_of(y, x):
     if torch.equal(y, x * 2):
         return "production"
@@ -83,16 +98,17 @@ def arm_of(y, x):
     return "neither"
 
 
-def test_promoted_through_canary_to_live(us, problems):
-    x = torch.randn(8, 64)
+@pytest.mark.parametrize("device", DEVICES)
+def test_promoted_through_canary_to_live(us, problems, device):
+    x = torch.randn(8, 64, device=device)
     us.enable(config(sample=0.5, promotion={"min_verified": 4, "min_speedup": 0, "canary": 0.5}), problems=problems)
-    arms = [arm_of(y, x) for y in calls(60, x)]
+    arms = calls_until("live", x)
     r = route(us.report())
     ro = r["rollout"]
     assert ro["mode"] == "live" and ro["transitions"] == 2
     assert ro["last_transition"]["from"] == "canary" and ro["last_transition"]["by"] == "policy"
     # every call served by exactly one arm, and the report says which
-    assert ro["served"]["production"] + ro["served"]["candidate"] == r["calls"] == 60
+    assert ro["served"]["production"] + ro["served"]["candidate"] == r["calls"] == len(arms)
     assert arms.count("candidate") == ro["served"]["candidate"] and "neither" not in arms
     # production ran for the calls it served and for each verification of the candidate
     assert RUNS["production"] == ro["served"]["production"] + ro["served"]["candidate_verified"]
@@ -100,6 +116,7 @@ def test_promoted_through_canary_to_live(us, problems):
     # live: the candidate serves every call; production runs only for the sampled half
     before = dict(RUNS)
     arms = [arm_of(y, x) for y in calls(20, x)]
+    understudy.flush()
     assert arms == ["candidate"] * 20
     assert RUNS["candidate"] - before["candidate"] == 20
     assert RUNS["production"] - before["production"] == 10
@@ -127,8 +144,9 @@ def test_wrong_after_n_calls_rolls_back_at_first_verified_mismatch(us, problems)
     assert RUNS["candidate"] == 8
 
 
-def test_too_little_traffic_is_inconclusive(us, problems):
-    x = torch.randn(2, 16)
+@pytest.mark.parametrize("device", DEVICES)
+def test_too_little_traffic_is_inconclusive(us, problems, device):
+    x = torch.randn(2, 16, device=device)
     us.enable(config(promotion={"min_verified": 50, "min_speedup": 0}), problems=problems)
     assert [arm_of(y, x) for y in calls(10, x)] == ["production"] * 10
     ro = route(us.report())["rollout"]
@@ -137,8 +155,9 @@ def test_too_little_traffic_is_inconclusive(us, problems):
     assert ro["promotion"]["needed"] == 50
 
 
-def test_dry_run_changes_nothing_served(us, problems):
-    x = torch.randn(2, 16)
+@pytest.mark.parametrize("device", DEVICES)
+def test_dry_run_changes_nothing_served(us, problems, device):
+    x = torch.randn(2, 16, device=device)
     us.enable(config(promotion={"min_verified": 3, "min_speedup": 0, "dry_run": True}), problems=problems)
     assert [arm_of(y, x) for y in calls(10, x)] == ["production"] * 10
     ro = route(us.report())["rollout"]
@@ -155,13 +174,15 @@ def test_held_below_the_speedup_threshold(us, problems):
     assert "below 1e+09" in ro["promotion"]["note"]
 
 
-def test_restart_restores_the_state_file(us, problems, tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_restart_restores_the_state_file(us, problems, tmp_path, device):
     state = tmp_path / "rollout.json"
-    x, z = torch.randn(3, 8), torch.randn(5, 8)
+    x, z = torch.randn(3, 8, device=device), torch.randn(5, 8, device=device)
     WRONG["after"] = 0
     cfg = config(sample=1.0) | {"state": {"path": str(state)}}
     us.enable(cfg, problems=problems)
     calls(1, z)  # shadowed: the always-wrong candidate is rolled back on this key
+    understudy.flush()
     key = route(us.report())["key"]
     xkey = key.replace("M=5", "M=3")
     understudy.set_mode(key=xkey, mode="live")  # a key not seen yet
@@ -189,8 +210,9 @@ def test_a_bad_state_file_is_refused(us, problems, tmp_path):
     assert not understudy.is_enabled()
 
 
-def test_mode_changes_under_four_threads_keep_exact_counts(us, problems):
-    x = torch.randn(4, 32)
+@pytest.mark.parametrize("device", DEVICES)
+def test_mode_changes_under_four_threads_keep_exact_counts(us, problems, device):
+    x = torch.randn(4, 32, device=device)
     us.enable(config(sample=0.5), problems=problems)
     calls(1, x)
     key = route(us.report())["key"]
@@ -212,6 +234,7 @@ def test_mode_changes_under_four_threads_keep_exact_counts(us, problems):
         i += 1
     for t in threads:
         t.join()
+    understudy.flush()
     r = route(us.report())
     ro = r["rollout"]
     assert not bad and i > 4
