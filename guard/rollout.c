@@ -13,17 +13,14 @@
  *
  * Threading: the table, the last transitions and every operator's promotion
  * policy are guarded by one lock, a leaf (nothing else is taken under it).
- * The per-call path reads only the routes' atomic words.
+ * The per-call path reads only the routes' atomic words. The file itself is
+ * read and written by plugin/state.c.
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -32,7 +29,7 @@
 #include "plugin/engine.h"
 
 typedef struct entry {
-  char key[512];
+  char key[UST__ROUTE_KEY_MAX];
   int mode;           /* ust__mode */
   double canary;      /* canary share; 0 outside canary */
   char from[16];      /* the last transition: mode before, why, by whom, when */
@@ -341,107 +338,42 @@ cJSON *ust__rollout_json(ust__route *r) {
 
 /* ---- the state file ---------------------------------------------------------- */
 
-#define STATE_SCHEMA "understudy.state"
-
-static int load_state(const char *path) {
-  size_t len = 0;
-  char *text = ust__read_file(path, &len);
-  if (text == NULL) {
-    if (errno == ENOENT)
-      return 0; /* the first start: nothing to restore */
-    return ust__error(UST_ECONFIG, "state file '%s': cannot read it: %s", path, strerror(errno));
-  }
-  cJSON *root = cJSON_Parse(text);
-  free(text);
-  int rc = 0;
-  const cJSON *routes = NULL, *schema = NULL;
-  if (root == NULL || !cJSON_IsObject(root))
-    rc = ust__error(UST_ECONFIG, "state file '%s': not a JSON object", path);
-  else if (!cJSON_IsString(schema = cJSON_GetObjectItemCaseSensitive(root, "schema")) ||
-           strcmp(schema->valuestring, STATE_SCHEMA " v1") != 0)
-    rc = ust__error(UST_ECONFIG, "state file '%s': 'schema' must be \"" STATE_SCHEMA " v1\"", path);
-  else if (!cJSON_IsObject(routes = cJSON_GetObjectItemCaseSensitive(root, "routes")))
-    rc = ust__error(UST_ECONFIG, "state file '%s': 'routes' must be an object", path);
-  for (const cJSON *it = routes != NULL ? routes->child : NULL; rc == 0 && it != NULL; it = it->next) {
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(it, "mode");
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "canary");
-    const cJSON *why = cJSON_GetObjectItemCaseSensitive(it, "reason");
-    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(it, "unix_ms");
-    int mode;
-    if (!cJSON_IsString(m) || ust__mode_parse_any(m->valuestring, &mode, 1) != 0) {
-      rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.mode' must be a mode", path, it->string);
-      break;
-    }
-    if (mode == UST__MODE_CANARY && (!cJSON_IsNumber(c) || !(c->valuedouble > 0 && c->valuedouble < 1))) {
-      rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.canary' must be a fraction in (0, 1)", path,
-                      it->string);
-      break;
-    }
-    if (strlen(it->string) >= sizeof ((entry *)0)->key) {
-      rc = ust__error(UST_ECONFIG, "state file '%s': a route key is too long", path);
-      break;
-    }
-    entry *e = entry_get(it->string);
-    if (e == NULL) {
-      rc = ust__error(UST_ENOMEM, "state file: out of memory");
-      break;
-    }
-    e->mode = mode;
-    e->canary = mode == UST__MODE_CANARY ? c->valuedouble : 0;
-    snprintf(e->from, sizeof e->from, "%s", "restart");
-    snprintf(e->by, sizeof e->by, "state");
-    snprintf(e->reason, sizeof e->reason, "%s", cJSON_IsString(why) ? why->valuestring : "");
-    e->unix_ms = cJSON_IsNumber(ms) ? (uint64_t)ms->valuedouble : 0;
-    e->transitions = 1;
-  }
-  cJSON_Delete(root);
-  return rc;
+/* One saved route, read back (plugin/state.c calls this per route). */
+static int restore_row(void *ctx, const ust__state_row *row) {
+  (void)ctx;
+  entry *e = entry_get(row->key);
+  if (e == NULL)
+    return ust__error(UST_ENOMEM, "state file: out of memory");
+  e->mode = row->mode;
+  e->canary = row->mode == UST__MODE_CANARY ? row->canary : 0;
+  snprintf(e->from, sizeof e->from, "%s", "restart");
+  snprintf(e->by, sizeof e->by, "state");
+  snprintf(e->reason, sizeof e->reason, "%s", row->reason);
+  e->unix_ms = row->unix_ms;
+  e->transitions = 1;
+  return 0;
 }
 
 static int write_state(const char *path) {
-  cJSON *root = cJSON_CreateObject();
-  cJSON_AddStringToObject(root, "schema", STATE_SCHEMA " v1");
-  cJSON *routes = cJSON_AddObjectToObject(root, "routes");
+  int n = 0;
+  for (entry *e = table; e != NULL; e = e->hh.next)
+    n += e->transitions > 0;
+  ust__state_row *rows = calloc(n > 0 ? (size_t)n : 1, sizeof *rows);
+  if (rows == NULL)
+    return ust__error(UST_ENOMEM, "state file: out of memory");
+  int i = 0;
   for (entry *e = table; e != NULL; e = e->hh.next) {
     if (e->transitions == 0)
       continue;
-    cJSON *x = cJSON_AddObjectToObject(routes, e->key);
-    cJSON_AddStringToObject(x, "mode", ust__mode_name(e->mode));
-    if (e->mode == UST__MODE_CANARY)
-      cJSON_AddNumberToObject(x, "canary", e->canary);
-    cJSON_AddStringToObject(x, "reason", e->reason);
-    cJSON_AddNumberToObject(x, "unix_ms", (double)e->unix_ms);
+    rows[i].key = e->key;
+    rows[i].mode = e->mode;
+    rows[i].canary = e->canary;
+    rows[i].reason = e->reason;
+    rows[i].unix_ms = e->unix_ms;
+    i++;
   }
-  char *text = cJSON_Print(root);
-  cJSON_Delete(root);
-  if (text == NULL)
-    return ust__error(UST_ENOMEM, "state file: out of memory");
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-  int rc = 0;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    rc = ust__error(UST_EIO, "state file: open '%s': %s", tmp, strerror(errno));
-  } else {
-    size_t n = strlen(text), off = 0;
-    while (rc == 0 && off < n) {
-      ssize_t w = write(fd, text + off, n - off);
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w <= 0)
-        rc = ust__error(UST_EIO, "state file: write '%s': %s", tmp, strerror(errno));
-      else
-        off += (size_t)w;
-    }
-    if (rc == 0 && fsync(fd) != 0)
-      rc = ust__error(UST_EIO, "state file: fsync '%s': %s", tmp, strerror(errno));
-    close(fd);
-    if (rc == 0 && rename(tmp, path) != 0)
-      rc = ust__error(UST_EIO, "state file: rename to '%s': %s", path, strerror(errno));
-    if (rc != 0)
-      unlink(tmp);
-  }
-  free(text);
+  int rc = ust__state_write(path, rows, n);
+  free(rows);
   return rc;
 }
 
@@ -477,7 +409,7 @@ int ust__rollout_init(ust__engine *e) {
   dirty = 0; /* the config is not state */
   if (rc == 0 && c->state_path != NULL) {
     state_path = ust__strdup(c->state_path);
-    rc = state_path == NULL ? ust__error(UST_ENOMEM, "out of memory") : load_state(c->state_path);
+    rc = state_path == NULL ? ust__error(UST_ENOMEM, "out of memory") : ust__state_read(c->state_path, restore_row, NULL);
   }
   pthread_mutex_unlock(&lock);
   if (rc != 0)

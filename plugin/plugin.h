@@ -217,6 +217,25 @@ typedef struct ust__config {
 int ust__config_parse(const char *json, ust__config *out);
 void ust__config_free(ust__config *cfg);
 
+/* ---- the rollout state file (plugin/state.c) ------------------------------ */
+
+#define UST__ROUTE_KEY_MAX 512
+
+/* One route's own mode as the state file keeps it; strings borrowed. */
+typedef struct ust__state_row {
+  const char *key;
+  int mode;      /* ust__mode */
+  double canary; /* canary mode's share */
+  const char *reason;
+  uint64_t unix_ms;
+} ust__state_row;
+
+/* Read path and call each per saved route (its error stops the read). A
+ * missing file is no error; a bad one is UST_ECONFIG naming the field. */
+int ust__state_read(const char *path, int (*each)(void *ctx, const ust__state_row *row), void *ctx);
+/* Write rows to path atomically (temp file, fsync, rename). */
+int ust__state_write(const char *path, const ust__state_row *rows, int n);
+
 /* ---- JSON helpers shared by the parsers --------------------------------- */
 
 char *ust__read_file(const char *path, size_t *len_out);

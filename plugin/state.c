@@ -1,0 +1,107 @@
+/*
+ * The rollout state file: the routes' own modes, so that a restart keeps
+ * promotions and rollbacks. The state machine (guard/rollout.c) owns the
+ * table; this file reads and writes it:
+ *
+ *   {"schema": "understudy.state v1",
+ *    "routes": {KEY: {"mode": MODE, "canary": P, "reason": TEXT, "unix_ms": N}}}
+ *
+ * Written whole, atomically (temp file, fsync, rename).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "plugin/plugin.h"
+
+#define STATE_SCHEMA "understudy.state v1"
+
+int ust__state_read(const char *path, int (*each)(void *ctx, const ust__state_row *row), void *ctx) {
+  size_t len = 0;
+  char *text = ust__read_file(path, &len);
+  if (text == NULL) {
+    if (errno == ENOENT)
+      return 0; /* the first start: nothing to restore */
+    return ust__error(UST_ECONFIG, "state file '%s': cannot read it: %s", path, strerror(errno));
+  }
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  int rc = 0;
+  const cJSON *routes = NULL, *schema = NULL;
+  if (root == NULL || !cJSON_IsObject(root))
+    rc = ust__error(UST_ECONFIG, "state file '%s': not a JSON object", path);
+  else if (!cJSON_IsString(schema = cJSON_GetObjectItemCaseSensitive(root, "schema")) ||
+           strcmp(schema->valuestring, STATE_SCHEMA) != 0)
+    rc = ust__error(UST_ECONFIG, "state file '%s': 'schema' must be \"" STATE_SCHEMA "\"", path);
+  else if (!cJSON_IsObject(routes = cJSON_GetObjectItemCaseSensitive(root, "routes")))
+    rc = ust__error(UST_ECONFIG, "state file '%s': 'routes' must be an object", path);
+  for (const cJSON *it = routes != NULL ? routes->child : NULL; rc == 0 && it != NULL; it = it->next) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(it, "mode");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "canary");
+    const cJSON *why = cJSON_GetObjectItemCaseSensitive(it, "reason");
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(it, "unix_ms");
+    ust__state_row row = {it->string, 0, cJSON_IsNumber(c) ? c->valuedouble : 0,
+                          cJSON_IsString(why) ? why->valuestring : "", cJSON_IsNumber(ms) ? (uint64_t)ms->valuedouble : 0};
+    if (!cJSON_IsString(m) || ust__mode_parse_any(m->valuestring, &row.mode, 1) != 0)
+      rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.mode' must be a mode", path, it->string);
+    else if (row.mode == UST__MODE_CANARY && (!cJSON_IsNumber(c) || !(c->valuedouble > 0 && c->valuedouble < 1)))
+      rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.canary' must be a fraction in (0, 1)", path,
+                      it->string);
+    else if (strlen(it->string) >= UST__ROUTE_KEY_MAX)
+      rc = ust__error(UST_ECONFIG, "state file '%s': a route key is too long", path);
+    else
+      rc = each(ctx, &row);
+  }
+  cJSON_Delete(root);
+  return rc;
+}
+
+int ust__state_write(const char *path, const ust__state_row *rows, int n) {
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "schema", STATE_SCHEMA);
+  cJSON *routes = cJSON_AddObjectToObject(root, "routes");
+  for (int i = 0; i < n; i++) {
+    cJSON *x = cJSON_AddObjectToObject(routes, rows[i].key);
+    cJSON_AddStringToObject(x, "mode", ust__mode_name(rows[i].mode));
+    if (rows[i].mode == UST__MODE_CANARY)
+      cJSON_AddNumberToObject(x, "canary", rows[i].canary);
+    cJSON_AddStringToObject(x, "reason", rows[i].reason);
+    cJSON_AddNumberToObject(x, "unix_ms", (double)rows[i].unix_ms);
+  }
+  char *text = cJSON_Print(root);
+  cJSON_Delete(root);
+  if (text == NULL)
+    return ust__error(UST_ENOMEM, "state file: out of memory");
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  int rc = 0;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    rc = ust__error(UST_EIO, "state file: open '%s': %s", tmp, strerror(errno));
+  } else {
+    size_t len = strlen(text), off = 0;
+    while (rc == 0 && off < len) {
+      ssize_t w = write(fd, text + off, len - off);
+      if (w < 0 && errno == EINTR)
+        continue;
+      if (w <= 0)
+        rc = ust__error(UST_EIO, "state file: write '%s': %s", tmp, strerror(errno));
+      else
+        off += (size_t)w;
+    }
+    if (rc == 0 && fsync(fd) != 0)
+      rc = ust__error(UST_EIO, "state file: fsync '%s': %s", tmp, strerror(errno));
+    close(fd);
+    if (rc == 0 && rename(tmp, path) != 0)
+      rc = ust__error(UST_EIO, "state file: rename to '%s': %s", path, strerror(errno));
+    if (rc != 0)
+      unlink(tmp);
+  }
+  free(text);
+  return rc;
+}
