@@ -104,6 +104,12 @@ typedef struct ust__problem {
   char *description; /* owned, may be NULL */
   int n_bindings;
   ust__binding_def *bindings; /* owned */
+  /* An operator that is no dispatcher op of its own in the frameworks (a
+   * kernel inside another op, or a chain of aten ops): the ops it runs in,
+   * "ns::op" each; it then binds nothing and its traffic is scored under
+   * the operators that bind those ops. */
+  int n_hosted;
+  char hosted_in[UST__MAX_OVERLOADS][UST__QUALNAME_MAX];
 } ust__problem;
 
 typedef struct ust__problem_set {

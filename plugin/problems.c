@@ -176,7 +176,7 @@ int ust__problem_parse(const char *text, const char *path, ust__problem *p) {
   }
   int rc = 0;
   static const char *const keys[] = {"schema_version", "operator", "description", "bindings", "bucket", "compare",
-                                     "atrex", NULL};
+                                     "atrex", "hosted_in", NULL};
   const cJSON *v;
   if (!cJSON_IsObject(root)) {
     rc = PERR("%s: the top level must be an object", path);
@@ -228,13 +228,31 @@ int ust__problem_parse(const char *text, const char *path, ust__problem *p) {
       }
     }
   }
+  const cJSON *hosted = cJSON_GetObjectItemCaseSensitive(root, "hosted_in");
+  if (hosted != NULL) {
+    if (!cJSON_IsArray(hosted) || cJSON_GetArraySize(hosted) < 1 || cJSON_GetArraySize(hosted) > UST__MAX_OVERLOADS) {
+      rc = PERR("%s: 'hosted_in' must be a list of 1 to %d dispatcher ops the operator runs inside", path,
+                UST__MAX_OVERLOADS);
+      goto out;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, hosted) {
+      if (!cJSON_IsString(it) || strstr(it->valuestring, "::") == NULL ||
+          ust__copy_name(p->hosted_in[p->n_hosted], sizeof p->hosted_in[0], it->valuestring) != 0) {
+        rc = PERR("%s: 'hosted_in[%d]' must be a dispatcher op name 'namespace::name'", path, p->n_hosted);
+        goto out;
+      }
+      p->n_hosted++;
+    }
+  }
   const cJSON *jbs = cJSON_GetObjectItemCaseSensitive(root, "bindings");
-  if (!cJSON_IsArray(jbs) || cJSON_GetArraySize(jbs) < 1) {
-    rc = PERR("%s: 'bindings' must be a non-empty list", path);
+  if (!cJSON_IsArray(jbs) || (cJSON_GetArraySize(jbs) < 1 && p->n_hosted == 0)) {
+    rc = PERR("%s: 'bindings' must be a non-empty list (or empty, with 'hosted_in' naming the ops the operator "
+              "runs inside)", path);
     goto out;
   }
   p->n_bindings = cJSON_GetArraySize(jbs);
-  p->bindings = calloc((size_t)p->n_bindings, sizeof *p->bindings);
+  p->bindings = calloc(p->n_bindings > 0 ? (size_t)p->n_bindings : 1, sizeof *p->bindings);
   if (p->bindings == NULL) {
     rc = ust__error(UST_ENOMEM, "%s: out of memory", path);
     goto out;

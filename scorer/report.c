@@ -273,6 +273,12 @@ cJSON *ust__report_build(ust__engine *e) {
         cJSON_AddItemToArray(bindings, cJSON_CreateString(e->bindings[bi].display));
         untracked += atomic_load(&e->bindings[bi].untracked);
       }
+    if (op->problem->n_hosted > 0) {
+      /* no op of its own: its traffic is scored under the operators binding these */
+      cJSON *h = cJSON_AddArrayToObject(jo, "hosted_in");
+      for (int k = 0; k < op->problem->n_hosted; k++)
+        cJSON_AddItemToArray(h, cJSON_CreateString(op->problem->hosted_in[k]));
+    }
     cJSON *shapes = cJSON_CreateArray();
     int ns = 0, nc = 0, cand_routes = 0, covered = 0;
     int nsp[UST__N_PHASES] = {0}, ncp[UST__N_PHASES] = {0}, routes_ph[UST__N_PHASES] = {0};

@@ -97,6 +97,10 @@ TEST(problem_errors_name_field) {
        "p.json: 'bucket.M' must be \"exact\" or \"pow2\""},
       {"{\"schema_version\": 1, \"operator\": \"x\", \"bucket\": {\"Q\": \"pow2\"}, \"bindings\": [{\"op\": \"aten::mm\", \"key\": {\"M\": \"self[0]\"}}]}",
        "p.json: 'bucket.Q' names no key dimension"},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"hosted_in\": [], \"bindings\": []}",
+       "p.json: 'hosted_in' must be a list of 1 to"},
+      {"{\"schema_version\": 1, \"operator\": \"x\", \"hosted_in\": [\"gdn\"], \"bindings\": []}",
+       "p.json: 'hosted_in[0]' must be a dispatcher op name"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     ust__problem p;

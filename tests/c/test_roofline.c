@@ -140,7 +140,9 @@ TEST(roofline_reproduces_atrex_sol) {
  * has to give the benchmark's W and Q exactly. Where the benchmark's
  * semantics differ from what a live call touches (it counts a whole KV cache
  * pool, leaves out an index output), the atrex block's "roofline" overrides
- * vars and expressions for this test only, and says so. List kwargs are exposed as
+ * vars and expressions for this test only, and says so. An operator hosted
+ * inside other ops (no dispatcher op of its own) carries a "formula" over the
+ * kwargs instead, checked the same way. List kwargs are exposed as
  * NAME_len, NAME_rows (product of all but the last), NAME_last, NAME_numel
  * and NAME_0, NAME_1, ... */
 
@@ -286,6 +288,45 @@ TEST(roofline_definitions_reproduce_atrex) {
       snprintf(path, sizeof path, "%s/tests/data/atrex-bench/%s/roofline.json", UST_SOURCE_DIR, name);
       roof = load_json(path);
     }
+    /* An operator hosted in other ops binds nothing: its atrex block's
+     * "formula" gives W and Q over the benchmark's kwargs, checked the same way. */
+    const cJSON *formula = atrex != NULL && roof != NULL ? cJSON_GetObjectItem(atrex, "formula") : NULL;
+    if (p->n_hosted > 0)
+      ASSERT_TRUE(p->n_bindings == 0 && (roof == NULL || formula != NULL));
+    const cJSON *fs, *fshapes = formula != NULL ? shapes : NULL;
+    int hosted_shapes = 0;
+    cJSON_ArrayForEach(fs, fshapes) {
+      kwvars v = {0};
+      kw_collect(&v, cJSON_GetObjectItem(fs, "input_kwargs"));
+      kw_collect(&v, cJSON_GetObjectItem(fs, "init_kwargs"));
+      const cJSON *fv;
+      cJSON_ArrayForEach(fv, cJSON_GetObjectItem(formula, "vars")) kw_add(&v, fv->string, kw_eval(&v, fv->valuestring));
+      const cJSON *want = cJSON_GetObjectItem(cJSON_GetObjectItem(roof, "shapes"), fs->string);
+      ASSERT_TRUE(want != NULL);
+      const double w = kw_eval(&v, cJSON_GetObjectItem(formula, "W")->valuestring);
+      const double qr = kw_eval(&v, cJSON_GetObjectItem(formula, "Q_read")->valuestring);
+      const double qw = kw_eval(&v, cJSON_GetObjectItem(formula, "Q_write")->valuestring);
+      const cJSON *ww = cJSON_GetObjectItem(want, "semantic_W_flops");
+      const cJSON *wpath = cJSON_GetObjectItem(ww, cJSON_GetObjectItem(formula, "W_dtype")->valuestring);
+      const double wr = cJSON_GetObjectItem(want, "semantic_Q_read_bytes")->valuedouble;
+      const double wq = cJSON_GetObjectItem(want, "semantic_Q_write_bytes")->valuedouble;
+      /* W on the formula's one path; an empty semantic_W_flops is W = 0 */
+      const int n_w = cJSON_GetArraySize(ww);
+      const int same = n_w <= 1 && (n_w == 0 || wpath != NULL) && w == (wpath != NULL ? wpath->valuedouble : 0) &&
+                       qr == wr && qw == wq;
+      if (!same) {
+        fprintf(stderr, "%s (hosted) shape %s: W %.17g; Q_read %.17g (%.17g); Q_write %.17g (%.17g)\n", p->name,
+                fs->string, w, qr, wr, qw, wq);
+        ASSERT_TRUE(0);
+      }
+      hosted_shapes++;
+      checked++;
+    }
+    if (hosted_shapes > 0) {
+      fprintf(stderr, "%s: hosted in %s%s, %d shapes reproduced from its formula\n", p->name, p->hosted_in[0],
+              p->n_hosted > 1 ? " and others" : "", hosted_shapes);
+      operators++;
+    }
     const cJSON *bindings = atrex != NULL && roof != NULL ? cJSON_GetObjectItem(atrex, "bindings") : NULL;
     const cJSON *bj;
     cJSON_ArrayForEach(bj, bindings) {
@@ -361,7 +402,7 @@ TEST(roofline_definitions_reproduce_atrex) {
     cJSON_Delete(roof);
     cJSON_Delete(file);
   }
-  fprintf(stderr, "%d bindings, %d shapes reproduced exactly\n", operators, checked);
+  fprintf(stderr, "%d bindings and hosted operators, %d shapes reproduced exactly\n", operators, checked);
   ASSERT_TRUE(operators >= 10 && checked >= 197);
   ust__problems_free(&set);
 }
