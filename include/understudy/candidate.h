@@ -12,18 +12,26 @@
  * The candidate stands in for one dispatcher op and overload (its `target`,
  * e.g. "_C::rms_norm" or "aten::mm"). understudy calls `run` with the target's
  * arguments in schema order, as DLPack tensor views and scalars, on the
- * caller's native stream, after production has served the call:
+ * caller's native stream.
  *
+ * In shadow mode, after production has served the call:
  * - arguments production writes (schema `Tensor(a!)` annotations and the
  *   operator's curated `writes` list) are understudy's snapshots of their
  *   values before production ran; the candidate writes its results into
  *   them as production would write into the originals;
  * - every other tensor argument is the caller's own tensor, read-only;
  * - `outputs` are production's returns that are not written arguments,
- *   preallocated by understudy with production's shapes, dtypes and strides.
+ *   preallocated by understudy with production's shapes, dtypes and strides
+ *   (filled with NaN, or -77 for integers: an output left unwritten fails).
+ * understudy then compares the candidate's written arguments and outputs
+ * with production's; production's results are what the caller receives.
  *
- * Then understudy compares the candidate's written arguments and outputs with
- * production's. Production's results are what the caller receives, always.
+ * In canary and live mode the candidate serves the call: written arguments
+ * are the caller's own tensors (`writable` 1), and `outputs` are laid out
+ * like production's returns for calls with these input shapes; what it
+ * writes is what the caller receives. On a sample of those calls production
+ * also runs, on snapshots, and the two are compared; a non-zero status or a
+ * mismatch rolls the route back to production.
  *
  * Versioning: every struct starts with its size and only grows at its tail.
  * A reader reads only the fields that fit in the size it was given.
@@ -58,7 +66,7 @@ typedef enum ust_value_kind {
 /* One argument. */
 typedef struct ust_value {
   int32_t kind;     /* ust_value_kind */
-  int32_t writable; /* 1 for an argument the op writes: tensor is understudy's snapshot */
+  int32_t writable; /* 1 for an argument the op writes: understudy's snapshot (shadow) or the caller's (serving) */
   DLTensor tensor;  /* borrowed for the duration of run; data is device memory for GPU tensors */
   int64_t i;
   double f;

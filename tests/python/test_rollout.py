@@ -320,3 +320,27 @@ def test_cuda_wrong_after_n_strict_serves_production(us, problems):
     r = route(us.report())
     assert r["mode"] == "rolled_back" and r["shadow"]["rollback"]["served_before_verdict"] == 0
     assert r["rollout"]["served"]["candidate"] == 3
+
+
+def test_native_candidate_outputs_take_the_learned_layout(us):
+    """A native candidate whose result is a return value: its outputs are laid
+    out like production's, from this call's production run when verified,
+    else from the layout learned for the call's input shapes; a call whose
+    shapes have not been seen with production yet is served by production."""
+    from test_shadow import native
+    us.enable({"operators": {"silu": {"mode": "live", "sample": 0.5, "candidate": native("silu_cpu")}},
+               "report": {"interval_s": 0}})
+    x = torch.randn(6, 40)
+    z = torch.randn(5, 40)  # the same shape key (M is bucketed), another signature
+    served = [torch.nn.functional.silu(v) for v in (x, x, x, x, z, z)]
+    rep = us.report()
+    us.disable()
+    (r,) = [s for s in rep["operators"][0]["shapes"] if s["op"] == "aten::silu"]
+    sv = r["rollout"]["served"]
+    # calls 1 and 5 (verify counts 1 and 5: unsampled) had no layout for their shapes
+    assert sv == {"production": 2, "candidate": 4, "candidate_verified": 3, "unlearned": 2}
+    assert r["shadow"]["passed"] == 3 and r["shadow"]["failed"] == 0
+    for y, v in zip(served, (x, x, x, x, z, z)):
+        want = torch.nn.functional.silu(v)
+        assert y.shape == want.shape and y.stride() == want.stride()
+        torch.testing.assert_close(y, want, atol=1e-6, rtol=1e-5)
