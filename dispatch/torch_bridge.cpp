@@ -172,6 +172,19 @@ void resolve_names(ust__binding *b, const c10::OperatorHandle &op) {
 // not shadow itself.
 thread_local int tl_shadow_depth = 0;
 
+// Calls a bound op makes to other bound ops while it runs (a framework's
+// attention wrapper calling its flash kernel, SDPA's math path calling bmm)
+// are part of the outer call: counting them again would count their device
+// time twice in the operators' weights. They pass through untouched.
+thread_local int tl_call_depth = 0;
+
+struct CallScope {
+  CallScope() { tl_call_depth++; }
+  ~CallScope() { tl_call_depth--; }
+  CallScope(const CallScope &) = delete;
+  CallScope &operator=(const CallScope &) = delete;
+};
+
 struct ShadowScope {
   ShadowScope() { tl_shadow_depth++; }
   ~ShadowScope() { tl_shadow_depth--; }
@@ -750,10 +763,11 @@ public:
     InflightGuard inflight;
     const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
                                                                c10::DispatchKey::BackendSelect);
-    if (tl_shadow_depth > 0 || ust__binding_is_off(b_)) {
+    if (tl_shadow_depth > 0 || tl_call_depth > 0 || ust__binding_is_off(b_)) {
       op.redispatchBoxed(below, stack);
       return;
     }
+    CallScope nested;
     ust__arg args[kMaxArgs];
     ust__call call;
     ust__call_state st{};

@@ -186,3 +186,30 @@ def test_disable_restores_plain_dispatch(us):
     us.enable({"operators": {"gemm": "observe"}})  # and it can be enabled again
     torch.mm(torch.randn(2, 2), torch.randn(2, 2))
     assert bound_ops(us.report())["aten::mm"] == 1
+
+
+_nest_lib = torch.library.Library("ust_nest", "DEF")
+_nest_lib.define("outer(Tensor a, Tensor b) -> Tensor")
+_nest_lib.impl("outer", lambda a, b: torch.mm(a, b) * 2, "CPU")
+
+
+def test_bound_ops_called_inside_a_bound_op_are_part_of_it(us, tmp_path):
+    """A wrapper op whose implementation calls another bound op (vLLM's
+    attention wrapper and its flash kernel): the inner call belongs to the
+    outer one and is not counted again; the same op called directly is."""
+    import json
+    import shutil
+
+    from conftest import ROOT
+    d = tmp_path / "problems"
+    d.mkdir()
+    shutil.copy(ROOT / "problems" / "gemm.json", d)
+    (d / "outer.json").write_text(json.dumps({
+        "schema_version": 1, "operator": "outer", "bindings": [{"op": "ust_nest::outer", "key": {"M": "a[0]"}}]}))
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    us.enable({"operators": {"gemm": "observe", "outer": "observe"}}, problems=d)
+    torch.ops.ust_nest.outer(a, b)
+    torch.ops.ust_nest.outer(a, b)
+    torch.mm(a, b)
+    rep = us.report()
+    assert bound_ops(rep) == {"ust_nest::outer": 2, "aten::mm": 1}
