@@ -273,7 +273,7 @@ static cJSON *load_json(const char *path) {
 TEST(roofline_definitions_reproduce_atrex) {
   ust__problem_set set;
   ASSERT_INT_EQ(ust__problems_load_dir(UST_SOURCE_DIR "/problems", &set), 0);
-  int checked = 0, operators = 0;
+  int checked = 0, operators = 0, bounded = 0;
   for (int pi = 0; pi < set.n; pi++) {
     const ust__problem *p = &set.items[pi];
     cJSON *file = load_json(p->path);
@@ -388,9 +388,15 @@ TEST(roofline_definitions_reproduce_atrex) {
             it->valuedouble;
         const double wr = cJSON_GetObjectItem(want, "semantic_Q_read_bytes")->valuedouble;
         const double wq = cJSON_GetObjectItem(want, "semantic_Q_write_bytes")->valuedouble;
-        int same = qr == wr && qw == wq;
+        /* "bounds": {"Q_write": "upper"}: a term the benchmark took from random
+         * inputs, which the definition bounds from above */
+        const cJSON *bounds = cJSON_GetObjectItem(bj, "bounds");
+        const int qw_upper = bounds != NULL && cJSON_GetObjectItem(bounds, "Q_write") != NULL;
+        int same = qr == wr && (qw_upper ? qw >= wq : qw == wq);
         for (int d = 0; d < UST__N_PATHS; d++)
           same &= w[d] == ww[d];
+        if (qw_upper && same)
+          bounded++;
         if (!same) {
           fprintf(stderr, "%s (%s) shape %s: W", p->name, bj->string, s->string);
           for (int d = 0; d < UST__N_PATHS; d++)
@@ -408,8 +414,9 @@ TEST(roofline_definitions_reproduce_atrex) {
     cJSON_Delete(roof);
     cJSON_Delete(file);
   }
-  fprintf(stderr, "%d bindings and hosted operators, %d shapes reproduced exactly\n", operators, checked);
-  ASSERT_TRUE(operators >= 10 && checked >= 197);
+  fprintf(stderr, "%d bindings and hosted operators, %d shapes reproduced exactly (of them %d with Q_write bounded "
+                  "from above where the benchmark drew random inputs)\n", operators, checked, bounded);
+  ASSERT_TRUE(operators >= 22 && checked >= 335);
   ust__problems_free(&set);
 }
 
