@@ -87,10 +87,14 @@ typedef struct ust__hw_ctx {
   const ust__hw_profile *forced;          /* config hardware.profile: every device */
   _Atomic(const ust__hw_profile *) gpu[UST__HW_MAX_DEVICES];
   atomic_int gpu_resolved[UST__HW_MAX_DEVICES];
+  _Atomic(const ust__hw_profile *) cpu; /* the host's, by its model name */
+  atomic_int cpu_resolved;
 } ust__hw_ctx;
 
-/* The profile for a call's device, or NULL (a CPU without a forced profile,
- * an unknown GPU). Thread-safe. */
+/* The profile for a call's device, or NULL (a device no profile matches: a
+ * host CPU without a calibrated profile, an unknown GPU). GPUs are picked by
+ * their name, the host by its CPU model name (/proc/cpuinfo), unless the
+ * config forces one. Thread-safe. */
 const ust__hw_profile *ust__hw_for_call(ust__hw_ctx *hw, const ust__call *call);
 
 /* ---- operators, bindings, routes -------------------------------------------- */

@@ -164,6 +164,33 @@ static int whole_word_in(const char *hay, const char *word) {
   return 0;
 }
 
+int ust__host_cpu_name(char *buf, size_t cap) {
+  if (cap == 0)
+    return -1;
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (f == NULL)
+    return -1;
+  char line[512];
+  int rc = -1;
+  while (rc != 0 && fgets(line, sizeof line, f) != NULL) {
+    if (strncmp(line, "model name", 10) != 0)
+      continue;
+    const char *v = strchr(line, ':');
+    if (v == NULL)
+      continue;
+    v++;
+    while (*v == ' ' || *v == '\t')
+      v++;
+    snprintf(buf, cap, "%s", v);
+    size_t n = strlen(buf);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+      buf[--n] = '\0';
+    rc = n > 0 ? 0 : -1;
+  }
+  fclose(f);
+  return rc;
+}
+
 const ust__hw_profile *ust__hw_pick(const ust__hw_set *set, const char *device_name) {
   if (set == NULL || device_name == NULL)
     return NULL;

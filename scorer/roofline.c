@@ -101,6 +101,15 @@ const ust__hw_profile *ust__hw_for_call(ust__hw_ctx *hw, const ust__call *call) 
     return NULL;
   if (hw->forced != NULL)
     return hw->forced;
+  if (call->device == UST__DEV_CPU) {
+    if (atomic_load_explicit(&hw->cpu_resolved, memory_order_acquire))
+      return atomic_load_explicit(&hw->cpu, memory_order_relaxed);
+    char name[256];
+    const ust__hw_profile *p = ust__host_cpu_name(name, sizeof name) == 0 ? ust__hw_pick(&hw->set, name) : NULL;
+    atomic_store_explicit(&hw->cpu, p, memory_order_relaxed);
+    atomic_store_explicit(&hw->cpu_resolved, 1, memory_order_release);
+    return p;
+  }
   if (call->device != UST__DEV_CUDA || call->device_id < 0 || call->device_id >= UST__HW_MAX_DEVICES)
     return NULL;
   const int d = call->device_id;

@@ -117,6 +117,9 @@ void ust__hw_free(ust__hw_set *set);
  * whose exclude words do not ("NVIDIA H200" picks H200, not H20; "NVIDIA
  * H200 NVL" not the SXM profile); the longest match wins; NULL when none. */
 const ust__hw_profile *ust__hw_pick(const ust__hw_set *set, const char *device_name);
+/* The host's CPU model name ("model name" of /proc/cpuinfo) into buf; 0, or
+ * -1 when there is none. */
+int ust__host_cpu_name(char *buf, size_t cap);
 
 /* The roofline floor of one call: T_SOL = max(sum_d W[d] / P[d], Q / B), in
  * seconds (the Atrex-Bench evaluator's hybrid rule). W on a path the profile

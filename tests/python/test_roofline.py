@@ -189,3 +189,27 @@ def test_torch_ops_scored(us):
     got = sorted(s["roofline"]["tsol_ns_mean"] for s in attn)
     assert got == pytest.approx(sorted(sdpa), abs=1e-3)
     assert sdpa[1] < 0.5 * sdpa[0]  # the causal mask keeps fewer than half the pairs (L < S)
+
+
+def test_host_cpu_profile_picked_by_its_model_name(us, tmp_path):
+    """A profile for the host CPU (as `understudy calibrate` writes one, named
+    after the CPU's model name) in the hardware directory scores CPU calls
+    without hardware.profile."""
+    from understudy.calibrate import _cpu_name
+    name = _cpu_name()
+    if not name or name == "host CPU":
+        pytest.skip("no CPU model name in /proc/cpuinfo")
+    hw = tmp_path / "hardware"
+    hw.mkdir()
+    (hw / "host.json").write_text(json.dumps({
+        "schema_version": 1, "name": "this host (test)", "match": [name[:63]],
+        "p_peak": {"fp32": 1e12, "bf16": 2e12}, "b_peak": 1e11, "source": "a test's made-up figures"}))
+    us.enable({"operators": {"rms_norm": {"mode": "observe", "sample": 1.0}}, "hardware": {"dir": str(hw)}})
+    run_rms_norm(rms_inputs(shapes=((64, 256),)), repeat=3)
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "_C::rms_norm")
+    m, n = 64, 256
+    w, q = 3 * m * n + m, 4 * (m * n + n) + 4 * m * n
+    assert r["roofline"]["hardware"] == "this host (test)" and r["roofline"]["calls"] == 3
+    assert r["roofline"]["tsol_ns_mean"] == pytest.approx(max(w / 1e12, q / 1e11) * 1e9, abs=1e-3)
