@@ -354,38 +354,61 @@ static int restore_row(void *ctx, const ust__state_row *row) {
   return 0;
 }
 
-static int write_state(const char *path) {
+/* One entry as the file gets it, copied out of the table. */
+typedef struct saved {
+  char key[UST__ROUTE_KEY_MAX];
+  int mode;
+  double canary;
+  char reason[160];
+  uint64_t unix_ms;
+} saved;
+
+/* The table is copied under the lock and written outside it: a serving
+ * thread creating a route never waits for the file's fsync. Writers take
+ * turns (the worker, and disable). */
+int ust__rollout_persist(void) {
+  static pthread_mutex_t write_lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&write_lock);
+  pthread_mutex_lock(&lock);
+  if (!dirty || state_path == NULL) {
+    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&write_lock);
+    return 0;
+  }
   int n = 0;
   for (entry *e = table; e != NULL; e = e->hh.next)
     n += e->transitions > 0;
+  saved *copy = calloc(n > 0 ? (size_t)n : 1, sizeof *copy);
   ust__state_row *rows = calloc(n > 0 ? (size_t)n : 1, sizeof *rows);
-  if (rows == NULL)
-    return ust__error(UST_ENOMEM, "state file: out of memory");
-  int i = 0;
-  for (entry *e = table; e != NULL; e = e->hh.next) {
-    if (e->transitions == 0)
-      continue;
-    rows[i].key = e->key;
-    rows[i].mode = e->mode;
-    rows[i].canary = e->canary;
-    rows[i].reason = e->reason;
-    rows[i].unix_ms = e->unix_ms;
-    i++;
-  }
-  int rc = ust__state_write(path, rows, n);
-  free(rows);
-  return rc;
-}
-
-int ust__rollout_persist(void) {
-  pthread_mutex_lock(&lock);
+  char *path = ust__strdup(state_path);
   int rc = 0;
-  if (dirty && state_path != NULL) {
-    rc = write_state(state_path);
-    if (rc == 0)
-      dirty = 0;
+  if (copy == NULL || rows == NULL || path == NULL) {
+    rc = ust__error(UST_ENOMEM, "state file: out of memory");
+  } else {
+    int i = 0;
+    for (entry *e = table; e != NULL; e = e->hh.next) {
+      if (e->transitions == 0)
+        continue;
+      memcpy(copy[i].key, e->key, sizeof copy[i].key);
+      copy[i].mode = e->mode;
+      copy[i].canary = e->canary;
+      memcpy(copy[i].reason, e->reason, sizeof copy[i].reason);
+      copy[i].unix_ms = e->unix_ms;
+      rows[i] = (ust__state_row){copy[i].key, copy[i].mode, copy[i].canary, copy[i].reason, copy[i].unix_ms};
+      i++;
+    }
+    dirty = 0;
   }
   pthread_mutex_unlock(&lock);
+  if (rc == 0 && (rc = ust__state_write(path, rows, n)) != 0) {
+    pthread_mutex_lock(&lock);
+    dirty = 1; /* the next persist tries again */
+    pthread_mutex_unlock(&lock);
+  }
+  free(copy);
+  free(rows);
+  free(path);
+  pthread_mutex_unlock(&write_lock);
   return rc;
 }
 
