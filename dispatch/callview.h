@@ -140,7 +140,8 @@ void ust__call_cancel(const ust__call *call, ust__call_state *st);
  * the candidate on the call's own arguments and returns its outputs; when
  * st->shadow is set it also runs production on snapshots and hands both to
  * the guard (ust__shadow_finish), roles as in shadow mode. */
-/* Count the call as served by the candidate (1) or production (0). */
+/* Count the call as served by the candidate (1) or production (0); a call
+ * being captured into a CUDA graph counts as a capture of that arm instead. */
 void ust__call_served(ust__call_state *st, int candidate);
 /* 1: the route's operator verifies before serving (strict). */
 int ust__call_strict(const ust__call_state *st);

@@ -246,10 +246,7 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     /* Replays do not come back here: what is captured is what they run. */
     st->capturing = 1;
     atomic_fetch_add_explicit(&r->captured, 1, memory_order_relaxed);
-    if (mode == UST__MODE_LIVE) {
-      st->serve = 1;
-      atomic_fetch_add_explicit(&r->captured_cand, 1, memory_order_relaxed);
-    }
+    st->serve = mode == UST__MODE_LIVE;
     return;
   }
   if (mode == UST__MODE_OFF)
@@ -291,6 +288,12 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
 void ust__call_served(ust__call_state *st, int candidate) {
   if (st->route == NULL)
     return;
+  if (st->capturing) {
+    /* a capture serves nothing itself: its replays do, with the arm captured */
+    if (candidate)
+      atomic_fetch_add_explicit(&st->route->captured_cand, 1, memory_order_relaxed);
+    return;
+  }
   atomic_fetch_add_explicit(candidate ? &st->route->served_cand : &st->route->served_prod, 1,
                             memory_order_relaxed);
 }

@@ -306,8 +306,11 @@ def test_live_candidate_is_what_a_cuda_graph_replays(us, problems):
     g2.replay()
     torch.cuda.synchronize()
     assert arm_of(y2, x) == "production"
-    ro = route(us.report())["rollout"]
+    r = route(us.report())
+    ro = r["rollout"]
     assert ro["captured"] == {"production": 1, "candidate": 1}
+    # captures serve nothing themselves: served counts the one call outside them
+    assert r["calls"] == 3 and ro["served"]["candidate"] == 1 and ro["served"]["production"] == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
