@@ -78,6 +78,7 @@ typedef struct ust__call_state {
   void *shadow; /* a shadow slot (guard/shadow.c) when this call is shadowed or its candidate verified */
   int serve;    /* 1: the candidate serves this call (canary, live) */
   int capturing; /* the call is being captured into a CUDA graph */
+  int verdict;   /* with ust__shadow_want_verdict: -1 until concluded, then 1 failed, 0 not */
   uint64_t tsol_ps; /* the call's roofline floor, when timed and known */
 } ust__call_state;
 
@@ -152,15 +153,17 @@ void ust__call_verified_serving(ust__call_state *st);
 /* The candidate failed (ust__shadow_fail) on a call it served unverified:
  * the route rolls back; the bridge serves production. */
 void ust__call_serve_failed(ust__call_state *st, int fail, const char *msg);
-/* 1 when the route was rolled back by its shadow call number call_no. */
-int ust__call_rolled_back_on(const ust__call_state *st, uint64_t call_no);
 /* The outputs' layout production showed for calls with this call's
  * signature (the bridge's blob), or NULL when not learned yet. */
 const void *ust__call_layout(const ust__call_state *st, const ust__call *call, size_t *len);
 void ust__call_learn_layout(const ust__call_state *st, const ust__call *call, const void *blob, size_t len);
-/* Wait for the stream and conclude every pending comparison (strict mode:
- * synchronises). */
-void ust__flush_verdicts(void *stream);
+/* Before ust__shadow_finish: the caller will ask for this call's verdict. */
+void ust__shadow_want_verdict(ust__call_state *st);
+/* After ust__shadow_finish: 1 when this call's verification failed, 0 when
+ * not (passed, or no verdict), -1 while pending. A host comparison is
+ * concluded already; wait (strict, on a GPU) waits for the call's stream and
+ * concludes it (synchronises). */
+int ust__shadow_verdict(const ust__call *call, ust__call_state *st, int wait);
 /* The shadow call number of the call's slot (0 without one). */
 uint64_t ust__shadow_call_no(const ust__call_state *st);
 /* An error inside understudy on the call path (the call was served by

@@ -102,8 +102,10 @@ ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust_
         seeded = 1;
       }
       if (atomic_compare_exchange_strong_explicit(&t->slots[i], &expected, fresh,
-                                                  memory_order_acq_rel, memory_order_acquire))
+                                                  memory_order_acq_rel, memory_order_acquire)) {
+        ust__rollout_route_published(fresh); /* a mode set for its key meanwhile */
         return fresh;
+      }
       r = expected; /* another thread filled this slot first */
     }
     if (r->hash == h && memcmp(&r->key, key, sizeof *key) == 0) {
@@ -317,19 +319,13 @@ void ust__call_serve_failed(ust__call_state *st, int fail, const char *msg) {
     ust__serve_failed(st->route, fail, msg);
 }
 
-int ust__call_rolled_back_on(const ust__call_state *st, uint64_t call_no) {
-  const ust__route *r = st->route;
-  if (r == NULL || !atomic_load(&((ust__route *)r)->rolled_back))
-    return 0;
-  const ust__evidence *e = atomic_load(&((ust__route *)r)->evidence);
-  return e != NULL && e->shadow_call == call_no;
-}
-
 /* ---- learned output layouts ------------------------------------------------ */
 
 uint64_t ust__call_signature(const ust__call *call) {
   uint64_t h = 0xcbf29ce484222325ull;
 #define MIX(v) (h = (h ^ (uint64_t)(v)) * 0x100000001b3ull)
+  MIX(call->device);
+  MIX(call->device_id); /* a layout names the device its outputs live on */
   for (int i = 0; i < call->nargs; i++) {
     const ust__arg *a = &call->args[i];
     MIX(a->kind);

@@ -330,6 +330,7 @@ public:
       }
       ust__shadow_mark(&st_, UST__MARK_PROD_END, &call_);
       prod_returns_.assign(ps.begin(), ps.end());
+      production_ran_ = true; // from here on the snapshots hold production's results
       learn_layout();
     }
     std::vector<c10::IValue> cand_returns;
@@ -362,16 +363,17 @@ public:
       return kRunProduction;
     }
     if (verify) {
-      const uint64_t call_no = ust__shadow_call_no(&st_);
       std::vector<ust__pair> pairs;
       add_pairs(pairs, snaps_, cand_returns, 0, fail, msg);
+      // A host comparison concludes in ust__shadow_finish; a device one when
+      // the worker harvests it, unless strict waits for it here. This call's
+      // own verdict decides what it serves.
+      const bool wait = call_.device != UST__DEV_CUDA || ust__call_strict(&st_);
+      if (wait)
+        ust__shadow_want_verdict(&st_);
       ust__shadow_finish(&call_, &st_, pairs.data(), static_cast<int>(pairs.size()), fail,
                          msg.empty() ? nullptr : msg.c_str());
-      // A host comparison concludes in ust__shadow_finish; a device one
-      // only when the worker harvests it, unless strict waits for it.
-      if (call_.device == UST__DEV_CUDA && ust__call_strict(&st_))
-        ust__flush_verdicts(call_.stream);
-      if (ust__call_rolled_back_on(&st_, call_no))
+      if (wait && ust__shadow_verdict(&call_, &st_, call_.device == UST__DEV_CUDA) == 1)
         return production_instead(stack);
       ust__call_verified_serving(&st_);
     }
@@ -382,6 +384,7 @@ public:
   }
 
   bool production_raised() const { return production_raised_; }
+  bool production_ran() const { return production_ran_; }
 
   // Production's results as the call's: its writes (in the snapshots) copied
   // into the arguments, its returns on the stack.
@@ -736,6 +739,7 @@ private:
   size_t n_args_, n_returns_;
   bool serving_;
   bool production_raised_ = false;
+  bool production_ran_ = false;
   ust__shadow_info info_{};
   std::vector<c10::IValue> saved_, prod_returns_;
   std::vector<at::Tensor> snaps_, aa_snaps_, inputs_, native_outputs_;
@@ -825,13 +829,10 @@ private:
       restorable = true;
       how = run->serve(op, below, *stack);
     } catch (...) {
-      if (run && run->production_raised()) {
-        // production raised on the snapshots: the caller sees it, as without understudy
-        if (st.shadow != nullptr)
-          ust__shadow_abandon(&call, &st);
-        throw;
-      }
-      how = internal_error(call, st, run.get(), restorable);
+      // Production raising on the snapshots (out of memory for them, say)
+      // leaves the arguments untouched: production runs again on them and
+      // raises to the caller only if it would without understudy.
+      how = internal_error(call, st, run.get(), restorable, stack);
     }
     if (how == ShadowRun::kRunProduction) {
       if (st.shadow != nullptr)
@@ -842,12 +843,21 @@ private:
     return true;
   }
 
-  ShadowRun::Served internal_error(const ust__call &call, ust__call_state &st, ShadowRun *run, bool restorable) {
-    ust__count_internal_error();
+  // understudy failed while serving (or production raised on the
+  // snapshots): production serves. Once production has run on the
+  // snapshots they hold its results, which are served; before, the
+  // arguments the candidate may have written are restored and production
+  // runs on them.
+  ShadowRun::Served internal_error(const ust__call &call, ust__call_state &st, ShadowRun *run, bool restorable,
+                                   torch::jit::Stack *stack) {
+    if (run == nullptr || !run->production_raised())
+      ust__count_internal_error();
     if (st.shadow != nullptr)
       ust__shadow_abandon(&call, &st);
     if (run != nullptr && restorable) {
       try {
+        if (run->production_ran())
+          return run->production_instead(*stack);
         run->restore_written();
       } catch (...) {
         ust__count_internal_error();

@@ -157,8 +157,10 @@ int ust__rollout_init(struct ust__engine *e);
 /* Write the state file if a transition is not saved yet. Thread-safe. */
 int ust__rollout_persist(void);
 void ust__rollout_shutdown(void);
-/* A route just created takes its key's mode, if one is known. */
+/* A route just created takes its key's mode, if one is known; once it is
+ * published, a mode set for its key in between is applied. */
 void ust__rollout_route_created(struct ust__route *r);
+void ust__rollout_route_published(struct ust__route *r);
 /* The route's effective mode (ust__mode) and canary share in 1/2^32. Lock-free. */
 int ust__route_mode(const struct ust__route *r, uint32_t *canary_q32);
 /* Give a route its own mode; by: "manual", "policy", ...; recorded and persisted. */
@@ -167,8 +169,10 @@ int ust__route_set_mode(struct ust__route *r, int mode, double canary, const cha
 int ust__rollout_set_key(const char *key, int mode, double canary, const char *by, const char *reason);
 /* A verdict rolled the route back (its flag is set): recorded and persisted. */
 void ust__rollout_rolled_back(struct ust__route *r, const char *reason);
-/* After each passing verification of a route's candidate: the promotion policy. */
-void ust__rollout_passed(struct ust__route *r);
+/* After each passing verification of a route's candidate, started when the
+ * route had made `stage` transitions (a pass of an earlier stage does not
+ * count for the current one): the promotion policy. */
+void ust__rollout_passed(struct ust__route *r, uint64_t stage);
 double ust__route_speedup(struct ust__route *r);
 /* The route's rollout figures for the report. */
 struct cJSON *ust__rollout_json(struct ust__route *r);

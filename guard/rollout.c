@@ -37,6 +37,7 @@ typedef struct entry {
   char by[16];        /* "config", "state", "manual", "policy", "verdict" */
   uint64_t unix_ms;
   uint64_t transitions;
+  uint64_t seen_at_creation; /* transitions the entry had when its route took it */
   char policy[16];    /* the policy's last look short of a transition: "held" or "dry_run" */
   char policy_note[160];
   UT_hash_handle hh;
@@ -147,9 +148,21 @@ static entry *entry_of(const ust__route *r) {
   return e;
 }
 
+void ust__rollout_route_published(ust__route *r) {
+  pthread_mutex_lock(&lock);
+  entry *e = entry_of(r);
+  /* ust__rollout_set_key ran between the route's creation and its
+   * publication, found no route and changed only the entry */
+  if (e != NULL && e->transitions > e->seen_at_creation)
+    apply(r, e->mode, e->canary);
+  pthread_mutex_unlock(&lock);
+}
+
 void ust__rollout_route_created(ust__route *r) {
   pthread_mutex_lock(&lock);
   entry *e = entry_of(r);
+  if (e != NULL)
+    e->seen_at_creation = e->transitions;
   if (e != NULL && e->transitions > 0) {
     apply(r, e->mode, e->canary);
     if (e->mode == UST__MODE_ROLLED_BACK && atomic_load(&r->evidence) == NULL) {
@@ -236,10 +249,14 @@ double ust__route_speedup(ust__route *r) {
 }
 
 /* The promotion policy, after a passing verification of r's candidate. */
-void ust__rollout_passed(ust__route *r) {
-  uint64_t passes = atomic_fetch_add_explicit(&r->stage_passes, 1, memory_order_relaxed) + 1;
+void ust__rollout_passed(ust__route *r, uint64_t stage) {
   ust__operator *op = r->binding->op;
   pthread_mutex_lock(&lock);
+  if (atomic_load(&r->transitions) != stage) {
+    pthread_mutex_unlock(&lock); /* verified in an earlier stage */
+    return;
+  }
+  const uint64_t passes = atomic_fetch_add_explicit(&r->stage_passes, 1, memory_order_relaxed) + 1;
   const ust__promotion p = op->promotion;
   int mode = ust__route_mode(r, NULL);
   if (!p.enabled || passes < (uint64_t)p.min_verified || (mode != UST__MODE_SHADOW && mode != UST__MODE_CANARY)) {

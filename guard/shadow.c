@@ -55,6 +55,9 @@ typedef struct shadow_slot {
   uint64_t call_no; /* 1-based number of this shadow call on its route */
   int serving;        /* verifies a call the candidate served (canary, live) */
   uint64_t served_at; /* the route's served_cand when this call started */
+  uint64_t stage;     /* the route's transitions when this call started: a pass counts for that stage only */
+  int *verdict_out;   /* the waiting caller's verdict (1 failed, 0 not), written when concluded */
+  int failed;         /* this use's verdict: 1 when it failed */
   uint64_t tsol_ps; /* the call's roofline floor; 0 unknown */
   atomic_int state;         /* slot_state */
   atomic_uint_fast64_t uses; /* incremented at each release: a flush waits for it to move */
@@ -173,7 +176,15 @@ int ust__shadow_init(int max_inflight) {
   return rc;
 }
 
+/* Tell a caller waiting for this use's verdict (ust__shadow_verdict). */
+static void tell(shadow_slot *s) {
+  if (s->verdict_out != NULL)
+    __atomic_store_n(s->verdict_out, s->failed, __ATOMIC_RELEASE);
+  s->verdict_out = NULL;
+}
+
 static void release(shadow_slot *s) {
+  tell(s);
   s->route = NULL;
 #ifdef UST__SHADOW_GPU
   slot_events_free(s);
@@ -196,6 +207,7 @@ static void enqueue_pending(shadow_slot *s) {
 /* Device work of this slot was queued but no event fences it: the slot's
  * buffers may still be written, so it never goes back to the pool. */
 static void retire_unfenced(shadow_slot *s) {
+  tell(s);
   atomic_fetch_add_explicit(&s->route->skipped, 1, memory_order_relaxed);
   ust__log(UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
 }
@@ -223,6 +235,9 @@ void *ust__shadow_acquire(ust__route *route) {
   s->tsol_ps = 0;
   s->serving = 0;
   s->served_at = atomic_load_explicit(&route->served_cand, memory_order_relaxed);
+  s->stage = atomic_load_explicit(&route->transitions, memory_order_relaxed);
+  s->verdict_out = NULL;
+  s->failed = 0;
   s->call_no = atomic_fetch_add_explicit(&route->shadow_calls, 1, memory_order_relaxed) + 1;
   atomic_store(&s->state, SLOT_IN_CALL);
   return s;
@@ -239,10 +254,12 @@ void ust__shadow_info_get(const ust__call_state *st, ust__shadow_info *out) {
   out->compare = c->compare;
   out->writes_mask = b->writes_mask;
   out->compared_returns = b->def->compared_returns;
-  if (c->aa_sample > 0) {
+  const shadow_slot *slot = st->shadow;
+  if (c->aa_sample > 0 && slot != NULL && !slot->serving) {
     /* Every A/A check is an extra production run: the same exact sampling
-     * as the timing decision, over this route's shadow calls. */
-    uint64_t n = ((const shadow_slot *)st->shadow)->call_no;
+     * as the timing decision, over this route's shadow calls (shadow mode
+     * only: a call the candidate serves has no A/A run). */
+    uint64_t n = slot->call_no;
     unsigned __int128 a = (unsigned __int128)n * c->aa_q32, p = (unsigned __int128)(n - 1) * c->aa_q32;
     out->aa = c->aa_sample >= 1.0 || (uint64_t)(a >> 32) != (uint64_t)(p >> 32);
   }
@@ -517,6 +534,38 @@ void ust__serve_failed(ust__route *r, int fail, const char *msg) {
   roll_back_route(r, 0, 1, atomic_load(&r->served_cand), fail_reason(fail), NULL, NULL, msg);
 }
 
+#ifdef UST__SHADOW_GPU
+static int harvest_once(void);
+#endif
+
+void ust__shadow_want_verdict(ust__call_state *st) {
+  shadow_slot *s = st->shadow;
+  st->verdict = -1;
+  if (s != NULL)
+    s->verdict_out = &st->verdict;
+}
+
+int ust__shadow_verdict(const ust__call *call, ust__call_state *st, int wait) {
+#ifdef UST__SHADOW_GPU
+  if (wait && __atomic_load_n(&st->verdict, __ATOMIC_ACQUIRE) < 0) {
+    /* the call's stream done, its slot is concluded by whoever harvests first */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    UST__GPU_CHECK(cudaStreamSynchronize((cudaStream_t)call->stream));
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    while (__atomic_load_n(&st->verdict, __ATOMIC_ACQUIRE) < 0) {
+      harvest_once();
+      if (__atomic_load_n(&st->verdict, __ATOMIC_ACQUIRE) < 0)
+        usleep(20);
+    }
+  }
+#else
+  (void)call;
+  (void)wait;
+#endif
+  return __atomic_load_n(&st->verdict, __ATOMIC_ACQUIRE);
+}
+
 uint64_t ust__shadow_call_no(const ust__call_state *st) {
   return st->shadow != NULL ? ((const shadow_slot *)st->shadow)->call_no : 0;
 }
@@ -536,6 +585,7 @@ static void conclude(shadow_slot *s) {
   if (s->aborted) {
     if (s->fail != UST__FAIL_NONE) {
       /* rolled back already, on the host-known failure */
+      s->failed = 1;
       atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
       atomic_fetch_add_explicit(&r->failed, 1, memory_order_relaxed);
     } else {
@@ -614,6 +664,7 @@ static void conclude(shadow_slot *s) {
     }
   }
   if (reason != NULL) {
+    s->failed = 1;
     atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->failed, 1, memory_order_relaxed);
     roll_back(s, reason, bad, bad_stats, message);
@@ -630,7 +681,7 @@ static void conclude(shadow_slot *s) {
         atomic_max_u64(&r->max_rel_bits, stats[i].max_rel_bits);
       }
     if (have_times)
-      ust__rollout_passed(r);
+      ust__rollout_passed(r, s->stage);
   }
   release(s);
 }
@@ -695,15 +746,6 @@ void ust__shadow_harvest_all_sync(void) {
     }
   }
 #endif
-}
-
-void ust__flush_verdicts(void *stream) {
-#ifdef UST__SHADOW_GPU
-  UST__GPU_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
-#else
-  (void)stream;
-#endif
-  ust__shadow_harvest_all_sync();
 }
 
 void ust__shadow_shutdown(void) {

@@ -38,13 +38,20 @@ static void *worker_main(void *arg) {
   ust__engine *e = arg;
   double interval = e->cfg.report_interval_s;
   uint64_t next_report = ust__now_ns() + (uint64_t)(interval * 1e9);
+  int state_warned = 0;
   pthread_mutex_lock(&e->worker_lock);
   while (!e->worker_stop) {
     pthread_mutex_unlock(&e->worker_lock);
     ust__gpu_harvest();
     int shadow_pending = ust__shadow_harvest();
-    if (ust__rollout_persist() != 0)
-      ust__log(UST_LOG_WARN, "%s", ust_last_error());
+    /* a failing state file is said once, and again after it worked */
+    if (ust__rollout_persist() != 0) {
+      if (!state_warned)
+        ust__log(UST_LOG_WARN, "%s (retried while the state is unsaved)", ust_last_error());
+      state_warned = 1;
+    } else {
+      state_warned = 0;
+    }
     uint64_t now = ust__now_ns();
     if (e->cfg.report_path != NULL && interval > 0 && now >= next_report) {
       if (ust__report_write_file(e, e->cfg.report_path) != 0)
@@ -429,6 +436,21 @@ static int first_difference(const cJSON *a, const cJSON *b, char *path, size_t c
   return 1;
 }
 
+/* 1 when the running config (prev) gives key of operator op the same mode and share. */
+static int route_config_unchanged(const ust__config *prev, const char *op, const char *key, int mode, double canary) {
+  for (int i = 0; i < prev->n_ops; i++) {
+    if (strcmp(prev->ops[i].name, op) != 0)
+      continue;
+    for (int k = 0; k < prev->ops[i].n_routes; k++) {
+      const ust__route_config *r = &prev->ops[i].routes[k];
+      const double c = r->canary >= 0 ? r->canary : prev->ops[i].canary;
+      if (strcmp(r->key, key) == 0)
+        return r->mode == mode && (mode != UST__MODE_CANARY || c == canary);
+    }
+  }
+  return 0;
+}
+
 int ust_reload(const char *config_json) {
   ust__clear_error();
   ust__config next;
@@ -449,6 +471,11 @@ int ust_reload(const char *config_json) {
                     "mode, canary, strict, promotion and routes", path[0] ? path : "(top level)");
   cJSON_Delete(was);
   cJSON_Delete(now);
+  /* Per-key entries apply only where they changed: a route rolled back or
+   * promoted since keeps its mode unless the reload asks for another. */
+  ust__config prev;
+  if (rc == 0 && ust__config_parse(engine->config_json, &prev) != 0)
+    memset(&prev, 0, sizeof prev);
   for (int i = 0; rc == 0 && i < next.n_ops; i++) {
     ust__operator *op = NULL;
     HASH_FIND_STR(engine->ops_by_name, next.ops[i].name, op);
@@ -456,11 +483,15 @@ int ust_reload(const char *config_json) {
       ust__rollout_set_operator(op, &next.ops[i]);
     for (int k = 0; op != NULL && k < next.ops[i].n_routes; k++) {
       const ust__route_config *rcfg = &next.ops[i].routes[k];
-      if (ust__rollout_set_key(rcfg->key, rcfg->mode, rcfg->canary >= 0 ? rcfg->canary : next.ops[i].canary,
-                               "config", "set by a config reload") != 0)
+      const double canary = rcfg->canary >= 0 ? rcfg->canary : next.ops[i].canary;
+      if (route_config_unchanged(&prev, next.ops[i].name, rcfg->key, rcfg->mode, canary))
+        continue;
+      if (ust__rollout_set_key(rcfg->key, rcfg->mode, canary, "config", "set by a config reload") != 0)
         ust__log(UST_LOG_WARN, "reload: %s", ust_last_error());
     }
   }
+  if (rc == 0)
+    ust__config_free(&prev);
   if (rc == 0) {
     char *copy = ust__strdup(config_json != NULL ? config_json : "");
     if (copy != NULL) {

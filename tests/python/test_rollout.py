@@ -347,3 +347,116 @@ def test_native_candidate_outputs_take_the_learned_layout(us):
         want = torch.nn.functional.silu(v)
         assert y.shape == want.shape and y.stride() == want.stride()
         torch.testing.assert_close(y, want, atol=1e-6, rtol=1e-5)
+
+
+_lib.define("addinto(Tensor(a!) x, Tensor y) -> ()")
+
+
+def _addinto(x, y):
+    RUNS["production"] += 1
+    x.add_(y)
+
+
+_lib.impl("addinto", _addinto, "CPU")
+
+
+def _with_addinto(problems):
+    (problems / "addinto.json").write_text(json.dumps({
+        "schema_version": 1, "operator": "addinto",
+        "bindings": [{"op": "ust_rollout::addinto", "writes": ["x"], "key": {"M": "rows(x)", "N": "x[-1]"}}]}))
+    return problems
+
+
+def test_aa_sampling_with_a_serving_candidate(us, problems):
+    """A/A runs belong to shadow calls; a call the candidate serves unverified has none."""
+    x = torch.randn(4, 8)
+    us.enable(config(mode="live", sample=0.5, guard={"aa_sample": 0.5}), problems=problems)
+    assert [arm_of(y, x) for y in calls(6, x)] == ["candidate"] * 6
+    r = route(us.report())
+    assert r["shadow"]["aa"]["runs"] == 0 and r["rollout"]["served"]["candidate_verified"] == 3
+
+
+def test_understudy_failing_after_production_ran_serves_production_once(us, problems):
+    """An in-place op, verified: production ran on the snapshot, then the
+    candidate op turned out not to exist. The call gets production's result,
+    from that one run (running production again on its own output would add twice)."""
+    us.enable({"operators": {"addinto": {"mode": "live", "sample": 1.0,
+                                         "candidate": {"torch_op": "ust_rollout_missing::addinto",
+                                                       "target": "ust_rollout::addinto"}}},
+               "report": {"interval_s": 0}}, problems=_with_addinto(problems))
+    x, y = torch.zeros(2, 4), torch.ones(2, 4)
+    torch.ops.ust_rollout.addinto(x, y)
+    rep = us.report()
+    assert torch.equal(x, torch.ones(2, 4)) and RUNS["production"] == 1
+    assert rep["totals"]["internal_errors"] == 1
+    assert route(rep)["rollout"]["served"]["production"] == 1
+
+
+def test_concurrent_failing_verifications_each_serve_production(us, problems):
+    """Every call is verified (sample 1) and the candidate is always wrong:
+    whichever thread's verdict rolled the route back, each call's own failed
+    verdict gives it production's result."""
+    import time as _time
+    WRONG["after"] = 0
+    slow = candidate_op("ust_rollout_cand::slow_wrong",
+                        lambda x: (_time.sleep(0.002), x * 2 + 1)[1], "ust_rollout::scale")
+    x = torch.randn(64, 64)
+    wrong = 0
+    for _ in range(10):
+        us.enable({"operators": {"scale": {"mode": "live", "sample": 1.0,
+                                           "candidate": {"torch_op": slow, "target": "ust_rollout::scale"}}},
+                   "report": {"interval_s": 0}}, problems=problems)
+        out = []
+        barrier = threading.Barrier(4)
+
+        def worker():
+            barrier.wait()
+            out.append(torch.ops.ust_rollout.scale(x))
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wrong += sum(arm_of(y, x) != "production" for y in out)
+        us.disable()
+    assert wrong == 0
+
+
+def test_reload_keeps_a_rollback(us, problems):
+    x = torch.randn(4, 8)
+    WRONG["after"] = 0
+    cfg = config(mode="observe", sample=1.0)
+    us.enable(cfg, problems=problems)
+    calls(1, x)
+    key = route(us.report())["key"]
+    cfg["operators"]["scale"]["routes"] = {key: "live"}
+    understudy.reload(cfg)
+    assert arm_of(calls(1, x)[0], x) == "production"  # verified, wrong: rolled back, production served
+    assert route(us.report())["rollout"]["mode"] == "rolled_back"
+    cfg["operators"]["scale"]["strict"] = True  # an unrelated change
+    understudy.reload(cfg)
+    assert route(us.report())["rollout"]["mode"] == "rolled_back"
+    assert arm_of(calls(1, x)[0], x) == "production"
+
+
+def test_passes_of_one_stage_do_not_count_for_the_next(us, problems):
+    """Four threads, promotion after one pass with a 1 % canary: shadow passes
+    concluding after the move to canary must not promote it to live."""
+    x = torch.randn(64, 64)
+    for _ in range(20):
+        us.enable(config(promotion={"min_verified": 1, "min_speedup": 0, "canary": 0.01}), problems=problems)
+        barrier = threading.Barrier(4)
+
+        def worker():
+            barrier.wait()
+            calls(3, x)
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ro = route(us.report())["rollout"]
+        assert ro["mode"] == "canary" or ro["served"]["candidate"] > 0
+        us.disable()
