@@ -38,6 +38,7 @@ typedef struct entry {
   uint64_t unix_ms;
   uint64_t transitions;
   uint64_t seen_at_creation; /* transitions the entry had when its route took it */
+  char cand[UST__QUALNAME_MAX + 16]; /* the candidate the mode was given for ("sha256:…", "torch_op:…"); "" any */
   char policy[16];    /* the policy's last look short of a transition: "held" or "dry_run" */
   char policy_note[160];
   UT_hash_handle hh;
@@ -102,6 +103,17 @@ static entry *entry_get(const char *key) {
   return e;
 }
 
+/* The identity of r's candidate, as the state file keeps it. */
+static void cand_id(const ust__route *r, char *buf, size_t cap) {
+  const ust__candidate *c = r->binding->cand;
+  if (c == NULL)
+    snprintf(buf, cap, "%s", "");
+  else if (c->kind == UST__CAND_NATIVE)
+    snprintf(buf, cap, "sha256:%s", c->sha256);
+  else
+    snprintf(buf, cap, "torch_op:%s", c->torch_op);
+}
+
 /* Record a transition in the table (lock held). */
 static void note(entry *e, int from, int to, double canary, const char *by, const char *reason) {
   snprintf(e->from, sizeof e->from, "%s", ust__mode_name(from));
@@ -134,6 +146,7 @@ static int transition_locked(ust__route *r, int to, double canary, const char *b
   const int from = ust__route_mode(r, NULL);
   apply(r, to, canary);
   note(e, from, to, canary, by, reason);
+  cand_id(r, e->cand, sizeof e->cand);
   ust__log(UST_LOG_INFO, "%s: %s -> %s%s%s (%s)", key, ust__mode_name(from), ust__mode_name(to),
            reason != NULL && reason[0] ? ": " : "", reason != NULL ? reason : "", by);
   return 0;
@@ -163,6 +176,16 @@ void ust__rollout_route_created(ust__route *r) {
   entry *e = entry_of(r);
   if (e != NULL)
     e->seen_at_creation = e->transitions;
+  char now[sizeof e->cand];
+  cand_id(r, now, sizeof now);
+  if (e != NULL && e->transitions > 0 && e->cand[0] != '\0' && strcmp(e->cand, now) != 0) {
+    /* a promotion or rollback of another candidate: this one starts anew */
+    char key[UST__ROUTE_KEY_MAX];
+    ust__route_key_str(r, key, sizeof key);
+    ust__log(UST_LOG_INFO, "%s: its saved mode %s was for candidate %s, this process runs %s: not restored", key,
+             ust__mode_name(e->mode), e->cand, now[0] ? now : "none");
+    e = NULL;
+  }
   if (e != NULL && e->transitions > 0) {
     apply(r, e->mode, e->canary);
     if (e->mode == UST__MODE_ROLLED_BACK && atomic_load(&r->evidence) == NULL) {
@@ -227,6 +250,7 @@ void ust__rollout_rolled_back(ust__route *r, const char *reason) {
     uint64_t v = atomic_load(&r->rollout);
     int from = v & 0xff ? (int)(v & 0xff) - 1 : atomic_load(&r->binding->op->mode);
     note(e, from, UST__MODE_ROLLED_BACK, 0, "verdict", reason);
+    cand_id(r, e->cand, sizeof e->cand);
   }
   atomic_fetch_add_explicit(&r->transitions, 1, memory_order_relaxed);
   pthread_mutex_unlock(&lock);
@@ -366,6 +390,7 @@ static int restore_row(void *ctx, const ust__state_row *row) {
   snprintf(e->from, sizeof e->from, "%s", "restart");
   snprintf(e->by, sizeof e->by, "state");
   snprintf(e->reason, sizeof e->reason, "%s", row->reason);
+  snprintf(e->cand, sizeof e->cand, "%s", row->candidate);
   e->unix_ms = row->unix_ms;
   e->transitions = 1;
   return 0;
@@ -377,6 +402,7 @@ typedef struct saved {
   int mode;
   double canary;
   char reason[160];
+  char cand[UST__QUALNAME_MAX + 16];
   uint64_t unix_ms;
 } saved;
 
@@ -410,8 +436,10 @@ int ust__rollout_persist(void) {
       copy[i].mode = e->mode;
       copy[i].canary = e->canary;
       memcpy(copy[i].reason, e->reason, sizeof copy[i].reason);
+      memcpy(copy[i].cand, e->cand, sizeof copy[i].cand);
       copy[i].unix_ms = e->unix_ms;
-      rows[i] = (ust__state_row){copy[i].key, copy[i].mode, copy[i].canary, copy[i].reason, copy[i].unix_ms};
+      rows[i] = (ust__state_row){copy[i].key, copy[i].mode, copy[i].canary, copy[i].reason, copy[i].cand,
+                                 copy[i].unix_ms};
       i++;
     }
     dirty = 0;

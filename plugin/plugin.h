@@ -233,6 +233,7 @@ typedef struct ust__state_row {
   int mode;      /* ust__mode */
   double canary; /* canary mode's share */
   const char *reason;
+  const char *candidate; /* the candidate the mode was given for ("" any): another one does not inherit it */
   uint64_t unix_ms;
 } ust__state_row;
 

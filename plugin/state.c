@@ -4,7 +4,7 @@
  * table; this file reads and writes it:
  *
  *   {"schema": "understudy.state v1",
- *    "routes": {KEY: {"mode": MODE, "canary": P, "reason": TEXT, "unix_ms": N}}}
+ *    "routes": {KEY: {"mode": MODE, "canary": P, "reason": TEXT, "candidate": ID, "unix_ms": N}}}
  *
  * Written whole, atomically (temp file, fsync, rename).
  */
@@ -45,8 +45,10 @@ int ust__state_read(const char *path, int (*each)(void *ctx, const ust__state_ro
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "canary");
     const cJSON *why = cJSON_GetObjectItemCaseSensitive(it, "reason");
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(it, "unix_ms");
+    const cJSON *cand = cJSON_GetObjectItemCaseSensitive(it, "candidate");
     ust__state_row row = {it->string, 0, cJSON_IsNumber(c) ? c->valuedouble : 0,
-                          cJSON_IsString(why) ? why->valuestring : "", cJSON_IsNumber(ms) ? (uint64_t)ms->valuedouble : 0};
+                          cJSON_IsString(why) ? why->valuestring : "", cJSON_IsString(cand) ? cand->valuestring : "",
+                          cJSON_IsNumber(ms) ? (uint64_t)ms->valuedouble : 0};
     if (!cJSON_IsString(m) || ust__mode_parse_any(m->valuestring, &row.mode, 1) != 0)
       rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.mode' must be a mode", path, it->string);
     else if (row.mode == UST__MODE_CANARY && (!cJSON_IsNumber(c) || !(c->valuedouble > 0 && c->valuedouble < 1)))
@@ -71,6 +73,8 @@ int ust__state_write(const char *path, const ust__state_row *rows, int n) {
     if (rows[i].mode == UST__MODE_CANARY)
       cJSON_AddNumberToObject(x, "canary", rows[i].canary);
     cJSON_AddStringToObject(x, "reason", rows[i].reason);
+    if (rows[i].candidate[0] != '\0')
+      cJSON_AddStringToObject(x, "candidate", rows[i].candidate);
     cJSON_AddNumberToObject(x, "unix_ms", (double)rows[i].unix_ms);
   }
   char *text = cJSON_Print(root);

@@ -460,3 +460,27 @@ def test_passes_of_one_stage_do_not_count_for_the_next(us, problems):
         ro = route(us.report())["rollout"]
         assert ro["mode"] == "canary" or ro["served"]["candidate"] > 0
         us.disable()
+
+
+def test_a_saved_mode_belongs_to_its_candidate(us, problems, tmp_path):
+    """A restart with another candidate does not inherit the promotion (or
+    the rollback) of the one before: the route starts from its operator's mode."""
+    state = tmp_path / "rollout.json"
+    x = torch.randn(3, 8)
+    cfg = config(mode="observe", sample=0.0) | {"state": {"path": str(state)}}
+    us.enable(cfg, problems=problems)
+    calls(1, x)
+    key = route(us.report())["key"]
+    understudy.set_mode(key=key, mode="live")
+    assert arm_of(calls(1, x)[0], x) == "candidate"
+    us.disable()
+    assert json.loads(state.read_text())["routes"][key]["candidate"] == "torch_op:" + cand()
+    other = candidate_op("ust_rollout_cand::other", candidate_value, "ust_rollout::scale")
+    cfg["operators"]["scale"]["candidate"] = {"torch_op": other, "target": "ust_rollout::scale"}
+    us.enable(cfg, problems=problems)
+    assert arm_of(calls(1, x)[0], x) == "production"
+    assert route(us.report())["rollout"]["mode"] == "observe"
+    us.disable()
+    cfg["operators"]["scale"]["candidate"] = {"torch_op": cand(), "target": "ust_rollout::scale"}
+    us.enable(cfg, problems=problems)  # the candidate it was promoted with: restored
+    assert arm_of(calls(1, x)[0], x) == "candidate"
