@@ -256,10 +256,12 @@ def test_reload_changes_modes_and_refuses_other_fields(us, problems):
     assert arm_of(calls(1, x)[0], x) == "candidate"
     changed = json.loads(json.dumps(cfg))
     changed["operators"]["scale"]["candidate"]["torch_op"] = "ust_rollout_cand::other"
+    changed["operators"]["scale"]["mode"] = "observe"  # reloadable, but the reload is refused as a whole
     with pytest.raises(understudy.ConfigError, match="'operators.scale.candidate.torch_op' differs"):
         understudy.reload(changed)
     with pytest.raises(understudy.ConfigError, match="'max_routes' differs"):
-        understudy.reload(cfg | {"max_routes": 7})
+        understudy.reload(json.loads(json.dumps(cfg)) | {"max_routes": 7, "operators": changed["operators"] | {
+            "scale": cfg["operators"]["scale"] | {"mode": "observe"}}})
     assert arm_of(calls(1, x)[0], x) == "candidate"  # nothing applied
     key = route(us.report())["key"]
     cfg["operators"]["scale"]["routes"] = {key: {"mode": "canary", "canary": 0.5}}
