@@ -17,6 +17,7 @@
  * read and written by plugin/state.c.
  */
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,27 @@ static entry *table;
 static char *state_path;
 static int dirty;
 static ust__engine *eng;
+
+/* Messages are logged after the lock is released: a log callback may call
+ * back into understudy (a report takes the lock). One pending message per
+ * thread, said by unlock(). */
+static _Thread_local char pending[640];
+
+__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(pending, sizeof pending, fmt, ap);
+  va_end(ap);
+}
+
+static void unlock(void) {
+  char msg[sizeof pending];
+  memcpy(msg, pending, sizeof msg);
+  pending[0] = '\0';
+  pthread_mutex_unlock(&lock);
+  if (msg[0] != '\0')
+    ust__log(UST_LOG_INFO, "%s", msg);
+}
 
 static uint64_t unix_ms(void) {
   struct timespec ts;
@@ -147,7 +169,7 @@ static int transition_locked(ust__route *r, int to, double canary, const char *b
   apply(r, to, canary);
   note(e, from, to, canary, by, reason);
   cand_id(r, e->cand, sizeof e->cand);
-  ust__log(UST_LOG_INFO, "%s: %s -> %s%s%s (%s)", key, ust__mode_name(from), ust__mode_name(to),
+  say("%s: %s -> %s%s%s (%s)", key, ust__mode_name(from), ust__mode_name(to),
            reason != NULL && reason[0] ? ": " : "", reason != NULL ? reason : "", by);
   return 0;
 }
@@ -168,7 +190,7 @@ void ust__rollout_route_published(ust__route *r) {
    * publication, found no route and changed only the entry */
   if (e != NULL && e->transitions > e->seen_at_creation)
     apply(r, e->mode, e->canary);
-  pthread_mutex_unlock(&lock);
+  unlock();
 }
 
 void ust__rollout_route_created(ust__route *r) {
@@ -182,7 +204,7 @@ void ust__rollout_route_created(ust__route *r) {
     /* a promotion or rollback of another candidate: this one starts anew */
     char key[UST__ROUTE_KEY_MAX];
     ust__route_key_str(r, key, sizeof key);
-    ust__log(UST_LOG_INFO, "%s: its saved mode %s was for candidate %s, this process runs %s: not restored", key,
+    say("%s: its saved mode %s was for candidate %s, this process runs %s: not restored", key,
              ust__mode_name(e->mode), e->cand, now[0] ? now : "none");
     e = NULL;
   }
@@ -198,13 +220,13 @@ void ust__rollout_route_created(ust__route *r) {
       }
     }
   }
-  pthread_mutex_unlock(&lock);
+  unlock();
 }
 
 int ust__route_set_mode(ust__route *r, int mode, double canary, const char *by, const char *reason) {
   pthread_mutex_lock(&lock);
   int rc = transition_locked(r, mode, canary, by, reason);
-  pthread_mutex_unlock(&lock);
+  unlock();
   return rc;
 }
 
@@ -236,7 +258,7 @@ int ust__rollout_set_key(const char *key, int mode, double canary, const char *b
     else
       note(e, e->transitions ? e->mode : UST__MODE_OBSERVE, mode, canary, by, reason);
   }
-  pthread_mutex_unlock(&lock);
+  unlock();
   return rc;
 }
 
@@ -253,7 +275,7 @@ void ust__rollout_rolled_back(ust__route *r, const char *reason) {
     cand_id(r, e->cand, sizeof e->cand);
   }
   atomic_fetch_add_explicit(&r->transitions, 1, memory_order_relaxed);
-  pthread_mutex_unlock(&lock);
+  unlock();
 }
 
 /* p50 production over p50 candidate, from the route's histograms; 0 when
@@ -277,14 +299,14 @@ void ust__rollout_passed(ust__route *r, uint64_t stage) {
   ust__operator *op = r->binding->op;
   pthread_mutex_lock(&lock);
   if (atomic_load(&r->transitions) != stage) {
-    pthread_mutex_unlock(&lock); /* verified in an earlier stage */
+    unlock(); /* verified in an earlier stage */
     return;
   }
   const uint64_t passes = atomic_fetch_add_explicit(&r->stage_passes, 1, memory_order_relaxed) + 1;
   const ust__promotion p = op->promotion;
   int mode = ust__route_mode(r, NULL);
   if (!p.enabled || passes < (uint64_t)p.min_verified || (mode != UST__MODE_SHADOW && mode != UST__MODE_CANARY)) {
-    pthread_mutex_unlock(&lock);
+    unlock();
     return;
   }
   const double speedup = ust__route_speedup(r);
@@ -298,7 +320,7 @@ void ust__rollout_passed(ust__route *r, uint64_t stage) {
       snprintf(e->policy_note, sizeof e->policy_note, "%llu passes in %s, speedup %.3g below %.3g",
                (unsigned long long)passes, ust__mode_name(mode), speedup, p.min_speedup);
     }
-    pthread_mutex_unlock(&lock);
+    unlock();
     return;
   }
   snprintf(why, sizeof why, "%llu passes in %s, speedup %.3g >= %.3g", (unsigned long long)passes,
@@ -308,14 +330,14 @@ void ust__rollout_passed(ust__route *r, uint64_t stage) {
       /* what it would do; the route's mode is unchanged */
       snprintf(e->policy, sizeof e->policy, "dry_run");
       snprintf(e->policy_note, sizeof e->policy_note, "would move to %s: %.120s", ust__mode_name(to), why);
-      ust__log(UST_LOG_INFO, "%s: would move %s -> %s (%s; dry run)", key, ust__mode_name(mode), ust__mode_name(to),
+      say("%s: would move %s -> %s (%s; dry run)", key, ust__mode_name(mode), ust__mode_name(to),
                why);
     }
-    pthread_mutex_unlock(&lock);
+    unlock();
     return;
   }
   transition_locked(r, to, p.canary, "policy", why);
-  pthread_mutex_unlock(&lock);
+  unlock();
 }
 
 /* ---- the report's view ----------------------------------------------------- */
@@ -373,7 +395,7 @@ cJSON *ust__rollout_json(ust__route *r) {
     if (e != NULL && e->policy_note[0] != '\0')
       cJSON_AddStringToObject(pr, "note", e->policy_note);
   }
-  pthread_mutex_unlock(&lock);
+  unlock();
   return j;
 }
 
@@ -414,7 +436,7 @@ int ust__rollout_persist(void) {
   pthread_mutex_lock(&write_lock);
   pthread_mutex_lock(&lock);
   if (!dirty || state_path == NULL) {
-    pthread_mutex_unlock(&lock);
+    unlock();
     pthread_mutex_unlock(&write_lock);
     return 0;
   }
@@ -444,11 +466,11 @@ int ust__rollout_persist(void) {
     }
     dirty = 0;
   }
-  pthread_mutex_unlock(&lock);
+  unlock();
   if (rc == 0 && (rc = ust__state_write(path, rows, n)) != 0) {
     pthread_mutex_lock(&lock);
     dirty = 1; /* the next persist tries again */
-    pthread_mutex_unlock(&lock);
+    unlock();
   }
   free(copy);
   free(rows);
@@ -479,7 +501,7 @@ int ust__rollout_init(ust__engine *e) {
     state_path = ust__strdup(c->state_path);
     rc = state_path == NULL ? ust__error(UST_ENOMEM, "out of memory") : ust__state_read(c->state_path, restore_row, NULL);
   }
-  pthread_mutex_unlock(&lock);
+  unlock();
   if (rc != 0)
     ust__rollout_shutdown();
   return rc;
@@ -496,7 +518,7 @@ void ust__rollout_shutdown(void) {
   state_path = NULL;
   eng = NULL;
   dirty = 0;
-  pthread_mutex_unlock(&lock);
+  unlock();
 }
 
 /* Operator settings that a reload changes: under the lock, so the policy
@@ -507,5 +529,5 @@ void ust__rollout_set_operator(ust__operator *op, const ust__op_config *oc) {
   atomic_store(&op->canary_q32, q32_of(oc->canary));
   atomic_store(&op->strict, oc->strict);
   atomic_store(&op->mode, oc->mode);
-  pthread_mutex_unlock(&lock);
+  unlock();
 }
