@@ -85,7 +85,9 @@ typedef enum ust_log_level {
 } ust_log_level;
 
 /* Log sink. msg is borrowed for the duration of the call. Called from any
- * thread, never per intercepted call. */
+ * thread, never per intercepted call (a rollback, a transition: once). It
+ * must not call back into understudy's enable, disable, set_mode, reload or
+ * report functions: some messages are logged while those hold their lock. */
 typedef void (*ust_log_cb)(int level, const char *msg, void *user);
 
 /* Replace the log sink (NULL restores the default: stderr, prefixed
