@@ -74,6 +74,22 @@ def metrics_text(rep: dict) -> str:
                        1 if s.get("mode") == "rolled_back" else 0)
                 if sh.get("speedup") is not None:
                     metric("understudy_candidate_speedup", "gauge", "production p50 / candidate p50", lb, sh["speedup"])
+            ro = s.get("rollout")
+            if ro is not None:
+                for arm in ("production", "candidate"):
+                    metric("understudy_served_total", "counter", "calls whose outputs an arm served (outside capture)",
+                           _labels(**sl, arm=arm), ro["served"][arm])
+                    metric("understudy_captured_arm_total", "counter", "graph captures by the arm captured",
+                           _labels(**sl, arm=arm), ro["captured"][arm])
+                metric("understudy_served_candidate_verified_total", "counter",
+                       "candidate-served calls whose verification ran", lb, ro["served"]["candidate_verified"])
+                metric("understudy_route_mode", "gauge", "1 for the mode the route's router is in",
+                       _labels(**sl, mode=ro["mode"]), 1)
+                if ro.get("canary") is not None:
+                    metric("understudy_route_canary_share", "gauge", "the candidate's share of calls in canary mode",
+                           lb, ro["canary"])
+                metric("understudy_route_transitions_total", "counter", "mode transitions of the route", lb,
+                       ro["transitions"])
             if s.get("roofline", {}).get("S") is not None:
                 metric("understudy_roofline_s", "gauge", "production's S on the shape key", lb, s["roofline"]["S"])
     tot = rep["totals"]

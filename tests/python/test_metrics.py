@@ -61,6 +61,11 @@ def test_metrics_carry_the_report(us):
     assert samples["understudy_roofline_s" + lb] > 0
     assert samples['understudy_s_agg{phase="decode"}'] == rep["totals"]["phases"]["decode"]["S_agg"]
     assert samples['understudy_operator_weight{operator="silu"}'] > 0
+    # the router's state per route: production served all 5 calls in shadow mode
+    arm = lb[:-1] + ',arm="production"}'
+    assert samples["understudy_served_total" + arm] == 5
+    assert samples["understudy_served_total" + arm.replace("production", "candidate")] == 0
+    assert samples["understudy_route_mode" + lb[:-1] + ',mode="shadow"}'] == 1
 
 
 def test_metrics_escape_labels():
