@@ -85,8 +85,8 @@ def format_verdicts(rep: dict) -> str:
             if ev.get("message"):
                 what += f" ({ev['message']})"
             if ev.get("while_serving"):
-                what += (f"; it was serving: {int(ev.get('served_before_verdict', 0))} more calls served before "
-                         f"the verdict")
+                what += (f"; while serving: {int(ev.get('served_before_verdict', 0))} calls served by the candidate "
+                         f"from the failing one until the verdict")
             lines.append(what)
         ro = s.get("rollout")
         if ro and (ro["served"]["candidate"] or ro.get("last_transition")):
