@@ -12,9 +12,10 @@
  * transition, and at disable.
  *
  * Threading: the table, the last transitions and every operator's promotion
- * policy are guarded by one lock, a leaf (nothing else is taken under it).
- * The per-call path reads only the routes' atomic words. The file itself is
- * read and written by plugin/state.c.
+ * policy are guarded by one lock, a leaf (nothing else is taken under it;
+ * messages are logged after it is released). The per-call path reads only
+ * the routes' atomic words; a route's creation takes the lock once. The file
+ * itself is read and written by plugin/state.c, outside the lock.
  */
 #include <pthread.h>
 #include <stdarg.h>
