@@ -486,3 +486,21 @@ def test_a_saved_mode_belongs_to_its_candidate(us, problems, tmp_path):
     cfg["operators"]["scale"]["candidate"] = {"torch_op": cand(), "target": "ust_rollout::scale"}
     us.enable(cfg, problems=problems)  # the candidate it was promoted with: restored
     assert arm_of(calls(1, x)[0], x) == "candidate"
+
+
+def test_set_mode_errors_name_what_is_wrong(us, problems):
+    us.enable(config(), problems=problems)
+    with pytest.raises(understudy.UnderstudyError, match="not a bound dispatcher op"):
+        understudy.set_mode(key="ust_rollout::nope|cpu|f32|M=1,N=1", mode="live")
+    with pytest.raises(understudy.UnderstudyError, match="canary share 1.5 is not in"):
+        understudy.set_mode(key="ust_rollout::scale|cpu|f32|M=1,N=1", mode="canary", canary=1.5)
+    with pytest.raises(understudy.UnderstudyError, match="mode 'warp' is not one of"):
+        understudy.set_mode(key="ust_rollout::scale|cpu|f32|M=1,N=1", mode="warp")
+    with pytest.raises(ValueError, match="needs canary"):
+        understudy.set_mode(key="ust_rollout::scale|cpu|f32|M=1,N=1", mode="canary")
+    us.disable()
+    us.enable({"operators": {"scale": "observe"}, "report": {"interval_s": 0}}, problems=problems)
+    with pytest.raises(understudy.UnderstudyError, match="has no candidate"):
+        understudy.set_mode("scale", "live")
+    with pytest.raises(understudy.UnderstudyError, match="no candidate targeting it"):
+        understudy.set_mode(key="ust_rollout::scale|cpu|f32|M=1,N=1", mode="canary", canary=0.5)
