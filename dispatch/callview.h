@@ -141,9 +141,10 @@ void ust__call_cancel(const ust__call *call, ust__call_state *st);
  * the candidate on the call's own arguments and returns its outputs; when
  * st->shadow is set it also runs production on snapshots and hands both to
  * the guard (ust__shadow_finish), roles as in shadow mode. */
-/* Count the call as served by the candidate (1) or production (0); a call
- * being captured into a CUDA graph counts as a capture of that arm instead. */
-void ust__call_served(ust__call_state *st, int candidate);
+/* Count the call as served by the candidate (a call being captured into a
+ * CUDA graph: as a capture of the candidate). Production serves every other
+ * tracked call: the report derives its count, nothing is counted per call. */
+void ust__call_served_by_candidate(ust__call_state *st);
 /* 1: the route's operator verifies before serving (strict). */
 int ust__call_strict(const ust__call_state *st);
 /* Production served a candidate call: no layout learned for its outputs. */

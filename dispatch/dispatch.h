@@ -194,7 +194,6 @@ typedef struct ust__route {
    * share so that a reader never sees one without the other: 0 follows the
    * operator, else (mode + 1) | canary_q32 << 32. */
   atomic_uint_fast64_t rollout;
-  atomic_uint_fast64_t served_prod;   /* calls whose outputs production served */
   atomic_uint_fast64_t served_cand;   /* calls whose outputs the candidate served */
   atomic_uint_fast64_t served_cand_verified; /* of those, verified on the call (a sample) */
   atomic_uint_fast64_t served_unlearned; /* candidate calls production served: the outputs' layout for the

@@ -287,16 +287,11 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   }
 }
 
-void ust__call_served(ust__call_state *st, int candidate) {
+void ust__call_served_by_candidate(ust__call_state *st) {
   if (st->route == NULL)
     return;
-  if (st->capturing) {
-    /* a capture serves nothing itself: its replays do, with the arm captured */
-    if (candidate)
-      atomic_fetch_add_explicit(&st->route->captured_cand, 1, memory_order_relaxed);
-    return;
-  }
-  atomic_fetch_add_explicit(candidate ? &st->route->served_cand : &st->route->served_prod, 1,
+  /* a capture serves nothing itself: its replays do, with the arm captured */
+  atomic_fetch_add_explicit(st->capturing ? &st->route->captured_cand : &st->route->served_cand, 1,
                             memory_order_relaxed);
 }
 

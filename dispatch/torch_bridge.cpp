@@ -792,7 +792,6 @@ public:
       st.shadow = nullptr; // released by served()
     } else if (tracked && st.shadow != nullptr) {
       shadowed(op, below, stack, call, st);
-      ust__call_served(&st, 0);
       return;
     }
     try {
@@ -802,10 +801,8 @@ public:
         ust__call_cancel(&call, &st);
       throw;
     }
-    if (tracked) {
+    if (tracked)
       ust__call_end(&call, &st);
-      ust__call_served(&st, 0);
-    }
   }
 
 private:
@@ -839,7 +836,8 @@ private:
         ust__shadow_abandon(&call, &st);
       return false;
     }
-    ust__call_served(&st, how == ShadowRun::kCandidate);
+    if (how == ShadowRun::kCandidate)
+      ust__call_served_by_candidate(&st);
     return true;
   }
 

@@ -352,9 +352,14 @@ cJSON *ust__rollout_json(ust__route *r) {
     cJSON_AddNumberToObject(j, "canary", share_of(q));
   cJSON_AddStringToObject(j, "set_by", (atomic_load(&r->rollout) & 0xff) || atomic_load(&r->rolled_back)
                                            ? "route" : "operator");
+  /* Every tracked call outside capture that the candidate did not serve was
+   * production's (its outputs, or its exception): derived, not counted per
+   * call. Read in the order the counters grow, so it is never negative. */
+  const uint64_t cand = atomic_load(&r->served_cand), cap_all = atomic_load(&r->captured),
+                 calls = atomic_load(&r->calls);
   cJSON *sv = cJSON_AddObjectToObject(j, "served");
-  cJSON_AddNumberToObject(sv, "production", (double)atomic_load(&r->served_prod));
-  cJSON_AddNumberToObject(sv, "candidate", (double)atomic_load(&r->served_cand));
+  cJSON_AddNumberToObject(sv, "production", (double)(calls - cap_all - cand));
+  cJSON_AddNumberToObject(sv, "candidate", (double)cand);
   cJSON_AddNumberToObject(sv, "candidate_verified", (double)atomic_load(&r->served_cand_verified));
   cJSON_AddNumberToObject(sv, "unlearned", (double)atomic_load(&r->served_unlearned));
   const double captured = (double)atomic_load(&r->captured), cc = (double)atomic_load(&r->captured_cand);
