@@ -429,8 +429,9 @@ private:
   // device index, rank, sizes, strides), 2 a written argument (its index),
   // 3 a value a native candidate cannot produce.
   void learn_layout() {
-    if (info_.kind != UST__CAND_NATIVE)
-      return;
+    size_t known = 0;
+    if (info_.kind != UST__CAND_NATIVE || n_returns_ == 0 || ust__call_layout(&st_, &call_, &known) != nullptr)
+      return; // nothing to lay out, or learned already
     std::vector<int64_t> blob{static_cast<int64_t>(prod_returns_.size())};
     for (size_t j = 0; j < prod_returns_.size(); j++) {
       const c10::IValue &v = prod_returns_[j];
