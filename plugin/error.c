@@ -1,7 +1,11 @@
 /* Error codes, their names and messages, and the per-thread last error. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plugin/plugin.h"
 
@@ -99,4 +103,33 @@ char *ust__read_file(const char *path, size_t *len_out) {
   if (len_out != NULL)
     *len_out = len;
   return buf;
+}
+
+int ust__write_file_atomic(const char *path, const char *text, const char *what) {
+  char tmp[4200];
+  static atomic_uint seq;
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&seq, 1));
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return ust__error(UST_EIO, "%s: cannot create '%s': %s", what, tmp, strerror(errno));
+  size_t len = strlen(text), off = 0;
+  int rc = 0;
+  while (off < len) {
+    ssize_t w = write(fd, text + off, len - off);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0) {
+      rc = ust__error(UST_EIO, "%s: writing '%s': %s", what, tmp, strerror(errno));
+      break;
+    }
+    off += (size_t)w;
+  }
+  if (rc == 0 && fsync(fd) != 0)
+    rc = ust__error(UST_EIO, "%s: fsync '%s': %s", what, tmp, strerror(errno));
+  close(fd);
+  if (rc == 0 && rename(tmp, path) != 0)
+    rc = ust__error(UST_EIO, "%s: rename to '%s': %s", what, path, strerror(errno));
+  if (rc != 0)
+    unlink(tmp);
+  return rc;
 }

@@ -246,6 +246,9 @@ int ust__state_write(const char *path, const ust__state_row *rows, int n);
 /* ---- JSON helpers shared by the parsers --------------------------------- */
 
 char *ust__read_file(const char *path, size_t *len_out);
+/* Replace path with text atomically: a temp file beside it, fsync, rename.
+ * Errors (UST_EIO) start with what ("report", "state file"). */
+int ust__write_file_atomic(const char *path, const char *text, const char *what);
 char *ust__strdup(const char *s);
 /* Copy src into dst[cap]; returns -1 if it does not fit. */
 int ust__copy_name(char *dst, size_t cap, const char *src);

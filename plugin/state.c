@@ -9,11 +9,9 @@
  * Written whole, atomically (temp file, fsync, rename).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -81,31 +79,7 @@ int ust__state_write(const char *path, const ust__state_row *rows, int n) {
   cJSON_Delete(root);
   if (text == NULL)
     return ust__error(UST_ENOMEM, "state file: out of memory");
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-  int rc = 0;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    rc = ust__error(UST_EIO, "state file: open '%s': %s", tmp, strerror(errno));
-  } else {
-    size_t len = strlen(text), off = 0;
-    while (rc == 0 && off < len) {
-      ssize_t w = write(fd, text + off, len - off);
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w <= 0)
-        rc = ust__error(UST_EIO, "state file: write '%s': %s", tmp, strerror(errno));
-      else
-        off += (size_t)w;
-    }
-    if (rc == 0 && fsync(fd) != 0)
-      rc = ust__error(UST_EIO, "state file: fsync '%s': %s", tmp, strerror(errno));
-    close(fd);
-    if (rc == 0 && rename(tmp, path) != 0)
-      rc = ust__error(UST_EIO, "state file: rename to '%s': %s", path, strerror(errno));
-    if (rc != 0)
-      unlink(tmp);
-  }
+  int rc = ust__write_file_atomic(path, text, "state file");
   free(text);
   return rc;
 }

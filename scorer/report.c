@@ -8,8 +8,6 @@
  * of calls is timed, device time is estimated as the timed sum scaled by
  * calls / timed; both figures are reported.
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -438,34 +436,7 @@ int ust__report_write_file(ust__engine *e, const char *path) {
   cJSON_Delete(j);
   if (text == NULL)
     return ust__error(UST_ENOMEM, "report: out of memory");
-  char tmp[4200];
-  static atomic_uint seq;
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&seq, 1));
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    int err = errno;
-    free(text);
-    return ust__error(UST_EIO, "report: cannot create '%s': %s", tmp, strerror(err));
-  }
-  size_t len = strlen(text), off = 0;
-  int rc = 0;
-  while (off < len) {
-    ssize_t w = write(fd, text + off, len - off);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0) {
-      rc = ust__error(UST_EIO, "report: writing '%s': %s", tmp, strerror(errno));
-      break;
-    }
-    off += (size_t)w;
-  }
+  int rc = ust__write_file_atomic(path, text, "report");
   free(text);
-  if (rc == 0 && fsync(fd) != 0)
-    rc = ust__error(UST_EIO, "report: fsync '%s': %s", tmp, strerror(errno));
-  close(fd);
-  if (rc == 0 && rename(tmp, path) != 0)
-    rc = ust__error(UST_EIO, "report: rename to '%s': %s", path, strerror(errno));
-  if (rc != 0)
-    unlink(tmp);
   return rc;
 }
