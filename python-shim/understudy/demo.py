@@ -274,27 +274,37 @@ def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-
     return run_shadow_phase(device, generate, model, ids, tokens, report_path)
 
 
-def run_shadow_phase(device, generate, model, ids, tokens, report_path) -> int:
+def _phase(model, title, config, notes, serve, before=None):
+    """One phase with candidates: the model's RMSNorm goes through _C::rms_norm,
+    the candidates are listed, before() runs without understudy and serve()
+    with it enabled by config. Returns what both returned."""
     import understudy
-    from understudy.cli import format_verdicts
 
     define_vllm_rms_norm()
     use_vllm_rms_norm(model, True)
-    shadow_path = report_path.replace(".json", "") + "-shadow.json"
-    config, notes = shadow_config(device, shadow_path)
-    print("\nshadow phase: RMSNorm through _C::rms_norm (vLLM's out-variant op); candidates:")
+    print(f"\n{title}")
     for n in notes:
         print(f"  {n}")
     try:
         with torch.inference_mode():
-            plain = generate(ids, tokens)
+            plain = before() if before is not None else None
             understudy.enable(config)
             try:
-                served = generate(ids, tokens)
+                served = serve()
             finally:
                 understudy.disable()
     finally:
         use_vllm_rms_norm(model, False)
+    return plain, served
+
+
+def run_shadow_phase(device, generate, model, ids, tokens, report_path) -> int:
+    from understudy.cli import format_verdicts
+
+    shadow_path = report_path.replace(".json", "") + "-shadow.json"
+    config, notes = shadow_config(device, shadow_path)
+    plain, served = _phase(model, "shadow phase: RMSNorm through _C::rms_norm (vLLM's out-variant op); candidates:",
+                           config, notes, lambda: generate(ids, tokens), before=lambda: generate(ids, tokens))
     same = torch.equal(plain, served)
     print(f"tokens served under shadow mode equal the tokens without understudy: {same}; "
           f"report written to {shadow_path}\n")
@@ -330,26 +340,12 @@ def rollout_config(device: str, report_path: str) -> tuple[dict, list[str]]:
 
 
 def run_rollout_phase(device, generate, model, ids, tokens, report_path) -> int:
-    import understudy
     from understudy.cli import format_verdicts
 
-    define_vllm_rms_norm()
-    use_vllm_rms_norm(model, True)
     path = report_path.replace(".json", "") + "-rollout.json"
     config, notes = rollout_config(device, path)
-    print("\nrollout phase: candidates serve; promotions and rollbacks follow the evidence:")
-    for n in notes:
-        print(f"  {n}")
-    try:
-        with torch.inference_mode():
-            understudy.enable(config)
-            try:
-                for _ in range(2):
-                    generate(ids, tokens)
-            finally:
-                understudy.disable()
-    finally:
-        use_vllm_rms_norm(model, False)
+    _phase(model, "rollout phase: candidates serve; promotions and rollbacks follow the evidence:", config, notes,
+           lambda: [generate(ids, tokens) for _ in range(2)])
     with open(path) as f:
         rep = json.load(f)
     print(f"report written to {path}\n")
