@@ -377,6 +377,13 @@ def test_aa_sampling_with_a_serving_candidate(us, problems):
     assert [arm_of(y, x) for y in calls(6, x)] == ["candidate"] * 6
     r = route(us.report())
     assert r["shadow"]["aa"]["runs"] == 0 and r["rollout"]["served"]["candidate_verified"] == 3
+    understudy.set_mode(key=r["key"], mode="shadow")
+    before = RUNS["production"]
+    assert [arm_of(y, x) for y in calls(6, x)] == ["production"] * 6
+    r = route(us.report())
+    # in shadow mode the A/A sample runs production a second time, as before the fix
+    assert r["shadow"]["aa"]["runs"] > 0
+    assert RUNS["production"] - before == 6 + r["shadow"]["aa"]["runs"]
 
 
 def test_understudy_failing_after_production_ran_serves_production_once(us, problems):
