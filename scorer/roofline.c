@@ -143,7 +143,8 @@ uint64_t ust__route_tsol_ps(ust__route *r, const ust__call *call) {
     atomic_fetch_add_explicit(&r->roof_unscored, 1, memory_order_relaxed);
     return 0;
   }
-  atomic_store_explicit(&r->hw, hw, memory_order_relaxed);
+  if (atomic_load_explicit(&r->hw, memory_order_relaxed) != hw) /* written once, not on every timed call */
+    atomic_store_explicit(&r->hw, hw, memory_order_relaxed);
   return (uint64_t)(seconds * 1e12 + 0.5);
 }
 
