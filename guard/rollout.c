@@ -79,13 +79,10 @@ static uint64_t unix_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static uint32_t q32_of(double p) {
-  return p >= 1.0 ? UINT32_MAX : p <= 0 ? 0u : (uint32_t)(p * 4294967296.0 + 0.5);
-}
 
 static double share_of(uint32_t q) { return q == UINT32_MAX ? 1.0 : (double)q / 4294967296.0; }
 
-static uint64_t pack(int mode, double canary) { return (uint64_t)(mode + 1) | (uint64_t)q32_of(canary) << 32; }
+static uint64_t pack(int mode, double canary) { return (uint64_t)(mode + 1) | (uint64_t)ust__share_q32(canary) << 32; }
 
 int ust__route_mode(const ust__route *r, uint32_t *canary_q32) {
   const ust__binding *b = r->binding;
@@ -532,7 +529,7 @@ void ust__rollout_shutdown(void) {
 void ust__rollout_set_operator(ust__operator *op, const ust__op_config *oc) {
   pthread_mutex_lock(&lock);
   op->promotion = oc->promotion;
-  atomic_store(&op->canary_q32, q32_of(oc->canary));
+  atomic_store(&op->canary_q32, ust__share_q32(oc->canary));
   atomic_store(&op->strict, oc->strict);
   atomic_store(&op->mode, oc->mode);
   unlock();

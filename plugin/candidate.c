@@ -48,7 +48,7 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
   c->atol = oc->atol;
   c->rtol = oc->rtol;
   c->aa_sample = oc->aa_sample;
-  c->aa_q32 = oc->aa_sample >= 1.0 ? UINT32_MAX : (uint32_t)(oc->aa_sample * 4294967296.0 + 0.5);
+  c->aa_q32 = ust__share_q32(oc->aa_sample);
   snprintf(c->sha256, sizeof c->sha256, "%s", cc->sha256);
   if (cc->kind == UST__CAND_TORCH_OP) {
     const char *dot = strchr(strstr(cc->torch_op, "::") + 2, '.');

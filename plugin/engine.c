@@ -116,7 +116,7 @@ static int build_operators(ust__engine *e) {
     op->problem = p;
     atomic_init(&op->mode, c->all_operators ? c->default_mode : c->ops[i].mode);
     op->sample = c->all_operators ? c->default_sample : c->ops[i].sample;
-    op->sample_q32 = op->sample >= 1.0 ? UINT32_MAX : (uint32_t)(op->sample * 4294967296.0 + 0.5);
+    op->sample_q32 = ust__share_q32(op->sample);
     if (!c->all_operators)
       ust__rollout_set_operator(op, &c->ops[i]);
     HASH_ADD_STR(e->ops_by_name, name, op);
@@ -263,7 +263,7 @@ int ust_enable(const char *config_json, const char *problems_dir) {
   }
   if ((rc = engine_create(config_json, problems_dir, &e)) != 0)
     goto out;
-  ust_set_log(NULL, NULL, e->cfg.log_level);
+  ust__log_set_level(e->cfg.log_level);
   if ((rc = ust__gpu_init(1024)) != 0 || (rc = ust__shadow_init(e->cfg.shadow_max_inflight)) != 0)
     goto fail;
   atomic_store(&internal_errors, 0); /* the report counts this enabled period */
@@ -406,9 +406,10 @@ static cJSON *config_fixed_part(const char *json) {
   if (root == NULL)
     return NULL;
   cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
-  for (cJSON *it = ops != NULL ? ops->child : NULL; it != NULL; it = it->next) {
+  for (cJSON *it = ops != NULL ? ops->child : NULL, *next; it != NULL; it = next) {
+    next = it->next; /* replacing it frees it */
     if (cJSON_IsString(it)) {
-      cJSON_ReplaceItemViaPointer(ops, it, cJSON_CreateObject());
+      cJSON_ReplaceItemInObjectCaseSensitive(ops, it->string, cJSON_CreateObject());
       continue;
     }
     for (int k = 0; reloadable[k] != NULL; k++)

@@ -42,11 +42,21 @@ const char *ust_last_error(void) { return last_error; }
 void ust__clear_error(void) { last_error[0] = '\0'; }
 
 int ust__error(int err, const char *fmt, ...) {
+  /* Formatted aside first: the arguments may quote the last error itself. */
+  char msg[sizeof last_error];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(last_error, msg, sizeof last_error);
   return err;
+}
+
+uint32_t ust__share_q32(double p) {
+  if (!(p > 0))
+    return 0;
+  const double q = p * 4294967296.0 + 0.5;
+  return q >= 4294967295.0 ? UINT32_MAX : (uint32_t)q;
 }
 
 const char *ust_version(void) { return UST_VERSION_STRING; }

@@ -16,6 +16,8 @@ void ust_set_log(ust_log_cb cb, void *user, int max_level) {
   pthread_mutex_unlock(&log_lock);
 }
 
+void ust__log_set_level(int max_level) { atomic_store(&log_max, max_level); }
+
 void ust__log(int level, const char *fmt, ...) {
   if (level > atomic_load(&log_max))
     return;

@@ -25,6 +25,11 @@ struct cJSON;
 int ust__error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ust__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ust__clear_error(void);
+/* The level the config asks for; the host's sink (ust_set_log) stays. */
+void ust__log_set_level(int max_level);
+/* A share in [0, 1] as a fraction of 2^32, saturating: shares within 2^-33
+ * of 1 are UINT32_MAX (all), not a wrapped 0. */
+uint32_t ust__share_q32(double p);
 
 /* ---- modes ------------------------------------------------------------ */
 

@@ -34,4 +34,8 @@
   X(hardware_profile_errors_name_field) \
   X(roofline_reproduces_atrex_sol)  \
   X(roofline_definitions_reproduce_atrex) \
-  X(roofline_definition_errors_name_field)
+  X(roofline_definition_errors_name_field) \
+  X(reload_accepts_operators_given_as_mode_strings) \
+  X(error_message_may_quote_the_last_error) \
+  X(enable_keeps_the_hosts_log_sink) \
+  X(shares_near_one_stay_near_one)
