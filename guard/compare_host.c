@@ -2,9 +2,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "base/base.h"
+#include "guard/compare.h"
 #include "guard/compare_elem.h"
-#include "guard/guard.h"
-#include "plugin/plugin.h"
 
 typedef struct acc_d {
   UST__CMP_ACC_FIELDS(double)
@@ -135,3 +135,16 @@ int ust__compare_launch(const void *prod, const void *cand, int dtype, int64_t n
   return ust__error(UST_EGPU, "this build of understudy has no GPU backend");
 }
 #endif
+
+int ust__cmp_kind_parse(const char *s) {
+  static const char *names[] = {"allclose", "exact", "set"};
+  for (int i = 0; i < 3; i++)
+    if (strcmp(s, names[i]) == 0)
+      return i;
+  return -1;
+}
+
+const char *ust__cmp_kind_name(int kind) {
+  static const char *names[] = {"allclose", "exact", "set"};
+  return kind >= 0 && kind < 3 ? names[kind] : "allclose";
+}

@@ -9,36 +9,6 @@
 #include "plugin/plugin.h"
 #include "plugin/verify.h"
 
-static const char *const mode_names[] = {"off", "observe", "shadow", "canary", "live", "rolled_back"};
-
-int ust__mode_parse_any(const char *s, int *mode, int allow_rolled_back) {
-  for (int m = UST__MODE_OFF; m <= UST__MODE_ROLLED_BACK; m++)
-    if (strcmp(s, mode_names[m]) == 0 && (m != UST__MODE_ROLLED_BACK || allow_rolled_back)) {
-      *mode = m;
-      return 0;
-    }
-  return -1;
-}
-
-int ust__mode_parse(const char *s, int *mode) { return ust__mode_parse_any(s, mode, 0); }
-
-const char *ust__mode_name(int mode) {
-  return mode >= UST__MODE_OFF && mode <= UST__MODE_ROLLED_BACK ? mode_names[mode] : "unknown";
-}
-
-int ust__cmp_kind_parse(const char *s) {
-  static const char *names[] = {"allclose", "exact", "set"};
-  for (int i = 0; i < 3; i++)
-    if (strcmp(s, names[i]) == 0)
-      return i;
-  return -1;
-}
-
-const char *ust__cmp_kind_name(int kind) {
-  static const char *names[] = {"allclose", "exact", "set"};
-  return kind >= 0 && kind < 3 ? names[kind] : "allclose";
-}
-
 static int level_parse(const char *s) {
   static const char *names[] = {"error", "warn", "info", "debug"};
   for (int i = 0; i < 4; i++)

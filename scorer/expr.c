@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plugin/plugin.h"
 #include "scorer/scorer.h"
 
 #define MAX_TEXT 1024

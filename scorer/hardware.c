@@ -7,7 +7,6 @@
 
 #include <cjson/cJSON.h>
 
-#include "plugin/plugin.h"
 #include "scorer/scorer.h"
 
 static const char *const path_names[UST__N_PATHS] = {"bf16", "fp16", "fp8_e4m3", "tf32", "fp32"};
@@ -233,4 +232,15 @@ int ust__roofline_tsol(const ust__hw_profile *hw, const double w[UST__N_PATHS], 
 int ust__roofline_tsol_quiet(const ust__hw_profile *hw, const double w[UST__N_PATHS], double q_bytes,
                              double *seconds) {
   return tsol(hw, w, q_bytes, seconds, 1);
+}
+
+int ust__path_of_dtype(int dt) {
+  switch (dt) {
+  case UST__DT_BF16: return UST__PATH_BF16;
+  case UST__DT_F16: return UST__PATH_FP16;
+  case UST__DT_F8E4M3FN: case UST__DT_F8E5M2: case UST__DT_F8E4M3FNUZ: case UST__DT_F8E5M2FNUZ:
+    return UST__PATH_FP8_E4M3;
+  case UST__DT_F32: return UST__PATH_FP32;
+  }
+  return -1; /* fp64, integer paths: no peak in the profiles, so not scored */
 }

@@ -1,5 +1,9 @@
 /*
- * scorer/: mergeable latency histograms and the JSON report.
+ * scorer/: the arithmetic of figures. Mergeable latency histograms, roofline
+ * expressions, hardware profiles and floors, a route's figures (the part of
+ * a route the scorer owns), and the rules that derive quantiles, device-time
+ * estimates, weights and S from additive figures. Pure: it includes nothing
+ * but base/, knows nothing of calls, routes or the engine.
  *
  * Histograms are log-bucketed with 16 sub-buckets per power of two (the
  * representative value of a bucket is within 1/32 of any value in it), so
@@ -13,6 +17,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "base/base.h"
 
 #define UST__HIST_SUB_BITS 4
 #define UST__HIST_SUB (1u << UST__HIST_SUB_BITS)
@@ -87,6 +93,9 @@ enum { UST__PATH_BF16 = 0, UST__PATH_FP16, UST__PATH_FP8_E4M3, UST__PATH_TF32, U
 const char *ust__path_name(int path);
 /* -1 for an unknown name. */
 int ust__path_parse(const char *name);
+/* The path W on tensors of dtype dt (ust__dtype) is booked on; -1 for fp64
+ * and integer types (no peak in the profiles, so not scored). */
+int ust__path_of_dtype(int dt);
 
 #define UST__HW_MAX_MATCH 8
 
@@ -128,5 +137,83 @@ int ust__roofline_tsol(const ust__hw_profile *hw, const double w[UST__N_PATHS], 
 /* The same without setting the thread's last error: for the per-call path. */
 int ust__roofline_tsol_quiet(const ust__hw_profile *hw, const double w[UST__N_PATHS], double q_bytes,
                              double *seconds);
+
+/* ---- a route's figures ---------------------------------------------------------
+ *
+ * The scorer's part of a route: written from any thread by the calls that
+ * update it (the router's, the timers' and the verdict sink's), read racily
+ * for reports through ust__figs_snapshot. */
+
+typedef struct ust__roof_sums {
+  atomic_uint_fast64_t calls;   /* timed calls whose floor is known */
+  atomic_uint_fast64_t tsol_ps; /* sum of their T_SOL */
+  atomic_uint_fast64_t time_ns; /* sum of their measured times */
+} ust__roof_sums;
+
+typedef struct ust__figs {
+  atomic_uint_fast64_t calls;          /* every call on the route */
+  atomic_uint_fast64_t captured;       /* calls made while the stream captured a graph */
+  atomic_uint_fast64_t timing_dropped; /* sampled, but no timer was free */
+  ust__hist hist;                      /* production's latency, ns (the timed calls) */
+  _Atomic(const struct ust__hw_profile *) hw; /* the profile of the last scored call */
+  atomic_uint_fast64_t unscored;       /* timed calls whose floor could not be computed */
+  ust__roof_sums prod;
+  ust__roof_sums cand;                 /* the candidate's, over its passing verifications */
+  ust__hist cand_hist;                 /* the candidate's latency, over verified calls */
+} ust__figs;
+
+int ust__figs_init(ust__figs *f);
+void ust__figs_free(ust__figs *f);
+/* One timed run of production (or of the candidate) with its floor (0:
+ * unknown): the histogram, and the roofline sums when the floor is known. */
+void ust__figs_prod_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps);
+void ust__figs_cand_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int passed);
+/* The profile a scored call ran on; stored only when it changes. */
+void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw);
+
+/* A histogram's non-zero buckets, for reports (owned arrays). */
+typedef struct ust__hist_sparse {
+  uint64_t count, sum;
+  int n;
+  uint32_t *index; /* owned, ascending */
+  uint64_t *counts; /* owned */
+} ust__hist_sparse;
+
+int ust__hist_sparse_take(const ust__hist *h, ust__hist_sparse *out);
+void ust__hist_sparse_free(ust__hist_sparse *s);
+/* ust__hist_quantile's rule over the non-zero buckets. */
+double ust__hist_sparse_quantile(const ust__hist_sparse *s, double q);
+
+typedef struct ust__roof_snap {
+  uint64_t calls, tsol_ps, time_ns;
+} ust__roof_snap;
+
+/* A plain copy of a route's figures. Read in the order the counters grow
+ * (captured before calls), so derived differences never go negative. */
+typedef struct ust__figs_snap {
+  uint64_t captured, timing_dropped, calls, unscored;
+  const struct ust__hw_profile *hw;
+  ust__hist_sparse hist, cand_hist;
+  ust__roof_snap prod, cand;
+} ust__figs_snap;
+
+/* 0, or UST_ENOMEM (free what it took with ust__figs_snap_free either way). */
+int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out);
+void ust__figs_snap_free(ust__figs_snap *s);
+
+/* ---- derived figures: the one place their rules live ----------------------------
+ *
+ * Reports carry additive figures (counts, sums, histogram buckets) and these
+ * derived ones; a report built in-process and a merge of many reports derive
+ * them by the same functions (plugin/report.c, ust_report_derive). */
+
+/* Device time of a route: the timed sum scaled to the calls that ran outside
+ * graph capture (calls - captured), when only a sample was timed. */
+double ust__est_device_time(double timed_sum_ns, double timed, double calls, double captured);
+/* S of a route: the mean T_SOL of its scored calls over the median measured
+ * time; -1 when unknown (nothing scored, or no median). */
+double ust__route_s(double tsol_sum_ns, double scored_calls, double p50_ns);
+/* The median of v[0..n) (sorts v); 0 for n == 0. */
+double ust__median(double *v, int n);
 
 #endif /* UST_SCORER_H */

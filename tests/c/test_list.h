@@ -38,4 +38,6 @@
   X(reload_accepts_operators_given_as_mode_strings) \
   X(error_message_may_quote_the_last_error) \
   X(enable_keeps_the_hosts_log_sink) \
-  X(shares_near_one_stay_near_one)
+  X(shares_near_one_stay_near_one) \
+  X(decision_keeps_its_rules_on_every_path) \
+  X(decision_named_paths)

@@ -1,6 +1,6 @@
 /*
  * One spelling for the GPU runtime: CUDA names, mapped to HIP when building
- * for ROCm, so backend_gpu.c and the kernels are single-source.
+ * for ROCm, so the GPU timers, the comparison and its kernels are single-source.
  */
 #ifndef UST_GPU_RUNTIME_H
 #define UST_GPU_RUNTIME_H
@@ -48,14 +48,15 @@
 #include <cuda_runtime_api.h>
 #endif
 
-/* Every GPU runtime call that can fail goes through this: it logs the
- * statement, function and place, and yields the error (0 on success). */
-#define UST__GPU_CHECK(stmt)                                                                   \
-  ust__gpu_check((int)(stmt), #stmt, __func__, __FILE__, __LINE__)
+/* Every GPU runtime call that can fail goes through this: a failure sets the
+ * thread's last error naming the statement, function and place, is logged to
+ * log (a ust__log_sink *, or NULL), and the error is yielded (0 on success). */
+#define UST__GPU_CHECK(log, stmt) ust__gpu_check((log), (int)(stmt), #stmt, __func__, __FILE__, __LINE__)
 
+struct ust__log_sink;
 #ifdef __cplusplus
 extern "C"
 #endif
-int ust__gpu_check(int err, const char *stmt, const char *fn, const char *file, int line);
+int ust__gpu_check(struct ust__log_sink *log, int err, const char *stmt, const char *fn, const char *file, int line);
 
 #endif /* UST_GPU_RUNTIME_H */

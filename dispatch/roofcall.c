@@ -46,17 +46,6 @@ void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *
              p->w_dtype);
 }
 
-static int path_of_dtype(int dt) {
-  switch (dt) {
-  case UST__DT_BF16: return UST__PATH_BF16;
-  case UST__DT_F16: return UST__PATH_FP16;
-  case UST__DT_F8E4M3FN: case UST__DT_F8E5M2: case UST__DT_F8E4M3FNUZ: case UST__DT_F8E5M2FNUZ:
-    return UST__PATH_FP8_E4M3;
-  case UST__DT_F32: return UST__PATH_FP32;
-  }
-  return -1; /* fp64, integer paths: no peak in the profiles, so not scored */
-}
-
 int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, double w[UST__N_PATHS], double *q_read,
                        double *q_write) {
   if (!p->present)
@@ -78,7 +67,7 @@ int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, doubl
     if (p->w_dtype_index < 0 || p->w_dtype_index >= call->nargs ||
         call->args[p->w_dtype_index].kind != UST__ARG_TENSOR)
       return -1;
-    int path = path_of_dtype(call->args[p->w_dtype_index].dtype);
+    int path = ust__path_of_dtype(call->args[p->w_dtype_index].dtype);
     if (path < 0)
       return -1;
     w[path] = wv;

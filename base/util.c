@@ -1,0 +1,211 @@
+/* Clocks, shares of calls, strings and files. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+
+uint64_t ust__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t ust__unix_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint32_t ust__share_q32(double p) {
+  if (!(p > 0))
+    return 0;
+  const double q = p * 4294967296.0 + 0.5;
+  return q >= 4294967295.0 ? UINT32_MAX : (uint32_t)q;
+}
+
+int ust__sampled(uint64_t n, uint32_t q32) {
+  if (q32 == UINT32_MAX)
+    return 1;
+  unsigned __int128 a = (unsigned __int128)n * q32, p = (unsigned __int128)(n - 1) * q32;
+  return (uint64_t)(a >> 32) != (uint64_t)(p >> 32);
+}
+
+const char *ust_version(void) { return UST_VERSION_STRING; }
+
+void ust_free(void *p) { free(p); }
+
+char *ust__strdup(const char *s) {
+  if (s == NULL)
+    return NULL;
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d != NULL)
+    memcpy(d, s, n);
+  return d;
+}
+
+int ust__copy_name(char *dst, size_t cap, const char *src) {
+  size_t n = strlen(src);
+  if (n >= cap)
+    return -1;
+  memcpy(dst, src, n + 1);
+  return 0;
+}
+
+char *ust__read_file(const char *path, size_t *len_out) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return NULL;
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  while (buf != NULL) {
+    size_t got = fread(buf + len, 1, cap - len - 1, f);
+    len += got;
+    if (got == 0)
+      break;
+    if (cap - len - 1 == 0) {
+      char *bigger = realloc(buf, cap * 2);
+      if (bigger == NULL) {
+        free(buf);
+        buf = NULL;
+        break;
+      }
+      buf = bigger;
+      cap *= 2;
+    }
+  }
+  int failed = ferror(f);
+  fclose(f);
+  if (buf == NULL || failed) {
+    free(buf);
+    return NULL;
+  }
+  buf[len] = '\0';
+  if (len_out != NULL)
+    *len_out = len;
+  return buf;
+}
+
+int ust__write_file_atomic(const char *path, const char *text, const char *what) {
+  /* A fresh name beside the target, created exclusively (O_EXCL never
+   * follows or reuses what another process planted there). */
+  char tmp[4200];
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= sizeof tmp)
+    return ust__error(UST_EIO, "%s: the path '%s' is too long", what, path);
+  int fd = mkstemp(tmp);
+  if (fd >= 0)
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+  if (fd < 0)
+    return ust__error(UST_EIO, "%s: cannot create a temp file beside '%s': %s", what, path, strerror(errno));
+  size_t len = strlen(text), off = 0;
+  int rc = 0;
+  if (fchmod(fd, 0644) != 0)
+    rc = ust__error(UST_EIO, "%s: chmod '%s': %s", what, tmp, strerror(errno));
+  while (rc == 0 && off < len) {
+    ssize_t w = write(fd, text + off, len - off);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0) {
+      rc = ust__error(UST_EIO, "%s: writing '%s': %s", what, tmp, strerror(errno));
+      break;
+    }
+    off += (size_t)w;
+  }
+  if (rc == 0 && fsync(fd) != 0)
+    rc = ust__error(UST_EIO, "%s: fsync '%s': %s", what, tmp, strerror(errno));
+  close(fd);
+  if (rc == 0 && rename(tmp, path) != 0)
+    rc = ust__error(UST_EIO, "%s: rename to '%s': %s", what, path, strerror(errno));
+  if (rc != 0)
+    unlink(tmp);
+  return rc;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static void free_names(char **names, int n) {
+  for (int i = 0; i < n; i++)
+    free(names[i]);
+  free(names);
+}
+
+/* The *.json file names of dir (hidden files left out), sorted. */
+static int list_json(const char *dir, const char *what, char ***names_out, int *n_out) {
+  *names_out = NULL;
+  *n_out = 0;
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return ust__error(UST_EPROBLEM, "%s directory '%s' cannot be opened", what, dir);
+  char **names = NULL;
+  int n = 0, cap = 0, rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    size_t len = strlen(e->d_name);
+    if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0 || e->d_name[0] == '.')
+      continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 32;
+      char **bigger = realloc(names, (size_t)cap * sizeof *names);
+      if (bigger == NULL) {
+        rc = ust__error(UST_ENOMEM, "out of memory listing '%s'", dir);
+        break;
+      }
+      names = bigger;
+    }
+    if ((names[n] = ust__strdup(e->d_name)) == NULL) {
+      rc = ust__error(UST_ENOMEM, "out of memory listing '%s'", dir);
+      break;
+    }
+    n++;
+  }
+  closedir(d);
+  if (rc == 0 && n == 0)
+    rc = ust__error(UST_EPROBLEM, "%s directory '%s' holds no *.json files", what, dir);
+  if (rc != 0) {
+    free_names(names, n);
+    return rc;
+  }
+  qsort(names, (size_t)n, sizeof *names, cmp_str);
+  *names_out = names;
+  *n_out = n;
+  return 0;
+}
+
+int ust__load_json_dir(const char *dir, const char *what, ust__json_file_cb cb, void *ctx) {
+  char **names = NULL;
+  int n = 0;
+  int rc = list_json(dir, what, &names, &n);
+  for (int i = 0; rc == 0 && i < n; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    char *text = ust__read_file(path, NULL);
+    if (text == NULL) {
+      rc = ust__error(UST_EPROBLEM, "%s: cannot be read", path);
+      break;
+    }
+    rc = cb(path, text, i, n, ctx);
+    free(text);
+  }
+  free_names(names, n);
+  return rc;
+}
+
+#if defined(UST_GPU_CUDA) || defined(UST_GPU_HIP)
+#include "base/gpu_runtime.h"
+
+int ust__gpu_check(ust__log_sink *log, int err, const char *stmt, const char *fn, const char *file, int line) {
+  if (err != (int)cudaSuccess) {
+    ust__error(UST_EGPU, "GPU call failed: %s: %s (in %s, %s:%d)", stmt, cudaGetErrorString((cudaError_t)err), fn,
+               file, line);
+    ust__log(log, UST_LOG_WARN, "%s", ust_last_error());
+  }
+  return err;
+}
+#endif

@@ -1,0 +1,122 @@
+/*
+ * guard/decision.h: the serving decision. What runs for one intercepted call,
+ * in which order, on which arguments (the caller's, or snapshots of them),
+ * and what the caller receives after any failure, as one state machine the
+ * bridge drives. The bridge performs the primitive steps it names and
+ * reports each step's event; nothing else decides.
+ *
+ *   d = start(plan)             the router picked the plan (dispatch/router.c)
+ *   loop: step = next(d, event) the event of the step just performed
+ *   d->outcome                  what the caller receives
+ *
+ * Rules the machine keeps (tests/c/test_decision.c checks them over every
+ * sequence of events):
+ * - the caller sees production's exception exactly when production raised,
+ *   and its arguments as production left them: production that raised on
+ *   the snapshots has its partial writes copied back, and never runs again;
+ * - the candidate's results reach the caller only when it ran without
+ *   failing and, when this call is verified and waits for its verdict, the
+ *   verdict passed;
+ * - whatever the candidate wrote into the caller's arguments is undone
+ *   (restored from the snapshots, or overwritten with production's results)
+ *   before production's results are served;
+ * - production runs on the caller's arguments at most once;
+ * - a shadow slot taken for the call is released exactly once (a verdict or
+ *   an abandon), and a candidate failure always reaches a verdict or the
+ *   route's rollback.
+ *
+ * Valid C and C++. Internal header: never installed.
+ */
+#ifndef UST_GUARD_DECISION_H
+#define UST_GUARD_DECISION_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ust__plan {
+  UST__PLAN_PASS = 0,       /* production on the caller's arguments */
+  UST__PLAN_SHADOW,         /* production serves; the candidate runs on snapshots; a slot is held */
+  UST__PLAN_SERVE,          /* the candidate serves on the caller's arguments, unverified */
+  UST__PLAN_SERVE_VERIFIED, /* production on snapshots, the candidate serves, compared; a slot is held */
+  UST__PLAN_COUNT
+} ust__plan;
+
+enum {
+  UST__DF_NO_SNAPSHOTS = 1, /* serving inside a graph capture: nothing is copied (or restorable) */
+  UST__DF_WAIT_VERDICT = 2, /* serving verified: this call's verdict decides what it serves */
+};
+
+typedef enum ust__step {
+  UST__STEP_DONE = 0,
+  UST__STEP_SNAPSHOT,      /* copy what the op writes (and inputs that alias it) */
+  UST__STEP_PROD_ON_ARGS,  /* production on the caller's arguments */
+  UST__STEP_PROD_ON_SNAPS, /* production on the snapshots */
+  UST__STEP_CAND_ON_SNAPS, /* the candidate on the snapshots */
+  UST__STEP_CAND_ON_ARGS,  /* the candidate on the caller's arguments */
+  UST__STEP_COMPARE,       /* hand both sides (or the candidate's failure) to the guard; releases the slot */
+  UST__STEP_ABANDON,       /* release the slot without a verdict */
+  UST__STEP_VERDICT,       /* this call's verdict (waits for it on a GPU) */
+  UST__STEP_CAND_FAILED,   /* tell the route its candidate failed serving unverified: it rolls back */
+  UST__STEP_RESTORE,       /* the snapshots (the values before the call) back into the caller's arguments */
+  UST__STEP_COPY_BACK,     /* production's writes (in the snapshots) into the caller's arguments */
+  UST__STEP_COUNT
+} ust__step;
+
+typedef enum ust__event {
+  UST__EV_OK = 0,
+  UST__EV_RAISED,         /* the op run by the step raised (production's exception is kept by the bridge) */
+  UST__EV_FAILED,         /* the candidate returned an error status or results that do not line up */
+  UST__EV_INTERNAL,       /* understudy's own work in the step failed; for a run step: the op did not run */
+  UST__EV_NO_LAYOUT,      /* the candidate could not run: its outputs' layout is not learned yet */
+  UST__EV_VERDICT_FAILED, /* VERDICT: this call's verification failed */
+  UST__EV_COUNT
+} ust__event;
+
+typedef enum ust__outcome {
+  UST__OUT_NONE = 0,
+  UST__OUT_PRODUCTION,      /* production's results from its run on the caller's arguments */
+  UST__OUT_PROD_FROM_SNAPS, /* production's returns from its run on the snapshots; its writes copied back */
+  UST__OUT_CANDIDATE,       /* the candidate's results */
+  UST__OUT_RAISE,           /* production's exception */
+} ust__outcome;
+
+enum {
+  UST__NOTE_SERVED_CANDIDATE = 1, /* the candidate served the call */
+  UST__NOTE_VERIFIED_SERVING = 2, /* ... and the call was verified */
+  UST__NOTE_UNLEARNED = 4,        /* production served a candidate call: no layout for its outputs yet */
+  UST__NOTE_INTERNAL = 8,         /* understudy failed somewhere in the call (counted) */
+};
+
+typedef struct ust__decision {
+  int plan, flags;
+  int at;           /* the step in progress (UST__STEP_DONE once finished) */
+  int outcome;      /* ust__outcome, set when done */
+  int notes;        /* UST__NOTE_* */
+  int slot;         /* 1 while the call holds a shadow slot */
+  int snapshots;    /* 1 once the snapshots exist */
+  int cand_failed;  /* the candidate raised or failed */
+  int cand_touched; /* the candidate ran (or began to) on the caller's arguments */
+  int prod_on_snaps; /* production ran on the snapshots (returned or raised) */
+  int after;        /* the step after a pending ABANDON (UST__STEP_DONE: finish with pending) */
+  int pending;      /* the outcome a pending ABANDON or COPY_BACK finishes with */
+  int steps;        /* steps taken, bounded */
+} ust__decision;
+
+/* Begin plan (ust__plan) with UST__DF_* flags; returns the first step. An
+ * unknown plan is served by production. */
+int ust__decision_start(ust__decision *d, int plan, int flags);
+/* The event of the step just performed (d->at); returns the next step,
+ * UST__STEP_DONE when d->outcome is set. An event a step cannot produce is
+ * taken as UST__EV_INTERNAL. */
+int ust__decision_next(ust__decision *d, int event);
+
+const char *ust__step_name(int step);
+const char *ust__event_name(int event);
+const char *ust__outcome_name(int outcome);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UST_GUARD_DECISION_H */

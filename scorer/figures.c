@@ -1,0 +1,150 @@
+/* A route's figures (the scorer's part of a route), their plain snapshots,
+ * and the rules that derive estimates and S from additive figures. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scorer/scorer.h"
+
+int ust__figs_init(ust__figs *f) {
+  memset(f, 0, sizeof *f);
+  if (ust__hist_init(&f->hist) != 0 || ust__hist_init(&f->cand_hist) != 0) {
+    ust__figs_free(f);
+    return ust__error(UST_ENOMEM, "out of memory for a route's histograms");
+  }
+  return 0;
+}
+
+void ust__figs_free(ust__figs *f) {
+  if (f == NULL)
+    return;
+  ust__hist_free(&f->hist);
+  ust__hist_free(&f->cand_hist);
+}
+
+static void roof_add(ust__roof_sums *r, uint64_t tsol_ps, uint64_t ns) {
+  if (tsol_ps == 0 || ns == 0)
+    return;
+  atomic_fetch_add_explicit(&r->calls, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->tsol_ps, tsol_ps, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->time_ns, ns, memory_order_relaxed);
+}
+
+void ust__figs_prod_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps) {
+  ust__hist_record(&f->hist, ns);
+  roof_add(&f->prod, tsol_ps, ns);
+}
+
+void ust__figs_cand_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int passed) {
+  ust__hist_record(&f->cand_hist, ns);
+  if (passed)
+    roof_add(&f->cand, tsol_ps, ns);
+}
+
+void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw) {
+  if (atomic_load_explicit(&f->hw, memory_order_relaxed) != hw)
+    atomic_store_explicit(&f->hw, hw, memory_order_relaxed);
+}
+
+int ust__hist_sparse_take(const ust__hist *h, ust__hist_sparse *out) {
+  memset(out, 0, sizeof *out);
+  uint32_t idx[UST__HIST_BUCKETS];
+  uint64_t cnt[UST__HIST_BUCKETS];
+  int n = 0;
+  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++) {
+    uint64_t c = atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
+    if (c != 0) {
+      idx[n] = i;
+      cnt[n++] = c;
+      out->count += c; /* the buckets are the truth: a snapshot taken while others record stays consistent */
+    }
+  }
+  out->sum = atomic_load_explicit(&h->sum, memory_order_relaxed);
+  if (n == 0)
+    return 0;
+  out->index = malloc((size_t)n * sizeof *out->index);
+  out->counts = malloc((size_t)n * sizeof *out->counts);
+  if (out->index == NULL || out->counts == NULL) {
+    ust__hist_sparse_free(out);
+    return ust__error(UST_ENOMEM, "out of memory for a histogram snapshot");
+  }
+  memcpy(out->index, idx, (size_t)n * sizeof *idx);
+  memcpy(out->counts, cnt, (size_t)n * sizeof *cnt);
+  out->n = n;
+  return 0;
+}
+
+void ust__hist_sparse_free(ust__hist_sparse *s) {
+  if (s == NULL)
+    return;
+  free(s->index);
+  free(s->counts);
+  s->index = NULL;
+  s->counts = NULL;
+  s->n = 0;
+}
+
+double ust__hist_sparse_quantile(const ust__hist_sparse *s, double q) {
+  if (s->count == 0)
+    return 0.0;
+  uint64_t rank = (uint64_t)ceil(q * (double)s->count);
+  if (rank < 1)
+    rank = 1;
+  uint64_t seen = 0;
+  for (int i = 0; i < s->n; i++) {
+    seen += s->counts[i];
+    if (seen >= rank)
+      return (double)ust__hist_lower(s->index[i]) + (double)(ust__hist_width(s->index[i]) - 1) / 2.0;
+  }
+  return 0.0;
+}
+
+static void roof_snap(ust__roof_sums *r, ust__roof_snap *out) {
+  out->calls = atomic_load(&r->calls);
+  out->tsol_ps = atomic_load(&r->tsol_ps);
+  out->time_ns = atomic_load(&r->time_ns);
+}
+
+int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
+  memset(out, 0, sizeof *out);
+  out->captured = atomic_load(&f->captured);
+  out->timing_dropped = atomic_load(&f->timing_dropped);
+  out->calls = atomic_load(&f->calls);
+  out->unscored = atomic_load(&f->unscored);
+  out->hw = atomic_load(&f->hw);
+  roof_snap(&f->prod, &out->prod);
+  roof_snap(&f->cand, &out->cand);
+  if (ust__hist_sparse_take(&f->hist, &out->hist) != 0 || ust__hist_sparse_take(&f->cand_hist, &out->cand_hist) != 0)
+    return UST_ENOMEM;
+  return 0;
+}
+
+void ust__figs_snap_free(ust__figs_snap *s) {
+  if (s == NULL)
+    return;
+  ust__hist_sparse_free(&s->hist);
+  ust__hist_sparse_free(&s->cand_hist);
+}
+
+double ust__est_device_time(double timed_sum_ns, double timed, double calls, double captured) {
+  const double eligible = calls > captured ? calls - captured : 0;
+  return timed > 0 ? timed_sum_ns * eligible / timed : 0.0;
+}
+
+double ust__route_s(double tsol_sum_ns, double scored_calls, double p50_ns) {
+  if (!(scored_calls > 0) || !(p50_ns > 0))
+    return -1;
+  return tsol_sum_ns / scored_calls / p50_ns;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+double ust__median(double *v, int n) {
+  if (n <= 0)
+    return 0;
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
