@@ -1,9 +1,17 @@
 /*
- * dispatch/: the C view of an intercepted call, key dimensions, the route
- * table and the per-call decision. torch_bridge.cpp (the only C++ file) fills
- * the view; everything else here is C and never sees a torch header.
+ * dispatch/: the call view, key dimensions, the route table and the per-call
+ * plan; timers; the hooks the bridge calls through. torch_bridge.cpp (the
+ * only C++ file) fills the view and performs the serving decision's steps;
+ * everything else here is C and never sees a torch header.
  *
- * Internal header: never installed.
+ * A route is composed of parts declared by their owners: its figures
+ * (scorer/), its verifications and its rollout (guard/), and what the
+ * router keeps itself (its key, sampling counters, learned layouts). Each
+ * part is written only by its owner's functions. Verdicts come back through
+ * the router's sink (ust__router_sink).
+ *
+ * Includes guard/ and scorer/ (and base/), never plugin/. Internal header:
+ * never installed.
  */
 #ifndef UST_DISPATCH_H
 #define UST_DISPATCH_H
@@ -13,17 +21,62 @@
 
 #include <dlpack/dlpack.h>
 
-/* uthash reports running out of memory here instead of exiting
- * (HASH_NONFATAL_OOM is set for the whole core); the item is then not added. */
-extern _Thread_local int ust__hash_oom;
-#define uthash_nonfatal_oom(obj) (ust__hash_oom = 1)
-#include <uthash.h>
-
+#include "base/base.h"
 #include "dispatch/callview.h"
-#include "plugin/plugin.h"
+#include "guard/guard.h"
 #include "scorer/scorer.h"
 
-/* ---- key dimensions -------------------------------------------------------- */
+/* ---- definitions (parsed by plugin/problems.c) ------------------------------------ */
+
+#define UST__MAX_DIMS 8
+#define UST__MAX_OVERLOADS 8
+#define UST__MAX_WRITES 8
+#define UST__MAX_RVARS 16
+#define UST__EXPR_MAX 512
+#define UST__MAX_ARGS 32 /* arguments of a schema understudy reads */
+
+typedef enum ust__bucket {
+  UST__BUCKET_EXACT = 0,
+  UST__BUCKET_POW2 = 1,
+} ust__bucket;
+
+/* A key dimension as written in a definition: name = expression over the
+ * call's arguments (grammar in dispatch/dimexpr.c). */
+typedef struct ust__dim_def {
+  char name[UST__NAME_MAX];
+  char expr[UST__QUALNAME_MAX];
+  int bucket; /* ust__bucket */
+} ust__dim_def;
+
+/* A binding's roofline: W (FLOPs) and Q (bytes read, written) as expressions
+ * (scorer/expr.c) over named dimensions of the call (the key-dimension
+ * grammar, evaluated exactly, unbucketed). W is booked on the path of
+ * w_dtype's dtype. */
+typedef struct ust__roofline_def {
+  int present;
+  int n_vars;
+  ust__dim_def vars[UST__MAX_RVARS];
+  char w[UST__EXPR_MAX];
+  char w_dtype[UST__NAME_MAX]; /* argument whose dtype selects W's path */
+  char q_read[UST__EXPR_MAX];
+  char q_write[UST__EXPR_MAX];
+  char estimate[UST__EXPR_MAX]; /* "" when W and Q are exact; else how they approximate */
+} ust__roofline_def;
+
+typedef struct ust__binding_def {
+  char op[UST__QUALNAME_MAX]; /* "aten::mm", "_C::rms_norm" */
+  int n_overloads;
+  char overloads[UST__MAX_OVERLOADS][UST__NAME_MAX]; /* "" is the default overload */
+  int n_writes;
+  char writes[UST__MAX_WRITES][UST__NAME_MAX]; /* argument names the op writes */
+  int n_dims;
+  ust__dim_def dims[UST__MAX_DIMS];
+  int compared_returns; /* the leading returns a candidate is judged on; -1: all (the rest are
+                           not data: RNG state, debug masks, sizes) */
+  ust__roofline_def roofline;
+} ust__binding_def;
+
+/* ---- key dimensions (dispatch/dimexpr.c) -------------------------------------------- */
 
 typedef enum ust__dim_kind {
   UST__DIM_SIZE = 0, /* NAME[i] */
@@ -55,7 +108,7 @@ int ust__dim_resolve(ust__dim_prog *p, int nargs, const char *const *names);
 int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call);
 int64_t ust__dim_bucket(int bucket, int64_t v);
 
-/* ---- a binding's roofline, compiled (scorer/roofline.c) -------------------- */
+/* ---- a binding's roofline, compiled (dispatch/roofcall.c) --------------------------- */
 
 typedef struct ust__roofline_prog {
   int present;
@@ -68,15 +121,17 @@ typedef struct ust__roofline_prog {
 
 /* Compile def (borrowed); errors are UST_EPROBLEM naming where. */
 int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__roofline_prog *out);
-/* Resolve argument names (borrowed) once the schema is known. */
-void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names, const char *display);
+/* Resolve argument names (borrowed) once the schema is known; what the
+ * schema lacks is said to log. */
+void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names, const char *display,
+                           ust__log_sink *log);
 /* W per path and bytes read and written by one call: 0, or -1 when the
  * binding has no roofline or a dimension is missing from the call. */
 int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, double w[UST__N_PATHS], double *q_read,
                        double *q_write);
 void ust__roofline_free(ust__roofline_prog *p);
 
-/* ---- the hardware a call runs on ---------------------------------------------- */
+/* ---- the hardware a call runs on ---------------------------------------------------- */
 
 #define UST__HW_MAX_DEVICES 64
 
@@ -89,6 +144,7 @@ typedef struct ust__hw_ctx {
   atomic_int gpu_resolved[UST__HW_MAX_DEVICES];
   _Atomic(const ust__hw_profile *) cpu; /* the host's, by its model name */
   atomic_int cpu_resolved;
+  ust__log_sink *log;
 } ust__hw_ctx;
 
 /* The profile for a call's device, or NULL (a device no profile matches: a
@@ -97,49 +153,123 @@ typedef struct ust__hw_ctx {
  * config forces one. Thread-safe. */
 const ust__hw_profile *ust__hw_for_call(ust__hw_ctx *hw, const ust__call *call);
 
-/* ---- operators, bindings, routes -------------------------------------------- */
+/* ---- timers (dispatch/timer_host.c, dispatch/timer_gpu.c) ---------------------------
+ *
+ * The host clock for CPU calls (read inline), device events for GPU calls:
+ * begin and end only record events on the caller's stream; a harvest (the
+ * worker, never a serving thread) moves completed timings into the route's
+ * figures. Nothing synchronises the serving path. */
 
-#define UST__MAX_ARGS 32 /* arguments of a schema understudy reads */
+typedef struct ust__timers ust__timers;
 
+/* Up to max_pending concurrent GPU timings per device; log borrowed. */
+int ust__timers_create(int max_pending, ust__log_sink *log, ust__timers **out);
+/* Waits for every pending timing (synchronises). NULL: no-op. */
+void ust__timers_destroy(ust__timers *t);
+/* 1 once a GPU call was timed. */
+int ust__timers_used(const ust__timers *t);
+/* Record the start event on stream; a token, or -1 when no timer is free. */
+int ust__timers_begin(ust__timers *t, int device_id, void *stream);
+/* Record the end event and queue the timing for figs, with the call's
+ * roofline floor (0: unknown). */
+void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps);
+/* Release a timer whose call raised; nothing is recorded. */
+void ust__timers_cancel(ust__timers *t, int token);
+/* Move completed timings into their figures; returns how many are still
+ * pending. Never blocks. */
+int ust__timers_harvest(ust__timers *t);
+/* Harvest everything pending when called (synchronises with the device; holds
+ * no lock that a serving thread takes while it waits). */
+void ust__timers_harvest_all_sync(ust__timers *t);
+/* 1 if the stream is capturing a graph (or cannot be asked), else 0. */
+int ust__gpu_capturing(void *stream);
+/* The GPU's name ("NVIDIA H200"); -1 when there is none. */
+int ust__gpu_device_name(int device, char *buf, size_t cap);
+
+/* ---- operators, bindings, routes ------------------------------------------------------ */
+
+struct ust__route;
+
+/* An enabled operator as the router sees it. */
 typedef struct ust__operator {
   char name[UST__NAME_MAX];
-  const ust__problem *problem; /* borrowed from the engine's problem set */
-  atomic_int mode;             /* ust__mode */
-  uint32_t sample_q32;         /* measured fraction of calls (timed; shadowed in shadow mode; verified of the
-                                  candidate's in canary and live), in 1/2^32 */
-  _Atomic uint32_t canary_q32; /* the candidate's share of calls in canary mode, in 1/2^32 */
-  atomic_int strict;           /* canary/live: verify before serving */
-  ust__promotion promotion;    /* read and written under the rollout lock (guard/rollout.c) */
-  ust__candidate *cand;        /* owned by the engine; NULL without one */
-  double sample;
-  UT_hash_handle hh; /* the engine's registry, by name */
+  const char *def_path;                /* its definition's file, for messages; borrowed */
+  _Atomic(const ust__policy *) policy; /* published by the engine (set_mode, reload) */
+  ust__cand *cand;                     /* borrowed from the engine; NULL without one */
 } ust__operator;
 
-/* One dispatcher op + overload bound by an operator. The bridge holds a
- * pointer to it for as long as its kernel is registered. */
+/* Intercepted calls in flight, counted per epoch: disable detaches its
+ * bindings from their hooks, moves the epoch on, and waits for the calls of
+ * the old epoch to leave (new calls count in the new one, so the old count
+ * only falls). One per process context. */
+typedef struct ust__gate {
+  atomic_uint epoch;
+  atomic_long inflight[2];
+} ust__gate;
+
+/* Move the epoch on; returns the old one, whose calls ust__gate_drained
+ * counts. Serialised by the caller (disable). */
+unsigned ust__gate_flip(ust__gate *g);
+/* 1 once no call of epoch old is in flight. */
+int ust__gate_drained(ust__gate *g, unsigned old);
+/* 1 while the calling thread is inside an intercepted call (a candidate, or
+ * a production kernel, calling back into understudy). */
+int ust__in_intercepted_call(void);
+
+/* The interceptor of one op and overload, registered once for the life of
+ * the process: the bridge's kernel calls through it. binding is the enabled
+ * engine's binding of the op, or NULL. Never freed. */
+typedef struct ust__hook {
+  _Atomic(struct ust__binding *) binding;
+  ust__gate *gate;
+  char display[UST__DISPLAY_MAX];
+  UT_hash_handle hh; /* the process context's registry, by display */
+} ust__hook;
+
+typedef struct ust__route_table {
+  uint32_t cap;   /* power of two, twice max_routes */
+  uint32_t max_routes;
+  atomic_uint count;
+  _Atomic(struct ust__route *) *slots;
+} ust__route_table;
+
+/* Everything the per-call path needs of the engine: the routes, timers,
+ * the shadow pool, the rollout table, the seam. Owned by the engine. */
+typedef struct ust__router {
+  ust__route_table routes;
+  ust__timers *timers;
+  ust__shadow_pool *shadow;
+  ust__rollout *rollout;
+  ust__hw_ctx *hw;
+  ust__log_sink *log;
+  const ust__seam_i *seam;
+  atomic_uint_fast64_t internal_errors;
+} ust__router;
+
 typedef struct ust__binding {
   int index;
   ust__operator *op;
   char qualname[UST__QUALNAME_MAX]; /* "aten::mm" */
   char overload[UST__NAME_MAX];     /* "" or "out" */
-  char display[UST__QUALNAME_MAX + UST__NAME_MAX]; /* "aten::mm.out" */
+  char display[UST__DISPLAY_MAX];   /* "aten::mm.out" */
   int n_dims;
   ust__dim_prog dims[UST__MAX_DIMS];
   const ust__binding_def *def;
   atomic_int resolved;           /* 0 new, 1 resolving, 2 done */
   atomic_uint_fast64_t untracked; /* calls not tracked: route table full */
-  void *seam_handle;             /* owned by the seam */
-  struct ust__route_table *routes; /* the engine's table */
-  struct ust__candidate *cand;   /* the operator's candidate when it targets this binding */
+  ust__router *router;           /* the engine's */
+  ust__cand *cand;               /* the operator's candidate when it targets this binding */
   uint32_t writes_mask;          /* arguments the op writes (schema and curated list), by index */
   int n_arg_names;
   char arg_names[UST__MAX_ARGS][UST__NAME_MAX]; /* the schema's, once resolved */
   ust__roofline_prog roofline;   /* compiled from def->roofline; present 0 without one */
-  ust__hw_ctx *hw;               /* the engine's */
+  ust__hook *hook;               /* the process's hook of this op, while enabled */
   UT_hash_handle hh;             /* the engine's registry, by display name */
 } ust__binding;
 
 #define UST__MAX_KEY_TENSORS 8
+#define UST__N_PHASES 3
+#define UST__MAX_LAYOUTS 8
 
 typedef struct ust__route_key {
   uint16_t binding;
@@ -154,97 +284,52 @@ typedef struct ust__route {
   ust__route_key key;
   uint64_t hash;
   ust__binding *binding;
-  atomic_uint_fast64_t calls;    /* every call on this route */
-  atomic_uint_fast64_t timed;    /* calls whose latency was recorded */
-  atomic_uint_fast64_t captured; /* calls made while the stream captured a graph */
-  atomic_uint_fast64_t timing_dropped; /* sampled but no timer slot free */
-  ust__hist hist;                /* production latency, ns */
-
-  /* Roofline (scorer): over timed calls whose T_SOL is known, the sum of
-   * T_SOL and of the measured time; S = tsol / time. */
-  _Atomic(const ust__hw_profile *) hw; /* the profile of the last scored call */
-  atomic_uint_fast64_t roof_unscored;  /* timed calls whose T_SOL could not be computed */
-  atomic_uint_fast64_t roof_calls;
-  atomic_uint_fast64_t roof_tsol_ps;
-  atomic_uint_fast64_t roof_time_ns;
-  atomic_uint_fast64_t cand_roof_calls;  /* the same for the candidate, over passing shadow calls */
-  atomic_uint_fast64_t cand_roof_tsol_ps;
-  atomic_uint_fast64_t cand_roof_time_ns;
-
-  /* Shadow mode (guard/shadow.c): written by the calling threads and the
-   * worker; read by the report. */
-  atomic_uint_fast64_t shadow_seen;   /* calls considered for shadowing (the sampling count) */
-  atomic_uint_fast64_t shadow_calls;  /* sampled calls that took a slot; each ends verified, skipped or
-                                         unverifiable */
-  atomic_uint_fast64_t verified;      /* shadow calls that reached a verdict */
-  atomic_uint_fast64_t passed;
-  atomic_uint_fast64_t failed;
-  atomic_uint_fast64_t skipped;       /* sampled, but no verdict: in-flight bound, production raised, or an
-                                         internal error */
-  atomic_uint_fast64_t unverifiable;  /* ran, but an output's dtype cannot be compared */
-  atomic_uint_fast64_t aa_runs;       /* A/A checks: production against itself */
-  atomic_uint_fast64_t aa_mismatching;
-  atomic_uint_fast64_t max_abs_bits, max_rel_bits;       /* over passing verifications */
-  atomic_uint_fast64_t aa_max_abs_bits, aa_max_rel_bits; /* production's own spread */
-  atomic_int rolled_back;             /* 1 once a verified failure rolled the route back */
-  ust__hist cand_hist;                /* candidate latency, ns */
-  _Atomic(struct ust__evidence *) evidence; /* the failure that rolled the route back */
-
-  /* Rollout (guard/rollout.c). The route's own mode, packed with its canary
-   * share so that a reader never sees one without the other: 0 follows the
-   * operator, else (mode + 1) | canary_q32 << 32. */
-  atomic_uint_fast64_t rollout;
-  atomic_uint_fast64_t served_cand;   /* calls whose outputs the candidate served */
-  atomic_uint_fast64_t served_cand_verified; /* of those, verified on the call (a sample) */
-  atomic_uint_fast64_t served_unlearned; /* candidate calls production served: the outputs' layout for the
-                                            call's shapes was not learned yet */
-  atomic_uint_fast64_t captured_cand; /* graph captures that captured the candidate (the rest: production) */
-  atomic_uint_fast64_t canary_seen;   /* canary sampling count */
-  atomic_uint_fast64_t verify_seen;   /* verification sampling count of candidate-served calls */
-  atomic_uint_fast64_t stage_passes;  /* passing verifications since the route's last transition */
-  atomic_uint_fast64_t transitions;
-  _Atomic(void *) layouts[8];         /* outputs' layouts learned from production, by input signature
-                                         (ust__route_layout_*); added once, freed with the route */
+  char key_str[UST__KEY_MAX];   /* as the report spells it */
+  ust__figs figs;               /* scorer/ */
+  ust__verify verify;           /* guard/ */
+  ust__route_rollout rollout;   /* guard/ */
+  /* the router's own: sampling counters and learned layouts */
+  atomic_uint_fast64_t shadow_seen; /* calls considered for shadowing */
+  atomic_uint_fast64_t canary_seen; /* canary: calls considered for the candidate */
+  atomic_uint_fast64_t verify_seen; /* candidate-served calls considered for verification */
+  _Atomic(ust__layout *) layouts[UST__MAX_LAYOUTS]; /* added once, freed with the route */
 } ust__route;
 
-/* A learned layout: the bridge's blob for calls whose inputs hash to sig. */
-typedef struct ust__layout {
-  uint64_t sig;
-  size_t len;
-  unsigned char blob[];
-} ust__layout;
-/* The layout learned for sig, or NULL. Lock-free. */
-const ust__layout *ust__route_layout_find(ust__route *r, uint64_t sig);
-/* Learn one (no-op once 8 are known or sig is). Thread-safe. */
-void ust__route_layout_add(ust__route *r, uint64_t sig, const void *blob, size_t len);
-/* A hash of a call's tensor sizes, strides, dtypes and scalar values: calls
- * with the same signature produce outputs of the same layout. */
-uint64_t ust__call_signature(const ust__call *call);
+/* The router's sink for verdicts (guard/guard.h): cookies are routes. */
+extern const ust__verdict_sink_i ust__router_sink;
 
-typedef struct ust__route_table {
-  uint32_t cap;   /* power of two, twice max_routes */
-  uint32_t max_routes;
-  atomic_uint count;
-  _Atomic(ust__route *) *slots;
-} ust__route_table;
-
-int ust__routes_init(ust__route_table *t, int max_routes);
-void ust__routes_free(ust__route_table *t);
+int ust__router_init(ust__router *r, int max_routes);
+void ust__router_free(ust__router *r);
 /* Find or insert the route for key. Lock-free; NULL when the table is full
  * or memory ran out. Thread-safe. */
-ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust__binding *b);
-/* T_SOL of a call in picoseconds (0 when unknown), and the route's profile
- * is noted. Called only for calls that are timed. */
-uint64_t ust__route_tsol_ps(ust__route *r, const ust__call *call);
-/* Add one timed call's T_SOL and time to the route's roofline sums. */
-void ust__route_roof_add(ust__route *r, uint64_t tsol_ps, uint64_t time_ns, int candidate);
+ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b);
 
-#define UST__N_PHASES 3
 const char *ust__phase_name(int phase);
-
-/* Build the key of a call; returns -1 if the call cannot be keyed. */
-int ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key);
+/* Build the key of a call. */
+void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key);
 /* "aten::mm|cpu|f32,f32|M=128,K=64,N=64" into buf. */
-void ust__route_key_str(const ust__route *r, char *buf, size_t cap);
+void ust__route_key_format(const ust__binding *b, const ust__route_key *k, char *buf, size_t cap);
+/* A hash of a call's tensor sizes, strides, dtypes and scalar values: calls
+ * with the same signature produce outputs of the same layout. 0 when the
+ * call cannot be keyed exactly (an int list longer than the view carries). */
+uint64_t ust__call_signature(const ust__call *call);
+
+/* A plain copy of one route for the report: the parts' snapshots, taken in
+ * the order the counters grow (served before captured before calls). */
+typedef struct ust__route_snap {
+  char key[UST__KEY_MAX];
+  const ust__binding *binding; /* borrowed: lives as long as the engine */
+  ust__route_key k;
+  int has_cand;
+  ust__rollout_snap rollout;
+  ust__verify_snap verify;
+  ust__figs_snap figs;
+} ust__route_snap;
+
+/* Every route now (routes added meanwhile are left for the next one): a new
+ * array of *n (free with ust__routes_snapshot_free). Never blocks a serving
+ * thread: routes are read racily, rows of the rollout table briefly. */
+int ust__routes_snapshot(ust__router *r, ust__route_snap **out, int *n);
+void ust__routes_snapshot_free(ust__route_snap *s, int n);
 
 #endif /* UST_DISPATCH_H */

@@ -1,9 +1,9 @@
 /* A binding's roofline: its dimensions and W/Q expressions, compiled once,
- * evaluated against a call view. */
+ * evaluated against a call view; and the hardware profile a call's device
+ * picks. */
 #include <stdio.h>
 #include <string.h>
 
-#include "dispatch/backend.h"
 #include "dispatch/dispatch.h"
 
 int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__roofline_prog *out) {
@@ -32,17 +32,18 @@ int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__
   return 0;
 }
 
-void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names, const char *display) {
+void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names, const char *display,
+                           ust__log_sink *log) {
   if (!p->present)
     return;
   for (int v = 0; v < p->n_vars; v++) {
     if (ust__dim_resolve(&p->vars[v], nargs, names) != 0)
-      ust__log(UST_LOG_WARN, "%s: its roofline names argument '%s', which the schema lacks: calls are not scored",
+      ust__log(log, UST_LOG_WARN, "%s: its roofline names argument '%s', which the schema lacks: calls are not scored",
                display, p->vars[v].arg);
   }
   p->w_dtype_index = ust__arg_lookup(p->w_dtype, nargs, names);
   if (p->w_dtype_index < 0)
-    ust__log(UST_LOG_WARN, "%s: its roofline's W_dtype names argument '%s', which the schema lacks", display,
+    ust__log(log, UST_LOG_WARN, "%s: its roofline's W_dtype names argument '%s', which the schema lacks", display,
              p->w_dtype);
 }
 
@@ -112,35 +113,9 @@ const ust__hw_profile *ust__hw_for_call(ust__hw_ctx *hw, const ust__call *call) 
     return NULL; /* asked again at the next scored call */
   p = ust__hw_pick(&hw->set, name);
   if (p == NULL)
-    ust__log(UST_LOG_WARN, "no hardware profile matches '%s': its calls are not scored (add one, or run "
+    ust__log(hw->log, UST_LOG_WARN, "no hardware profile matches '%s': its calls are not scored (add one, or run "
                            "understudy calibrate)", name);
   atomic_store_explicit(&hw->gpu[d], p, memory_order_relaxed);
   atomic_store_explicit(&hw->gpu_resolved[d], 1, memory_order_release);
   return p;
-}
-
-uint64_t ust__route_tsol_ps(ust__route *r, const ust__call *call) {
-  const ust__binding *b = r->binding;
-  if (!b->roofline.present)
-    return 0;
-  const ust__hw_profile *hw = ust__hw_for_call(b->hw, call);
-  if (hw == NULL)
-    return 0;
-  double w[UST__N_PATHS], qr, qw, seconds;
-  if (ust__roofline_eval(&b->roofline, call, w, &qr, &qw) != 0 ||
-      ust__roofline_tsol_quiet(hw, w, qr + qw, &seconds) != 0) {
-    atomic_fetch_add_explicit(&r->roof_unscored, 1, memory_order_relaxed);
-    return 0;
-  }
-  if (atomic_load_explicit(&r->hw, memory_order_relaxed) != hw) /* written once, not on every timed call */
-    atomic_store_explicit(&r->hw, hw, memory_order_relaxed);
-  return (uint64_t)(seconds * 1e12 + 0.5);
-}
-
-void ust__route_roof_add(ust__route *r, uint64_t tsol_ps, uint64_t time_ns, int candidate) {
-  if (tsol_ps == 0 || time_ns == 0)
-    return;
-  atomic_fetch_add_explicit(candidate ? &r->cand_roof_calls : &r->roof_calls, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(candidate ? &r->cand_roof_tsol_ps : &r->roof_tsol_ps, tsol_ps, memory_order_relaxed);
-  atomic_fetch_add_explicit(candidate ? &r->cand_roof_time_ns : &r->roof_time_ns, time_ns, memory_order_relaxed);
 }

@@ -1,35 +1,30 @@
 /*
- * The router: shape key of a call, the route table, the sampling decision.
+ * The router: shape key of a call, the route table, the per-call plan, the
+ * steps of the serving decision the C core performs, and the sink through
+ * which verdicts reach routes.
  *
  * The route table is an open-addressing array of atomic route pointers:
  * lookups and inserts are lock-free, so the per-call path takes no lock.
  * Routes are never removed while the engine lives, which is what makes the
- * lock-free read safe; they are freed at disable, after every interceptor is
- * gone and in-flight calls have drained.
+ * lock-free read safe; they are freed with the engine, after every call that
+ * could see them has left (the gate drained).
  */
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dispatch/backend.h"
 #include "dispatch/dispatch.h"
-#include "guard/guard.h"
 
-const char *ust__dtype_name(int dt) {
-  static const char *names[UST__DT_COUNT] = {
-      "other", "f16", "bf16", "f32", "f64", "i8", "u8", "i16", "i32", "i64", "bool",
-      "f8e4m3fn", "f8e5m2", "f8e4m3fnuz", "f8e5m2fnuz", "c64", "c128"};
-  return dt >= 0 && dt < UST__DT_COUNT ? names[dt] : "other";
-}
-
-int ust__routes_init(ust__route_table *t, int max_routes) {
+int ust__router_init(ust__router *r, int max_routes) {
+  ust__route_table *t = &r->routes;
   uint32_t cap = 16;
   while (cap < (uint32_t)max_routes * 2u)
     cap <<= 1;
   t->cap = cap;
   t->max_routes = (uint32_t)max_routes;
   atomic_init(&t->count, 0);
+  atomic_init(&r->internal_errors, 0);
   t->slots = calloc(cap, sizeof *t->slots);
   return t->slots == NULL ? ust__error(UST_ENOMEM, "out of memory for %u route slots", cap) : 0;
 }
@@ -37,19 +32,16 @@ int ust__routes_init(ust__route_table *t, int max_routes) {
 static void route_free(ust__route *r) {
   if (r == NULL)
     return;
-  ust__hist_free(&r->hist);
-  ust__hist_free(&r->cand_hist);
-  for (ust__evidence *e = atomic_load(&r->evidence), *prev; e != NULL; e = prev) {
-    prev = e->prev;
-    free(e);
-  }
-  for (int i = 0; i < 8; i++)
+  ust__figs_free(&r->figs);
+  ust__rollout_route_free(&r->rollout);
+  for (int i = 0; i < UST__MAX_LAYOUTS; i++)
     free(atomic_load(&r->layouts[i]));
   free(r);
 }
 
-void ust__routes_free(ust__route_table *t) {
-  if (t == NULL || t->slots == NULL)
+void ust__router_free(ust__router *r) {
+  ust__route_table *t = &r->routes;
+  if (t->slots == NULL)
     return;
   for (uint32_t i = 0; i < t->cap; i++)
     route_free(atomic_load(&t->slots[i]));
@@ -72,11 +64,28 @@ static uint64_t key_hash(const ust__route_key *k) {
   return h ^ (h >> 29);
 }
 
-ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust__binding *b) {
+static ust__route *route_new(ust__router *router, const ust__route_key *key, uint64_t h, ust__binding *b) {
+  ust__route *r = calloc(1, sizeof *r);
+  if (r == NULL)
+    return NULL;
+  if (ust__figs_init(&r->figs) != 0) {
+    free(r);
+    return NULL;
+  }
+  r->key = *key;
+  r->hash = h;
+  r->binding = b;
+  ust__route_key_format(b, key, r->key_str, sizeof r->key_str);
+  /* before it is published: its first call sees its mode */
+  ust__rollout_route_init(&r->rollout, router->rollout, r->key_str, b->cand, &b->op->policy, &r->figs);
+  return r;
+}
+
+ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b) {
+  ust__route_table *t = &router->routes;
   uint64_t h = key_hash(key);
   uint32_t mask = t->cap - 1;
   ust__route *fresh = NULL;
-  int seeded = 0;
   for (uint32_t probe = 0; probe < t->cap; probe++) {
     uint32_t i = (uint32_t)(h + probe) & mask;
     ust__route *r = atomic_load_explicit(&t->slots[i], memory_order_acquire);
@@ -86,24 +95,15 @@ ust__route *ust__routes_get(ust__route_table *t, const ust__route_key *key, ust_
           atomic_fetch_sub(&t->count, 1);
           return NULL;
         }
-        fresh = calloc(1, sizeof *fresh);
-        if (fresh == NULL || ust__hist_init(&fresh->hist) != 0 || ust__hist_init(&fresh->cand_hist) != 0) {
-          route_free(fresh);
+        if ((fresh = route_new(router, key, h, b)) == NULL) {
           atomic_fetch_sub(&t->count, 1);
           return NULL;
         }
-        fresh->key = *key;
-        fresh->hash = h;
-        fresh->binding = b;
       }
       ust__route *expected = NULL;
-      if (!seeded) {
-        ust__rollout_route_created(fresh); /* before it is published: its first call sees its mode */
-        seeded = 1;
-      }
-      if (atomic_compare_exchange_strong_explicit(&t->slots[i], &expected, fresh,
-                                                  memory_order_acq_rel, memory_order_acquire)) {
-        ust__rollout_route_published(fresh); /* a mode set for its key meanwhile */
+      if (atomic_compare_exchange_strong_explicit(&t->slots[i], &expected, fresh, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+        ust__rollout_route_published(&fresh->rollout);
         return fresh;
       }
       r = expected; /* another thread filled this slot first */
@@ -138,7 +138,7 @@ const char *ust__phase_name(int phase) {
   return phase >= 0 && phase <= UST_PHASE_DECODE ? names[phase] : "unknown";
 }
 
-int ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key) {
+void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key) {
   memset(key, 0, sizeof *key);
   key->binding = (uint16_t)b->index;
   key->phase = (uint8_t)tl_phase;
@@ -148,22 +148,18 @@ int ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route
       key->dtypes[key->n_dtypes++] = (uint8_t)call->args[i].dtype;
   for (int d = 0; d < b->n_dims; d++)
     key->dims[d] = ust__dim_bucket(b->dims[d].bucket, ust__dim_eval(&b->dims[d], call));
-  return 0;
 }
 
-void ust__route_key_str(const ust__route *r, char *buf, size_t cap) {
-  const ust__binding *b = r->binding;
-  size_t n = (size_t)snprintf(buf, cap, "%s|%s|", b->display,
-                              r->key.device == UST__DEV_CUDA ? "cuda" : "cpu");
-  for (int i = 0; i < r->key.n_dtypes && n < cap; i++)
-    n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? "," : "", ust__dtype_name(r->key.dtypes[i]));
+void ust__route_key_format(const ust__binding *b, const ust__route_key *k, char *buf, size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap, "%s|%s|", b->display, k->device == UST__DEV_CUDA ? "cuda" : "cpu");
+  for (int i = 0; i < k->n_dtypes && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? "," : "", ust__dtype_name(k->dtypes[i]));
   if (n < cap)
     n += (size_t)snprintf(buf + n, cap - n, "|");
   for (int d = 0; d < b->n_dims && n < cap; d++)
-    n += (size_t)snprintf(buf + n, cap - n, "%s%s=%lld", d ? "," : "", b->def->dims[d].name,
-                          (long long)r->key.dims[d]);
-  if (r->key.phase != UST_PHASE_UNKNOWN && n < cap)
-    snprintf(buf + n, cap - n, "|%s", ust__phase_name(r->key.phase));
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s=%lld", d ? "," : "", b->def->dims[d].name, (long long)k->dims[d]);
+  if (k->phase != UST_PHASE_UNKNOWN && n < cap)
+    snprintf(buf + n, cap - n, "|%s", ust__phase_name(k->phase));
 }
 
 void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes) {
@@ -176,7 +172,7 @@ void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, 
   b->n_arg_names = nargs < UST__MAX_ARGS ? nargs : UST__MAX_ARGS;
   for (int i = 0; i < b->n_arg_names; i++)
     ust__copy_name(b->arg_names[i], sizeof b->arg_names[i], names[i]);
-  ust__roofline_resolve(&b->roofline, nargs, names, b->display);
+  ust__roofline_resolve(&b->roofline, nargs, names, b->display, b->router->log);
   /* Schemas are not always truthful about what an op writes (custom ops
    * registered without alias annotations): the curated list adds to them. */
   b->writes_mask = schema_writes;
@@ -187,37 +183,73 @@ void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, 
   }
   for (int d = 0; d < b->n_dims; d++) {
     if (ust__dim_resolve(&b->dims[d], nargs, names) != 0)
-      ust__log(UST_LOG_WARN, "%s: key dimension '%s' names argument '%s', which %s does not have",
-               b->op->problem->path, b->def->dims[d].name, b->dims[d].arg, b->display);
+      ust__log(b->router->log, UST_LOG_WARN, "%s: key dimension '%s' names argument '%s', which %s does not have",
+               b->op->def_path, b->def->dims[d].name, b->dims[d].arg, b->display);
   }
   atomic_store(&b->resolved, 2);
 }
 
-/* Exactly floor(n * sample) of the first n calls are timed, spread evenly. */
-static int sampled(uint64_t n, uint32_t q32, double sample) {
-  if (sample >= 1.0)
-    return 1;
-  unsigned __int128 a = (unsigned __int128)n * q32, p = (unsigned __int128)(n - 1) * q32;
-  return (uint64_t)(a >> 32) != (uint64_t)(p >> 32);
+/* T_SOL of a call in picoseconds (0 when unknown); the route's profile is
+ * noted. Called only for calls that are timed. */
+static uint64_t call_tsol_ps(ust__route *r, const ust__call *call) {
+  const ust__binding *b = r->binding;
+  if (!b->roofline.present)
+    return 0;
+  const ust__hw_profile *hw = ust__hw_for_call(b->router->hw, call);
+  if (hw == NULL)
+    return 0;
+  double w[UST__N_PATHS], qr, qw, seconds;
+  if (ust__roofline_eval(&b->roofline, call, w, &qr, &qw) != 0 ||
+      ust__roofline_tsol_quiet(hw, w, qr + qw, &seconds) != 0) {
+    atomic_fetch_add_explicit(&r->figs.unscored, 1, memory_order_relaxed);
+    return 0;
+  }
+  ust__figs_note_hw(&r->figs, hw);
+  return (uint64_t)(seconds * 1e12 + 0.5);
 }
 
-/* Take a shadow slot for a sampled call (count is the route's sampling
- * counter); a skip is counted when none is free, and production serves. */
-static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, atomic_uint_fast64_t *count) {
+/* The candidate as the bridge runs it; 0, or -1 when it cannot run now (a
+ * torch op not defined in this process yet). */
+static int cand_view(ust__binding *b, ust__cand_view *v) {
+  ust__cand *c = b->cand;
+  memset(v, 0, sizeof *v);
+  v->kind = c->kind;
+  v->native = c->native;
+  v->abi = c->abi;
+  v->compare = c->compare;
+  v->writes_mask = b->writes_mask;
+  v->compared_returns = b->def->compared_returns;
+  v->torch_op_name = c->torch_op;
+  if (c->kind != UST__CAND_TORCH_OP)
+    return 0;
+  /* the op may be defined after enable: resolved at its first call then */
+  void *h = atomic_load_explicit(&c->seam_op, memory_order_acquire);
+  if (h == NULL && b->router->seam != NULL && b->router->seam->resolve_op != NULL &&
+      (h = b->router->seam->resolve_op(c->torch_op, c->torch_overload)) != NULL)
+    atomic_store_explicit(&c->seam_op, h, memory_order_release);
+  if (h == NULL)
+    atomic_fetch_add_explicit(&c->waiting, 1, memory_order_relaxed);
+  v->torch_op = h;
+  return h != NULL ? 0 : -1;
+}
+
+/* A slot for a sampled call (count: the route's sampling counter); NULL when
+ * not sampled or none is free (the skip is counted). */
+static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, atomic_uint_fast64_t *count,
+                       const ust__policy *pol, int serving) {
 #if !defined(UST_GPU_CUDA) && !defined(UST_GPU_HIP)
   if (call->device != UST__DEV_CPU)
     return NULL;
 #endif
   uint64_t n = atomic_fetch_add_explicit(count, 1, memory_order_relaxed) + 1;
-  if (!sampled(n, b->op->sample_q32, b->op->sample))
+  if (!ust__sampled(n, pol->sample_q32))
     return NULL;
-  void *slot = ust__shadow_acquire(r);
-  if (slot == NULL)
-    atomic_fetch_add_explicit(&r->skipped, 1, memory_order_relaxed);
-  return slot;
+  ust__slot_route sr = {r, &r->verify, b->cand, serving, atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
+                        atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed), call_tsol_ps(r, call)};
+  return ust__shadow_acquire(b->router->shadow, &sr);
 }
 
-/* The route's decision for one call (DESIGN.md, one call step by step):
+/* The route's plan for one call (DESIGN.md, one call step by step):
  * - during graph capture nothing is timed or shadowed; a live candidate is
  *   captured, everything else is production;
  * - shadow: production serves; sampled calls also run the candidate;
@@ -225,96 +257,154 @@ static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, at
  *   them; a sample of those is verified against production;
  * - otherwise production serves, a sample timed. */
 void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st) {
-  st->route = NULL;
-  st->timing = 0;
-  st->shadow = NULL;
-  st->serve = 0;
-  st->capturing = 0;
-  st->tsol_ps = 0;
+  memset(st, 0, sizeof *st);
+  st->plan = UST__PLAN_PASS;
   if (call->device == UST__DEV_OTHER)
     return;
   ust__route_key key;
   ust__route_key_make(b, call, &key);
-  ust__route *r = ust__routes_get(b->routes, &key, b);
+  ust__route *r = ust__routes_get(b->router, &key, b);
   if (r == NULL) {
     atomic_fetch_add_explicit(&b->untracked, 1, memory_order_relaxed);
     return;
   }
   st->route = r;
-  uint64_t n = atomic_fetch_add_explicit(&r->calls, 1, memory_order_relaxed) + 1;
+  uint64_t n = atomic_fetch_add_explicit(&r->figs.calls, 1, memory_order_relaxed) + 1;
+  const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
   uint32_t canary_q32 = 0;
-  const int mode = ust__route_mode(r, &canary_q32);
+  const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
   if (call->device == UST__DEV_CUDA && ust__gpu_capturing(call->stream)) {
     /* Replays do not come back here: what is captured is what they run. */
     st->capturing = 1;
-    atomic_fetch_add_explicit(&r->captured, 1, memory_order_relaxed);
-    st->serve = mode == UST__MODE_LIVE;
+    atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
+    if (mode == UST__MODE_LIVE && cand_view(b, &st->cand) == 0) {
+      st->plan = UST__PLAN_SERVE;
+      st->flags = UST__DF_NO_SNAPSHOTS;
+    }
     return;
   }
   if (mode == UST__MODE_OFF)
     return;
   if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
     uint64_t c = atomic_fetch_add_explicit(&r->canary_seen, 1, memory_order_relaxed) + 1;
-    if (mode == UST__MODE_LIVE || sampled(c, canary_q32, 0)) {
-      st->serve = 1;
-      st->shadow = take_slot(b, call, r, &r->verify_seen);
-      if (st->shadow != NULL) {
-        ust__shadow_set_serving(st->shadow);
-        ust__shadow_note_tsol(st->shadow, ust__route_tsol_ps(r, call));
-      }
+    if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, &st->cand) == 0) {
+      st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1);
+      st->plan = st->slot != NULL ? UST__PLAN_SERVE_VERIFIED : UST__PLAN_SERVE;
+      /* a host comparison concludes at once; a device one waits only when strict */
+      if (st->slot != NULL && (call->device != UST__DEV_CUDA || pol->strict))
+        st->flags = UST__DF_WAIT_VERDICT;
       return;
     }
-  } else if (mode == UST__MODE_SHADOW) {
-    st->shadow = take_slot(b, call, r, &r->shadow_seen);
-    if (st->shadow != NULL) {
-      /* a shadowed call times production itself */
-      ust__shadow_note_tsol(st->shadow, ust__route_tsol_ps(r, call));
+  } else if (mode == UST__MODE_SHADOW && cand_view(b, &st->cand) == 0) {
+    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0)) != NULL) {
+      st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself */
       return;
     }
   }
-  if (!sampled(n, b->op->sample_q32, b->op->sample))
+  if (!ust__sampled(n, pol->sample_q32))
     return;
-  st->tsol_ps = ust__route_tsol_ps(r, call);
+  st->tsol_ps = call_tsol_ps(r, call);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;
     st->t0_ns = ust__now_ns();
   } else {
-    st->gpu_slot = ust__gpu_timer_begin(call->device_id, call->stream);
+    st->gpu_slot = ust__timers_begin(b->router->timers, call->device_id, call->stream);
     if (st->gpu_slot >= 0)
       st->timing = 2;
     else
-      atomic_fetch_add_explicit(&r->timing_dropped, 1, memory_order_relaxed);
+      atomic_fetch_add_explicit(&r->figs.timing_dropped, 1, memory_order_relaxed);
   }
 }
 
-void ust__call_served_by_candidate(ust__call_state *st) {
-  if (st->route == NULL)
+void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decision *d) {
+  ust__route *r = st->route;
+  if (r == NULL)
     return;
-  /* a capture serves nothing itself: its replays do, with the arm captured */
-  atomic_fetch_add_explicit(st->capturing ? &st->route->captured_cand : &st->route->served_cand, 1,
-                            memory_order_relaxed);
+  if (d->notes & UST__NOTE_INTERNAL)
+    ust__call_internal_error(r->binding);
+  ust__rollout_served(&r->rollout, d->notes, st->capturing);
+  if (st->timing == 2) {
+    if (d->outcome == UST__OUT_PRODUCTION)
+      ust__timers_end(r->binding->router->timers, st->gpu_slot, call->stream, &r->figs, st->tsol_ps);
+    else
+      ust__timers_cancel(r->binding->router->timers, st->gpu_slot);
+  } else if (st->timing == 1 && d->outcome == UST__OUT_PRODUCTION) {
+    ust__figs_prod_time(&r->figs, ust__now_ns() - st->t0_ns, st->tsol_ps);
+  }
+  st->timing = 0;
 }
 
-int ust__call_strict(const ust__call_state *st) {
-  return st->route != NULL && atomic_load_explicit(&st->route->binding->op->strict, memory_order_relaxed);
+void ust__call_mark(ust__call_state *st, int mark, const ust__call *call) {
+  if (st->slot != NULL)
+    ust__shadow_mark(st->slot, mark, call->device, call->stream);
 }
 
-void ust__call_unlearned(ust__call_state *st) {
-  if (st->route != NULL)
-    atomic_fetch_add_explicit(&st->route->served_unlearned, 1, memory_order_relaxed);
+int ust__call_slot_alive(const ust__call_state *st) { return ust__shadow_alive(st->slot); }
+
+int ust__call_aa(const ust__call_state *st) { return st->slot != NULL && ust__shadow_aa(st->slot); }
+
+void ust__call_compare(ust__call_state *st, const ust__call *call, const ust__pair *pairs, int n_pairs, int fail,
+                       const char *msg) {
+  void *slot = st->slot;
+  st->slot = NULL;
+  ust__shadow_finish(slot, call->device, call->stream, pairs, n_pairs, fail, msg);
 }
 
-void ust__call_verified_serving(ust__call_state *st) {
-  if (st->route != NULL)
-    atomic_fetch_add_explicit(&st->route->served_cand_verified, 1, memory_order_relaxed);
+void ust__call_abandon(ust__call_state *st, const ust__call *call) {
+  void *slot = st->slot;
+  st->slot = NULL;
+  ust__shadow_abandon(slot, call->device, call->stream);
 }
 
-void ust__call_serve_failed(ust__call_state *st, int fail, const char *msg) {
-  if (st->route != NULL)
-    ust__serve_failed(st->route, fail, msg);
+void ust__call_want_verdict(ust__call_state *st) { ust__shadow_want_verdict(st->slot, &st->verdict); }
+
+int ust__call_verdict(ust__call_state *st, const ust__call *call) {
+  ust__route *r = st->route;
+  return ust__shadow_verdict(r->binding->router->shadow, &st->verdict, call->device, call->stream, 1) == 1;
 }
 
-/* ---- learned output layouts ------------------------------------------------ */
+void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg) {
+  ust__route *r = st->route;
+  if (r == NULL)
+    return;
+  ust__evidence *e = calloc(1, sizeof *e);
+  if (e != NULL) {
+    static const char *const reasons[] = {"", "error", "raised", "schema"};
+    e->serving = 1;
+    e->served_at = atomic_load(&r->rollout.served_cand);
+    e->unix_ms = ust__unix_ms();
+    snprintf(e->reason, sizeof e->reason, "%s", reasons[fail > 0 && fail <= UST__FAIL_SCHEMA ? fail : 1]);
+    snprintf(e->message, sizeof e->message, "%s", msg != NULL ? msg : "");
+  }
+  ust__rollout_roll_back(&r->rollout, e);
+}
+
+void ust__call_internal_error(const ust__binding *b) {
+  atomic_fetch_add_explicit(&b->router->internal_errors, 1, memory_order_relaxed);
+}
+
+/* ---- the sink: verdicts into routes ------------------------------------------------ */
+
+static void sink_failed(void *ctx, void *cookie, ust__evidence *ev) {
+  (void)ctx;
+  ust__route *r = cookie;
+  ust__rollout_roll_back(&r->rollout, ev);
+}
+
+static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
+  (void)ctx;
+  ust__route *r = cookie;
+  if (!v->have_times)
+    return;
+  ust__figs_prod_time(&r->figs, v->prod_ns, v->tsol_ps);
+  ust__figs_cand_time(&r->figs, v->cand_ns, v->tsol_ps, v->kind == UST__VERDICT_PASSED);
+  if (v->kind == UST__VERDICT_PASSED)
+    ust__rollout_passed(&r->rollout, v->stage);
+}
+
+const ust__verdict_sink_i ust__router_sink = {sink_failed, sink_concluded};
+
+/* ---- learned output layouts ------------------------------------------------------ */
 
 uint64_t ust__call_signature(const ust__call *call) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -331,8 +421,14 @@ uint64_t ust__call_signature(const ust__call *call) {
         MIX(a->t.shape[d]);
         MIX(a->t.strides != NULL ? a->t.strides[d] : 0);
       }
-    } else if (a->kind == UST__ARG_INT || a->kind == UST__ARG_BOOL || a->kind == UST__ARG_INTLIST) {
+    } else if (a->kind == UST__ARG_INT || a->kind == UST__ARG_BOOL) {
       MIX(a->i);
+    } else if (a->kind == UST__ARG_INTLIST) {
+      if (a->i < 0 || a->i > UST__MAX_LIST)
+        return 0; /* values the view does not carry could change the layout */
+      MIX(a->i);
+      for (int64_t k = 0; k < a->i; k++)
+        MIX(a->list[k]);
     } else if (a->kind == UST__ARG_DOUBLE) {
       uint64_t bits;
       memcpy(&bits, &a->f, sizeof bits);
@@ -340,84 +436,124 @@ uint64_t ust__call_signature(const ust__call *call) {
     }
   }
 #undef MIX
-  return h;
+  return h != 0 ? h : 1;
 }
 
-const ust__layout *ust__route_layout_find(ust__route *r, uint64_t sig) {
-  for (int i = 0; i < 8; i++) {
-    const ust__layout *l = atomic_load_explicit(&r->layouts[i], memory_order_acquire);
+int ust__call_layout(const ust__call_state *st, const ust__call *call, ust__layout *out) {
+  const ust__route *r = st->route;
+  if (r == NULL)
+    return -1;
+  const uint64_t sig = ust__call_signature(call);
+  if (sig == 0)
+    return -1;
+  for (int i = 0; i < UST__MAX_LAYOUTS; i++) {
+    const ust__layout *l = atomic_load_explicit(&((ust__route *)r)->layouts[i], memory_order_acquire);
     if (l == NULL)
-      return NULL;
-    if (l->sig == sig)
-      return l;
+      return -1;
+    if (l->sig == sig) {
+      *out = *l;
+      return 0;
+    }
   }
-  return NULL;
+  return -1;
 }
 
-void ust__route_layout_add(ust__route *r, uint64_t sig, const void *blob, size_t len) {
-  if (ust__route_layout_find(r, sig) != NULL)
+void ust__call_learn_layout(const ust__call_state *st, const ust__call *call, const ust__layout *l) {
+  ust__route *r = st->route;
+  const uint64_t sig = ust__call_signature(call);
+  if (r == NULL || sig == 0 || l->n_returns < 0 || l->n_returns > UST__MAX_RETURNS)
     return;
-  ust__layout *l = malloc(sizeof *l + len);
-  if (l == NULL)
+  ust__layout *copy = malloc(sizeof *copy);
+  if (copy == NULL)
     return;
-  l->sig = sig;
-  l->len = len;
-  memcpy(l->blob, blob, len);
-  for (int i = 0; i < 8; i++) {
-    void *expected = NULL;
-    if (atomic_compare_exchange_strong(&r->layouts[i], &expected, l))
+  *copy = *l;
+  copy->sig = sig;
+  for (int i = 0; i < UST__MAX_LAYOUTS; i++) {
+    ust__layout *expected = NULL;
+    if (atomic_compare_exchange_strong(&r->layouts[i], &expected, copy))
       return;
-    if (((const ust__layout *)expected)->sig == sig)
-      break; /* another thread learned it first */
+    if (expected->sig == sig)
+      break; /* learned already */
   }
-  free(l);
+  free(copy);
 }
 
-const void *ust__call_layout(const ust__call_state *st, const ust__call *call, size_t *len) {
-  if (st->route == NULL)
-    return NULL;
-  const ust__layout *l = ust__route_layout_find(st->route, ust__call_signature(call));
-  if (l == NULL)
-    return NULL;
-  *len = l->len;
-  return l->blob;
-}
+/* ---- snapshots for the report ---------------------------------------------------------- */
 
-void ust__call_learn_layout(const ust__call_state *st, const ust__call *call, const void *blob, size_t len) {
-  if (st->route != NULL)
-    ust__route_layout_add(st->route, ust__call_signature(call), blob, len);
-}
-
-void ust__call_end(const ust__call *call, ust__call_state *st) {
-  if (st->timing == 1) {
-    uint64_t dt = ust__now_ns() - st->t0_ns;
-    ust__hist_record(&st->route->hist, dt);
-    atomic_fetch_add_explicit(&st->route->timed, 1, memory_order_relaxed);
-    ust__route_roof_add(st->route, st->tsol_ps, dt, 0);
-  } else if (st->timing == 2) {
-    ust__gpu_timer_end(st->gpu_slot, call->stream, st->route, st->tsol_ps);
+int ust__routes_snapshot(ust__router *router, ust__route_snap **out, int *n_out) {
+  ust__route_table *t = &router->routes;
+  const uint32_t n_alloc = atomic_load(&t->count) + 1;
+  ust__route_snap *s = calloc(n_alloc, sizeof *s);
+  *out = s;
+  *n_out = 0;
+  if (s == NULL)
+    return ust__error(UST_ENOMEM, "report: out of memory");
+  int n = 0, rc = 0;
+  for (uint32_t i = 0; i < t->cap && n < (int)n_alloc && rc == 0; i++) {
+    ust__route *r = atomic_load_explicit(&t->slots[i], memory_order_acquire);
+    if (r == NULL)
+      continue;
+    ust__route_snap *x = &s[n++];
+    memcpy(x->key, r->key_str, sizeof x->key);
+    x->binding = r->binding;
+    x->k = r->key;
+    x->has_cand = r->binding->cand != NULL;
+    ust__rollout_snapshot(&r->rollout, &x->rollout); /* served counts first: they grow after calls */
+    ust__verify_snapshot(&r->verify, &x->verify);
+    rc = ust__figs_snapshot(&r->figs, &x->figs);
   }
+  *n_out = n;
+  return rc;
 }
 
-void ust__call_cancel(const ust__call *call, ust__call_state *st) {
-  if (st->shadow != NULL)
-    ust__shadow_abandon(call, st);
-  if (st->timing == 2)
-    ust__gpu_timer_cancel(st->gpu_slot);
-  st->timing = 0;
+void ust__routes_snapshot_free(ust__route_snap *s, int n) {
+  for (int i = 0; s != NULL && i < n; i++)
+    ust__figs_snap_free(&s[i].figs);
+  free(s);
+}
+
+/* A build without the bridge has no seam; the bridge's definition wins where
+ * it is linked. */
+__attribute__((weak)) const ust__seam_i *ust__seam(void) { return NULL; }
+
+/* ---- the bridge's accessors ---------------------------------------------------------- */
+
+static _Thread_local int tl_depth;
+
+int ust__in_intercepted_call(void) { return tl_depth > 0; }
+
+/* The count is taken before the binding is read (both sequentially
+ * consistent): a call that read a binding before disable detached it is
+ * counted in an epoch disable waits for, and one counted too late to be
+ * waited for reads NULL. */
+ust__binding *ust__hook_enter(ust__hook *h, unsigned *ticket) {
+  tl_depth++;
+  const unsigned e = atomic_load_explicit(&h->gate->epoch, memory_order_seq_cst) & 1u;
+  atomic_fetch_add_explicit(&h->gate->inflight[e], 1, memory_order_seq_cst);
+  *ticket = e;
+  return atomic_load_explicit(&h->binding, memory_order_seq_cst);
+}
+
+void ust__hook_leave(ust__hook *h, unsigned ticket) {
+  atomic_fetch_sub_explicit(&h->gate->inflight[ticket & 1u], 1, memory_order_release);
+  tl_depth--;
+}
+
+unsigned ust__gate_flip(ust__gate *g) { return atomic_fetch_add_explicit(&g->epoch, 1, memory_order_seq_cst) & 1u; }
+
+int ust__gate_drained(ust__gate *g, unsigned old) {
+  return atomic_load_explicit(&g->inflight[old & 1u], memory_order_acquire) == 0;
 }
 
 int ust__binding_is_off(const ust__binding *b) {
-  return atomic_load_explicit(&b->op->mode, memory_order_relaxed) == UST__MODE_OFF;
+  return atomic_load_explicit(&((ust__operator *)b->op)->policy, memory_order_acquire)->mode == UST__MODE_OFF;
 }
 
 int ust__binding_needs_names(const ust__binding *b) {
-  return atomic_load_explicit(&b->resolved, memory_order_acquire) != 2;
+  return atomic_load_explicit(&((ust__binding *)b)->resolved, memory_order_acquire) != 2;
 }
 
 const char *ust__binding_display(const ust__binding *b) { return b->display; }
 const char *ust__binding_arg_name(const ust__binding *b, int i) {
   return i >= 0 && i < b->n_arg_names ? b->arg_names[i] : "?";
 }
-const char *ust__binding_qualname(const ust__binding *b) { return b->qualname; }
-const char *ust__binding_overload(const ust__binding *b) { return b->overload; }

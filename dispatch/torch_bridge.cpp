@@ -1,17 +1,16 @@
 // The dispatcher seam: the only C++ in understudy.
 //
 // For every bound op and overload, a boxed functor is registered at the
-// BackendSelect dispatch key. It builds the C view of the call (DLTensor
-// arguments, scalars, the device's current native stream), hands it to the
-// router, and redispatches below BackendSelect, which reaches the production
-// kernel. Every exception of understudy's own is caught here and counted;
-// exceptions raised by production reach the caller unchanged, as they would
-// without understudy.
-//
-// Shadowed calls (the router decides which) also snapshot the arguments
-// production writes, run the candidate on the snapshot after production, and
-// hand both sides' outputs to the guard. Production's results are what the
-// caller receives; a candidate that fails or raises only earns a verdict.
+// BackendSelect dispatch key, once for the life of the process; it calls
+// through its hook (dispatch/dispatch.h), which names the enabled engine's
+// binding, or none. For a bound call it builds the C view of the call
+// (DLTensor arguments, scalars, the device's current native stream), asks
+// the router for a plan, and performs the steps of the serving decision
+// (guard/decision.h): snapshots, production (redispatched below
+// BackendSelect), the candidate, the comparison, restoring. It decides
+// nothing itself. Every exception of understudy's own is caught here and
+// turned into an event; production's exceptions reach the caller as they
+// would without understudy.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -19,15 +18,15 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+#include <exception>
 #include <limits>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "dispatch/callview.h"
-#include "guard/guard.h"
 #include "understudy/candidate.h"
 #include "understudy/understudy.h"
 
@@ -36,6 +35,11 @@ extern "C" int ust__error(int err, const char *fmt, ...);
 namespace {
 
 constexpr int kMaxArgs = 32;
+// ust__cand_kind and ust__shadow_fail (guard/guard.h, C only)
+constexpr int kNative = 1, kTorchOp = 2;
+constexpr int kFailNone = 0, kFailError = 1, kFailRaised = 2, kFailSchema = 3;
+// ust__shadow_point
+constexpr int kProdBegin = 0, kProdEnd = 1, kCandBegin = 2, kCandEnd = 3;
 
 struct DTypeInfo {
   int id;
@@ -65,9 +69,6 @@ DTypeInfo dtype_of(c10::ScalarType s) {
   }
 }
 
-// A borrowed DLPack view of t (its sizes and strides live in the TensorImpl,
-// valid while t is). The data pointer is read-only access to torch (no
-// copy-on-write materialisation); writable snapshots are understudy's own.
 DLDevice dl_device(bool cuda, int index) {
 #if defined(UST_GPU_HIP)
   return DLDevice{cuda ? kDLROCM : kDLCPU, cuda ? index : 0};
@@ -76,6 +77,9 @@ DLDevice dl_device(bool cuda, int index) {
 #endif
 }
 
+// A borrowed DLPack view of t (its sizes and strides live in the TensorImpl,
+// valid while t is). The data pointer is read-only access to torch (no
+// copy-on-write materialisation); writable snapshots are understudy's own.
 void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
   const DTypeInfo d = dtype_of(t.scalar_type());
   std::memset(dl, 0, sizeof *dl);
@@ -91,8 +95,7 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
 
 // Fills the view from the arguments on top of the stack. Returns false when
 // the call touches no tensor understudy counts (meta, fake, sparse, ...).
-bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args,
-                ust__call *call) {
+bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args, ust__call *call) {
   const size_t n_schema = op.schema().arguments().size();
   const size_t n = std::min<size_t>(n_schema, kMaxArgs);
   const c10::IValue *ivs = stack.data() + (stack.size() - n_schema);
@@ -138,7 +141,10 @@ bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, u
       a.f = iv.toDouble();
     } else if (iv.isIntList()) {
       a.kind = UST__ARG_INTLIST;
-      a.i = static_cast<int64_t>(iv.toIntList().size());
+      const auto list = iv.toIntList();
+      a.i = static_cast<int64_t>(list.size());
+      for (size_t k = 0; k < list.size() && k < UST__MAX_LIST; k++)
+        a.list[k] = list.get(k);
     } else if (iv.isNone()) {
       a.kind = UST__ARG_NONE;
     }
@@ -166,11 +172,11 @@ void resolve_names(ust__binding *b, const c10::OperatorHandle &op) {
   ust__binding_resolve(b, static_cast<int>(names.size()), names.data(), writes);
 }
 
-// Calls made while understudy runs a shadow (snapshots, the candidate, its
-// own use of aten ops) pass through the interceptors untouched: they are
-// not live traffic, and a candidate built from the op it stands in for must
-// not shadow itself.
-thread_local int tl_shadow_depth = 0;
+// Calls made while understudy runs its own work for a call (snapshots, the
+// candidate, its own use of aten ops) pass through the interceptors
+// untouched: they are not live traffic, and a candidate built from the op it
+// stands in for must not shadow itself.
+thread_local int tl_own_work = 0;
 
 // Calls a bound op makes to other bound ops while it runs (a framework's
 // attention wrapper calling its flash kernel, SDPA's math path calling bmm)
@@ -185,11 +191,11 @@ struct CallScope {
   CallScope &operator=(const CallScope &) = delete;
 };
 
-struct ShadowScope {
-  ShadowScope() { tl_shadow_depth++; }
-  ~ShadowScope() { tl_shadow_depth--; }
-  ShadowScope(const ShadowScope &) = delete;
-  ShadowScope &operator=(const ShadowScope &) = delete;
+struct OwnWork {
+  OwnWork() { tl_own_work++; }
+  ~OwnWork() { tl_own_work--; }
+  OwnWork(const OwnWork &) = delete;
+  OwnWork &operator=(const OwnWork &) = delete;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
 };
 
@@ -213,257 +219,358 @@ at::Tensor poisoned_like(const at::Tensor &r) {
   return t;
 }
 
+// A copy of t with t's own sizes and strides (a view written in place, such
+// as one split out of a fused qkv, keeps its layout).
+at::Tensor snapshot_of(const at::Tensor &t) {
+  at::Tensor s = at::empty_strided(t.sizes(), t.strides(), t.options());
+  s.copy_(t);
+  return s;
+}
+
 void enter_call_device(c10::OptionalDeviceGuard &g, const ust__call &call) {
   if (call.device == UST__DEV_CUDA)
     g.reset_device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call.device_id)));
 }
 
-// One shadowed call. prepare() runs before production, the rest after it;
-// every method may throw (an internal error: the caller's result is already
-// production's, and the slot is then abandoned by the caller of these).
-class ShadowRun {
+// Buffers a call's run reuses: one set per thread (a thread runs one bound
+// call at a time; nested bound calls pass through), so the steady-state
+// path allocates nothing once they have grown.
+struct Scratch {
+  std::vector<c10::IValue> saved, prod_returns, cand_returns, aa_returns;
+  std::vector<at::Tensor> snaps, aa_snaps, inputs, native_outputs, keep, dense;
+  std::vector<ust_value> values;
+  std::vector<DLTensor> outputs;
+  std::vector<int32_t> output_dtypes;
+  std::vector<ust__pair> pairs;
+  std::vector<const char *> names;
+  torch::jit::Stack side; // production on snapshots, the candidate, the A/A run
+  void clear() {
+    saved.clear();
+    prod_returns.clear();
+    cand_returns.clear();
+    aa_returns.clear();
+    snaps.clear();
+    aa_snaps.clear();
+    inputs.clear();
+    native_outputs.clear();
+    keep.clear();
+    dense.clear();
+    pairs.clear();
+    names.clear();
+    side.clear();
+  }
+};
+
+thread_local Scratch tl_scratch;
+
+// One intercepted call whose plan is not a plain pass: performs the steps
+// the decision names. Every step returns its event; none throws.
+class CallRun {
 public:
-  // serving: the candidate serves this call (canary, live) and production,
-  // when the call is verified, runs on the snapshots; otherwise (shadow)
-  // production serves and the candidate runs on the snapshots.
-  ShadowRun(const c10::OperatorHandle &op, const ust__binding *b, const ust__call &call, ust__call_state &st,
-            bool serving = false)
-      : b_(b), call_(call), st_(st), n_args_(op.schema().arguments().size()),
-        n_returns_(op.schema().returns().size()), serving_(serving) {}
+  CallRun(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack &stack, ust__binding *b,
+          const ust__call &call, ust__call_state &st)
+      : op_(op), below_(below), stack_(stack), b_(b), call_(call), st_(st), x_(tl_scratch),
+        n_args_(op.schema().arguments().size()), n_returns_(op.schema().returns().size()),
+        serving_(st.plan == UST__PLAN_SERVE || st.plan == UST__PLAN_SERVE_VERIFIED) {
+    x_.clear();
+    x_.saved.assign(stack.end() - static_cast<std::ptrdiff_t>(n_args_), stack.end());
+    x_.snaps.resize(n_args_);
+    x_.aa_snaps.resize(n_args_);
+    x_.inputs.resize(n_args_);
+  }
+  CallRun(const CallRun &) = delete;
+  CallRun &operator=(const CallRun &) = delete;
+  ~CallRun() { x_.clear(); }
 
-  // Before production: what is needed later, and snapshots of what
-  // production writes. Read-only arguments that share storage with a
-  // written one are copied too (addmm(c, a, b, out=c)): the candidate must
-  // read them as production did, before production wrote them.
-  void prepare(const torch::jit::Stack &stack, bool snapshots = true) {
-    ShadowScope scope;
-    ust__shadow_info_get(&st_, &info_);
-    saved_.assign(stack.end() - static_cast<std::ptrdiff_t>(n_args_), stack.end());
-    snaps_.resize(n_args_);
-    aa_snaps_.resize(n_args_);
-    inputs_.resize(n_args_);
-    for (size_t i = 0; snapshots && i < n_args_ && i < 32; i++) {
-      if (!((info_.writes_mask >> i) & 1u))
-        continue;
-      if (saved_[i].isTensorList())
-        throw std::runtime_error("written tensor lists are not shadowed");
-      if (!is_defined_tensor(saved_[i]))
-        continue;
-      snaps_[i] = saved_[i].toTensor().clone(at::MemoryFormat::Preserve);
-      if (info_.aa)
-        aa_snaps_[i] = saved_[i].toTensor().clone(at::MemoryFormat::Preserve);
+  int perform(int step) {
+    switch (step) {
+    case UST__STEP_SNAPSHOT: return own(&CallRun::snapshot);
+    case UST__STEP_PROD_ON_ARGS: return prod_on_args();
+    case UST__STEP_PROD_ON_SNAPS: return prod_on_snaps();
+    case UST__STEP_CAND_ON_SNAPS: return own(&CallRun::cand_on_snaps);
+    case UST__STEP_CAND_ON_ARGS: return own(&CallRun::cand_on_args);
+    case UST__STEP_COMPARE: return own(&CallRun::compare);
+    case UST__STEP_ABANDON: return own(&CallRun::abandon);
+    case UST__STEP_VERDICT: return own(&CallRun::verdict);
+    case UST__STEP_CAND_FAILED: return own(&CallRun::cand_failed);
+    case UST__STEP_RESTORE: // the values before the call, undoing the candidate
+    case UST__STEP_COPY_BACK: // production's writes on the snapshots
+      return own(&CallRun::snaps_into_args);
     }
-    for (size_t i = 0; i < n_args_; i++) {
-      if (snaps_[i].defined() || !is_defined_tensor(saved_[i]) || !saved_[i].toTensor().has_storage())
-        continue;
-      const at::Tensor &t = saved_[i].toTensor();
-      for (size_t j = 0; j < n_args_; j++)
-        if (snaps_[j].defined() && saved_[j].toTensor().has_storage() && saved_[j].toTensor().is_alias_of(t)) {
-          inputs_[i] = t.clone(at::MemoryFormat::Preserve);
-          break;
-        }
-    }
+    return UST__EV_INTERNAL;
   }
 
-  // After production returned: the candidate, the A/A run, the comparison.
-  void run_candidate_and_compare(const c10::OperatorHandle &op, c10::DispatchKeySet below,
-                                 const torch::jit::Stack &stack) {
-    ShadowScope scope;
-    prod_returns_.assign(stack.end() - static_cast<std::ptrdiff_t>(n_returns_), stack.end());
-    learn_layout();
-    // An out= argument production resized holds nothing the candidate
-    // needs: give the candidate one of production's final shape.
-    for (size_t i = 0; i < n_args_; i++)
-      if (snaps_[i].defined() && snaps_[i].sizes() != saved_[i].toTensor().sizes()) {
-        snaps_[i] = poisoned_like(saved_[i].toTensor());
-        if (aa_snaps_[i].defined())
-          aa_snaps_[i] = poisoned_like(saved_[i].toTensor());
-      }
-    std::vector<c10::IValue> cand_returns;
-    std::string msg;
-    // Everything understudy does for the candidate happens outside its
-    // timed interval: the interval holds the candidate alone.
-    int fail = info_.kind == UST__CAND_NATIVE ? prepare_native(cand_returns) : prepare_torch_op(msg);
-    if (fail == UST__FAIL_NONE) {
-      ust__shadow_mark(&st_, UST__MARK_CAND_BEGIN, &call_);
-      fail = info_.kind == UST__CAND_NATIVE ? call_native(msg) : call_torch_op(cand_returns, msg);
-      ust__shadow_mark(&st_, UST__MARK_CAND_END, &call_);
+  // What the caller receives, once the decision is done.
+  void finish(int outcome) {
+    switch (outcome) {
+    case UST__OUT_RAISE:
+      std::rethrow_exception(prod_exc_);
+    case UST__OUT_CANDIDATE:
+      replace_stack(x_.cand_returns);
+      return;
+    case UST__OUT_PROD_FROM_SNAPS:
+      // a return that is a written argument is the caller's argument
+      for (size_t j = 0; j < x_.prod_returns.size(); j++)
+        for (size_t i = 0; i < n_args_ && is_defined_tensor(x_.prod_returns[j]); i++)
+          if (x_.snaps[i].defined() && x_.snaps[i].is_same(x_.prod_returns[j].toTensor()))
+            x_.prod_returns[j] = x_.saved[i];
+      replace_stack(x_.prod_returns);
+      return;
+    default:
+      return; // production on the arguments: its results are on the stack
     }
-
-    std::vector<c10::IValue> aa_returns;
-    if (info_.aa) {
-      torch::jit::Stack aa_stack = with_snapshots(aa_snaps_);
-      op.redispatchBoxed(below, &aa_stack);
-      aa_returns.assign(aa_stack.begin(), aa_stack.end());
-    }
-
-    std::vector<ust__pair> pairs;
-    if (fail == UST__FAIL_NONE)
-      add_pairs(pairs, snaps_, cand_returns, 0, fail, msg);
-    if (info_.aa)
-      add_pairs(pairs, aa_snaps_, aa_returns, 1, fail, msg);
-    ust__shadow_finish(&call_, &st_, pairs.data(), static_cast<int>(pairs.size()), fail,
-                       msg.empty() ? nullptr : msg.c_str());
-  }
-
-  enum Served { kCandidate, kProduction, kRunProduction };
-
-  // Serving (canary, live): the candidate runs on the call's own arguments
-  // and its outputs replace them on the stack (kCandidate). When the call is
-  // verified, production first runs on the snapshots (it may raise: that
-  // reaches the caller as it would without understudy) and the guard gets
-  // both sides. When the candidate fails, or a verdict known before
-  // returning says it is wrong, production's results are served instead:
-  // already on the stack (kProduction), or to be computed by the caller on
-  // the restored arguments (kRunProduction).
-  Served serve(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack &stack) {
-    ShadowScope scope;
-    const bool verify = st_.shadow != nullptr;
-    if (verify) {
-      ust__shadow_mark(&st_, UST__MARK_PROD_BEGIN, &call_);
-      torch::jit::Stack ps = with_snapshots(snaps_);
-      try {
-        op.redispatchBoxed(below, &ps);
-      } catch (...) {
-        production_raised_ = true;
-        throw;
-      }
-      ust__shadow_mark(&st_, UST__MARK_PROD_END, &call_);
-      prod_returns_.assign(ps.begin(), ps.end());
-      production_ran_ = true; // from here on the snapshots hold production's results
-      learn_layout();
-    }
-    std::vector<c10::IValue> cand_returns;
-    std::string msg;
-    int fail = UST__FAIL_NONE;
-    if (info_.kind == UST__CAND_NATIVE) {
-      if (!native_outputs(verify, cand_returns)) {
-        ust__call_unlearned(&st_);
-        if (verify)
-          ust__shadow_abandon(&call_, &st_);
-        return verify ? production_instead(stack) : kRunProduction;
-      }
-    } else {
-      fail = prepare_torch_op(msg, saved_);
-    }
-    if (fail == UST__FAIL_NONE) {
-      if (verify)
-        ust__shadow_mark(&st_, UST__MARK_CAND_BEGIN, &call_);
-      fail = info_.kind == UST__CAND_NATIVE ? call_native(msg) : call_torch_op(cand_returns, msg);
-      if (verify)
-        ust__shadow_mark(&st_, UST__MARK_CAND_END, &call_);
-    }
-    if (fail != UST__FAIL_NONE) {
-      if (verify) {
-        ust__shadow_finish(&call_, &st_, nullptr, 0, fail, msg.c_str());
-        return production_instead(stack);
-      }
-      ust__call_serve_failed(&st_, fail, msg.c_str());
-      restore_written();
-      return kRunProduction;
-    }
-    if (verify) {
-      std::vector<ust__pair> pairs;
-      add_pairs(pairs, snaps_, cand_returns, 0, fail, msg);
-      // A host comparison concludes in ust__shadow_finish; a device one when
-      // the worker harvests it, unless strict waits for it here. This call's
-      // own verdict decides what it serves.
-      const bool wait = call_.device != UST__DEV_CUDA || ust__call_strict(&st_);
-      if (wait)
-        ust__shadow_want_verdict(&st_);
-      ust__shadow_finish(&call_, &st_, pairs.data(), static_cast<int>(pairs.size()), fail,
-                         msg.empty() ? nullptr : msg.c_str());
-      if (wait && ust__shadow_verdict(&call_, &st_, call_.device == UST__DEV_CUDA) == 1)
-        return production_instead(stack);
-      ust__call_verified_serving(&st_);
-    }
-    torch::jit::drop(stack, n_args_);
-    for (size_t j = 0; j < n_returns_; j++)
-      stack.push_back(j < cand_returns.size() ? cand_returns[j] : c10::IValue());
-    return kCandidate;
-  }
-
-  bool production_raised() const { return production_raised_; }
-  bool production_ran() const { return production_ran_; }
-
-  // Production's results as the call's: its writes (in the snapshots) copied
-  // into the arguments, its returns on the stack.
-  Served production_instead(torch::jit::Stack &stack) {
-    for (size_t i = 0; i < n_args_; i++)
-      if (snaps_[i].defined())
-        saved_[i].toTensor().copy_(snaps_[i]);
-    torch::jit::drop(stack, n_args_);
-    for (size_t j = 0; j < n_returns_; j++) {
-      c10::IValue v = j < prod_returns_.size() ? prod_returns_[j] : c10::IValue();
-      for (size_t i = 0; i < n_args_ && is_defined_tensor(v); i++)
-        if (snaps_[i].defined() && snaps_[i].is_same(v.toTensor()))
-          v = saved_[i]; // a return that is a written argument is the caller's argument
-      stack.push_back(v);
-    }
-    return kProduction;
-  }
-
-  // The arguments the candidate may have written, back to what they held.
-  void restore_written() {
-    for (size_t i = 0; i < n_args_; i++)
-      if (snaps_[i].defined())
-        saved_[i].toTensor().copy_(snaps_[i]);
   }
 
 private:
+  // A step of understudy's own work: on the call's device, below autograd,
+  // passing through the interceptors; anything it throws is internal.
+  int own(int (CallRun::*fn)()) {
+    try {
+      OwnWork scope;
+      c10::OptionalDeviceGuard guard;
+      enter_call_device(guard, call_);
+      return (this->*fn)();
+    } catch (const std::exception &e) {
+      ust__error(UST_EINTERNAL, "%s: %s", ust__binding_display(b_), e.what());
+    } catch (...) {
+    }
+    return UST__EV_INTERNAL;
+  }
+
+  // Marks taken on the call's device (the events must be recorded there,
+  // whatever device the calling thread has current).
+  void mark(int point) {
+    if (st_.slot == nullptr)
+      return;
+    try {
+      c10::OptionalDeviceGuard guard;
+      enter_call_device(guard, call_);
+      ust__call_mark(&st_, point, &call_);
+    } catch (...) {
+    }
+  }
+
+  // Copies of what the op writes, and of read-only arguments that share
+  // storage with a written one (addmm(c, a, b, out=c)): the other side must
+  // read them as the first did, before it wrote them.
+  int snapshot() {
+    const uint32_t writes = st_.cand.writes_mask;
+    const bool aa = ust__call_aa(&st_) != 0;
+    for (size_t i = 0; i < n_args_ && i < 32; i++) {
+      if (!((writes >> i) & 1u))
+        continue;
+      if (x_.saved[i].isTensorList())
+        throw std::runtime_error("written tensor lists are not shadowed");
+      if (!is_defined_tensor(x_.saved[i]))
+        continue;
+      x_.snaps[i] = snapshot_of(x_.saved[i].toTensor());
+      if (aa)
+        x_.aa_snaps[i] = snapshot_of(x_.saved[i].toTensor());
+    }
+    for (size_t i = 0; i < n_args_; i++) {
+      if (x_.snaps[i].defined() || !is_defined_tensor(x_.saved[i]) || !x_.saved[i].toTensor().has_storage())
+        continue;
+      const at::Tensor &t = x_.saved[i].toTensor();
+      for (size_t j = 0; j < n_args_; j++)
+        if (x_.snaps[j].defined() && x_.saved[j].toTensor().has_storage() && x_.saved[j].toTensor().is_alias_of(t)) {
+          x_.inputs[i] = snapshot_of(t);
+          break;
+        }
+    }
+    return UST__EV_OK;
+  }
+
+  int prod_on_args() {
+    mark(kProdBegin);
+    try {
+      op_.redispatchBoxed(below_, &stack_);
+    } catch (...) {
+      prod_exc_ = std::current_exception();
+      return UST__EV_RAISED;
+    }
+    mark(kProdEnd);
+    if (st_.plan == UST__PLAN_SHADOW) {
+      try {
+        x_.prod_returns.assign(stack_.end() - static_cast<std::ptrdiff_t>(n_returns_), stack_.end());
+        OwnWork scope;
+        learn_layout();
+      } catch (...) {
+        // the candidate's side notices the missing returns
+      }
+    }
+    return UST__EV_OK;
+  }
+
+  int prod_on_snaps() {
+    try {
+      x_.side = with_snapshots(x_.snaps);
+    } catch (...) {
+      return UST__EV_INTERNAL;
+    }
+    mark(kProdBegin);
+    try {
+      OwnWork scope; // production's own nested calls are part of it, not traffic
+      op_.redispatchBoxed(below_, &x_.side);
+    } catch (...) {
+      prod_exc_ = std::current_exception();
+      return UST__EV_RAISED;
+    }
+    mark(kProdEnd);
+    try {
+      x_.prod_returns.assign(x_.side.begin(), x_.side.end());
+      OwnWork scope;
+      learn_layout();
+    } catch (...) {
+    }
+    return UST__EV_OK;
+  }
+
+  int cand_on_snaps() {
+    if (!ust__call_slot_alive(&st_))
+      return UST__EV_INTERNAL; // no device resources for this call: the candidate does not run
+    // An out= argument production resized holds nothing the candidate
+    // needs: give the candidate one of production's final shape.
+    for (size_t i = 0; i < n_args_; i++)
+      if (x_.snaps[i].defined() && x_.snaps[i].sizes() != x_.saved[i].toTensor().sizes()) {
+        x_.snaps[i] = poisoned_like(x_.saved[i].toTensor());
+        if (x_.aa_snaps[i].defined())
+          x_.aa_snaps[i] = poisoned_like(x_.saved[i].toTensor());
+      }
+    if (st_.cand.kind == kNative) {
+      prepare_native_on_snaps();
+    } else {
+      x_.side = with_snapshots(x_.snaps);
+    }
+    return run_candidate(/*timed=*/true);
+  }
+
+  int cand_on_args() {
+    const bool verified = st_.plan == UST__PLAN_SERVE_VERIFIED;
+    if (st_.cand.kind == kNative) {
+      if (!native_outputs_serving(verified))
+        return UST__EV_NO_LAYOUT;
+    } else {
+      x_.side.assign(x_.saved.begin(), x_.saved.end());
+    }
+    return run_candidate(/*timed=*/verified);
+  }
+
+  int run_candidate(bool timed) {
+    if (timed)
+      mark(kCandBegin);
+    fail_ = st_.cand.kind == kNative ? call_native() : call_torch_op();
+    if (timed)
+      mark(kCandEnd);
+    if (fail_ == kFailRaised)
+      return UST__EV_RAISED;
+    return fail_ == kFailNone ? UST__EV_OK : UST__EV_FAILED;
+  }
+
+  int compare() {
+    if (fail_ == kFailNone && st_.plan == UST__PLAN_SHADOW && ust__call_aa(&st_)) {
+      x_.side = with_snapshots(x_.aa_snaps);
+      op_.redispatchBoxed(below_, &x_.side);
+      x_.aa_returns.assign(x_.side.begin(), x_.side.end());
+    }
+    if (fail_ == kFailNone)
+      add_pairs(x_.snaps, x_.cand_returns, 0);
+    if (fail_ == kFailNone && st_.plan == UST__PLAN_SHADOW && ust__call_aa(&st_))
+      add_pairs(x_.aa_snaps, x_.aa_returns, 1);
+    if (st_.flags & UST__DF_WAIT_VERDICT)
+      ust__call_want_verdict(&st_);
+    ust__call_compare(&st_, &call_, x_.pairs.data(), static_cast<int>(x_.pairs.size()), fail_,
+                      msg_.empty() ? nullptr : msg_.c_str());
+    return UST__EV_OK;
+  }
+
+  int abandon() {
+    ust__call_abandon(&st_, &call_);
+    return UST__EV_OK;
+  }
+
+  int verdict() { return ust__call_verdict(&st_, &call_) ? UST__EV_VERDICT_FAILED : UST__EV_OK; }
+
+  int cand_failed() {
+    ust__call_cand_failed(&st_, fail_, msg_.c_str());
+    return UST__EV_OK;
+  }
+
+  int snaps_into_args() {
+    for (size_t i = 0; i < n_args_; i++)
+      if (x_.snaps[i].defined())
+        x_.saved[i].toTensor().copy_(x_.snaps[i]);
+    return UST__EV_OK;
+  }
+
+  void replace_stack(const std::vector<c10::IValue> &returns) {
+    torch::jit::drop(stack_, n_args_);
+    for (size_t j = 0; j < n_returns_; j++)
+      stack_.push_back(j < returns.size() ? returns[j] : c10::IValue());
+  }
+
   torch::jit::Stack with_snapshots(const std::vector<at::Tensor> &snaps) const {
-    torch::jit::Stack s(saved_.begin(), saved_.end());
+    torch::jit::Stack s(x_.saved.begin(), x_.saved.end());
     for (size_t i = 0; i < n_args_; i++) {
       if (snaps[i].defined())
         s[i] = snaps[i];
-      else if (inputs_[i].defined())
-        s[i] = inputs_[i];
+      else if (x_.inputs[i].defined())
+        s[i] = x_.inputs[i];
     }
     return s;
   }
 
-
   // The layout of production's returns, learned for calls with this call's
   // signature so that a native candidate serving unverified calls gets
-  // outputs like production's. Per return: 0 none, 1 a fresh tensor (dtype,
-  // device index, rank, sizes, strides), 2 a written argument (its index),
-  // 3 a value a native candidate cannot produce.
+  // outputs like production's.
   void learn_layout() {
-    size_t known = 0;
-    if (info_.kind != UST__CAND_NATIVE || n_returns_ == 0 || ust__call_layout(&st_, &call_, &known) != nullptr)
+    ust__layout known;
+    if (st_.cand.kind != kNative || n_returns_ == 0 || n_returns_ > UST__MAX_RETURNS ||
+        ust__call_layout(&st_, &call_, &known) == 0)
       return; // nothing to lay out, or learned already
-    std::vector<int64_t> blob{static_cast<int64_t>(prod_returns_.size())};
-    for (size_t j = 0; j < prod_returns_.size(); j++) {
-      const c10::IValue &v = prod_returns_[j];
-      int64_t alias = -1;
+    ust__layout l;
+    std::memset(&l, 0, sizeof l);
+    l.n_returns = static_cast<int>(x_.prod_returns.size());
+    for (size_t j = 0; j < x_.prod_returns.size() && j < UST__MAX_RETURNS; j++) {
+      const c10::IValue &v = x_.prod_returns[j];
+      ust__ret_layout &r = l.ret[j];
+      int alias = -1;
       for (size_t i = 0; i < n_args_ && is_defined_tensor(v); i++)
-        if (snaps_[i].defined() && (serving_ ? snaps_[i] : saved_[i].toTensor()).is_same(v.toTensor()))
-          alias = static_cast<int64_t>(i);
+        if (x_.snaps[i].defined() && (serving_ ? x_.snaps[i] : x_.saved[i].toTensor()).is_same(v.toTensor()))
+          alias = static_cast<int>(i);
       if (alias >= 0) {
-        blob.insert(blob.end(), {2, alias});
-      } else if (is_defined_tensor(v)) {
+        r.kind = UST__RET_ARG;
+        r.arg = alias;
+      } else if (is_defined_tensor(v) && v.toTensor().dim() <= UST__MAX_RANK) {
         const at::Tensor &t = v.toTensor();
-        blob.insert(blob.end(), {1, static_cast<int64_t>(t.scalar_type()), t.is_cuda() ? t.get_device() : -1,
-                                 t.dim()});
-        blob.insert(blob.end(), t.sizes().begin(), t.sizes().end());
-        blob.insert(blob.end(), t.strides().begin(), t.strides().end());
+        r.kind = UST__RET_FRESH;
+        r.scalar_type = static_cast<int>(t.scalar_type());
+        r.device = t.is_cuda() ? t.get_device() : -1;
+        r.ndim = static_cast<int>(t.dim());
+        for (int d = 0; d < r.ndim; d++) {
+          r.sizes[d] = t.sizes()[d];
+          r.strides[d] = t.strides()[d];
+        }
       } else {
-        blob.push_back(v.isNone() ? 0 : 3);
+        r.kind = v.isNone() ? UST__RET_NONE : UST__RET_OPAQUE;
       }
     }
-    ust__call_learn_layout(&st_, &call_, blob.data(), blob.size() * sizeof(int64_t));
+    ust__call_learn_layout(&st_, &call_, &l);
   }
 
   // The candidate ABI's view of the call's arguments, as the call view read them.
   void call_values() {
-    values_.assign(n_args_, ust_value{});
+    x_.values.assign(n_args_, ust_value{});
     for (size_t i = 0; i < n_args_; i++) {
-      ust_value &v = values_[i];
+      ust_value &v = x_.values[i];
       v.name = ust__binding_arg_name(b_, static_cast<int>(i));
       const ust__arg *a = static_cast<int>(i) < call_.nargs ? &call_.args[i] : nullptr;
       switch (a != nullptr ? a->kind : UST__ARG_OTHER) {
       case UST__ARG_NONE: v.kind = UST_VALUE_NONE; break;
-      case UST__ARG_TENSOR: v.kind = UST_VALUE_TENSOR; v.tensor = a->t; break;
+      case UST__ARG_TENSOR:
+        v.kind = UST_VALUE_TENSOR;
+        v.tensor = a->t;
+        v.dtype = a->dtype;
+        break;
       case UST__ARG_INT: v.kind = UST_VALUE_INT; v.i = a->i; break;
       case UST__ARG_BOOL: v.kind = UST_VALUE_BOOL; v.i = a->i; break;
       case UST__ARG_DOUBLE: v.kind = UST_VALUE_DOUBLE; v.f = a->f; break;
@@ -472,215 +579,217 @@ private:
     }
   }
 
-  // A native candidate serving: its arguments are the call's own (written
-  // ones writable), its outputs fresh tensors like production's returns
-  // (this call's when verified, else the learned layout). false when no
-  // layout is known for this call's shapes.
-  bool native_outputs(bool verify, std::vector<c10::IValue> &cand_returns) {
+  void set_outputs() {
+    x_.outputs.resize(x_.native_outputs.size());
+    x_.output_dtypes.resize(x_.native_outputs.size());
+    for (size_t k = 0; k < x_.native_outputs.size(); k++)
+      fill_dl(x_.native_outputs[k], &x_.outputs[k], &x_.output_dtypes[k]);
+  }
+
+  // Shadow: the arguments as the call view read them, with understudy's
+  // snapshots in place of what production writes (and of read-only
+  // arguments that alias it), and fresh outputs like production's returns.
+  void prepare_native_on_snaps() {
+    call_values();
+    for (size_t i = 0; i < n_args_; i++) {
+      ust_value &v = x_.values[i];
+      if (x_.snaps[i].defined()) {
+        v.writable = 1;
+        fill_dl(x_.snaps[i], &v.tensor, nullptr);
+      } else if (x_.inputs[i].defined()) {
+        fill_dl(x_.inputs[i], &v.tensor, nullptr);
+      }
+    }
+    x_.cand_returns.assign(n_returns_, c10::IValue());
+    for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++) {
+      if (!is_defined_tensor(x_.prod_returns[j]) || aliases_written_arg(j))
+        continue;
+      x_.native_outputs.push_back(poisoned_like(x_.prod_returns[j].toTensor()));
+      x_.cand_returns[j] = x_.native_outputs.back();
+    }
+    set_outputs();
+  }
+
+  // Serving: the arguments are the call's own (written ones writable), the
+  // outputs fresh tensors like production's returns (this call's when
+  // verified, else the learned layout). false when no layout is known.
+  bool native_outputs_serving(bool verified) {
     call_values();
     for (size_t i = 0; i < n_args_ && i < 32; i++)
-      values_[i].writable = (info_.writes_mask >> i) & 1u;
-    cand_returns.assign(n_returns_, c10::IValue());
-    if (verify) {
-      for (size_t j = 0; j < n_returns_; j++) {
-        if (!is_defined_tensor(prod_returns_[j]))
+      x_.values[i].writable = (st_.cand.writes_mask >> i) & 1u;
+    x_.cand_returns.assign(n_returns_, c10::IValue());
+    if (verified) {
+      for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++) {
+        if (!is_defined_tensor(x_.prod_returns[j]))
           continue;
-        const at::Tensor &r = prod_returns_[j].toTensor();
+        const at::Tensor &r = x_.prod_returns[j].toTensor();
         bool alias = false;
         for (size_t i = 0; i < n_args_; i++)
-          if (snaps_[i].defined() && snaps_[i].is_same(r)) {
-            cand_returns[j] = saved_[i];
+          if (x_.snaps[i].defined() && x_.snaps[i].is_same(r)) {
+            x_.cand_returns[j] = x_.saved[i];
             alias = true;
           }
         if (!alias) {
-          native_outputs_.push_back(poisoned_like(r));
-          cand_returns[j] = native_outputs_.back();
+          x_.native_outputs.push_back(poisoned_like(r));
+          x_.cand_returns[j] = x_.native_outputs.back();
         }
       }
     } else if (n_returns_ > 0) {
-      size_t len = 0;
-      const int64_t *l = static_cast<const int64_t *>(ust__call_layout(&st_, &call_, &len));
-      const size_t n = len / sizeof(int64_t);
-      if (l == nullptr || n < 1 || static_cast<size_t>(l[0]) != n_returns_)
+      ust__layout l;
+      if (ust__call_layout(&st_, &call_, &l) != 0 || static_cast<size_t>(l.n_returns) != n_returns_)
         return false;
-      size_t at = 1;
       for (size_t j = 0; j < n_returns_; j++) {
-        if (at >= n)
+        const ust__ret_layout &r = l.ret[j];
+        if (r.kind == UST__RET_OPAQUE)
           return false;
-        const int64_t kind = l[at++];
-        if (kind == 3)
-          return false;
-        if (kind == 2) {
-          cand_returns[j] = saved_[static_cast<size_t>(l[at++])];
-        } else if (kind == 1) {
-          const auto dtype = static_cast<c10::ScalarType>(l[at]);
-          const int64_t dev = l[at + 1], rank = l[at + 2];
-          at += 3;
-          if (at + 2 * static_cast<size_t>(rank) > n)
+        if (r.kind == UST__RET_ARG) {
+          if (r.arg < 0 || static_cast<size_t>(r.arg) >= n_args_)
             return false;
-          c10::IntArrayRef sizes(l + at, static_cast<size_t>(rank)), strides(l + at + rank, static_cast<size_t>(rank));
-          at += 2 * static_cast<size_t>(rank);
-          auto opts = at::TensorOptions().dtype(dtype).device(
-              dev < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dev)));
-          native_outputs_.push_back(at::empty_strided(sizes, strides, opts));
-          cand_returns[j] = native_outputs_.back();
+          x_.cand_returns[j] = x_.saved[static_cast<size_t>(r.arg)];
+        } else if (r.kind == UST__RET_FRESH) {
+          if (r.ndim < 0 || r.ndim > UST__MAX_RANK)
+            return false;
+          auto opts = at::TensorOptions()
+                          .dtype(static_cast<c10::ScalarType>(r.scalar_type))
+                          .device(r.device < 0 ? c10::Device(c10::kCPU)
+                                               : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(r.device)));
+          x_.native_outputs.push_back(at::empty_strided(c10::IntArrayRef(r.sizes, static_cast<size_t>(r.ndim)),
+                                                        c10::IntArrayRef(r.strides, static_cast<size_t>(r.ndim)),
+                                                        opts));
+          x_.cand_returns[j] = x_.native_outputs.back();
         }
       }
     }
-    outputs_.resize(native_outputs_.size());
-    for (size_t k = 0; k < native_outputs_.size(); k++)
-      fill_dl(native_outputs_[k], &outputs_[k], nullptr);
+    set_outputs();
     return true;
   }
 
   // The production return j aliases a written argument: compared there.
   bool aliases_written_arg(size_t j) const {
-    if (!is_defined_tensor(prod_returns_[j]))
+    if (!is_defined_tensor(x_.prod_returns[j]))
       return false;
-    const at::Tensor &r = prod_returns_[j].toTensor();
+    const at::Tensor &r = x_.prod_returns[j].toTensor();
     for (size_t i = 0; i < n_args_; i++)
-      if (snaps_[i].defined() && (serving_ ? snaps_[i] : saved_[i].toTensor()).is_same(r))
+      if (x_.snaps[i].defined() && (serving_ ? x_.snaps[i] : x_.saved[i].toTensor()).is_same(r))
         return true;
     return false;
   }
 
   bool compared_return(size_t j) const {
-    return info_.compared_returns < 0 || j < static_cast<size_t>(info_.compared_returns);
+    return st_.cand.compared_returns < 0 || j < static_cast<size_t>(st_.cand.compared_returns);
   }
 
-  // The arguments as the call view read them, with understudy's snapshots
-  // in place of what production writes (and of read-only arguments that
-  // alias it), and fresh outputs like production's returns.
-  int prepare_native(std::vector<c10::IValue> &cand_returns) {
-    call_values();
-    for (size_t i = 0; i < n_args_; i++) {
-      ust_value &v = values_[i];
-      if (snaps_[i].defined()) {
-        v.writable = 1;
-        fill_dl(snaps_[i], &v.tensor, nullptr);
-      } else if (inputs_[i].defined()) {
-        fill_dl(inputs_[i], &v.tensor, nullptr);
-      }
-    }
-    cand_returns.assign(n_returns_, c10::IValue());
-    for (size_t j = 0; j < n_returns_; j++) {
-      if (!is_defined_tensor(prod_returns_[j]) || aliases_written_arg(j))
-        continue;
-      native_outputs_.push_back(poisoned_like(prod_returns_[j].toTensor()));
-      cand_returns[j] = native_outputs_.back();
-    }
-    outputs_.resize(native_outputs_.size());
-    for (size_t k = 0; k < native_outputs_.size(); k++)
-      fill_dl(native_outputs_[k], &outputs_[k], nullptr);
-    return UST__FAIL_NONE;
-  }
-
-  int call_native(std::string &msg) {
-    const ust_candidate *d = info_.native;
+  int call_native() {
+    const ust_candidate *d = st_.cand.native;
     ust_candidate_call cc;
     std::memset(&cc, 0, sizeof cc);
-    cc.size = sizeof cc;
+    // a version 1 candidate reads its arguments with version 1's stride
+    std::vector<unsigned char> v1;
+    const void *args = x_.values.data();
+    if (st_.cand.abi < 2) {
+      v1.resize(n_args_ * UST_VALUE_V1_SIZE);
+      for (size_t i = 0; i < n_args_; i++)
+        std::memcpy(v1.data() + i * UST_VALUE_V1_SIZE, &x_.values[i], UST_VALUE_V1_SIZE);
+      args = v1.data();
+      cc.size = offsetof(ust_candidate_call, value_size);
+    } else {
+      cc.size = sizeof cc;
+      cc.value_size = sizeof(ust_value);
+      cc.output_dtypes = x_.output_dtypes.data();
+    }
     cc.n_args = static_cast<int32_t>(n_args_);
-    cc.args = values_.data();
-    cc.n_outputs = static_cast<int32_t>(outputs_.size());
-    cc.outputs = outputs_.data();
+    cc.args = static_cast<const ust_value *>(args);
+    cc.n_outputs = static_cast<int32_t>(x_.outputs.size());
+    cc.outputs = x_.outputs.data();
     cc.device = dl_device(call_.device == UST__DEV_CUDA, call_.device_id);
     cc.stream = call_.stream;
     char buf[256] = "";
     int rc = 0;
-    if (int f = guarded([&] { rc = d->run(d->ctx, &cc, buf, sizeof buf); }, msg))
+    if (int f = guarded([&] { rc = d->run(d->ctx, &cc, buf, sizeof buf); }))
       return f;
     if (rc != 0) {
       buf[sizeof buf - 1] = '\0';
-      msg = "candidate returned status " + std::to_string(rc) + (buf[0] ? std::string(": ") + buf : std::string());
-      return UST__FAIL_ERROR;
+      msg_ = "candidate returned status " + std::to_string(rc) + (buf[0] ? std::string(": ") + buf : std::string());
+      return kFailError;
     }
-    return UST__FAIL_NONE;
+    return kFailNone;
   }
 
-  int prepare_torch_op(std::string &msg) { return prepare_torch_op(msg, with_snapshots(snaps_)); }
-
-  int prepare_torch_op(std::string &msg, const torch::jit::Stack &args) {
-    auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(info_.torch_op, info_.torch_overload));
-    if (!handle.has_value())
-      throw std::runtime_error(std::string("candidate op ") + info_.torch_op + " is not defined in this process");
-    const auto &cs = handle->schema();
+  int call_torch_op() {
+    const auto *h = static_cast<const c10::OperatorHandle *>(st_.cand.torch_op);
+    const auto &cs = h->schema();
     if (cs.arguments().size() != n_args_ || cs.returns().size() != n_returns_) {
-      msg = "candidate " + cs.operator_name().name + " takes " + std::to_string(cs.arguments().size()) +
-            " arguments and returns " + std::to_string(cs.returns().size()) + " values; production " +
-            std::to_string(n_args_) + " and " + std::to_string(n_returns_);
-      return UST__FAIL_SCHEMA;
+      msg_ = "candidate " + cs.operator_name().name + " takes " + std::to_string(cs.arguments().size()) +
+             " arguments and returns " + std::to_string(cs.returns().size()) + " values; production " +
+             std::to_string(n_args_) + " and " + std::to_string(n_returns_);
+      return kFailSchema;
     }
-    cand_op_ = *handle;
-    cand_stack_ = args;
-    return UST__FAIL_NONE;
-  }
-
-  int call_torch_op(std::vector<c10::IValue> &cand_returns, std::string &msg) {
-    if (int f = guarded([&] { cand_op_->callBoxed(&cand_stack_); }, msg))
+    if (int f = guarded([&] { h->callBoxed(&x_.side); }))
       return f;
-    cand_returns.assign(cand_stack_.begin(), cand_stack_.end());
-    return UST__FAIL_NONE;
+    x_.cand_returns.assign(x_.side.begin(), x_.side.end());
+    return kFailNone;
   }
 
   // Runs the candidate; whatever it raises stays here and becomes a verdict.
-  template <typename F> static int guarded(F &&run, std::string &msg) {
+  template <typename F> int guarded(F &&run) {
     try {
       run();
-      return UST__FAIL_NONE;
+      return kFailNone;
     } catch (const std::exception &e) {
-      msg = std::string("candidate raised: ") + e.what();
+      msg_ = std::string("candidate raised: ") + e.what();
     } catch (...) {
-      msg = "candidate raised an exception";
+      msg_ = "candidate raised an exception";
     }
-    if (msg.size() > 240)
-      msg.resize(240);
-    return UST__FAIL_RAISED;
+    if (msg_.size() > 240)
+      msg_.resize(240);
+    return kFailRaised;
   }
 
   // Pairs of (production's value, the other side's): every written argument
   // (against its snapshot, which the other side wrote), then every compared
   // return that is not a written argument. A return understudy cannot read
   // (a tensor list, ...) makes the call unverifiable rather than passed.
-  void add_pairs(std::vector<ust__pair> &pairs, const std::vector<at::Tensor> &snaps,
-                 const std::vector<c10::IValue> &other_returns, int aa, int &fail, std::string &msg) {
-    std::vector<const char *> names;
+  void add_pairs(const std::vector<at::Tensor> &snaps, const std::vector<c10::IValue> &other_returns, int aa) {
+    x_.names.clear();
     std::vector<at::Tensor> prod, other;
+    std::vector<int> written;
     for (size_t i = 0; i < n_args_; i++)
       if (snaps[i].defined()) {
         // production wrote the caller's argument and the other side the
         // snapshot; serving, the other way round
-        names.push_back(ust__binding_arg_name(b_, static_cast<int>(i)));
-        prod.push_back(serving_ && !aa ? snaps[i] : saved_[i].toTensor());
-        other.push_back(serving_ && !aa ? saved_[i].toTensor() : snaps[i]);
+        x_.names.push_back(ust__binding_arg_name(b_, static_cast<int>(i)));
+        prod.push_back(serving_ && !aa ? snaps[i] : x_.saved[i].toTensor());
+        other.push_back(serving_ && !aa ? x_.saved[i].toTensor() : snaps[i]);
+        written.push_back(1);
       }
     bool unreadable = false;
-    for (size_t j = 0; j < n_returns_; j++) {
-      if (!compared_return(j) || aliases_written_arg(j) || prod_returns_[j].isNone())
+    for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++) {
+      if (!compared_return(j) || aliases_written_arg(j) || x_.prod_returns[j].isNone())
         continue;
-      if (!is_defined_tensor(prod_returns_[j])) {
-        unreadable |= !(prod_returns_[j].isTensor() || prod_returns_[j].isInt() || prod_returns_[j].isDouble() ||
-                        prod_returns_[j].isBool());
+      if (!is_defined_tensor(x_.prod_returns[j])) {
+        unreadable |= !(x_.prod_returns[j].isTensor() || x_.prod_returns[j].isInt() ||
+                        x_.prod_returns[j].isDouble() || x_.prod_returns[j].isBool());
         continue;
       }
       if (j >= other_returns.size() || !is_defined_tensor(other_returns[j])) {
-        if (!aa && fail == UST__FAIL_NONE) {
-          fail = UST__FAIL_SCHEMA;
-          msg = std::string("candidate returned no tensor for ") + result_name(j);
+        if (!aa && fail_ == kFailNone) {
+          fail_ = kFailSchema;
+          msg_ = std::string("candidate returned no tensor for ") + result_name(j);
         }
         continue;
       }
-      names.push_back(result_name(j));
-      prod.push_back(prod_returns_[j].toTensor());
+      x_.names.push_back(result_name(j));
+      prod.push_back(x_.prod_returns[j].toTensor());
       other.push_back(other_returns[j].toTensor());
+      written.push_back(0);
     }
-    if (info_.compare == UST__CMP_SET) {
+    if (st_.cand.compare == UST__CMP_SET) {
       as_sets(prod);
       as_sets(other);
     }
     for (size_t k = 0; k < prod.size(); k++)
-      add_pair(pairs, names[k], prod[k], other[k], aa);
-    if (unreadable || pairs.size() >= 2 * UST__SHADOW_MAX_PAIRS) {
+      add_pair(x_.names[k], prod[k], other[k], aa, written[k]);
+    if (unreadable || x_.pairs.size() >= UST__MAX_PAIRS) {
       // A pair whose dtype the guard does not read: the verdict is then
       // "unverifiable", never "passed" on a partial look.
       ust__pair p;
@@ -688,10 +797,10 @@ private:
       p.name = "unreadable outputs";
       p.aa = aa;
       p.prod_dtype = p.cand_dtype = UST__DT_OTHER;
-      if (pairs.size() >= 2 * UST__SHADOW_MAX_PAIRS)
-        pairs.back() = p;
+      if (x_.pairs.size() >= UST__MAX_PAIRS)
+        x_.pairs.back() = p;
       else
-        pairs.push_back(p);
+        x_.pairs.push_back(p);
     }
   }
 
@@ -713,62 +822,65 @@ private:
         t = t.gather(-1, perm);
   }
 
-  void add_pair(std::vector<ust__pair> &pairs, const char *name, const at::Tensor &prod, const at::Tensor &other,
-                int aa) {
-    if (pairs.size() >= 2 * UST__SHADOW_MAX_PAIRS)
+  void add_pair(const char *name, const at::Tensor &prod, const at::Tensor &other, int aa, int written) {
+    if (x_.pairs.size() >= UST__MAX_PAIRS)
       return;
     ust__pair p;
     std::memset(&p, 0, sizeof p);
     p.name = name;
     p.aa = aa;
-    keep_.push_back(prod);
-    keep_.push_back(other);
-    fill_dl(keep_[keep_.size() - 2], &p.prod, &p.prod_dtype);
-    fill_dl(keep_.back(), &p.cand, &p.cand_dtype);
+    p.written_arg = written;
+    x_.keep.push_back(prod);
+    x_.keep.push_back(other);
+    fill_dl(x_.keep[x_.keep.size() - 2], &p.prod, &p.prod_dtype);
+    fill_dl(x_.keep.back(), &p.cand, &p.cand_dtype);
     if (prod.device() == other.device() && prod.sizes() == other.sizes() && prod.scalar_type() == other.scalar_type()) {
-      dense_.push_back(prod.contiguous());
-      dense_.push_back(other.contiguous());
-      p.prod_dense = dense_[dense_.size() - 2].const_data_ptr();
-      p.cand_dense = dense_.back().const_data_ptr();
+      x_.dense.push_back(prod.contiguous());
+      x_.dense.push_back(other.contiguous());
+      p.prod_dense = x_.dense[x_.dense.size() - 2].const_data_ptr();
+      p.cand_dense = x_.dense.back().const_data_ptr();
     }
-    pairs.push_back(p);
+    x_.pairs.push_back(p);
   }
 
-  const ust__binding *b_;
+  const c10::OperatorHandle &op_;
+  c10::DispatchKeySet below_;
+  torch::jit::Stack &stack_;
+  ust__binding *b_;
   const ust__call &call_;
   ust__call_state &st_;
+  Scratch &x_;
   size_t n_args_, n_returns_;
   bool serving_;
-  bool production_raised_ = false;
-  bool production_ran_ = false;
-  ust__shadow_info info_{};
-  std::vector<c10::IValue> saved_, prod_returns_;
-  std::vector<at::Tensor> snaps_, aa_snaps_, inputs_, native_outputs_;
-  std::vector<ust_value> values_;
-  std::vector<DLTensor> outputs_;
-  std::optional<c10::OperatorHandle> cand_op_;
-  torch::jit::Stack cand_stack_;
-  // Tensors the guard reads through DLTensor views (their sizes and strides
-  // live in the TensorImpl, which these references keep alive).
-  std::vector<at::Tensor> keep_, dense_;
+  int fail_ = kFailNone;
+  std::string msg_;
+  std::exception_ptr prod_exc_;
 };
 
-struct InflightGuard {
-  InflightGuard() { ust__inflight_enter(); }
-  ~InflightGuard() { ust__inflight_leave(); }
-  InflightGuard(const InflightGuard &) = delete;
-  InflightGuard &operator=(const InflightGuard &) = delete;
+struct HookScope {
+  explicit HookScope(ust__hook *h) : h_(h), binding(ust__hook_enter(h, &ticket_)) {}
+  ~HookScope() { ust__hook_leave(h_, ticket_); }
+  HookScope(const HookScope &) = delete;
+  HookScope &operator=(const HookScope &) = delete;
+
+private:
+  ust__hook *h_;
+  unsigned ticket_ = 0;
+
+public:
+  ust__binding *binding;
 };
 
 class Interceptor final : public c10::OperatorKernel {
 public:
-  explicit Interceptor(ust__binding *b) : b_(b) {}
+  explicit Interceptor(ust__hook *h) : hook_(h) {}
 
   void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
-    InflightGuard inflight;
+    HookScope scope(hook_);
     const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
                                                                c10::DispatchKey::BackendSelect);
-    if (tl_shadow_depth > 0 || tl_call_depth > 0 || ust__binding_is_off(b_)) {
+    ust__binding *b = scope.binding;
+    if (b == nullptr || tl_own_work > 0 || tl_call_depth > 0 || ust__binding_is_off(b)) {
       op.redispatchBoxed(below, stack);
       return;
     }
@@ -778,149 +890,47 @@ public:
     ust__call_state st{};
     bool tracked = false;
     try {
-      if (ust__binding_needs_names(b_))
-        resolve_names(b_, op);
+      if (ust__binding_needs_names(b))
+        resolve_names(b, op);
       tracked = build_view(op, *stack, args, &call);
       if (tracked)
-        ust__call_begin(b_, &call, &st);
+        ust__call_begin(b, &call, &st);
     } catch (...) {
-      ust__count_internal_error();
+      ust__call_internal_error(b);
       tracked = false;
     }
-    if (tracked && st.serve) {
-      if (served(op, below, stack, call, st))
-        return;
-      st.shadow = nullptr; // released by served()
-    } else if (tracked && st.shadow != nullptr) {
-      shadowed(op, below, stack, call, st);
+    if (!tracked) {
+      op.redispatchBoxed(below, stack);
       return;
     }
-    try {
-      op.redispatchBoxed(below, stack);
-    } catch (...) {
-      if (tracked)
-        ust__call_cancel(&call, &st);
-      throw;
+    ust__decision d;
+    int step = ust__decision_start(&d, st.plan, st.flags);
+    if (st.plan == UST__PLAN_PASS) { // the common path, without a run's buffers
+      try {
+        op.redispatchBoxed(below, stack);
+      } catch (...) {
+        ust__decision_next(&d, UST__EV_RAISED);
+        ust__call_end(&call, &st, &d);
+        throw;
+      }
+      ust__decision_next(&d, UST__EV_OK);
+      ust__call_end(&call, &st, &d);
+      return;
     }
-    if (tracked)
-      ust__call_end(&call, &st);
+    CallRun run(op, below, *stack, b, call, st);
+    while (step != UST__STEP_DONE)
+      step = ust__decision_next(&d, run.perform(step));
+    ust__call_end(&call, &st, &d);
+    run.finish(d.outcome);
   }
 
 private:
-  // The candidate serves (canary, live). Returns true when the call was
-  // served here, by the candidate or by production's results; false when
-  // the caller must run production on the (restored) arguments: the
-  // candidate could not serve or failed, or understudy did. Production's
-  // own exceptions propagate as in the plain path.
-  bool served(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack *stack,
-              const ust__call &call, ust__call_state &st) {
-    std::unique_ptr<ShadowRun> run;
-    ShadowRun::Served how = ShadowRun::kRunProduction;
-    bool restorable = false;
-    try {
-      c10::OptionalDeviceGuard guard;
-      enter_call_device(guard, call);
-      run = std::make_unique<ShadowRun>(op, b_, call, st, /*serving=*/true);
-      // No snapshots inside a graph capture: nothing could be restored
-      // there, and copies would become part of the graph.
-      run->prepare(*stack, /*snapshots=*/!st.capturing);
-      restorable = true;
-      how = run->serve(op, below, *stack);
-    } catch (...) {
-      // Production raising on the snapshots (out of memory for them, say)
-      // leaves the arguments untouched: production runs again on them and
-      // raises to the caller only if it would without understudy.
-      how = internal_error(call, st, run.get(), restorable, stack);
-    }
-    if (how == ShadowRun::kRunProduction) {
-      if (st.shadow != nullptr)
-        ust__shadow_abandon(&call, &st);
-      return false;
-    }
-    if (how == ShadowRun::kCandidate)
-      ust__call_served_by_candidate(&st);
-    return true;
-  }
-
-  // understudy failed while serving (or production raised on the
-  // snapshots): production serves. Once production has run on the
-  // snapshots they hold its results, which are served; before, the
-  // arguments the candidate may have written are restored and production
-  // runs on them.
-  ShadowRun::Served internal_error(const ust__call &call, ust__call_state &st, ShadowRun *run, bool restorable,
-                                   torch::jit::Stack *stack) {
-    if (run == nullptr || !run->production_raised())
-      ust__count_internal_error();
-    if (st.shadow != nullptr)
-      ust__shadow_abandon(&call, &st);
-    if (run != nullptr && restorable) {
-      try {
-        if (run->production_ran())
-          return run->production_instead(*stack);
-        run->restore_written();
-      } catch (...) {
-        ust__count_internal_error();
-      }
-    }
-    return ShadowRun::kRunProduction;
-  }
-
-  // Production serves exactly as in the plain path; the shadow work before
-  // and after it fails open. st.shadow is released exactly once: by
-  // ust__shadow_finish, or by ust__shadow_abandon.
-  void shadowed(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack *stack,
-                const ust__call &call, ust__call_state &st) {
-    // understudy's own device work runs on the call's device; production
-    // runs outside this guard, exactly as in the plain path.
-    std::unique_ptr<ShadowRun> run;
-    try {
-      c10::OptionalDeviceGuard guard;
-      enter_call_device(guard, call);
-      run = std::make_unique<ShadowRun>(op, b_, call, st);
-      run->prepare(*stack);
-    } catch (...) {
-      ust__count_internal_error();
-      ust__shadow_abandon(&call, &st);
-      run.reset();
-    }
-    if (run)
-      ust__shadow_mark(&st, UST__MARK_PROD_BEGIN, &call);
-    try {
-      op.redispatchBoxed(below, stack);
-    } catch (...) {
-      if (run)
-        ust__shadow_abandon(&call, &st);
-      throw;
-    }
-    if (!run)
-      return;
-    ust__shadow_mark(&st, UST__MARK_PROD_END, &call);
-    if (!ust__shadow_alive(&st)) {
-      ust__shadow_abandon(&call, &st); /* no device resources for this call: do not run the candidate */
-      return;
-    }
-    try {
-      c10::OptionalDeviceGuard guard;
-      enter_call_device(guard, call);
-      run->run_candidate_and_compare(op, below, *stack);
-    } catch (const std::exception &e) {
-      ust__count_internal_error();
-      ust__error(UST_EINTERNAL, "shadow of %s: %s", ust__binding_display(b_), e.what());
-      ust__shadow_abandon(&call, &st);
-    } catch (...) {
-      ust__count_internal_error();
-      ust__shadow_abandon(&call, &st);
-    }
-  }
-
-  ust__binding *b_;
+  ust__hook *hook_;
 };
 
-int register_binding(ust__binding *b, void **handle) {
-  *handle = nullptr;
-  const char *display = ust__binding_display(b);
+int register_hook(ust__hook *hook, const char *qualname, const char *overload, const char *display) {
   try {
-    c10::OperatorName name(ust__binding_qualname(b), ust__binding_overload(b));
+    c10::OperatorName name(qualname, overload);
     auto &dispatcher = c10::Dispatcher::singleton();
     if (auto existing = dispatcher.findOp(name)) {
       if (existing->hasKernelForDispatchKey(c10::DispatchKey::BackendSelect))
@@ -928,23 +938,16 @@ int register_binding(ust__binding *b, void **handle) {
                           "%s already has a BackendSelect kernel; intercepting it would bypass that kernel",
                           display);
     }
-    auto kernel = c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Interceptor>(b));
-    auto reg = dispatcher.registerImpl(name, c10::DispatchKey::BackendSelect, std::move(kernel), std::nullopt,
-                                       nullptr, std::string("understudy interceptor for ") + display);
-    *handle = new c10::RegistrationHandleRAII(std::move(reg));
+    auto kernel = c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Interceptor>(hook));
+    // Kept for the life of the process: the kernel is never deregistered.
+    new c10::RegistrationHandleRAII(dispatcher.registerImpl(name, c10::DispatchKey::BackendSelect, std::move(kernel),
+                                                            std::nullopt, nullptr,
+                                                            std::string("understudy interceptor for ") + display));
     return 0;
   } catch (const std::exception &e) {
     return ust__error(UST_ETORCH, "registering an interceptor for %s failed: %s", display, e.what());
   } catch (...) {
     return ust__error(UST_ETORCH, "registering an interceptor for %s failed", display);
-  }
-}
-
-void unregister_binding(void *handle) {
-  try {
-    delete static_cast<c10::RegistrationHandleRAII *>(handle);
-  } catch (...) {
-    ust__count_internal_error();
   }
 }
 
@@ -956,16 +959,23 @@ int op_defined(const char *qualname, const char *overload) {
   }
 }
 
+void *resolve_op(const char *qualname, const char *overload) {
+  try {
+    auto h = c10::Dispatcher::singleton().findSchema(c10::OperatorName(qualname, overload));
+    return h.has_value() ? new c10::OperatorHandle(*h) : nullptr;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 #ifdef UST_TORCH_VERSION
 constexpr const char *kTorchVersion = UST_TORCH_VERSION;
 #else
 constexpr const char *kTorchVersion = "";
 #endif
 
-const ust__seam_i kSeam = {kTorchVersion, register_binding, unregister_binding, op_defined};
-
-struct SeamInstaller {
-  SeamInstaller() { ust__seam_install(&kSeam); }
-} installer;
+const ust__seam_i kSeam = {kTorchVersion, register_hook, op_defined, resolve_op};
 
 } // namespace
+
+extern "C" const ust__seam_i *ust__seam(void) { return &kSeam; }

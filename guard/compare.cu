@@ -30,9 +30,9 @@
 #define UST__WARP 32
 #endif
 
-#include "dispatch/gpu_runtime.h"
+#include "base/gpu_runtime.h"
 #include "guard/compare_elem.h"
-#include "guard/guard.h"
+#include "guard/compare.h"
 
 #include "understudy/understudy.h"
 

@@ -64,6 +64,9 @@ void ust__compare_host(const void *prod, const void *cand, int dtype, int64_t n,
 int ust__compare_launch(const void *prod, const void *cand, int dtype, int64_t n, int kind, double atol,
                         double rtol, ust__cmp_stats *dev_out, void *stream);
 
+/* Pairs one call hands to the guard, at most (A/A pairs included). */
+#define UST__MAX_PAIRS 16
+
 /* One output to compare: production's value and the other side's (the
  * candidate's, or production's second run for an A/A check). The DLTensors
  * carry the metadata that is checked (shape, dtype, strides, device);

@@ -1,17 +1,15 @@
-/* ust_compare_sync: the guard's comparison as a public, synchronous call. */
+/* The guard's comparison as a synchronous call (ust_compare_sync). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <dlpack/dlpack.h>
 
-#include "dispatch/backend.h"
 #include "guard/guard.h"
-#include "plugin/plugin.h"
 
 #if defined(UST_GPU_CUDA) || defined(UST_GPU_HIP)
 #define UST__API_GPU 1
-#include "dispatch/gpu_runtime.h"
+#include "base/gpu_runtime.h"
 #endif
 
 /* DLPack 1.0 calls bool kDLBool (6); the distribution's 0.6 header predates it. */
@@ -73,17 +71,13 @@ static void fill_result(const ust__cmp_stats *s, double ns, ust_compare_result *
  * them) can synchronise the device, which stalls work the caller queued
  * ahead and lets launch gaps into the measured time. A call takes a free
  * entry of its device, or makes one, under a lock held only for the list;
- * there are as many entries as calls ever ran at once, kept until the
- * process ends. */
-typedef struct cmp_res {
-  struct cmp_res *next;
+ * there are as many entries as calls ever ran at once, kept in the cache. */
+typedef struct ust__cmp_res {
+  struct ust__cmp_res *next;
   int device;
   ust__cmp_stats *dev, *pinned;
   cudaEvent_t ev[2];
 } cmp_res;
-
-static pthread_mutex_t res_lock = PTHREAD_MUTEX_INITIALIZER;
-static cmp_res *res_free;
 
 static void res_destroy(cmp_res *r) {
   for (int i = 0; i < 2; i++)
@@ -98,15 +92,16 @@ static void res_destroy(cmp_res *r) {
 
 /* A free entry of the current device into *out, made if there is none;
  * 0 or the error. */
-static int res_take(int device, cmp_res **out) {
-  pthread_mutex_lock(&res_lock);
-  cmp_res **at = &res_free;
+static int res_take(ust__compare_cache *cache, int device, cmp_res **out) {
+  ust__log_sink *log = cache->log;
+  pthread_mutex_lock(&cache->lock);
+  cmp_res **at = &cache->free_list;
   while (*at != NULL && (*at)->device != device)
     at = &(*at)->next;
   cmp_res *r = *at;
   if (r != NULL)
     *at = r->next;
-  pthread_mutex_unlock(&res_lock);
+  pthread_mutex_unlock(&cache->lock);
   if (r != NULL) {
     *out = r;
     return 0;
@@ -115,10 +110,10 @@ static int res_take(int device, cmp_res **out) {
   if (r == NULL)
     return ust__error(UST_ENOMEM, "compare: out of memory");
   r->device = device;
-  if (UST__GPU_CHECK(cudaMalloc((void **)&r->dev, sizeof *r->dev)) != 0 ||
-      UST__GPU_CHECK(cudaHostAlloc((void **)&r->pinned, sizeof *r->pinned, cudaHostAllocDefault)) != 0 ||
-      UST__GPU_CHECK(cudaEventCreateWithFlags(&r->ev[0], cudaEventDefault)) != 0 ||
-      UST__GPU_CHECK(cudaEventCreateWithFlags(&r->ev[1], cudaEventDefault)) != 0) {
+  if (UST__GPU_CHECK(log, cudaMalloc((void **)&r->dev, sizeof *r->dev)) != 0 ||
+      UST__GPU_CHECK(log, cudaHostAlloc((void **)&r->pinned, sizeof *r->pinned, cudaHostAllocDefault)) != 0 ||
+      UST__GPU_CHECK(log, cudaEventCreateWithFlags(&r->ev[0], cudaEventDefault)) != 0 ||
+      UST__GPU_CHECK(log, cudaEventCreateWithFlags(&r->ev[1], cudaEventDefault)) != 0) {
     res_destroy(r);
     return ust__error(UST_EGPU, "compare: cannot allocate result buffers and events on GPU %d", device);
   }
@@ -126,43 +121,44 @@ static int res_take(int device, cmp_res **out) {
   return 0;
 }
 
-static void res_give(cmp_res *r) {
-  pthread_mutex_lock(&res_lock);
-  r->next = res_free;
-  res_free = r;
-  pthread_mutex_unlock(&res_lock);
+static void res_give(ust__compare_cache *cache, cmp_res *r) {
+  pthread_mutex_lock(&cache->lock);
+  r->next = cache->free_list;
+  cache->free_list = r;
+  pthread_mutex_unlock(&cache->lock);
 }
 
-static int compare_gpu(const DLTensor *p, const DLTensor *c, int dt, int64_t n, int kind, double atol, double rtol,
+static int compare_gpu(ust__compare_cache *cache, const DLTensor *p, const DLTensor *c, int dt, int64_t n, int kind, double atol, double rtol,
                        void *stream, ust__cmp_stats *host, double *ns) {
   int prev = 0, rc = 0;
-  if (UST__GPU_CHECK(cudaGetDevice(&prev)) != 0)
+  ust__log_sink *log = cache->log;
+  if (UST__GPU_CHECK(log, cudaGetDevice(&prev)) != 0)
     return ust__error(UST_EGPU, "compare: no usable GPU");
   const int device = p->device.device_id;
-  if (prev != device && UST__GPU_CHECK(cudaSetDevice(device)) != 0)
+  if (prev != device && UST__GPU_CHECK(log, cudaSetDevice(device)) != 0)
     return ust__error(UST_EGPU, "compare: cannot select GPU %d", device);
   cmp_res *r = NULL;
-  if ((rc = res_take(device, &r)) != 0)
+  if ((rc = res_take(cache, device, &r)) != 0)
     goto out;
   cudaStream_t s = (cudaStream_t)stream;
-  if (UST__GPU_CHECK(cudaEventRecord(r->ev[0], s)) != 0 ||
-      UST__GPU_CHECK(cudaMemsetAsync(r->dev, 0, sizeof *r->dev, s)) != 0)
+  if (UST__GPU_CHECK(log, cudaEventRecord(r->ev[0], s)) != 0 ||
+      UST__GPU_CHECK(log, cudaMemsetAsync(r->dev, 0, sizeof *r->dev, s)) != 0)
     rc = ust__error(UST_EGPU, "compare: memset failed");
   if (rc == 0)
     rc = ust__compare_launch(p->data, c->data, dt, n, kind, atol, rtol, r->dev, stream);
-  if (rc == 0 && (UST__GPU_CHECK(cudaEventRecord(r->ev[1], s)) != 0 ||
-                  UST__GPU_CHECK(cudaMemcpyAsync(r->pinned, r->dev, sizeof *r->dev, cudaMemcpyDeviceToHost, s)) != 0))
+  if (rc == 0 && (UST__GPU_CHECK(log, cudaEventRecord(r->ev[1], s)) != 0 ||
+                  UST__GPU_CHECK(log, cudaMemcpyAsync(r->pinned, r->dev, sizeof *r->dev, cudaMemcpyDeviceToHost, s)) != 0))
     rc = ust__error(UST_EGPU, "compare: reading the results failed");
   /* Whatever was queued is waited for before the entry is reused. */
-  if (UST__GPU_CHECK(cudaStreamSynchronize(s)) != 0 && rc == 0)
+  if (UST__GPU_CHECK(log, cudaStreamSynchronize(s)) != 0 && rc == 0)
     rc = ust__error(UST_EGPU, "compare: waiting for the stream failed");
   float ms = 0;
-  if (rc == 0 && UST__GPU_CHECK(cudaEventElapsedTime(&ms, r->ev[0], r->ev[1])) == 0)
+  if (rc == 0 && UST__GPU_CHECK(log, cudaEventElapsedTime(&ms, r->ev[0], r->ev[1])) == 0)
     *ns = (double)ms * 1e6;
   if (rc == 0)
     *host = *r->pinned;
   if (rc == 0)
-    res_give(r);
+    res_give(cache, r);
   else
     res_destroy(r); /* after an error its state is unknown */
 out:
@@ -172,9 +168,8 @@ out:
 }
 #endif
 
-int ust_compare_sync(const DLTensor *p, const DLTensor *c, int kind, double atol, double rtol, void *stream,
-                     ust_compare_result *out) {
-  ust__clear_error();
+int ust__compare_sync(ust__compare_cache *cache, const DLTensor *p, const DLTensor *c, int kind, double atol,
+                      double rtol, void *stream, ust_compare_result *out) {
   if (p == NULL || c == NULL || out == NULL || out->size < sizeof(uint32_t))
     return ust__error(UST_EINVAL, "compare: production, candidate and out (with out->size set) are required");
   if (kind != UST_COMPARE_ALLCLOSE && kind != UST_COMPARE_EXACT)
@@ -220,7 +215,7 @@ int ust_compare_sync(const DLTensor *p, const DLTensor *c, int kind, double atol
   pv.data = (void *)pb;
   cv.data = (void *)cb;
   double ns = 0;
-  int rc = compare_gpu(&pv, &cv, dt, n, kind, atol, rtol, stream, &st, &ns);
+  int rc = compare_gpu(cache, &pv, &cv, dt, n, kind, atol, rtol, stream, &st, &ns);
   if (rc != 0)
     return rc;
   st.n = (unsigned long long)n;
@@ -228,5 +223,19 @@ int ust_compare_sync(const DLTensor *p, const DLTensor *c, int kind, double atol
   return 0;
 #else
   return ust__error(UST_EGPU, "compare: this build of understudy has no GPU backend");
+#endif
+}
+
+void ust__compare_cache_free(ust__compare_cache *cache) {
+#ifdef UST__API_GPU
+  pthread_mutex_lock(&cache->lock);
+  while (cache->free_list != NULL) {
+    cmp_res *r = cache->free_list;
+    cache->free_list = r->next;
+    res_destroy(r);
+  }
+  pthread_mutex_unlock(&cache->lock);
+#else
+  (void)cache;
 #endif
 }

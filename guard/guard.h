@@ -1,77 +1,148 @@
 /*
- * guard/: output comparison, shadow slots and verdicts.
+ * guard/: correctness and rollout. The comparison (guard/compare.h), the
+ * serving decision (guard/decision.h), and here: modes and the operators'
+ * published policies, candidates as the guard runs and judges them, the
+ * pool of shadow slots and the verdicts they conclude, and the rollout state
+ * machine with its table of per-key modes.
  *
- * Owns: the comparison rules (one element rule shared by the host code and
- * the GPU kernel, guard/compare_elem.h), the pool of in-flight shadow slots,
- * and the verdict that rolls a route back at its first verified failure.
+ * A route (dispatch/) is made of parts declared by their owners; the guard
+ * declares two, and only guard code writes them: ust__verify (what its
+ * verifications found) and ust__route_rollout (its mode and how it
+ * changes). The guard knows nothing of routes beyond these parts: a shadow
+ * slot carries an opaque cookie, and verdicts are published through one
+ * sink (ust__verdict_sink_i) that the router owns.
  *
  * Stream discipline: everything a shadow call enqueues (events, the compare
  * kernel, the copy of its results to pinned host memory) goes on the
  * caller's stream; results are read by the engine's worker thread once the
- * slot's last event completed. Nothing here synchronises the serving path.
+ * slot's last event completed. Nothing here synchronises the serving path,
+ * except ust__shadow_verdict with wait (strict serving) and the *_sync
+ * functions, which say so.
  *
- * Internal header: never installed.
+ * Includes only base/ and scorer/. Internal header: never installed.
  */
 #ifndef UST_GUARD_H
 #define UST_GUARD_H
 
 #include <stdint.h>
 
-#include <dlpack/dlpack.h>
+#include "base/base.h"
+#include "guard/compare.h"
+#include "guard/decision.h"
+#include "scorer/scorer.h"
 
-#include "dispatch/callview.h"
+struct ust_candidate;
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+/* ---- modes and policies ------------------------------------------------------- */
 
-typedef enum ust__cmp_kind {
-  UST__CMP_ALLCLOSE = 0, /* |c - p| <= atol + rtol * |p|; integer dtypes compare exactly */
-  UST__CMP_EXACT = 1,    /* equal values (-0 equals +0; any NaN equals any NaN) */
-  UST__CMP_SET = 2,      /* allclose after sorting both sides along the last dimension */
-} ust__cmp_kind;
+typedef enum ust__mode {
+  UST__MODE_OFF = 0,
+  UST__MODE_OBSERVE = 1,
+  UST__MODE_SHADOW = 2,      /* observe, and run the candidate beside production on sampled calls */
+  UST__MODE_CANARY = 3,      /* the candidate serves a fraction of the calls, a sample of them verified */
+  UST__MODE_LIVE = 4,        /* the candidate serves every call, a sample of them verified */
+  UST__MODE_ROLLED_BACK = 5, /* a route's verdict: production serves, the candidate no longer runs */
+} ust__mode;
 
-/* Reductions over one output pair. This is also the layout the compare
- * kernel writes in device memory, so it holds only integers and doubles:
- * maxima of non-negative doubles are kept as their bit patterns (which order
- * like the values) and the first mismatch as ~index (so zeroed memory means
- * "none" and a maximum finds the smallest index). */
-typedef struct ust__cmp_stats {
-  unsigned long long n;             /* elements compared */
-  unsigned long long mismatches;    /* elements outside tolerance, non-finite ones included */
-  unsigned long long nonfinite_prod;
-  unsigned long long nonfinite_cand;
-  unsigned long long nonfinite_bad; /* candidate non-finite where production is finite */
-  unsigned long long first_mismatch_inv; /* ~index of the first mismatch; 0 when none */
-  unsigned long long max_abs_bits;  /* max |c - p| over finite pairs */
-  unsigned long long max_rel_bits;  /* max |c - p| / |p| over finite pairs with p != 0 */
-  double sum_sq_diff;               /* sum (c - p)^2 over finite pairs */
-  double sum_sq_prod;               /* sum p^2 over finite production values */
-} ust__cmp_stats;
+/* off, observe, shadow, canary, live (and rolled_back when allow_rolled_back). */
+int ust__mode_parse(const char *s, int *mode);
+int ust__mode_parse_any(const char *s, int *mode, int allow_rolled_back);
+const char *ust__mode_name(int mode);
 
-double ust__bits_to_double(unsigned long long bits);
-/* -1 when there was no mismatch. */
-int64_t ust__cmp_first_mismatch(const ust__cmp_stats *s);
+/* The promotion policy of an operator's routes: shadow -> canary(canary) ->
+ * live, each step after min_verified passing verifications in the stage with
+ * the candidate's median at least min_speedup times faster than
+ * production's; with dry_run the step is recorded, not taken. */
+typedef struct ust__promotion {
+  int enabled;
+  int min_verified;
+  double min_speedup;
+  double canary;
+  int dry_run;
+} ust__promotion;
 
-/* dtypes the comparison reads (ust__dtype ids): f16, bf16, f32, f64 and the
- * integer and bool types. */
-int ust__cmp_dtype_supported(int dtype);
-/* Default tolerances of allclose for a dtype. */
-void ust__cmp_default_tol(int dtype, double *atol, double *rtol);
+/* An operator's settings as one immutable snapshot: set_mode and reload
+ * publish a new one (an atomic pointer swap); a call reads one pointer and
+ * sees all fields of the same version. */
+typedef struct ust__policy {
+  int mode;            /* ust__mode */
+  double sample;       /* measured share of calls (timed; shadowed; verified of the candidate's) */
+  uint32_t sample_q32;
+  double canary;       /* the candidate's share of calls in canary mode */
+  uint32_t canary_q32;
+  int strict;          /* canary/live: verify before serving (synchronises) */
+  ust__promotion promotion;
+} ust__policy;
 
-/* Compare n elements of two dense host buffers of the same dtype; out is
- * overwritten. */
-void ust__compare_host(const void *prod, const void *cand, int dtype, int64_t n, int kind, double atol,
-                       double rtol, ust__cmp_stats *out);
-/* Enqueue the comparison of two dense device buffers on stream, reducing
- * into dev_out (device memory the caller zeroed on the same stream). Returns
- * 0 or UST_EGPU. Only in a GPU build; the host build returns UST_EGPU. */
-int ust__compare_launch(const void *prod, const void *cand, int dtype, int64_t n, int kind, double atol,
-                        double rtol, ust__cmp_stats *dev_out, void *stream);
+/* ---- candidates ------------------------------------------------------------------ */
 
-/* ---- shadow calls ----------------------------------------------------------- */
+enum { UST__CAND_NATIVE = 1, UST__CAND_TORCH_OP = 2 };
 
-#define UST__SHADOW_MAX_PAIRS 8
+/* A candidate as the guard runs and judges it. Filled by the engine's
+ * loader (plugin/candidates.c), read-only while enabled. */
+typedef struct ust__cand {
+  int kind;                          /* UST__CAND_NATIVE or UST__CAND_TORCH_OP */
+  char name[UST__QUALNAME_MAX];      /* shown in reports */
+  char target[UST__DISPLAY_MAX];     /* the binding it stands in for: "ns::op[.overload]" */
+  char id[UST__QUALNAME_MAX + 16];   /* identity kept with saved modes: "sha256:HEX" or "torch_op:NAME" */
+  const struct ust_candidate *native; /* native: the descriptor, in the loaded object */
+  int abi;                           /* native: the candidate ABI version it was built for */
+  char torch_op[UST__QUALNAME_MAX];  /* torch op: "ns::name" */
+  char torch_overload[UST__NAME_MAX];
+  _Atomic(void *) seam_op;           /* torch op: the seam's handle once the op is defined (lives as long as the
+                                        process), else NULL */
+  atomic_uint_fast64_t waiting;      /* calls the candidate missed: its torch op was not defined yet */
+  int compare;                       /* ust__cmp_kind */
+  double atol, rtol;                 /* < 0: the per-dtype defaults */
+  double aa_sample;                  /* share of shadow calls that also run production twice */
+  uint32_t aa_q32;
+} ust__cand;
+
+/* ---- what verifications found: the guard's part of a route ----------------------- */
+
+typedef struct ust__verify {
+  atomic_uint_fast64_t calls;        /* shadow calls that took a slot; each ends verified, skipped or unverifiable */
+  atomic_uint_fast64_t verified;     /* reached a verdict */
+  atomic_uint_fast64_t passed;
+  atomic_uint_fast64_t failed;
+  atomic_uint_fast64_t skipped;      /* sampled, but no verdict: no slot, production raised, an internal error */
+  atomic_uint_fast64_t unverifiable; /* ran, but an output's dtype cannot be compared */
+  atomic_uint_fast64_t aa_runs;      /* A/A checks: production against itself */
+  atomic_uint_fast64_t aa_mismatching;
+  atomic_uint_fast64_t max_abs_bits, max_rel_bits;       /* over passing verifications */
+  atomic_uint_fast64_t aa_max_abs_bits, aa_max_rel_bits; /* production's own spread */
+} ust__verify;
+
+typedef struct ust__verify_snap {
+  uint64_t calls, verified, passed, failed, skipped, unverifiable, aa_runs, aa_mismatching;
+  double max_abs, max_rel, aa_max_abs, aa_max_rel;
+} ust__verify_snap;
+
+/* A sampled call that found no free slot. */
+void ust__verify_skipped(ust__verify *v);
+void ust__verify_snapshot(ust__verify *v, ust__verify_snap *out);
+
+/* What rolled a route back. Built by whoever concluded the failing call,
+ * then owned by the route's rollout part. */
+typedef struct ust__evidence {
+  struct ust__evidence *prev; /* the route's previous rollback, when it was set back by hand since */
+  uint64_t shadow_call;       /* 1-based number of the failing shadow call on its route; 0 unverified serving */
+  int serving;                /* the failing call was a verification of the candidate serving */
+  uint64_t served_at;         /* the route's served calls when the failing call began */
+  uint64_t served_before_verdict; /* calls the candidate served from the failing one until the rollback */
+  uint64_t unix_ms;
+  char reason[32];            /* mismatch, nonfinite, shape, dtype, stride, device, error, raised, schema, restored */
+  char output[80];            /* the output that failed: argument name or "result N" */
+  char message[256];
+  int has_stats;
+  ust__cmp_stats stats;
+  double atol, rtol;
+  int ndim;
+  int64_t shape[8];
+  int64_t first_index[8];     /* the first mismatching element, per dimension */
+} ust__evidence;
+
+/* ---- verdicts and the shadow pool (guard/shadow.c) --------------------------------- */
 
 typedef enum ust__shadow_point {
   UST__MARK_PROD_BEGIN = 0,
@@ -88,99 +159,197 @@ typedef enum ust__shadow_fail {
   UST__FAIL_SCHEMA, /* the candidate's results do not line up with production's */
 } ust__shadow_fail;
 
-/* One output to compare: production's value and the candidate's. The
- * DLTensors carry the metadata that is checked (shape, dtype, strides,
- * device); *_dense are row-major dense copies (or the same data when the
- * tensor already is) that are compared element by element. Borrowed; on a
- * GPU the buffers must stay valid in stream order until the comparison ran,
- * which the caching allocator guarantees for tensors freed after enqueueing
- * on the same stream. */
-typedef struct ust__pair {
-  const char *name; /* argument name or "result N"; static or owned by the binding */
-  int aa;           /* 1: production against production (A/A), 0: candidate */
-  int prod_dtype, cand_dtype; /* ust__dtype */
-  DLTensor prod, cand;
-  const void *prod_dense, *cand_dense;
-} ust__pair;
+typedef enum ust__verdict_kind {
+  UST__VERDICT_PASSED = 0,
+  UST__VERDICT_FAILED,
+  UST__VERDICT_SKIPPED,      /* no verdict: the device work could not be done or read */
+  UST__VERDICT_UNVERIFIABLE, /* ran, but an output cannot be compared */
+} ust__verdict_kind;
 
-/* What rolled a route back. Written once, by whoever concluded the failing
- * shadow call, then published through the route's evidence pointer. */
-typedef struct ust__evidence {
-  struct ust__evidence *prev; /* the route's previous rollback, when it was set back by hand since */
-  uint64_t shadow_call;      /* 1-based number of the failing shadow call on its route */
-  int serving;               /* the failing call was a verification of the candidate serving */
-  uint64_t served_before_verdict; /* calls the candidate served from the failing one until the rollback */
+/* One concluded shadow call, as the sink receives it. */
+typedef struct ust__verdict {
+  int kind;                  /* ust__verdict_kind */
+  int serving;               /* it verified a call the candidate served */
+  int have_times;            /* both sides were timed */
+  uint64_t prod_ns, cand_ns; /* their times, when have_times */
+  uint64_t tsol_ps;          /* the call's roofline floor; 0 unknown */
+  uint64_t stage;            /* the route's transitions when the call began */
+} ust__verdict;
+
+/* Where verdicts go: implemented by the router, which owns the routes the
+ * cookies name. Called from serving threads and the worker, never under a
+ * lock of the guard's. */
+typedef struct ust__verdict_sink_i {
+  /* A call's failure, as soon as it is known (on the host at once, or when
+   * its comparison is read); ev is handed over (free with free). */
+  void (*failed)(void *ctx, void *route, ust__evidence *ev);
+  /* Every shadow call that took a slot, once concluded. */
+  void (*concluded)(void *ctx, void *route, const ust__verdict *v);
+} ust__verdict_sink_i;
+
+typedef struct ust__shadow_pool ust__shadow_pool;
+
+/* A pool of max_inflight slots; log and sink are borrowed for its life.
+ * Not thread-safe with the pool's use (the engine creates it at enable). */
+int ust__shadow_pool_create(int max_inflight, ust__log_sink *log, const ust__verdict_sink_i *sink, void *sink_ctx,
+                            ust__shadow_pool **out);
+/* Concludes every pending comparison first (synchronises). NULL: no-op. */
+void ust__shadow_pool_destroy(ust__shadow_pool *p);
+
+/* What a slot needs of its route: borrowed until it is concluded. */
+typedef struct ust__slot_route {
+  void *cookie;        /* handed back to the sink */
+  ust__verify *verify; /* counted into */
+  const ust__cand *cand;
+  int serving;         /* verifies a call the candidate serves (canary, live) */
+  uint64_t served_at;  /* the route's served calls now */
+  uint64_t stage;      /* the route's transitions now */
+  uint64_t tsol_ps;    /* the call's floor; 0 unknown */
+} ust__slot_route;
+
+/* Take a slot for a call; NULL when max_inflight are in use (the skip is
+ * counted on r->verify). Thread-safe. */
+void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r);
+/* 1 when this shadow call also runs production a second time (A/A); a
+ * share of the route's shadow calls, spread exactly. */
+int ust__shadow_aa(const void *slot);
+/* Record a point of the call: an event on stream (a GPU call) or the host
+ * clock. device: ust__device; device_id: the GPU the call runs on, which the
+ * caller has made current. */
+void ust__shadow_mark(void *slot, int mark, int device, void *stream);
+/* 0 once the slot could not record its device work (abandon it then). */
+int ust__shadow_alive(const void *slot);
+/* Hand over the outputs (pairs: borrowed for the call) or the candidate's
+ * failure (fail, msg: borrowed, may be NULL); compares them (now on the
+ * host, enqueued on stream on a GPU) and releases the slot. */
+void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *pairs, int n_pairs, int fail,
+                        const char *msg);
+/* Release a slot without a verdict (counted skipped). */
+void ust__shadow_abandon(void *slot, int device, void *stream);
+/* Before ust__shadow_finish: the caller will ask for this call's verdict
+ * into *out (-1 until concluded, then 1 failed, 0 not). */
+void ust__shadow_want_verdict(void *slot, int *out);
+/* After ust__shadow_finish: *out as above. A host comparison is concluded
+ * already; wait (strict, on a GPU) waits for stream and concludes it
+ * (synchronises). */
+int ust__shadow_verdict(ust__shadow_pool *p, int *out, int device, void *stream, int wait);
+/* Conclude the comparisons whose device work completed; returns how many
+ * are still pending. Never blocks. Thread-safe. */
+int ust__shadow_harvest(ust__shadow_pool *p);
+/* Conclude every comparison pending when called (synchronises with the
+ * device, holding no lock while it waits). */
+void ust__shadow_harvest_all_sync(ust__shadow_pool *p);
+
+/* ---- rollout (guard/rollout.c) ---------------------------------------------------- */
+
+typedef struct ust__rollout ust__rollout;
+struct ust__rollout_entry;
+
+/* The rollout part of a route. Its mode word is read lock-free per call;
+ * every change happens under the table's lock. */
+typedef struct ust__route_rollout {
+  ust__rollout *table;                  /* borrowed */
+  const char *key;                      /* the route's shape key; borrowed from the route */
+  const ust__cand *cand;                /* the candidate targeting the route's binding, or NULL */
+  _Atomic(const ust__policy *) *policy; /* its operator's published policy */
+  ust__figs *figs;                      /* the route's figures (speedups), borrowed */
+  atomic_uint_fast64_t word;            /* 0: follows the operator; else (mode + 1) | canary_q32 << 32 */
+  atomic_uint_fast64_t served_cand;     /* calls whose results the candidate served */
+  atomic_uint_fast64_t served_cand_verified;
+  atomic_uint_fast64_t served_unlearned; /* candidate calls production served: no layout learned yet */
+  atomic_uint_fast64_t captured_cand;   /* graph captures of the candidate (the rest captured production) */
+  atomic_uint_fast64_t stage_passes;    /* passing verifications since the last transition */
+  atomic_uint_fast64_t transitions;
+  _Atomic(ust__evidence *) evidence;    /* the last rollback's, with the earlier ones behind it; owned */
+  struct ust__rollout_entry *entry;     /* its row of the table; under the table's lock */
+  uint64_t seen_at_init;                /* its row's transitions when the route was made */
+} ust__route_rollout;
+
+/* A route's own mode as the state file keeps it; strings borrowed. */
+typedef struct ust__rollout_row {
+  const char *key;
+  int mode;              /* ust__mode */
+  double canary;         /* canary mode's share */
+  const char *reason;
+  const char *candidate; /* the candidate identity the mode was given for */
   uint64_t unix_ms;
-  char reason[32];           /* mismatch, nonfinite, shape, dtype, stride, device, error, raised, schema */
-  char output[80];           /* the output that failed: argument name or "result N" */
-  char message[256];
-  int has_stats;
-  ust__cmp_stats stats;
-  double atol, rtol;
-  int ndim;
-  int64_t shape[8];
-  int64_t first_index[8];    /* the first mismatching element, per dimension */
-} ust__evidence;
+} ust__rollout_row;
 
-/* The pool of shadow slots. init is called at enable (not thread-safe with
- * the rest); shutdown waits for pending comparisons (synchronises). */
-int ust__shadow_init(int max_inflight);
-void ust__shadow_shutdown(void);
-/* Take a slot for a call on route; NULL when max_inflight are in use.
- * Thread-safe. */
-void *ust__shadow_acquire(struct ust__route *route);
-/* The call's roofline floor (0: unknown), scored against both sides' times. */
-void ust__shadow_note_tsol(void *slot, uint64_t tsol_ps);
-/* Conclude the comparisons that completed; returns how many are pending.
- * Never blocks; called from the worker thread. */
-int ust__shadow_harvest(void);
-/* Conclude every pending comparison (synchronises with the device). */
-void ust__shadow_harvest_all_sync(void);
+/* lock: the engine's lock for changes (borrowed); every function below that
+ * changes or reads the table takes it, briefly, and logs only after
+ * releasing it. */
+int ust__rollout_create(pthread_mutex_t *lock, ust__log_sink *log, ust__rollout **out);
+void ust__rollout_destroy(ust__rollout *t);
+/* A mode the config gives a key (not state: not written back). */
+int ust__rollout_seed(ust__rollout *t, const char *key, int mode, double canary);
+/* A row of the state file. A row that runs a candidate (shadow and beyond)
+ * without naming its identity is left out (and said in the log): a saved
+ * mode only ever returns to the candidate it was given for. */
+int ust__rollout_restore(ust__rollout *t, const ust__rollout_row *row);
 
-/* The slot verifies a call its candidate served (canary, live). */
-void ust__shadow_set_serving(void *slot);
-/* The candidate failed on a call it served unverified (an error or a raise,
- * ust__shadow_fail): roll the route back; production serves the call. */
-void ust__serve_failed(struct ust__route *r, int fail, const char *msg);
+/* A new route's part: zeroed, then its mode from the table (if its key has
+ * one). Before the route is published. */
+void ust__rollout_route_init(ust__route_rollout *p, ust__rollout *t, const char *key, const ust__cand *cand,
+                             _Atomic(const ust__policy *) *policy, ust__figs *figs);
+/* Once the route is published: it joins its row, and a mode set for its key
+ * since init is applied. */
+void ust__rollout_route_published(ust__route_rollout *p);
+/* The effective mode (ust__mode) and canary share. Lock-free. */
+int ust__rollout_mode(const ust__route_rollout *p, uint32_t *canary_q32);
+/* Give the route its own mode; by: "manual", "policy", "config". */
+int ust__rollout_set(ust__route_rollout *p, int mode, double canary, const char *by, const char *reason);
+/* The same by key, for a route that may not exist yet (it takes the mode when
+ * created); cand: the identity of the candidate its binding would run ("" or
+ * NULL: none). A key the table has no row for creates one only while fewer
+ * than max_keys rows exist (UST_EFULL past it). */
+int ust__rollout_set_key(ust__rollout *t, const char *key, const char *cand, int mode, double canary,
+                         const char *by, const char *reason, int max_keys);
+/* A verified failure: the first rolls the route back and keeps ev as its
+ * evidence; later ones (the route already rolled back) only free ev. */
+void ust__rollout_roll_back(ust__route_rollout *p, ust__evidence *ev);
+/* A passing verification begun in stage: the promotion policy. */
+void ust__rollout_passed(ust__route_rollout *p, uint64_t stage);
+/* A call's notes from its decision (UST__NOTE_*); capturing: it was captured. */
+void ust__rollout_served(ust__route_rollout *p, int notes, int capturing);
 
-/* ---- rollout (guard/rollout.c) ------------------------------------------- */
+/* A plain copy of a route's rollout for the report. */
+typedef struct ust__rollout_snap {
+  int mode;                /* effective */
+  double canary;           /* its share, in canary mode */
+  int own;                 /* 1: the route has its own mode; 0: it follows its operator */
+  uint64_t served_cand, served_cand_verified, served_unlearned, captured_cand, transitions, stage_passes;
+  int has_last;
+  char last_from[16], last_to[16], last_by[16], last_reason[160];
+  uint64_t last_unix_ms;
+  char promotion_state[16]; /* "idle", "inconclusive", "pending", "held", "dry_run", "live", "rolled_back"; "" none */
+  char promotion_note[160];
+  int promotion_needed;
+  double promotion_min_speedup;
+  const ust__evidence *evidence; /* borrowed: evidence is never freed while the route lives */
+} ust__rollout_snap;
 
-struct ust__engine;
-struct ust__operator;
-struct ust__op_config;
-struct cJSON;
+void ust__rollout_snapshot(ust__route_rollout *p, ust__rollout_snap *out);
+/* Evidence chains are freed with the route. */
+void ust__rollout_route_free(ust__route_rollout *p);
 
-/* At enable: the config's per-key modes, then the state file (which wins),
- * seed the modes routes take when they are created. A state file that
- * cannot be read is an error naming it and the field. */
-int ust__rollout_init(struct ust__engine *e);
-/* Write the state file if a transition is not saved yet. Thread-safe. */
-int ust__rollout_persist(void);
-void ust__rollout_shutdown(void);
-/* A route just created takes its key's mode, if one is known; once it is
- * published, a mode set for its key in between is applied. */
-void ust__rollout_route_created(struct ust__route *r);
-void ust__rollout_route_published(struct ust__route *r);
-/* The route's effective mode (ust__mode) and canary share in 1/2^32. Lock-free. */
-int ust__route_mode(const struct ust__route *r, uint32_t *canary_q32);
-/* Give a route its own mode; by: "manual", "policy", ...; recorded and persisted. */
-int ust__route_set_mode(struct ust__route *r, int mode, double canary, const char *by, const char *reason);
-/* The same by shape key, for a route that may not exist yet. */
-int ust__rollout_set_key(const char *key, int mode, double canary, const char *by, const char *reason);
-/* A verdict rolled the route back (its flag is set): recorded and persisted. */
-void ust__rollout_rolled_back(struct ust__route *r, const char *reason);
-/* After each passing verification of a route's candidate, started when the
- * route had made `stage` transitions (a pass of an earlier stage does not
- * count for the current one): the promotion policy. */
-void ust__rollout_passed(struct ust__route *r, uint64_t stage);
-double ust__route_speedup(struct ust__route *r);
-/* The route's rollout figures for the report. */
-struct cJSON *ust__rollout_json(struct ust__route *r);
-/* Apply an operator's reloadable settings (mode, canary, strict, promotion). */
-void ust__rollout_set_operator(struct ust__operator *op, const struct ust__op_config *oc);
+/* The state to save, if a change is not saved yet: *rows (free with free)
+ * holds *n rows whose strings live in the same block. 0 with *rows NULL when
+ * nothing changed. A failed write calls ust__rollout_unsaved. */
+int ust__rollout_take_changes(ust__rollout *t, ust__rollout_row **rows, int *n);
+void ust__rollout_unsaved(ust__rollout *t);
 
-#ifdef __cplusplus
-}
-#endif
+/* ---- the synchronous comparison (ust_compare_sync) ------------------------------ */
+
+/* Result buffers and events kept for reuse per device; one per process
+ * context. */
+typedef struct ust__compare_cache {
+  pthread_mutex_t lock;
+  struct ust__cmp_res *free_list;
+  ust__log_sink *log;
+} ust__compare_cache;
+
+int ust__compare_sync(ust__compare_cache *cache, const DLTensor *p, const DLTensor *c, int kind, double atol,
+                      double rtol, void *stream, ust_compare_result *out);
+void ust__compare_cache_free(ust__compare_cache *cache);
 
 #endif /* UST_GUARD_H */

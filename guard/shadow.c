@@ -1,32 +1,34 @@
 /*
- * Shadow calls: the slots that carry one shadowed call from the router to its
- * verdict, the comparison of its outputs, and the rollback at the first
- * verified failure.
+ * Shadow calls: the slots that carry one shadowed (or verified) call from the
+ * router to its verdict, and the comparison of its outputs.
  *
  * A slot holds the call's timestamps (host clock or device events), the
  * description of each output pair and room for the comparison results. On
  * the host everything concludes inside ust__shadow_finish. On a GPU the
  * compare kernel reduces into the slot's device buffer, an async copy moves
  * the results to the slot's pinned host buffer, a last event marks the end,
- * and the worker thread concludes the slot once that event has completed.
- * The number of slots bounds the shadow work in flight.
+ * and whoever harvests next (the worker, or a serving thread waiting for its
+ * verdict) concludes the slot once that event has completed. The number of
+ * slots bounds the shadow work in flight.
+ *
+ * A slot writes the route's ust__verify counters (the guard's part); what the
+ * route makes of a verdict (times, rollbacks, promotions) goes to the pool's
+ * sink.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <unistd.h>
 
-#include "dispatch/backend.h"
-#include "dispatch/dispatch.h"
 #include "guard/guard.h"
 
 #if defined(UST_GPU_CUDA) || defined(UST_GPU_HIP)
 #define UST__SHADOW_GPU 1
-#include "dispatch/gpu_runtime.h"
+#include "base/gpu_runtime.h"
 #endif
 
-#define MAX_SLOT_PAIRS (2 * UST__SHADOW_MAX_PAIRS)
+#define MAX_SLOT_PAIRS UST__MAX_PAIRS
+#define MAX_DEVICES 64
 
 typedef struct pair_meta {
   const char *name;
@@ -43,7 +45,8 @@ typedef struct pair_meta {
 enum slot_state { SLOT_FREE = 0, SLOT_IN_CALL, SLOT_PENDING, SLOT_CONCLUDING };
 
 typedef struct shadow_slot {
-  ust__route *route;
+  ust__shadow_pool *pool;
+  ust__slot_route r;
   int on_gpu;  /* this use enqueued device work */
   int aborted; /* concluded as skipped */
   uint64_t t[UST__MARK_COUNT];
@@ -52,14 +55,10 @@ typedef struct shadow_slot {
   ust__cmp_stats host[MAX_SLOT_PAIRS];
   int fail;
   char msg[256];
-  uint64_t call_no; /* 1-based number of this shadow call on its route */
-  int serving;        /* verifies a call the candidate served (canary, live) */
-  uint64_t served_at; /* the route's served_cand when this call started */
-  uint64_t stage;     /* the route's transitions when this call started: a pass counts for that stage only */
-  int *verdict_out;   /* the waiting caller's verdict (1 failed, 0 not), written when concluded */
-  int failed;         /* this use's verdict: 1 when it failed */
-  uint64_t tsol_ps; /* the call's roofline floor; 0 unknown */
-  atomic_int state;         /* slot_state */
+  uint64_t call_no;  /* 1-based number of this shadow call on its route */
+  int *verdict_out;  /* the waiting caller's verdict (1 failed, 0 not), written when concluded */
+  int failed;        /* this use's verdict: 1 when it failed */
+  atomic_int state;  /* slot_state */
   atomic_uint_fast64_t uses; /* incremented at each release: a flush waits for it to move */
 #ifdef UST__SHADOW_GPU
   int device;                 /* of this use */
@@ -70,29 +69,7 @@ typedef struct shadow_slot {
 #endif
 } shadow_slot;
 
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static shadow_slot *slots;
-static int n_slots;
-static int *free_list;
-static int n_free;
-static int *pending; /* GPU slots whose results are in flight */
-static int n_pending;
-
-static uint64_t unix_ms(void) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  return (uint64_t)tv.tv_sec * 1000u + (uint64_t)tv.tv_usec / 1000u;
-}
-
-static void atomic_max_u64(atomic_uint_fast64_t *a, uint64_t v) {
-  uint64_t cur = atomic_load_explicit(a, memory_order_relaxed);
-  while (v > cur && !atomic_compare_exchange_weak_explicit(a, &cur, v, memory_order_relaxed, memory_order_relaxed))
-    ;
-}
-
 #ifdef UST__SHADOW_GPU
-#define MAX_DEVICES 64
-
 /* Per device, the result buffers of every slot, allocated at the first
  * shadowed call on that device: allocation may synchronise the device, so
  * it happens once there and never again on the serving path. */
@@ -100,24 +77,65 @@ typedef struct gpu_arena {
   ust__cmp_stats *dev;
   ust__cmp_stats *pinned;
 } gpu_arena;
-static gpu_arena arenas[MAX_DEVICES]; /* guarded by pool_lock */
+#endif
 
-/* Not capture-safe calls run in the relaxed mode, so a capture running in
- * another thread stays valid. */
-static int arena_get(int device, gpu_arena *out) {
+struct ust__shadow_pool {
+  pthread_mutex_t lock; /* the free list, the pending list, the arenas */
+  ust__log_sink *log;
+  const ust__verdict_sink_i *sink;
+  void *sink_ctx;
+  shadow_slot *slots;
+  int n_slots;
+  int *free_list;
+  int n_free;
+  int *pending; /* GPU slots whose results are in flight */
+  int n_pending;
+#ifdef UST__SHADOW_GPU
+  gpu_arena arenas[MAX_DEVICES];
+#endif
+};
+
+static void atomic_max_u64(atomic_uint_fast64_t *a, uint64_t v) {
+  uint64_t cur = atomic_load_explicit(a, memory_order_relaxed);
+  while (v > cur && !atomic_compare_exchange_weak_explicit(a, &cur, v, memory_order_relaxed, memory_order_relaxed))
+    ;
+}
+
+void ust__verify_skipped(ust__verify *v) { atomic_fetch_add_explicit(&v->skipped, 1, memory_order_relaxed); }
+
+void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
+  o->calls = atomic_load(&v->calls);
+  o->verified = atomic_load(&v->verified);
+  o->passed = atomic_load(&v->passed);
+  o->failed = atomic_load(&v->failed);
+  o->skipped = atomic_load(&v->skipped);
+  o->unverifiable = atomic_load(&v->unverifiable);
+  o->aa_runs = atomic_load(&v->aa_runs);
+  o->aa_mismatching = atomic_load(&v->aa_mismatching);
+  o->max_abs = ust__bits_to_double(atomic_load(&v->max_abs_bits));
+  o->max_rel = ust__bits_to_double(atomic_load(&v->max_rel_bits));
+  o->aa_max_abs = ust__bits_to_double(atomic_load(&v->aa_max_abs_bits));
+  o->aa_max_rel = ust__bits_to_double(atomic_load(&v->aa_max_rel_bits));
+}
+
+#ifdef UST__SHADOW_GPU
+/* Calls that are not capture-safe run in the relaxed capture mode, so a
+ * capture running in another thread stays valid; the thread's own mode is
+ * restored after. */
+static int arena_get(ust__shadow_pool *p, int device, gpu_arena *out) {
   if (device < 0 || device >= MAX_DEVICES)
     return -1;
-  pthread_mutex_lock(&pool_lock);
-  gpu_arena *a = &arenas[device];
+  pthread_mutex_lock(&p->lock);
+  gpu_arena *a = &p->arenas[device];
   int rc = 0;
   if (a->dev == NULL) {
-    size_t bytes = sizeof(ust__cmp_stats) * MAX_SLOT_PAIRS * (size_t)n_slots;
+    size_t bytes = sizeof(ust__cmp_stats) * MAX_SLOT_PAIRS * (size_t)p->n_slots;
     enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&mode);
-    if (UST__GPU_CHECK(cudaMalloc((void **)&a->dev, bytes)) != 0) {
+    if (UST__GPU_CHECK(p->log, cudaMalloc((void **)&a->dev, bytes)) != 0) {
       a->dev = NULL;
       rc = -1;
-    } else if (UST__GPU_CHECK(cudaHostAlloc((void **)&a->pinned, bytes, cudaHostAllocDefault)) != 0) {
+    } else if (UST__GPU_CHECK(p->log, cudaHostAlloc((void **)&a->pinned, bytes, cudaHostAllocDefault)) != 0) {
       cudaFree(a->dev);
       a->dev = NULL;
       a->pinned = NULL;
@@ -126,7 +144,7 @@ static int arena_get(int device, gpu_arena *out) {
     cudaThreadExchangeStreamCaptureMode(&mode);
   }
   *out = *a;
-  pthread_mutex_unlock(&pool_lock);
+  pthread_mutex_unlock(&p->lock);
   return rc;
 }
 
@@ -143,37 +161,47 @@ static int slot_record(shadow_slot *s, int i, cudaStream_t stream) {
   if (!(s->ev_made & (1u << i))) {
     enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&mode);
-    int rc = UST__GPU_CHECK(cudaEventCreateWithFlags(&s->ev[i], cudaEventDefault));
+    int rc = UST__GPU_CHECK(s->pool->log, cudaEventCreateWithFlags(&s->ev[i], cudaEventDefault));
     cudaThreadExchangeStreamCaptureMode(&mode);
     if (rc != 0)
       return -1;
     s->ev_made |= 1u << i;
   }
-  return UST__GPU_CHECK(cudaEventRecord(s->ev[i], stream)) == 0 ? 0 : -1;
+  return UST__GPU_CHECK(s->pool->log, cudaEventRecord(s->ev[i], stream)) == 0 ? 0 : -1;
 }
 #endif
 
-int ust__shadow_init(int max_inflight) {
-  pthread_mutex_lock(&pool_lock);
-  slots = calloc((size_t)max_inflight, sizeof *slots);
-  free_list = calloc((size_t)max_inflight, sizeof *free_list);
-  pending = calloc((size_t)max_inflight, sizeof *pending);
-  int rc = 0;
-  if (slots == NULL || free_list == NULL || pending == NULL) {
-    free(slots);
-    free(free_list);
-    free(pending);
-    slots = NULL;
-    free_list = pending = NULL;
-    rc = ust__error(UST_ENOMEM, "out of memory for %d shadow slots", max_inflight);
-  } else {
-    n_slots = n_free = max_inflight;
-    n_pending = 0;
-    for (int i = 0; i < max_inflight; i++)
-      free_list[i] = max_inflight - 1 - i;
+int ust__shadow_pool_create(int max_inflight, ust__log_sink *log, const ust__verdict_sink_i *sink, void *sink_ctx,
+                            ust__shadow_pool **out) {
+  *out = NULL;
+  ust__shadow_pool *p = calloc(1, sizeof *p);
+  if (p == NULL || max_inflight <= 0)
+    goto oom;
+  pthread_mutex_init(&p->lock, NULL);
+  p->log = log;
+  p->sink = sink;
+  p->sink_ctx = sink_ctx;
+  p->slots = calloc((size_t)max_inflight, sizeof *p->slots);
+  p->free_list = calloc((size_t)max_inflight, sizeof *p->free_list);
+  p->pending = calloc((size_t)max_inflight, sizeof *p->pending);
+  if (p->slots == NULL || p->free_list == NULL || p->pending == NULL)
+    goto oom;
+  p->n_slots = p->n_free = max_inflight;
+  for (int i = 0; i < max_inflight; i++) {
+    p->free_list[i] = max_inflight - 1 - i;
+    p->slots[i].pool = p;
   }
-  pthread_mutex_unlock(&pool_lock);
-  return rc;
+  *out = p;
+  return 0;
+oom:
+  if (p != NULL) {
+    free(p->slots);
+    free(p->free_list);
+    free(p->pending);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+  }
+  return ust__error(UST_ENOMEM, "out of memory for %d shadow slots", max_inflight);
 }
 
 /* Tell a caller waiting for this use's verdict (ust__shadow_verdict). */
@@ -185,42 +213,47 @@ static void tell(shadow_slot *s) {
 
 static void release(shadow_slot *s) {
   tell(s);
-  s->route = NULL;
 #ifdef UST__SHADOW_GPU
   slot_events_free(s);
 #endif
+  ust__shadow_pool *p = s->pool;
   atomic_store(&s->state, SLOT_FREE);
   atomic_fetch_add(&s->uses, 1);
-  pthread_mutex_lock(&pool_lock);
-  free_list[n_free++] = (int)(s - slots);
-  pthread_mutex_unlock(&pool_lock);
+  pthread_mutex_lock(&p->lock);
+  p->free_list[p->n_free++] = (int)(s - p->slots);
+  pthread_mutex_unlock(&p->lock);
 }
 
 #ifdef UST__SHADOW_GPU
 static void enqueue_pending(shadow_slot *s) {
-  pthread_mutex_lock(&pool_lock);
+  ust__shadow_pool *p = s->pool;
+  pthread_mutex_lock(&p->lock);
   atomic_store(&s->state, SLOT_PENDING);
-  pending[n_pending++] = (int)(s - slots);
-  pthread_mutex_unlock(&pool_lock);
+  p->pending[p->n_pending++] = (int)(s - p->slots);
+  pthread_mutex_unlock(&p->lock);
 }
 
 /* Device work of this slot was queued but no event fences it: the slot's
  * buffers may still be written, so it never goes back to the pool. */
 static void retire_unfenced(shadow_slot *s) {
   tell(s);
-  atomic_fetch_add_explicit(&s->route->skipped, 1, memory_order_relaxed);
-  ust__log(UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
+  ust__verify_skipped(s->r.verify);
+  ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage};
+  s->pool->sink->concluded(s->pool->sink_ctx, s->r.cookie, &v);
+  ust__log(s->pool->log, UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
 }
 #endif
 
-void *ust__shadow_acquire(ust__route *route) {
-  pthread_mutex_lock(&pool_lock);
-  int idx = n_free > 0 ? free_list[--n_free] : -1;
-  pthread_mutex_unlock(&pool_lock);
-  if (idx < 0)
+void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r) {
+  pthread_mutex_lock(&p->lock);
+  int idx = p->n_free > 0 ? p->free_list[--p->n_free] : -1;
+  pthread_mutex_unlock(&p->lock);
+  if (idx < 0) {
+    ust__verify_skipped(r->verify);
     return NULL;
-  shadow_slot *s = &slots[idx];
-  s->route = route;
+  }
+  shadow_slot *s = &p->slots[idx];
+  s->r = *r;
   s->on_gpu = 0;
   s->aborted = 0;
   s->n_pairs = 0;
@@ -232,53 +265,35 @@ void *ust__shadow_acquire(ust__route *route) {
   s->ev_made = 0;
   s->dev_stats = s->pinned = NULL;
 #endif
-  s->tsol_ps = 0;
-  s->serving = 0;
-  s->served_at = atomic_load_explicit(&route->served_cand, memory_order_relaxed);
-  s->stage = atomic_load_explicit(&route->transitions, memory_order_relaxed);
   s->verdict_out = NULL;
   s->failed = 0;
-  s->call_no = atomic_fetch_add_explicit(&route->shadow_calls, 1, memory_order_relaxed) + 1;
+  s->call_no = atomic_fetch_add_explicit(&r->verify->calls, 1, memory_order_relaxed) + 1;
   atomic_store(&s->state, SLOT_IN_CALL);
   return s;
 }
 
-void ust__shadow_info_get(const ust__call_state *st, ust__shadow_info *out) {
-  const ust__binding *b = st->route->binding;
-  const ust__candidate *c = b->cand;
-  memset(out, 0, sizeof *out);
-  out->kind = c->kind;
-  out->native = c->desc;
-  out->torch_op = c->torch_op;
-  out->torch_overload = c->torch_overload;
-  out->compare = c->compare;
-  out->writes_mask = b->writes_mask;
-  out->compared_returns = b->def->compared_returns;
-  const shadow_slot *slot = st->shadow;
-  if (c->aa_sample > 0 && slot != NULL && !slot->serving) {
-    /* Every A/A check is an extra production run: the same exact sampling
-     * as the timing decision, over this route's shadow calls (shadow mode
-     * only: a call the candidate serves has no A/A run). */
-    uint64_t n = slot->call_no;
-    unsigned __int128 a = (unsigned __int128)n * c->aa_q32, p = (unsigned __int128)(n - 1) * c->aa_q32;
-    out->aa = c->aa_sample >= 1.0 || (uint64_t)(a >> 32) != (uint64_t)(p >> 32);
-  }
+int ust__shadow_aa(const void *slot) {
+  const shadow_slot *s = slot;
+  const ust__cand *c = s->r.cand;
+  /* Every A/A check is an extra production run: the same exact sampling as
+   * the timing decision, over the route's shadow calls (shadow mode only: a
+   * call the candidate serves has no A/A run). */
+  return c->aa_sample > 0 && !s->r.serving && ust__sampled(s->call_no, c->aa_q32);
 }
 
-void ust__shadow_mark(ust__call_state *st, int mark, const ust__call *call) {
-  shadow_slot *s = st->shadow;
+void ust__shadow_mark(void *slot, int mark, int device, void *stream) {
+  shadow_slot *s = slot;
   if (s == NULL || mark < 0 || mark >= UST__MARK_COUNT)
     return;
 #ifdef UST__SHADOW_GPU
   /* The stream may be NULL: CUDA's legacy default stream. */
-  void *stream = call->stream;
-  if (call->device == UST__DEV_CUDA) {
+  if (device == UST__DEV_CUDA) {
     if (s->aborted)
       return;
     if (s->device < 0) {
       gpu_arena a;
-      size_t idx = (size_t)(s - slots);
-      if (UST__GPU_CHECK(cudaGetDevice(&s->device)) != 0 || arena_get(s->device, &a) != 0) {
+      size_t idx = (size_t)(s - s->pool->slots);
+      if (UST__GPU_CHECK(s->pool->log, cudaGetDevice(&s->device)) != 0 || arena_get(s->pool, s->device, &a) != 0) {
         s->aborted = 1;
         return;
       }
@@ -293,16 +308,13 @@ void ust__shadow_mark(ust__call_state *st, int mark, const ust__call *call) {
     return;
   }
 #endif
+  (void)device;
+  (void)stream;
   s->t[mark] = ust__now_ns();
 }
 
-void ust__shadow_note_tsol(void *slot, uint64_t tsol_ps) {
-  if (slot != NULL)
-    ((shadow_slot *)slot)->tsol_ps = tsol_ps;
-}
-
-int ust__shadow_alive(const ust__call_state *st) {
-  const shadow_slot *s = st->shadow;
+int ust__shadow_alive(const void *slot) {
+  const shadow_slot *s = slot;
   return s != NULL && !s->aborted;
 }
 
@@ -313,7 +325,9 @@ static int64_t numel_of(const DLTensor *t) {
   return n;
 }
 
-/* Metadata checks: what makes a comparison meaningless fails on its own. */
+/* Metadata checks: what makes a comparison meaningless fails on its own. A
+ * written argument keeps the caller's layout whatever the candidate does:
+ * only its values are judged. */
 static const char *meta_check(const ust__pair *p, char *detail, size_t cap) {
   const DLTensor *a = &p->prod, *b = &p->cand;
   if (a->device.device_type != b->device.device_type || a->device.device_id != b->device.device_id) {
@@ -341,6 +355,8 @@ static const char *meta_check(const ust__pair *p, char *detail, size_t cap) {
       snprintf(detail + n, cap - n, "]");
     return "shape";
   }
+  if (p->written_arg)
+    return NULL;
   /* Strides matter where a dimension has more than one element. */
   for (int i = 0; i < a->ndim; i++) {
     int64_t sa = a->strides != NULL ? a->strides[i] : 0, sb = b->strides != NULL ? b->strides[i] : 0;
@@ -352,7 +368,7 @@ static const char *meta_check(const ust__pair *p, char *detail, size_t cap) {
   return NULL;
 }
 
-static void tolerances(const ust__candidate *c, int dtype, double *atol, double *rtol) {
+static void tolerances(const ust__cand *c, int dtype, double *atol, double *rtol) {
   ust__cmp_default_tol(dtype, atol, rtol);
   if (c->atol >= 0)
     *atol = c->atol;
@@ -363,110 +379,25 @@ static void tolerances(const ust__candidate *c, int dtype, double *atol, double 
 static void conclude(shadow_slot *s);
 
 /* A slot that queued device work goes back only when the device is done with
- * its buffers: its last event is recorded and the worker concludes it; if
+ * its buffers: its last event is recorded and a harvest concludes it; if
  * that event cannot be recorded the slot is retired. Host slots conclude now. */
-static void release_after_device(shadow_slot *s, const ust__call *call) {
+static void release_after_device(shadow_slot *s, void *stream) {
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu) {
-    if (slot_record(s, UST__MARK_COUNT, (cudaStream_t)call->stream) == 0)
+    if (slot_record(s, UST__MARK_COUNT, (cudaStream_t)stream) == 0)
       enqueue_pending(s);
     else
       retire_unfenced(s);
     return;
   }
 #endif
-  (void)call;
+  (void)stream;
   conclude(s);
 }
-
-static void roll_back(const shadow_slot *s, const char *reason, const pair_meta *m, const ust__cmp_stats *st,
-                      const char *message);
 
 static const char *fail_reason(int fail) {
   static const char *names[] = {"", "error", "raised", "schema"};
   return names[fail >= 0 && fail <= UST__FAIL_SCHEMA ? fail : 0];
-}
-
-void ust__shadow_finish(const ust__call *call, ust__call_state *st, const ust__pair *pairs, int n_pairs, int fail,
-                        const char *msg) {
-  shadow_slot *s = st->shadow;
-  st->shadow = NULL;
-  if (s == NULL)
-    return;
-  const ust__candidate *c = s->route->binding->cand;
-  s->fail = fail;
-  if (msg != NULL)
-    snprintf(s->msg, sizeof s->msg, "%s", msg);
-  /* A failure known on the host (an error, a raise) rolls back at once;
-   * the slot still waits for the device before it is concluded. */
-  if (fail != UST__FAIL_NONE)
-    roll_back(s, fail_reason(fail), NULL, NULL, s->msg);
-  if (n_pairs > MAX_SLOT_PAIRS)
-    n_pairs = MAX_SLOT_PAIRS;
-  s->n_pairs = n_pairs;
-#ifdef UST__SHADOW_GPU
-  const int gpu = call->device == UST__DEV_CUDA && s->on_gpu && !s->aborted;
-  if (gpu && UST__GPU_CHECK(cudaMemsetAsync(s->dev_stats, 0, sizeof(ust__cmp_stats) * (size_t)n_pairs,
-                                            (cudaStream_t)call->stream)) != 0)
-    s->aborted = 1;
-#else
-  const int gpu = 0;
-#endif
-  if (call->device != UST__DEV_CPU && !gpu)
-    s->aborted = 1; /* device memory is never read on the host */
-  for (int i = 0; i < n_pairs && !s->aborted; i++) {
-    const ust__pair *p = &pairs[i];
-    pair_meta *m = &s->meta[i];
-    memset(m, 0, sizeof *m);
-    m->name = p->name;
-    m->aa = p->aa;
-    m->dtype = p->prod_dtype;
-    m->ndim = p->prod.ndim < 8 ? p->prod.ndim : 8;
-    for (int d = 0; d < m->ndim; d++)
-      m->shape[d] = p->prod.shape[d];
-    if (s->fail != UST__FAIL_NONE && !p->aa)
-      continue;
-    /* Outputs understudy cannot read (an unsupported dtype, or production's
-     * own output on another device than the call, such as a CPU RNG seed of
-     * a GPU kernel) leave the call unverifiable rather than judged. */
-    if (!ust__cmp_dtype_supported(p->prod_dtype) ||
-        (p->prod.device.device_type == kDLCPU) != (call->device == UST__DEV_CPU))
-      continue;
-    if ((m->fail = meta_check(p, m->detail, sizeof m->detail)) != NULL)
-      continue;
-    tolerances(c, p->prod_dtype, &m->atol, &m->rtol);
-    int kind = c->compare == UST__CMP_EXACT ? UST__CMP_EXACT : UST__CMP_ALLCLOSE;
-    int64_t n = numel_of(&p->prod);
-    m->compared = 1;
-    if (!gpu) {
-      ust__compare_host(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol, &s->host[i]);
-      continue;
-    }
-#ifdef UST__SHADOW_GPU
-    if (ust__compare_launch(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol,
-                            &s->dev_stats[i], call->stream) != 0) {
-      ust__log(UST_LOG_WARN, "shadow: %s", ust_last_error());
-      s->aborted = 1;
-    }
-#endif
-  }
-#ifdef UST__SHADOW_GPU
-  if (s->on_gpu && !s->aborted &&
-      UST__GPU_CHECK(cudaMemcpyAsync(s->pinned, s->dev_stats, sizeof(ust__cmp_stats) * (size_t)n_pairs,
-                                     cudaMemcpyDeviceToHost, (cudaStream_t)call->stream)) != 0)
-    s->aborted = 1;
-#endif
-  release_after_device(s, call);
-}
-
-void ust__shadow_abandon(const ust__call *call, ust__call_state *st) {
-  shadow_slot *s = st->shadow;
-  st->shadow = NULL;
-  if (s == NULL)
-    return;
-  s->aborted = 1;
-  s->n_pairs = 0;
-  release_after_device(s, call);
 }
 
 static void unravel(int64_t flat, const pair_meta *m, int64_t *idx) {
@@ -477,27 +408,17 @@ static void unravel(int64_t flat, const pair_meta *m, int64_t *idx) {
   }
 }
 
-/* The first failure of a route publishes its evidence, then flips the route
- * (so a report never shows a rolled-back route without its evidence, save
- * when memory ran out). Later failures only count. */
-static void roll_back_route(ust__route *r, uint64_t call_no, int serving, uint64_t served_at, const char *reason,
-                            const pair_meta *m, const ust__cmp_stats *st, const char *message) {
-  static pthread_mutex_t first_lock = PTHREAD_MUTEX_INITIALIZER;
-  pthread_mutex_lock(&first_lock);
-  if (atomic_load(&r->rolled_back)) {
-    pthread_mutex_unlock(&first_lock);
-    return;
-  }
+/* The evidence of a failing call, handed to the sink (which rolls the
+ * route back at its first failure). Out of memory: the rollback goes ahead
+ * without evidence. */
+static void report_failure(shadow_slot *s, const char *reason, const pair_meta *m, const ust__cmp_stats *st,
+                           const char *message) {
   ust__evidence *e = calloc(1, sizeof *e);
-  char key[512];
-  ust__route_key_str(r, key, sizeof key);
   if (e != NULL) {
-    e->prev = atomic_load(&r->evidence);
-    e->shadow_call = call_no;
-    e->serving = serving;
-    if (serving)
-      e->served_before_verdict = atomic_load(&r->served_cand) - served_at;
-    e->unix_ms = unix_ms();
+    e->shadow_call = s->call_no;
+    e->serving = s->r.serving;
+    e->served_at = s->r.served_at;
+    e->unix_ms = ust__unix_ms();
     snprintf(e->reason, sizeof e->reason, "%s", reason);
     snprintf(e->message, sizeof e->message, "%s", message != NULL ? message : "");
     if (m != NULL) {
@@ -514,69 +435,127 @@ static void roll_back_route(ust__route *r, uint64_t call_no, int serving, uint64
       if (first >= 0)
         unravel(first, m, e->first_index);
     }
-    atomic_store(&r->evidence, e);
   }
-  atomic_store(&r->rolled_back, 1);
-  pthread_mutex_unlock(&first_lock);
-  char why[160];
-  snprintf(why, sizeof why, "%s%s%s%s%s", reason, m != NULL ? " in " : "", m != NULL && m->name != NULL ? m->name : "",
-           message != NULL && message[0] ? ": " : "", message != NULL ? message : "");
-  ust__rollout_rolled_back(r, why);
-  ust__log(UST_LOG_WARN, "rolled back %s: %s", key, why);
+  s->pool->sink->failed(s->pool->sink_ctx, s->r.cookie, e);
 }
 
-static void roll_back(const shadow_slot *s, const char *reason, const pair_meta *m, const ust__cmp_stats *st,
-                      const char *message) {
-  roll_back_route(s->route, s->call_no, s->serving, s->served_at, reason, m, st, message);
+void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *pairs, int n_pairs, int fail,
+                        const char *msg) {
+  shadow_slot *s = slot;
+  if (s == NULL)
+    return;
+  const ust__cand *c = s->r.cand;
+  s->fail = fail;
+  if (msg != NULL)
+    snprintf(s->msg, sizeof s->msg, "%s", msg);
+  /* A failure known on the host (an error, a raise) rolls back at once;
+   * the slot still waits for the device before it is concluded. */
+  if (fail != UST__FAIL_NONE)
+    report_failure(s, fail_reason(fail), NULL, NULL, s->msg);
+  if (n_pairs > MAX_SLOT_PAIRS)
+    n_pairs = MAX_SLOT_PAIRS;
+  s->n_pairs = n_pairs;
+#ifdef UST__SHADOW_GPU
+  const int gpu = device == UST__DEV_CUDA && s->on_gpu && !s->aborted;
+  if (gpu && UST__GPU_CHECK(s->pool->log, cudaMemsetAsync(s->dev_stats, 0, sizeof(ust__cmp_stats) * (size_t)n_pairs,
+                                                          (cudaStream_t)stream)) != 0)
+    s->aborted = 1;
+#else
+  const int gpu = 0;
+#endif
+  if (device != UST__DEV_CPU && !gpu)
+    s->aborted = 1; /* device memory is never read on the host */
+  for (int i = 0; i < n_pairs && !s->aborted; i++) {
+    const ust__pair *p = &pairs[i];
+    pair_meta *m = &s->meta[i];
+    memset(m, 0, sizeof *m);
+    m->name = p->name;
+    m->aa = p->aa;
+    m->dtype = p->prod_dtype;
+    m->ndim = p->prod.ndim < 8 ? p->prod.ndim : 8;
+    for (int d = 0; d < m->ndim; d++)
+      m->shape[d] = p->prod.shape[d];
+    if (s->fail != UST__FAIL_NONE && !p->aa)
+      continue;
+    /* Outputs understudy cannot read (an unsupported dtype, or production's
+     * own output on another device than the call, such as a CPU RNG seed of
+     * a GPU kernel) leave the call unverifiable rather than judged. */
+    if (!ust__cmp_dtype_supported(p->prod_dtype) || (p->prod.device.device_type == kDLCPU) != (device == UST__DEV_CPU))
+      continue;
+    if ((m->fail = meta_check(p, m->detail, sizeof m->detail)) != NULL)
+      continue;
+    tolerances(c, p->prod_dtype, &m->atol, &m->rtol);
+    int kind = c->compare == UST__CMP_EXACT ? UST__CMP_EXACT : UST__CMP_ALLCLOSE;
+    int64_t n = numel_of(&p->prod);
+    m->compared = 1;
+    if (!gpu) {
+      ust__compare_host(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol, &s->host[i]);
+      continue;
+    }
+#ifdef UST__SHADOW_GPU
+    if (ust__compare_launch(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol, &s->dev_stats[i],
+                            stream) != 0) {
+      ust__log(s->pool->log, UST_LOG_WARN, "shadow: %s", ust_last_error());
+      s->aborted = 1;
+    }
+#endif
+  }
+#ifdef UST__SHADOW_GPU
+  if (s->on_gpu && !s->aborted &&
+      UST__GPU_CHECK(s->pool->log, cudaMemcpyAsync(s->pinned, s->dev_stats, sizeof(ust__cmp_stats) * (size_t)n_pairs,
+                                                   cudaMemcpyDeviceToHost, (cudaStream_t)stream)) != 0)
+    s->aborted = 1;
+#endif
+  release_after_device(s, stream);
 }
 
-void ust__serve_failed(ust__route *r, int fail, const char *msg) {
-  roll_back_route(r, 0, 1, atomic_load(&r->served_cand), fail_reason(fail), NULL, NULL, msg);
+void ust__shadow_abandon(void *slot, int device, void *stream) {
+  shadow_slot *s = slot;
+  if (s == NULL)
+    return;
+  (void)device;
+  s->aborted = 1;
+  s->n_pairs = 0;
+  release_after_device(s, stream);
 }
 
 #ifdef UST__SHADOW_GPU
-static int harvest_once(void);
+static int harvest_once(ust__shadow_pool *p);
 #endif
 
-void ust__shadow_want_verdict(ust__call_state *st) {
-  shadow_slot *s = st->shadow;
-  st->verdict = -1;
+void ust__shadow_want_verdict(void *slot, int *out) {
+  shadow_slot *s = slot;
+  *out = -1;
   if (s != NULL)
-    s->verdict_out = &st->verdict;
+    s->verdict_out = out;
 }
 
-int ust__shadow_verdict(const ust__call *call, ust__call_state *st, int wait) {
+int ust__shadow_verdict(ust__shadow_pool *p, int *out, int device, void *stream, int wait) {
 #ifdef UST__SHADOW_GPU
-  if (wait && __atomic_load_n(&st->verdict, __ATOMIC_ACQUIRE) < 0) {
+  if (wait && device == UST__DEV_CUDA && __atomic_load_n(out, __ATOMIC_ACQUIRE) < 0) {
     /* the call's stream done, its slot is concluded by whoever harvests first */
     enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&mode);
-    UST__GPU_CHECK(cudaStreamSynchronize((cudaStream_t)call->stream));
+    UST__GPU_CHECK(p->log, cudaStreamSynchronize((cudaStream_t)stream));
     cudaThreadExchangeStreamCaptureMode(&mode);
-    while (__atomic_load_n(&st->verdict, __ATOMIC_ACQUIRE) < 0) {
-      harvest_once();
-      if (__atomic_load_n(&st->verdict, __ATOMIC_ACQUIRE) < 0)
+    while (__atomic_load_n(out, __ATOMIC_ACQUIRE) < 0) {
+      harvest_once(p);
+      if (__atomic_load_n(out, __ATOMIC_ACQUIRE) < 0)
         usleep(20);
     }
   }
 #else
-  (void)call;
+  (void)p;
+  (void)device;
+  (void)stream;
   (void)wait;
 #endif
-  return __atomic_load_n(&st->verdict, __ATOMIC_ACQUIRE);
-}
-
-uint64_t ust__shadow_call_no(const ust__call_state *st) {
-  return st->shadow != NULL ? ((const shadow_slot *)st->shadow)->call_no : 0;
-}
-
-void ust__shadow_set_serving(void *slot) {
-  if (slot != NULL)
-    ((shadow_slot *)slot)->serving = 1;
+  return __atomic_load_n(out, __ATOMIC_ACQUIRE);
 }
 
 static void conclude(shadow_slot *s) {
-  ust__route *r = s->route;
+  ust__verify *v = s->r.verify;
+  ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage};
   const ust__cmp_stats *stats = s->host;
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu && s->pinned != NULL)
@@ -584,39 +563,36 @@ static void conclude(shadow_slot *s) {
 #endif
   if (s->aborted) {
     if (s->fail != UST__FAIL_NONE) {
-      /* rolled back already, on the host-known failure */
+      /* failed already, on the host-known failure */
       s->failed = 1;
-      atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
-      atomic_fetch_add_explicit(&r->failed, 1, memory_order_relaxed);
+      vd.kind = UST__VERDICT_FAILED;
+      atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
+      atomic_fetch_add_explicit(&v->failed, 1, memory_order_relaxed);
     } else {
-      atomic_fetch_add_explicit(&r->skipped, 1, memory_order_relaxed);
+      ust__verify_skipped(v);
     }
+    void *cookie = s->r.cookie;
+    ust__shadow_pool *p = s->pool;
     release(s);
+    p->sink->concluded(p->sink_ctx, cookie, &vd);
     return;
   }
-  uint64_t t_prod = 0, t_cand = 0;
-  int have_times = 0;
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu) {
     float ms_p = 0, ms_c = 0;
     const unsigned need = (1u << UST__MARK_COUNT) - 1;
-    have_times = (s->ev_made & need) == need &&
-                 UST__GPU_CHECK(cudaEventElapsedTime(&ms_p, s->ev[UST__MARK_PROD_BEGIN], s->ev[UST__MARK_PROD_END])) == 0 &&
-                 UST__GPU_CHECK(cudaEventElapsedTime(&ms_c, s->ev[UST__MARK_CAND_BEGIN], s->ev[UST__MARK_CAND_END])) == 0;
-    t_prod = (uint64_t)((double)ms_p * 1e6 + 0.5);
-    t_cand = (uint64_t)((double)ms_c * 1e6 + 0.5);
+    vd.have_times =
+        (s->ev_made & need) == need &&
+        UST__GPU_CHECK(s->pool->log, cudaEventElapsedTime(&ms_p, s->ev[UST__MARK_PROD_BEGIN], s->ev[UST__MARK_PROD_END])) == 0 &&
+        UST__GPU_CHECK(s->pool->log, cudaEventElapsedTime(&ms_c, s->ev[UST__MARK_CAND_BEGIN], s->ev[UST__MARK_CAND_END])) == 0;
+    vd.prod_ns = (uint64_t)((double)ms_p * 1e6 + 0.5);
+    vd.cand_ns = (uint64_t)((double)ms_c * 1e6 + 0.5);
   } else
 #endif
   {
-    have_times = 1;
-    t_prod = s->t[UST__MARK_PROD_END] - s->t[UST__MARK_PROD_BEGIN];
-    t_cand = s->t[UST__MARK_CAND_END] - s->t[UST__MARK_CAND_BEGIN];
-  }
-  if (have_times) {
-    ust__hist_record(&r->hist, t_prod);
-    atomic_fetch_add_explicit(&r->timed, 1, memory_order_relaxed);
-    ust__hist_record(&r->cand_hist, t_cand);
-    ust__route_roof_add(r, s->tsol_ps, t_prod, 0);
+    vd.have_times = 1;
+    vd.prod_ns = s->t[UST__MARK_PROD_END] - s->t[UST__MARK_PROD_BEGIN];
+    vd.cand_ns = s->t[UST__MARK_CAND_END] - s->t[UST__MARK_CAND_BEGIN];
   }
 
   /* A/A: production's own spread on this call. */
@@ -627,15 +603,15 @@ static void conclude(shadow_slot *s) {
       continue;
     aa_seen = 1;
     if (m->compared) {
-      atomic_max_u64(&r->aa_max_abs_bits, stats[i].max_abs_bits);
-      atomic_max_u64(&r->aa_max_rel_bits, stats[i].max_rel_bits);
+      atomic_max_u64(&v->aa_max_abs_bits, stats[i].max_abs_bits);
+      atomic_max_u64(&v->aa_max_rel_bits, stats[i].max_rel_bits);
       aa_bad |= stats[i].mismatches > 0;
     }
   }
   if (aa_seen) {
-    atomic_fetch_add_explicit(&r->aa_runs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&v->aa_runs, 1, memory_order_relaxed);
     if (aa_bad)
-      atomic_fetch_add_explicit(&r->aa_mismatching, 1, memory_order_relaxed);
+      atomic_fetch_add_explicit(&v->aa_mismatching, 1, memory_order_relaxed);
   }
 
   const char *reason = NULL;
@@ -665,25 +641,28 @@ static void conclude(shadow_slot *s) {
   }
   if (reason != NULL) {
     s->failed = 1;
-    atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&r->failed, 1, memory_order_relaxed);
-    roll_back(s, reason, bad, bad_stats, message);
+    vd.kind = UST__VERDICT_FAILED;
+    atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&v->failed, 1, memory_order_relaxed);
+    if (s->fail == UST__FAIL_NONE) /* a host-known failure went to the sink at finish */
+      report_failure(s, reason, bad, bad_stats, message);
   } else if (unverifiable) {
-    atomic_fetch_add_explicit(&r->unverifiable, 1, memory_order_relaxed);
+    vd.kind = UST__VERDICT_UNVERIFIABLE;
+    atomic_fetch_add_explicit(&v->unverifiable, 1, memory_order_relaxed);
   } else {
-    atomic_fetch_add_explicit(&r->verified, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&r->passed, 1, memory_order_relaxed);
-    if (have_times)
-      ust__route_roof_add(r, s->tsol_ps, t_cand, 1);
+    vd.kind = UST__VERDICT_PASSED;
+    atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&v->passed, 1, memory_order_relaxed);
     for (int i = 0; i < s->n_pairs; i++)
       if (!s->meta[i].aa && s->meta[i].compared) {
-        atomic_max_u64(&r->max_abs_bits, stats[i].max_abs_bits);
-        atomic_max_u64(&r->max_rel_bits, stats[i].max_rel_bits);
+        atomic_max_u64(&v->max_abs_bits, stats[i].max_abs_bits);
+        atomic_max_u64(&v->max_rel_bits, stats[i].max_rel_bits);
       }
-    if (have_times)
-      ust__rollout_passed(r, s->stage);
   }
+  void *cookie = s->r.cookie;
+  ust__shadow_pool *p = s->pool;
   release(s);
+  p->sink->concluded(p->sink_ctx, cookie, &vd);
 }
 
 #ifdef UST__SHADOW_GPU
@@ -691,39 +670,40 @@ static void conclude(shadow_slot *s) {
  * conclude them outside it. Never blocks. Events are queried while other
  * threads may capture graphs: in the relaxed capture mode, which keeps their
  * captures valid; the calling thread's own mode is restored after. */
-static int harvest_once(void) {
+static int harvest_once(ust__shadow_pool *p) {
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
   int done[64], n_done = 0, kept = 0;
-  pthread_mutex_lock(&pool_lock);
-  for (int i = 0; i < n_pending; i++) {
-    shadow_slot *s = &slots[pending[i]];
+  pthread_mutex_lock(&p->lock);
+  for (int i = 0; i < p->n_pending; i++) {
+    shadow_slot *s = &p->slots[p->pending[i]];
     cudaError_t q = n_done < 64 ? cudaEventQuery(s->ev[UST__MARK_COUNT]) : cudaErrorNotReady;
     if (q == cudaErrorNotReady) {
-      pending[kept++] = pending[i];
+      p->pending[kept++] = p->pending[i];
       continue;
     }
     if (q != cudaSuccess) {
-      UST__GPU_CHECK(q);
+      UST__GPU_CHECK(p->log, q);
       s->aborted = 1;
     }
     atomic_store(&s->state, SLOT_CONCLUDING);
-    done[n_done++] = pending[i];
+    done[n_done++] = p->pending[i];
   }
-  n_pending = kept;
-  int left = n_pending;
-  pthread_mutex_unlock(&pool_lock);
+  p->n_pending = kept;
+  int left = p->n_pending;
+  pthread_mutex_unlock(&p->lock);
   for (int i = 0; i < n_done; i++)
-    conclude(&slots[done[i]]);
+    conclude(&p->slots[done[i]]);
   cudaThreadExchangeStreamCaptureMode(&mode);
   return left + n_done;
 }
 #endif
 
-int ust__shadow_harvest(void) {
+int ust__shadow_harvest(ust__shadow_pool *p) {
 #ifdef UST__SHADOW_GPU
-  return harvest_once();
+  return harvest_once(p);
 #else
+  (void)p;
   return 0;
 #endif
 }
@@ -731,40 +711,40 @@ int ust__shadow_harvest(void) {
 /* Waits for the comparisons pending or being concluded when it starts, by
  * polling: no lock is held while the device works, so serving threads keep
  * taking and returning slots meanwhile. */
-void ust__shadow_harvest_all_sync(void) {
+void ust__shadow_harvest_all_sync(ust__shadow_pool *p) {
 #ifdef UST__SHADOW_GPU
-  for (int i = 0; i < n_slots; i++) {
-    shadow_slot *s = &slots[i];
+  for (int i = 0; i < p->n_slots; i++) {
+    shadow_slot *s = &p->slots[i];
     int st = atomic_load(&s->state);
     if (st != SLOT_PENDING && st != SLOT_CONCLUDING)
       continue;
     uint64_t use = atomic_load(&s->uses);
     while (atomic_load(&s->uses) == use) {
-      harvest_once();
+      harvest_once(p);
       if (atomic_load(&s->uses) == use)
         usleep(50);
     }
   }
+#else
+  (void)p;
 #endif
 }
 
-void ust__shadow_shutdown(void) {
-  ust__shadow_harvest_all_sync();
-  pthread_mutex_lock(&pool_lock);
+void ust__shadow_pool_destroy(ust__shadow_pool *p) {
+  if (p == NULL)
+    return;
+  ust__shadow_harvest_all_sync(p);
 #ifdef UST__SHADOW_GPU
   for (int d = 0; d < MAX_DEVICES; d++) {
-    if (arenas[d].dev != NULL) {
-      cudaFree(arenas[d].dev);
-      cudaFreeHost(arenas[d].pinned);
+    if (p->arenas[d].dev != NULL) {
+      cudaFree(p->arenas[d].dev);
+      cudaFreeHost(p->arenas[d].pinned);
     }
-    arenas[d].dev = arenas[d].pinned = NULL;
   }
 #endif
-  free(slots);
-  free(free_list);
-  free(pending);
-  slots = NULL;
-  free_list = pending = NULL;
-  n_slots = n_free = n_pending = 0;
-  pthread_mutex_unlock(&pool_lock);
+  free(p->slots);
+  free(p->free_list);
+  free(p->pending);
+  pthread_mutex_destroy(&p->lock);
+  free(p);
 }

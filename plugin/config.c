@@ -458,3 +458,58 @@ void ust__config_free(ust__config *cfg) {
   cfg->ops = NULL;
   cfg->n_ops = 0;
 }
+
+/* Fields of the config a reload may change: per operator. */
+static const char *const reloadable[] = {"mode", "canary", "strict", "promotion", "routes", NULL};
+
+/* The config as JSON with the reloadable fields taken out (an operator
+ * given as a mode string becomes an empty object). */
+static cJSON *config_fixed_part(const char *json) {
+  cJSON *root = cJSON_Parse(json != NULL && json[0] ? json : "{}");
+  if (root == NULL)
+    return NULL;
+  cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
+  for (cJSON *it = ops != NULL ? ops->child : NULL, *next; it != NULL; it = next) {
+    next = it->next; /* replacing it frees it */
+    if (cJSON_IsString(it)) {
+      cJSON_ReplaceItemInObjectCaseSensitive(ops, it->string, cJSON_CreateObject());
+      continue;
+    }
+    for (int k = 0; reloadable[k] != NULL; k++)
+      cJSON_DeleteItemFromObjectCaseSensitive(it, reloadable[k]);
+  }
+  return root;
+}
+
+/* The path of the first difference between two JSON values, into path. */
+static int first_difference(const cJSON *a, const cJSON *b, char *path, size_t cap) {
+  if (cJSON_Compare(a, b, 1))
+    return 0;
+  if (cJSON_IsObject(a) && cJSON_IsObject(b)) {
+    const cJSON *sides[2][2] = {{a, b}, {b, a}};
+    for (int s = 0; s < 2; s++)
+      for (const cJSON *x = sides[s][0]->child; x != NULL; x = x->next) {
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(sides[s][1], x->string);
+        size_t n = strlen(path);
+        snprintf(path + n, cap - n, "%s%s", n ? "." : "", x->string);
+        if (y == NULL || first_difference(s == 0 ? x : y, s == 0 ? y : x, path, cap))
+          return 1;
+        path[n] = '\0';
+      }
+  }
+  return 1;
+}
+
+int ust__config_reload_check(const char *running, const char *next) {
+  cJSON *was = config_fixed_part(running), *now = config_fixed_part(next);
+  char path[256] = "";
+  int rc = 0;
+  if (was == NULL || now == NULL)
+    rc = ust__error(UST_ENOMEM, "reload: out of memory");
+  else if (first_difference(was, now, path, sizeof path))
+    rc = ust__error(UST_ECONFIG, "reload: '%s' differs from the running config; a reload changes only operators' "
+                    "mode, canary, strict, promotion and routes", path[0] ? path : "(top level)");
+  cJSON_Delete(was);
+  cJSON_Delete(now);
+  return rc;
+}

@@ -1,37 +1,80 @@
-/* Lifecycle: enable, disable, runtime mode changes, the worker thread. */
+/* The engine: enable, disable, runtime mode changes, reload, reports, the
+ * worker thread. The process context it lives in is plugin/context.c. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
-#include "dispatch/backend.h"
-#include "guard/guard.h"
 #include "plugin/engine.h"
 
-static pthread_mutex_t engine_lock = PTHREAD_MUTEX_INITIALIZER;
-static ust__engine *engine; /* guarded by engine_lock */
-static const ust__seam_i *seam;
-static atomic_long inflight;
-_Thread_local int ust__hash_oom;
-static atomic_uint_fast64_t internal_errors;
+ust__ctx *ust__ctx_get(void);
 
-void ust__count_internal_error(void) { atomic_fetch_add_explicit(&internal_errors, 1, memory_order_relaxed); }
-uint64_t ust__internal_errors(void) { return atomic_load(&internal_errors); }
+/* ---- references ------------------------------------------------------------------ */
 
-void ust__seam_install(const ust__seam_i *s) { seam = s; }
-const char *ust_torch_version(void) { return seam != NULL ? seam->torch_version : ""; }
-void ust__inflight_enter(void) { atomic_fetch_add_explicit(&inflight, 1, memory_order_acq_rel); }
-void ust__inflight_leave(void) { atomic_fetch_sub_explicit(&inflight, 1, memory_order_acq_rel); }
+static void engine_free(ust__engine *e);
 
-static uint64_t unix_ms(void) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  return (uint64_t)tv.tv_sec * 1000u + (uint64_t)tv.tv_usec / 1000u;
+/* The enabled engine with a reference taken, or NULL (error set, naming
+ * what). Takes the lock for changes briefly. */
+static ust__engine *engine_ref(ust__ctx *c, const char *what) {
+  pthread_mutex_lock(&c->lock);
+  ust__engine *e = c->engine;
+  if (e != NULL)
+    atomic_fetch_add(&e->refs, 1);
+  pthread_mutex_unlock(&c->lock);
+  if (e == NULL)
+    ust__error(UST_ESTATE, "%s: understudy is not enabled", what);
+  return e;
+}
+
+static void engine_unref(ust__engine *e) {
+  if (e != NULL && atomic_fetch_sub(&e->refs, 1) == 1)
+    engine_free(e);
+}
+
+/* ---- policies ---------------------------------------------------------------------- */
+
+/* A new immutable policy, kept until the engine is freed (readers may hold
+ * any published one); NULL when memory ran out. */
+static const ust__policy *policy_new(ust__engine *e, const ust__policy *p) {
+  ust__policy_node *n = malloc(sizeof *n);
+  if (n == NULL)
+    return NULL;
+  n->policy = *p;
+  n->policy.sample_q32 = ust__share_q32(p->sample);
+  n->policy.canary_q32 = ust__share_q32(p->canary);
+  n->next = e->policies;
+  e->policies = n;
+  return &n->policy;
+}
+
+static ust__policy policy_of(const ust__op_config *oc) {
+  ust__policy p;
+  memset(&p, 0, sizeof p);
+  p.mode = oc->mode;
+  p.sample = oc->sample;
+  p.canary = oc->canary;
+  p.strict = oc->strict;
+  p.promotion = oc->promotion;
+  return p;
+}
+
+/* ---- the worker ---------------------------------------------------------------------- */
+
+/* The rollout table's unsaved changes into the state file. */
+static int persist(ust__engine *e) {
+  if (e->cfg.state_path == NULL)
+    return 0;
+  ust__rollout_row *rows = NULL;
+  int n = 0;
+  int rc = ust__rollout_take_changes(e->router.rollout, &rows, &n);
+  if (rc == 0 && rows != NULL && (rc = ust__state_write(e->cfg.state_path, rows, n)) != 0)
+    ust__rollout_unsaved(e->router.rollout); /* the next round tries again */
+  free(rows);
+  return rc;
 }
 
 static void *worker_main(void *arg) {
@@ -42,12 +85,12 @@ static void *worker_main(void *arg) {
   pthread_mutex_lock(&e->worker_lock);
   while (!e->worker_stop) {
     pthread_mutex_unlock(&e->worker_lock);
-    ust__gpu_harvest();
-    int shadow_pending = ust__shadow_harvest();
+    ust__timers_harvest(e->router.timers);
+    int shadow_pending = ust__shadow_harvest(e->router.shadow);
     /* a failing state file is said once, and again after it worked */
-    if (ust__rollout_persist() != 0) {
+    if (persist(e) != 0) {
       if (!state_warned)
-        ust__log(UST_LOG_WARN, "%s (retried while the state is unsaved)", ust_last_error());
+        ust__log(&e->ctx->log, UST_LOG_WARN, "%s (retried while the state is unsaved)", ust_last_error());
       state_warned = 1;
     } else {
       state_warned = 0;
@@ -55,12 +98,12 @@ static void *worker_main(void *arg) {
     uint64_t now = ust__now_ns();
     if (e->cfg.report_path != NULL && interval > 0 && now >= next_report) {
       if (ust__report_write_file(e, e->cfg.report_path) != 0)
-        ust__log(UST_LOG_WARN, "periodic report: %s", ust_last_error());
+        ust__log(&e->ctx->log, UST_LOG_WARN, "periodic report: %s", ust_last_error());
       next_report = now + (uint64_t)(interval * 1e9);
     }
     /* Device timings are polled every 2 ms; a host-only build only wakes
      * for reports. */
-    uint64_t wait_ns = ust__gpu_available() || shadow_pending > 0 ? 2000000u : 100000000u;
+    uint64_t wait_ns = ust__timers_used(e->router.timers) || shadow_pending > 0 ? 2000000u : 100000000u;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t t = (uint64_t)ts.tv_nsec + wait_ns;
@@ -74,20 +117,28 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
+/* ---- building and freeing ---------------------------------------------------------------- */
+
 static void engine_free(ust__engine *e) {
   if (e == NULL)
     return;
+  ust__timers_destroy(e->router.timers);
+  ust__shadow_pool_destroy(e->router.shadow);
   HASH_CLEAR(hh, e->ops_by_name);
   HASH_CLEAR(hh, e->bindings_by_name);
-  ust__routes_free(&e->routes);
+  ust__router_free(&e->router);
+  ust__rollout_destroy(e->router.rollout);
   free(e->config_json);
   for (int i = 0; e->bindings != NULL && i < e->n_bindings; i++)
     ust__roofline_free(&e->bindings[i].roofline);
   free(e->bindings);
-  for (int i = 0; e->cands != NULL && i < e->n_ops; i++)
-    ust__candidate_unload(&e->cands[i]);
-  free(e->cands);
+  for (int i = 0; e->ops != NULL && i < e->n_ops; i++)
+    ust__candidate_unload(&e->ops[i].candidate);
   free(e->ops);
+  for (ust__policy_node *n = e->policies, *next; n != NULL; n = next) {
+    next = n->next;
+    free(n);
+  }
   ust__problems_free(&e->problems);
   ust__hw_free(&e->hw.set);
   ust__config_free(&e->cfg);
@@ -104,62 +155,67 @@ static int build_operators(ust__engine *e) {
       return ust__error(UST_ECONFIG, "config: 'operators.%s': no operator named '%s' is defined in %s",
                         c->ops[i].name, c->ops[i].name, c->problems_dir);
   int n = c->all_operators ? e->problems.n : c->n_ops;
-  e->ops = calloc(n > 0 ? (size_t)n : 1, sizeof *e->ops);
-  e->cands = calloc(n > 0 ? (size_t)n : 1, sizeof *e->cands);
-  if (e->ops == NULL || e->cands == NULL)
+  if ((e->ops = calloc(n > 0 ? (size_t)n : 1, sizeof *e->ops)) == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
   int nb = 0;
   for (int i = 0; i < n; i++) {
-    ust__operator *op = &e->ops[i];
+    ust__engine_op *eo = &e->ops[i];
     const ust__problem *p = c->all_operators ? &e->problems.items[i] : ust__problems_find(&e->problems, c->ops[i].name);
-    memcpy(op->name, p->name, sizeof op->name);
-    op->problem = p;
-    atomic_init(&op->mode, c->all_operators ? c->default_mode : c->ops[i].mode);
-    op->sample = c->all_operators ? c->default_sample : c->ops[i].sample;
-    op->sample_q32 = ust__share_q32(op->sample);
-    if (!c->all_operators)
-      ust__rollout_set_operator(op, &c->ops[i]);
-    HASH_ADD_STR(e->ops_by_name, name, op);
+    memcpy(eo->op.name, p->name, sizeof eo->op.name);
+    eo->op.def_path = p->path;
+    eo->problem = p;
+    ust__policy pol;
+    if (c->all_operators) {
+      memset(&pol, 0, sizeof pol);
+      pol.mode = c->default_mode;
+      pol.sample = c->default_sample;
+    } else {
+      pol = policy_of(&c->ops[i]);
+    }
+    const ust__policy *pub = policy_new(e, &pol);
+    if (pub == NULL)
+      return ust__error(UST_ENOMEM, "out of memory");
+    atomic_init(&eo->op.policy, pub);
+    HASH_ADD_STR(e->ops_by_name, op.name, eo);
     if (ust__hash_oom)
       return ust__error(UST_ENOMEM, "out of memory");
     e->n_ops = i + 1; /* from here on engine_free releases this operator's candidate */
     if (!c->all_operators && c->ops[i].cand.kind != 0) {
-      int rc = ust__candidate_load(&c->ops[i], p, &e->cands[i]);
+      int rc = ust__candidate_load(&c->ops[i], p, &eo->candidate);
       if (rc != 0)
         return rc;
-      op->cand = &e->cands[i];
+      eo->op.cand = &eo->candidate.cand;
     }
     for (int b = 0; b < p->n_bindings; b++)
       nb += p->bindings[b].n_overloads;
   }
-  e->n_ops = n;
   if (nb > 65535)
     return ust__error(UST_ECONFIG, "config: %d dispatcher bindings; at most 65535 are supported", nb);
-  e->bindings = calloc(nb > 0 ? (size_t)nb : 1, sizeof *e->bindings);
-  if (e->bindings == NULL)
+  if ((e->bindings = calloc(nb > 0 ? (size_t)nb : 1, sizeof *e->bindings)) == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
   for (int i = 0; i < n; i++) {
-    const ust__problem *p = e->ops[i].problem;
+    ust__engine_op *eo = &e->ops[i];
+    const ust__problem *p = eo->problem;
     for (int bd = 0; bd < p->n_bindings; bd++) {
       const ust__binding_def *def = &p->bindings[bd];
       for (int o = 0; o < def->n_overloads; o++) {
         ust__binding *b = &e->bindings[e->n_bindings];
         b->index = e->n_bindings;
-        b->op = &e->ops[i];
+        b->op = &eo->op;
         b->def = def;
-        b->routes = &e->routes;
-        b->hw = &e->hw;
-        b->cand = NULL;
-        memcpy(b->qualname, def->op, sizeof b->qualname);
-        memcpy(b->overload, def->overloads[o], sizeof b->overload);
-        snprintf(b->display, sizeof b->display, "%s%s%s", b->qualname, b->overload[0] ? "." : "", b->overload);
+        b->router = &e->router;
+        atomic_init(&b->resolved, 0);
+        snprintf(b->qualname, sizeof b->qualname, "%s", def->op);
+        snprintf(b->overload, sizeof b->overload, "%s", def->overloads[o]);
+        snprintf(b->display, sizeof b->display, "%s%s%s", def->op, def->overloads[o][0] ? "." : "",
+                 def->overloads[o]);
         ust__binding *dup = NULL;
         HASH_FIND_STR(e->bindings_by_name, b->display, dup);
         if (dup != NULL)
           return ust__error(UST_ECONFIG, "%s: '%s' is already bound by operator '%s' (%s)", p->path, b->display,
-                            dup->op->name, dup->op->problem->path);
-        if (b->op->cand != NULL && strcmp(b->op->cand->target, b->display) == 0)
-          b->cand = b->op->cand;
+                            dup->op->name, dup->op->def_path);
+        if (eo->op.cand != NULL && strcmp(eo->op.cand->target, b->display) == 0)
+          b->cand = eo->op.cand;
         HASH_ADD_STR(e->bindings_by_name, display, b);
         if (ust__hash_oom)
           return ust__error(UST_ENOMEM, "out of memory");
@@ -169,23 +225,15 @@ static int build_operators(ust__engine *e) {
             return ust__error(UST_EPROBLEM, "%s: %s", p->path, ust_last_error());
           b->dims[d].bucket = def->dims[d].bucket;
         }
-        char where[UST__QUALNAME_MAX + 300];
+        char where[UST__DISPLAY_MAX + 300];
         snprintf(where, sizeof where, "%s (%s)", p->path, b->display);
+        e->n_bindings++;
         if (ust__roofline_compile(&def->roofline, where, &b->roofline) != 0)
           return UST_EPROBLEM;
-        e->n_bindings++;
       }
     }
   }
   return 0;
-}
-
-static void unregister_all(ust__engine *e) {
-  for (int i = 0; i < e->n_bindings; i++) {
-    if (e->bindings[i].seam_handle != NULL && seam != NULL)
-      seam->unregister_binding(e->bindings[i].seam_handle);
-    e->bindings[i].seam_handle = NULL;
-  }
 }
 
 /* Hardware profiles: hardware.dir, else <problems_dir>/hardware when it
@@ -218,10 +266,42 @@ static int load_hardware(ust__engine *e) {
   return 0;
 }
 
-static int engine_create(const char *config_json, const char *problems_dir, ust__engine **out) {
+static int restore_row(void *ctx, const ust__rollout_row *row) { return ust__rollout_restore(ctx, row); }
+
+/* The router's parts: routes, timers, the shadow pool (its verdicts into the
+ * router's sink), the rollout table with the config's per-key modes, then
+ * the state file's (which win). */
+static int build_router(ust__engine *e) {
+  ust__ctx *c = e->ctx;
+  ust__router *r = &e->router;
+  r->hw = &e->hw;
+  r->log = &c->log;
+  r->seam = c->seam;
+  e->hw.log = &c->log;
+  int rc = ust__router_init(r, e->cfg.max_routes);
+  if (rc == 0)
+    rc = ust__timers_create(1024, &c->log, &r->timers);
+  if (rc == 0)
+    rc = ust__shadow_pool_create(e->cfg.shadow_max_inflight, &c->log, &ust__router_sink, r, &r->shadow);
+  if (rc == 0)
+    rc = ust__rollout_create(&c->lock, &c->log, &r->rollout);
+  for (int i = 0; rc == 0 && i < e->cfg.n_ops; i++)
+    for (int k = 0; rc == 0 && k < e->cfg.ops[i].n_routes; k++) {
+      const ust__route_config *rc_ = &e->cfg.ops[i].routes[k];
+      rc = ust__rollout_seed(r->rollout, rc_->key, rc_->mode, rc_->canary >= 0 ? rc_->canary : e->cfg.ops[i].canary);
+    }
+  if (rc == 0 && e->cfg.state_path != NULL)
+    rc = ust__state_read(e->cfg.state_path, restore_row, r->rollout);
+  return rc;
+}
+
+static int engine_create(ust__ctx *c, const char *config_json, const char *problems_dir, ust__engine **out) {
   ust__engine *e = calloc(1, sizeof *e);
+  *out = NULL;
   if (e == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
+  e->ctx = c;
+  atomic_init(&e->refs, 1);
   pthread_mutex_init(&e->worker_lock, NULL);
   pthread_cond_init(&e->worker_cond, NULL);
   int rc = ust__config_parse(config_json, &e->cfg);
@@ -239,102 +319,140 @@ static int engine_create(const char *config_json, const char *problems_dir, ust_
   if (rc == 0)
     rc = build_operators(e);
   if (rc == 0)
-    rc = ust__routes_init(&e->routes, e->cfg.max_routes);
-  if (rc == 0 && (rc = ust__rollout_init(e)) == 0 && (e->config_json = ust__strdup(config_json ? config_json : "")) == NULL)
+    rc = build_router(e);
+  if (rc == 0 && (e->config_json = ust__strdup(config_json ? config_json : "")) == NULL)
     rc = ust__error(UST_ENOMEM, "out of memory");
   if (rc != 0) {
-    ust__rollout_shutdown();
     engine_free(e);
     return rc;
   }
-  e->started_unix_ms = unix_ms();
+  e->started_unix_ms = ust__unix_ms();
   *out = e;
   return 0;
 }
 
+/* The process's hook of an op, registered with the dispatcher the first
+ * time any engine binds it. */
+ust__hook *ust__ctx_hook(ust__ctx *c, const ust__binding *b);
+
+/* Torch-op candidates resolved now; ops defined later are resolved at their
+ * first call (counted as waiting until then). */
+static void resolve_candidates(ust__engine *e) {
+  for (int i = 0; i < e->n_ops; i++) {
+    ust__cand *cand = e->ops[i].op.cand;
+    if (cand == NULL || cand->kind != UST__CAND_TORCH_OP || e->ctx->seam == NULL)
+      continue;
+    void *h = e->ctx->seam->resolve_op(cand->torch_op, cand->torch_overload);
+    atomic_store(&cand->seam_op, h);
+    if (h == NULL)
+      ust__log(&e->ctx->log, UST_LOG_WARN, "candidate op %s%s%s of operator '%s' is not defined in this process yet: "
+               "its calls wait for it", cand->torch_op, cand->torch_overload[0] ? "." : "", cand->torch_overload,
+               e->ops[i].op.name);
+  }
+}
+
+/* ---- the API ---------------------------------------------------------------------- */
+
 int ust_enable(const char *config_json, const char *problems_dir) {
   ust__clear_error();
-  pthread_mutex_lock(&engine_lock);
+  if (ust__in_intercepted_call())
+    return ust__error(UST_ESTATE, "enable: called from inside an intercepted call");
+  ust__ctx *c = ust__ctx_get();
+  pthread_mutex_lock(&c->life);
+  if (c->seam == NULL)
+    c->seam = ust__seam();
   int rc = 0;
   ust__engine *e = NULL;
-  if (engine != NULL) {
+  pthread_mutex_lock(&c->lock);
+  const int on = c->engine != NULL;
+  pthread_mutex_unlock(&c->lock);
+  if (on) {
     rc = ust__error(UST_ESTATE, "understudy is already enabled; call disable first");
     goto out;
   }
-  if ((rc = engine_create(config_json, problems_dir, &e)) != 0)
+  if ((rc = engine_create(c, config_json, problems_dir, &e)) != 0)
     goto out;
-  ust__log_set_level(e->cfg.log_level);
-  if ((rc = ust__gpu_init(1024)) != 0 || (rc = ust__shadow_init(e->cfg.shadow_max_inflight)) != 0)
-    goto fail;
-  atomic_store(&internal_errors, 0); /* the report counts this enabled period */
-  for (int i = 0; seam != NULL && i < e->n_bindings; i++) {
+  ust__log_set_level(&c->log, e->cfg.log_level);
+  resolve_candidates(e);
+  for (int i = 0; c->seam != NULL && i < e->n_bindings; i++) {
     ust__binding *b = &e->bindings[i];
-    if ((rc = seam->register_binding(b, &b->seam_handle)) != 0)
+    if ((b->hook = ust__ctx_hook(c, b)) == NULL) {
+      rc = UST_ETORCH;
       goto fail;
-    if (!seam->op_defined(b->qualname, b->overload))
-      ust__log(UST_LOG_INFO, "%s is not defined in this process yet; it is intercepted once it is", b->display);
+    }
+    if (!c->seam->op_defined(b->qualname, b->overload))
+      ust__log(&c->log, UST_LOG_INFO, "%s is not defined in this process yet; it is intercepted once it is",
+               b->display);
   }
   if (pthread_create(&e->worker, NULL, worker_main, e) != 0) {
     rc = ust__error(UST_EINTERNAL, "cannot start the worker thread");
     goto fail;
   }
   e->worker_started = 1;
-  engine = e;
-  ust__log(UST_LOG_INFO, "enabled: %d operators, %d dispatcher bindings", e->n_ops, e->n_bindings);
+  pthread_mutex_lock(&c->lock);
+  c->engine = e;
+  pthread_mutex_unlock(&c->lock);
+  /* published: calls through the hooks reach the engine from now on */
+  for (int i = 0; i < e->n_bindings; i++)
+    if (e->bindings[i].hook != NULL)
+      atomic_store(&e->bindings[i].hook->binding, &e->bindings[i]);
+  ust__log(&c->log, UST_LOG_INFO, "enabled: %d operators, %d dispatcher bindings", e->n_ops, e->n_bindings);
   goto out;
 fail:
-  unregister_all(e);
-  ust__rollout_shutdown();
-  ust__shadow_shutdown();
-  ust__gpu_shutdown();
-  engine_free(e);
+  engine_free(e); /* no hook points at it: nothing else can see it */
 out:
-  pthread_mutex_unlock(&engine_lock);
+  pthread_mutex_unlock(&c->life);
   return rc;
 }
 
 int ust_disable(void) {
   ust__clear_error();
-  pthread_mutex_lock(&engine_lock);
-  ust__engine *e = engine;
-  int rc = 0;
+  if (ust__in_intercepted_call())
+    return ust__error(UST_ESTATE, "disable: called from inside an intercepted call, which disable would wait for");
+  ust__ctx *c = ust__ctx_get();
+  pthread_mutex_lock(&c->life);
+  pthread_mutex_lock(&c->lock);
+  ust__engine *e = c->engine;
+  c->engine = NULL;
+  pthread_mutex_unlock(&c->lock);
   if (e == NULL) {
-    pthread_mutex_unlock(&engine_lock);
+    pthread_mutex_unlock(&c->life);
     return 0;
   }
-  unregister_all(e);
-  /* A call that looked up our kernel just before it was removed may not
-   * have entered it yet; a short grace period covers that window, then the
-   * in-flight count drains. */
-  usleep(1000);
-  while (atomic_load(&inflight) > 0)
-    usleep(100);
+  /* Detach, then wait for every call that may have read a binding: the
+   * hooks stay registered (torch's registration is not atomic against
+   * dispatching threads) and pass calls through from now on. */
+  for (int i = 0; i < e->n_bindings; i++)
+    if (e->bindings[i].hook != NULL)
+      atomic_store(&e->bindings[i].hook->binding, NULL);
+  const unsigned old = ust__gate_flip(&c->gate);
+  while (!ust__gate_drained(&c->gate, old))
+    usleep(50);
   pthread_mutex_lock(&e->worker_lock);
   e->worker_stop = 1;
   pthread_cond_signal(&e->worker_cond);
   pthread_mutex_unlock(&e->worker_lock);
   if (e->worker_started)
     pthread_join(e->worker, NULL);
-  ust__gpu_harvest_all_sync();
-  ust__shadow_harvest_all_sync();
+  ust__timers_harvest_all_sync(e->router.timers);
+  ust__shadow_harvest_all_sync(e->router.shadow);
+  int rc = 0;
   if (e->cfg.report_path != NULL)
     rc = ust__report_write_file(e, e->cfg.report_path);
-  int rs = ust__rollout_persist();
+  int rs = persist(e);
   if (rc == 0)
     rc = rs;
-  ust__rollout_shutdown();
-  ust__shadow_shutdown();
-  ust__gpu_shutdown();
-  engine = NULL;
-  engine_free(e);
-  pthread_mutex_unlock(&engine_lock);
+  ust__log(&c->log, UST_LOG_INFO, "disabled");
+  engine_unref(e);
+  pthread_mutex_unlock(&c->life);
   return rc;
 }
 
 int ust_is_enabled(void) {
-  pthread_mutex_lock(&engine_lock);
-  int on = engine != NULL;
-  pthread_mutex_unlock(&engine_lock);
+  ust__ctx *c = ust__ctx_get();
+  pthread_mutex_lock(&c->lock);
+  int on = c->engine != NULL;
+  pthread_mutex_unlock(&c->lock);
   return on;
 }
 
@@ -345,23 +463,30 @@ int ust_set_mode(const char *operator_name, const char *mode) {
   int m;
   if (ust__mode_parse(mode, &m) != 0)
     return ust__error(UST_EINVAL, "set_mode: mode '%s' is not one of off, observe, shadow, canary, live", mode);
-  pthread_mutex_lock(&engine_lock);
-  int rc = ust__error(UST_ESTATE, "set_mode: understudy is not enabled");
-  if (engine != NULL) {
-    ust__operator *op = NULL;
-    HASH_FIND_STR(engine->ops_by_name, operator_name, op);
-    if (op == NULL) {
-      rc = ust__error(UST_ENOTFOUND, "set_mode: no enabled operator is named '%s'", operator_name);
-    } else if (m >= UST__MODE_SHADOW && op->cand == NULL) {
-      rc = ust__error(UST_ESTATE, "set_mode: operator '%s' has no candidate; %s needs one in the config",
-                      operator_name, mode);
-    } else {
-      atomic_store(&op->mode, m);
-      rc = 0;
-      ust__clear_error();
-    }
+  ust__ctx *c = ust__ctx_get();
+  pthread_mutex_lock(&c->lock);
+  ust__engine *e = c->engine;
+  int rc = 0;
+  ust__engine_op *eo = NULL;
+  if (e != NULL)
+    HASH_FIND_STR(e->ops_by_name, operator_name, eo);
+  if (e == NULL) {
+    rc = ust__error(UST_ESTATE, "set_mode: understudy is not enabled");
+  } else if (eo == NULL) {
+    rc = ust__error(UST_ENOTFOUND, "set_mode: no enabled operator is named '%s'", operator_name);
+  } else if (m >= UST__MODE_SHADOW && eo->op.cand == NULL) {
+    rc = ust__error(UST_ESTATE, "set_mode: operator '%s' has no candidate; %s needs one in the config",
+                    operator_name, mode);
+  } else {
+    ust__policy p = *atomic_load(&eo->op.policy);
+    p.mode = m;
+    const ust__policy *pub = policy_new(e, &p);
+    if (pub == NULL)
+      rc = ust__error(UST_ENOMEM, "set_mode: out of memory");
+    else
+      atomic_store(&eo->op.policy, pub);
   }
-  pthread_mutex_unlock(&engine_lock);
+  pthread_mutex_unlock(&c->lock);
   return rc;
 }
 
@@ -374,67 +499,27 @@ int ust_set_route_mode(const char *route_key, const char *mode, double canary) {
     return ust__error(UST_EINVAL, "set_route_mode: mode '%s' is not one of off, observe, shadow, canary, live", mode);
   if (m == UST__MODE_CANARY && !(canary > 0 && canary < 1))
     return ust__error(UST_EINVAL, "set_route_mode: canary share %g is not in (0, 1)", canary);
-  if (strlen(route_key) >= 512)
+  if (strlen(route_key) >= UST__KEY_MAX)
     return ust__error(UST_EINVAL, "set_route_mode: the shape key is too long");
-  pthread_mutex_lock(&engine_lock);
-  int rc = ust__error(UST_ESTATE, "set_route_mode: understudy is not enabled");
-  if (engine != NULL) {
-    /* the key names its binding first: "ns::op[.overload]|..." */
-    char display[UST__QUALNAME_MAX + UST__NAME_MAX];
-    size_t n = (size_t)(strchr(route_key, '|') - route_key);
-    snprintf(display, sizeof display, "%.*s", (int)(n < sizeof display ? n : sizeof display - 1), route_key);
-    ust__binding *b = NULL;
-    HASH_FIND_STR(engine->bindings_by_name, display, b);
-    if (b == NULL)
-      rc = ust__error(UST_ENOTFOUND, "set_route_mode: '%s' is not a bound dispatcher op", display);
-    else if (m >= UST__MODE_SHADOW && b->cand == NULL)
-      rc = ust__error(UST_ESTATE, "set_route_mode: %s has no candidate targeting it; %s needs one", display, mode);
-    else if ((rc = ust__rollout_set_key(route_key, m, canary, "manual", "set by ust_set_route_mode")) == 0)
-      ust__clear_error();
-  }
-  pthread_mutex_unlock(&engine_lock);
+  ust__engine *e = engine_ref(ust__ctx_get(), "set_route_mode");
+  if (e == NULL)
+    return UST_ESTATE;
+  /* the key names its binding first: "ns::op[.overload]|..." */
+  char display[UST__DISPLAY_MAX];
+  size_t n = (size_t)(strchr(route_key, '|') - route_key);
+  snprintf(display, sizeof display, "%.*s", (int)(n < sizeof display ? n : sizeof display - 1), route_key);
+  ust__binding *b = NULL;
+  HASH_FIND_STR(e->bindings_by_name, display, b);
+  int rc;
+  if (b == NULL)
+    rc = ust__error(UST_ENOTFOUND, "set_route_mode: '%s' is not a bound dispatcher op", display);
+  else if (m >= UST__MODE_SHADOW && b->cand == NULL)
+    rc = ust__error(UST_ESTATE, "set_route_mode: %s has no candidate targeting it; %s needs one", display, mode);
+  else if ((rc = ust__rollout_set_key(e->router.rollout, route_key, b->cand != NULL ? b->cand->id : "", m, canary,
+                                      "manual", "set by ust_set_route_mode", e->cfg.max_routes * 2)) == 0)
+    ust__clear_error();
+  engine_unref(e);
   return rc;
-}
-
-/* Fields of the config a reload may change: per operator. */
-static const char *const reloadable[] = {"mode", "canary", "strict", "promotion", "routes", NULL};
-
-/* The config as JSON with the reloadable fields taken out (an operator
- * given as a mode string becomes an empty object). */
-static cJSON *config_fixed_part(const char *json) {
-  cJSON *root = cJSON_Parse(json != NULL && json[0] ? json : "{}");
-  if (root == NULL)
-    return NULL;
-  cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
-  for (cJSON *it = ops != NULL ? ops->child : NULL, *next; it != NULL; it = next) {
-    next = it->next; /* replacing it frees it */
-    if (cJSON_IsString(it)) {
-      cJSON_ReplaceItemInObjectCaseSensitive(ops, it->string, cJSON_CreateObject());
-      continue;
-    }
-    for (int k = 0; reloadable[k] != NULL; k++)
-      cJSON_DeleteItemFromObjectCaseSensitive(it, reloadable[k]);
-  }
-  return root;
-}
-
-/* The path of the first difference between two JSON values, into path. */
-static int first_difference(const cJSON *a, const cJSON *b, char *path, size_t cap) {
-  if (cJSON_Compare(a, b, 1))
-    return 0;
-  if (cJSON_IsObject(a) && cJSON_IsObject(b)) {
-    const cJSON *sides[2][2] = {{a, b}, {b, a}};
-    for (int s = 0; s < 2; s++)
-      for (const cJSON *x = sides[s][0]->child; x != NULL; x = x->next) {
-        const cJSON *y = cJSON_GetObjectItemCaseSensitive(sides[s][1], x->string);
-        size_t n = strlen(path);
-        snprintf(path + n, cap - n, "%s%s", n ? "." : "", x->string);
-        if (y == NULL || first_difference(s == 0 ? x : y, s == 0 ? y : x, path, cap))
-          return 1;
-        path[n] = '\0';
-      }
-  }
-  return 1;
 }
 
 /* 1 when the running config (prev) gives key of operator op the same mode and share. */
@@ -454,69 +539,86 @@ static int route_config_unchanged(const ust__config *prev, const char *op, const
 
 int ust_reload(const char *config_json) {
   ust__clear_error();
-  ust__config next;
+  ust__ctx *c = ust__ctx_get();
+  ust__config next, prev;
   int rc = ust__config_parse(config_json, &next);
   if (rc != 0)
     return rc;
-  pthread_mutex_lock(&engine_lock);
-  if (engine == NULL) {
-    rc = ust__error(UST_ESTATE, "reload: understudy is not enabled");
-    goto out;
+  ust__engine *e = engine_ref(c, "reload");
+  if (e == NULL) {
+    ust__config_free(&next);
+    return UST_ESTATE;
   }
-  cJSON *was = config_fixed_part(engine->config_json), *now = config_fixed_part(config_json);
-  char path[256] = "";
-  if (was == NULL || now == NULL)
+  /* reloads take turns; the running text is read under the lock */
+  pthread_mutex_lock(&c->reload);
+  pthread_mutex_lock(&c->lock);
+  char *running = ust__strdup(e->config_json);
+  pthread_mutex_unlock(&c->lock);
+  if (running == NULL)
     rc = ust__error(UST_ENOMEM, "reload: out of memory");
-  else if (first_difference(was, now, path, sizeof path))
-    rc = ust__error(UST_ECONFIG, "reload: '%s' differs from the running config; a reload changes only operators' "
-                    "mode, canary, strict, promotion and routes", path[0] ? path : "(top level)");
-  cJSON_Delete(was);
-  cJSON_Delete(now);
-  /* Per-key entries apply only where they changed: a route rolled back or
-   * promoted since keeps its mode unless the reload asks for another. */
-  ust__config prev;
-  if (rc == 0 && ust__config_parse(engine->config_json, &prev) != 0)
+  else
+    rc = ust__config_reload_check(running, config_json);
+  if (rc == 0 && ust__config_parse(running, &prev) != 0)
     memset(&prev, 0, sizeof prev);
+  free(running);
+  /* policies first, under the lock; then per-key modes where they changed:
+   * a route rolled back or promoted since keeps its mode unless the reload
+   * asks for another */
+  pthread_mutex_lock(&c->lock);
   for (int i = 0; rc == 0 && i < next.n_ops; i++) {
-    ust__operator *op = NULL;
-    HASH_FIND_STR(engine->ops_by_name, next.ops[i].name, op);
-    if (op != NULL)
-      ust__rollout_set_operator(op, &next.ops[i]);
-    for (int k = 0; op != NULL && k < next.ops[i].n_routes; k++) {
+    ust__engine_op *eo = NULL;
+    HASH_FIND_STR(e->ops_by_name, next.ops[i].name, eo);
+    if (eo == NULL)
+      continue;
+    ust__policy p = policy_of(&next.ops[i]);
+    const ust__policy *pub = policy_new(e, &p);
+    if (pub == NULL)
+      rc = ust__error(UST_ENOMEM, "reload: out of memory");
+    else
+      atomic_store(&eo->op.policy, pub);
+  }
+  if (rc == 0) {
+    char *copy = ust__strdup(config_json != NULL ? config_json : "");
+    if (copy != NULL) {
+      free(e->config_json);
+      e->config_json = copy;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  for (int i = 0; rc == 0 && i < next.n_ops; i++) {
+    ust__engine_op *eo = NULL;
+    HASH_FIND_STR(e->ops_by_name, next.ops[i].name, eo);
+    for (int k = 0; eo != NULL && k < next.ops[i].n_routes; k++) {
       const ust__route_config *rcfg = &next.ops[i].routes[k];
       const double canary = rcfg->canary >= 0 ? rcfg->canary : next.ops[i].canary;
       if (route_config_unchanged(&prev, next.ops[i].name, rcfg->key, rcfg->mode, canary))
         continue;
-      if (ust__rollout_set_key(rcfg->key, rcfg->mode, canary, "config", "set by a config reload") != 0)
-        ust__log(UST_LOG_WARN, "reload: %s", ust_last_error());
+      if (ust__rollout_set_key(e->router.rollout, rcfg->key, eo->op.cand != NULL ? eo->op.cand->id : "", rcfg->mode,
+                               canary, "config", "set by a config reload", e->cfg.max_routes * 2) != 0)
+        ust__log(&c->log, UST_LOG_WARN, "reload: %s", ust_last_error());
     }
   }
-  if (rc == 0)
-    ust__config_free(&prev);
   if (rc == 0) {
-    char *copy = ust__strdup(config_json != NULL ? config_json : "");
-    if (copy != NULL) {
-      free(engine->config_json);
-      engine->config_json = copy;
-    }
+    ust__config_free(&prev);
+    ust__clear_error();
   }
-out:
-  pthread_mutex_unlock(&engine_lock);
+  pthread_mutex_unlock(&c->reload);
+  engine_unref(e);
   ust__config_free(&next);
   return rc;
 }
 
 int ust_report_write(const char *path) {
   ust__clear_error();
-  pthread_mutex_lock(&engine_lock);
+  ust__engine *e = engine_ref(ust__ctx_get(), "report");
+  if (e == NULL)
+    return UST_ESTATE;
   int rc;
-  if (engine == NULL)
-    rc = ust__error(UST_ESTATE, "report: understudy is not enabled");
-  else if (path == NULL && engine->cfg.report_path == NULL)
+  if (path == NULL && e->cfg.report_path == NULL)
     rc = ust__error(UST_EINVAL, "report: no path given and no 'report.path' configured");
   else
-    rc = ust__report_write_file(engine, path != NULL ? path : engine->cfg.report_path);
-  pthread_mutex_unlock(&engine_lock);
+    rc = ust__report_write_file(e, path != NULL ? path : e->cfg.report_path);
+  engine_unref(e);
   return rc;
 }
 
@@ -525,27 +627,23 @@ int ust_report_json(char **out) {
   if (out == NULL)
     return ust__error(UST_EINVAL, "report: out is NULL");
   *out = NULL;
-  pthread_mutex_lock(&engine_lock);
-  int rc = 0;
-  if (engine == NULL) {
-    rc = ust__error(UST_ESTATE, "report: understudy is not enabled");
-  } else {
-    cJSON *j = ust__report_build(engine);
-    *out = j != NULL ? cJSON_PrintUnformatted(j) : NULL;
-    cJSON_Delete(j);
-    if (*out == NULL)
-      rc = ust__error(UST_ENOMEM, "report: out of memory");
-  }
-  pthread_mutex_unlock(&engine_lock);
-  return rc;
+  ust__engine *e = engine_ref(ust__ctx_get(), "report");
+  if (e == NULL)
+    return UST_ESTATE;
+  cJSON *j = ust__report_build(e);
+  *out = j != NULL ? cJSON_PrintUnformatted(j) : NULL;
+  cJSON_Delete(j);
+  engine_unref(e);
+  return *out == NULL ? ust__error(UST_ENOMEM, "report: out of memory") : 0;
 }
 
 int ust_flush_sync(void) {
-  pthread_mutex_lock(&engine_lock);
-  if (engine != NULL) {
-    ust__gpu_harvest_all_sync();
-    ust__shadow_harvest_all_sync();
-  }
-  pthread_mutex_unlock(&engine_lock);
+  ust__clear_error();
+  ust__engine *e = engine_ref(ust__ctx_get(), "flush");
+  if (e == NULL)
+    return 0;
+  ust__timers_harvest_all_sync(e->router.timers);
+  ust__shadow_harvest_all_sync(e->router.shadow);
+  engine_unref(e);
   return 0;
 }

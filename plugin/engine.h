@@ -1,26 +1,57 @@
 /*
- * The engine: everything that exists while understudy is enabled. Created by
- * ust_enable, destroyed by ust_disable; one at a time.
+ * The process context and the engine.
+ *
+ * The context lives as long as the process: the log sink, the seam the
+ * bridge installed, the hooks registered with the dispatcher (once per op,
+ * never removed), the gate that counts calls in flight, and the one lock
+ * for changes. There is exactly one (plugin/context.c).
+ *
+ * The engine is everything that exists while understudy is enabled: the
+ * config, definitions, operators and their published policies, candidates,
+ * bindings, the router (routes, timers, shadow pool, rollout table) and the
+ * worker. Created by enable, unpublished by disable, freed when its last
+ * reference is dropped (a report or metrics scrape may still hold one).
+ *
+ * Locks: `life` serialises enable and disable (and is never taken by
+ * anything else); `lock` is the lock for changes: the published engine, set
+ * mode, reload, the rollout table. It is held briefly, never across a
+ * candidate call, a device synchronisation or file I/O; messages said under
+ * it are logged after it is released.
  */
 #ifndef UST_ENGINE_H
 #define UST_ENGINE_H
 
-#include "dispatch/dispatch.h"
 #include "plugin/plugin.h"
 
+typedef struct ust__policy_node {
+  struct ust__policy_node *next;
+  ust__policy policy;
+} ust__policy_node;
+
+/* An operator of the engine: the router's view, its definition, its
+ * candidate. */
+typedef struct ust__engine_op {
+  ust__operator op;
+  const ust__problem *problem; /* borrowed from the engine's problem set */
+  ust__candidate candidate;    /* kind 0: none */
+  UT_hash_handle hh;           /* by name */
+} ust__engine_op;
+
 typedef struct ust__engine {
+  struct ust__ctx *ctx;
+  atomic_int refs;             /* the context's, and each reader's */
   ust__config cfg;
   char *config_json;           /* owned: the text enabled with (or last reloaded), for reload's comparison */
   ust__problem_set problems;
   int n_ops;
-  ust__operator *ops;          /* owned */
-  ust__operator *ops_by_name;  /* uthash head over ops */
-  ust__candidate *cands;       /* owned, one per operator (kind 0: none) */
+  ust__engine_op *ops;         /* owned */
+  ust__engine_op *ops_by_name; /* uthash head over ops */
   int n_bindings;
-  ust__binding *bindings;      /* owned; the bridge borrows pointers into it */
-  ust__binding *bindings_by_name; /* uthash head over bindings, by display name */
-  ust__route_table routes;
-  ust__hw_ctx hw;              /* hardware profiles; bindings borrow it */
+  ust__binding *bindings;      /* owned; hooks point at them while enabled */
+  ust__binding *bindings_by_name; /* uthash head, by display name */
+  ust__hw_ctx hw;
+  ust__router router;
+  ust__policy_node *policies;  /* every policy published, freed with the engine: readers may hold any */
   uint64_t started_unix_ms;
 
   pthread_t worker;
@@ -30,11 +61,21 @@ typedef struct ust__engine {
   int worker_stop;
 } ust__engine;
 
-uint64_t ust__internal_errors(void);
+typedef struct ust__ctx {
+  pthread_mutex_t life;
+  pthread_mutex_t lock;
+  pthread_mutex_t reload;      /* reloads take turns (never held with life) */
+  ust__engine *engine;         /* the enabled one; guarded by lock */
+  ust__log_sink log;
+  const ust__seam_i *seam;     /* the bridge's (ust__seam), NULL without torch; set by the first enable */
+  ust__hook *hooks;            /* by display; never freed */
+  ust__gate gate;
+  ust__compare_cache compare;
+} ust__ctx;
 
-/* The JSON report of e as a new cJSON tree (free with cJSON_Delete), or NULL
- * when memory ran out. Reads counters racily: figures are a consistent-
- * enough snapshot, never torn per field. */
+/* The report of e as a new cJSON tree (free with cJSON_Delete), or NULL
+ * when memory ran out. Reads routes racily (figures never torn per field)
+ * and never blocks a serving thread. */
 struct cJSON *ust__report_build(ust__engine *e);
 /* Write the report to path atomically: temp file, fsync, rename. */
 int ust__report_write_file(ust__engine *e, const char *path);

@@ -1,56 +1,43 @@
 /*
- * The JSON report (schema "understudy.report", version 1).
+ * The JSON report (schema "understudy.report", version 1), built from a
+ * plain snapshot of the routes (dispatch/), never from the routes
+ * themselves.
  *
- * Per operator and per shape key: calls, timed calls, captured calls,
- * latency quantiles and the sparse histogram (so reports merge exactly), the
- * device time, and the importance weight: the share of observed device time,
- * normalised to 1 over everything this process observed. When only a sample
- * of calls is timed, device time is estimated as the timed sum scaled by
- * calls / timed; both figures are reported.
+ * Per operator and per shape key: calls, timed calls, captured calls, the
+ * sparse latency histogram, roofline sums, verification counts and rollout
+ * figures: additive figures that reports from many processes add exactly.
+ * ust__report_derive then computes every derived figure from them in place
+ * (quantiles, device time, the importance weights, S and S_agg): the one
+ * place those rules live, used alike by the in-process report and by merges
+ * (ust_report_derive).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
-#include "guard/guard.h"
 #include "plugin/engine.h"
-
-typedef struct route_fig {
-  ust__route *r;
-  uint64_t calls, timed, captured, dropped;
-  double est_ns;
-  ust__hist_snap *hist;
-} route_fig;
 
 static cJSON *add_num(cJSON *o, const char *k, double v) { return cJSON_AddNumberToObject(o, k, v); }
 
-static cJSON *hist_json(const ust__hist_snap *s) {
+/* ---- additive figures ---------------------------------------------------------------- */
+
+static cJSON *hist_json(const ust__hist_sparse *s) {
   cJSON *lat = cJSON_CreateObject();
-  add_num(lat, "p50", ust__hist_quantile(s, 0.50));
-  add_num(lat, "p90", ust__hist_quantile(s, 0.90));
-  add_num(lat, "p99", ust__hist_quantile(s, 0.99));
   add_num(lat, "count", (double)s->count);
   add_num(lat, "sum", (double)s->sum);
   cJSON *b = cJSON_AddArrayToObject(lat, "buckets");
-  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++)
-    if (s->buckets[i] != 0) {
-      cJSON *pair = cJSON_CreateArray();
-      cJSON_AddItemToArray(pair, cJSON_CreateNumber(i));
-      cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)s->buckets[i]));
-      cJSON_AddItemToArray(b, pair);
-    }
+  for (int i = 0; i < s->n; i++) {
+    cJSON *pair = cJSON_CreateArray();
+    cJSON_AddItemToArray(pair, cJSON_CreateNumber(s->index[i]));
+    cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)s->counts[i]));
+    cJSON_AddItemToArray(b, pair);
+  }
   return lat;
 }
-
-static double u64_as_double(atomic_uint_fast64_t *a) { return ust__bits_to_double(atomic_load(a)); }
-
-/* The route's effective mode (guard/rollout.c). */
-static const char *route_mode(const ust__route *r) { return ust__mode_name(ust__route_mode(r, NULL)); }
 
 static cJSON *evidence_json(const ust__evidence *ev) {
   cJSON *j = cJSON_CreateObject();
@@ -91,135 +78,149 @@ static cJSON *evidence_json(const ust__evidence *ev) {
   return j;
 }
 
-static cJSON *shadow_json(ust__route *r, const ust__hist_snap *prod, const ust__hist_snap *cand_snap) {
+static cJSON *shadow_json(const ust__route_snap *s) {
+  const ust__verify_snap *v = &s->verify;
   cJSON *j = cJSON_CreateObject();
-  add_num(j, "calls", (double)atomic_load(&r->shadow_calls));
-  add_num(j, "verified", (double)atomic_load(&r->verified));
-  add_num(j, "passed", (double)atomic_load(&r->passed));
-  add_num(j, "failed", (double)atomic_load(&r->failed));
-  add_num(j, "skipped", (double)atomic_load(&r->skipped));
-  add_num(j, "unverifiable", (double)atomic_load(&r->unverifiable));
-  add_num(j, "max_abs_err", u64_as_double(&r->max_abs_bits));
-  add_num(j, "max_rel_err", u64_as_double(&r->max_rel_bits));
-  cJSON_AddItemToObject(j, "candidate_latency_ns", hist_json(cand_snap));
-  double tp = ust__hist_quantile(prod, 0.5), tc = ust__hist_quantile(cand_snap, 0.5);
-  if (tp > 0 && tc > 0)
-    add_num(j, "speedup", tp / tc);
-  else
-    cJSON_AddNullToObject(j, "speedup");
+  add_num(j, "calls", (double)v->calls);
+  add_num(j, "verified", (double)v->verified);
+  add_num(j, "passed", (double)v->passed);
+  add_num(j, "failed", (double)v->failed);
+  add_num(j, "skipped", (double)v->skipped);
+  add_num(j, "unverifiable", (double)v->unverifiable);
+  add_num(j, "max_abs_err", v->max_abs);
+  add_num(j, "max_rel_err", v->max_rel);
+  cJSON_AddItemToObject(j, "candidate_latency_ns", hist_json(&s->figs.cand_hist));
   cJSON *aa = cJSON_AddObjectToObject(j, "aa");
-  add_num(aa, "runs", (double)atomic_load(&r->aa_runs));
-  add_num(aa, "mismatching", (double)atomic_load(&r->aa_mismatching));
-  add_num(aa, "max_abs_err", u64_as_double(&r->aa_max_abs_bits));
-  add_num(aa, "max_rel_err", u64_as_double(&r->aa_max_rel_bits));
-  const ust__evidence *ev = atomic_load(&r->evidence);
-  if (ev != NULL)
-    cJSON_AddItemToObject(j, "rollback", evidence_json(ev));
+  add_num(aa, "runs", (double)v->aa_runs);
+  add_num(aa, "mismatching", (double)v->aa_mismatching);
+  add_num(aa, "max_abs_err", v->aa_max_abs);
+  add_num(aa, "max_rel_err", v->aa_max_rel);
+  if (s->rollout.evidence != NULL)
+    cJSON_AddItemToObject(j, "rollback", evidence_json(s->rollout.evidence));
   else
     cJSON_AddNullToObject(j, "rollback");
   return j;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  if (n == 0)
-    return 0;
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* S of a route as DESIGN.md defines it: the mean T_SOL of its scored calls
- * over the median measured time (production's, or the candidate's over its
- * passing shadow calls); -1 when unknown. */
-static double route_s(ust__route *r, int candidate, const ust__hist_snap *times) {
-  uint64_t n = atomic_load(candidate ? &r->cand_roof_calls : &r->roof_calls);
-  double p50 = ust__hist_quantile(times, 0.5);
-  if (n == 0 || p50 <= 0)
-    return -1;
-  return (double)atomic_load(candidate ? &r->cand_roof_tsol_ps : &r->roof_tsol_ps) / 1000.0 / (double)n / p50;
-}
-
-/* sp, sc: the route's S and its candidate's, -1 when unknown (route_s). */
-static cJSON *roofline_json(ust__route *r, double sp, double sc) {
+static cJSON *rollout_json(const ust__route_snap *s) {
+  const ust__rollout_snap *r = &s->rollout;
   cJSON *j = cJSON_CreateObject();
-  const ust__hw_profile *hw = atomic_load(&r->hw);
-  if (hw != NULL)
-    cJSON_AddStringToObject(j, "hardware", hw->name);
+  cJSON_AddStringToObject(j, "mode", ust__mode_name(r->mode));
+  if (r->mode == UST__MODE_CANARY)
+    add_num(j, "canary", r->canary);
+  cJSON_AddStringToObject(j, "set_by", r->own ? "route" : "operator");
+  /* Every tracked call outside capture that the candidate did not serve was
+   * production's (its outputs, or its exception): derived, not counted per
+   * call. The snapshot read the served count before the calls. */
+  cJSON *sv = cJSON_AddObjectToObject(j, "served");
+  add_num(sv, "production", (double)(s->figs.calls - s->figs.captured - r->served_cand));
+  add_num(sv, "candidate", (double)r->served_cand);
+  add_num(sv, "candidate_verified", (double)r->served_cand_verified);
+  add_num(sv, "unlearned", (double)r->served_unlearned);
+  cJSON *cap = cJSON_AddObjectToObject(j, "captured");
+  add_num(cap, "production", (double)(s->figs.captured - r->captured_cand));
+  add_num(cap, "candidate", (double)r->captured_cand);
+  add_num(j, "transitions", (double)r->transitions);
+  if (r->has_last) {
+    cJSON *t = cJSON_AddObjectToObject(j, "last_transition");
+    cJSON_AddStringToObject(t, "from", r->last_from);
+    cJSON_AddStringToObject(t, "to", r->last_to);
+    cJSON_AddStringToObject(t, "by", r->last_by);
+    cJSON_AddStringToObject(t, "reason", r->last_reason);
+    add_num(t, "unix_ms", (double)r->last_unix_ms);
+  }
+  if (r->promotion_state[0] != '\0') {
+    cJSON *pr = cJSON_AddObjectToObject(j, "promotion");
+    cJSON_AddStringToObject(pr, "state", r->promotion_state);
+    add_num(pr, "passes_in_stage", (double)r->stage_passes);
+    add_num(pr, "needed", r->promotion_needed);
+    add_num(pr, "min_speedup", r->promotion_min_speedup);
+    if (r->promotion_note[0] != '\0')
+      cJSON_AddStringToObject(pr, "note", r->promotion_note);
+  }
+  return j;
+}
+
+static cJSON *roofline_json(const ust__route_snap *s) {
+  const ust__figs_snap *f = &s->figs;
+  cJSON *j = cJSON_CreateObject();
+  if (f->hw != NULL)
+    cJSON_AddStringToObject(j, "hardware", f->hw->name);
   else
     cJSON_AddNullToObject(j, "hardware");
-  uint64_t n = atomic_load(&r->roof_calls);
-  add_num(j, "calls", (double)n);
-  add_num(j, "unscored", (double)atomic_load(&r->roof_unscored));
-  add_num(j, "tsol_ns_mean", n ? (double)atomic_load(&r->roof_tsol_ps) / 1000.0 / (double)n : 0.0);
+  add_num(j, "calls", (double)f->prod.calls);
+  add_num(j, "unscored", (double)f->unscored);
   /* sums (ns), so that reports merge exactly */
-  add_num(j, "tsol_ns_sum", (double)atomic_load(&r->roof_tsol_ps) / 1000.0);
-  add_num(j, "time_ns_sum", (double)atomic_load(&r->roof_time_ns));
-  add_num(j, "candidate_calls", (double)atomic_load(&r->cand_roof_calls));
-  add_num(j, "candidate_tsol_ns_sum", (double)atomic_load(&r->cand_roof_tsol_ps) / 1000.0);
-  add_num(j, "candidate_time_ns_sum", (double)atomic_load(&r->cand_roof_time_ns));
-  if (sp >= 0)
-    add_num(j, "S", sp);
-  else
-    cJSON_AddNullToObject(j, "S");
-  if (r->binding->cand != NULL && sc >= 0 && !atomic_load(&r->rolled_back))
-    add_num(j, "S_candidate", sc);
-  else
-    cJSON_AddNullToObject(j, "S_candidate");
-  const char *est = r->binding->def->roofline.estimate;
+  add_num(j, "tsol_ns_sum", (double)f->prod.tsol_ps / 1000.0);
+  add_num(j, "time_ns_sum", (double)f->prod.time_ns);
+  add_num(j, "candidate_calls", (double)f->cand.calls);
+  add_num(j, "candidate_tsol_ns_sum", (double)f->cand.tsol_ps / 1000.0);
+  add_num(j, "candidate_time_ns_sum", (double)f->cand.time_ns);
+  const char *est = s->binding->def->roofline.estimate;
   if (est[0] != '\0')
     cJSON_AddStringToObject(j, "estimate", est);
   return j;
 }
 
-cJSON *ust__report_build(ust__engine *e) {
+static cJSON *shape_json(const ust__route_snap *s) {
+  const ust__binding *b = s->binding;
+  cJSON *js = cJSON_CreateObject();
+  cJSON_AddStringToObject(js, "key", s->key);
+  cJSON_AddStringToObject(js, "op", b->display);
+  cJSON_AddStringToObject(js, "mode", ust__mode_name(s->rollout.mode));
+  cJSON_AddStringToObject(js, "phase", ust__phase_name(s->k.phase < UST__N_PHASES ? s->k.phase : 0));
+  cJSON_AddStringToObject(js, "device", s->k.device == UST__DEV_CUDA ? "cuda" : "cpu");
+  cJSON *dts = cJSON_AddArrayToObject(js, "dtypes");
+  for (int d = 0; d < s->k.n_dtypes; d++)
+    cJSON_AddItemToArray(dts, cJSON_CreateString(ust__dtype_name(s->k.dtypes[d])));
+  cJSON *dims = cJSON_AddObjectToObject(js, "dims");
+  for (int d = 0; d < b->n_dims; d++)
+    add_num(dims, b->def->dims[d].name, (double)s->k.dims[d]);
+  add_num(js, "calls", (double)s->figs.calls);
+  add_num(js, "timed", (double)s->figs.hist.count);
+  add_num(js, "captured", (double)s->figs.captured);
+  add_num(js, "timing_dropped", (double)s->figs.timing_dropped);
+  add_num(js, "device_time_ns", (double)s->figs.hist.sum);
+  cJSON_AddItemToObject(js, "latency_ns", hist_json(&s->figs.hist));
+  if (b->roofline.present)
+    cJSON_AddItemToObject(js, "roofline", roofline_json(s));
+  if (s->has_cand) {
+    cJSON_AddItemToObject(js, "shadow", shadow_json(s));
+    cJSON_AddItemToObject(js, "rollout", rollout_json(s));
+  }
+  return js;
+}
+
+static cJSON *candidate_json(const ust__candidate *c) {
+  cJSON *jc = cJSON_CreateObject();
+  cJSON_AddStringToObject(jc, "kind", c->cand.kind == UST__CAND_NATIVE ? "native" : "torch_op");
+  cJSON_AddStringToObject(jc, "name", c->cand.name);
+  cJSON_AddStringToObject(jc, "target", c->cand.target);
+  if (c->cand.kind == UST__CAND_NATIVE) {
+    cJSON_AddStringToObject(jc, "path", c->path);
+    cJSON_AddStringToObject(jc, "sha256", c->sha256);
+  } else {
+    cJSON_AddStringToObject(jc, "op_state", atomic_load(&c->cand.seam_op) != NULL ? "resolved" : "waiting for op");
+    add_num(jc, "calls_waiting_for_op", (double)atomic_load(&((ust__candidate *)c)->cand.waiting));
+  }
+  cJSON_AddStringToObject(jc, "compare", ust__cmp_kind_name(c->cand.compare));
+  if (c->cand.atol >= 0)
+    add_num(jc, "atol", c->cand.atol);
+  if (c->cand.rtol >= 0)
+    add_num(jc, "rtol", c->cand.rtol);
+  add_num(jc, "aa_sample", c->cand.aa_sample);
+  return jc;
+}
+
+/* The additive report of e: figures as counted, nothing derived. */
+static cJSON *report_raw(ust__engine *e) {
+  ust__route_snap *snaps = NULL;
   int nr = 0;
-  /* Routes inserted while this runs are left for the next report. */
-  uint32_t n_alloc = atomic_load(&e->routes.count) + 1;
-  route_fig *figs = calloc(n_alloc, sizeof *figs);
-  ust__hist_snap *snaps = calloc(n_alloc, sizeof *snaps);
-  ust__hist_snap *cand_snap = malloc(sizeof *cand_snap);
-  double *svals = calloc(n_alloc, sizeof *svals), *cvals = calloc(n_alloc, sizeof *cvals);
-  /* per phase: S of the operator's routes, production and candidate */
-  double *sph = calloc((size_t)n_alloc * UST__N_PHASES, sizeof *sph), *cph = calloc((size_t)n_alloc * UST__N_PHASES, sizeof *cph);
-  cJSON *root = cJSON_CreateObject();
-  if (figs == NULL || snaps == NULL || cand_snap == NULL || svals == NULL || cvals == NULL || sph == NULL ||
-      cph == NULL || root == NULL) {
-    free(figs);
-    free(snaps);
-    free(cand_snap);
-    free(svals);
-    free(cvals);
-    free(sph);
-    free(cph);
-    cJSON_Delete(root);
+  if (ust__routes_snapshot(&e->router, &snaps, &nr) != 0) {
+    ust__routes_snapshot_free(snaps, nr);
     return NULL;
   }
-  double total_est = 0, total_ph[UST__N_PHASES] = {0};
-  for (uint32_t i = 0; i < e->routes.cap && nr < (int)n_alloc; i++) {
-    ust__route *r = atomic_load_explicit(&e->routes.slots[i], memory_order_acquire);
-    if (r == NULL)
-      continue;
-    route_fig *f = &figs[nr];
-    f->r = r;
-    f->hist = &snaps[nr];
-    ust__hist_snapshot(&r->hist, f->hist);
-    f->calls = atomic_load(&r->calls);
-    f->timed = f->hist->count;
-    f->captured = atomic_load(&r->captured);
-    f->dropped = atomic_load(&r->timing_dropped);
-    uint64_t eligible = f->calls - f->captured;
-    f->est_ns = f->timed > 0 ? (double)f->hist->sum * (double)eligible / (double)f->timed : 0.0;
-    total_est += f->est_ns;
-    total_ph[r->key.phase < UST__N_PHASES ? r->key.phase : 0] += f->est_ns;
-    nr++;
-  }
-
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
+  cJSON *root = cJSON_CreateObject();
   cJSON_AddStringToObject(root, "schema", "understudy.report");
   add_num(root, "version", 1);
   cJSON_AddStringToObject(root, "library_version", ust_version());
@@ -229,204 +230,336 @@ cJSON *ust__report_build(ust__engine *e) {
   gethostname(host, sizeof host - 1);
   cJSON_AddStringToObject(root, "host", host);
   add_num(root, "started_unix_ms", (double)e->started_unix_ms);
-  add_num(root, "generated_unix_ms", (double)tv.tv_sec * 1000.0 + (double)(tv.tv_usec / 1000));
+  add_num(root, "generated_unix_ms", (double)ust__unix_ms());
   cJSON *hs = cJSON_AddObjectToObject(root, "histogram");
   cJSON_AddStringToObject(hs, "scheme", UST__HIST_SCHEME);
   cJSON_AddStringToObject(hs, "unit", "ns");
   add_num(hs, "buckets", UST__HIST_BUCKETS);
-
-  uint64_t t_calls = 0, t_timed = 0, t_captured = 0, t_untracked = 0;
-  uint64_t t_shadow = 0, t_verified = 0, t_failed = 0, t_rollbacks = 0;
-  double s_agg = 0, s_agg_cand = 0, s_agg_ph[UST__N_PHASES] = {0}, s_agg_cand_ph[UST__N_PHASES] = {0};
   cJSON *ops = cJSON_AddArrayToObject(root, "operators");
+  double untracked_all = 0;
   for (int oi = 0; oi < e->n_ops; oi++) {
-    ust__operator *op = &e->ops[oi];
+    const ust__engine_op *eo = &e->ops[oi];
     cJSON *jo = cJSON_CreateObject();
-    cJSON_AddStringToObject(jo, "name", op->name);
-    cJSON_AddStringToObject(jo, "mode", ust__mode_name(atomic_load(&op->mode)));
-    add_num(jo, "sample", op->sample);
-    cJSON_AddStringToObject(jo, "definition", op->problem->path);
-    if (op->cand != NULL) {
-      const ust__candidate *c = op->cand;
-      cJSON *jc = cJSON_AddObjectToObject(jo, "candidate");
-      cJSON_AddStringToObject(jc, "kind", c->kind == UST__CAND_NATIVE ? "native" : "torch_op");
-      cJSON_AddStringToObject(jc, "name", c->name);
-      cJSON_AddStringToObject(jc, "target", c->target);
-      if (c->kind == UST__CAND_NATIVE) {
-        cJSON_AddStringToObject(jc, "path", c->path);
-        cJSON_AddStringToObject(jc, "sha256", c->sha256);
-      }
-      cJSON_AddStringToObject(jc, "compare", ust__cmp_kind_name(c->compare));
-      if (c->atol >= 0)
-        add_num(jc, "atol", c->atol);
-      if (c->rtol >= 0)
-        add_num(jc, "rtol", c->rtol);
-      add_num(jc, "aa_sample", c->aa_sample);
-    }
-    uint64_t calls = 0, timed = 0, captured = 0, untracked = 0;
-    double est = 0, measured = 0;
+    cJSON_AddStringToObject(jo, "name", eo->op.name);
+    const ust__policy *pol = atomic_load(&((ust__engine_op *)eo)->op.policy);
+    cJSON_AddStringToObject(jo, "mode", ust__mode_name(pol->mode));
+    add_num(jo, "sample", pol->sample);
+    cJSON_AddStringToObject(jo, "definition", eo->problem->path);
+    if (eo->op.cand != NULL)
+      cJSON_AddItemToObject(jo, "candidate", candidate_json(&eo->candidate));
+    double untracked = 0;
     cJSON *bindings = cJSON_AddArrayToObject(jo, "bindings");
     for (int bi = 0; bi < e->n_bindings; bi++)
-      if (e->bindings[bi].op == op) {
+      if (e->bindings[bi].op == &eo->op) {
         cJSON_AddItemToArray(bindings, cJSON_CreateString(e->bindings[bi].display));
-        untracked += atomic_load(&e->bindings[bi].untracked);
+        untracked += (double)atomic_load(&e->bindings[bi].untracked);
       }
-    if (op->problem->n_hosted > 0) {
+    if (eo->problem->n_hosted > 0) {
       /* no op of its own: its traffic is scored under the operators binding these */
       cJSON *h = cJSON_AddArrayToObject(jo, "hosted_in");
-      for (int k = 0; k < op->problem->n_hosted; k++)
-        cJSON_AddItemToArray(h, cJSON_CreateString(op->problem->hosted_in[k]));
+      for (int k = 0; k < eo->problem->n_hosted; k++)
+        cJSON_AddItemToArray(h, cJSON_CreateString(eo->problem->hosted_in[k]));
     }
-    cJSON *shapes = cJSON_CreateArray();
-    int ns = 0, nc = 0, cand_routes = 0, covered = 0;
-    int nsp[UST__N_PHASES] = {0}, ncp[UST__N_PHASES] = {0}, routes_ph[UST__N_PHASES] = {0};
-    double tsol_sum = 0, time_sum = 0, est_ph[UST__N_PHASES] = {0};
-    for (int i = 0; i < nr; i++) {
-      route_fig *f = &figs[i];
-      if (f->r->binding->op != op)
-        continue;
-      const ust__binding *b = f->r->binding;
-      cJSON *js = cJSON_CreateObject();
-      char key[512];
-      ust__route_key_str(f->r, key, sizeof key);
-      cJSON_AddStringToObject(js, "key", key);
-      cJSON_AddStringToObject(js, "op", b->display);
-      cJSON_AddStringToObject(js, "mode", route_mode(f->r));
-      const int ph = f->r->key.phase < UST__N_PHASES ? f->r->key.phase : 0;
-      cJSON_AddStringToObject(js, "phase", ust__phase_name(ph));
-      est_ph[ph] += f->est_ns;
+    add_num(jo, "untracked", untracked);
+    untracked_all += untracked;
+    cJSON *shapes = cJSON_AddArrayToObject(jo, "shapes");
+    for (int i = 0; i < nr; i++)
+      if (snaps[i].binding->op == &eo->op)
+        cJSON_AddItemToArray(shapes, shape_json(&snaps[i]));
+    cJSON_AddItemToArray(ops, jo);
+  }
+  cJSON *tot = cJSON_AddObjectToObject(root, "totals");
+  add_num(tot, "untracked", untracked_all);
+  add_num(tot, "internal_errors", (double)atomic_load(&e->router.internal_errors));
+  ust__routes_snapshot_free(snaps, nr);
+  return root;
+}
+
+/* ---- derived figures ------------------------------------------------------------- */
+
+static double num(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
+}
+
+static void set_num(cJSON *o, const char *k, double v) {
+  cJSON *old = cJSON_GetObjectItemCaseSensitive(o, k);
+  if (old != NULL)
+    cJSON_SetNumberValue(old, v);
+  else
+    add_num(o, k, v);
+}
+
+static void set_null(cJSON *o, const char *k) {
+  cJSON_DeleteItemFromObjectCaseSensitive(o, k);
+  cJSON_AddNullToObject(o, k);
+}
+
+/* S (>= 0) or null. */
+static void set_s(cJSON *o, const char *k, double s) {
+  if (s >= 0)
+    set_num(o, k, s);
+  else
+    set_null(o, k);
+}
+
+/* A histogram object's buckets as a sparse histogram (owned arrays), its
+ * count taken from the buckets. */
+static int sparse_of(const cJSON *lat, ust__hist_sparse *out) {
+  memset(out, 0, sizeof *out);
+  const cJSON *b = cJSON_GetObjectItemCaseSensitive(lat, "buckets");
+  const int n = cJSON_IsArray(b) ? cJSON_GetArraySize(b) : 0;
+  out->sum = (uint64_t)num(lat, "sum");
+  if (n == 0)
+    return 0;
+  out->index = malloc((size_t)n * sizeof *out->index);
+  out->counts = malloc((size_t)n * sizeof *out->counts);
+  if (out->index == NULL || out->counts == NULL) {
+    ust__hist_sparse_free(out);
+    return ust__error(UST_ENOMEM, "report: out of memory");
+  }
+  const cJSON *pair;
+  cJSON_ArrayForEach(pair, b) {
+    const cJSON *i = cJSON_GetArrayItem(pair, 0), *c = cJSON_GetArrayItem(pair, 1);
+    if (!cJSON_IsNumber(i) || !cJSON_IsNumber(c) || i->valuedouble < 0 || i->valuedouble >= UST__HIST_BUCKETS ||
+        c->valuedouble < 0)
+      continue;
+    out->index[out->n] = (uint32_t)i->valuedouble;
+    out->counts[out->n++] = (uint64_t)c->valuedouble;
+    out->count += (uint64_t)c->valuedouble;
+  }
+  return 0;
+}
+
+/* Quantiles of a histogram object, in place; its median into *p50. */
+static int derive_hist(cJSON *lat, double *p50) {
+  *p50 = 0;
+  if (lat == NULL)
+    return 0;
+  ust__hist_sparse s;
+  if (sparse_of(lat, &s) != 0)
+    return UST_ENOMEM;
+  *p50 = ust__hist_sparse_quantile(&s, 0.50);
+  set_num(lat, "p50", *p50);
+  set_num(lat, "p90", ust__hist_sparse_quantile(&s, 0.90));
+  set_num(lat, "p99", ust__hist_sparse_quantile(&s, 0.99));
+  set_num(lat, "count", (double)s.count);
+  ust__hist_sparse_free(&s);
+  return 0;
+}
+
+static int phase_index(const cJSON *shape) {
+  const cJSON *p = cJSON_GetObjectItemCaseSensitive(shape, "phase");
+  if (cJSON_IsString(p))
+    for (int i = 0; i < UST__N_PHASES; i++)
+      if (strcmp(p->valuestring, ust__phase_name(i)) == 0)
+        return i;
+  return 0;
+}
+
+static int is_rolled_back(const cJSON *shape) {
+  const cJSON *m = cJSON_GetObjectItemCaseSensitive(shape, "mode");
+  return cJSON_IsString(m) && strcmp(m->valuestring, "rolled_back") == 0;
+}
+
+/* Growable arrays of S values, per operator and phase. */
+typedef struct svals {
+  double *v;
+  int n, cap;
+} svals;
+
+static int push(svals *s, double x) {
+  if (s->n == s->cap) {
+    int cap = s->cap ? s->cap * 2 : 16;
+    double *v = realloc(s->v, (size_t)cap * sizeof *v);
+    if (v == NULL)
+      return ust__error(UST_ENOMEM, "report: out of memory");
+    s->v = v;
+    s->cap = cap;
+  }
+  s->v[s->n++] = x;
+  return 0;
+}
+
+int ust__report_derive(cJSON *root) {
+  cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
+  if (!cJSON_IsArray(ops))
+    return ust__error(UST_EINVAL, "report: no 'operators' array");
+  int rc = 0;
+  /* First pass: per shape, quantiles and device time; the totals they add to. */
+  double total_est = 0, total_ph[UST__N_PHASES] = {0};
+  cJSON *op;
+  cJSON_ArrayForEach(op, ops) {
+    cJSON *sh;
+    cJSON_ArrayForEach(sh, cJSON_GetObjectItemCaseSensitive(op, "shapes")) {
+      double p50 = 0;
+      cJSON *lat = cJSON_GetObjectItemCaseSensitive(sh, "latency_ns");
+      if ((rc = derive_hist(lat, &p50)) != 0)
+        return rc;
+      const double timed = num(lat, "count");
+      set_num(sh, "timed", timed);
+      set_num(sh, "device_time_ns", num(lat, "sum"));
+      const double est = ust__est_device_time(num(lat, "sum"), timed, num(sh, "calls"), num(sh, "captured"));
+      set_num(sh, "est_device_time_ns", est);
+      total_est += est;
+      total_ph[phase_index(sh)] += est;
+    }
+  }
+  double t_calls = 0, t_timed = 0, t_captured = 0, t_shadow = 0, t_verified = 0, t_failed = 0, t_rollbacks = 0;
+  double s_agg = 0, s_agg_cand = 0, s_agg_ph[UST__N_PHASES] = {0}, s_agg_cand_ph[UST__N_PHASES] = {0};
+  svals sv = {0}, cv = {0}, sph[UST__N_PHASES] = {{0}}, cph[UST__N_PHASES] = {{0}};
+  cJSON_ArrayForEach(op, ops) {
+    const int has_cand = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(op, "candidate"));
+    double calls = 0, timed = 0, captured = 0, est = 0, measured = 0, tsol_sum = 0, time_sum = 0;
+    double est_ph[UST__N_PHASES] = {0};
+    int routes_ph[UST__N_PHASES] = {0}, cand_routes = 0, covered = 0;
+    sv.n = cv.n = 0;
+    for (int p = 0; p < UST__N_PHASES; p++)
+      sph[p].n = cph[p].n = 0;
+    cJSON *sh;
+    cJSON_ArrayForEach(sh, cJSON_GetObjectItemCaseSensitive(op, "shapes")) {
+      const int ph = phase_index(sh);
+      const double e_ns = num(sh, "est_device_time_ns");
+      set_num(sh, "weight", total_est > 0 ? e_ns / total_est : 0.0);
+      est_ph[ph] += e_ns;
       routes_ph[ph]++;
-      cJSON_AddStringToObject(js, "device", f->r->key.device == UST__DEV_CUDA ? "cuda" : "cpu");
-      cJSON *dts = cJSON_AddArrayToObject(js, "dtypes");
-      for (int d = 0; d < f->r->key.n_dtypes; d++)
-        cJSON_AddItemToArray(dts, cJSON_CreateString(ust__dtype_name(f->r->key.dtypes[d])));
-      cJSON *dims = cJSON_AddObjectToObject(js, "dims");
-      for (int d = 0; d < b->n_dims; d++)
-        add_num(dims, b->def->dims[d].name, (double)f->r->key.dims[d]);
-      add_num(js, "calls", (double)f->calls);
-      add_num(js, "timed", (double)f->timed);
-      add_num(js, "captured", (double)f->captured);
-      add_num(js, "timing_dropped", (double)f->dropped);
-      add_num(js, "device_time_ns", (double)f->hist->sum);
-      add_num(js, "est_device_time_ns", f->est_ns);
-      add_num(js, "weight", total_est > 0 ? f->est_ns / total_est : 0.0);
-      cJSON_AddItemToObject(js, "latency_ns", hist_json(f->hist));
-      /* One snapshot of the candidate's latency serves both its shadow
-       * figures and its S. */
-      if (b->cand != NULL)
-        ust__hist_snapshot(&f->r->cand_hist, cand_snap);
-      if (b->roofline.present) {
-        double sp = route_s(f->r, 0, f->hist), sc = b->cand != NULL ? route_s(f->r, 1, cand_snap) : -1;
-        cJSON_AddItemToObject(js, "roofline", roofline_json(f->r, sp, sc));
+      cJSON *lat = cJSON_GetObjectItemCaseSensitive(sh, "latency_ns");
+      const double p50 = num(lat, "p50");
+      cJSON *shadow = cJSON_GetObjectItemCaseSensitive(sh, "shadow");
+      double cp50 = 0;
+      if (cJSON_IsObject(shadow)) {
+        if ((rc = derive_hist(cJSON_GetObjectItemCaseSensitive(shadow, "candidate_latency_ns"), &cp50)) != 0)
+          goto out;
+        if (p50 > 0 && cp50 > 0)
+          set_num(shadow, "speedup", p50 / cp50);
+        else
+          set_null(shadow, "speedup");
+        t_shadow += num(shadow, "calls");
+        t_verified += num(shadow, "verified");
+        t_failed += num(shadow, "failed");
+        t_rollbacks += is_rolled_back(sh);
+      }
+      cJSON *roof = cJSON_GetObjectItemCaseSensitive(sh, "roofline");
+      if (cJSON_IsObject(roof)) {
+        const double n = num(roof, "calls"), nc = num(roof, "candidate_calls");
+        set_num(roof, "tsol_ns_mean", n > 0 ? num(roof, "tsol_ns_sum") / n : 0.0);
+        const double sp = ust__route_s(num(roof, "tsol_ns_sum"), n, p50);
+        const double sc = cJSON_IsObject(shadow) && !is_rolled_back(sh)
+                              ? ust__route_s(num(roof, "candidate_tsol_ns_sum"), nc, cp50) : -1;
+        set_s(roof, "S", sp);
+        set_s(roof, "S_candidate", sc);
         if (sp >= 0) {
-          svals[ns++] = sp;
-          sph[ph * n_alloc + nsp[ph]++] = sp;
-          tsol_sum += (double)atomic_load(&f->r->roof_tsol_ps) / 1000.0;
-          time_sum += (double)atomic_load(&f->r->roof_time_ns);
+          if ((rc = push(&sv, sp)) != 0 || (rc = push(&sph[ph], sp)) != 0)
+            goto out;
+          tsol_sum += num(roof, "tsol_ns_sum");
+          time_sum += num(roof, "time_ns_sum");
         }
-        if (b->cand != NULL) {
+        if (cJSON_IsObject(shadow)) {
           cand_routes++;
-          if (sc >= 0 && !atomic_load(&f->r->rolled_back)) {
-            cvals[nc++] = sc;
-            cph[ph * n_alloc + ncp[ph]++] = sc;
+          if (sc >= 0) {
+            if ((rc = push(&cv, sc)) != 0 || (rc = push(&cph[ph], sc)) != 0)
+              goto out;
             covered++;
           }
         }
       }
-      if (b->cand != NULL) {
-        cJSON_AddItemToObject(js, "shadow", shadow_json(f->r, f->hist, cand_snap));
-        cJSON_AddItemToObject(js, "rollout", ust__rollout_json(f->r));
-        t_shadow += atomic_load(&f->r->shadow_calls);
-        t_verified += atomic_load(&f->r->verified);
-        t_failed += atomic_load(&f->r->failed);
-        t_rollbacks += atomic_load(&f->r->rolled_back) ? 1u : 0u;
-      }
-      cJSON_AddItemToArray(shapes, js);
-      calls += f->calls;
-      timed += f->timed;
-      captured += f->captured;
-      est += f->est_ns;
-      measured += (double)f->hist->sum;
+      calls += num(sh, "calls");
+      timed += num(sh, "timed");
+      captured += num(sh, "captured");
+      est += e_ns;
+      measured += num(sh, "device_time_ns");
     }
-    add_num(jo, "calls", (double)calls);
-    add_num(jo, "timed", (double)timed);
-    add_num(jo, "captured", (double)captured);
-    add_num(jo, "untracked", (double)untracked);
-    add_num(jo, "device_time_ns", measured);
-    add_num(jo, "est_device_time_ns", est);
+    set_num(op, "calls", calls);
+    set_num(op, "timed", timed);
+    set_num(op, "captured", captured);
+    set_num(op, "device_time_ns", measured);
+    set_num(op, "est_device_time_ns", est);
     const double w_op = total_est > 0 ? est / total_est : 0.0;
-    add_num(jo, "weight", w_op);
+    set_num(op, "weight", w_op);
     /* S_i: the median over shape keys (the paper), and the time-weighted
      * variant; for a candidate, over the keys where it verified correct. */
-    const double s_op = median(svals, ns);
-    cJSON *jr = cJSON_AddObjectToObject(jo, "roofline");
-    add_num(jr, "scored_shapes", ns);
+    const double s_op = ust__median(sv.v, sv.n);
+    cJSON_DeleteItemFromObjectCaseSensitive(op, "roofline");
+    cJSON *jr = cJSON_AddObjectToObject(op, "roofline");
+    add_num(jr, "scored_shapes", sv.n);
     add_num(jr, "S", s_op);
     add_num(jr, "S_weighted", time_sum > 0 ? tsol_sum / time_sum : 0.0);
-    if (op->cand != NULL) {
-      const double s_c = median(cvals, nc);
+    if (has_cand) {
+      const double s_c = ust__median(cv.v, cv.n);
       add_num(jr, "S_candidate", s_c);
       add_num(jr, "coverage", cand_routes > 0 ? (double)covered / cand_routes : 0.0);
       s_agg_cand += w_op * s_c;
     }
     s_agg += w_op * s_op;
     /* The same per phase: weights are shares of that phase's device time. */
-    cJSON *jp = cJSON_AddObjectToObject(jo, "phases");
+    cJSON_DeleteItemFromObjectCaseSensitive(op, "phases");
+    cJSON *jp = cJSON_AddObjectToObject(op, "phases");
     for (int p = 0; p < UST__N_PHASES; p++) {
       if (routes_ph[p] == 0)
         continue;
       cJSON *x = cJSON_AddObjectToObject(jp, ust__phase_name(p));
       const double wp = total_ph[p] > 0 ? est_ph[p] / total_ph[p] : 0.0;
-      const double sp_op = median(sph + p * n_alloc, nsp[p]);
+      const double sp_op = ust__median(sph[p].v, sph[p].n);
       add_num(x, "est_device_time_ns", est_ph[p]);
       add_num(x, "weight", wp);
       add_num(x, "S", sp_op);
       s_agg_ph[p] += wp * sp_op;
-      if (op->cand != NULL) {
-        const double sc_op = median(cph + p * n_alloc, ncp[p]);
+      if (has_cand) {
+        const double sc_op = ust__median(cph[p].v, cph[p].n);
         add_num(x, "S_candidate", sc_op);
         s_agg_cand_ph[p] += wp * sc_op;
       }
     }
-    cJSON_AddItemToObject(jo, "shapes", shapes);
-    cJSON_AddItemToArray(ops, jo);
     t_calls += calls;
     t_timed += timed;
     t_captured += captured;
-    t_untracked += untracked;
   }
-  cJSON *tot = cJSON_AddObjectToObject(root, "totals");
-  add_num(tot, "calls", (double)t_calls);
-  add_num(tot, "timed", (double)t_timed);
-  add_num(tot, "captured", (double)t_captured);
-  add_num(tot, "untracked", (double)t_untracked);
-  add_num(tot, "routes", nr);
-  add_num(tot, "internal_errors", (double)ust__internal_errors());
-  add_num(tot, "est_device_time_ns", total_est);
-  add_num(tot, "shadow_calls", (double)t_shadow);
-  add_num(tot, "verified", (double)t_verified);
-  add_num(tot, "failed", (double)t_failed);
-  add_num(tot, "rollbacks", (double)t_rollbacks);
-  /* S_agg = sum_i w_i S_i: production's (the headroom left) and the
-   * candidates' (operators without a verified candidate count 0). */
-  add_num(tot, "S_agg", s_agg);
-  add_num(tot, "S_agg_candidate", s_agg_cand);
-  cJSON *tp = cJSON_AddObjectToObject(tot, "phases");
+  {
+    cJSON *tot = cJSON_GetObjectItemCaseSensitive(root, "totals");
+    if (!cJSON_IsObject(tot))
+      tot = cJSON_AddObjectToObject(root, "totals");
+    int routes = 0;
+    cJSON_ArrayForEach(op, ops) routes += cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(op, "shapes"));
+    set_num(tot, "calls", t_calls);
+    set_num(tot, "timed", t_timed);
+    set_num(tot, "captured", t_captured);
+    set_num(tot, "routes", routes);
+    set_num(tot, "est_device_time_ns", total_est);
+    set_num(tot, "shadow_calls", t_shadow);
+    set_num(tot, "verified", t_verified);
+    set_num(tot, "failed", t_failed);
+    set_num(tot, "rollbacks", t_rollbacks);
+    /* S_agg = sum_i w_i S_i: production's (the headroom left) and the
+     * candidates' (operators without a verified candidate count 0). */
+    set_num(tot, "S_agg", s_agg);
+    set_num(tot, "S_agg_candidate", s_agg_cand);
+    cJSON_DeleteItemFromObjectCaseSensitive(tot, "phases");
+    cJSON *tp = cJSON_AddObjectToObject(tot, "phases");
+    for (int p = 0; p < UST__N_PHASES; p++) {
+      if (total_ph[p] <= 0)
+        continue;
+      cJSON *x = cJSON_AddObjectToObject(tp, ust__phase_name(p));
+      add_num(x, "est_device_time_ns", total_ph[p]);
+      add_num(x, "S_agg", s_agg_ph[p]);
+      add_num(x, "S_agg_candidate", s_agg_cand_ph[p]);
+    }
+  }
+out:
+  free(sv.v);
+  free(cv.v);
   for (int p = 0; p < UST__N_PHASES; p++) {
-    if (total_ph[p] <= 0)
-      continue;
-    cJSON *x = cJSON_AddObjectToObject(tp, ust__phase_name(p));
-    add_num(x, "est_device_time_ns", total_ph[p]);
-    add_num(x, "S_agg", s_agg_ph[p]);
-    add_num(x, "S_agg_candidate", s_agg_cand_ph[p]);
+    free(sph[p].v);
+    free(cph[p].v);
   }
-  free(sph);
-  free(cph);
-  free(figs);
-  free(snaps);
-  free(cand_snap);
-  free(svals);
-  free(cvals);
+  return rc;
+}
+
+cJSON *ust__report_build(ust__engine *e) {
+  cJSON *root = report_raw(e);
+  if (root != NULL && ust__report_derive(root) != 0) {
+    cJSON_Delete(root);
+    return NULL;
+  }
   return root;
 }
 
@@ -438,5 +571,20 @@ int ust__report_write_file(ust__engine *e, const char *path) {
     return ust__error(UST_ENOMEM, "report: out of memory");
   int rc = ust__write_file_atomic(path, text, "report");
   free(text);
+  return rc;
+}
+
+int ust_report_derive(const char *report_json, char **out) {
+  ust__clear_error();
+  if (report_json == NULL || out == NULL)
+    return ust__error(UST_EINVAL, "report_derive: a report and out are required");
+  *out = NULL;
+  cJSON *root = cJSON_Parse(report_json);
+  if (root == NULL)
+    return ust__error(UST_EINVAL, "report_derive: not JSON");
+  int rc = ust__report_derive(root);
+  if (rc == 0 && (*out = cJSON_PrintUnformatted(root)) == NULL)
+    rc = ust__error(UST_ENOMEM, "report_derive: out of memory");
+  cJSON_Delete(root);
   return rc;
 }

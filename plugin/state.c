@@ -19,7 +19,7 @@
 
 #define STATE_SCHEMA "understudy.state v1"
 
-int ust__state_read(const char *path, int (*each)(void *ctx, const ust__state_row *row), void *ctx) {
+int ust__state_read(const char *path, int (*each)(void *ctx, const ust__rollout_row *row), void *ctx) {
   size_t len = 0;
   char *text = ust__read_file(path, &len);
   if (text == NULL) {
@@ -44,7 +44,7 @@ int ust__state_read(const char *path, int (*each)(void *ctx, const ust__state_ro
     const cJSON *why = cJSON_GetObjectItemCaseSensitive(it, "reason");
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(it, "unix_ms");
     const cJSON *cand = cJSON_GetObjectItemCaseSensitive(it, "candidate");
-    ust__state_row row = {it->string, 0, cJSON_IsNumber(c) ? c->valuedouble : 0,
+    ust__rollout_row row = {it->string, 0, cJSON_IsNumber(c) ? c->valuedouble : 0,
                           cJSON_IsString(why) ? why->valuestring : "", cJSON_IsString(cand) ? cand->valuestring : "",
                           cJSON_IsNumber(ms) ? (uint64_t)ms->valuedouble : 0};
     if (!cJSON_IsString(m) || ust__mode_parse_any(m->valuestring, &row.mode, 1) != 0)
@@ -52,7 +52,7 @@ int ust__state_read(const char *path, int (*each)(void *ctx, const ust__state_ro
     else if (row.mode == UST__MODE_CANARY && (!cJSON_IsNumber(c) || !(c->valuedouble > 0 && c->valuedouble < 1)))
       rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.canary' must be a fraction in (0, 1)", path,
                       it->string);
-    else if (strlen(it->string) >= UST__ROUTE_KEY_MAX)
+    else if (strlen(it->string) >= UST__KEY_MAX)
       rc = ust__error(UST_ECONFIG, "state file '%s': a route key is too long", path);
     else
       rc = each(ctx, &row);
@@ -61,7 +61,7 @@ int ust__state_read(const char *path, int (*each)(void *ctx, const ust__state_ro
   return rc;
 }
 
-int ust__state_write(const char *path, const ust__state_row *rows, int n) {
+int ust__state_write(const char *path, const ust__rollout_row *rows, int n) {
   cJSON *root = cJSON_CreateObject();
   cJSON_AddStringToObject(root, "schema", STATE_SCHEMA);
   cJSON *routes = cJSON_AddObjectToObject(root, "routes");

@@ -46,6 +46,11 @@ void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw) {
     atomic_store_explicit(&f->hw, hw, memory_order_relaxed);
 }
 
+double ust__figs_speedup(ust__figs *f) {
+  double tp = ust__hist_quantile_live(&f->hist, 0.5), tc = ust__hist_quantile_live(&f->cand_hist, 0.5);
+  return tp > 0 && tc > 0 ? tp / tc : 0;
+}
+
 int ust__hist_sparse_take(const ust__hist *h, ust__hist_sparse *out) {
   memset(out, 0, sizeof *out);
   uint32_t idx[UST__HIST_BUCKETS];

@@ -81,3 +81,20 @@ double ust__hist_quantile(const ust__hist_snap *s, double q) {
   }
   return 0.0;
 }
+
+double ust__hist_quantile_live(ust__hist *h, double q) {
+  uint64_t count = 0;
+  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++)
+    count += atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
+  if (count == 0)
+    return 0.0;
+  uint64_t rank = (uint64_t)ceil(q * (double)count), seen = 0;
+  if (rank < 1)
+    rank = 1;
+  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++) {
+    seen += atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
+    if (seen >= rank)
+      return (double)ust__hist_lower(i) + (double)(ust__hist_width(i) - 1) / 2.0;
+  }
+  return (double)ust__hist_lower(UST__HIST_BUCKETS - 1);
+}

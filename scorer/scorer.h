@@ -47,6 +47,8 @@ void ust__hist_snapshot(const ust__hist *h, ust__hist_snap *out);
 uint32_t ust__hist_index(uint64_t v);
 uint64_t ust__hist_lower(uint32_t idx);
 uint64_t ust__hist_width(uint32_t idx);
+/* The q-quantile of a live histogram, read racily (no copy). */
+double ust__hist_quantile_live(ust__hist *h, double q);
 /* Add src into dst: exact. */
 void ust__hist_merge(ust__hist_snap *dst, const ust__hist_snap *src);
 /* The q-quantile (0 < q <= 1) as the representative value of the bucket that
@@ -170,6 +172,9 @@ void ust__figs_prod_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps);
 void ust__figs_cand_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int passed);
 /* The profile a scored call ran on; stored only when it changes. */
 void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw);
+
+/* Production's median latency over the candidate's; 0 when either is empty. */
+double ust__figs_speedup(ust__figs *f);
 
 /* A histogram's non-zero buckets, for reports (owned arrays). */
 typedef struct ust__hist_sparse {

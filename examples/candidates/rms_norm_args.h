@@ -153,20 +153,20 @@ static inline int rms_norm_parse(const ust_candidate_call *call, int32_t device_
 
   static const char *const names[4] = {"out", "input", "weight", "eps"};
   for (int i = 0; i < 3; ++i)
-    if (call->args[i].kind != UST_VALUE_TENSOR)
+    if (ust_candidate_arg(call, i)->kind != UST_VALUE_TENSOR)
       return rms_fail(msg, msg_cap, RMS_EINVAL, "argument %d (%s) must be a tensor, got value kind %d", i,
-                      rms_arg_name(&call->args[i], names[i]), (int)call->args[i].kind);
-  if (call->args[3].kind != UST_VALUE_DOUBLE)
+                      rms_arg_name(ust_candidate_arg(call, i), names[i]), (int)ust_candidate_arg(call, i)->kind);
+  if (ust_candidate_arg(call, 3)->kind != UST_VALUE_DOUBLE)
     return rms_fail(msg, msg_cap, RMS_EINVAL, "argument 3 (%s) must be a float, got value kind %d",
-                    rms_arg_name(&call->args[3], names[3]), (int)call->args[3].kind);
-  if (!call->args[0].writable)
+                    rms_arg_name(ust_candidate_arg(call, 3), names[3]), (int)ust_candidate_arg(call, 3)->kind);
+  if (!ust_candidate_arg(call, 0)->writable)
     return rms_fail(msg, msg_cap, RMS_EINVAL,
                     "argument 0 (%s) is not marked writable: the candidate would write into the caller's tensor",
-                    rms_arg_name(&call->args[0], names[0]));
+                    rms_arg_name(ust_candidate_arg(call, 0), names[0]));
 
-  const DLTensor *out = &call->args[0].tensor;
-  const DLTensor *in = &call->args[1].tensor;
-  const DLTensor *w = &call->args[2].tensor;
+  const DLTensor *out = &ust_candidate_arg(call, 0)->tensor;
+  const DLTensor *in = &ust_candidate_arg(call, 1)->tensor;
+  const DLTensor *w = &ust_candidate_arg(call, 2)->tensor;
   const DLTensor *ts[3] = {out, in, w};
 
   if ((int32_t)call->device.device_type != device_type)
@@ -175,7 +175,7 @@ static inline int rms_norm_parse(const ust_candidate_call *call, int32_t device_
   for (int i = 0; i < 3; ++i) {
     if ((int32_t)ts[i]->device.device_type != device_type || ts[i]->device.device_id != call->device.device_id)
       return rms_fail(msg, msg_cap, RMS_EINVAL, "%s is on device %d:%d, the call on %d:%d",
-                      rms_arg_name(&call->args[i], names[i]), (int)ts[i]->device.device_type,
+                      rms_arg_name(ust_candidate_arg(call, i), names[i]), (int)ts[i]->device.device_type,
                       (int)ts[i]->device.device_id, (int)call->device.device_type, (int)call->device.device_id);
   }
 
@@ -187,7 +187,7 @@ static inline int rms_norm_parse(const ust_candidate_call *call, int32_t device_
     rms_dtype d;
     if (rms_dtype_of(ts[i]->dtype, &d) != 0 || d != a->dtype)
       return rms_fail(msg, msg_cap, RMS_EINVAL, "%s dtype (code %u, bits %u) differs from input's (code %u, bits %u)",
-                      rms_arg_name(&call->args[i], names[i]), (unsigned)ts[i]->dtype.code,
+                      rms_arg_name(ust_candidate_arg(call, i), names[i]), (unsigned)ts[i]->dtype.code,
                       (unsigned)ts[i]->dtype.bits, (unsigned)in->dtype.code, (unsigned)in->dtype.bits);
   }
 
@@ -243,7 +243,7 @@ static inline int rms_norm_parse(const ust_candidate_call *call, int32_t device_
   a->out = rms_data(out);
   a->in = rms_data(in);
   a->weight = rms_data(w);
-  a->eps = (float)call->args[3].f;
+  a->eps = (float)ust_candidate_arg(call, 3)->f;
   return 0;
 }
 

@@ -42,9 +42,9 @@ static int64_t dense_numel(const DLTensor *t) {
 
 static int silu_cpu_run(void *ctx, const ust_candidate_call *call, char *msg, size_t cap) {
   (void)ctx;
-  if (call->n_args < 1 || call->args[0].kind != UST_VALUE_TENSOR || call->n_outputs != 1)
+  if (call->n_args < 1 || ust_candidate_arg(call, 0)->kind != UST_VALUE_TENSOR || call->n_outputs != 1)
     return fail(msg, cap, "silu_cpu: expected one tensor argument and one output");
-  const DLTensor *x = &call->args[0].tensor, *y = &call->outputs[0];
+  const DLTensor *x = &ust_candidate_arg(call, 0)->tensor, *y = &call->outputs[0];
   if (x->device.device_type != kDLCPU || x->dtype.code != kDLFloat || x->dtype.bits != 32 || x->dtype.lanes != 1 ||
       y->dtype.code != kDLFloat || y->dtype.bits != 32)
     return fail(msg, cap, "silu_cpu: only float32 CPU tensors");

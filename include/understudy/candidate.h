@@ -33,8 +33,12 @@
  * also runs, on snapshots, and the two are compared; a non-zero status or a
  * mismatch rolls the route back to production.
  *
- * Versioning: every struct starts with its size and only grows at its tail.
- * A reader reads only the fields that fit in the size it was given.
+ * Versioning: every struct starts with its size (or, for the arguments, is
+ * laid out with a stride the call states) and only grows at its tail. A
+ * reader reads only the fields that fit in the size it was given.
+ * understudy loads candidates of ABI versions 1 and 2 and gives each the
+ * layout it was built for: version 1 candidates receive arguments with
+ * version 1's stride (UST_VALUE_V1_SIZE) and no exact dtypes.
  *
  * Threading: run may be called from several threads at once (one call per
  * serving thread), each with its own stream.
@@ -51,7 +55,7 @@
 extern "C" {
 #endif
 
-#define UST_CANDIDATE_ABI_VERSION 1
+#define UST_CANDIDATE_ABI_VERSION 2
 #define UST_CANDIDATE_ENTRY "ust_candidate_get"
 
 typedef enum ust_value_kind {
@@ -63,6 +67,17 @@ typedef enum ust_value_kind {
   UST_VALUE_OTHER = 5,  /* not representable here (int lists, strings, ...) */
 } ust_value_kind;
 
+/* Exact dtypes. DLPack's codes give every 8-bit float the same {kDLFloat, 8}
+ * (the distributions' DLPack predates fp8 codes); these tell them apart. */
+typedef enum ust_dtype {
+  UST_DTYPE_OTHER = 0,
+  UST_DTYPE_F16 = 1, UST_DTYPE_BF16 = 2, UST_DTYPE_F32 = 3, UST_DTYPE_F64 = 4,
+  UST_DTYPE_I8 = 5, UST_DTYPE_U8 = 6, UST_DTYPE_I16 = 7, UST_DTYPE_I32 = 8, UST_DTYPE_I64 = 9,
+  UST_DTYPE_BOOL = 10,
+  UST_DTYPE_F8E4M3FN = 11, UST_DTYPE_F8E5M2 = 12, UST_DTYPE_F8E4M3FNUZ = 13, UST_DTYPE_F8E5M2FNUZ = 14,
+  UST_DTYPE_C64 = 15, UST_DTYPE_C128 = 16,
+} ust_dtype;
+
 /* One argument. */
 typedef struct ust_value {
   int32_t kind;     /* ust_value_kind */
@@ -71,17 +86,33 @@ typedef struct ust_value {
   int64_t i;
   double f;
   const char *name; /* the schema's argument name; static for the call */
+  /* ABI version 2 */
+  int32_t dtype;    /* tensors: the exact ust_dtype */
+  int32_t reserved;
 } ust_value;
+
+/* The stride of the arguments a version 1 candidate receives. */
+#define UST_VALUE_V1_SIZE offsetof(ust_value, dtype)
 
 typedef struct ust_candidate_call {
   uint32_t size; /* sizeof(ust_candidate_call) as the caller knows it */
   int32_t n_args;
-  const ust_value *args; /* schema order; borrowed for the duration of run */
+  const ust_value *args; /* schema order, value_size bytes apart; borrowed for the duration of run */
   int32_t n_outputs;
   const DLTensor *outputs; /* preallocated; data borrowed for the duration of run */
   DLDevice device;         /* where the tensors live */
   void *stream;            /* cudaStream_t / hipStream_t for GPU tensors; NULL on the CPU */
+  /* ABI version 2 */
+  uint32_t value_size;          /* the stride of args: read argument i at (const char *)args + i * value_size */
+  int32_t reserved;
+  const int32_t *output_dtypes; /* n_outputs exact ust_dtype, one per output */
 } ust_candidate_call;
+
+/* Argument i of a call, whatever the stride the caller gave. */
+static inline const ust_value *ust_candidate_arg(const ust_candidate_call *c, int32_t i) {
+  const size_t stride = c->size >= offsetof(ust_candidate_call, reserved) ? c->value_size : UST_VALUE_V1_SIZE;
+  return (const ust_value *)(const void *)((const char *)c->args + (size_t)i * stride);
+}
 
 /* Status returned by run: 0 is success. A non-zero status fails the
  * verification; msg (capacity msg_cap, NUL-terminated by the candidate) says

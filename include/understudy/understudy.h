@@ -141,6 +141,14 @@ UST_API int ust_report_write(const char *path);
  * ust_free(). */
 UST_API int ust_report_json(char **out);
 
+/* Derive a report's figures from its additive ones: latency quantiles,
+ * device-time estimates, weights, S per route, operator and phase, S_agg.
+ * report_json: a report (or a merge of many: counts, sums and histogram
+ * buckets added), borrowed. *out receives the report with every derived
+ * figure computed by the rules the in-process report uses (free with
+ * ust_free). Needs no enabled engine. Thread-safe. */
+UST_API int ust_report_derive(const char *report_json, char **out);
+
 /* Free memory returned by understudy. ust_free(NULL) is a no-op. */
 UST_API void ust_free(void *p);
 

@@ -250,7 +250,7 @@ def shadow_config(device: str, report_path: str) -> tuple[dict, list[str]]:
 def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-report.json",
              model: str = "small") -> int:
     import understudy
-    from understudy.cli import format_report
+    from understudy.tables import format_report
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     name, generate, vocab, model = build_model(device, model=model)
@@ -299,7 +299,7 @@ def _phase(model, title, config, notes, serve, before=None):
 
 
 def run_shadow_phase(device, generate, model, ids, tokens, report_path) -> int:
-    from understudy.cli import format_verdicts
+    from understudy.tables import format_verdicts
 
     shadow_path = report_path.replace(".json", "") + "-shadow.json"
     config, notes = shadow_config(device, shadow_path)
@@ -340,7 +340,7 @@ def rollout_config(device: str, report_path: str) -> tuple[dict, list[str]]:
 
 
 def run_rollout_phase(device, generate, model, ids, tokens, report_path) -> int:
-    from understudy.cli import format_verdicts
+    from understudy.tables import format_verdicts
 
     path = report_path.replace(".json", "") + "-rollout.json"
     config, notes = rollout_config(device, path)

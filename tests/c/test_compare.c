@@ -197,34 +197,47 @@ TEST(engine_loads_pinned_native_candidate) {
   }
 }
 
+static int sink_failed_calls, sink_concluded_calls, sink_skipped;
+static void sink_failed(void *ctx, void *route, ust__evidence *ev) {
+  (void)ctx;
+  (void)route;
+  sink_failed_calls++;
+  free(ev);
+}
+static void sink_concluded(void *ctx, void *route, const ust__verdict *v) {
+  (void)ctx;
+  (void)route;
+  sink_concluded_calls++;
+  sink_skipped += v->kind == UST__VERDICT_SKIPPED;
+}
+static const ust__verdict_sink_i test_sink = {sink_failed, sink_concluded};
+
 TEST(shadow_pool_bounds_inflight) {
-  ASSERT_INT_EQ(ust__shadow_init(2), 0);
-  ust__route *r = calloc(1, sizeof *r);
-  ust__call call;
-  memset(&call, 0, sizeof call);
-  call.size = sizeof call;
-  call.device = UST__DEV_CPU;
-  ust__call_state a = {0}, b = {0}, c = {0};
-  a.route = b.route = c.route = r;
-  a.shadow = ust__shadow_acquire(r);
-  b.shadow = ust__shadow_acquire(r);
-  c.shadow = ust__shadow_acquire(r);
-  ASSERT_TRUE(a.shadow != NULL && b.shadow != NULL && c.shadow == NULL);
-  ASSERT_U64_EQ(atomic_load(&r->shadow_calls), 2);
+  ust__shadow_pool *pool = NULL;
+  ASSERT_INT_EQ(ust__shadow_pool_create(2, NULL, &test_sink, NULL, &pool), 0);
+  ust__verify v;
+  memset(&v, 0, sizeof v);
+  ust__cand cand;
+  memset(&cand, 0, sizeof cand);
+  ust__slot_route sr = {&v, &v, &cand, 0, 0, 0, 0};
+  void *a = ust__shadow_acquire(pool, &sr), *b = ust__shadow_acquire(pool, &sr), *c = ust__shadow_acquire(pool, &sr);
+  ASSERT_TRUE(a != NULL && b != NULL && c == NULL);
+  ASSERT_U64_EQ(atomic_load(&v.calls), 2);
+  ASSERT_U64_EQ(atomic_load(&v.skipped), 1); /* no slot: counted skipped */
   /* production raised: the sampled call is skipped and the slot is free
    * again; shadow call numbers are never handed out twice */
-  ust__shadow_abandon(&call, &a);
-  ASSERT_TRUE(a.shadow == NULL);
-  ASSERT_U64_EQ(atomic_load(&r->skipped), 1);
-  c.shadow = ust__shadow_acquire(r);
-  ASSERT_TRUE(c.shadow != NULL);
-  ASSERT_U64_EQ(atomic_load(&r->shadow_calls), 3);
+  ust__shadow_abandon(a, UST__DEV_CPU, NULL);
+  ASSERT_U64_EQ(atomic_load(&v.skipped), 2);
+  ASSERT_INT_EQ(sink_concluded_calls, 1);
+  c = ust__shadow_acquire(pool, &sr);
+  ASSERT_TRUE(c != NULL);
+  ASSERT_U64_EQ(atomic_load(&v.calls), 3);
   /* an internal error: skipped too */
-  ust__shadow_abandon(&call, &b);
-  ust__shadow_abandon(&call, &c);
-  ASSERT_U64_EQ(atomic_load(&r->skipped), 3);
-  ust__shadow_abandon(&call, &c); /* released already: a no-op */
-  ASSERT_U64_EQ(atomic_load(&r->skipped), 3);
-  ust__shadow_shutdown();
-  free(r);
+  ust__shadow_abandon(b, UST__DEV_CPU, NULL);
+  ust__shadow_abandon(c, UST__DEV_CPU, NULL);
+  ASSERT_U64_EQ(atomic_load(&v.skipped), 4);
+  ASSERT_INT_EQ(sink_concluded_calls, 3);
+  ASSERT_INT_EQ(sink_skipped, 3);
+  ASSERT_INT_EQ(sink_failed_calls, 0);
+  ust__shadow_pool_destroy(pool);
 }

@@ -40,4 +40,5 @@
   X(enable_keeps_the_hosts_log_sink) \
   X(shares_near_one_stay_near_one) \
   X(decision_keeps_its_rules_on_every_path) \
-  X(decision_named_paths)
+  X(decision_named_paths) \
+  X(call_signature_keys_int_list_values)

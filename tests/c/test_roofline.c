@@ -374,7 +374,7 @@ TEST(roofline_definitions_reproduce_atrex) {
         call_builder cb;
         build_call(spec, &v, &cb);
         if (!resolved) {
-          ust__roofline_resolve(&prog, cb.nargs, cb.names, p->name);
+          ust__roofline_resolve(&prog, cb.nargs, cb.names, p->name, NULL);
           resolved = 1;
         }
         ust__call call = {.size = sizeof call, .nargs = cb.nargs, .args = cb.args, .device = UST__DEV_CUDA};

@@ -78,13 +78,41 @@ TEST(dim_eval_and_bucket) {
   }
 }
 
-static void make_binding(ust__binding *b, ust__operator *op, ust__binding_def *def, ust__route_table *t, int index) {
+/* A router as the engine builds one, for tests: its table, a rollout table
+ * under a lock of its own, host timers, an operator with a policy. */
+typedef struct fixture {
+  pthread_mutex_t lock;
+  ust__router r;
+  ust__policy pol;
+  ust__operator op;
+} fixture;
+
+static void fixture_init(fixture *f, int max_routes, double sample) {
+  memset(f, 0, sizeof *f);
+  pthread_mutex_init(&f->lock, NULL);
+  ASSERT_INT_EQ(ust__router_init(&f->r, max_routes), 0);
+  ASSERT_INT_EQ(ust__rollout_create(&f->lock, NULL, &f->r.rollout), 0);
+  ASSERT_INT_EQ(ust__timers_create(16, NULL, &f->r.timers), 0);
+  f->pol.mode = UST__MODE_OBSERVE;
+  f->pol.sample = sample;
+  f->pol.sample_q32 = ust__share_q32(sample);
+  strcpy(f->op.name, "test");
+  atomic_init(&f->op.policy, &f->pol);
+}
+
+static void fixture_free(fixture *f) {
+  ust__router_free(&f->r);
+  ust__rollout_destroy(f->r.rollout);
+  ust__timers_destroy(f->r.timers);
+}
+
+static void make_binding(ust__binding *b, fixture *f, ust__binding_def *def, int index) {
   memset(b, 0, sizeof *b);
   memset(def, 0, sizeof *def);
   b->index = index;
-  b->op = op;
+  b->op = &f->op;
   b->def = def;
-  b->routes = t;
+  b->router = &f->r;
   strcpy(b->display, "test::op");
   def->n_dims = b->n_dims = 2;
   strcpy(def->dims[0].name, "M");
@@ -97,13 +125,12 @@ static void make_binding(ust__binding *b, ust__operator *op, ust__binding_def *d
 }
 
 TEST(route_key_distinguishes) {
-  ust__route_table t;
-  ASSERT_INT_EQ(ust__routes_init(&t, 16), 0);
-  ust__operator op = {.name = "test"};
+  fixture f;
+  fixture_init(&f, 16, 0.0625);
   ust__binding b0, b1;
   ust__binding_def d0, d1;
-  make_binding(&b0, &op, &d0, &t, 0);
-  make_binding(&b1, &op, &d1, &t, 1);
+  make_binding(&b0, &f, &d0, 0);
+  make_binding(&b1, &f, &d1, 1);
   ust__arg args[4];
   ust__call c;
   ust__route_key k1, k2, k3, k4;
@@ -119,43 +146,40 @@ TEST(route_key_distinguishes) {
   ust__route_key_make(&b0, &c, &k3);
   make_call(&c, args, UST__DT_F32);
   ust__route_key_make(&b1, &c, &k4);
-  ust__route *r1 = ust__routes_get(&t, &k1, &b0);
+  ust__route *r1 = ust__routes_get(&f.r, &k1, &b0);
   ASSERT_TRUE(r1 != NULL);
-  ASSERT_TRUE(ust__routes_get(&t, &k2, &b0) == r1);
-  ust__route *r3 = ust__routes_get(&t, &k3, &b0);
-  ust__route *r4 = ust__routes_get(&t, &k4, &b1);
+  ASSERT_TRUE(ust__routes_get(&f.r, &k2, &b0) == r1);
+  ust__route *r3 = ust__routes_get(&f.r, &k3, &b0);
+  ust__route *r4 = ust__routes_get(&f.r, &k4, &b1);
   ASSERT_TRUE(r3 != NULL && r3 != r1);
   ASSERT_TRUE(r4 != NULL && r4 != r1 && r4 != r3);
-  ASSERT_INT_EQ(atomic_load(&t.count), 3);
-  char s[256];
-  ust__route_key_str(r3, s, sizeof s);
-  ASSERT_STR_CONTAINS(s, "test::op|cpu|bf16,f32|M=4,N=5");
-  ust__routes_free(&t);
+  ASSERT_INT_EQ(atomic_load(&f.r.routes.count), 3);
+  ASSERT_STR_CONTAINS(r3->key_str, "test::op|cpu|bf16,f32|M=4,N=5");
+  fixture_free(&f);
 }
 
 TEST(route_table_full) {
-  ust__route_table t;
-  ASSERT_INT_EQ(ust__routes_init(&t, 3), 0);
-  ust__operator op = {.name = "test"};
+  fixture f;
+  fixture_init(&f, 3, 0.0625);
   ust__binding b;
   ust__binding_def d;
-  make_binding(&b, &op, &d, &t, 0);
+  make_binding(&b, &f, &d, 0);
   ust__route_key k;
   memset(&k, 0, sizeof k);
   for (int i = 0; i < 3; i++) {
     k.dims[0] = i;
-    ASSERT_TRUE(ust__routes_get(&t, &k, &b) != NULL);
+    ASSERT_TRUE(ust__routes_get(&f.r, &k, &b) != NULL);
   }
   k.dims[0] = 99;
-  ASSERT_TRUE(ust__routes_get(&t, &k, &b) == NULL);
+  ASSERT_TRUE(ust__routes_get(&f.r, &k, &b) == NULL);
   k.dims[0] = 1; /* existing routes are still found */
-  ASSERT_TRUE(ust__routes_get(&t, &k, &b) != NULL);
-  ASSERT_INT_EQ(atomic_load(&t.count), 3);
-  ust__routes_free(&t);
+  ASSERT_TRUE(ust__routes_get(&f.r, &k, &b) != NULL);
+  ASSERT_INT_EQ(atomic_load(&f.r.routes.count), 3);
+  fixture_free(&f);
 }
 
 typedef struct thread_arg {
-  ust__route_table *t;
+  ust__router *r;
   ust__binding *b;
   ust__route *seen[64];
 } thread_arg;
@@ -167,52 +191,48 @@ static void *insert_many(void *p) {
       ust__route_key k;
       memset(&k, 0, sizeof k);
       k.dims[0] = i;
-      ust__route *r = ust__routes_get(a->t, &k, a->b);
+      ust__route *r = ust__routes_get(a->r, &k, a->b);
       if (round == 0)
         a->seen[i] = r;
       else if (a->seen[i] != r)
         a->seen[i] = NULL;
-      atomic_fetch_add(&r->calls, 1);
+      atomic_fetch_add(&r->figs.calls, 1);
     }
   return NULL;
 }
 
 TEST(route_table_threads) {
-  ust__route_table t;
-  ASSERT_INT_EQ(ust__routes_init(&t, 128), 0);
-  ust__operator op = {.name = "test"};
+  fixture f;
+  fixture_init(&f, 128, 0.0625);
   ust__binding b;
   ust__binding_def d;
-  make_binding(&b, &op, &d, &t, 0);
+  make_binding(&b, &f, &d, 0);
   pthread_t th[4];
   thread_arg args[4];
   for (int i = 0; i < 4; i++) {
-    args[i] = (thread_arg){.t = &t, .b = &b};
+    args[i] = (thread_arg){.r = &f.r, .b = &b};
     pthread_create(&th[i], NULL, insert_many, &args[i]);
   }
   for (int i = 0; i < 4; i++)
     pthread_join(th[i], NULL);
-  ASSERT_INT_EQ(atomic_load(&t.count), 64);
+  ASSERT_INT_EQ(atomic_load(&f.r.routes.count), 64);
   for (int i = 0; i < 64; i++) {
     ASSERT_TRUE(args[0].seen[i] != NULL);
     for (int j = 1; j < 4; j++)
       ASSERT_TRUE(args[j].seen[i] == args[0].seen[i]);
-    ASSERT_U64_EQ(atomic_load(&args[0].seen[i]->calls), 4 * 200);
+    ASSERT_U64_EQ(atomic_load(&args[0].seen[i]->figs.calls), 4 * 200);
   }
-  ust__routes_free(&t);
+  fixture_free(&f);
 }
 
 TEST(sampling_exact_fraction) {
   /* Through the public path: a CPU call with sample 0.25 times exactly a
    * quarter of the calls. */
-  ust__route_table t;
-  ASSERT_INT_EQ(ust__routes_init(&t, 4), 0);
-  ust__operator op = {.name = "test", .sample = 0.25};
-  op.sample_q32 = 1u << 30;
-  atomic_init(&op.mode, UST__MODE_OBSERVE);
+  fixture f;
+  fixture_init(&f, 4, 0.25);
   ust__binding b;
   ust__binding_def d;
-  make_binding(&b, &op, &d, &t, 0);
+  make_binding(&b, &f, &d, 0);
   ust__arg args[4];
   ust__call c;
   make_call(&c, args, UST__DT_F32);
@@ -220,13 +240,34 @@ TEST(sampling_exact_fraction) {
   for (int i = 0; i < 1000; i++) {
     ust__call_state st;
     ust__call_begin(&b, &c, &st);
-    ust__call_end(&c, &st);
+    ASSERT_INT_EQ(st.plan, UST__PLAN_PASS);
+    ust__decision dec;
+    ust__decision_start(&dec, st.plan, st.flags);
+    ust__decision_next(&dec, UST__EV_OK);
+    ust__call_end(&c, &st, &dec);
     r = st.route;
   }
   ASSERT_TRUE(r != NULL);
-  ASSERT_U64_EQ(atomic_load(&r->calls), 1000);
-  uint64_t timed = atomic_load(&r->timed);
-  ASSERT_U64_EQ(timed, 250);
-  ASSERT_U64_EQ(atomic_load(&r->hist.count), timed);
-  ust__routes_free(&t);
+  ASSERT_U64_EQ(atomic_load(&r->figs.calls), 1000);
+  ASSERT_U64_EQ(atomic_load(&r->figs.hist.count), 250);
+  fixture_free(&f);
+}
+
+/* Learned layouts were keyed by an int list's length only: calls that
+ * differ in dim=[0] and dim=[1] shared one. */
+TEST(call_signature_keys_int_list_values) {
+  ust__arg args[4];
+  ust__call c;
+  make_call(&c, args, UST__DT_F32);
+  args[2].kind = UST__ARG_INTLIST;
+  args[2].i = 1;
+  args[2].list[0] = 0;
+  const uint64_t dim0 = ust__call_signature(&c);
+  args[2].list[0] = 1;
+  const uint64_t dim1 = ust__call_signature(&c);
+  printf("signature dim=[0] %016llx, dim=[1] %016llx\n", (unsigned long long)dim0, (unsigned long long)dim1);
+  ASSERT_TRUE(dim0 != 0 && dim1 != 0 && dim0 != dim1);
+  /* a list longer than the view carries cannot be keyed exactly: no layout */
+  args[2].i = UST__MAX_LIST + 1;
+  ASSERT_U64_EQ(ust__call_signature(&c), 0);
 }

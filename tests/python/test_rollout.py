@@ -386,10 +386,11 @@ def test_aa_sampling_with_a_serving_candidate(us, problems):
     assert RUNS["production"] - before == 6 + r["shadow"]["aa"]["runs"]
 
 
-def test_understudy_failing_after_production_ran_serves_production_once(us, problems):
-    """An in-place op, verified: production ran on the snapshot, then the
-    candidate op turned out not to exist. The call gets production's result,
-    from that one run (running production again on its own output would add twice)."""
+def test_candidate_op_not_defined_yet_waits_and_production_serves_once(us, problems):
+    """A live torch-op candidate whose op this process does not define (yet):
+    resolved at enable, it is reported as waiting for its op; each call is
+    production's, run once (an in-place op run twice would add twice), and
+    nothing counts as an internal error."""
     us.enable({"operators": {"addinto": {"mode": "live", "sample": 1.0,
                                          "candidate": {"torch_op": "ust_rollout_missing::addinto",
                                                        "target": "ust_rollout::addinto"}}},
@@ -398,8 +399,10 @@ def test_understudy_failing_after_production_ran_serves_production_once(us, prob
     torch.ops.ust_rollout.addinto(x, y)
     rep = us.report()
     assert torch.equal(x, torch.ones(2, 4)) and RUNS["production"] == 1
-    assert rep["totals"]["internal_errors"] == 1
+    assert rep["totals"]["internal_errors"] == 0
     assert route(rep)["rollout"]["served"]["production"] == 1
+    (op,) = rep["operators"]
+    assert op["candidate"]["op_state"] == "waiting for op" and op["candidate"]["calls_waiting_for_op"] == 1
 
 
 def test_concurrent_failing_verifications_each_serve_production(us, problems):

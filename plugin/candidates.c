@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "guard/guard.h"
 #include "plugin/plugin.h"
 #include "plugin/verify.h"
 #include "understudy/candidate.h"
@@ -38,8 +37,10 @@ static int pick_target(const char *field, const char *want, const ust__problem *
                     p->name, p->path);
 }
 
-int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__candidate *c) {
-  memset(c, 0, sizeof *c);
+int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__candidate *lc) {
+  memset(lc, 0, sizeof *lc);
+  lc->dl_fd = -1;
+  ust__cand *c = &lc->cand;
   const ust__cand_config *cc = &oc->cand;
   char field[UST__NAME_MAX + 48];
   snprintf(field, sizeof field, "operators.%s.candidate", oc->name);
@@ -49,37 +50,38 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
   c->rtol = oc->rtol;
   c->aa_sample = oc->aa_sample;
   c->aa_q32 = ust__share_q32(oc->aa_sample);
-  snprintf(c->sha256, sizeof c->sha256, "%s", cc->sha256);
+  snprintf(lc->sha256, sizeof lc->sha256, "%s", cc->sha256);
   if (cc->kind == UST__CAND_TORCH_OP) {
     const char *dot = strchr(strstr(cc->torch_op, "::") + 2, '.');
     size_t qlen = dot != NULL ? (size_t)(dot - cc->torch_op) : strlen(cc->torch_op);
     snprintf(c->torch_op, sizeof c->torch_op, "%.*s", (int)qlen, cc->torch_op);
     snprintf(c->torch_overload, sizeof c->torch_overload, "%s", dot != NULL ? dot + 1 : "");
     snprintf(c->name, sizeof c->name, "%s", cc->torch_op);
+    snprintf(c->id, sizeof c->id, "torch_op:%s", cc->torch_op);
     char tfield[UST__NAME_MAX + 64];
     snprintf(tfield, sizeof tfield, "%s.target", field);
     return pick_target(tfield, cc->target, p, c->target, sizeof c->target);
   }
-  if ((c->path = ust__strdup(cc->path)) == NULL)
+  snprintf(c->id, sizeof c->id, "sha256:%s", cc->sha256);
+  if ((lc->path = ust__strdup(cc->path)) == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
-  int rc = ust__dlopen_verified(cc->path, cc->sha256, &c->dl, &c->dl_fd);
+  int rc = ust__dlopen_verified(cc->path, cc->sha256, &lc->dl, &lc->dl_fd);
   if (rc != 0) {
-    char why[512];
-    snprintf(why, sizeof why, "%s", ust_last_error());
-    ust__candidate_unload(c);
-    return ust__error(rc, "config: '%s.native': %s", field, why);
+    ust__candidate_unload(lc);
+    return ust__error(rc, "config: '%s.native': %s", field, ust_last_error());
   }
   ust_candidate_get_fn get = NULL;
-  void *sym = dlsym(c->dl, UST_CANDIDATE_ENTRY);
+  void *sym = dlsym(lc->dl, UST_CANDIDATE_ENTRY);
   memcpy(&get, &sym, sizeof get);
   const ust_candidate *d = get != NULL ? get() : NULL;
   if (d == NULL) {
     rc = ust__error(UST_ECONFIG, "config: '%s.native': %s exports no %s() or it returned NULL", field, cc->path,
                     UST_CANDIDATE_ENTRY);
-  } else if (d->size < offsetof(ust_candidate, ctx) + sizeof d->ctx || d->abi_version != UST_CANDIDATE_ABI_VERSION) {
+  } else if (d->size < offsetof(ust_candidate, ctx) + sizeof d->ctx || d->abi_version < 1 ||
+             d->abi_version > UST_CANDIDATE_ABI_VERSION) {
     rc = ust__error(UST_ECONFIG,
                     "config: '%s.native': %s has descriptor size %u, ABI version %u; this understudy reads ABI "
-                    "version %d (size %zu)",
+                    "versions 1 to %d (size %zu)",
                     field, cc->path, d->size, d->abi_version, UST_CANDIDATE_ABI_VERSION, sizeof(ust_candidate));
   } else if (d->run == NULL || d->target == NULL) {
     rc = ust__error(UST_ECONFIG, "config: '%s.native': %s's descriptor has no run function or no target", field,
@@ -93,10 +95,11 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
     rc = pick_target(tfield, d->target, p, c->target, sizeof c->target);
   }
   if (rc != 0) {
-    ust__candidate_unload(c);
+    ust__candidate_unload(lc);
     return rc;
   }
-  c->desc = d;
+  c->native = d;
+  c->abi = (int)d->abi_version;
   snprintf(c->name, sizeof c->name, "%s", d->name != NULL ? d->name : cc->path);
   return 0;
 }
@@ -111,5 +114,5 @@ void ust__candidate_unload(ust__candidate *c) {
   free(c->path);
   c->dl = NULL;
   c->path = NULL;
-  c->desc = NULL;
+  c->cand.native = NULL;
 }

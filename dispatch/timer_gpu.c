@@ -1,0 +1,249 @@
+/*
+ * The GPU timers (CUDA or HIP): a pool of event pairs per device.
+ *
+ * On the call path: the start event is recorded on the caller's stream
+ * before production, the stop event after, and the timer is queued. A
+ * harvest polls the stop events (cudaEventQuery never blocks) and moves
+ * elapsed times into the route's figures. Nothing here synchronises the
+ * serving stream; the lock guards the free and pending lists only and is
+ * never held while the device is waited for.
+ *
+ * Runtime calls that are not capture-safe run in the relaxed stream-capture
+ * mode, so they cannot invalidate a graph capture running in another
+ * thread; the calling thread's own mode is restored after each.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/gpu_runtime.h"
+#include "dispatch/dispatch.h"
+
+#define MAX_DEVICES 64
+
+typedef struct timer {
+  cudaEvent_t start, stop;
+  int device; /* -1 until its events exist */
+  ust__figs *figs;
+  uint64_t tsol_ps;
+} timer;
+
+typedef struct device_pool {
+  timer *timers;
+  int *free_list; /* stack of free timer indices */
+  int n_free;
+} device_pool;
+
+struct ust__timers {
+  pthread_mutex_t lock;
+  ust__log_sink *log;
+  int pool_size;
+  device_pool pools[MAX_DEVICES];
+  int *pending; /* queued timers as (device << 20 | index) */
+  int n_pending;
+  atomic_int used;
+};
+
+/* The calling thread's capture mode, relaxed until restore_capture_mode. */
+static enum cudaStreamCaptureMode relax_capture_mode(void) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return mode;
+}
+
+static void restore_capture_mode(enum cudaStreamCaptureMode mode) { cudaThreadExchangeStreamCaptureMode(&mode); }
+
+int ust__timers_create(int max_pending, ust__log_sink *log, ust__timers **out) {
+  ust__timers *t = calloc(1, sizeof *t);
+  *out = t;
+  if (t == NULL || (t->pending = calloc((size_t)max_pending * MAX_DEVICES, sizeof *t->pending)) == NULL) {
+    free(t);
+    *out = NULL;
+    return ust__error(UST_ENOMEM, "out of memory for GPU timers");
+  }
+  pthread_mutex_init(&t->lock, NULL);
+  t->log = log;
+  t->pool_size = max_pending;
+  return 0;
+}
+
+int ust__timers_used(const ust__timers *t) { return atomic_load_explicit(&((ust__timers *)t)->used, memory_order_relaxed); }
+
+/* Called with the lock held. */
+static device_pool *pool_get(ust__timers *t, int device) {
+  if (device < 0 || device >= MAX_DEVICES)
+    return NULL;
+  device_pool *p = &t->pools[device];
+  if (p->timers != NULL)
+    return p;
+  atomic_store(&t->used, 1);
+  p->timers = calloc((size_t)t->pool_size, sizeof *p->timers);
+  p->free_list = calloc((size_t)t->pool_size, sizeof *p->free_list);
+  if (p->timers == NULL || p->free_list == NULL) {
+    free(p->timers);
+    free(p->free_list);
+    p->timers = NULL;
+    p->free_list = NULL;
+    return NULL;
+  }
+  for (int i = 0; i < t->pool_size; i++) {
+    p->timers[i].device = -1;
+    p->free_list[i] = t->pool_size - 1 - i;
+  }
+  p->n_free = t->pool_size;
+  return p;
+}
+
+/* Events are created at a timer's first use, on its device; the caller's
+ * current device is restored. */
+static int timer_events(ust__timers *t, timer *s, int device) {
+  if (s->device == device)
+    return 0;
+  int prev = 0;
+  if (UST__GPU_CHECK(t->log, cudaGetDevice(&prev)) != 0)
+    return -1;
+  enum cudaStreamCaptureMode mode = relax_capture_mode();
+  int rc = 0;
+  if (prev != device && UST__GPU_CHECK(t->log, cudaSetDevice(device)) != 0)
+    rc = -1;
+  if (rc == 0 && UST__GPU_CHECK(t->log, cudaEventCreateWithFlags(&s->start, cudaEventDefault)) != 0)
+    rc = -1;
+  if (rc == 0 && UST__GPU_CHECK(t->log, cudaEventCreateWithFlags(&s->stop, cudaEventDefault)) != 0) {
+    cudaEventDestroy(s->start);
+    rc = -1;
+  }
+  if (prev != device)
+    cudaSetDevice(prev);
+  restore_capture_mode(mode);
+  if (rc == 0)
+    s->device = device;
+  return rc;
+}
+
+int ust__gpu_capturing(void *stream) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  /* An error here (e.g. the legacy stream while another thread captures)
+   * means "do not touch this stream": treat it as capturing. */
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess)
+    return 1;
+  return st != cudaStreamCaptureStatusNone;
+}
+
+static void give_back(ust__timers *t, int token) {
+  device_pool *p = &t->pools[token >> 20];
+  pthread_mutex_lock(&t->lock);
+  p->free_list[p->n_free++] = token & 0xfffff;
+  pthread_mutex_unlock(&t->lock);
+}
+
+int ust__timers_begin(ust__timers *t, int device, void *stream) {
+  pthread_mutex_lock(&t->lock);
+  device_pool *p = pool_get(t, device);
+  int idx = p != NULL && p->n_free > 0 ? p->free_list[--p->n_free] : -1;
+  pthread_mutex_unlock(&t->lock);
+  if (idx < 0)
+    return -1;
+  timer *s = &p->timers[idx];
+  if (timer_events(t, s, device) != 0 || UST__GPU_CHECK(t->log, cudaEventRecord(s->start, (cudaStream_t)stream)) != 0) {
+    give_back(t, device << 20 | idx);
+    return -1;
+  }
+  return device << 20 | idx;
+}
+
+void ust__timers_cancel(ust__timers *t, int token) { give_back(t, token); }
+
+void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps) {
+  timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
+  s->figs = figs;
+  s->tsol_ps = tsol_ps;
+  if (UST__GPU_CHECK(t->log, cudaEventRecord(s->stop, (cudaStream_t)stream)) != 0) {
+    give_back(t, token);
+    return;
+  }
+  pthread_mutex_lock(&t->lock);
+  t->pending[t->n_pending++] = token;
+  pthread_mutex_unlock(&t->lock);
+}
+
+/* A completed (or failed) timer into its figures, and back to its pool. */
+static void conclude(ust__timers *t, int token, cudaError_t q) {
+  timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
+  float ms = 0;
+  if (q == cudaSuccess && UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, s->start, s->stop)) == 0)
+    ust__figs_prod_time(s->figs, (uint64_t)((double)ms * 1e6 + 0.5), s->tsol_ps);
+  else
+    atomic_fetch_add_explicit(&s->figs->timing_dropped, 1, memory_order_relaxed);
+  s->figs = NULL;
+  give_back(t, token);
+}
+
+/* Take the pending timers out under the lock (sync: all of them; else the
+ * completed ones), conclude them outside it. */
+static int harvest(ust__timers *t, int sync) {
+  if (!ust__timers_used(t))
+    return 0;
+  enum cudaStreamCaptureMode mode = relax_capture_mode();
+  int taken[256];
+  cudaError_t status[256];
+  int left = 0;
+  for (;;) {
+    int n = 0, kept = 0;
+    pthread_mutex_lock(&t->lock);
+    for (int i = 0; i < t->n_pending; i++) {
+      const int token = t->pending[i];
+      cudaError_t q = cudaErrorNotReady;
+      if (n < 256)
+        q = sync ? cudaSuccess : cudaEventQuery(t->pools[token >> 20].timers[token & 0xfffff].stop);
+      if (q == cudaErrorNotReady) {
+        t->pending[kept++] = token;
+        continue;
+      }
+      status[n] = q;
+      taken[n++] = token;
+    }
+    t->n_pending = kept;
+    left = kept;
+    pthread_mutex_unlock(&t->lock);
+    for (int i = 0; i < n; i++) {
+      if (sync)
+        status[i] = cudaEventSynchronize(t->pools[taken[i] >> 20].timers[taken[i] & 0xfffff].stop);
+      conclude(t, taken[i], status[i]);
+    }
+    if (!sync || n < 256)
+      break;
+  }
+  restore_capture_mode(mode);
+  return left;
+}
+
+int ust__timers_harvest(ust__timers *t) { return harvest(t, 0); }
+
+void ust__timers_harvest_all_sync(ust__timers *t) { harvest(t, 1); }
+
+int ust__gpu_device_name(int device, char *buf, size_t cap) {
+  struct cudaDeviceProp prop;
+  if (cap == 0 || cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+    return -1;
+  snprintf(buf, cap, "%s", prop.name);
+  return 0;
+}
+
+void ust__timers_destroy(ust__timers *t) {
+  if (t == NULL)
+    return;
+  harvest(t, 1);
+  for (int d = 0; d < MAX_DEVICES; d++) {
+    device_pool *p = &t->pools[d];
+    for (int i = 0; p->timers != NULL && i < t->pool_size; i++)
+      if (p->timers[i].device >= 0) {
+        cudaEventDestroy(p->timers[i].start);
+        cudaEventDestroy(p->timers[i].stop);
+      }
+    free(p->timers);
+    free(p->free_list);
+  }
+  free(t->pending);
+  pthread_mutex_destroy(&t->lock);
+  free(t);
+}

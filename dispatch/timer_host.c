@@ -1,0 +1,27 @@
+/* The timers of a build without a GPU: host calls are timed inline by the
+ * router; there is nothing to queue. */
+#include <stdlib.h>
+
+#include "dispatch/dispatch.h"
+
+#if !defined(UST_GPU_CUDA) && !defined(UST_GPU_HIP)
+struct ust__timers {
+  int unused;
+};
+
+int ust__timers_create(int max_pending, ust__log_sink *log, ust__timers **out) {
+  (void)max_pending;
+  (void)log;
+  *out = calloc(1, sizeof **out);
+  return *out == NULL ? ust__error(UST_ENOMEM, "out of memory") : 0;
+}
+void ust__timers_destroy(ust__timers *t) { free(t); }
+int ust__timers_used(const ust__timers *t) { return 0; }
+int ust__timers_begin(ust__timers *t, int device_id, void *stream) { return -1; }
+void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps) {}
+void ust__timers_cancel(ust__timers *t, int token) {}
+int ust__timers_harvest(ust__timers *t) { return 0; }
+void ust__timers_harvest_all_sync(ust__timers *t) {}
+int ust__gpu_capturing(void *stream) { return 0; }
+int ust__gpu_device_name(int device, char *buf, size_t cap) { return -1; }
+#endif
