@@ -2,7 +2,8 @@
 # understudy's one entry point for set-up, build, demo, tests and benchmarks.
 #
 #   ./run.sh demo     set up, build, and run the demo (CPU, or CUDA when present)
-#   ./run.sh test     set up, build, and run every test (C runner, sanitizer build, pytest)
+#   ./run.sh test     set up, build, and run every test (C runner and pytest, each also
+#                     against an ASan + UBSan build, the HIP build)
 #   ./run.sh bench    set up, build, and run the benchmarks
 #   ./run.sh build    set up and build only
 #
@@ -91,6 +92,32 @@ sanitized_c_tests() {
   ASAN_OPTIONS=detect_leaks=1 "$BUILD_DIR-asan/ust_test_runner"
 }
 
+sanitized_python_tests() {
+  # libunderstudy.so (the C core and the torch bridge) and the example
+  # candidates built with ASan + UBSan, run by the Python tests in the
+  # installed torch, which is not sanitized. The sanitizer runtime must be the
+  # process's first library, hence LD_PRELOAD of the compiler's runtimes; the
+  # tests' subprocesses inherit it and the library path, and each test checks
+  # its subprocess's exit status. Leak checking is off: Python and torch keep
+  # their allocations until exit. PYTHONMALLOC=malloc puts Python's small
+  # objects (the ctypes structs the library writes into) on the sanitized heap.
+  # The build has no GPU backend, so GPUs are hidden and the CUDA tests skip.
+  # A report ends the process (exit status 1); --capture=sys leaves native
+  # stderr uncaptured so that the report is printed, not lost with the process
+  # (understudy's warnings from the tests' deliberate failures show as well).
+  local dir="$BUILD_DIR-asan-py" cc runtime
+  configure "$dir" -DUST_PYTHON="$(command -v "$PY")" -DUST_TORCH=ON -DUST_SANITIZE=ON -DUST_GPU=none \
+    -DCMAKE_BUILD_TYPE=Debug
+  cmake --build "$dir" -j"$(nproc)"
+  dir=$(cd "$dir" && pwd)
+  cc=$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$dir/CMakeCache.txt")
+  runtime="$("$cc" -print-file-name=libasan.so) $("$cc" -print-file-name=libubsan.so)"
+  LD_PRELOAD="$runtime${LD_PRELOAD:+ $LD_PRELOAD}" PYTHONMALLOC=malloc CUDA_VISIBLE_DEVICES= \
+    ASAN_OPTIONS="detect_leaks=0:halt_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+    UNDERSTUDY_LIB="$dir/libunderstudy.so" UNDERSTUDY_CANDIDATES="$dir/candidates" \
+    "$PY" -m pytest -q --capture=sys tests/python "$@"
+}
+
 cmd=${1:-}
 case "$cmd" in
   build) setup; build ;;
@@ -99,6 +126,7 @@ case "$cmd" in
     setup test; build
     log "C tests"; "$BUILD_DIR/ust_test_runner"
     log "C tests, ASan + UBSan"; sanitized_c_tests
+    log "Python tests, libunderstudy.so under ASan + UBSan"; sanitized_python_tests "${@:2}"
     if [ -z "${UST_SKIP_HIP:-}" ]; then log "HIP build (compile only) and its C tests"; hip_build; fi
     log "Python tests (torch $("$PY" -c 'import torch; print(torch.__version__)'))"
     "$PY" -m pytest -q tests/python "${@:2}"

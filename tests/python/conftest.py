@@ -1,4 +1,5 @@
 import json
+import os
 import pathlib
 import sys
 from collections import Counter
@@ -10,6 +11,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python-shim"))
 
 import understudy  # noqa: E402
+
+
+def candidate_dir():
+    """The example candidates to load: $UNDERSTUDY_CANDIDATES, else the
+    candidates/ folder of the build tree the library comes from, so a test run
+    against another build (the sanitized one) loads that build's candidates."""
+    env = os.environ.get("UNDERSTUDY_CANDIDATES")
+    if env:
+        return pathlib.Path(env)
+    return understudy.library_path().parent / "candidates"
 
 
 class DispatchCounter(TorchDispatchMode):

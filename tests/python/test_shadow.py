@@ -10,9 +10,7 @@ import pytest
 import torch
 
 import understudy
-from conftest import ROOT
-
-CAND_DIR = ROOT / "build" / "candidates"
+from conftest import ROOT, candidate_dir
 
 # vLLM-style ops that write their arguments, as serving frameworks define
 # them. Kept for the whole session: see test_errors.py on torch 2.11 and
@@ -60,7 +58,7 @@ def candidate_op(name, fn, like):
 
 
 def native(lib_name):
-    path = CAND_DIR / f"lib{lib_name}.so"
+    path = candidate_dir() / f"lib{lib_name}.so"
     if not path.exists():
         pytest.fail(f"{path} was not built; run ./run.sh build")
     return understudy.native(path)
