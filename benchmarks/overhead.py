@@ -1,16 +1,20 @@
 """Per-call host cost of the dispatcher seam.
 
 For a small op on each available device, measures in one run the host time
-per call of: plain torch; understudy enabled with the op's mode off;
-understudy observing with the default sampling (every call counted and keyed,
-1 in 16 timed); understudy timing every call; and a
-pass-through Python TorchDispatchMode. Rounds interleave the variants and the
-table reports medians over rounds, with the difference and ratio to plain.
+per call of: plain torch; understudy disabled (its interceptor stays
+registered once it was ever enabled, and passes calls through); enabled with
+the op's mode off; observing with the default sampling (every call counted
+and keyed, 1 in 16 timed); timing every call; and a pass-through Python
+TorchDispatchMode. Plain torch is measured in a child process that never
+loads understudy (in this one the interceptor stays once registered); rounds
+interleave the variants, and the table reports medians over rounds with the
+difference and ratio to plain.
 
     PYTHONPATH=python-shim python3 benchmarks/overhead.py [--calls N] [--rounds R]
 """
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 import pathlib
@@ -39,12 +43,27 @@ def per_call_us(fn, a, b, calls, device):
     return (t1 - t0) / calls / 1e3
 
 
-def run(device, calls, rounds):
+def operands(device):
     n = 16
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+    return torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+
+
+def plain_server(device, calls):
+    """Measures plain torch on request: one line in, one figure out."""
+    a, b = operands(device)
+    with torch.inference_mode():
+        for _ in sys.stdin:
+            per_call_us(torch.mm, a, b, calls // 10, device)
+            print(per_call_us(torch.mm, a, b, calls, device), flush=True)
+
+
+def run(device, calls, rounds):
+    a, b = operands(device)
+    plain = subprocess.Popen([sys.executable, __file__, "--plain-server", device, "--calls", str(calls)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     variants = {
-        "plain": None,
+        "plain": "plain",
+        "understudy disabled": None,
         "understudy, mode off": {"operators": {"gemm": "off"}},
         "understudy, observe 1/16": {"operators": {"gemm": "observe"}},
         "understudy, observe all": {"operators": {"gemm": {"mode": "observe", "sample": 1.0}}},
@@ -54,6 +73,11 @@ def run(device, calls, rounds):
     with torch.inference_mode():
         for _ in range(rounds):
             for name, cfg in variants.items():
+                if cfg == "plain":
+                    plain.stdin.write("go\n")
+                    plain.stdin.flush()
+                    samples[name].append(float(plain.stdout.readline()))
+                    continue
                 if cfg == "mode":
                     with PassThrough():
                         per_call_us(torch.mm, a, b, calls // 10, device)
@@ -66,6 +90,8 @@ def run(device, calls, rounds):
                     samples[name].append(per_call_us(torch.mm, a, b, calls, device))
                 finally:
                     understudy.disable()
+    plain.stdin.close()
+    plain.wait()
     base = statistics.median(samples["plain"])
     rows = []
     for name, s in samples.items():
@@ -78,7 +104,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--plain-server", metavar="DEVICE", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.plain_server:
+        plain_server(args.plain_server, args.calls)
+        return
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
     for d in devices:

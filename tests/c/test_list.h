@@ -41,4 +41,5 @@
   X(shares_near_one_stay_near_one) \
   X(decision_keeps_its_rules_on_every_path) \
   X(decision_named_paths) \
-  X(call_signature_keys_int_list_values)
+  X(call_signature_keys_int_list_values) \
+  X(figures_snapshot_never_has_more_captured_than_calls)

@@ -271,3 +271,43 @@ TEST(call_signature_keys_int_list_values) {
   args[2].i = UST__MAX_LIST + 1;
   ASSERT_U64_EQ(ust__call_signature(&c), 0);
 }
+
+typedef struct counting {
+  ust__figs *f;
+  atomic_int stop;
+} counting;
+
+/* Calls as the router counts them: the call first, a capture after. */
+static void *count_calls(void *p) {
+  counting *c = p;
+  while (!atomic_load(&c->stop)) {
+    atomic_fetch_add(&c->f->calls, 1);
+    atomic_fetch_add(&c->f->captured, 1);
+  }
+  return NULL;
+}
+
+/* The report read calls before captured while they grow the other way
+ * round: calls - captured could wrap. A snapshot reads captured first. */
+TEST(figures_snapshot_never_has_more_captured_than_calls) {
+  ust__figs f;
+  ASSERT_INT_EQ(ust__figs_init(&f), 0);
+  counting c = {&f, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, count_calls, &c);
+  uint64_t worst = 0;
+  for (int i = 0; i < 50000; i++) {
+    ust__figs_snap s;
+    ASSERT_INT_EQ(ust__figs_snapshot(&f, &s), 0);
+    if (s.captured > s.calls)
+      fprintf(stderr, "captured %llu > calls %llu\n", (unsigned long long)s.captured, (unsigned long long)s.calls);
+    ASSERT_TRUE(s.captured <= s.calls);
+    if (s.calls - s.captured > worst)
+      worst = s.calls - s.captured;
+    ust__figs_snap_free(&s);
+  }
+  atomic_store(&c.stop, 1);
+  pthread_join(th, NULL);
+  printf("calls - captured at most %llu in a snapshot\n", (unsigned long long)worst);
+  ust__figs_free(&f);
+}

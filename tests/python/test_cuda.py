@@ -138,3 +138,33 @@ def test_observed_call_does_not_wait_for_queued_work(us):
     rep = us.report()
     (s,) = rep["operators"][0]["shapes"]
     assert s["calls"] == 11 and s["timed"] == 11
+
+
+def _capture_mode_of_this_thread():
+    """The calling thread's stream-capture mode, read from the driver (the
+    mode is the driver's per-thread state, whichever runtime set it):
+    0 global (the default), 1 thread-local, 2 relaxed."""
+    import ctypes
+    cuda = ctypes.CDLL("libcuda.so.1")
+    mode = ctypes.c_int(0)
+    assert cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+    was = mode.value
+    assert cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0  # put it back
+    return was
+
+
+def test_flush_and_report_leave_the_threads_capture_mode_alone(us):
+    """A flush switched the calling thread to the relaxed capture mode for
+    good: a graph captured by that thread afterwards no longer caught calls
+    that are unsafe during capture."""
+    a = torch.randn(256, 256, device="cuda")
+    assert _capture_mode_of_this_thread() == 0
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}})
+    for _ in range(5):
+        torch.mm(a, a)
+    us.flush()
+    assert _capture_mode_of_this_thread() == 0
+    us.report()
+    assert _capture_mode_of_this_thread() == 0
+    us.disable()
+    assert _capture_mode_of_this_thread() == 0
