@@ -16,9 +16,11 @@
  * ust_last_error() then holds a message for the calling thread that names what
  * was wrong (the config field, the problem file and its field, ...).
  *
- * Threading: ust_enable, ust_disable, ust_set_mode and the report functions
- * may be called from any thread; they serialise on one internal lock.
- * Intercepted calls never take that lock.
+ * Threading: every function may be called from any thread. enable and
+ * disable take turns; set_mode, reload and the reports take the lock for
+ * changes only briefly and never wait for a disable in progress, an
+ * intercepted call, or the device (except ust_flush_sync, which says so).
+ * Intercepted calls never take a lock of the control plane.
  *
  * Nothing here aborts, exits or throws: understudy fails open.
  */
@@ -103,9 +105,14 @@ UST_API void ust_set_log(ust_log_cb cb, void *user, int max_level);
  * running exactly as before. Returns UST_ESTATE if already enabled. */
 UST_API int ust_enable(const char *config_json, const char *problems_dir);
 
-/* Unregister every interceptor, wait for in-flight intercepted calls and
+/* Switch interception off, wait for the intercepted calls in flight and the
  * pending device timings, write the final report (if a report path is
- * configured) and free everything. A no-op returning 0 when not enabled. */
+ * configured) and free the engine (a report or metrics read in progress
+ * keeps it until it finishes). Interceptors stay registered with the
+ * dispatcher for the life of the process and pass calls straight through:
+ * torch's (de)registration is not atomic against dispatching threads. A
+ * no-op returning 0 when not enabled; UST_ESTATE when called from inside an
+ * intercepted call (a candidate, or a kernel), which it would wait for. */
 UST_API int ust_disable(void);
 
 /* 1 if enabled, else 0. */
