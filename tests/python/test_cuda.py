@@ -168,3 +168,49 @@ def test_flush_and_report_leave_the_threads_capture_mode_alone(us):
     assert _capture_mode_of_this_thread() == 0
     us.disable()
     assert _capture_mode_of_this_thread() == 0
+
+
+def test_a_flush_never_blocks_a_thread_that_times_calls(us):
+    """A flush held the timer pool's lock while it waited for device events:
+    a serving thread timing a call waited for the device too."""
+    import threading
+    a = torch.randn(256, 256, device="cuda")
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}})
+    torch.mm(a, a)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued ahead
+    for _ in range(20):
+        torch.mm(a, a)  # timings pending behind the sleep
+    flusher = threading.Thread(target=us.flush)
+    flusher.start()
+    time.sleep(0.05)  # the flush is waiting on the device now
+    t0 = time.perf_counter()
+    for _ in range(10):
+        torch.mm(a, a)
+    serving_s = time.perf_counter() - t0
+    still_flushing = flusher.is_alive()
+    flusher.join()
+    print(f"10 timed calls beside a waiting flush took {serving_s * 1e3:.2f} ms")
+    assert still_flushing, "the flush returned before the serving calls: the device was not waited for"
+    assert serving_s < 0.05
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_shadow_marks_follow_the_tensors_device_not_the_threads(us):
+    """A thread whose current device differed from its tensors' recorded the
+    production marks on the wrong device: every shadow of its calls was
+    skipped, silently."""
+    from test_shadow import native, rms_inputs, routes, run_rms_norm, shadow_config
+    torch.cuda.set_device(0)
+    with torch.cuda.device(1):
+        inputs = rms_inputs("cuda:1", torch.bfloat16, shapes=((7, 4096), (64, 4096)))
+    want = run_rms_norm(inputs)
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
+    got = run_rms_norm(inputs)
+    us.flush()
+    assert all(torch.equal(w, g) for w, g in zip(want, got))
+    rs = routes(us.report(), "_C::rms_norm")
+    assert len(rs) == len(inputs)
+    for r in rs:
+        sh = r["shadow"]
+        assert (sh["calls"], sh["verified"], sh["passed"], sh["skipped"]) == (3, 3, 3, 0), sh
