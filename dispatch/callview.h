@@ -124,6 +124,9 @@ void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decisi
 void ust__call_mark(ust__call_state *st, int mark, const ust__call *call); /* ust__shadow_point */
 /* 0 once the call's slot could not record its device work. */
 int ust__call_slot_alive(const ust__call_state *st);
+/* Bytes understudy copied for the call (snapshots, the candidate's private
+ * inputs): part of its verification's cost, in the report. */
+void ust__call_note_copied(ust__call_state *st, uint64_t bytes);
 /* 1 when this shadow call also runs production a second time (A/A). */
 int ust__call_aa(const ust__call_state *st);
 /* COMPARE: pairs borrowed; fail (ust__shadow_fail) with msg (may be NULL). */

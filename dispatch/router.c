@@ -233,8 +233,9 @@ static int cand_view(ust__binding *b, ust__cand_view *v) {
   return h != NULL ? 0 : -1;
 }
 
-/* A slot for a sampled call (count: the route's sampling counter); NULL when
- * not sampled or none is free (the skip is counted). */
+/* A slot for a sampled call (count: the route's sampling counter; pol NULL:
+ * every call is); NULL when not sampled or none is free (the skip is
+ * counted). */
 static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, atomic_uint_fast64_t *count,
                        const ust__policy *pol, int serving) {
 #if !defined(UST_GPU_CUDA) && !defined(UST_GPU_HIP)
@@ -242,7 +243,7 @@ static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, at
     return NULL;
 #endif
   uint64_t n = atomic_fetch_add_explicit(count, 1, memory_order_relaxed) + 1;
-  if (!ust__sampled(n, pol->sample_q32))
+  if (pol != NULL && !ust__sampled(n, pol->sample_q32))
     return NULL;
   ust__slot_route sr = {r, &r->verify, b->cand, serving, atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
                         atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed), call_tsol_ps(r, call)};
@@ -277,7 +278,7 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     /* Replays do not come back here: what is captured is what they run. */
     st->capturing = 1;
     atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
-    if (mode == UST__MODE_LIVE && cand_view(b, &st->cand) == 0) {
+    if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && cand_view(b, &st->cand) == 0) {
       st->plan = UST__PLAN_SERVE;
       st->flags = UST__DF_NO_SNAPSHOTS;
     }
@@ -285,7 +286,14 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   }
   if (mode == UST__MODE_OFF)
     return;
-  if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
+  if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) && !ust__rollout_qualified(&r->rollout)) {
+    /* Before its first served call the candidate qualifies on copies of the
+     * arguments, as in shadow: every call is shadowed until one passes. */
+    if (cand_view(b, &st->cand) == 0 && (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0)) != NULL) {
+      st->plan = UST__PLAN_SHADOW;
+      return;
+    }
+  } else if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
     uint64_t c = atomic_fetch_add_explicit(&r->canary_seen, 1, memory_order_relaxed) + 1;
     if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, &st->cand) == 0) {
       st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1);
@@ -340,6 +348,8 @@ void ust__call_mark(ust__call_state *st, int mark, const ust__call *call) {
 }
 
 int ust__call_slot_alive(const ust__call_state *st) { return ust__shadow_alive(st->slot); }
+
+void ust__call_note_copied(ust__call_state *st, uint64_t bytes) { ust__shadow_note_copied(st->slot, bytes); }
 
 int ust__call_aa(const ust__call_state *st) { return st->slot != NULL && ust__shadow_aa(st->slot); }
 
@@ -399,7 +409,7 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
   ust__figs_prod_time(&r->figs, v->prod_ns, v->tsol_ps);
   ust__figs_cand_time(&r->figs, v->cand_ns, v->tsol_ps, v->kind == UST__VERDICT_PASSED);
   if (v->kind == UST__VERDICT_PASSED)
-    ust__rollout_passed(&r->rollout, v->stage);
+    ust__rollout_passed(&r->rollout, v->stage, !v->serving);
 }
 
 const ust__verdict_sink_i ust__router_sink = {sink_failed, sink_concluded};

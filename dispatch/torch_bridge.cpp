@@ -237,7 +237,7 @@ void enter_call_device(c10::OptionalDeviceGuard &g, const ust__call &call) {
 // path allocates nothing once they have grown.
 struct Scratch {
   std::vector<c10::IValue> saved, prod_returns, cand_returns, aa_returns;
-  std::vector<at::Tensor> snaps, aa_snaps, inputs, native_outputs, keep, dense;
+  std::vector<at::Tensor> snaps, aa_snaps, inputs, cin, native_outputs, keep, dense;
   std::vector<ust_value> values;
   std::vector<DLTensor> outputs;
   std::vector<int32_t> output_dtypes;
@@ -252,6 +252,7 @@ struct Scratch {
     snaps.clear();
     aa_snaps.clear();
     inputs.clear();
+    cin.clear();
     native_outputs.clear();
     keep.clear();
     dense.clear();
@@ -277,6 +278,7 @@ public:
     x_.snaps.resize(n_args_);
     x_.aa_snaps.resize(n_args_);
     x_.inputs.resize(n_args_);
+    x_.cin.resize(n_args_);
   }
   CallRun(const CallRun &) = delete;
   CallRun &operator=(const CallRun &) = delete;
@@ -377,6 +379,23 @@ private:
           break;
         }
     }
+    // The candidate's own copies of what it only reads: in shadow it never
+    // touches the caller's tensors; verified serving keeps the originals to
+    // check (and, if it wrote them, restore) the caller's.
+    const bool verifying = st_.plan == UST__PLAN_SHADOW || st_.plan == UST__PLAN_SERVE_VERIFIED;
+    for (size_t i = 0; verifying && i < n_args_; i++) {
+      if (x_.snaps[i].defined() || !is_defined_tensor(x_.saved[i]) || !x_.saved[i].toTensor().has_storage())
+        continue;
+      if (st_.plan == UST__PLAN_SHADOW && x_.inputs[i].defined())
+        continue; // already a private copy
+      x_.cin[i] = snapshot_of(x_.saved[i].toTensor());
+    }
+    uint64_t bytes = 0;
+    for (const auto *v : {&x_.snaps, &x_.aa_snaps, &x_.inputs, &x_.cin})
+      for (const at::Tensor &t : *v)
+        if (t.defined())
+          bytes += t.nbytes();
+    ust__call_note_copied(&st_, bytes);
     return UST__EV_OK;
   }
 
@@ -389,7 +408,7 @@ private:
       return UST__EV_RAISED;
     }
     mark(kProdEnd);
-    if (st_.plan == UST__PLAN_SHADOW) {
+    if (st_.plan != UST__PLAN_PASS) {
       try {
         x_.prod_returns.assign(stack_.end() - static_cast<std::ptrdiff_t>(n_returns_), stack_.end());
         OwnWork scope;
@@ -416,6 +435,7 @@ private:
       return UST__EV_RAISED;
     }
     mark(kProdEnd);
+    prod_on_snaps_ = true;
     try {
       x_.prod_returns.assign(x_.side.begin(), x_.side.end());
       OwnWork scope;
@@ -439,7 +459,7 @@ private:
     if (st_.cand.kind == kNative) {
       prepare_native_on_snaps();
     } else {
-      x_.side = with_snapshots(x_.snaps);
+      x_.side = with_snapshots(x_.snaps, /*private_inputs=*/true);
     }
     return run_candidate(/*timed=*/true);
   }
@@ -451,8 +471,70 @@ private:
         return UST__EV_NO_LAYOUT;
     } else {
       x_.side.assign(x_.saved.begin(), x_.saved.end());
+      // unverified, its results are checked against production's layout
+      if (!verified && n_returns_ > 0 && (ust__call_layout(&st_, &call_, &layout_) != 0 ||
+                                          static_cast<size_t>(layout_.n_returns) != n_returns_))
+        return UST__EV_NO_LAYOUT;
     }
-    return run_candidate(/*timed=*/verified);
+    int ev = run_candidate(/*timed=*/verified);
+    if (ev == UST__EV_OK && !verified && st_.cand.kind != kNative && !returns_like_production()) {
+      fail_ = kFailSchema;
+      return UST__EV_FAILED;
+    }
+    return ev;
+  }
+
+  // The candidate's returns on an unverified call, against the layout
+  // production showed for calls with this signature: a fresh tensor of the
+  // same dtype, device, sizes and strides that shares no storage with an
+  // argument, or the same written argument. A cheap host check.
+  bool returns_like_production() {
+    for (size_t j = 0; j < n_returns_; j++) {
+      const ust__ret_layout &r = layout_.ret[j];
+      const c10::IValue &v = j < x_.cand_returns.size() ? x_.cand_returns[j] : c10::IValue();
+      std::string why;
+      if (r.kind == UST__RET_NONE) {
+        if (!v.isNone() && is_defined_tensor(v))
+          why = "a tensor where production returns None";
+      } else if (r.kind == UST__RET_ARG) {
+        if (!is_defined_tensor(v) || !v.toTensor().is_same(x_.saved[static_cast<size_t>(r.arg)].toTensor()))
+          why = std::string("not its argument '") + ust__binding_arg_name(b_, r.arg) + "' as production";
+      } else if (r.kind == UST__RET_FRESH) {
+        if (!is_defined_tensor(v)) {
+          why = "no tensor";
+        } else {
+          const at::Tensor &t = v.toTensor();
+          if (static_cast<int>(t.scalar_type()) != r.scalar_type)
+            why = std::string("dtype ") + c10::toString(t.scalar_type()) + ", production's " +
+                  c10::toString(static_cast<c10::ScalarType>(r.scalar_type));
+          else if ((t.is_cuda() ? t.get_device() : -1) != r.device)
+            why = "a tensor on another device";
+          else if (t.dim() != r.ndim || t.sizes() != c10::IntArrayRef(r.sizes, static_cast<size_t>(r.ndim)))
+            why = "shape " + shape_str(t.sizes()) + ", production's " +
+                  shape_str(c10::IntArrayRef(r.sizes, static_cast<size_t>(r.ndim)));
+          else if (t.strides() != c10::IntArrayRef(r.strides, static_cast<size_t>(r.ndim)))
+            why = "strides " + shape_str(t.strides()) + ", production's " +
+                  shape_str(c10::IntArrayRef(r.strides, static_cast<size_t>(r.ndim)));
+          else
+            for (size_t i = 0; i < n_args_ && why.empty(); i++)
+              if (is_defined_tensor(x_.saved[i]) && x_.saved[i].toTensor().has_storage() && t.has_storage() &&
+                  t.is_alias_of(x_.saved[i].toTensor()))
+                why = std::string("the storage of its argument '") + ust__binding_arg_name(b_, static_cast<int>(i)) + "'";
+        }
+      }
+      if (!why.empty()) {
+        msg_ = std::string("candidate returned ") + why + " for " + result_name(j);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  static std::string shape_str(c10::IntArrayRef v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); i++)
+      s += (i ? "," : "") + std::to_string(v[i]);
+    return s + "]";
   }
 
   int run_candidate(bool timed) {
@@ -476,6 +558,8 @@ private:
       add_pairs(x_.snaps, x_.cand_returns, 0);
     if (fail_ == kFailNone && st_.plan == UST__PLAN_SHADOW && ust__call_aa(&st_))
       add_pairs(x_.aa_snaps, x_.aa_returns, 1);
+    if (fail_ == kFailNone)
+      add_input_pairs();
     if (st_.flags & UST__DF_WAIT_VERDICT)
       ust__call_want_verdict(&st_);
     ust__call_compare(&st_, &call_, x_.pairs.data(), static_cast<int>(x_.pairs.size()), fail_,
@@ -495,10 +579,32 @@ private:
     return UST__EV_OK;
   }
 
+  // Every input the candidate got its own copy of (shadow), or that it read
+  // in place (verified serving), against its value before: a candidate that
+  // writes an input fails ("wrote input"). As many as fit beside the
+  // outputs.
+  void add_input_pairs() {
+    for (size_t i = 0; i < n_args_ && x_.pairs.size() < UST__MAX_PAIRS; i++) {
+      if (!x_.cin[i].defined())
+        continue;
+      const bool in_place = st_.plan == UST__PLAN_SERVE_VERIFIED;
+      const at::Tensor &before = in_place ? x_.cin[i] : x_.saved[i].toTensor();
+      const at::Tensor &after = in_place ? x_.saved[i].toTensor() : x_.cin[i];
+      add_pair(ust__binding_arg_name(b_, static_cast<int>(i)), before, after, 0, 0);
+      x_.pairs.back().input_arg = 1;
+    }
+  }
+
+  // The snapshots into the caller's arguments: before production ran there,
+  // the values before the call (RESTORE); after it ran on them, its writes
+  // (COPY_BACK). Inputs the candidate read in place get their values back.
   int snaps_into_args() {
-    for (size_t i = 0; i < n_args_; i++)
+    for (size_t i = 0; i < n_args_; i++) {
       if (x_.snaps[i].defined())
         x_.saved[i].toTensor().copy_(x_.snaps[i]);
+      else if (x_.cin[i].defined() && st_.plan == UST__PLAN_SERVE_VERIFIED)
+        x_.saved[i].toTensor().copy_(x_.cin[i]);
+    }
     return UST__EV_OK;
   }
 
@@ -508,13 +614,18 @@ private:
       stack_.push_back(j < returns.size() ? returns[j] : c10::IValue());
   }
 
-  torch::jit::Stack with_snapshots(const std::vector<at::Tensor> &snaps) const {
+  // The arguments with understudy's snapshots in place of what the op
+  // writes (and of inputs that alias it); private_inputs: the candidate's
+  // own copies of the rest too.
+  torch::jit::Stack with_snapshots(const std::vector<at::Tensor> &snaps, bool private_inputs = false) const {
     torch::jit::Stack s(x_.saved.begin(), x_.saved.end());
     for (size_t i = 0; i < n_args_; i++) {
       if (snaps[i].defined())
         s[i] = snaps[i];
       else if (x_.inputs[i].defined())
         s[i] = x_.inputs[i];
+      else if (private_inputs && x_.cin[i].defined())
+        s[i] = x_.cin[i];
     }
     return s;
   }
@@ -524,8 +635,7 @@ private:
   // outputs like production's.
   void learn_layout() {
     ust__layout known;
-    if (st_.cand.kind != kNative || n_returns_ == 0 || n_returns_ > UST__MAX_RETURNS ||
-        ust__call_layout(&st_, &call_, &known) == 0)
+    if (n_returns_ == 0 || n_returns_ > UST__MAX_RETURNS || ust__call_layout(&st_, &call_, &known) == 0)
       return; // nothing to lay out, or learned already
     ust__layout l;
     std::memset(&l, 0, sizeof l);
@@ -535,7 +645,8 @@ private:
       ust__ret_layout &r = l.ret[j];
       int alias = -1;
       for (size_t i = 0; i < n_args_ && is_defined_tensor(v); i++)
-        if (x_.snaps[i].defined() && (serving_ ? x_.snaps[i] : x_.saved[i].toTensor()).is_same(v.toTensor()))
+        if (is_defined_tensor(x_.saved[i]) &&
+            (prod_on_snaps_ && x_.snaps[i].defined() ? x_.snaps[i] : x_.saved[i].toTensor()).is_same(v.toTensor()))
           alias = static_cast<int>(i);
       if (alias >= 0) {
         r.kind = UST__RET_ARG;
@@ -598,6 +709,8 @@ private:
         fill_dl(x_.snaps[i], &v.tensor, nullptr);
       } else if (x_.inputs[i].defined()) {
         fill_dl(x_.inputs[i], &v.tensor, nullptr);
+      } else if (x_.cin[i].defined()) {
+        fill_dl(x_.cin[i], &v.tensor, nullptr);
       }
     }
     x_.cand_returns.assign(n_returns_, c10::IValue());
@@ -853,8 +966,10 @@ private:
   size_t n_args_, n_returns_;
   bool serving_;
   int fail_ = kFailNone;
+  bool prod_on_snaps_ = false;
   std::string msg_;
   std::exception_ptr prod_exc_;
+  ust__layout layout_{};
 };
 
 struct HookScope {

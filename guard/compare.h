@@ -79,6 +79,8 @@ typedef struct ust__pair {
   const char *name; /* argument name or "result N"; static or owned by the binding */
   int aa;           /* 1: production against production (A/A), 0: candidate */
   int written_arg;  /* 1: an argument the op writes, judged on its values (its layout is the caller's) */
+  int input_arg;    /* 1: a read-only argument, before (prod) and after (cand) the candidate ran on it: any
+                       difference fails as "wrote input" */
   int prod_dtype, cand_dtype; /* ust__dtype */
   DLTensor prod, cand;
   const void *prod_dense, *cand_dense;

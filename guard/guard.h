@@ -111,11 +111,13 @@ typedef struct ust__verify {
   atomic_uint_fast64_t aa_mismatching;
   atomic_uint_fast64_t max_abs_bits, max_rel_bits;       /* over passing verifications */
   atomic_uint_fast64_t aa_max_abs_bits, aa_max_rel_bits; /* production's own spread */
+  atomic_uint_fast64_t bytes_copied; /* by understudy for these calls: snapshots, the candidate's private inputs */
 } ust__verify;
 
 typedef struct ust__verify_snap {
   uint64_t calls, verified, passed, failed, skipped, unverifiable, aa_runs, aa_mismatching;
   double max_abs, max_rel, aa_max_abs, aa_max_rel;
+  uint64_t bytes_copied;
 } ust__verify_snap;
 
 /* A sampled call that found no free slot. */
@@ -131,7 +133,8 @@ typedef struct ust__evidence {
   uint64_t served_at;         /* the route's served calls when the failing call began */
   uint64_t served_before_verdict; /* calls the candidate served from the failing one until the rollback */
   uint64_t unix_ms;
-  char reason[32];            /* mismatch, nonfinite, shape, dtype, stride, device, error, raised, schema, restored */
+  char reason[32];            /* mismatch, nonfinite, wrote input, shape, dtype, stride, device, error, raised, schema,
+                                 restored */
   char output[80];            /* the output that failed: argument name or "result N" */
   char message[256];
   int has_stats;
@@ -217,6 +220,8 @@ int ust__shadow_aa(const void *slot);
  * clock. device: ust__device; device_id: the GPU the call runs on, which the
  * caller has made current. */
 void ust__shadow_mark(void *slot, int mark, int device, void *stream);
+/* Bytes understudy copied for the call (counted when it concludes). */
+void ust__shadow_note_copied(void *slot, uint64_t bytes);
 /* 0 once the slot could not record its device work (abandon it then). */
 int ust__shadow_alive(const void *slot);
 /* Hand over the outputs (pairs: borrowed for the call) or the candidate's
@@ -259,6 +264,8 @@ typedef struct ust__route_rollout {
   atomic_uint_fast64_t served_unlearned; /* candidate calls production served: no layout learned yet */
   atomic_uint_fast64_t captured_cand;   /* graph captures of the candidate (the rest captured production) */
   atomic_uint_fast64_t stage_passes;    /* passing verifications since the last transition */
+  atomic_int qualified;                 /* the candidate passed a verification on copies of the arguments since
+                                           its last rollback: it may serve */
   atomic_uint_fast64_t transitions;
   _Atomic(ust__evidence *) evidence;    /* the last rollback's, with the earlier ones behind it; owned */
   struct ust__rollout_entry *entry;     /* its row of the table; under the table's lock */
@@ -307,8 +314,12 @@ int ust__rollout_set_key(ust__rollout *t, const char *key, const char *cand, int
 /* A verified failure: the first rolls the route back and keeps ev as its
  * evidence; later ones (the route already rolled back) only free ev. */
 void ust__rollout_roll_back(ust__route_rollout *p, ust__evidence *ev);
-/* A passing verification begun in stage: the promotion policy. */
-void ust__rollout_passed(ust__route_rollout *p, uint64_t stage);
+/* A passing verification begun in stage: the promotion policy. on_copies:
+ * the candidate ran on copies of the arguments (shadow), which qualifies it
+ * to serve. */
+void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies);
+/* 1 once the candidate may serve the route's calls (it qualified). */
+int ust__rollout_qualified(const ust__route_rollout *p);
 /* A call's notes from its decision (UST__NOTE_*); capturing: it was captured. */
 void ust__rollout_served(ust__route_rollout *p, int notes, int capturing);
 
@@ -316,6 +327,7 @@ void ust__rollout_served(ust__route_rollout *p, int notes, int capturing);
 typedef struct ust__rollout_snap {
   int mode;                /* effective */
   double canary;           /* its share, in canary mode */
+  int qualified;           /* the candidate may serve */
   int own;                 /* 1: the route has its own mode; 0: it follows its operator */
   uint64_t served_cand, served_cand_verified, served_unlearned, captured_cand, transitions, stage_passes;
   int has_last;

@@ -319,6 +319,7 @@ void ust__rollout_roll_back(ust__route_rollout *p, ust__evidence *ev) {
     atomic_store(&p->evidence, ev); /* published before the mode: a report never shows one without the other */
   }
   apply(p, UST__MODE_ROLLED_BACK, 0);
+  atomic_store(&p->qualified, 0); /* set back by hand, it qualifies again before it serves */
   entry *e = p->entry != NULL ? p->entry : find_or_add(t, p->key);
   if (e != NULL) {
     note(t, e, from, UST__MODE_ROLLED_BACK, 0, "verdict", why);
@@ -328,9 +329,15 @@ void ust__rollout_roll_back(ust__route_rollout *p, ust__evidence *ev) {
   unlock(t);
 }
 
-void ust__rollout_passed(ust__route_rollout *p, uint64_t stage) {
+int ust__rollout_qualified(const ust__route_rollout *p) {
+  return atomic_load_explicit(&((ust__route_rollout *)p)->qualified, memory_order_acquire);
+}
+
+void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies) {
   ust__rollout *t = p->table;
   lock(t);
+  if (on_copies && ust__rollout_mode(p, NULL) != UST__MODE_ROLLED_BACK)
+    atomic_store_explicit(&p->qualified, 1, memory_order_release);
   if (atomic_load(&p->transitions) != stage) {
     unlock(t); /* verified in an earlier stage */
     return;
@@ -387,6 +394,7 @@ void ust__rollout_snapshot(ust__route_rollout *p, ust__rollout_snap *o) {
   o->mode = ust__rollout_mode(p, &q);
   o->canary = share_of(q);
   o->own = (atomic_load(&p->word) & 0xff) != 0;
+  o->qualified = atomic_load(&p->qualified);
   o->served_cand = atomic_load(&p->served_cand);
   o->served_cand_verified = atomic_load(&p->served_cand_verified);
   o->served_unlearned = atomic_load(&p->served_unlearned);

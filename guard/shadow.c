@@ -33,6 +33,7 @@
 typedef struct pair_meta {
   const char *name;
   int aa;
+  int input; /* a read-only argument checked for writes */
   int dtype;
   int ndim;
   int64_t shape[8];
@@ -56,6 +57,7 @@ typedef struct shadow_slot {
   int fail;
   char msg[256];
   uint64_t call_no;  /* 1-based number of this shadow call on its route */
+  uint64_t copied;   /* bytes understudy copied for this call (snapshots, the candidate's inputs) */
   int *verdict_out;  /* the waiting caller's verdict (1 failed, 0 not), written when concluded */
   int failed;        /* this use's verdict: 1 when it failed */
   atomic_int state;  /* slot_state */
@@ -116,6 +118,7 @@ void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->max_rel = ust__bits_to_double(atomic_load(&v->max_rel_bits));
   o->aa_max_abs = ust__bits_to_double(atomic_load(&v->aa_max_abs_bits));
   o->aa_max_rel = ust__bits_to_double(atomic_load(&v->aa_max_rel_bits));
+  o->bytes_copied = atomic_load(&v->bytes_copied);
 }
 
 #ifdef UST__SHADOW_GPU
@@ -267,6 +270,7 @@ void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r) {
 #endif
   s->verdict_out = NULL;
   s->failed = 0;
+  s->copied = 0;
   s->call_no = atomic_fetch_add_explicit(&r->verify->calls, 1, memory_order_relaxed) + 1;
   atomic_store(&s->state, SLOT_IN_CALL);
   return s;
@@ -313,6 +317,12 @@ void ust__shadow_mark(void *slot, int mark, int device, void *stream) {
   s->t[mark] = ust__now_ns();
 }
 
+void ust__shadow_note_copied(void *slot, uint64_t bytes) {
+  shadow_slot *s = slot;
+  if (s != NULL)
+    s->copied += bytes;
+}
+
 int ust__shadow_alive(const void *slot) {
   const shadow_slot *s = slot;
   return s != NULL && !s->aborted;
@@ -355,7 +365,7 @@ static const char *meta_check(const ust__pair *p, char *detail, size_t cap) {
       snprintf(detail + n, cap - n, "]");
     return "shape";
   }
-  if (p->written_arg)
+  if (p->written_arg || p->input_arg)
     return NULL;
   /* Strides matter where a dimension has more than one element. */
   for (int i = 0; i < a->ndim; i++) {
@@ -471,6 +481,7 @@ void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *p
     memset(m, 0, sizeof *m);
     m->name = p->name;
     m->aa = p->aa;
+    m->input = p->input_arg;
     m->dtype = p->prod_dtype;
     m->ndim = p->prod.ndim < 8 ? p->prod.ndim : 8;
     for (int d = 0; d < m->ndim; d++)
@@ -485,7 +496,9 @@ void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *p
     if ((m->fail = meta_check(p, m->detail, sizeof m->detail)) != NULL)
       continue;
     tolerances(c, p->prod_dtype, &m->atol, &m->rtol);
-    int kind = c->compare == UST__CMP_EXACT ? UST__CMP_EXACT : UST__CMP_ALLCLOSE;
+    int kind = c->compare == UST__CMP_EXACT || p->input_arg ? UST__CMP_EXACT : UST__CMP_ALLCLOSE;
+    if (p->input_arg)
+      m->atol = m->rtol = 0;
     int64_t n = numel_of(&p->prod);
     m->compared = 1;
     if (!gpu) {
@@ -555,6 +568,7 @@ int ust__shadow_verdict(ust__shadow_pool *p, int *out, int device, void *stream,
 
 static void conclude(shadow_slot *s) {
   ust__verify *v = s->r.verify;
+  atomic_fetch_add_explicit(&v->bytes_copied, s->copied, memory_order_relaxed);
   ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage};
   const ust__cmp_stats *stats = s->host;
 #ifdef UST__SHADOW_GPU
@@ -599,7 +613,7 @@ static void conclude(shadow_slot *s) {
   int aa_seen = 0, aa_bad = 0;
   for (int i = 0; i < s->n_pairs; i++) {
     const pair_meta *m = &s->meta[i];
-    if (!m->aa)
+    if (!m->aa || m->input)
       continue;
     aa_seen = 1;
     if (m->compared) {
@@ -618,6 +632,7 @@ static void conclude(shadow_slot *s) {
   const pair_meta *bad = NULL;
   const ust__cmp_stats *bad_stats = NULL;
   const char *message = s->msg;
+  char input_msg[160];
   int unverifiable = 0;
   if (s->fail != UST__FAIL_NONE) {
     reason = fail_reason(s->fail);
@@ -631,11 +646,16 @@ static void conclude(shadow_slot *s) {
         bad = m;
         message = m->detail;
       } else if (!m->compared) {
-        unverifiable = 1;
+        unverifiable |= !m->input; /* an input that cannot be read leaves the verdict to the outputs */
       } else if (stats[i].mismatches > 0) {
-        reason = stats[i].nonfinite_bad > 0 ? "nonfinite" : "mismatch";
+        reason = m->input ? "wrote input" : stats[i].nonfinite_bad > 0 ? "nonfinite" : "mismatch";
         bad = m;
         bad_stats = &stats[i];
+        if (m->input) {
+          snprintf(input_msg, sizeof input_msg, "the candidate wrote input '%s' (%llu of %llu elements changed)",
+                   m->name != NULL ? m->name : "?", stats[i].mismatches, stats[i].n);
+          message = input_msg;
+        }
       }
     }
   }
@@ -654,7 +674,7 @@ static void conclude(shadow_slot *s) {
     atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&v->passed, 1, memory_order_relaxed);
     for (int i = 0; i < s->n_pairs; i++)
-      if (!s->meta[i].aa && s->meta[i].compared) {
+      if (!s->meta[i].aa && !s->meta[i].input && s->meta[i].compared) {
         atomic_max_u64(&v->max_abs_bits, stats[i].max_abs_bits);
         atomic_max_u64(&v->max_rel_bits, stats[i].max_rel_bits);
       }

@@ -89,6 +89,7 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(j, "unverifiable", (double)v->unverifiable);
   add_num(j, "max_abs_err", v->max_abs);
   add_num(j, "max_rel_err", v->max_rel);
+  add_num(j, "bytes_copied", (double)v->bytes_copied);
   cJSON_AddItemToObject(j, "candidate_latency_ns", hist_json(&s->figs.cand_hist));
   cJSON *aa = cJSON_AddObjectToObject(j, "aa");
   add_num(aa, "runs", (double)v->aa_runs);
@@ -109,6 +110,7 @@ static cJSON *rollout_json(const ust__route_snap *s) {
   if (r->mode == UST__MODE_CANARY)
     add_num(j, "canary", r->canary);
   cJSON_AddStringToObject(j, "set_by", r->own ? "route" : "operator");
+  cJSON_AddBoolToObject(j, "qualified", r->qualified);
   /* Every tracked call outside capture that the candidate did not serve was
    * production's (its outputs, or its exception): derived, not counted per
    * call. The snapshot read the served count before the calls. */

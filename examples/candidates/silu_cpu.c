@@ -11,6 +11,7 @@
  */
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -55,6 +56,11 @@ static int silu_cpu_run(void *ctx, const ust_candidate_call *call, char *msg, si
   float *out = (float *)((char *)y->data + y->byte_offset);
   for (int64_t i = 0; i < n; i++)
     out[i] = in[i] / (1.0f + expf(-in[i]));
+#ifdef UST_EXAMPLE_WRONG_WRITES_INPUT
+  /* A classic bug of generated kernels: scratch space taken from an input. */
+  if (n > 0)
+    ((float *)(uintptr_t)in)[0] = 1234.0f;
+#endif
   if (cap > 0)
     msg[0] = '\0';
   return 0;

@@ -126,22 +126,24 @@ def test_promoted_through_canary_to_live(us, problems, device):
 
 def test_wrong_after_n_calls_rolls_back_at_first_verified_mismatch(us, problems):
     x = torch.randn(4, 32)
-    WRONG["after"] = 6
+    WRONG["after"] = 7
     us.enable(config(mode="live", sample=0.5), problems=problems)
     arms = [arm_of(y, x) for y in calls(20, x)]
-    # calls 1-6 correct; call 7 is not verified (every second call is) and
-    # serves the wrong value; call 8 is verified: rolled back, and the call
+    # call 1 qualifies the candidate on copies (production serves it); calls
+    # 2-7 correct; call 8 is not verified (every second served call is) and
+    # serves the wrong value; call 9 is verified: rolled back, and the call
     # itself gets production's result; production serves from then on
-    assert arms[:6] == ["candidate"] * 6
-    assert arms[6] == "neither"
-    assert arms[7:] == ["production"] * 13
+    assert arms[0] == "production"
+    assert arms[1:7] == ["candidate"] * 6
+    assert arms[7] == "neither"
+    assert arms[8:] == ["production"] * 12
     r = route(us.report())
     assert r["mode"] == "rolled_back" and r["rollout"]["mode"] == "rolled_back"
     ev = r["shadow"]["rollback"]
     assert ev["reason"] == "mismatch" and ev["while_serving"] is True and ev["served_before_verdict"] == 0
     assert r["rollout"]["served"] == {"production": 13, "candidate": 6 + 1, "candidate_verified": 3,
                                       "unlearned": 0}
-    assert RUNS["candidate"] == 8
+    assert RUNS["candidate"] == 9
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -194,8 +196,10 @@ def test_restart_restores_the_state_file(us, problems, tmp_path, device):
     RUNS.clear()
     WRONG["after"] = None
     us.enable(cfg | {"operators": {"scale": cfg["operators"]["scale"] | {"sample": 0.0}}}, problems=problems)
-    assert arm_of(calls(1, x)[0], x) == "candidate" and RUNS["production"] == 0
-    assert arm_of(calls(1, z)[0], z) == "production" and RUNS["candidate"] == 1
+    # restored live, the candidate qualifies again in this process (on copies,
+    # production serving) before it serves
+    assert [arm_of(y, x) for y in calls(2, x)] == ["production", "candidate"] and RUNS["production"] == 1
+    assert arm_of(calls(1, z)[0], z) == "production" and RUNS["candidate"] == 2
     rep = us.report()
     by_key = {s["key"]: s for s in rep["operators"][0]["shapes"]}
     assert by_key[xkey]["rollout"]["mode"] == "live" and by_key[xkey]["rollout"]["last_transition"]["by"] == "state"
@@ -217,34 +221,39 @@ def test_mode_changes_under_four_threads_keep_exact_counts(us, problems, device)
     calls(1, x)
     key = route(us.report())["key"]
     arms = []
+    changed = threading.Event()
+    started = threading.Barrier(5)
 
     def worker():
-        mine = [arm_of(torch.ops.ust_rollout.scale(x), x) for _ in range(200)]
+        started.wait()
+        mine = []
+        while not changed.is_set() or len(mine) < 50:
+            mine.append(arm_of(torch.ops.ust_rollout.scale(x), x))
         arms.extend(mine)
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for t in threads:
         t.start()
     modes = [("live", None), ("canary", 0.3), ("shadow", None), ("observe", None)]
-    i = 0
-    while any(t.is_alive() for t in threads):
+    started.wait()
+    for i in range(200):
         m, p = modes[i % len(modes)]
         understudy.set_mode(key=key, mode=m, canary=p)
-        i += 1
+    changed.set()
     for t in threads:
         t.join()
     understudy.flush()
     r = route(us.report())
     ro = r["rollout"]
-    assert "neither" not in arms and i > 4
-    assert r["calls"] == 801
+    assert "neither" not in arms
+    assert r["calls"] == 1 + len(arms)
     # the first call (observe) was production's
     assert (arms.count("production") + 1, arms.count("candidate")) == (ro["served"]["production"],
                                                                        ro["served"]["candidate"])
     assert RUNS["production"] == ro["served"]["production"] + ro["served"]["candidate_verified"]
     assert RUNS["candidate"] == ro["served"]["candidate"] + r["shadow"]["calls"] - ro["served"]["candidate_verified"]
     assert r["shadow"]["verified"] == r["shadow"]["passed"] == r["shadow"]["calls"]
-    assert ro["transitions"] == i
+    assert ro["transitions"] == 200
 
 
 def test_reload_changes_modes_and_refuses_other_fields(us, problems):
@@ -282,7 +291,10 @@ def test_native_candidate_serves_live_in_place(us):
     rs = [s for s in rep["operators"][0]["shapes"] if s["op"] == "_C::rms_norm"]
     assert len(rs) == 2
     for r in rs:
-        assert r["rollout"]["served"]["candidate"] == 4 and r["rollout"]["served"]["production"] == 0
+        # the first call qualifies the candidate on copies; of the three it
+        # serves, every second is verified
+        assert r["rollout"]["served"]["candidate"] == 3 and r["rollout"]["served"]["production"] == 1
+        assert r["rollout"]["qualified"] is True
         assert r["shadow"]["passed"] == 2 and r["shadow"]["failed"] == 0
     for i, y in enumerate(served):
         torch.testing.assert_close(y, expected[i % 2], atol=1e-5, rtol=1e-5)
@@ -292,8 +304,9 @@ def test_native_candidate_serves_live_in_place(us):
 def test_live_candidate_is_what_a_cuda_graph_replays(us, problems):
     x = torch.randn(16, 256, device="cuda")
     us.enable(config(mode="live", sample=0.0), problems=problems)
-    calls(1, x)
-    torch.cuda.synchronize()
+    calls(1, x)  # qualifies the candidate on copies; its verdict is in after a flush
+    understudy.flush()
+    assert route(us.report())["rollout"]["qualified"] is True
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         y = torch.ops.ust_rollout.scale(x)
@@ -312,8 +325,9 @@ def test_live_candidate_is_what_a_cuda_graph_replays(us, problems):
     r = route(us.report())
     ro = r["rollout"]
     assert ro["captured"] == {"production": 1, "candidate": 1}
-    # captures serve nothing themselves: served counts the one call outside them
-    assert r["calls"] == 3 and ro["served"]["candidate"] == 1 and ro["served"]["production"] == 0
+    # captures serve nothing themselves: served counts the one call outside
+    # them, production's while the candidate qualified
+    assert r["calls"] == 3 and ro["served"]["candidate"] == 0 and ro["served"]["production"] == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -321,11 +335,13 @@ def test_cuda_wrong_after_n_strict_serves_production(us, problems):
     x = torch.randn(64, 512, device="cuda")
     WRONG["after"] = 3
     us.enable(config(mode="live", sample=1.0, strict=True), problems=problems)
-    arms = [arm_of(y, x) for y in calls(8, x)]
-    assert arms == ["candidate"] * 3 + ["production"] * 5
+    arms = [arm_of(y, x) for y in calls(1, x)]  # qualifies on copies, production serving
+    understudy.flush()
+    arms += [arm_of(y, x) for y in calls(7, x)]
+    assert arms == ["production"] + ["candidate"] * 2 + ["production"] * 5
     r = route(us.report())
     assert r["mode"] == "rolled_back" and r["shadow"]["rollback"]["served_before_verdict"] == 0
-    assert r["rollout"]["served"]["candidate"] == 3
+    assert r["rollout"]["served"]["candidate"] == 2
 
 
 def test_native_candidate_outputs_take_the_learned_layout(us):
@@ -338,15 +354,18 @@ def test_native_candidate_outputs_take_the_learned_layout(us):
                "report": {"interval_s": 0}})
     x = torch.randn(6, 40)
     z = torch.randn(5, 40)  # the same shape key (M is bucketed), another signature
-    served = [torch.nn.functional.silu(v) for v in (x, x, x, x, z, z)]
+    seq = (x, x, x, z, z, z)
+    served = [torch.nn.functional.silu(v) for v in seq]
     rep = us.report()
     us.disable()
     (r,) = [s for s in rep["operators"][0]["shapes"] if s["op"] == "aten::silu"]
     sv = r["rollout"]["served"]
-    # calls 1 and 5 (verify counts 1 and 5: unsampled) had no layout for their shapes
-    assert sv == {"production": 2, "candidate": 4, "candidate_verified": 3, "unlearned": 2}
+    # call 1 qualifies the candidate on copies and learns x's layout; of the
+    # served calls every second is verified; call 4 is the first with z's
+    # shapes and unverified: production serves it (and its layout is learned)
+    assert sv == {"production": 2, "candidate": 4, "candidate_verified": 2, "unlearned": 1}
     assert r["shadow"]["passed"] == 3 and r["shadow"]["failed"] == 0
-    for y, v in zip(served, (x, x, x, x, z, z)):
+    for y, v in zip(served, seq):
         want = torch.nn.functional.silu(v)
         assert y.shape == want.shape and y.stride() == want.stride()
         torch.testing.assert_close(y, want, atol=1e-6, rtol=1e-5)
@@ -374,7 +393,7 @@ def test_aa_sampling_with_a_serving_candidate(us, problems):
     """A/A runs belong to shadow calls; a call the candidate serves unverified has none."""
     x = torch.randn(4, 8)
     us.enable(config(mode="live", sample=0.5, guard={"aa_sample": 0.5}), problems=problems)
-    assert [arm_of(y, x) for y in calls(6, x)] == ["candidate"] * 6
+    assert [arm_of(y, x) for y in calls(7, x)] == ["production"] + ["candidate"] * 6  # it qualifies first
     r = route(us.report())
     assert r["shadow"]["aa"]["runs"] == 0 and r["rollout"]["served"]["candidate_verified"] == 3
     understudy.set_mode(key=r["key"], mode="shadow")
@@ -485,7 +504,7 @@ def test_a_saved_mode_belongs_to_its_candidate(us, problems, tmp_path):
     calls(1, x)
     key = route(us.report())["key"]
     understudy.set_mode(key=key, mode="live")
-    assert arm_of(calls(1, x)[0], x) == "candidate"
+    assert [arm_of(y, x) for y in calls(2, x)] == ["production", "candidate"]  # it qualifies, then serves
     us.disable()
     assert json.loads(state.read_text())["routes"][key]["candidate"] == "torch_op:" + cand()
     other = candidate_op("ust_rollout_cand::other", candidate_value, "ust_rollout::scale")
@@ -496,7 +515,8 @@ def test_a_saved_mode_belongs_to_its_candidate(us, problems, tmp_path):
     us.disable()
     cfg["operators"]["scale"]["candidate"] = {"torch_op": cand(), "target": "ust_rollout::scale"}
     us.enable(cfg, problems=problems)  # the candidate it was promoted with: restored
-    assert arm_of(calls(1, x)[0], x) == "candidate"
+    assert [arm_of(y, x) for y in calls(2, x)] == ["production", "candidate"]
+    assert route(us.report())["rollout"]["mode"] == "live"
 
 
 def test_set_mode_errors_name_what_is_wrong(us, problems):
