@@ -71,6 +71,7 @@ typedef struct ust__cand_view {
   int compare;                        /* ust__cmp_kind */
   uint32_t writes_mask;               /* arguments the op writes, by index */
   int compared_returns;               /* leading returns judged; -1: all */
+  uint64_t deadline_ns;               /* a call of the candidate longer than this is overdue */
 } ust__cand_view;
 
 /* What ust__call_begin decided, carried to the end of the call. */
@@ -140,6 +141,8 @@ void ust__call_want_verdict(ust__call_state *st);
 int ust__call_verdict(ust__call_state *st, const ust__call *call);
 /* CAND_FAILED: the candidate failed serving unverified (fail, msg). */
 void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg);
+/* The candidate's call took longer than its deadline (it then fails). */
+void ust__call_overdue(ust__call_state *st);
 /* An error of understudy's own on the call path (production served). */
 void ust__call_internal_error(const struct ust__binding *b);
 

@@ -219,6 +219,7 @@ static int cand_view(ust__binding *b, ust__cand_view *v) {
   v->compare = c->compare;
   v->writes_mask = b->writes_mask;
   v->compared_returns = b->def->compared_returns;
+  v->deadline_ns = c->deadline_ns;
   v->torch_op_name = c->torch_op;
   if (c->kind != UST__CAND_TORCH_OP)
     return 0;
@@ -379,14 +380,20 @@ void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg) {
     return;
   ust__evidence *e = calloc(1, sizeof *e);
   if (e != NULL) {
-    static const char *const reasons[] = {"", "error", "raised", "schema"};
+    static const char *const reasons[] = {"", "error", "raised", "schema", "overdue"};
     e->serving = 1;
     e->served_at = atomic_load(&r->rollout.served_cand);
     e->unix_ms = ust__unix_ms();
-    snprintf(e->reason, sizeof e->reason, "%s", reasons[fail > 0 && fail <= UST__FAIL_SCHEMA ? fail : 1]);
+    snprintf(e->reason, sizeof e->reason, "%s", reasons[fail > 0 && fail <= UST__FAIL_OVERDUE ? fail : 1]);
     snprintf(e->message, sizeof e->message, "%s", msg != NULL ? msg : "");
   }
   ust__rollout_roll_back(&r->rollout, e);
+}
+
+void ust__call_overdue(ust__call_state *st) {
+  ust__route *r = st->route;
+  if (r != NULL)
+    atomic_fetch_add_explicit(&r->verify.overdue, 1, memory_order_relaxed);
 }
 
 void ust__call_internal_error(const ust__binding *b) {

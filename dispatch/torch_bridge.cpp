@@ -17,6 +17,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -37,7 +38,7 @@ namespace {
 constexpr int kMaxArgs = 32;
 // ust__cand_kind and ust__shadow_fail (guard/guard.h, C only)
 constexpr int kNative = 1, kTorchOp = 2;
-constexpr int kFailNone = 0, kFailError = 1, kFailRaised = 2, kFailSchema = 3;
+constexpr int kFailNone = 0, kFailError = 1, kFailRaised = 2, kFailSchema = 3, kFailOverdue = 4;
 // ust__shadow_point
 constexpr int kProdBegin = 0, kProdEnd = 1, kCandBegin = 2, kCandEnd = 3;
 
@@ -540,9 +541,21 @@ private:
   int run_candidate(bool timed) {
     if (timed)
       mark(kCandBegin);
+    const auto t0 = std::chrono::steady_clock::now();
     fail_ = st_.cand.kind == kNative ? call_native() : call_torch_op();
+    const uint64_t took = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     if (timed)
       mark(kCandEnd);
+    if (st_.cand.deadline_ns > 0 && took > st_.cand.deadline_ns) {
+      // a call this long is a failure whatever it returned: the route rolls back
+      ust__call_overdue(&st_);
+      if (fail_ == kFailNone || fail_ == kFailSchema) {
+        fail_ = kFailOverdue;
+        msg_ = "candidate took " + std::to_string(took / 1000000) + " ms, over its deadline of " +
+               std::to_string(st_.cand.deadline_ns / 1000000) + " ms";
+      }
+    }
     if (fail_ == kFailRaised)
       return UST__EV_RAISED;
     return fail_ == kFailNone ? UST__EV_OK : UST__EV_FAILED;

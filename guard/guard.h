@@ -96,6 +96,7 @@ typedef struct ust__cand {
   double atol, rtol;                 /* < 0: the per-dtype defaults */
   double aa_sample;                  /* share of shadow calls that also run production twice */
   uint32_t aa_q32;
+  uint64_t deadline_ns;              /* a call of the candidate longer than this is overdue */
 } ust__cand;
 
 /* ---- what verifications found: the guard's part of a route ----------------------- */
@@ -112,12 +113,13 @@ typedef struct ust__verify {
   atomic_uint_fast64_t max_abs_bits, max_rel_bits;       /* over passing verifications */
   atomic_uint_fast64_t aa_max_abs_bits, aa_max_rel_bits; /* production's own spread */
   atomic_uint_fast64_t bytes_copied; /* by understudy for these calls: snapshots, the candidate's private inputs */
+  atomic_uint_fast64_t overdue;      /* candidate calls (verified or not) longer than the deadline */
 } ust__verify;
 
 typedef struct ust__verify_snap {
   uint64_t calls, verified, passed, failed, skipped, unverifiable, aa_runs, aa_mismatching;
   double max_abs, max_rel, aa_max_abs, aa_max_rel;
-  uint64_t bytes_copied;
+  uint64_t bytes_copied, overdue;
 } ust__verify_snap;
 
 /* A sampled call that found no free slot. */
@@ -160,6 +162,7 @@ typedef enum ust__shadow_fail {
   UST__FAIL_ERROR,  /* the candidate returned a non-zero status */
   UST__FAIL_RAISED, /* the candidate raised */
   UST__FAIL_SCHEMA, /* the candidate's results do not line up with production's */
+  UST__FAIL_OVERDUE, /* the candidate's call took longer than its deadline */
 } ust__shadow_fail;
 
 typedef enum ust__verdict_kind {

@@ -119,6 +119,7 @@ void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->aa_max_abs = ust__bits_to_double(atomic_load(&v->aa_max_abs_bits));
   o->aa_max_rel = ust__bits_to_double(atomic_load(&v->aa_max_rel_bits));
   o->bytes_copied = atomic_load(&v->bytes_copied);
+  o->overdue = atomic_load(&v->overdue);
 }
 
 #ifdef UST__SHADOW_GPU
@@ -406,8 +407,8 @@ static void release_after_device(shadow_slot *s, void *stream) {
 }
 
 static const char *fail_reason(int fail) {
-  static const char *names[] = {"", "error", "raised", "schema"};
-  return names[fail >= 0 && fail <= UST__FAIL_SCHEMA ? fail : 0];
+  static const char *names[] = {"", "error", "raised", "schema", "overdue"};
+  return names[fail >= 0 && fail <= UST__FAIL_OVERDUE ? fail : 0];
 }
 
 static void unravel(int64_t flat, const pair_meta *m, int64_t *idx) {

@@ -203,9 +203,9 @@ static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *c
   return 0;
 }
 
-/* "guard": {"compare": KIND, "atol": X, "rtol": Y, "aa_sample": P} */
+/* "guard": {"compare": KIND, "atol": X, "rtol": Y, "aa_sample": P, "deadline_ms": MS} */
 static int parse_guard(const cJSON *g, const char *path, ust__op_config *oc) {
-  static const char *const keys[] = {"compare", "atol", "rtol", "aa_sample", NULL};
+  static const char *const keys[] = {"compare", "atol", "rtol", "aa_sample", "deadline_ms", NULL};
   int rc = section(g, path, keys);
   if (rc != 0)
     return rc;
@@ -227,6 +227,12 @@ static int parse_guard(const cJSON *g, const char *path, ust__op_config *oc) {
     snprintf(sub, sizeof sub, "%s.aa_sample", path);
     if ((rc = parse_sample(v, sub, &oc->aa_sample)) != 0)
       return rc;
+  }
+  if ((v = cJSON_GetObjectItemCaseSensitive(g, "deadline_ms")) != NULL) {
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0 || v->valuedouble > 3.6e6)
+      return ust__error(UST_ECONFIG, "config: '%s.deadline_ms' must be a number of milliseconds in (0, 3600000]",
+                        path);
+    oc->deadline_ms = v->valuedouble;
   }
   return 0;
 }
@@ -255,6 +261,7 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
     oc->promotion.canary = 0.1;
     oc->compare = -1;
     oc->atol = oc->rtol = -1;
+    oc->deadline_ms = 10000;
     int rc;
     if (cJSON_IsString(it)) {
       rc = parse_mode(it, path, &oc->mode);
@@ -321,7 +328,8 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
 
 static int parse_root(const cJSON *root, ust__config *cfg) {
   static const char *const keys[] = {"version", "problems_dir", "report", "log_level", "max_routes",
-                                     "defaults", "operators", "shadow", "hardware", "state", NULL};
+                                     "defaults", "operators", "shadow", "hardware", "state", "disable_timeout_s",
+                                     NULL};
   if (!cJSON_IsObject(root))
     return ust__error(UST_ECONFIG, "config: the top level must be a JSON object");
   int rc = check_keys(root, "", keys);
@@ -337,6 +345,11 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
   if ((v = cJSON_GetObjectItemCaseSensitive(root, "log_level")) != NULL) {
     if (!cJSON_IsString(v) || (cfg->log_level = level_parse(v->valuestring)) < 0)
       return ust__error(UST_ECONFIG, "config: 'log_level' must be one of error, warn, info, debug");
+  }
+  if ((v = cJSON_GetObjectItemCaseSensitive(root, "disable_timeout_s")) != NULL) {
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0 || v->valuedouble > 86400)
+      return ust__error(UST_ECONFIG, "config: 'disable_timeout_s' must be a number of seconds in (0, 86400]");
+    cfg->disable_timeout_s = v->valuedouble;
   }
   if ((v = cJSON_GetObjectItemCaseSensitive(root, "max_routes")) != NULL) {
     if ((rc = parse_int(v, "max_routes", 1, 1 << 20, &cfg->max_routes)) != 0)
@@ -418,6 +431,7 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->default_sample = 1.0 / 16;
   cfg->max_routes = 4096;
   cfg->shadow_max_inflight = 64;
+  cfg->disable_timeout_s = 30;
   cfg->all_operators = 1;
   if (json == NULL || json[0] == '\0')
     return 0;

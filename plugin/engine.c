@@ -77,6 +77,8 @@ static int persist(ust__engine *e) {
   return rc;
 }
 
+static void finish_disable(ust__engine *e, int *rc);
+
 static void *worker_main(void *arg) {
   ust__engine *e = arg;
   double interval = e->cfg.report_interval_s;
@@ -84,6 +86,8 @@ static void *worker_main(void *arg) {
   int state_warned = 0;
   pthread_mutex_lock(&e->worker_lock);
   while (!e->worker_stop) {
+    if (e->reaping && ust__gate_drained(&e->ctx->gate, e->reap_epoch))
+      break;
     pthread_mutex_unlock(&e->worker_lock);
     ust__timers_harvest(e->router.timers);
     int shadow_pending = ust__shadow_harvest(e->router.shadow);
@@ -110,10 +114,20 @@ static void *worker_main(void *arg) {
     ts.tv_sec += (time_t)(t / 1000000000u);
     ts.tv_nsec = (long)(t % 1000000000u);
     pthread_mutex_lock(&e->worker_lock);
-    if (!e->worker_stop)
+    if (!e->worker_stop && !e->reaping)
       pthread_cond_timedwait(&e->worker_cond, &e->worker_lock, &ts);
+    else if (e->reaping)
+      usleep(1000); /* waiting for the calls disable could not wait for */
   }
+  const int reaping = e->reaping;
   pthread_mutex_unlock(&e->worker_lock);
+  if (reaping) {
+    /* the last calls left: what disable left to do (this thread is detached) */
+    int rc = 0;
+    finish_disable(e, &rc);
+    ust__log(&e->ctx->log, UST_LOG_INFO, "disabled, after the last intercepted call returned");
+    engine_unref(e);
+  }
   return NULL;
 }
 
@@ -426,7 +440,29 @@ int ust_disable(void) {
     if (e->bindings[i].hook != NULL)
       atomic_store(&e->bindings[i].hook->binding, NULL);
   const unsigned old = ust__gate_flip(&c->gate);
-  while (!ust__gate_drained(&c->gate, old))
+  const uint64_t deadline = ust__now_ns() + (uint64_t)(e->cfg.disable_timeout_s * 1e9);
+  while (!ust__gate_drained(&c->gate, old) && ust__now_ns() < deadline)
+    usleep(50);
+  int rc = 0;
+  if (!ust__gate_drained(&c->gate, old) && e->worker_started) {
+    /* Calls are still inside (a candidate that does not return, say): the
+     * worker finishes the disable when they leave; nothing waits here. */
+    const long left = atomic_load(&c->gate.inflight[old & 1u]);
+    pthread_mutex_lock(&e->worker_lock);
+    e->reaping = 1;
+    e->reap_epoch = old;
+    pthread_cond_signal(&e->worker_cond);
+    pthread_mutex_unlock(&e->worker_lock);
+    pthread_detach(e->worker);
+    rc = ust__error(UST_ETIMEDOUT,
+                    "disable: %ld intercepted call%s had not returned after %g s (a candidate that does not return?); "
+                    "interception is off, and the final report is written when %s",
+                    left, left == 1 ? "" : "s", e->cfg.disable_timeout_s, left == 1 ? "it returns" : "they return");
+    ust__log(&c->log, UST_LOG_WARN, "%s", ust_last_error());
+    pthread_mutex_unlock(&c->life);
+    return rc;
+  }
+  while (!ust__gate_drained(&c->gate, old)) /* no worker to hand it to: cannot happen once enabled */
     usleep(50);
   pthread_mutex_lock(&e->worker_lock);
   e->worker_stop = 1;
@@ -434,18 +470,22 @@ int ust_disable(void) {
   pthread_mutex_unlock(&e->worker_lock);
   if (e->worker_started)
     pthread_join(e->worker, NULL);
-  ust__timers_harvest_all_sync(e->router.timers);
-  ust__shadow_harvest_all_sync(e->router.shadow);
-  int rc = 0;
-  if (e->cfg.report_path != NULL)
-    rc = ust__report_write_file(e, e->cfg.report_path);
-  int rs = persist(e);
-  if (rc == 0)
-    rc = rs;
+  finish_disable(e, &rc);
   ust__log(&c->log, UST_LOG_INFO, "disabled");
   engine_unref(e);
   pthread_mutex_unlock(&c->life);
   return rc;
+}
+
+/* Once no call can reach e: pending figures in, the final report, the state. */
+static void finish_disable(ust__engine *e, int *rc) {
+  ust__timers_harvest_all_sync(e->router.timers);
+  ust__shadow_harvest_all_sync(e->router.shadow);
+  if (e->cfg.report_path != NULL)
+    *rc = ust__report_write_file(e, e->cfg.report_path);
+  int rs = persist(e);
+  if (*rc == 0)
+    *rc = rs;
 }
 
 int ust_is_enabled(void) {

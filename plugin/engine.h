@@ -59,6 +59,8 @@ typedef struct ust__engine {
   pthread_mutex_t worker_lock;
   pthread_cond_t worker_cond;
   int worker_stop;
+  int reaping;                 /* disable timed out: the worker finishes it once the calls of reap_epoch left */
+  unsigned reap_epoch;
 } ust__engine;
 
 typedef struct ust__ctx {

@@ -77,6 +77,7 @@ typedef struct ust__op_config {
   int compare;       /* -1: the operator definition's */
   double atol, rtol; /* < 0: the defaults for each dtype */
   double aa_sample;  /* fraction of shadow calls that also run production twice */
+  double deadline_ms; /* a candidate call longer than this is overdue: counted, and its route rolled back */
 } ust__op_config;
 
 /* A loaded candidate: what the guard runs and judges, and what keeps it
@@ -104,6 +105,7 @@ typedef struct ust__config {
   double default_sample;
   int max_routes;
   int shadow_max_inflight;   /* shadow calls whose comparison is pending, at most */
+  double disable_timeout_s;  /* disable returns after this long even while calls are inside candidates */
   char *hardware_dir;        /* owned, NULL: <problems_dir>/hardware */
   char *hardware_profile;    /* owned, NULL: picked by device name (none for CPUs) */
   char *state_path;          /* owned, NULL: rollout state is not persisted */

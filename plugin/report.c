@@ -90,6 +90,7 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(j, "max_abs_err", v->max_abs);
   add_num(j, "max_rel_err", v->max_rel);
   add_num(j, "bytes_copied", (double)v->bytes_copied);
+  add_num(j, "overdue", (double)v->overdue);
   cJSON_AddItemToObject(j, "candidate_latency_ns", hist_json(&s->figs.cand_hist));
   cJSON *aa = cJSON_AddObjectToObject(j, "aa");
   add_num(aa, "runs", (double)v->aa_runs);
@@ -211,6 +212,7 @@ static cJSON *candidate_json(const ust__candidate *c) {
   if (c->cand.rtol >= 0)
     add_num(jc, "rtol", c->cand.rtol);
   add_num(jc, "aa_sample", c->cand.aa_sample);
+  add_num(jc, "deadline_ms", (double)c->cand.deadline_ns / 1e6);
   return jc;
 }
 

@@ -56,7 +56,8 @@ extern "C" {
   X(ETORCH, -8, "dispatcher registration failed")                            \
   X(EGPU, -9, "GPU runtime error")                                           \
   X(EFULL, -10, "table full")                                                \
-  X(EINTERNAL, -11, "internal error")
+  X(EINTERNAL, -11, "internal error")                                        \
+  X(ETIMEDOUT, -12, "timed out")
 
 typedef enum ust_errno {
   UST_OK = 0,

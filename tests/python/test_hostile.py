@@ -157,3 +157,110 @@ def test_unverified_results_are_checked_for_structure(us, kind):
     assert ev["reason"] == "schema" and ev["while_serving"] is True, ev
     assert r["rollout"]["served"]["candidate"] == 1  # the one right served call; the third was caught
     print(ev["message"])
+
+
+def test_a_hanging_candidate_wedges_nothing(us, tmp_path):
+    """A candidate that never returns on one thread: disable() waited forever
+    and, holding the engine lock, blocked report(), set_mode(), is_enabled()
+    and metrics scrapes on every other thread. Now the control plane answers
+    at once, disable() returns at its deadline saying how many calls are
+    still inside, and finishes (the final report) when they return."""
+    import threading
+    import time
+    entered, release = threading.Event(), threading.Event()
+
+    def hang(x):
+        entered.set()
+        release.wait(30)
+        return F.silu(x)
+
+    name = candidate_op("ust_hostile::silu_hangs", hang, "aten::silu")
+    report = tmp_path / "final.json"
+    us.enable({"operators": {"silu": {"mode": "shadow", "sample": 1.0,
+                                      "candidate": {"torch_op": name, "target": "aten::silu"}},
+                             "gemm": "observe"},
+               "report": {"path": str(report), "interval_s": 0}, "disable_timeout_s": 0.5})
+    import urllib.request
+    server = us.serve_metrics(port=0)
+    x = torch.randn(4, 8)
+    got = {}
+    caller = threading.Thread(target=lambda: got.setdefault("y", F.silu(x)))
+    caller.start()
+    try:
+        assert entered.wait(10)
+
+        def scrape():
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:
+                assert b"understudy_" in r.read()
+
+        for what, fn in [("report", lambda: us.report(flush_timings=False)), ("is_enabled", us.is_enabled),
+                         ("set_mode", lambda: us.set_mode("gemm", "off")), ("metrics scrape", scrape)]:
+            t0 = time.perf_counter()
+            fn()
+            took = time.perf_counter() - t0
+            assert took < 0.1, f"{what} took {took * 1e3:.0f} ms beside a hanging candidate"
+        torch.mm(torch.randn(2, 2), torch.randn(2, 2))  # other ops keep working
+        t0 = time.perf_counter()
+        with pytest.raises(understudy.UnderstudyError, match="1 intercepted call had not returned after 0.5 s"):
+            us.disable()
+        took = time.perf_counter() - t0
+        assert 0.4 < took < 1.5, took
+        assert not us.is_enabled() and not report.exists()
+    finally:
+        release.set()
+        caller.join(10)
+        server.stop()
+    assert torch.equal(got["y"], F.silu(x))  # production served the hung call once it returned
+    for _ in range(200):
+        if report.exists():
+            break
+        time.sleep(0.01)
+    assert report.exists(), "the final report is written once the last call returned"
+    us.enable({"operators": {"silu": "observe"}, "report": {"interval_s": 0}})
+    F.silu(x)
+    assert silu_route(us.report())["calls"] == 1
+
+
+def test_a_candidate_call_over_its_deadline_is_overdue_and_rolled_back(us):
+    """A candidate call that took longer than its deadline is counted and
+    rolls its route back when it returns; production's result is what the
+    caller gets."""
+    import time
+
+    def slow(x):
+        time.sleep(0.08)
+        return F.silu(x)
+
+    name = candidate_op("ust_hostile::silu_slow", slow, "aten::silu")
+    us.enable(silu_config("shadow", {"torch_op": name, "target": "aten::silu"}, guard={"deadline_ms": 20}))
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        assert torch.equal(F.silu(x), F.silu(x.clone()))
+    r = silu_route(us.report())
+    assert r["mode"] == "rolled_back" and r["shadow"]["overdue"] == 1
+    ev = r["shadow"]["rollback"]
+    assert ev["reason"] == "overdue" and "over its deadline of 20 ms" in ev["message"], ev
+
+
+def test_a_candidate_calling_disable_is_refused_not_deadlocked(us):
+    """A candidate that called understudy.disable() waited for its own call
+    for ever. Called from inside an intercepted call, enable and disable are
+    refused with an error; the candidate's exception is its failure."""
+    seen = {}
+
+    def calls_disable(x):
+        try:
+            understudy.disable()
+        except understudy.UnderstudyError as e:
+            seen["error"] = str(e)
+            raise
+        return F.silu(x)
+
+    name = candidate_op("ust_hostile::silu_disables", calls_disable, "aten::silu")
+    us.enable(silu_config("shadow", {"torch_op": name, "target": "aten::silu"}))
+    x = torch.randn(4, 8)
+    assert torch.equal(F.silu(x), F.silu(x.clone()))
+    assert "from inside an intercepted call" in seen["error"]
+    assert us.is_enabled()
+    r = silu_route(us.report())
+    assert r["mode"] == "rolled_back" and r["shadow"]["rollback"]["reason"] == "raised"
