@@ -73,9 +73,22 @@ int ust__sampled(uint64_t n, uint32_t q32);
 char *ust__strdup(const char *s);
 /* Copy src into dst[cap]; returns -1 if it does not fit. */
 int ust__copy_name(char *dst, size_t cap, const char *src);
-/* The whole file as a new NUL-terminated string (free with free), or NULL
- * with errno set. */
-char *ust__read_file(const char *path, size_t *len_out);
+/* Files understudy reads (config, definitions, hardware profiles, state)
+ * are at most this large. */
+#define UST__FILE_MAX (16u << 20)
+
+/* The whole of a regular file of at most max bytes, as a new NUL-terminated
+ * string (free with free); NULL with errno set (ENOENT: missing) and the
+ * thread's last error naming path: not a regular file (a FIFO, a device: it
+ * is opened without blocking and never read), larger than max, unreadable. */
+char *ust__read_file(const char *path, size_t max, size_t *len_out);
+
+struct cJSON;
+/* Parse text as one JSON value and nothing else: trailing bytes, a string
+ * that holds a NUL character (\u0000) and nesting deeper than cJSON's limit
+ * are errors (UST_ECONFIG or kind, message "WHAT: ..." with the offset).
+ * Linear in the text's size. Returns a new tree (cJSON_Delete) or NULL. */
+struct cJSON *ust__json_parse(const char *text, const char *what, int kind);
 /* Replace path with text atomically: a temp file beside it, fsync, rename.
  * Errors (UST_EIO) start with what ("report", "state file"). */
 int ust__write_file_atomic(const char *path, const char *text, const char *what);

@@ -9,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "base/base.h"
 
 uint64_t ust__now_ns(void) {
@@ -59,38 +61,73 @@ int ust__copy_name(char *dst, size_t cap, const char *src) {
   return 0;
 }
 
-char *ust__read_file(const char *path, size_t *len_out) {
-  FILE *f = fopen(path, "rb");
-  if (f == NULL)
+char *ust__read_file(const char *path, size_t max, size_t *len_out) {
+  /* Non-blocking: a FIFO planted at the path must not hang the caller. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    ust__error(UST_EIO, "'%s' cannot be opened: %s", path, strerror(errno));
     return NULL;
-  size_t cap = 4096, len = 0;
-  char *buf = malloc(cap);
-  while (buf != NULL) {
-    size_t got = fread(buf + len, 1, cap - len - 1, f);
-    len += got;
-    if (got == 0)
-      break;
-    if (cap - len - 1 == 0) {
-      char *bigger = realloc(buf, cap * 2);
-      if (bigger == NULL) {
-        free(buf);
-        buf = NULL;
+  }
+  struct stat st;
+  char *buf = NULL;
+  if (fstat(fd, &st) != 0) {
+    ust__error(UST_EIO, "'%s' cannot be read: %s", path, strerror(errno));
+  } else if (!S_ISREG(st.st_mode)) {
+    ust__error(UST_EIO, "'%s' is not a regular file", path);
+    errno = EINVAL;
+  } else if ((uint64_t)st.st_size > max) {
+    ust__error(UST_EIO, "'%s' is %lld bytes, more than the %zu read at most", path, (long long)st.st_size, max);
+    errno = EFBIG;
+  } else if ((buf = malloc((size_t)st.st_size + 1)) == NULL) {
+    ust__error(UST_ENOMEM, "out of memory reading '%s'", path);
+    errno = ENOMEM;
+  } else {
+    size_t len = 0;
+    while (len < (size_t)st.st_size) {
+      ssize_t r = read(fd, buf + len, (size_t)st.st_size - len);
+      if (r < 0 && errno == EINTR)
+        continue;
+      if (r <= 0)
         break;
-      }
-      buf = bigger;
-      cap *= 2;
+      len += (size_t)r;
+    }
+    if (len != (size_t)st.st_size) { /* it shrank under us, or failed */
+      ust__error(UST_EIO, "'%s' changed while it was read", path);
+      free(buf);
+      buf = NULL;
+      errno = EIO;
+    } else {
+      buf[len] = '\0';
+      if (len_out != NULL)
+        *len_out = len;
     }
   }
-  int failed = ferror(f);
-  fclose(f);
-  if (buf == NULL || failed) {
-    free(buf);
-    return NULL;
-  }
-  buf[len] = '\0';
-  if (len_out != NULL)
-    *len_out = len;
+  const int saved = errno;
+  close(fd);
+  errno = saved;
   return buf;
+}
+
+cJSON *ust__json_parse(const char *text, const char *what, int kind) {
+  /* cJSON decodes \u0000 into a string cut short there: "silu\u0000x" would
+   * read as "silu". Such a string is refused before parsing. */
+  for (const char *p = text; (p = strchr(p, '\\')) != NULL; p += 2) {
+    if (p[1] == '\0')
+      break;
+    if (p[1] == 'u' && strncmp(p + 2, "0000", 4) == 0)
+      return ust__error(kind, "%s: a string holds a NUL character (\\u0000, offset %ld)", what, (long)(p - text)),
+             NULL;
+  }
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+  if (root == NULL) {
+    char near[40] = "";
+    if (end != NULL)
+      snprintf(near, sizeof near, "%.32s", end);
+    ust__error(kind, "%s: not valid JSON, or more than one value (near '%s', offset %ld)", what, near,
+               end != NULL ? (long)(end - text) : -1L);
+  }
+  return root;
 }
 
 int ust__write_file_atomic(const char *path, const char *text, const char *what) {
@@ -185,9 +222,9 @@ int ust__load_json_dir(const char *dir, const char *what, ust__json_file_cb cb, 
   for (int i = 0; rc == 0 && i < n; i++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-    char *text = ust__read_file(path, NULL);
+    char *text = ust__read_file(path, UST__FILE_MAX, NULL);
     if (text == NULL) {
-      rc = ust__error(UST_EPROBLEM, "%s: cannot be read", path);
+      rc = ust__error(UST_EPROBLEM, "%s: %s", what, ust_last_error());
       break;
     }
     rc = cb(path, text, i, n, ctx);

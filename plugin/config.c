@@ -237,9 +237,35 @@ static int parse_guard(const cJSON *g, const char *path, ust__op_config *oc) {
   return 0;
 }
 
+/* More operators than any definitions directory holds: refused before
+ * anything is allocated for them. */
+#define UST__MAX_CONFIG_OPS 4096
+
+/* Operator names seen so far: a duplicate is found in constant time. */
+typedef struct name_seen {
+  char name[UST__NAME_MAX];
+  UT_hash_handle hh;
+} name_seen;
+
+static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **seen, name_seen *marks);
+
 static int parse_operators(const cJSON *ops, ust__config *cfg) {
   if (!cJSON_IsObject(ops))
     return ust__error(UST_ECONFIG, "config: 'operators' must be an object mapping operator names to settings");
+  int n = cJSON_GetArraySize(ops);
+  if (n > UST__MAX_CONFIG_OPS)
+    return ust__error(UST_ECONFIG, "config: 'operators' lists %d operators; at most %d are read", n,
+                      UST__MAX_CONFIG_OPS);
+  name_seen *seen = NULL, *marks = calloc(n > 0 ? (size_t)n : 1, sizeof *marks);
+  if (marks == NULL)
+    return ust__error(UST_ENOMEM, "config: out of memory");
+  int rc = parse_operators_seen(ops, cfg, &seen, marks);
+  HASH_CLEAR(hh, seen);
+  free(marks);
+  return rc;
+}
+
+static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **seen, name_seen *marks) {
   int n = cJSON_GetArraySize(ops);
   cfg->ops = calloc(n > 0 ? (size_t)n : 1, sizeof *cfg->ops);
   if (cfg->ops == NULL)
@@ -250,9 +276,16 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
     ust__op_config *oc = &cfg->ops[cfg->n_ops];
     if (ust__copy_name(oc->name, sizeof oc->name, it->string) != 0 || it->string[0] == '\0')
       return ust__error(UST_ECONFIG, "config: operator name '%s' is empty or too long", it->string);
-    for (int j = 0; j < cfg->n_ops; j++)
-      if (strcmp(cfg->ops[j].name, oc->name) == 0)
-        return ust__error(UST_ECONFIG, "config: '%s' appears twice", path);
+    name_seen *dup = NULL;
+    HASH_FIND_STR(*seen, oc->name, dup);
+    if (dup != NULL)
+      return ust__error(UST_ECONFIG, "config: '%s' appears twice", path);
+    name_seen *mark = &marks[cfg->n_ops];
+    snprintf(mark->name, sizeof mark->name, "%s", oc->name);
+    ust__hash_oom = 0;
+    HASH_ADD_STR(*seen, name, mark);
+    if (ust__hash_oom)
+      return ust__error(UST_ENOMEM, "config: out of memory");
     oc->mode = cfg->default_mode;
     oc->sample = cfg->default_sample;
     oc->canary = 0.1;
@@ -435,15 +468,10 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->all_operators = 1;
   if (json == NULL || json[0] == '\0')
     return 0;
-  cJSON *root = cJSON_Parse(json);
+  cJSON *root = ust__json_parse(json, "config", UST_ECONFIG);
   if (root == NULL) {
-    const char *at = cJSON_GetErrorPtr();
-    char near[40] = "";
-    if (at != NULL)
-      snprintf(near, sizeof near, "%.32s", at);
     ust__config_free(cfg);
-    return ust__error(UST_ECONFIG, "config: not valid JSON (near '%s', offset %ld)", near,
-                      at != NULL ? (long)(at - json) : -1L);
+    return UST_ECONFIG;
   }
   int rc = parse_root(root, cfg);
   cJSON_Delete(root);

@@ -169,11 +169,9 @@ static int parse_binding(const cJSON *jb, const char *path, int bi, const cJSON 
 
 int ust__problem_parse(const char *text, const char *path, ust__problem *p) {
   memset(p, 0, sizeof *p);
-  cJSON *root = cJSON_Parse(text);
-  if (root == NULL) {
-    const char *at = cJSON_GetErrorPtr();
-    return PERR("%s: not valid JSON (at offset %ld)", path, at != NULL ? (long)(at - text) : -1L);
-  }
+  cJSON *root = ust__json_parse(text, path, UST_EPROBLEM);
+  if (root == NULL)
+    return UST_EPROBLEM;
   int rc = 0;
   static const char *const keys[] = {"schema_version", "operator", "description", "bindings", "bucket", "compare",
                                      "atrex", "hosted_in", NULL};

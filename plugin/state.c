@@ -20,18 +20,21 @@
 #define STATE_SCHEMA "understudy.state v1"
 
 int ust__state_read(const char *path, int (*each)(void *ctx, const ust__rollout_row *row), void *ctx) {
-  size_t len = 0;
-  char *text = ust__read_file(path, &len);
+  char *text = ust__read_file(path, UST__FILE_MAX, NULL);
   if (text == NULL) {
     if (errno == ENOENT)
       return 0; /* the first start: nothing to restore */
-    return ust__error(UST_ECONFIG, "state file '%s': cannot read it: %s", path, strerror(errno));
+    return ust__error(UST_ECONFIG, "state file: %s", ust_last_error());
   }
-  cJSON *root = cJSON_Parse(text);
+  char what[4200];
+  snprintf(what, sizeof what, "state file '%s'", path);
+  cJSON *root = ust__json_parse(text, what, UST_ECONFIG);
   free(text);
+  if (root == NULL)
+    return UST_ECONFIG;
   int rc = 0;
   const cJSON *routes = NULL, *schema = NULL;
-  if (root == NULL || !cJSON_IsObject(root))
+  if (!cJSON_IsObject(root))
     rc = ust__error(UST_ECONFIG, "state file '%s': not a JSON object", path);
   else if (!cJSON_IsString(schema = cJSON_GetObjectItemCaseSensitive(root, "schema")) ||
            strcmp(schema->valuestring, STATE_SCHEMA) != 0)

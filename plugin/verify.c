@@ -212,12 +212,9 @@ int ust__dlopen_verified(const char *path, const char *pin, void **handle, int *
                       pin != NULL ? pin : "(null)");
 
   size_t len = 0;
-  errno = 0;
-  char *bytes = ust__read_file(path, &len);
-  if (bytes == NULL) {
-    int e = errno;
-    return ust__error(UST_EIO, "%s: cannot be read: %s", path, e != 0 ? strerror(e) : "unknown error");
-  }
+  char *bytes = ust__read_file(path, UST__CANDIDATE_MAX, &len);
+  if (bytes == NULL)
+    return UST_EIO; /* the message names the path and why */
 
   int rc = 0, fd = -1, n_extra = 0, keep_fd = -1;
   int extra[UST__VERIFY_MAX_RENAMES];

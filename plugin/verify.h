@@ -13,6 +13,10 @@
 
 #include <stddef.h>
 
+/* A candidate shared object is read whole before it is hashed: at most this
+ * many bytes, from a regular file. */
+#define UST__CANDIDATE_MAX (1u << 30)
+
 /* SHA-256 (FIPS 180-4) of len bytes as 64 lowercase hex digits + NUL into hex.
  * data is borrowed for the call and may be NULL when len is 0; hex is the
  * caller's storage of at least 65 bytes. Cannot fail. */

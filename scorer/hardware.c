@@ -42,9 +42,9 @@ static int parse_words(const cJSON *root, const char *field, int min_n, const ch
 
 int ust__hw_parse(const char *text, const char *path, ust__hw_profile *out) {
   memset(out, 0, sizeof *out);
-  cJSON *root = cJSON_Parse(text);
+  cJSON *root = ust__json_parse(text, path, UST_EPROBLEM);
   if (root == NULL)
-    return HERR("%s: not valid JSON", path);
+    return UST_EPROBLEM;
   int rc = 0;
   static const char *const keys[] = {"schema_version", "name", "match", "exclude", "p_peak", "b_peak", "source",
                                      NULL};

@@ -120,14 +120,42 @@ def _config_text(config: ConfigLike) -> str:
         if config is None:
             return ""
     if isinstance(config, Mapping):
-        return json.dumps(config)
+        try:
+            return json.dumps(config)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise ConfigError(-2, "UST_ECONFIG", f"config: cannot be written as JSON: {e}") from None
     text = os.fspath(config)
     if text.lstrip().startswith("{"):
         return text
+    return _read_config_file(text)
+
+
+_CONFIG_MAX = 16 << 20
+
+
+def _read_config_file(path: str) -> str:
+    """A config file: a regular file (a FIFO planted at the path must not
+    block), of at most 16 MiB."""
+    import stat
     try:
-        return pathlib.Path(text).read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise ConfigError(-2, "UST_ECONFIG", f"config file '{text}' cannot be read: {e.strerror}") from None
+        raise ConfigError(-2, "UST_ECONFIG", f"config file '{path}' cannot be read: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(-2, "UST_ECONFIG", f"config file '{path}' is not a regular file")
+        if st.st_size > _CONFIG_MAX:
+            raise ConfigError(-2, "UST_ECONFIG",
+                              f"config file '{path}' is {st.st_size} bytes, more than the {_CONFIG_MAX} read at most")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(_CONFIG_MAX + 1)
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(-2, "UST_ECONFIG", f"config file '{path}' is not UTF-8: {e}") from None
 
 
 def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLike]] = None) -> None:
@@ -146,10 +174,12 @@ def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLi
     pdir = problems
     if pdir is None:
         has_dir = False
-        if text:
+        if isinstance(config, Mapping):
+            has_dir = "problems_dir" in config
+        elif text:
             try:
                 has_dir = "problems_dir" in json.loads(text)
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, RecursionError):
                 has_dir = False  # the library reports the JSON error with its position
         pdir = None if has_dir else problems_dir()
     _check(lib.ust_enable(text.encode(), None if pdir is None else os.fsencode(os.fspath(pdir))))

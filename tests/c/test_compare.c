@@ -134,7 +134,7 @@ TEST(config_candidate_fields) {
 
 static int pin_of(const char *path, char hex[65]) {
   size_t len = 0;
-  char *bytes = ust__read_file(path, &len);
+  char *bytes = ust__read_file(path, UST__FILE_MAX << 6, &len);
   if (bytes == NULL)
     return -1;
   ust__sha256_hex(bytes, len, hex);

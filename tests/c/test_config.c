@@ -160,7 +160,7 @@ TEST(engine_report_roundtrip) {
   cJSON_Delete(r);
   ASSERT_INT_EQ(ust_disable(), 0);
   ASSERT_INT_EQ(ust_is_enabled(), 0);
-  char *text = ust__read_file(path, NULL);
+  char *text = ust__read_file(path, UST__FILE_MAX << 6, NULL);
   ASSERT_TRUE(text != NULL);
   r = cJSON_Parse(text);
   ASSERT_TRUE(r != NULL && cJSON_GetObjectItem(r, "totals") != NULL);

@@ -92,7 +92,7 @@ TEST(parsers_survive_mutations) {
     char path[1024];
     snprintf(path, sizeof path, "%s/problems/%s", UST_SOURCE_DIR, e->d_name);
     size_t len = 0;
-    char *seed = ust__read_file(path, &len);
+    char *seed = ust__read_file(path, UST__FILE_MAX << 6, &len);
     ASSERT_TRUE(seed != NULL);
     ust__problem p;
     ASSERT_INT_EQ(ust__problem_parse(seed, path, &p), 0);

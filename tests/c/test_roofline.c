@@ -75,7 +75,7 @@ TEST(roofline_reproduces_atrex_sol) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s/roofline.json", root, e->d_name);
     size_t len = 0;
-    char *text = ust__read_file(path, &len);
+    char *text = ust__read_file(path, UST__FILE_MAX << 6, &len);
     if (text == NULL)
       continue;
     cJSON *j = cJSON_Parse(text);
@@ -262,7 +262,7 @@ static void build_call(const cJSON *spec, const kwvars *v, call_builder *cb) {
 
 static cJSON *load_json(const char *path) {
   size_t len = 0;
-  char *text = ust__read_file(path, &len);
+  char *text = ust__read_file(path, UST__FILE_MAX << 6, &len);
   if (text == NULL)
     return NULL;
   cJSON *j = cJSON_Parse(text);

@@ -264,3 +264,90 @@ def test_a_candidate_calling_disable_is_refused_not_deadlocked(us):
     assert us.is_enabled()
     r = silu_route(us.report())
     assert r["mode"] == "rolled_back" and r["shadow"]["rollback"]["reason"] == "raised"
+
+
+HOSTILE_PATHS = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import understudy
+d = sys.argv[2]
+fifo = os.path.join(d, "fifo")
+os.mkfifo(fifo)
+sparse = os.path.join(d, "sparse.so")
+with open(sparse, "wb") as f:
+    f.truncate(6 << 30)
+pin = "0" * 64
+understudy.enable({"operators": {"silu": "observe"}})  # torch and the library loaded: timings are enable's own
+understudy.disable()
+for name, cfg in [
+    ("candidate fifo", {"operators": {"silu": {"mode": "shadow", "candidate": {"native": fifo, "sha256": pin}}}}),
+    ("candidate /dev/zero", {"operators": {"silu": {"mode": "shadow", "candidate": {"native": "/dev/zero", "sha256": pin}}}}),
+    ("candidate 6 GiB", {"operators": {"silu": {"mode": "shadow", "candidate": {"native": sparse, "sha256": pin}}}}),
+    ("state fifo", {"operators": {"silu": "observe"}, "state": {"path": fifo}}),
+]:
+    t0 = time.perf_counter()
+    try:
+        understudy.enable(cfg)
+        print(name, "accepted")
+    except understudy.UnderstudyError as e:
+        print(name, "|", round(time.perf_counter() - t0, 3), "|", e)
+    assert not understudy.is_enabled()
+"""
+
+
+def test_paths_that_block_or_exhaust_are_refused_at_once(tmp_path):
+    """A FIFO as the candidate or state path blocked enable() for ever;
+    /dev/zero or a 6 GiB sparse file as the candidate was read into memory
+    before being refused. Paths must be regular files of bounded size,
+    opened without blocking."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    script = tmp_path / "paths.py"
+    script.write_text(HOSTILE_PATHS)
+    out = subprocess.run([sys.executable, str(script), str(ROOT / "python-shim"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    print(out.stdout)
+    rows = {line.split(" |")[0]: line.split(" | ") for line in out.stdout.splitlines()}
+    assert set(rows) == {"candidate fifo", "candidate /dev/zero", "candidate 6 GiB", "state fifo"}, out.stdout
+    for name, (_, took, msg) in rows.items():
+        assert float(took) < 0.5, (name, took)
+    assert "is not a regular file" in rows["candidate fifo"][2]
+    assert "is not a regular file" in rows["candidate /dev/zero"][2]
+    assert "more than the" in rows["candidate 6 GiB"][2]
+    assert "is not a regular file" in rows["state fifo"][2]
+
+
+def test_configs_built_to_hurt_are_refused_quickly_and_by_name(us, tmp_path):
+    """200,000 operators took 152 s to refuse (a quadratic duplicate check);
+    a deeply nested config raised Python's RecursionError; trailing garbage
+    was accepted; "silu\\u0000x" read as "silu"; a FIFO as the config path
+    blocked."""
+    import os
+    import time
+    big = {"operators": {f"op{i}": "observe" for i in range(200_000)}}
+    t0 = time.perf_counter()
+    with pytest.raises(understudy.ConfigError, match="lists 200000 operators; at most 4096"):
+        us.enable(big)
+    took = time.perf_counter() - t0
+    print(f"200,000 operators refused in {took:.3f} s")
+    assert took < 1.0
+    with pytest.raises(understudy.ConfigError, match="no operator named 'op0'"):
+        us.enable({"operators": {f"op{i}": "observe" for i in range(4096)}})
+    deep = {}
+    node = deep
+    for _ in range(100_000):
+        node["x"] = {}
+        node = node["x"]
+    with pytest.raises(understudy.ConfigError):
+        us.enable(deep)
+    with pytest.raises(understudy.ConfigError, match="not valid JSON"):
+        us.enable('{"operators": {"silu": "observe"}} {"more": 1}')
+    with pytest.raises(understudy.ConfigError, match="NUL character"):
+        us.enable('{"operators": {"silu\\u0000x": "observe"}}')
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(understudy.ConfigError, match="is not a regular file"):
+        us.enable(str(fifo))
+    assert not us.is_enabled()
