@@ -290,7 +290,8 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) && !ust__rollout_qualified(&r->rollout)) {
     /* Before its first served call the candidate qualifies on copies of the
      * arguments, as in shadow: every call is shadowed until one passes. */
-    if (cand_view(b, &st->cand) == 0 && (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0)) != NULL) {
+    if (!atomic_load_explicit(&r->verify.paused, memory_order_relaxed) && cand_view(b, &st->cand) == 0 &&
+        (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0)) != NULL) {
       st->plan = UST__PLAN_SHADOW;
       return;
     }
@@ -304,7 +305,8 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
         st->flags = UST__DF_WAIT_VERDICT;
       return;
     }
-  } else if (mode == UST__MODE_SHADOW && cand_view(b, &st->cand) == 0) {
+  } else if (mode == UST__MODE_SHADOW && !atomic_load_explicit(&r->verify.paused, memory_order_relaxed) &&
+             cand_view(b, &st->cand) == 0) {
     if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0)) != NULL) {
       st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself */
       return;
@@ -409,12 +411,16 @@ static void sink_failed(void *ctx, void *cookie, ust__evidence *ev) {
 }
 
 static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
-  (void)ctx;
+  ust__router *router = ctx;
   ust__route *r = cookie;
   if (!v->have_times)
     return;
   ust__figs_prod_time(&r->figs, v->prod_ns, v->tsol_ps);
   ust__figs_cand_time(&r->figs, v->cand_ns, v->tsol_ps, v->kind == UST__VERDICT_PASSED);
+  if (r->binding->cand != NULL && ust__verify_budget(&r->verify, &r->figs, r->binding->cand->max_slowdown))
+    ust__log(router->log, UST_LOG_WARN, "%s: shadowing stopped: the candidate's median is %.1fx production's, over "
+             "its budget of %gx", r->key_str, (double)atomic_load(&r->verify.paused_ratio_milli) / 1000.0,
+             r->binding->cand->max_slowdown);
   if (v->kind == UST__VERDICT_PASSED)
     ust__rollout_passed(&r->rollout, v->stage, !v->serving);
 }

@@ -97,6 +97,7 @@ typedef struct ust__cand {
   double aa_sample;                  /* share of shadow calls that also run production twice */
   uint32_t aa_q32;
   uint64_t deadline_ns;              /* a call of the candidate longer than this is overdue */
+  double max_slowdown;               /* the shadow budget: a candidate this many times slower is not shadowed */
 } ust__cand;
 
 /* ---- what verifications found: the guard's part of a route ----------------------- */
@@ -114,13 +115,23 @@ typedef struct ust__verify {
   atomic_uint_fast64_t aa_max_abs_bits, aa_max_rel_bits; /* production's own spread */
   atomic_uint_fast64_t bytes_copied; /* by understudy for these calls: snapshots, the candidate's private inputs */
   atomic_uint_fast64_t overdue;      /* candidate calls (verified or not) longer than the deadline */
+  atomic_int paused;                 /* shadowing stopped: the candidate is over the shadow budget */
+  atomic_uint_fast64_t paused_ratio_milli; /* its median over production's when it stopped, x1000 */
 } ust__verify;
 
 typedef struct ust__verify_snap {
   uint64_t calls, verified, passed, failed, skipped, unverifiable, aa_runs, aa_mismatching;
   double max_abs, max_rel, aa_max_abs, aa_max_rel;
   uint64_t bytes_copied, overdue;
+  int paused;
+  double paused_ratio;
 } ust__verify_snap;
+
+/* The shadow budget: after at least 5 timed verifications, a candidate whose
+ * median time is more than max_slowdown times production's is not shadowed
+ * on that route any more (serving routes keep verifying their sample).
+ * Returns 1 when this call paused it. */
+int ust__verify_budget(ust__verify *v, ust__figs *f, double max_slowdown);
 
 /* A sampled call that found no free slot. */
 void ust__verify_skipped(ust__verify *v);

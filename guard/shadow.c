@@ -105,6 +105,20 @@ static void atomic_max_u64(atomic_uint_fast64_t *a, uint64_t v) {
 
 void ust__verify_skipped(ust__verify *v) { atomic_fetch_add_explicit(&v->skipped, 1, memory_order_relaxed); }
 
+int ust__verify_budget(ust__verify *v, ust__figs *f, double max_slowdown) {
+  if (max_slowdown <= 0 || atomic_load_explicit(&v->paused, memory_order_relaxed) ||
+      atomic_load_explicit(&f->cand_hist.count, memory_order_relaxed) < 5)
+    return 0;
+  const double tp = ust__hist_quantile_live(&f->hist, 0.5), tc = ust__hist_quantile_live(&f->cand_hist, 0.5);
+  if (!(tp > 0) || !(tc > max_slowdown * tp))
+    return 0;
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&v->paused, &expected, 1))
+    return 0;
+  atomic_store(&v->paused_ratio_milli, (uint64_t)(tc / tp * 1000.0 + 0.5));
+  return 1;
+}
+
 void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->calls = atomic_load(&v->calls);
   o->verified = atomic_load(&v->verified);
@@ -120,6 +134,8 @@ void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->aa_max_rel = ust__bits_to_double(atomic_load(&v->aa_max_rel_bits));
   o->bytes_copied = atomic_load(&v->bytes_copied);
   o->overdue = atomic_load(&v->overdue);
+  o->paused = atomic_load(&v->paused);
+  o->paused_ratio = (double)atomic_load(&v->paused_ratio_milli) / 1000.0;
 }
 
 #ifdef UST__SHADOW_GPU

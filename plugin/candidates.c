@@ -51,6 +51,7 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
   c->aa_sample = oc->aa_sample;
   c->aa_q32 = ust__share_q32(oc->aa_sample);
   c->deadline_ns = (uint64_t)(oc->deadline_ms * 1e6);
+  c->max_slowdown = oc->max_slowdown;
   snprintf(lc->sha256, sizeof lc->sha256, "%s", cc->sha256);
   if (cc->kind == UST__CAND_TORCH_OP) {
     const char *dot = strchr(strstr(cc->torch_op, "::") + 2, '.');

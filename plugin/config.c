@@ -205,7 +205,7 @@ static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *c
 
 /* "guard": {"compare": KIND, "atol": X, "rtol": Y, "aa_sample": P, "deadline_ms": MS} */
 static int parse_guard(const cJSON *g, const char *path, ust__op_config *oc) {
-  static const char *const keys[] = {"compare", "atol", "rtol", "aa_sample", "deadline_ms", NULL};
+  static const char *const keys[] = {"compare", "atol", "rtol", "aa_sample", "deadline_ms", "max_slowdown", NULL};
   int rc = section(g, path, keys);
   if (rc != 0)
     return rc;
@@ -233,6 +233,11 @@ static int parse_guard(const cJSON *g, const char *path, ust__op_config *oc) {
       return ust__error(UST_ECONFIG, "config: '%s.deadline_ms' must be a number of milliseconds in (0, 3600000]",
                         path);
     oc->deadline_ms = v->valuedouble;
+  }
+  if ((v = cJSON_GetObjectItemCaseSensitive(g, "max_slowdown")) != NULL) {
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 1)
+      return ust__error(UST_ECONFIG, "config: '%s.max_slowdown' must be a number >= 1", path);
+    oc->max_slowdown = v->valuedouble;
   }
   return 0;
 }
@@ -295,6 +300,7 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
     oc->compare = -1;
     oc->atol = oc->rtol = -1;
     oc->deadline_ms = 10000;
+    oc->max_slowdown = 25;
     int rc;
     if (cJSON_IsString(it)) {
       rc = parse_mode(it, path, &oc->mode);
@@ -385,7 +391,8 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
     cfg->disable_timeout_s = v->valuedouble;
   }
   if ((v = cJSON_GetObjectItemCaseSensitive(root, "max_routes")) != NULL) {
-    if ((rc = parse_int(v, "max_routes", 1, 1 << 20, &cfg->max_routes)) != 0)
+    /* about 17 KiB a route (two histograms of 976 buckets, the key, its row of the rollout table) */
+    if ((rc = parse_int(v, "max_routes", 1, 65536, &cfg->max_routes)) != 0)
       return rc;
   }
   const cJSON *report = cJSON_GetObjectItemCaseSensitive(root, "report");

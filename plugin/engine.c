@@ -1,10 +1,12 @@
 /* The engine: enable, disable, runtime mode changes, reload, reports, the
  * worker thread. The process context it lives in is plugin/context.c. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -365,6 +367,38 @@ static void resolve_candidates(ust__engine *e) {
   }
 }
 
+/* Temp files of understudy's own naming left beside path by a process that
+ * died mid-write (PATH.tmp.XXXXXX, ust__write_file_atomic): removed. */
+static void clean_stale_temps(ust__ctx *c, const char *path) {
+  if (path == NULL)
+    return;
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  const char *base = slash != NULL ? slash + 1 : path;
+  snprintf(dir, sizeof dir, "%.*s", slash != NULL ? (int)(slash - path) : 1, slash != NULL ? path : ".");
+  if (dir[0] == '\0')
+    snprintf(dir, sizeof dir, "/");
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return;
+  const size_t blen = strlen(base);
+  int removed = 0;
+  for (struct dirent *ent; (ent = readdir(d)) != NULL;) {
+    const char *n = ent->d_name;
+    if (strlen(n) != blen + 11 || strncmp(n, base, blen) != 0 || strncmp(n + blen, ".tmp.", 5) != 0)
+      continue;
+    char full[8192];
+    snprintf(full, sizeof full, "%s/%s", dir, n);
+    struct stat st;
+    if (lstat(full, &st) == 0 && S_ISREG(st.st_mode) && unlink(full) == 0)
+      removed++;
+  }
+  closedir(d);
+  if (removed > 0)
+    ust__log(&c->log, UST_LOG_INFO, "removed %d temp file%s left beside %s by an earlier process", removed,
+             removed == 1 ? "" : "s", path);
+}
+
 /* ---- the API ---------------------------------------------------------------------- */
 
 int ust_enable(const char *config_json, const char *problems_dir) {
@@ -387,6 +421,8 @@ int ust_enable(const char *config_json, const char *problems_dir) {
   if ((rc = engine_create(c, config_json, problems_dir, &e)) != 0)
     goto out;
   ust__log_set_level(&c->log, e->cfg.log_level);
+  clean_stale_temps(c, e->cfg.report_path);
+  clean_stale_temps(c, e->cfg.state_path);
   resolve_candidates(e);
   for (int i = 0; c->seam != NULL && i < e->n_bindings; i++) {
     ust__binding *b = &e->bindings[i];

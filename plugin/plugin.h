@@ -78,6 +78,7 @@ typedef struct ust__op_config {
   double atol, rtol; /* < 0: the defaults for each dtype */
   double aa_sample;  /* fraction of shadow calls that also run production twice */
   double deadline_ms; /* a candidate call longer than this is overdue: counted, and its route rolled back */
+  double max_slowdown; /* shadowing stops on a route whose candidate's median is this many times production's */
 } ust__op_config;
 
 /* A loaded candidate: what the guard runs and judges, and what keeps it

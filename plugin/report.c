@@ -91,6 +91,11 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(j, "max_rel_err", v->max_rel);
   add_num(j, "bytes_copied", (double)v->bytes_copied);
   add_num(j, "overdue", (double)v->overdue);
+  if (v->paused) {
+    cJSON *pz = cJSON_AddObjectToObject(j, "paused");
+    cJSON_AddStringToObject(pz, "reason", "over the shadow budget");
+    add_num(pz, "slowdown", v->paused_ratio);
+  }
   cJSON_AddItemToObject(j, "candidate_latency_ns", hist_json(&s->figs.cand_hist));
   cJSON *aa = cJSON_AddObjectToObject(j, "aa");
   add_num(aa, "runs", (double)v->aa_runs);
@@ -213,6 +218,7 @@ static cJSON *candidate_json(const ust__candidate *c) {
     add_num(jc, "rtol", c->cand.rtol);
   add_num(jc, "aa_sample", c->cand.aa_sample);
   add_num(jc, "deadline_ms", (double)c->cand.deadline_ns / 1e6);
+  add_num(jc, "max_slowdown", c->cand.max_slowdown);
   return jc;
 }
 

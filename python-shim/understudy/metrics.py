@@ -122,6 +122,9 @@ class MetricsServer:
         source_ = source
 
         class Handler(BaseHTTPRequestHandler):
+            # an idle or slow client is dropped, not given a thread for ever
+            timeout = 10
+
             def do_GET(self):
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404, "only /metrics is served")

@@ -351,3 +351,45 @@ def test_configs_built_to_hurt_are_refused_quickly_and_by_name(us, tmp_path):
     with pytest.raises(understudy.ConfigError, match="is not a regular file"):
         us.enable(str(fifo))
     assert not us.is_enabled()
+
+
+def test_temp_files_a_killed_writer_left_are_cleaned_at_enable(us, tmp_path):
+    """kill -9 during report writes left temp files behind (11 files, 9 MB
+    after 30 aimed kills) and nothing cleaned them. Those of understudy's own
+    naming beside the report and state paths are removed at enable; nothing
+    else is touched."""
+    report, state = tmp_path / "r.json", tmp_path / "s.json"
+    stale = [tmp_path / "r.json.tmp.a1B2c3", tmp_path / "s.json.tmp.XyZ987"]
+    keep = [tmp_path / "r.json.tmp.notours", tmp_path / "other.json.tmp.a1B2c3", tmp_path / "r.json"]
+    for p in stale + keep:
+        p.write_text("{}")
+    us.enable({"operators": {"silu": "observe"}, "report": {"path": str(report), "interval_s": 0},
+               "state": {"path": str(state)}})
+    assert not any(p.exists() for p in stale)
+    assert all(p.exists() for p in keep)
+
+
+def test_a_slow_candidate_stops_being_shadowed(us):
+    """A candidate that sleeps 50 ms made each shadowed call take 50 ms
+    instead of 0.03; nothing bounded it. Past its shadow budget (its median
+    over production's, guard.max_slowdown) it is not shadowed on that route
+    any more, and the report says so."""
+    import time
+    runs = {"n": 0}
+
+    def slow(x):
+        runs["n"] += 1
+        time.sleep(0.003)
+        return F.silu(x)
+
+    name = candidate_op("ust_hostile::silu_sleeps", slow, "aten::silu")
+    x = torch.randn(4, 8)
+    want = F.silu(x)
+    us.enable(silu_config("shadow", {"torch_op": name, "target": "aten::silu"}, guard={"max_slowdown": 10}))
+    for _ in range(30):
+        assert torch.equal(F.silu(x), want)
+    r = silu_route(us.report())
+    sh = r["shadow"]
+    assert runs["n"] == 5 and sh["calls"] == 5 and sh["passed"] == 5, (runs, sh)
+    assert sh["paused"]["slowdown"] > 10
+    assert r["mode"] == "shadow" and r["calls"] == 30
