@@ -2,13 +2,14 @@
 servers) into one, exactly.
 
 Only additive figures are combined here: counts, sums and histogram buckets
-add, maxima take the largest, and identities, modes, rollouts and rollback
-evidence combine as described below. Every derived figure (quantiles,
-device-time estimates, weights, speedups, S and S_agg) is then computed by
-the library from the combined figures (understudy.derive, that is
-ust_report_derive), by the one set of rules the in-process report uses, so
-a merged report and an in-process one agree by construction. Derived
-figures of the input reports are never read."""
+add, maxima take the largest; a route's mode is the common one,
+"rolled_back" when any process rolled it back, else "mixed"; the earliest
+rollback evidence and the latest rollout transition are kept. Every derived
+figure (quantiles, device-time estimates, weights, speedups, S and S_agg) is
+then computed by the library from the combined figures (understudy.derive,
+that is ust_report_derive), by the one set of rules the in-process report
+uses, so a merged report and an in-process one agree by construction.
+Derived figures of the input reports are never read."""
 from __future__ import annotations
 
 from typing import Iterable
