@@ -23,7 +23,7 @@ __all__ = [
     "UnderstudyError", "ConfigError", "ProblemError", "enable", "disable", "is_enabled",
     "set_mode", "report", "write_report", "flush", "library_path", "problems_dir",
     "register_candidate", "native", "sha256_of", "compare", "phase", "set_phase", "serve_metrics",
-    "metrics_text",
+    "metrics_text", "derive",
 ]
 
 _HERE = pathlib.Path(__file__).resolve().parent
@@ -79,19 +79,31 @@ def _load():
     with _lib_lock:
         if _lib is not None:
             return _lib
-        import torch  # noqa: F401  the seam links against the torch already loaded
-
-        lib = ctypes.CDLL(str(library_path()))
-        lib.ust_enable.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-        lib.ust_set_mode.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-        lib.ust_set_route_mode.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_double]
-        lib.ust_reload.argtypes = [ctypes.c_char_p]
-        lib.ust_report_write.argtypes = [ctypes.c_char_p]
-        lib.ust_report_json.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        lib.ust_free.argtypes = [ctypes.c_void_p]
-        for fn in ("ust_last_error", "ust_err_name", "ust_version", "ust_torch_version", "ust_strerror"):
-            getattr(lib, fn).restype = ctypes.c_char_p
-        lib.ust_err_name.argtypes = [ctypes.c_int]
+        try:
+            import torch  # the seam links against the torch already loaded
+        except ImportError as e:
+            raise UnderstudyError(-7, "UST_ENOTFOUND",
+                                  f"torch cannot be imported ({e}); libunderstudy.so links against it") from None
+        path = library_path()
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise UnderstudyError(-7, "UST_ENOTFOUND", f"libunderstudy.so cannot be loaded from '{path}': {e}") from None
+        try:
+            lib.ust_enable.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+            lib.ust_set_mode.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+            lib.ust_set_route_mode.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_double]
+            lib.ust_reload.argtypes = [ctypes.c_char_p]
+            lib.ust_report_write.argtypes = [ctypes.c_char_p]
+            lib.ust_report_json.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+            lib.ust_report_derive.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+            lib.ust_free.argtypes = [ctypes.c_void_p]
+            for fn in ("ust_last_error", "ust_err_name", "ust_version", "ust_torch_version", "ust_strerror"):
+                getattr(lib, fn).restype = ctypes.c_char_p
+            lib.ust_err_name.argtypes = [ctypes.c_int]
+        except AttributeError as e:  # ctypes names the missing symbol
+            raise UnderstudyError(-7, "UST_ENOTFOUND",
+                                  f"'{path}' lacks a function this package calls ({e}): rebuild it (see README)") from None
         built = lib.ust_torch_version().decode()
         if built and built.split("+")[0] != torch.__version__.split("+")[0]:
             raise UnderstudyError(-8, "UST_ETORCH",
@@ -280,6 +292,25 @@ def report(*, flush_timings: bool = True) -> dict:
         flush()
     out = ctypes.c_void_p()
     _check(lib.ust_report_json(ctypes.byref(out)))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        lib.ust_free(out)
+
+
+def derive(report: Mapping[str, Any]) -> dict:
+    """A report's derived figures computed from its additive ones by the
+    library (ust_report_derive), the rules the in-process report uses.
+
+    report: a report as a dict (or a combination of many: counts, sums and
+    histogram buckets added; see understudy.merge), not modified. Returns a
+    new dict: the report with latency quantiles, device-time estimates,
+    weights, speedups, S per shape, operator and phase, and S_agg computed.
+    Needs the library, not an enabled engine; raises UnderstudyError when
+    libunderstudy.so cannot be loaded or the report has no operators."""
+    lib = _load()
+    out = ctypes.c_void_p()
+    _check(lib.ust_report_derive(json.dumps(report).encode(), ctypes.byref(out)))
     try:
         return json.loads(ctypes.string_at(out.value).decode())
     finally:

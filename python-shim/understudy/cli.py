@@ -14,6 +14,7 @@ def _merge_cmd(out: str, paths: list) -> int:
     import os
     import tempfile
 
+    from understudy import UnderstudyError
     from understudy.merge import MergeError, merge
 
     reports = []
@@ -26,7 +27,7 @@ def _merge_cmd(out: str, paths: list) -> int:
             return 2
     try:
         merged = merge(reports)
-    except MergeError as e:
+    except (MergeError, UnderstudyError) as e:
         print(f"understudy: merge: {e}", file=sys.stderr)
         return 2
     d = os.path.dirname(os.path.abspath(out))
