@@ -328,16 +328,27 @@ static int sparse_of(const cJSON *lat, ust__hist_sparse *out) {
     ust__hist_sparse_free(out);
     return ust__error(UST_ENOMEM, "report: out of memory");
   }
+  /* Buckets by index, whatever order (and repeats) a merge handed in. */
+  uint64_t *dense = calloc(UST__HIST_BUCKETS, sizeof *dense);
+  if (dense == NULL) {
+    ust__hist_sparse_free(out);
+    return ust__error(UST_ENOMEM, "report: out of memory");
+  }
   const cJSON *pair;
   cJSON_ArrayForEach(pair, b) {
     const cJSON *i = cJSON_GetArrayItem(pair, 0), *c = cJSON_GetArrayItem(pair, 1);
-    if (!cJSON_IsNumber(i) || !cJSON_IsNumber(c) || i->valuedouble < 0 || i->valuedouble >= UST__HIST_BUCKETS ||
-        c->valuedouble < 0)
+    if (!cJSON_IsNumber(i) || !cJSON_IsNumber(c) || !(i->valuedouble >= 0) || i->valuedouble >= UST__HIST_BUCKETS ||
+        !(c->valuedouble >= 0))
       continue;
-    out->index[out->n] = (uint32_t)i->valuedouble;
-    out->counts[out->n++] = (uint64_t)c->valuedouble;
-    out->count += (uint64_t)c->valuedouble;
+    dense[(uint32_t)i->valuedouble] += (uint64_t)c->valuedouble;
   }
+  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++)
+    if (dense[i] != 0) {
+      out->index[out->n] = i;
+      out->counts[out->n++] = dense[i];
+      out->count += dense[i];
+    }
+  free(dense);
   return 0;
 }
 
@@ -395,6 +406,10 @@ int ust__report_derive(cJSON *root) {
   cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
   if (!cJSON_IsArray(ops))
     return ust__error(UST_EINVAL, "report: no 'operators' array");
+  const cJSON *scheme = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "histogram"), "scheme");
+  if (scheme != NULL && (!cJSON_IsString(scheme) || strcmp(scheme->valuestring, UST__HIST_SCHEME) != 0))
+    return ust__error(UST_EINVAL, "report: histogram scheme '%s', this library reads '%s'",
+                      cJSON_IsString(scheme) ? scheme->valuestring : "?", UST__HIST_SCHEME);
   int rc = 0;
   /* First pass: per shape, quantiles and device time; the totals they add to. */
   double total_est = 0, total_ph[UST__N_PHASES] = {0};

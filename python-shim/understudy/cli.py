@@ -1,4 +1,4 @@
-"""The understudy command line: `demo` and `report FILE`."""
+"""The understudy command line: `report FILE`, `merge`, `calibrate`, `export-atrex` and `demo`."""
 from __future__ import annotations
 
 import argparse

@@ -2,10 +2,21 @@
  * what went wrong. */
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "plugin/plugin.h"
 #include "tests/c/runner.h"
 
 #define PROBLEMS UST_SOURCE_DIR "/problems"
+
+#define NEAR(a, b, tol)                                                                                   \
+  do {                                                                                                    \
+    double a_ = (a), b_ = (b);                                                                            \
+    if (!(a_ - b_ <= (tol) && b_ - a_ <= (tol))) {                                                        \
+      fprintf(stderr, "%s:%d: %s == %s failed: %.17g != %.17g\n", __FILE__, __LINE__, #a, #b, a_, b_);     \
+      exit(1);                                                                                            \
+    }                                                                                                     \
+  } while (0)
 
 /* An operator given as a mode string (the README's quick-start form) was
  * replaced in the config tree while the loop that compared configs still
@@ -78,4 +89,45 @@ TEST(shares_near_one_stay_near_one) {
   ASSERT_U64_EQ(ust__share_q32(0.0), 0);
   ASSERT_U64_EQ(ust__share_q32(-1.0), 0);
   ASSERT_U64_EQ(ust__share_q32(0x1p-40), 0);
+}
+
+/* ust_report_derive: the derived figures of a report from its additive ones,
+ * checked against arithmetic done here. Buckets may come in any order and
+ * repeat (as a careless merge leaves them). */
+TEST(report_derive_from_additive_figures) {
+  /* two shapes of one operator: 3 calls timed 100, 100, 300 ns (buckets 6,
+   * 6, 20) of 6 calls; 1 call of 1000 ns of 1 */
+  uint32_t b100 = ust__hist_index(100), b300 = ust__hist_index(300), b1000 = ust__hist_index(1000);
+  char json[2048];
+  snprintf(json, sizeof json,
+           "{\"schema\": \"understudy.report\", \"version\": 1, \"histogram\": {\"scheme\": \"%s\"},"
+           " \"operators\": [{\"name\": \"a\", \"shapes\": ["
+           "  {\"key\": \"k1\", \"phase\": \"decode\", \"calls\": 6, \"captured\": 0,"
+           "   \"latency_ns\": {\"sum\": 500, \"buckets\": [[%u, 1], [%u, 1], [%u, 1]]}},"
+           "  {\"key\": \"k2\", \"phase\": \"decode\", \"calls\": 1, \"captured\": 0,"
+           "   \"latency_ns\": {\"sum\": 1000, \"buckets\": [[%u, 1]]}}]}], \"totals\": {}}",
+           UST__HIST_SCHEME, b300, b100, b100, b1000);
+  char *out = NULL;
+  ASSERT_INT_EQ(ust_report_derive(json, &out), 0);
+  cJSON *r = cJSON_Parse(out);
+  ust_free(out);
+  ASSERT_TRUE(r != NULL);
+  cJSON *op = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "operators"), 0);
+  cJSON *k1 = cJSON_GetArrayItem(cJSON_GetObjectItem(op, "shapes"), 0);
+  cJSON *k2 = cJSON_GetArrayItem(cJSON_GetObjectItem(op, "shapes"), 1);
+  /* the p50 of 3 values is the 2nd (rank ceil(1.5) = 2): the bucket of 100 */
+  const double rep100 = (double)ust__hist_lower(b100) + (double)(ust__hist_width(b100) - 1) / 2.0;
+  NEAR(cJSON_GetObjectItem(cJSON_GetObjectItem(k1, "latency_ns"), "p50")->valuedouble, rep100, 0);
+  ASSERT_INT_EQ(cJSON_GetObjectItem(k1, "timed")->valueint, 3);
+  /* device time: the timed sum scaled to all calls: 500 * 6 / 3 = 1000; k2 1000 */
+  NEAR(cJSON_GetObjectItem(k1, "est_device_time_ns")->valuedouble, 1000.0, 0);
+  NEAR(cJSON_GetObjectItem(k1, "weight")->valuedouble, 0.5, 1e-15);
+  NEAR(cJSON_GetObjectItem(k2, "weight")->valuedouble, 0.5, 1e-15);
+  NEAR(cJSON_GetObjectItem(op, "weight")->valuedouble, 1.0, 1e-15);
+  NEAR(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "totals"), "est_device_time_ns")->valuedouble, 2000.0,
+                  0);
+  cJSON_Delete(r);
+  /* another histogram scheme is refused, naming both */
+  ASSERT_INT_EQ(ust_report_derive("{\"histogram\": {\"scheme\": \"log10\"}, \"operators\": []}", &out), UST_EINVAL);
+  ASSERT_STR_CONTAINS(ust_last_error(), "histogram scheme 'log10'");
 }

@@ -42,4 +42,5 @@
   X(decision_keeps_its_rules_on_every_path) \
   X(decision_named_paths) \
   X(call_signature_keys_int_list_values) \
-  X(figures_snapshot_never_has_more_captured_than_calls)
+  X(figures_snapshot_never_has_more_captured_than_calls) \
+  X(report_derive_from_additive_figures)
