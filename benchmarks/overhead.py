@@ -5,9 +5,12 @@ per call of: plain torch; understudy disabled (its interceptor stays
 registered once it was ever enabled, and passes calls through); enabled with
 the op's mode off; observing with the default sampling (every call counted
 and keyed, 1 in 16 timed); timing every call; and a pass-through Python
-TorchDispatchMode. Plain torch is measured in a child process that never
-loads understudy (in this one the interceptor stays once registered); rounds
-interleave the variants, and the table reports medians over rounds with the
+TorchDispatchMode.
+
+Two child processes measure on request, on equal footing: one that never
+loads understudy (plain torch, the dispatch mode) and one that does (the
+interceptor, once registered, stays for the life of its process). Rounds
+interleave the variants; the table reports medians over rounds with the
 difference and ratio to plain.
 
     PYTHONPATH=python-shim python3 benchmarks/overhead.py [--calls N] [--rounds R]
@@ -23,7 +26,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
-import understudy  # noqa: E402
+
+VARIANTS = {  # name -> (child, understudy config or None)
+    "plain": ("plain", None),
+    "understudy disabled": ("understudy", None),
+    "understudy, mode off": ("understudy", {"operators": {"gemm": "off"}}),
+    "understudy, observe 1/16": ("understudy", {"operators": {"gemm": "observe"}}),
+    "understudy, observe all": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 1.0}}}),
+    "python TorchDispatchMode": ("plain", "mode"),
+}
 
 
 class PassThrough(TorchDispatchMode):
@@ -43,71 +54,58 @@ def per_call_us(fn, a, b, calls, device):
     return (t1 - t0) / calls / 1e3
 
 
-def operands(device):
-    n = 16
-    return torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-
-
-def plain_server(device, calls):
-    """Measures plain torch on request: one line in, one figure out."""
-    a, b = operands(device)
+def server(kind, device, calls):
+    """Measures one variant per line read: its name in, a figure out."""
+    understudy = None
+    if kind == "understudy":
+        import understudy
+        understudy.enable({"operators": {"gemm": "off"}})  # registers the interceptor once
+        understudy.disable()
+    a, b = torch.randn(16, 16, device=device), torch.randn(16, 16, device=device)
     with torch.inference_mode():
-        for _ in sys.stdin:
-            per_call_us(torch.mm, a, b, calls // 10, device)
-            print(per_call_us(torch.mm, a, b, calls, device), flush=True)
+        for line in sys.stdin:
+            _, cfg = VARIANTS[line.strip()]
+            if cfg == "mode":
+                with PassThrough():
+                    per_call_us(torch.mm, a, b, calls // 10, device)
+                    print(per_call_us(torch.mm, a, b, calls, device), flush=True)
+                continue
+            if cfg is not None:
+                understudy.enable(cfg)
+            try:
+                per_call_us(torch.mm, a, b, calls // 10, device)  # warm-up
+                print(per_call_us(torch.mm, a, b, calls, device), flush=True)
+            finally:
+                if cfg is not None:
+                    understudy.disable()
 
 
 def run(device, calls, rounds):
-    a, b = operands(device)
-    plain = subprocess.Popen([sys.executable, __file__, "--plain-server", device, "--calls", str(calls)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    variants = {
-        "plain": "plain",
-        "understudy disabled": None,
-        "understudy, mode off": {"operators": {"gemm": "off"}},
-        "understudy, observe 1/16": {"operators": {"gemm": "observe"}},
-        "understudy, observe all": {"operators": {"gemm": {"mode": "observe", "sample": 1.0}}},
-        "python TorchDispatchMode": "mode",
-    }
-    samples = {k: [] for k in variants}
-    with torch.inference_mode():
-        for _ in range(rounds):
-            for name, cfg in variants.items():
-                if cfg == "plain":
-                    plain.stdin.write("go\n")
-                    plain.stdin.flush()
-                    samples[name].append(float(plain.stdout.readline()))
-                    continue
-                if cfg == "mode":
-                    with PassThrough():
-                        per_call_us(torch.mm, a, b, calls // 10, device)
-                        samples[name].append(per_call_us(torch.mm, a, b, calls, device))
-                    continue
-                if cfg is not None:
-                    understudy.enable(cfg)
-                try:
-                    per_call_us(torch.mm, a, b, calls // 10, device)  # warm-up
-                    samples[name].append(per_call_us(torch.mm, a, b, calls, device))
-                finally:
-                    understudy.disable()
-    plain.stdin.close()
-    plain.wait()
+    kids = {kind: subprocess.Popen([sys.executable, __file__, "--server", kind, device, "--calls", str(calls)],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for kind in ("plain", "understudy")}
+    samples = {k: [] for k in VARIANTS}
+    for _ in range(rounds):
+        for name, (kind, _) in VARIANTS.items():
+            kids[kind].stdin.write(name + "\n")
+            kids[kind].stdin.flush()
+            samples[name].append(float(kids[kind].stdout.readline()))
+    for k in kids.values():
+        k.stdin.close()
+        k.wait()
     base = statistics.median(samples["plain"])
-    rows = []
-    for name, s in samples.items():
-        med = statistics.median(s)
-        rows.append((device, name, med, med - base, med / base))
-    return rows
+    return [(device, name, statistics.median(s), statistics.median(s) - base, statistics.median(s) / base)
+            for name, s in samples.items()]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--plain-server", metavar="DEVICE", help=argparse.SUPPRESS)
+    ap.add_argument("--server", nargs=2, metavar=("KIND", "DEVICE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.plain_server:
-        plain_server(args.plain_server, args.calls)
+    if args.server:
+        server(args.server[0], args.server[1], args.calls)
         return
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
