@@ -25,7 +25,7 @@ import pathlib
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))  # after PYTHONPATH: another tree can be measured
 
 VARIANTS = {  # name -> (child, understudy config or None)
     "plain": ("plain", None),
