@@ -67,7 +67,10 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
   snprintf(c->id, sizeof c->id, "sha256:%s", cc->sha256);
   if ((lc->path = ust__strdup(cc->path)) == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
-  int rc = ust__dlopen_verified(cc->path, cc->sha256, &lc->dl, &lc->dl_fd);
+  ust__dep_pin pins[UST__MAX_DEPS];
+  for (int k = 0; k < cc->n_deps; k++)
+    pins[k] = (ust__dep_pin){cc->dep_path[k], cc->dep_sha256[k]};
+  int rc = ust__dlopen_verified_closure(cc->path, cc->sha256, pins, cc->n_deps, &lc->deps, &lc->dl, &lc->dl_fd);
   if (rc != 0) {
     ust__candidate_unload(lc);
     return ust__error(rc, "config: '%s.native': %s", field, ust_last_error());
@@ -113,6 +116,11 @@ void ust__candidate_unload(ust__candidate *c) {
     dlclose(c->dl);
   if (c->dl != NULL && c->dl_fd >= 0)
     close(c->dl_fd);
+  for (int k = c->deps.n - 1; k >= 0; k--) {
+    dlclose(c->deps.dl[k]);
+    close(c->deps.fd[k]);
+  }
+  c->deps.n = 0;
   free(c->path);
   c->dl = NULL;
   c->path = NULL;

@@ -166,12 +166,38 @@ static int parse_string(const cJSON *v, const char *path, char **out) {
   return *out == NULL ? ust__error(UST_ENOMEM, "config: out of memory") : 0;
 }
 
-/* "candidate": {"native": PATH, "sha256": HEX, "target": OP} or
+/* "deps": {PATH: HEX, ...}: the pins of a native candidate's dependencies. */
+static int parse_deps(const cJSON *d, const char *path, ust__cand_config *cc) {
+  if (!cJSON_IsObject(d))
+    return ust__error(UST_ECONFIG, "config: '%s.deps' must be an object mapping library paths to their SHA-256", path);
+  const int n = cJSON_GetArraySize(d);
+  if (n > UST__MAX_DEPS)
+    return ust__error(UST_ECONFIG, "config: '%s.deps' pins %d libraries; at most %d", path, n, UST__MAX_DEPS);
+  for (const cJSON *it = d->child; it != NULL; it = it->next) {
+    char pin[65];
+    if (it->string[0] != '/' || !cJSON_IsString(it) || ust__sha256_pin_parse(it->valuestring, pin) != 0)
+      return ust__error(UST_ECONFIG, "config: '%s.deps.%s' must map an absolute path to its 64 hex digit SHA-256",
+                        path, it->string);
+    char *p = ust__strdup(it->string);
+    if (p == NULL)
+      return ust__error(UST_ENOMEM, "config: out of memory");
+    cc->dep_path[cc->n_deps] = p;
+    memcpy(cc->dep_sha256[cc->n_deps++], pin, sizeof pin);
+  }
+  return 0;
+}
+
+/* "candidate": {"native": PATH, "sha256": HEX, "deps": {...}, "target": OP} or
  * {"torch_op": "ns::name", "target": OP}. */
 static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *cc) {
-  static const char *const keys[] = {"native", "sha256", "torch_op", "target", NULL};
+  static const char *const keys[] = {"native", "sha256", "deps", "torch_op", "target", NULL};
   int rc = section(c, path, keys);
   if (rc != 0)
+    return rc;
+  const cJSON *deps = cJSON_GetObjectItemCaseSensitive(c, "deps");
+  if (deps != NULL && cJSON_GetObjectItemCaseSensitive(c, "native") == NULL)
+    return ust__error(UST_ECONFIG, "config: '%s.deps' applies to native candidates only", path);
+  if (deps != NULL && (rc = parse_deps(deps, path, cc)) != 0)
     return rc;
   const cJSON *native = cJSON_GetObjectItemCaseSensitive(c, "native");
   const cJSON *sha = cJSON_GetObjectItemCaseSensitive(c, "sha256");
@@ -500,6 +526,8 @@ void ust__config_free(ust__config *cfg) {
   cfg->hardware_dir = cfg->hardware_profile = cfg->state_path = NULL;
   for (int i = 0; cfg->ops != NULL && i < cfg->n_ops; i++) {
     free(cfg->ops[i].cand.path);
+    for (int k = 0; k < cfg->ops[i].cand.n_deps; k++)
+      free(cfg->ops[i].cand.dep_path[k]);
     free(cfg->ops[i].routes);
   }
   free(cfg->ops);

@@ -13,6 +13,7 @@
 #include "base/base.h"
 #include "dispatch/dispatch.h"
 #include "guard/guard.h"
+#include "plugin/verify.h"
 
 struct cJSON;
 
@@ -53,6 +54,9 @@ typedef struct ust__cand_config {
   int kind;                            /* 0 none, UST__CAND_NATIVE, UST__CAND_TORCH_OP */
   char *path;                          /* native: owned */
   char sha256[65];                     /* native: the pin, lowercase hex */
+  int n_deps;                          /* native: its dependencies' pins */
+  char *dep_path[UST__MAX_DEPS];       /* owned */
+  char dep_sha256[UST__MAX_DEPS][65];
   char torch_op[UST__QUALNAME_MAX];    /* torch op: "ns::name" or "ns::name.overload" */
   char target[UST__QUALNAME_MAX + UST__NAME_MAX]; /* the binding it stands in for; "" = default */
 } ust__cand_config;
@@ -89,6 +93,7 @@ typedef struct ust__candidate {
   char sha256[65];
   void *dl;    /* dlopen handle, native only */
   int dl_fd;   /* the memfd the object was loaded from (its name); open while loaded */
+  ust__loaded_deps deps; /* its pinned dependencies, loaded before it */
 } ust__candidate;
 
 /* Load what the config names for operator oc (its definition p): verify and

@@ -5,7 +5,9 @@
 #define _GNU_SOURCE
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -203,9 +205,235 @@ static int copy_sealed(const char *path, const char *pin, const char *want, char
   return 0;
 }
 
+static int load_pinned(const char *path, const char *pin, int flags, const ust__dep_pin *deps, int n_deps,
+                       ust__loaded_deps *loaded, int depth, void **handle, int *fd_out);
+
 int ust__dlopen_verified(const char *path, const char *pin, void **handle, int *fd_out) {
+  return ust__dlopen_verified_closure(path, pin, NULL, -1, NULL, handle, fd_out);
+}
+
+int ust__dlopen_verified_closure(const char *path, const char *pin, const ust__dep_pin *deps, int n_deps,
+                                 ust__loaded_deps *loaded, void **handle, int *fd_out) {
   if (path == NULL || handle == NULL || fd_out == NULL)
     return ust__error(UST_EINVAL, "ust__dlopen_verified: path, handle and fd_out must not be NULL");
+  return load_pinned(path, pin, RTLD_NOW | RTLD_LOCAL, deps, n_deps, loaded, 0, handle, fd_out);
+}
+
+/* ---- what a shared object needs -------------------------------------------------- */
+
+#define MAX_NEEDED 64
+
+typedef struct elf_needs {
+  int n;
+  char name[MAX_NEEDED][256]; /* DT_NEEDED */
+  char rpath[1024];           /* DT_RPATH, searched when there is no DT_RUNPATH */
+  char runpath[1024];         /* DT_RUNPATH */
+} elf_needs;
+
+/* The file offset of virtual address va in a 64-bit ELF's loaded segments,
+ * or -1. */
+static int64_t va_to_off(const unsigned char *b, size_t len, const Elf64_Ehdr *eh, uint64_t va) {
+  for (int i = 0; i < eh->e_phnum; i++) {
+    Elf64_Phdr ph;
+    const uint64_t at = eh->e_phoff + (uint64_t)i * eh->e_phentsize;
+    if (at + sizeof ph > len)
+      return -1;
+    memcpy(&ph, b + at, sizeof ph);
+    if (ph.p_type == PT_LOAD && va >= ph.p_vaddr && va < ph.p_vaddr + ph.p_filesz)
+      return (int64_t)(ph.p_offset + (va - ph.p_vaddr));
+  }
+  return -1;
+}
+
+/* The dynamic section of an ELF64 little-endian shared object held in b: its
+ * needs. Every offset is bounds-checked (the bytes are untrusted). */
+static int elf_read_needs(const unsigned char *b, size_t len, const char *path, elf_needs *out) {
+  memset(out, 0, sizeof *out);
+  Elf64_Ehdr eh;
+  if (len < sizeof eh || memcmp(b, ELFMAG, SELFMAG) != 0)
+    return ust__error(UST_ECONFIG, "%s: not an ELF shared object", path);
+  memcpy(&eh, b, sizeof eh);
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_phentsize != sizeof(Elf64_Phdr))
+    return ust__error(UST_ECONFIG, "%s: not a 64-bit little-endian ELF object", path);
+  uint64_t dyn_off = 0, dyn_size = 0;
+  for (int i = 0; i < eh.e_phnum; i++) {
+    Elf64_Phdr ph;
+    const uint64_t at = eh.e_phoff + (uint64_t)i * eh.e_phentsize;
+    if (at + sizeof ph > len)
+      return ust__error(UST_ECONFIG, "%s: its program headers run past the file", path);
+    memcpy(&ph, b + at, sizeof ph);
+    if (ph.p_type == PT_DYNAMIC) {
+      dyn_off = ph.p_offset;
+      dyn_size = ph.p_filesz;
+    }
+  }
+  if (dyn_size == 0)
+    return 0; /* static: needs nothing */
+  if (dyn_off > len || dyn_size > len - dyn_off)
+    return ust__error(UST_ECONFIG, "%s: its dynamic section runs past the file", path);
+  uint64_t strtab_va = 0, strsz = 0, needed[MAX_NEEDED];
+  int64_t rpath = -1, runpath = -1;
+  int n = 0;
+  for (uint64_t at = dyn_off; at + sizeof(Elf64_Dyn) <= dyn_off + dyn_size; at += sizeof(Elf64_Dyn)) {
+    Elf64_Dyn d;
+    memcpy(&d, b + at, sizeof d);
+    if (d.d_tag == DT_NULL)
+      break;
+    if (d.d_tag == DT_STRTAB)
+      strtab_va = d.d_un.d_ptr;
+    else if (d.d_tag == DT_STRSZ)
+      strsz = d.d_un.d_val;
+    else if (d.d_tag == DT_RPATH)
+      rpath = (int64_t)d.d_un.d_val;
+    else if (d.d_tag == DT_RUNPATH)
+      runpath = (int64_t)d.d_un.d_val;
+    else if (d.d_tag == DT_NEEDED) {
+      if (n == MAX_NEEDED)
+        return ust__error(UST_ECONFIG, "%s: needs more than %d shared objects", path, MAX_NEEDED);
+      needed[n++] = d.d_un.d_val;
+    }
+  }
+  const int64_t strtab = va_to_off(b, len, &eh, strtab_va);
+  if (n > 0 && (strtab < 0 || (uint64_t)strtab > len || strsz > len - (uint64_t)strtab))
+    return ust__error(UST_ECONFIG, "%s: its string table is not in the file", path);
+  const char *st = (const char *)b + strtab;
+#define STR(off, dst)                                                                                      \
+  do {                                                                                                     \
+    if ((uint64_t)(off) >= strsz || memchr(st + (off), '\0', strsz - (uint64_t)(off)) == NULL ||           \
+        strlen(st + (off)) >= sizeof(dst))                                                                 \
+      return ust__error(UST_ECONFIG, "%s: a name of its dynamic section is not in its string table", path); \
+    memcpy((dst), st + (off), strlen(st + (off)) + 1);                                                     \
+  } while (0)
+  for (int i = 0; i < n; i++)
+    STR(needed[i], out->name[i]);
+  out->n = n;
+  if (rpath >= 0)
+    STR(rpath, out->rpath);
+  if (runpath >= 0)
+    STR(runpath, out->runpath);
+#undef STR
+  return 0;
+}
+
+/* The directories glibc's loader trusts: the system's own. A library found
+ * there needs no pin. */
+static int in_trusted_dir(const char *file) {
+  static const char *const dirs[] = {"/lib/", "/usr/lib/", "/lib64/", "/usr/lib64/", "/lib/x86_64-linux-gnu/",
+                                     "/usr/lib/x86_64-linux-gnu/", "/lib/aarch64-linux-gnu/",
+                                     "/usr/lib/aarch64-linux-gnu/", NULL};
+  char real[PATH_MAX];
+  if (realpath(file, real) == NULL)
+    return 0;
+  const char *slash = strrchr(real, '/');
+  for (const char *const *d = dirs; *d != NULL; d++)
+    if (strncmp(real, *d, strlen(*d)) == 0 && (size_t)(slash - real) + 1 == strlen(*d))
+      return 1;
+  return 0;
+}
+
+/* Where the loader would take name from, searching (as ld.so does) the
+ * object's DT_RPATH (without DT_RUNPATH), LD_LIBRARY_PATH, its DT_RUNPATH
+ * ($ORIGIN: the object's directory), then the trusted directories. Into
+ * found: 0 not found, 1 from a search path, 2 from a trusted directory. */
+static int resolve_needed(const char *name, const elf_needs *nd, const char *origin, char *out, size_t cap) {
+  const char *lists[3] = {nd->runpath[0] == '\0' ? nd->rpath : "", getenv("LD_LIBRARY_PATH"), nd->runpath};
+  for (int l = 0; l < 3; l++) {
+    const char *list = lists[l] != NULL ? lists[l] : "";
+    while (*list != '\0') {
+      const char *end = strchr(list, ':');
+      const size_t n = end != NULL ? (size_t)(end - list) : strlen(list);
+      char dir[2 * PATH_MAX];
+      if (n > 0 && n < sizeof dir) {
+        if (strncmp(list, "$ORIGIN", 7) == 0)
+          snprintf(dir, sizeof dir, "%s%.*s", origin, (int)(n - 7), list + 7);
+        else
+          snprintf(dir, sizeof dir, "%.*s", (int)n, list);
+        if ((size_t)snprintf(out, cap, "%s/%s", dir, name) < cap && access(out, F_OK) == 0)
+          return in_trusted_dir(out) ? 2 : 1;
+      }
+      list += n + (end != NULL);
+    }
+  }
+  static const char *const dirs[] = {"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64",
+                                     "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib", "/usr/lib",
+                                     NULL};
+  for (const char *const *d = dirs; *d != NULL; d++) {
+    snprintf(out, cap, "%s/%s", *d, name);
+    if (access(out, F_OK) == 0)
+      return in_trusted_dir(out) ? 2 : 1;
+  }
+  out[0] = '\0';
+  return 0;
+}
+
+/* Check what the object (bytes, from path) needs, recursively, and load the
+ * pinned dependencies first. deps NULL with n_deps < 0: no closure check (the
+ * object alone is pinned: a test of the loader). */
+static int check_needs(const char *path, const unsigned char *bytes, size_t len, const ust__dep_pin *deps,
+                       int n_deps, ust__loaded_deps *loaded, int depth) {
+  if (n_deps < 0)
+    return 0;
+  if (depth > 8)
+    return ust__error(UST_ECONFIG, "%s: its dependencies nest more than 8 deep", path);
+  elf_needs nd;
+  int rc = elf_read_needs(bytes, len, path, &nd);
+  if (rc != 0)
+    return rc;
+  char origin[PATH_MAX];
+  snprintf(origin, sizeof origin, "%s", path);
+  char *slash = strrchr(origin, '/');
+  if (slash != NULL)
+    *slash = '\0';
+  else
+    snprintf(origin, sizeof origin, ".");
+  for (int i = 0; i < nd.n; i++) {
+    const char *name = nd.name[i];
+    const ust__dep_pin *pin = NULL;
+    for (int k = 0; k < n_deps && pin == NULL; k++) {
+      const char *base = strrchr(deps[k].path, '/');
+      if (strcmp(base != NULL ? base + 1 : deps[k].path, name) == 0)
+        pin = &deps[k];
+    }
+    if (pin != NULL) { /* pinned: verified and loaded before the object, from its checked bytes */
+      int done = 0;
+      for (int k = 0; k < loaded->n && !done; k++)
+        done = strcmp(loaded->path[k], pin->path) == 0;
+      if (done)
+        continue;
+      if (loaded->n == UST__MAX_DEPS)
+        return ust__error(UST_ECONFIG, "%s: more than %d pinned dependencies", path, UST__MAX_DEPS);
+      void *h = NULL;
+      int fd = -1;
+      if ((rc = load_pinned(pin->path, pin->sha256, RTLD_NOW | RTLD_GLOBAL, deps, n_deps, loaded, depth + 1, &h,
+                            &fd)) != 0)
+        return ust__error(rc, "%s: its dependency %s: %s", path, name, ust_last_error());
+      snprintf(loaded->path[loaded->n], sizeof loaded->path[loaded->n], "%s", pin->path);
+      loaded->dl[loaded->n] = h;
+      loaded->fd[loaded->n++] = fd;
+      continue;
+    }
+    void *already = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+    if (already != NULL) { /* the host loaded it already: the loader reuses that one */
+      dlclose(already);
+      continue;
+    }
+    char where[PATH_MAX + 300];
+    const int found = strchr(name, '/') != NULL ? (snprintf(where, sizeof where, "%s", name), in_trusted_dir(name) ? 2 : 1)
+                                                : resolve_needed(name, &nd, origin, where, sizeof where);
+    if (found == 2)
+      continue; /* a system library */
+    if (found == 1)
+      return ust__error(UST_ECONFIG, "%s: it needs %s, which the loader would take from %s, outside the system's "
+                        "trusted directories; pin it in candidate.deps {\"%s\": \"<sha256>\"}", path, name, where,
+                        where);
+    return ust__error(UST_ECONFIG, "%s: it needs %s, which is neither a system library nor loaded nor pinned in "
+                      "candidate.deps", path, name);
+  }
+  return 0;
+}
+
+static int load_pinned(const char *path, const char *pin, int flags, const ust__dep_pin *deps, int n_deps,
+                       ust__loaded_deps *loaded, int depth, void **handle, int *fd_out) {
   char want[65];
   if (!normalise_pin(pin, want))
     return ust__error(UST_ECONFIG, "%s: pin '%.80s' is not 64 hex digits", path,
@@ -224,6 +452,10 @@ int ust__dlopen_verified(const char *path, const char *pin, void **handle, int *
     rc = ust__error(UST_ECONFIG, "%s: SHA-256 is %s, but the pin is %s", path, got, pin);
     goto out;
   }
+  /* what it needs is checked (and pinned dependencies loaded) before its
+   * own constructors can run */
+  if ((rc = check_needs(path, (const unsigned char *)bytes, len, deps, n_deps, loaded, depth)) != 0)
+    goto out;
   rc = copy_sealed(path, pin, want, bytes, len, &fd);
   if (rc != 0)
     goto out;
@@ -255,7 +487,7 @@ int ust__dlopen_verified(const char *path, const char *pin, void **handle, int *
   }
 
   dlerror();
-  void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  void *h = dlopen(name, flags);
   if (h == NULL) {
     const char *why = dlerror();
     rc = ust__error(UST_EINTERNAL, "%s: dlopen failed: %s", path, why != NULL ? why : "unknown error");

@@ -51,4 +51,33 @@ int ust__sha256_pin_parse(const char *pin, char out[65]);
  * Loading runs the object's constructors on the calling thread. */
 int ust__dlopen_verified(const char *path, const char *pin, void **handle, int *fd_out);
 
+/* A dependency pinned in the config (candidate.deps): borrowed strings. */
+typedef struct ust__dep_pin {
+  const char *path;
+  const char *sha256;
+} ust__dep_pin;
+
+#define UST__MAX_DEPS 16
+
+/* Dependencies loaded for an object, in load order: close each fd after
+ * dlclose of its handle, the object first, then these in reverse. */
+typedef struct ust__loaded_deps {
+  int n;
+  char path[UST__MAX_DEPS][512];
+  void *dl[UST__MAX_DEPS];
+  int fd[UST__MAX_DEPS];
+} ust__loaded_deps;
+
+/* ust__dlopen_verified, with the object's closure pinned: every shared
+ * object it needs (DT_NEEDED, recursively) must be a system library (the
+ * loader resolves it from the system's trusted directories: /lib, /usr/lib,
+ * /lib64, /usr/lib64 and their multiarch folders), one the process has
+ * loaded already (the loader reuses it), or pinned in deps, matched by its
+ * file name; pinned ones are verified the same way and loaded first, from
+ * their checked bytes (RTLD_GLOBAL, so that the object finds them by their
+ * soname). Anything else is refused (UST_ECONFIG) naming the library and
+ * where the loader would take it from, before any constructor runs. */
+int ust__dlopen_verified_closure(const char *path, const char *pin, const ust__dep_pin *deps, int n_deps,
+                                 ust__loaded_deps *loaded, void **handle, int *fd_out);
+
 #endif /* UST_VERIFY_H */

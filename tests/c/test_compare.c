@@ -187,7 +187,7 @@ TEST(engine_loads_pinned_native_candidate) {
   ASSERT_STR_CONTAINS(ust_last_error(), "stands in for '_C::rms_norm'");
   /* a shared object without the entry point */
   char libpin[65];
-  const char *plain = UST_BINARY_DIR "/candidates/../libunderstudy.so";
+  const char *plain = UST_BINARY_DIR "/candidates/libust_dep.so"; /* a library, not a candidate */
   if (pin_of(plain, libpin) == 0) {
     snprintf(cfg, sizeof cfg,
              "{\"operators\": {\"rms_norm\": {\"mode\": \"shadow\", \"candidate\": {\"native\": \"%s\", \"sha256\": \"%s\"}}}}",

@@ -393,3 +393,41 @@ def test_a_slow_candidate_stops_being_shadowed(us):
     assert runs["n"] == 5 and sh["calls"] == 5 and sh["passed"] == 5, (runs, sh)
     assert sh["paused"]["slowdown"] > 10
     assert r["mode"] == "shadow" and r["calls"] == 30
+
+
+def test_a_pinned_candidates_dependencies_are_pinned_too(us, tmp_path, monkeypatch):
+    """The SHA-256 pin covered the candidate file only: swapping an unpinned
+    library it depends on ran the attacker's constructor under a valid pin.
+    Every library a native candidate needs (recursively) must be a system
+    library, one the process loaded already, or pinned in candidate.deps;
+    pinned ones are checked and loaded from their checked bytes first."""
+    import shutil
+    build = candidate_dir()
+    marker = tmp_path / "attacker-ran"
+    monkeypatch.setenv("UST_DEP_MARKER", str(marker))
+    # the candidate beside its library, as it would be deployed
+    d = tmp_path / "deploy"
+    d.mkdir()
+    shutil.copy(build / "libsilu_with_dep.so", d)
+    shutil.copy(build / "libust_dep.so", d)
+    cand = understudy.native(d / "libsilu_with_dep.so")
+    good = understudy.sha256_of(build / "libust_dep.so")
+    with pytest.raises(understudy.ConfigError, match="needs libust_dep.so, which the loader would take from .*"
+                                                     "outside the system's trusted directories; pin it"):
+        us.enable(silu_config("shadow", cand))
+    # pinned: it loads, and its calls pass
+    dep = str(d / "libust_dep.so")
+    x = torch.randn(4, 8)
+    want = F.silu(x)
+    us.enable(silu_config("shadow", dict(cand, deps={dep: good})))
+    assert torch.equal(F.silu(x), want)
+    r = silu_route(us.report())
+    assert r["shadow"]["passed"] == 1, r["shadow"]
+    us.disable()
+    # the attacker swaps the library on disk: refused, its constructor never runs
+    shutil.copy(build / "evil" / "libust_dep.so", d / "libust_dep.so")
+    with pytest.raises(understudy.ConfigError, match="its dependency libust_dep.so: .*SHA-256 is"):
+        us.enable(silu_config("shadow", dict(cand, deps={dep: good})))
+    with pytest.raises(understudy.ConfigError, match="needs libust_dep.so"):
+        us.enable(silu_config("shadow", cand))
+    assert not marker.exists()
