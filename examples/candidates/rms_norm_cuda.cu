@@ -16,6 +16,8 @@
  *   (none)                    correct                     "rms_norm_cuda"
  *   UST_EXAMPLE_WRONG_TAIL    the last row's last element  "rms_norm_cuda_wrong_tail"
  *                             is off by at least 1 + |y|
+ *   UST_EXAMPLE_WRONG_WRITES_INPUT  correct, then writes     "rms_norm_cuda_writes_input"
+ *                             1234 into each row's first input element (which it may only read)
  *
  * The same source builds with hipcc: the few runtime names it uses are
  * aliased below, and the reduction reads the warp width at run time.
@@ -50,9 +52,15 @@ typedef __nv_bfloat16 rms_bf16_t;
 #if defined(UST_EXAMPLE_WRONG_TAIL)
 #define RMS_NAME "rms_norm_cuda_wrong_tail"
 #define RMS_WRONG_TAIL true
+#define RMS_WRITES_INPUT false
+#elif defined(UST_EXAMPLE_WRONG_WRITES_INPUT)
+#define RMS_NAME "rms_norm_cuda_writes_input"
+#define RMS_WRONG_TAIL false
+#define RMS_WRITES_INPUT true
 #else
 #define RMS_NAME "rms_norm_cuda"
 #define RMS_WRONG_TAIL false
+#define RMS_WRITES_INPUT false
 #endif
 
 /* Block width: enough threads for short rows, 1024 at most; a multiple of 64
@@ -130,6 +138,11 @@ __global__ void __launch_bounds__(RMS_MAX_THREADS)
     if (RMS_WRONG_TAIL && row == (int64_t)gridDim.x - 1 && j == n - 1)
       v = isfinite(v) ? 1.0f + 2.0f * fabsf(v) : 0.0f;
     y[j] = elem<T>::store(v);
+  }
+  if (RMS_WRITES_INPUT) {
+    __syncthreads(); /* the row is read: scratch space taken from an input, a classic bug */
+    if (threadIdx.x == 0)
+      const_cast<T *>(x)[0] = elem<T>::store(1234.0f);
   }
 }
 

@@ -431,3 +431,22 @@ def test_a_pinned_candidates_dependencies_are_pinned_too(us, tmp_path, monkeypat
     with pytest.raises(understudy.ConfigError, match="needs libust_dep.so"):
         us.enable(silu_config("shadow", cand))
     assert not marker.exists()
+
+
+def test_a_symlink_at_a_temp_name_is_never_followed(us, tmp_path):
+    """Reports and state were written through PATH.tmp.<pid>.<seq>, opened
+    O_CREAT|O_TRUNC without O_EXCL: a symlink planted at that predictable
+    name made another file receive the report. Temp names are now random
+    and created exclusively."""
+    import os
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    report = tmp_path / "r.json"
+    for seq in range(4):
+        os.symlink(victim, f"{report}.tmp.{os.getpid()}.{seq}")
+    us.enable({"operators": {"silu": "observe"}, "report": {"path": str(report), "interval_s": 0}})
+    F.silu(torch.randn(4))
+    us.write_report()
+    us.disable()
+    assert victim.read_text() == "precious"
+    assert report.exists() and not report.is_symlink()

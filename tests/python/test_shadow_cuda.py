@@ -190,3 +190,24 @@ def test_compare_kernel_integers_on_cuda():
     assert (got["mismatches"], got["first_mismatch"], got["max_abs_err"]) == (1, 123457, 1.0)
     got = understudy.compare(p.to(torch.int32), c.to(torch.int32))
     assert (got["mismatches"], got["first_mismatch"]) == (1, 123457)
+
+
+def test_cuda_candidate_writing_its_input_never_touches_the_callers(us):
+    """A CUDA candidate that writes 1234 into each row's first input element
+    after a correct result: it runs on understudy's copies, the caller's
+    input stays bit-equal, every served output is production's, and the
+    route rolls back with "wrote input"."""
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096), (64, 1024)))
+    before = [(x.clone(), w.clone()) for x, w in inputs]
+    expected = run_rms_norm(inputs)
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda_writes_input")))
+    served = run_rms_norm(inputs)
+    us.flush()
+    rep = us.report()
+    for (x, w), (x0, w0) in zip(inputs, before):
+        assert torch.equal(x, x0) and torch.equal(w, w0)
+    assert all(torch.equal(e, s) for e, s in zip(expected, served))
+    for r in routes(rep, "_C::rms_norm"):
+        ev = r["shadow"]["rollback"]
+        assert r["mode"] == "rolled_back" and ev["reason"] == "wrote input" and ev["output"] == "input", ev
+        assert r["shadow"]["bytes_copied"] > 0
