@@ -3,7 +3,7 @@
 #
 #   ./run.sh demo     set up, build, and run the demo (CPU, or CUDA when present)
 #   ./run.sh test     set up, build, and run every test (C runner and pytest, each also
-#                     against an ASan + UBSan build, the HIP build)
+#                     against an ASan + UBSan build, the C runner under TSan, the HIP build)
 #   ./run.sh bench    set up, build, and run the benchmarks
 #   ./run.sh build    set up and build only
 #
@@ -118,6 +118,16 @@ sanitized_python_tests() {
     "$PY" -m pytest -q --capture=sys tests/python "$@"
 }
 
+thread_sanitized_c_tests() {
+  # The C core again under ThreadSanitizer: the threaded tests (the route
+  # table, the control plane beside calls, snapshots) find no race.
+  configure "$BUILD_DIR-tsan" -DUST_TORCH=OFF -DUST_GPU=none -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
+    -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread
+  cmake --build "$BUILD_DIR-tsan" -j"$(nproc)" --target ust_test_runner
+  TSAN_OPTIONS=halt_on_error=1 "$BUILD_DIR-tsan/ust_test_runner"
+}
+
 cmd=${1:-}
 case "$cmd" in
   build) setup; build ;;
@@ -126,6 +136,7 @@ case "$cmd" in
     setup test; build
     log "C tests"; "$BUILD_DIR/ust_test_runner"
     log "C tests, ASan + UBSan"; sanitized_c_tests
+    log "C tests, ThreadSanitizer"; thread_sanitized_c_tests
     log "Python tests, libunderstudy.so under ASan + UBSan"; sanitized_python_tests "${@:2}"
     if [ -z "${UST_SKIP_HIP:-}" ]; then log "HIP build (compile only) and its C tests"; hip_build; fi
     log "Python tests (torch $("$PY" -c 'import torch; print(torch.__version__)'))"

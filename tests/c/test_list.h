@@ -43,4 +43,5 @@
   X(decision_named_paths) \
   X(call_signature_keys_int_list_values) \
   X(figures_snapshot_never_has_more_captured_than_calls) \
-  X(report_derive_from_additive_figures)
+  X(report_derive_from_additive_figures) \
+  X(control_plane_stress)

@@ -1,5 +1,6 @@
 /* Key dimensions, route keys, the route table and the sampling rule. */
 #include <pthread.h>
+#include <unistd.h>
 
 #include "dispatch/dispatch.h"
 #include "tests/c/runner.h"
@@ -310,4 +311,80 @@ TEST(figures_snapshot_never_has_more_captured_than_calls) {
   pthread_join(th, NULL);
   printf("calls - captured at most %llu in a snapshot\n", (unsigned long long)worst);
   ust__figs_free(&f);
+}
+
+typedef struct stress {
+  fixture *f;
+  ust__binding *b;
+  atomic_int stop;
+  atomic_uint_fast64_t calls;
+} stress;
+
+static void *stress_calls(void *p) {
+  stress *s = p;
+  ust__arg args[4];
+  ust__call c;
+  make_call(&c, args, UST__DT_F32);
+  while (!atomic_load(&s->stop)) {
+    ust__call_state st;
+    ust__call_begin(s->b, &c, &st);
+    ust__decision d;
+    ust__decision_start(&d, st.plan, st.flags);
+    ust__decision_next(&d, UST__EV_OK);
+    ust__call_end(&c, &st, &d);
+    atomic_fetch_add(&s->calls, 1);
+  }
+  return NULL;
+}
+
+static void *stress_control(void *p) {
+  stress *s = p;
+  int i = 0;
+  while (!atomic_load(&s->stop)) {
+    ust__route_snap *snaps = NULL;
+    int n = 0;
+    ust__routes_snapshot(&s->f->r, &snaps, &n);
+    for (int k = 0; k < n; k++) {
+      ust__route_key key = snaps[k].k;
+      ust__route *r = ust__routes_get(&s->f->r, &key, s->b);
+      ust__rollout_set(&r->rollout, i % 2 ? UST__MODE_OFF : UST__MODE_OBSERVE, 0, "manual", "stress");
+    }
+    ust__routes_snapshot_free(snaps, n);
+    ust__rollout_set_key(s->f->r.rollout, "test::op|cpu|f32,f32|M=4,N=5", NULL, UST__MODE_OBSERVE, 0, "manual",
+                         "stress", 64);
+    ust__rollout_row *rows = NULL;
+    int nr = 0;
+    ust__rollout_take_changes(s->f->r.rollout, &rows, &nr);
+    free(rows);
+    i++;
+  }
+  return NULL;
+}
+
+/* Calls, mode changes, snapshots and state saving at once: counts stay
+ * exact (and the thread sanitizer build finds no race). */
+TEST(control_plane_stress) {
+  fixture f;
+  fixture_init(&f, 16, 0.25);
+  ust__binding b;
+  ust__binding_def d;
+  make_binding(&b, &f, &d, 0);
+  stress s = {&f, &b, 0, 0};
+  pthread_t th[4];
+  for (int i = 0; i < 3; i++)
+    pthread_create(&th[i], NULL, stress_calls, &s);
+  pthread_create(&th[3], NULL, stress_control, &s);
+  usleep(300000);
+  atomic_store(&s.stop, 1);
+  for (int i = 0; i < 4; i++)
+    pthread_join(th[i], NULL);
+  ust__route_snap *snaps = NULL;
+  int n = 0;
+  ASSERT_INT_EQ(ust__routes_snapshot(&f.r, &snaps, &n), 0);
+  ASSERT_INT_EQ(n, 1);
+  printf("%llu calls beside mode changes, snapshots and saves; %llu counted\n",
+         (unsigned long long)atomic_load(&s.calls), (unsigned long long)snaps[0].figs.calls);
+  ASSERT_U64_EQ(snaps[0].figs.calls, atomic_load(&s.calls));
+  ust__routes_snapshot_free(snaps, n);
+  fixture_free(&f);
 }
