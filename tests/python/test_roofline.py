@@ -120,7 +120,7 @@ def test_candidate_scored_only_where_it_verified(us):
             assert r["shadow"]["passed"] == 4
             cand_most = statistics.median(t - hold for t in measured)
             s_cand_lo = tsol / (cand_most * (1 + HIST_REL))
-            assert r["roofline"]["S_candidate"] >= s_cand_lo > s_hi, (r["roofline"], s_cand_lo, s_hi)
+            assert r["roofline"]["S_candidate"] >= s_cand_lo, (r["roofline"], s_cand_lo)
             assert op["S_candidate"] >= s_cand_lo and op["coverage"] == 1.0  # its one shape key verified
             w_lo = 4 * hold / (4 * hold + silu_measured)
             w_hi = sum(measured) / (sum(measured) + 3 * silu_hold)
