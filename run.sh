@@ -6,6 +6,10 @@
 #                     against an ASan + UBSan build, the C runner under TSan, the HIP build)
 #   ./run.sh bench    set up, build, and run the benchmarks
 #   ./run.sh build    set up and build only
+#   ./run.sh fuzz KIND [SECONDS]
+#                     run a parser's libFuzzer harness (clang; KIND: config, problem,
+#                     state, hardware, reload) and merge what adds coverage into its
+#                     corpus tests/data/fuzz/KIND (tests/data/fuzz/README.md)
 #
 # Set-up installs what is missing: the distribution's cJSON, uthash and dlpack
 # headers (apt, as root), CMake and ninja, torch==2.13.0 when the Python has no
@@ -128,6 +132,39 @@ thread_sanitized_c_tests() {
   TSAN_OPTIONS=halt_on_error=1 "$BUILD_DIR-tsan/ust_test_runner"
 }
 
+fuzz() {
+  # libFuzzer needs clang and its runtime (Debian: clang libclang-rt-dev). The
+  # harness is fed the corpus and the dictionary; new inputs go to a scratch
+  # folder, crashes (inputs that break the parser's contract) to another, and
+  # fuzzing goes on past them. Then -merge=1 copies into the corpus only the
+  # inputs that reach code the corpus did not.
+  local kind=${1:?usage: ./run.sh fuzz config|problem|state|hardware|reload [SECONDS]} secs=${2:-60}
+  [ -d "tests/data/fuzz/$kind" ] || { echo "run.sh: no corpus tests/data/fuzz/$kind" >&2; exit 2; }
+  if ! command -v clang >/dev/null; then
+    if [ "$(id -u)" != 0 ]; then
+      echo "run.sh: clang missing and not root: apt-get install clang libclang-rt-dev" >&2
+      exit 1
+    fi
+    log "installing clang libclang-rt-dev"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-dev >/dev/null
+  fi
+  local dir="$BUILD_DIR-fuzz"
+  CC=clang CXX=clang++ configure "$dir" -DUST_TORCH=OFF -DUST_GPU=none -DUST_LIBFUZZER=ON -DCMAKE_BUILD_TYPE=Debug
+  cmake --build "$dir" --target "ust_libfuzz_$kind"
+  local work="$dir/work-$kind"
+  mkdir -p "$work/new" "$work/crashes"
+  # its exit status says whether it crashed: the crashes are listed below
+  "$dir/ust_libfuzz_$kind" -fork="$(nproc)" -ignore_crashes=1 -max_total_time="$secs" \
+    -dict=tests/fuzz/understudy.dict -artifact_prefix="$work/crashes/" "$work/new" "tests/data/fuzz/$kind" || true
+  "$dir/ust_libfuzz_$kind" -merge=1 "tests/data/fuzz/$kind" "$work/new"
+  if [ -n "$(ls -A "$work/crashes")" ]; then
+    echo "run.sh: inputs that broke the $kind parser's contract are in $work/crashes/ (replay one with" \
+      "$dir/ust_libfuzz_$kind FILE): add each to tests/data/fuzz/$kind, as bug-* until it is fixed" >&2
+    exit 1
+  fi
+}
+
 cmd=${1:-}
 case "$cmd" in
   build) setup; build ;;
@@ -147,5 +184,6 @@ case "$cmd" in
     log "dispatcher overhead"; PYTHONPATH=python-shim "$PY" benchmarks/overhead.py "${@:2}"
     log "comparison bandwidth"; PYTHONPATH=python-shim "$PY" benchmarks/compare.py
     ;;
-  *) echo "usage: ./run.sh demo|test|bench|build" >&2; exit 2 ;;
+  fuzz) fuzz "${@:2}" ;;
+  *) echo "usage: ./run.sh demo|test|bench|build|fuzz" >&2; exit 2 ;;
 esac

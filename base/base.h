@@ -85,8 +85,9 @@ char *ust__read_file(const char *path, size_t max, size_t *len_out);
 
 struct cJSON;
 /* Parse text as one JSON value and nothing else: trailing bytes, a string
- * that holds a NUL character (\u0000) and nesting deeper than cJSON's limit
- * are errors (UST_ECONFIG or kind, message "WHAT: ..." with the offset).
+ * that holds a NUL character (\u0000), a key given twice in one object and
+ * nesting deeper than cJSON's limit are errors (UST_ECONFIG or kind, message
+ * "WHAT: ..." with the offset).
  * Linear in the text's size. Returns a new tree (cJSON_Delete) or NULL. */
 struct cJSON *ust__json_parse(const char *text, const char *what, int kind);
 /* Replace path with text atomically: a temp file beside it, fsync, rename.

@@ -108,6 +108,45 @@ char *ust__read_file(const char *path, size_t max, size_t *len_out) {
   return buf;
 }
 
+typedef struct key_seen {
+  const char *key;
+  UT_hash_handle hh;
+} key_seen;
+
+/* A key given twice in one object, anywhere in the tree, or NULL. Linear:
+ * each object's keys go through a hash set. */
+static const char *duplicate_key(const cJSON *node) {
+  for (; node != NULL; node = node->next) {
+    if (cJSON_IsObject(node) && node->child != NULL) {
+      int n = cJSON_GetArraySize(node);
+      key_seen *seen = NULL, *marks = calloc((size_t)n, sizeof *marks);
+      const char *dup = NULL;
+      int i = 0;
+      for (const cJSON *it = node->child; it != NULL && dup == NULL && marks != NULL; it = it->next, i++) {
+        key_seen *found = NULL;
+        HASH_FIND_STR(seen, it->string, found);
+        if (found != NULL) {
+          dup = it->string;
+          break;
+        }
+        marks[i].key = it->string;
+        ust__hash_oom = 0;
+        HASH_ADD_KEYPTR(hh, seen, marks[i].key, strlen(marks[i].key), &marks[i]);
+      }
+      HASH_CLEAR(hh, seen);
+      free(marks);
+      if (dup != NULL)
+        return dup;
+    }
+    if ((cJSON_IsObject(node) || cJSON_IsArray(node)) && node->child != NULL) {
+      const char *d = duplicate_key(node->child);
+      if (d != NULL)
+        return d;
+    }
+  }
+  return NULL;
+}
+
 cJSON *ust__json_parse(const char *text, const char *what, int kind) {
   /* cJSON decodes \u0000 into a string cut short there: "silu\u0000x" would
    * read as "silu". Such a string is refused before parsing. */
@@ -126,6 +165,13 @@ cJSON *ust__json_parse(const char *text, const char *what, int kind) {
       snprintf(near, sizeof near, "%.32s", end);
     ust__error(kind, "%s: not valid JSON, or more than one value (near '%s', offset %ld)", what, near,
                end != NULL ? (long)(end - text) : -1L);
+    return NULL;
+  }
+  const char *dup = duplicate_key(root);
+  if (dup != NULL) {
+    ust__error(kind, "%s: the key '%s' appears twice in one object (which one holds is ambiguous)", what, dup);
+    cJSON_Delete(root);
+    return NULL;
   }
   return root;
 }

@@ -23,6 +23,8 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -1087,10 +1089,24 @@ int op_defined(const char *qualname, const char *overload) {
   }
 }
 
+// Handles of torch-op candidates, one per op for the life of the process:
+// every enable, and threads resolving an op at once, get the same one.
+std::mutex resolved_lock;
+std::map<std::string, c10::OperatorHandle *> resolved;
+
 void *resolve_op(const char *qualname, const char *overload) {
   try {
+    const std::string key = std::string(qualname) + "." + overload;
+    std::lock_guard<std::mutex> guard(resolved_lock);
+    auto known = resolved.find(key);
+    if (known != resolved.end())
+      return known->second;
     auto h = c10::Dispatcher::singleton().findSchema(c10::OperatorName(qualname, overload));
-    return h.has_value() ? new c10::OperatorHandle(*h) : nullptr;
+    if (!h.has_value())
+      return nullptr;
+    auto *kept = new c10::OperatorHandle(*h);
+    resolved.emplace(key, kept);
+    return kept;
   } catch (...) {
     return nullptr;
   }

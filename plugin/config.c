@@ -542,11 +542,13 @@ static const char *const reloadable[] = {"mode", "canary", "strict", "promotion"
 /* The config as JSON with the reloadable fields taken out (an operator
  * given as a mode string becomes an empty object). */
 static cJSON *config_fixed_part(const char *json) {
-  cJSON *root = cJSON_Parse(json != NULL && json[0] ? json : "{}");
+  cJSON *root = ust__json_parse(json != NULL && json[0] ? json : "{}", "reload", UST_ECONFIG);
   if (root == NULL)
     return NULL;
   cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
-  for (cJSON *it = ops != NULL ? ops->child : NULL, *next; it != NULL; it = next) {
+  if (!cJSON_IsObject(ops))
+    return root; /* nothing reloadable in it: compared whole */
+  for (cJSON *it = ops->child, *next; it != NULL; it = next) {
     next = it->next; /* replacing it frees it */
     if (cJSON_IsString(it)) {
       cJSON_ReplaceItemInObjectCaseSensitive(ops, it->string, cJSON_CreateObject());
@@ -578,11 +580,11 @@ static int first_difference(const cJSON *a, const cJSON *b, char *path, size_t c
 }
 
 int ust__config_reload_check(const char *running, const char *next) {
-  cJSON *was = config_fixed_part(running), *now = config_fixed_part(next);
+  cJSON *was = config_fixed_part(running), *now = was != NULL ? config_fixed_part(next) : NULL;
   char path[256] = "";
   int rc = 0;
   if (was == NULL || now == NULL)
-    rc = ust__error(UST_ENOMEM, "reload: out of memory");
+    rc = UST_ECONFIG; /* the parser said why */
   else if (first_difference(was, now, path, sizeof path))
     rc = ust__error(UST_ECONFIG, "reload: '%s' differs from the running config; a reload changes only operators' "
                     "mode, canary, strict, promotion and routes", path[0] ? path : "(top level)");

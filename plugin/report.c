@@ -319,7 +319,8 @@ static int sparse_of(const cJSON *lat, ust__hist_sparse *out) {
   memset(out, 0, sizeof *out);
   const cJSON *b = cJSON_GetObjectItemCaseSensitive(lat, "buckets");
   const int n = cJSON_IsArray(b) ? cJSON_GetArraySize(b) : 0;
-  out->sum = (uint64_t)num(lat, "sum");
+  const double sum = num(lat, "sum");
+  out->sum = sum >= 0 && sum < 1.8e19 ? (uint64_t)sum : 0;
   if (n == 0)
     return 0;
   out->index = malloc((size_t)n * sizeof *out->index);
@@ -338,7 +339,7 @@ static int sparse_of(const cJSON *lat, ust__hist_sparse *out) {
   cJSON_ArrayForEach(pair, b) {
     const cJSON *i = cJSON_GetArrayItem(pair, 0), *c = cJSON_GetArrayItem(pair, 1);
     if (!cJSON_IsNumber(i) || !cJSON_IsNumber(c) || !(i->valuedouble >= 0) || i->valuedouble >= UST__HIST_BUCKETS ||
-        !(c->valuedouble >= 0))
+        !(c->valuedouble >= 0) || !(c->valuedouble < 9.2e18))
       continue;
     dense[(uint32_t)i->valuedouble] += (uint64_t)c->valuedouble;
   }

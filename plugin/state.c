@@ -49,7 +49,8 @@ int ust__state_read(const char *path, int (*each)(void *ctx, const ust__rollout_
     const cJSON *cand = cJSON_GetObjectItemCaseSensitive(it, "candidate");
     ust__rollout_row row = {it->string, 0, cJSON_IsNumber(c) ? c->valuedouble : 0,
                           cJSON_IsString(why) ? why->valuestring : "", cJSON_IsString(cand) ? cand->valuestring : "",
-                          cJSON_IsNumber(ms) ? (uint64_t)ms->valuedouble : 0};
+                          cJSON_IsNumber(ms) && ms->valuedouble >= 0 && ms->valuedouble < 1.8e19
+                              ? (uint64_t)ms->valuedouble : 0};
     if (!cJSON_IsString(m) || ust__mode_parse_any(m->valuestring, &row.mode, 1) != 0)
       rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.mode' must be a mode", path, it->string);
     else if (row.mode == UST__MODE_CANARY && (!cJSON_IsNumber(c) || !(c->valuedouble > 0 && c->valuedouble < 1)))

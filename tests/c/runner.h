@@ -35,6 +35,38 @@
     }                                                                                    \
   } while (0)
 
+#define ASSERT_INT_GE(a, b)                                                              \
+  do {                                                                                   \
+    long long va_ = (long long)(a), vb_ = (long long)(b);                                \
+    if (!(va_ >= vb_)) {                                                                 \
+      fprintf(stderr, "%s:%d: %s >= %s failed: %lld < %lld\n", __FILE__, __LINE__, #a, #b, \
+              va_, vb_);                                                                 \
+      exit(1);                                                                           \
+    }                                                                                    \
+  } while (0)
+
+/* |a - b| <= tol; tol 0 asks for the same double (NaN never matches). */
+#define ASSERT_DBL_NEAR(a, b, tol)                                                       \
+  do {                                                                                   \
+    double va_ = (double)(a), vb_ = (double)(b), vt_ = (double)(tol);                    \
+    if (!(va_ - vb_ <= vt_ && vb_ - va_ <= vt_)) {                                       \
+      fprintf(stderr, "%s:%d: %s == %s (within %g) failed: %.17g != %.17g\n", __FILE__,   \
+              __LINE__, #a, #b, vt_, va_, vb_);                                          \
+      exit(1);                                                                           \
+    }                                                                                    \
+  } while (0)
+
+/* Equal strings; NULL equals only NULL and prints as (null). */
+#define ASSERT_STR_EQ(a, b)                                                              \
+  do {                                                                                   \
+    const char *sa_ = (a), *sb_ = (b);                                                   \
+    if (sa_ == NULL || sb_ == NULL ? sa_ != sb_ : strcmp(sa_, sb_) != 0) {               \
+      fprintf(stderr, "%s:%d: %s == %s failed: \"%s\" != \"%s\"\n", __FILE__, __LINE__, #a,  \
+              #b, sa_ ? sa_ : "(null)", sb_ ? sb_ : "(null)");                           \
+      exit(1);                                                                           \
+    }                                                                                    \
+  } while (0)
+
 #define ASSERT_STR_CONTAINS(hay, needle)                                                 \
   do {                                                                                   \
     const char *h_ = (hay), *n_ = (needle);                                              \

@@ -17,6 +17,11 @@
   X(engine_report_roundtrip)      \
   X(error_names)                  \
   X(parsers_survive_mutations)    \
+  X(fuzz_corpus_config)           \
+  X(fuzz_corpus_problem)          \
+  X(fuzz_corpus_state)            \
+  X(fuzz_corpus_hardware)         \
+  X(fuzz_corpus_reload)           \
   X(sha256_known_vectors)         \
   X(dlopen_verified_refuses_mismatch) \
   X(dlopen_verified_loads_pinned) \

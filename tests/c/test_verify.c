@@ -16,16 +16,6 @@ static int kept_fd = -1;
 #define CJSON_SO "/usr/lib/x86_64-linux-gnu/libcjson.so.1"
 #define ZLIB_SO "/usr/lib/x86_64-linux-gnu/libz.so.1"
 
-#define ASSERT_STR_EQ(a, b)                                                              \
-  do {                                                                                   \
-    const char *sa_ = (a), *sb_ = (b);                                                   \
-    if (strcmp(sa_, sb_) != 0) {                                                         \
-      fprintf(stderr, "%s:%d: %s == %s failed: \"%s\" != \"%s\"\n", __FILE__, __LINE__, #a, \
-              #b, sa_, sb_);                                                             \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
-
 /* Write n bytes to a new temp file; path must be a "...XXXXXX" template. */
 static void write_temp(char *path, const void *data, size_t n) {
   int fd = mkstemp(path);

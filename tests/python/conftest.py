@@ -1,7 +1,13 @@
+import ast
+import contextlib
 import json
+import math
 import os
 import pathlib
+import re
 import sys
+import threading
+import time
 from collections import Counter
 
 import pytest
@@ -73,3 +79,127 @@ def report_path(tmp_path):
 def load_report(path):
     with open(path) as f:
         return json.load(f)
+
+
+# ---- host time the tests control ------------------------------------------------
+
+_held = threading.local()
+
+
+@contextlib.contextmanager
+def held_for(ns):
+    """Within: each call of the tests' own host ops (_C::rms_norm and
+    _C::silu_and_mul, defined in test_shadow.py) on this thread takes at
+    least ns nanoseconds: its implementation spins until ns have passed
+    since it began. Understudy's timer runs around the implementation and
+    the test's clock around understudy, so each call's timed device time
+    lies between ns and what the test measures around the call
+    (time.perf_counter_ns reads the same CLOCK_MONOTONIC as understudy)."""
+    prev = getattr(_held, "ns", 0)
+    _held.ns = ns
+    try:
+        yield
+    finally:
+        _held.ns = prev
+
+
+def hold_since(t0_ns):
+    """Spin until the held time (held_for) has passed since t0_ns."""
+    ns = getattr(_held, "ns", 0)
+    while time.perf_counter_ns() - t0_ns < ns:
+        pass
+
+
+def clocked(fn, *args):
+    """fn(*args)'s wall time in ns, measured by the test around the call."""
+    t0 = time.perf_counter_ns()
+    fn(*args)
+    return time.perf_counter_ns() - t0
+
+
+def assert_busiest_first(order, lo, hi):
+    """order lists items busiest first; lo[x] <= x's true figure <= hi[x].
+    Wherever the bounds separate two items (lo of one above hi of the
+    other), the busier must come first; where they overlap (a noisy machine
+    stretched a call) the order is not known and not checked."""
+    assert set(order) == set(lo) == set(hi)
+    pos = {x: i for i, x in enumerate(order)}
+    for a in order:
+        for b in order:
+            if lo[a] > hi[b]:
+                assert pos[a] < pos[b], f"{a} ({lo[a]} or more) comes after {b} ({hi[b]} at most) in {order}"
+
+
+# The log-bucketed histogram ("log2-sub16-ns"): 16 buckets an octave, a
+# quantile read as its bucket's midpoint, within 1/32 of the true value.
+HIST_REL = 1 / 32
+
+
+# ---- roofline floors evaluated here, from the definitions' own text ---------------
+
+_PATHS = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
+          "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e4m3"}
+_DIM = re.compile(r"^(?:(rows|numel|len|esize|bytes|obytes)\((\w+)\)|(\w+)\[(-?\d+)\]|(\w+))$")
+
+
+def _dim(expr, args):
+    """A value of the key-dimension grammar (dispatch/dimexpr.c), read from
+    the call's arguments (name -> tensor, list or number)."""
+    m = _DIM.match(expr.strip())
+    assert m, f"not a dimension: {expr}"
+    fn, name, tname, idx, plain = m.groups()
+    if tname:
+        return args[tname].shape[int(idx)]
+    if plain:
+        return int(args[plain])
+    v = args[name]
+    if fn == "obytes":
+        return 0 if v is None else v.numel() * v.element_size()
+    return {"rows": lambda t: math.prod(t.shape[:-1]), "numel": lambda t: t.numel(), "len": len,
+            "esize": lambda t: t.element_size(), "bytes": lambda t: t.numel() * t.element_size()}[fn](v)
+
+
+def _expr(text, env):
+    """A roofline expression (scorer/expr.c: + - * / % ^, min max ceil floor
+    abs cdiv) in Python, over the vars in env."""
+    funcs = {"min": min, "max": max, "ceil": math.ceil, "floor": math.floor, "abs": abs,
+             "cdiv": lambda a, b: math.ceil(a / b)}
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a / b, ast.Mod: math.fmod, ast.Pow: lambda a, b: a ** b}
+
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant):
+            return float(n.value)
+        if isinstance(n, ast.Name):
+            return float(env[n.id])
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return -ev(n.operand)
+        if isinstance(n, ast.BinOp):
+            return ops[type(n.op)](ev(n.left), ev(n.right))
+        if isinstance(n, ast.Call):
+            return float(funcs[n.func.id](*[ev(a) for a in n.args]))
+        raise AssertionError(f"{text}: {ast.dump(n)}")
+
+    return ev(ast.parse(text.replace("^", "**"), mode="eval"))
+
+
+def roofline_floor_ns(definition, op, args, profile):
+    """T_SOL of one call of op in ns: W and Q as problems/<definition>.json
+    writes them for op's binding, evaluated here over the call's arguments,
+    against a hardware profile (its JSON as a dict): max(W / P_peak[path of
+    W_dtype's dtype], (Q_read + Q_write) / B_peak). None when the profile
+    has no peak for that dtype (the call is then not scored)."""
+    d = json.loads((ROOT / "problems" / f"{definition}.json").read_text())
+    (rl,) = [b["roofline"] for b in d["bindings"] if b["op"] == op]
+    env = {k: _dim(v, args) for k, v in rl["vars"].items()}
+    path = _PATHS.get(str(args[rl["W_dtype"]].dtype))
+    if path is None or path not in profile["p_peak"]:
+        return None
+    w, q = _expr(rl["W"], env), _expr(rl["Q_read"], env) + _expr(rl["Q_write"], env)
+    return max(w / profile["p_peak"][path], q / profile["b_peak"]) * 1e9
+
+
+def hardware_profile(name):
+    return json.loads((ROOT / "problems" / "hardware" / f"{name}.json").read_text())

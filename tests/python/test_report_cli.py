@@ -6,13 +6,29 @@ import time
 
 import torch
 
-from conftest import ROOT, load_report
+from conftest import ROOT, clocked, held_for, load_report
+from test_shadow import rms_inputs, run_rms_norm, silu_and_mul
 
 
 def test_periodic_atomic_report_and_cli_table(us, report_path):
-    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "report": {"path": str(report_path), "interval_s": 0.05}})
-    for _ in range(10):
-        torch.mm(torch.randn(16, 8), torch.randn(8, 4))
+    """The operators' weights (shares of device time) lie within the bounds
+    that the test's own figures give: each call of its _C ops takes at least
+    the time it is held for and at most what the test's clock measures
+    around it; a gemm call takes between 0 and what the clock measures."""
+    ops = ("gemm", "rms_norm", "silu_and_mul")
+    us.enable({"operators": {op: {"mode": "observe", "sample": 1.0} for op in ops},
+               "report": {"path": str(report_path), "interval_s": 0.05}})
+    a, b = torch.randn(16, 8), torch.randn(8, 4)
+    lo, hi = {}, {}
+    lo["gemm"], hi["gemm"] = 0, sum(clocked(torch.mm, a, b) for _ in range(10))
+    with held_for(3_000_000):
+        rms = rms_inputs(shapes=((8, 256),))
+        hi["rms_norm"] = sum(clocked(run_rms_norm, rms, 1) for _ in range(6))
+        lo["rms_norm"] = 6 * 3_000_000
+    with held_for(2_000_000):
+        x = torch.randn(4, 512)
+        hi["silu_and_mul"] = sum(clocked(silu_and_mul, x) for _ in range(3))
+        lo["silu_and_mul"] = 3 * 2_000_000
     deadline = time.time() + 5
     while not report_path.exists() and time.time() < deadline:
         time.sleep(0.02)
@@ -23,13 +39,22 @@ def test_periodic_atomic_report_and_cli_table(us, report_path):
     leftovers = [p for p in os.listdir(report_path.parent) if ".tmp." in p]
     assert leftovers == []
     final = load_report(report_path)
-    (gemm,) = final["operators"]
-    assert gemm["calls"] == 10 and gemm["weight"] == 1.0
+    got = {o["name"]: o for o in final["operators"]}
+    assert {n: o["calls"] for n, o in got.items()} == {"gemm": 10, "rms_norm": 6, "silu_and_mul": 3}
+    for n in ops:
+        others_lo = sum(lo[m] for m in ops if m != n)
+        others_hi = sum(hi[m] for m in ops if m != n)
+        w_lo, w_hi = lo[n] / (lo[n] + others_hi), hi[n] / (hi[n] + others_lo)
+        assert w_lo <= got[n]["weight"] <= w_hi, (n, got[n]["weight"], w_lo, w_hi)
+        assert lo[n] <= got[n]["est_device_time_ns"] <= hi[n], n
+    assert got["gemm"]["weight"] > 0
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"))
     out = subprocess.run([sys.executable, "-m", "understudy", "report", str(report_path)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "aten::mm|cpu|f32,f32|M=16,K=8,N=4" in out.stdout
+    assert "_C::rms_norm|cpu|f32,f32,f32|M=8,N=256" in out.stdout
+    assert "_C::silu_and_mul|cpu|f32,f32|M=4,d=256" in out.stdout
     assert "p50 us" in out.stdout
     bad = report_path.parent / "bad.json"
     bad.write_text("{not json")

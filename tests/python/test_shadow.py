@@ -5,19 +5,22 @@ disabled (served outputs must be bit-identical), float64 references for the
 comparison, and the arguments the tests hand in.
 """
 import importlib.util
+import time
 
 import pytest
 import torch
 
 import understudy
-from conftest import ROOT, candidate_dir
+from conftest import ROOT, candidate_dir, hold_since
 
 # vLLM-style ops that write their arguments, as serving frameworks define
 # them. Kept for the whole session: see test_errors.py on torch 2.11 and
-# deleted libraries.
+# deleted libraries. rms_norm and silu_and_mul take at least the time a test
+# holds them for (conftest.held_for), so that their device time is known.
 _lib = torch.library.Library("_C", "FRAGMENT")
 _lib.define("rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float eps) -> ()")
 _lib.define("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()")
+_lib.define("silu_and_mul(Tensor(a!) result, Tensor input) -> ()")
 
 
 def _rms(x, w, eps):
@@ -26,7 +29,16 @@ def _rms(x, w, eps):
 
 
 def _rms_norm_impl(out, input, weight, eps):
+    t0 = time.perf_counter_ns()
     out.copy_(_rms(input, weight, eps))
+    hold_since(t0)
+
+
+def _silu_and_mul_impl(result, input):
+    t0 = time.perf_counter_ns()
+    d = input.shape[-1] // 2
+    result.copy_(torch.nn.functional.silu(input[..., :d]) * input[..., d:])
+    hold_since(t0)
 
 
 def _fused_add_impl(input, residual, weight, eps):
@@ -38,6 +50,7 @@ def _fused_add_impl(input, residual, weight, eps):
 for _key in ("CPU", "CUDA"):
     _lib.impl("rms_norm", _rms_norm_impl, _key)
     _lib.impl("fused_add_rms_norm", _fused_add_impl, _key)
+    _lib.impl("silu_and_mul", _silu_and_mul_impl, _key)
 
 
 def _import_example(name):
@@ -114,6 +127,13 @@ def run_rms_norm(inputs, repeat=3):
             torch.ops._C.rms_norm(o, x, w, 1e-6)
             outs.append(o)
     return outs
+
+
+def silu_and_mul(x):
+    """One call of _C::silu_and_mul on x (..., 2d); returns its result (..., d)."""
+    out = torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=x.dtype, device=x.device)
+    torch.ops._C.silu_and_mul(out, x)
+    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
