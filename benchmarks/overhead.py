@@ -7,11 +7,12 @@ the op's mode off; observing with the default sampling (every call counted
 and keyed, 1 in 16 timed); timing every call; and a pass-through Python
 TorchDispatchMode.
 
-Two child processes measure on request, on equal footing: one that never
-loads understudy (plain torch, the dispatch mode) and one that does (the
-interceptor, once registered, stays for the life of its process). Rounds
-interleave the variants; the table reports medians over rounds with the
-difference and ratio to plain.
+Two child processes measure on request, on equal footing (the same core,
+one at a time, one torch thread): one that never loads understudy (plain
+torch, the dispatch mode) and one that does (the interceptor, once
+registered, stays for the life of its process). Rounds interleave the
+variants; the table reports medians over rounds with the difference and
+ratio to plain.
 
     PYTHONPATH=python-shim python3 benchmarks/overhead.py [--calls N] [--rounds R]
 """
@@ -54,8 +55,14 @@ def per_call_us(fn, a, b, calls, device):
     return (t1 - t0) / calls / 1e3
 
 
-def server(kind, device, calls):
-    """Measures one variant per line read: its name in, a figure out."""
+def server(kind, device, calls, cpu):
+    """Measures one variant per line read: its name in, a figure out. Both
+    servers run on the same core (one at a time), so neither measures a
+    colder or slower core than the other."""
+    import os
+    if cpu >= 0:
+        os.sched_setaffinity(0, {cpu})
+        torch.set_num_threads(1)
     understudy = None
     if kind == "understudy":
         import understudy
@@ -81,7 +88,10 @@ def server(kind, device, calls):
 
 
 def run(device, calls, rounds):
-    kids = {kind: subprocess.Popen([sys.executable, __file__, "--server", kind, device, "--calls", str(calls)],
+    import os
+    cpu = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
+    kids = {kind: subprocess.Popen([sys.executable, __file__, "--server", kind, device, "--calls", str(calls),
+                                    "--cpu", str(cpu)],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for kind in ("plain", "understudy")}
     samples = {k: [] for k in VARIANTS}
@@ -101,11 +111,12 @@ def run(device, calls, rounds):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--server", nargs=2, metavar=("KIND", "DEVICE"), help=argparse.SUPPRESS)
+    ap.add_argument("--cpu", type=int, default=-1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.server:
-        server(args.server[0], args.server[1], args.calls)
+        server(args.server[0], args.server[1], args.calls, args.cpu)
         return
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
