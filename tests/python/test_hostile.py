@@ -332,7 +332,7 @@ def test_configs_built_to_hurt_are_refused_quickly_and_by_name(us, tmp_path):
         us.enable(big)
     took = time.perf_counter() - t0
     print(f"200,000 operators refused in {took:.3f} s")
-    assert took < 1.0
+    assert took < 5.0  # 152 s when the check was quadratic; well under a second here, a few under ASan
     with pytest.raises(understudy.ConfigError, match="no operator named 'op0'"):
         us.enable({"operators": {f"op{i}": "observe" for i in range(4096)}})
     deep = {}
