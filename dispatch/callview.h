@@ -64,7 +64,8 @@ struct ust_candidate;
 /* What the bridge needs to run a call's candidate. */
 typedef struct ust__cand_view {
   int kind;                           /* UST__CAND_NATIVE or UST__CAND_TORCH_OP (guard/guard.h) */
-  const struct ust_candidate *native; /* native: the loaded descriptor */
+  const struct ust_candidate *native; /* native: the loaded descriptor (NULL when proc runs it) */
+  struct ust__procrun *proc;          /* native: its qualifying process runs this call; NULL: this process */
   int abi;                            /* native: its ABI version */
   void *torch_op;                     /* torch op: the seam's resolved handle, or NULL */
   const char *torch_op_name;          /* torch op: "ns::name", for messages */
@@ -143,6 +144,16 @@ int ust__call_verdict(ust__call_state *st, const ust__call *call);
 void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg);
 /* The candidate's call took longer than its deadline (it then fails). */
 void ust__call_overdue(ust__call_state *st);
+/* Run the candidate in its qualifying process (st->cand.proc) on call's
+ * tensors, which the caller owns (private copies): they come back as the
+ * candidate left them. The candidate's status (0 succeeded), or
+ * UST__CALL_REMOTE_LOST (the process crashed, hung or broke protocol: the
+ * candidate is refused for good) or UST__CALL_REMOTE_UNSENT (the call could
+ * not be sent; an internal error); msg says what happened. */
+#define UST__CALL_REMOTE_LOST (-1000)
+#define UST__CALL_REMOTE_UNSENT (-1001)
+struct ust_candidate_call;
+int ust__call_run_remote(ust__call_state *st, const struct ust_candidate_call *call, char *msg, size_t cap);
 /* An error of understudy's own on the call path (production served). */
 void ust__call_internal_error(const struct ust__binding *b);
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "dispatch/dispatch.h"
+#include "guard/procrun.h"
 
 int ust__router_init(ust__router *r, int max_routes) {
   ust__route_table *t = &r->routes;
@@ -208,13 +209,36 @@ static uint64_t call_tsol_ps(ust__route *r, const ust__call *call) {
   return (uint64_t)(seconds * 1e12 + 0.5);
 }
 
-/* The candidate as the bridge runs it; 0, or -1 when it cannot run now (a
- * torch op not defined in this process yet). */
-static int cand_view(ust__binding *b, ust__cand_view *v) {
+/* 1 when the candidate may run in this process for route r: always, but
+ * for one qualifying in its own process, until the route qualified there
+ * and the engine loaded it here. */
+static int ready_here(ust__cand *c, const ust__route *r) {
+  if (c == NULL || c->proc == NULL)
+    return 1;
+  return atomic_load_explicit(&c->loaded, memory_order_acquire) != NULL &&
+         atomic_load_explicit(&((ust__route *)r)->verify.proc_passed, memory_order_relaxed) >= c->qualify_calls;
+}
+
+/* The candidate as the bridge runs it for a call of route r (serving: the
+ * candidate would serve it); 0, or -1 when it cannot run now: a torch op not
+ * defined in this process yet, or a candidate qualifying in its own process
+ * that may not run here yet (or was refused there). */
+static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call, int serving, ust__cand_view *v) {
   ust__cand *c = b->cand;
   memset(v, 0, sizeof *v);
   v->kind = c->kind;
   v->native = c->native;
+  if (c->kind == UST__CAND_NATIVE && c->proc != NULL) {
+    if (ust__procrun_lost(c->proc, NULL, 0))
+      return -1;
+    if (ready_here(c, r)) {
+      v->native = atomic_load_explicit(&c->loaded, memory_order_acquire);
+    } else if (serving || call->device != UST__DEV_CPU) {
+      return -1; /* qualifies first, on copies of the CPU calls it sees in shadow */
+    } else {
+      v->proc = c->proc;
+    }
+  }
   v->abi = c->abi;
   v->compare = c->compare;
   v->writes_mask = b->writes_mask;
@@ -238,7 +262,7 @@ static int cand_view(ust__binding *b, ust__cand_view *v) {
  * every call is); NULL when not sampled or none is free (the skip is
  * counted). */
 static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, atomic_uint_fast64_t *count,
-                       const ust__policy *pol, int serving) {
+                       const ust__policy *pol, int serving, int remote) {
 #if !defined(UST_GPU_CUDA) && !defined(UST_GPU_HIP)
   if (call->device != UST__DEV_CPU)
     return NULL;
@@ -246,7 +270,8 @@ static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, at
   uint64_t n = atomic_fetch_add_explicit(count, 1, memory_order_relaxed) + 1;
   if (pol != NULL && !ust__sampled(n, pol->sample_q32))
     return NULL;
-  ust__slot_route sr = {r, &r->verify, b->cand, serving, atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
+  ust__slot_route sr = {r, &r->verify, b->cand, serving, remote,
+                        atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
                         atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed), call_tsol_ps(r, call)};
   return ust__shadow_acquire(b->router->shadow, &sr);
 }
@@ -279,7 +304,7 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     /* Replays do not come back here: what is captured is what they run. */
     st->capturing = 1;
     atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
-    if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && cand_view(b, &st->cand) == 0) {
+    if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && cand_view(b, r, call, 1, &st->cand) == 0) {
       st->plan = UST__PLAN_SERVE;
       st->flags = UST__DF_NO_SNAPSHOTS;
     }
@@ -287,18 +312,19 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   }
   if (mode == UST__MODE_OFF)
     return;
-  if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) && !ust__rollout_qualified(&r->rollout)) {
+  if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) &&
+      (!ust__rollout_qualified(&r->rollout) || !ready_here(b->cand, r))) {
     /* Before its first served call the candidate qualifies on copies of the
      * arguments, as in shadow: every call is shadowed until one passes. */
-    if (!atomic_load_explicit(&r->verify.paused, memory_order_relaxed) && cand_view(b, &st->cand) == 0 &&
-        (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0)) != NULL) {
+    if (!atomic_load_explicit(&r->verify.paused, memory_order_relaxed) && cand_view(b, r, call, 0, &st->cand) == 0 &&
+        (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL)) != NULL) {
       st->plan = UST__PLAN_SHADOW;
       return;
     }
   } else if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
     uint64_t c = atomic_fetch_add_explicit(&r->canary_seen, 1, memory_order_relaxed) + 1;
-    if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, &st->cand) == 0) {
-      st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1);
+    if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, r, call, 1, &st->cand) == 0) {
+      st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1, 0);
       st->plan = st->slot != NULL ? UST__PLAN_SERVE_VERIFIED : UST__PLAN_SERVE;
       /* a host comparison concludes at once; a device one waits only when strict */
       if (st->slot != NULL && (call->device != UST__DEV_CUDA || pol->strict))
@@ -306,8 +332,8 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
       return;
     }
   } else if (mode == UST__MODE_SHADOW && !atomic_load_explicit(&r->verify.paused, memory_order_relaxed) &&
-             cand_view(b, &st->cand) == 0) {
-    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0)) != NULL) {
+             cand_view(b, r, call, 0, &st->cand) == 0) {
+    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL)) != NULL) {
       st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself */
       return;
     }
@@ -398,6 +424,12 @@ void ust__call_overdue(ust__call_state *st) {
     atomic_fetch_add_explicit(&r->verify.overdue, 1, memory_order_relaxed);
 }
 
+int ust__call_run_remote(ust__call_state *st, const struct ust_candidate_call *call, char *msg, size_t cap) {
+  _Static_assert(UST__CALL_REMOTE_LOST == UST__PROCRUN_LOST && UST__CALL_REMOTE_UNSENT == UST__PROCRUN_UNSENT,
+                 "one set of codes");
+  return ust__procrun_call(st->cand.proc, call, st->cand.deadline_ns, msg, cap);
+}
+
 void ust__call_internal_error(const ust__binding *b) {
   atomic_fetch_add_explicit(&b->router->internal_errors, 1, memory_order_relaxed);
 }
@@ -413,6 +445,16 @@ static void sink_failed(void *ctx, void *cookie, ust__evidence *ev) {
 static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
   ust__router *router = ctx;
   ust__route *r = cookie;
+  if (v->remote) {
+    /* a call run in the qualifying process: production's time counts, the
+     * candidate's is the wire's, not its kernel's: neither scored nor held
+     * against the budget */
+    if (v->have_times)
+      ust__figs_prod_time(&r->figs, v->prod_ns, v->tsol_ps);
+    if (v->kind == UST__VERDICT_PASSED)
+      ust__rollout_passed(&r->rollout, v->stage, !v->serving);
+    return;
+  }
   if (!v->have_times)
     return;
   ust__figs_prod_time(&r->figs, v->prod_ns, v->tsol_ps);

@@ -812,9 +812,10 @@ private:
     ust_candidate_call cc;
     std::memset(&cc, 0, sizeof cc);
     // a version 1 candidate reads its arguments with version 1's stride
+    // (in its own process, that process converts them)
     std::vector<unsigned char> v1;
     const void *args = x_.values.data();
-    if (st_.cand.abi < 2) {
+    if (st_.cand.proc == nullptr && st_.cand.abi < 2) {
       v1.resize(n_args_ * UST_VALUE_V1_SIZE);
       for (size_t i = 0; i < n_args_; i++)
         std::memcpy(v1.data() + i * UST_VALUE_V1_SIZE, &x_.values[i], UST_VALUE_V1_SIZE);
@@ -831,10 +832,20 @@ private:
     cc.outputs = x_.outputs.data();
     cc.device = dl_device(call_.device == UST__DEV_CUDA, call_.device_id);
     cc.stream = call_.stream;
-    char buf[256] = "";
+    char buf[1024] = "";
     int rc = 0;
-    if (int f = guarded([&] { rc = d->run(d->ctx, &cc, buf, sizeof buf); }))
+    if (st_.cand.proc != nullptr) {
+      rc = ust__call_run_remote(&st_, &cc, buf, sizeof buf);
+      buf[sizeof buf - 1] = '\0';
+      if (rc == UST__CALL_REMOTE_LOST) {
+        msg_ = std::string("in its qualifying process: ") + buf;
+        return kFailError;
+      }
+      if (rc == UST__CALL_REMOTE_UNSENT)
+        throw std::runtime_error(buf);
+    } else if (int f = guarded([&] { rc = d->run(d->ctx, &cc, buf, sizeof buf); })) {
       return f;
+    }
     if (rc != 0) {
       buf[sizeof buf - 1] = '\0';
       msg_ = "candidate returned status " + std::to_string(rc) + (buf[0] ? std::string(": ") + buf : std::string());

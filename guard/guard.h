@@ -32,6 +32,7 @@
 #include "scorer/scorer.h"
 
 struct ust_candidate;
+struct ust__procrun;
 
 /* ---- modes and policies ------------------------------------------------------- */
 
@@ -98,6 +99,13 @@ typedef struct ust__cand {
   uint32_t aa_q32;
   uint64_t deadline_ns;              /* a call of the candidate longer than this is overdue */
   double max_slowdown;               /* the shadow budget: a candidate this many times slower is not shadowed */
+  /* qualify "process": the candidate runs in its own process (proc) until
+   * a route's qualify_calls verifications there passed, and in this one
+   * (loaded, NULL until the engine loaded it after the first such route)
+   * from then on; never here once proc is lost (crash, hang, failure). */
+  struct ust__procrun *proc;
+  uint64_t qualify_calls;
+  _Atomic(const struct ust_candidate *) loaded;
 } ust__cand;
 
 /* ---- what verifications found: the guard's part of a route ----------------------- */
@@ -115,6 +123,7 @@ typedef struct ust__verify {
   atomic_uint_fast64_t aa_max_abs_bits, aa_max_rel_bits; /* production's own spread */
   atomic_uint_fast64_t bytes_copied; /* by understudy for these calls: snapshots, the candidate's private inputs */
   atomic_uint_fast64_t overdue;      /* candidate calls (verified or not) longer than the deadline */
+  atomic_uint_fast64_t proc_passed;  /* verifications that passed with the candidate in its own process */
   atomic_int paused;                 /* shadowing stopped: the candidate is over the shadow budget */
   atomic_uint_fast64_t paused_ratio_milli; /* its median over production's when it stopped, x1000 */
 } ust__verify;
@@ -122,7 +131,7 @@ typedef struct ust__verify {
 typedef struct ust__verify_snap {
   uint64_t calls, verified, passed, failed, skipped, unverifiable, aa_runs, aa_mismatching;
   double max_abs, max_rel, aa_max_abs, aa_max_rel;
-  uint64_t bytes_copied, overdue;
+  uint64_t bytes_copied, overdue, proc_passed;
   int paused;
   double paused_ratio;
 } ust__verify_snap;
@@ -191,6 +200,7 @@ typedef struct ust__verdict {
   uint64_t prod_ns, cand_ns; /* their times, when have_times */
   uint64_t tsol_ps;          /* the call's roofline floor; 0 unknown */
   uint64_t stage;            /* the route's transitions when the call began */
+  int remote;                /* the candidate ran in its qualifying process: its time is not its kernel's */
 } ust__verdict;
 
 /* Where verdicts go: implemented by the router, which owns the routes the
@@ -219,6 +229,7 @@ typedef struct ust__slot_route {
   ust__verify *verify; /* counted into */
   const ust__cand *cand;
   int serving;         /* verifies a call the candidate serves (canary, live) */
+  int remote;          /* the candidate runs in its qualifying process (cand->proc) */
   uint64_t served_at;  /* the route's served calls now */
   uint64_t stage;      /* the route's transitions now */
   uint64_t tsol_ps;    /* the call's floor; 0 unknown */

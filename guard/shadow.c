@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "guard/guard.h"
+#include "guard/procrun.h"
 
 #if defined(UST_GPU_CUDA) || defined(UST_GPU_HIP)
 #define UST__SHADOW_GPU 1
@@ -134,6 +135,7 @@ void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->aa_max_rel = ust__bits_to_double(atomic_load(&v->aa_max_rel_bits));
   o->bytes_copied = atomic_load(&v->bytes_copied);
   o->overdue = atomic_load(&v->overdue);
+  o->proc_passed = atomic_load(&v->proc_passed);
   o->paused = atomic_load(&v->paused);
   o->paused_ratio = (double)atomic_load(&v->paused_ratio_milli) / 1000.0;
 }
@@ -463,6 +465,14 @@ static void report_failure(shadow_slot *s, const char *reason, const pair_meta *
         unravel(first, m, e->first_index);
     }
   }
+  if (s->r.remote && s->r.cand != NULL && s->r.cand->proc != NULL) {
+    /* a verification of a call run in the qualifying process failed: the
+     * candidate is refused for good, never loaded here */
+    char why[640];
+    snprintf(why, sizeof why, "a call it ran in its qualifying process failed verification (%s): %s", reason,
+             message != NULL && message[0] != '\0' ? message : m != NULL && m->name != NULL ? m->name : "");
+    ust__procrun_refuse(s->r.cand->proc, why);
+  }
   s->pool->sink->failed(s->pool->sink_ctx, s->r.cookie, e);
 }
 
@@ -586,7 +596,7 @@ int ust__shadow_verdict(ust__shadow_pool *p, int *out, int device, void *stream,
 static void conclude(shadow_slot *s) {
   ust__verify *v = s->r.verify;
   atomic_fetch_add_explicit(&v->bytes_copied, s->copied, memory_order_relaxed);
-  ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage};
+  ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote};
   const ust__cmp_stats *stats = s->host;
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu && s->pinned != NULL)
@@ -690,6 +700,10 @@ static void conclude(shadow_slot *s) {
     vd.kind = UST__VERDICT_PASSED;
     atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&v->passed, 1, memory_order_relaxed);
+    if (s->r.remote && s->r.cand != NULL && s->r.cand->proc != NULL) {
+      const uint64_t n = atomic_fetch_add_explicit(&v->proc_passed, 1, memory_order_relaxed) + 1;
+      ust__procrun_note_passed(s->r.cand->proc, n == s->r.cand->qualify_calls);
+    }
     for (int i = 0; i < s->n_pairs; i++)
       if (!s->meta[i].aa && !s->meta[i].input && s->meta[i].compared) {
         atomic_max_u64(&v->max_abs_bits, stats[i].max_abs_bits);

@@ -190,10 +190,36 @@ static int parse_deps(const cJSON *d, const char *path, ust__cand_config *cc) {
 /* "candidate": {"native": PATH, "sha256": HEX, "deps": {...}, "target": OP} or
  * {"torch_op": "ns::name", "target": OP}. */
 static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *cc) {
-  static const char *const keys[] = {"native", "sha256", "deps", "torch_op", "target", NULL};
+  static const char *const keys[] = {"native", "sha256", "deps", "torch_op", "target", "qualify", "qualify_calls",
+                                     NULL};
   int rc = section(c, path, keys);
   if (rc != 0)
     return rc;
+  const cJSON *qualify = cJSON_GetObjectItemCaseSensitive(c, "qualify");
+  const cJSON *qcalls = cJSON_GetObjectItemCaseSensitive(c, "qualify_calls");
+  cc->qualify = UST__QUALIFY_HERE;
+  cc->qualify_calls = 3;
+  if (qualify != NULL) {
+    if (!cJSON_IsString(qualify) || (strcmp(qualify->valuestring, "process") != 0 &&
+                                     strcmp(qualify->valuestring, "here") != 0))
+      return ust__error(UST_ECONFIG, "config: '%s.qualify' must be \"process\" (the candidate qualifies in a process "
+                        "of its own before this one loads it) or \"here\"", path);
+    if (strcmp(qualify->valuestring, "process") == 0) {
+      if (cJSON_GetObjectItemCaseSensitive(c, "native") == NULL)
+        return ust__error(UST_ECONFIG, "config: '%s.qualify' applies to native candidates only (a torch op runs in "
+                          "this process)", path);
+      cc->qualify = UST__QUALIFY_PROCESS;
+    }
+  }
+  if (qcalls != NULL) {
+    if (cc->qualify != UST__QUALIFY_PROCESS)
+      return ust__error(UST_ECONFIG, "config: '%s.qualify_calls' applies only with \"qualify\": \"process\"", path);
+    if (!cJSON_IsNumber(qcalls) || !(qcalls->valuedouble >= 1 && qcalls->valuedouble <= 1000000) ||
+        qcalls->valuedouble != (double)(int)qcalls->valuedouble)
+      return ust__error(UST_ECONFIG, "config: '%s.qualify_calls' must be a whole number of calls from 1 to 1000000",
+                        path);
+    cc->qualify_calls = (int)qcalls->valuedouble;
+  }
   const cJSON *deps = cJSON_GetObjectItemCaseSensitive(c, "deps");
   if (deps != NULL && cJSON_GetObjectItemCaseSensitive(c, "native") == NULL)
     return ust__error(UST_ECONFIG, "config: '%s.deps' applies to native candidates only", path);

@@ -81,6 +81,26 @@ static int persist(ust__engine *e) {
 
 static void finish_disable(ust__engine *e, int *rc);
 
+/* Candidates that qualified in their own process on a route: loaded here. */
+static void load_qualified(ust__engine *e) {
+  for (int i = 0; i < e->n_ops; i++) {
+    ust__candidate *lc = &e->ops[i].candidate;
+    char why[600];
+    if (lc->proc != NULL && !lc->refusal_said && ust__procrun_lost(lc->proc, why, sizeof why)) {
+      lc->refusal_said = 1;
+      ust__log(&e->ctx->log, UST_LOG_WARN, "operator '%s': candidate %s refused in its qualifying process: %s",
+               e->ops[i].op.name, lc->cand.name, why);
+      continue;
+    }
+    if (lc->proc == NULL || lc->dl != NULL)
+      continue;
+    int rc = ust__candidate_load_here(lc);
+    if (rc == 1)
+      ust__log(&e->ctx->log, UST_LOG_INFO, "operator '%s': candidate %s qualified in its own process on a route; "
+               "loaded into this process", e->ops[i].op.name, lc->cand.name);
+  }
+}
+
 static void *worker_main(void *arg) {
   ust__engine *e = arg;
   double interval = e->cfg.report_interval_s;
@@ -93,6 +113,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&e->worker_lock);
     ust__timers_harvest(e->router.timers);
     int shadow_pending = ust__shadow_harvest(e->router.shadow);
+    load_qualified(e);
     /* a failing state file is said once, and again after it worked */
     if (persist(e) != 0) {
       if (!state_warned)

@@ -13,6 +13,7 @@
 #include "base/base.h"
 #include "dispatch/dispatch.h"
 #include "guard/guard.h"
+#include "guard/procrun.h"
 #include "plugin/verify.h"
 
 struct cJSON;
@@ -59,7 +60,11 @@ typedef struct ust__cand_config {
   char dep_sha256[UST__MAX_DEPS][65];
   char torch_op[UST__QUALNAME_MAX];    /* torch op: "ns::name" or "ns::name.overload" */
   char target[UST__QUALNAME_MAX + UST__NAME_MAX]; /* the binding it stands in for; "" = default */
+  int qualify;                         /* native: UST__QUALIFY_HERE or UST__QUALIFY_PROCESS */
+  int qualify_calls;                   /* process: passing calls a route needs there before it runs here */
 } ust__cand_config;
+
+enum { UST__QUALIFY_HERE = 0, UST__QUALIFY_PROCESS = 1 };
 
 /* A mode set for one shape key in the config ("routes"). */
 typedef struct ust__route_config {
@@ -94,6 +99,9 @@ typedef struct ust__candidate {
   void *dl;    /* dlopen handle, native only */
   int dl_fd;   /* the memfd the object was loaded from (its name); open while loaded */
   ust__loaded_deps deps; /* its pinned dependencies, loaded before it */
+  struct ust__procrun *proc; /* qualify "process": its qualifying process, owned; NULL otherwise */
+  const ust__cand_config *config; /* borrowed from the engine's config: what loading it here verifies */
+  int refusal_said;            /* the worker logged its refusal (worker only) */
 } ust__candidate;
 
 /* Load what the config names for operator oc (its definition p): verify and
@@ -101,6 +109,18 @@ typedef struct ust__candidate {
  * field. */
 int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__candidate *out);
 void ust__candidate_unload(ust__candidate *c);
+/* A candidate qualifying in its own process, loaded into this one once a
+ * route qualified there (the engine's worker calls it when
+ * ust__procrun_passed says so): 1 loaded now, 0 nothing to do, or an error
+ * (the candidate is refused then, with the evidence). */
+int ust__candidate_load_here(ust__candidate *c);
+/* The descriptor a loaded object exports, checked (entry point, size, ABI
+ * version, run function, target); errors name path. */
+struct ust_candidate;
+int ust__candidate_descriptor(void *dl, const char *path, const struct ust_candidate **out);
+/* Where the qualifying program is: $UNDERSTUDY_QUALIFIER, else
+ * understudy-qualify beside the library holding this code. */
+int ust__qualifier_path(char *out, size_t cap);
 
 typedef struct ust__config {
   char *problems_dir;        /* owned, NULL: caller supplies */

@@ -91,6 +91,7 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(j, "max_rel_err", v->max_rel);
   add_num(j, "bytes_copied", (double)v->bytes_copied);
   add_num(j, "overdue", (double)v->overdue);
+  add_num(j, "process_passed", (double)v->proc_passed);
   if (v->paused) {
     cJSON *pz = cJSON_AddObjectToObject(j, "paused");
     cJSON_AddStringToObject(pz, "reason", "over the shadow budget");
@@ -207,6 +208,26 @@ static cJSON *candidate_json(const ust__candidate *c) {
   if (c->cand.kind == UST__CAND_NATIVE) {
     cJSON_AddStringToObject(jc, "path", c->path);
     cJSON_AddStringToObject(jc, "sha256", c->sha256);
+    cJSON_AddStringToObject(jc, "qualify", c->proc != NULL ? "process" : "here");
+    if (c->proc != NULL) {
+      ust__procrun *pr = c->proc;
+      cJSON *q = cJSON_AddObjectToObject(jc, "qualifying_process");
+      const long pid = ust__procrun_pid(pr);
+      if (pid > 0)
+        add_num(q, "pid", (double)pid);
+      else
+        cJSON_AddNullToObject(q, "pid");
+      add_num(q, "qualify_calls", (double)c->cand.qualify_calls);
+      add_num(q, "runs", (double)ust__procrun_runs(pr));
+      add_num(q, "passed", (double)ust__procrun_passed(pr));
+      add_num(q, "routes_qualified", (double)ust__procrun_routes_qualified(pr));
+      cJSON_AddBoolToObject(q, "loaded_here", atomic_load(&((ust__candidate *)c)->cand.loaded) != NULL);
+      char why[600];
+      if (ust__procrun_lost(pr, why, sizeof why))
+        cJSON_AddStringToObject(q, "refused", why);
+      else
+        cJSON_AddNullToObject(q, "refused");
+    }
   } else {
     cJSON_AddStringToObject(jc, "op_state", atomic_load(&c->cand.seam_op) != NULL ? "resolved" : "waiting for op");
     add_num(jc, "calls_waiting_for_op", (double)atomic_load(&((ust__candidate *)c)->cand.waiting));

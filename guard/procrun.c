@@ -1,0 +1,714 @@
+/* A native candidate run in a process of its own: the serving side (start,
+ * call, refuse) and the child's side (hello, serve) of one wire.
+ *
+ * The wire is a stream socket between two processes of one build, so its
+ * records are this build's structs, byte for byte:
+ *   hello  (child):  wire_hello, name, target, message
+ *   call   (server): wire_call, per argument wire_value + shape + strides +
+ *                    name, per output the same, then the bytes every tensor
+ *                    spans, arguments then outputs
+ *   answer (child):  wire_answer, message, then (status 0) the bytes of
+ *                    every tensor again, as the candidate left them
+ * The serving side trusts nothing the child says: lengths are bounded, the
+ * bytes it takes back are exactly those it sent, and a record out of
+ * protocol loses the runner. */
+
+/* sigabbrev_np-free signal names, MSG_NOSIGNAL and pipe2 need no more than
+ * the build's POSIX level; prctl's death signal is Linux's. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "guard/procrun.h"
+#include "understudy/candidate.h"
+
+extern char **environ;
+
+#define WIRE_MAGIC 0x51545355u /* "USTQ" */
+#define WIRE_MAX_MSG 1024u
+#define WIRE_MAX_NAME 256u
+#define WIRE_MAX_VALUES 64
+#define WIRE_MAX_OUTPUTS 16
+#define WIRE_MAX_NDIM 16
+#define WIRE_MAX_SPAN (1ull << 38) /* 256 GiB: more than any one tensor a CPU call hands over */
+
+typedef struct wire_hello {
+  uint32_t magic;
+  int32_t status; /* 0: loaded; else the message says why not */
+  uint32_t abi, name_len, target_len, msg_len;
+} wire_hello;
+
+typedef struct wire_call {
+  uint32_t magic;
+  int32_t n_args, n_outputs;
+  int32_t reserved;
+} wire_call;
+
+typedef struct wire_value {
+  int32_t kind, writable, dtype, ndim;
+  int64_t i;
+  double f;
+  uint8_t code, bits;
+  uint16_t lanes;
+  uint32_t name_len;
+  uint64_t span; /* bytes from the first element to one past the last */
+} wire_value;
+
+typedef struct wire_answer {
+  uint32_t magic;
+  int32_t status;
+  uint32_t msg_len;
+  int32_t reserved;
+} wire_answer;
+
+struct ust__procrun {
+  pthread_mutex_t lock; /* one call at a time; guards fd, pid, why */
+  int fd;
+  pid_t pid;
+  atomic_int lost;
+  char why[512];
+  char name[WIRE_MAX_NAME], target[WIRE_MAX_NAME];
+  unsigned abi;
+  atomic_uint_fast64_t runs, passed, routes_qualified;
+};
+
+/* ---- deadline-bounded I/O ------------------------------------------------------------- */
+
+#define NO_DEADLINE UINT64_MAX
+
+/* 0 ready, -1 the deadline passed, -2 an error. */
+static int wait_fd(int fd, short events, uint64_t deadline) {
+  for (;;) {
+    int ms = -1;
+    if (deadline != NO_DEADLINE) {
+      uint64_t now = ust__now_ns();
+      if (now >= deadline)
+        return -1;
+      uint64_t left = (deadline - now + 999999u) / 1000000u;
+      ms = left > 60000 ? 60000 : (int)left;
+    }
+    struct pollfd pfd = {fd, events, 0};
+    int n = poll(&pfd, 1, ms);
+    if (n > 0)
+      return 0; /* readable, writable, or hung up: the read or write says which */
+    if (n < 0 && errno != EINTR)
+      return -2;
+  }
+}
+
+/* 0 sent; -1 the deadline passed; -2 the peer is gone or an error. */
+static int send_all(int fd, const void *buf, size_t n, uint64_t deadline) {
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t k = send(fd, p, n > (1u << 20) ? (1u << 20) : n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      p += k;
+      n -= (size_t)k;
+    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      int w = wait_fd(fd, POLLOUT, deadline);
+      if (w != 0)
+        return w;
+    } else if (k < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return -2;
+    }
+  }
+  return 0;
+}
+
+/* 0 received; -1 the deadline passed; -2 the peer closed or an error. */
+static int recv_all(int fd, void *buf, size_t n, uint64_t deadline) {
+  char *p = buf;
+  while (n > 0) {
+    ssize_t k = recv(fd, p, n > (1u << 20) ? (1u << 20) : n, MSG_DONTWAIT);
+    if (k > 0) {
+      p += k;
+      n -= (size_t)k;
+    } else if (k == 0) {
+      return -2;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      int w = wait_fd(fd, POLLIN, deadline);
+      if (w != 0)
+        return w;
+    } else if (errno != EINTR) {
+      return -2;
+    }
+  }
+  return 0;
+}
+
+/* The bytes a tensor spans from its first element, -1 when they cannot be
+ * described (a negative stride, an overflow, a lane count of 0). */
+static int64_t span_of(const DLTensor *t) {
+  const uint64_t elem = ((uint64_t)t->dtype.bits * t->dtype.lanes + 7u) / 8u;
+  if (t->ndim < 0 || t->ndim > WIRE_MAX_NDIM || elem == 0)
+    return -1;
+  uint64_t last = 0, dense = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    const int64_t n = t->shape[d];
+    const int64_t s = t->strides != NULL ? t->strides[d] : (int64_t)dense;
+    if (n < 0 || s < 0)
+      return -1;
+    if (n == 0)
+      return 0;
+    if ((uint64_t)(n - 1) > 0 && (uint64_t)s > (WIRE_MAX_SPAN / elem) / (uint64_t)(n - 1))
+      return -1;
+    last += (uint64_t)(n - 1) * (uint64_t)s;
+    dense *= (uint64_t)n;
+    if (last > WIRE_MAX_SPAN / elem || dense > WIRE_MAX_SPAN)
+      return -1;
+  }
+  return (int64_t)((last + 1) * elem);
+}
+
+static char *tensor_bytes(const DLTensor *t) { return (char *)t->data + t->byte_offset; }
+
+/* ---- the serving side -------------------------------------------------------------------- */
+
+static const char *signal_name(int sig) {
+  switch (sig) {
+  case SIGSEGV: return "SIGSEGV";
+  case SIGBUS: return "SIGBUS";
+  case SIGABRT: return "SIGABRT";
+  case SIGFPE: return "SIGFPE";
+  case SIGILL: return "SIGILL";
+  case SIGKILL: return "SIGKILL";
+  case SIGTERM: return "SIGTERM";
+  case SIGTRAP: return "SIGTRAP";
+  case SIGSYS: return "SIGSYS";
+  default: return "a signal";
+  }
+}
+
+/* Reap the child (killed first unless it ends by itself within grace_ms)
+ * and say how it ended into out. Under p->lock. */
+static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
+  if (p->fd >= 0)
+    close(p->fd);
+  p->fd = -1;
+  if (p->pid <= 0) {
+    snprintf(out, cap, "the qualifying process is gone");
+    return;
+  }
+  int status = 0;
+  pid_t got = 0;
+  for (int waited = 0; (got = waitpid(p->pid, &status, WNOHANG)) == 0 && waited < grace_ms; waited++) {
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  int killed = 0;
+  if (got == 0) {
+    kill(p->pid, SIGKILL);
+    killed = 1;
+    while ((got = waitpid(p->pid, &status, 0)) < 0 && errno == EINTR) {
+    }
+  }
+  p->pid = 0;
+  if (got < 0)
+    snprintf(out, cap, "the qualifying process could not be waited for: %s", strerror(errno));
+  else if (killed)
+    snprintf(out, cap, "killed by understudy");
+  else if (WIFSIGNALED(status))
+    snprintf(out, cap, "the qualifying process was killed by %s (signal %d)", signal_name(WTERMSIG(status)),
+             WTERMSIG(status));
+  else if (WIFEXITED(status))
+    snprintf(out, cap, "the qualifying process exited with status %d", WEXITSTATUS(status));
+  else
+    snprintf(out, cap, "the qualifying process ended");
+}
+
+/* Lose the runner for good (under p->lock): the child is reaped, what
+ * happened and how it ended kept as the evidence. */
+static void lose(ust__procrun *p, int grace_ms, const char *what) {
+  char ended[160];
+  reap(p, grace_ms, ended, sizeof ended);
+  if (!atomic_load(&p->lost)) {
+    if (what != NULL && what[0] != '\0')
+      snprintf(p->why, sizeof p->why, "%s; %s", what, ended);
+    else
+      snprintf(p->why, sizeof p->why, "%s", ended);
+    atomic_store(&p->lost, 1);
+  }
+}
+
+/* What a failed receive means, for the evidence. */
+static void lose_on(ust__procrun *p, int io, uint64_t deadline_ns, const char *during) {
+  char what[200];
+  if (io == -1) {
+    snprintf(what, sizeof what, "the qualifying process did not answer within %.0f ms %s", (double)deadline_ns / 1e6,
+             during);
+    lose(p, 0, what);
+  } else {
+    /* closed: the child is ending; give it a moment to be reaped as it ends */
+    snprintf(what, sizeof what, "the qualifying process broke off %s", during);
+    lose(p, 200, what);
+  }
+}
+
+/* Read a length-prefixed text of at most WIRE_MAX_MSG bytes into out. */
+static int recv_text(int fd, uint32_t len, char *out, size_t cap, uint64_t deadline) {
+  char buf[WIRE_MAX_MSG + 1];
+  if (len > WIRE_MAX_MSG)
+    return -3;
+  int io = recv_all(fd, buf, len, deadline);
+  if (io != 0)
+    return io;
+  buf[len] = '\0';
+  for (uint32_t k = 0; k < len; k++)
+    if (buf[k] == '\0' || (unsigned char)buf[k] < 0x20)
+      buf[k] = ' ';
+  snprintf(out, cap, "%s", buf);
+  return 0;
+}
+
+int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
+  if (spec == NULL || spec->exe == NULL || spec->path == NULL || spec->sha256 == NULL || out == NULL ||
+      spec->n_deps < 0 || spec->n_deps > 64)
+    return ust__error(UST_EINVAL, "qualifying process: invalid arguments");
+  ust__procrun *p = calloc(1, sizeof *p);
+  if (p == NULL)
+    return ust__error(UST_ENOMEM, "out of memory");
+  pthread_mutex_init(&p->lock, NULL);
+  p->fd = -1;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    int rc = ust__error(UST_EIO, "qualifying process: socketpair failed: %s", strerror(errno));
+    ust__procrun_free(p);
+    return rc;
+  }
+  /* the child's end becomes its descriptor 3; one already at 3 is moved
+   * first, since dup2 onto itself would keep close-on-exec */
+  int child_fd = sv[1];
+  if (child_fd == 3) {
+    child_fd = fcntl(sv[1], F_DUPFD_CLOEXEC, 4);
+    close(sv[1]);
+  }
+  const char *argv[8 + 3 * 64];
+  int n = 0;
+  argv[n++] = spec->exe;
+  argv[n++] = "--candidate";
+  argv[n++] = spec->path;
+  argv[n++] = "--sha256";
+  argv[n++] = spec->sha256;
+  for (int k = 0; k < spec->n_deps; k++) {
+    argv[n++] = "--dep";
+    argv[n++] = spec->dep_path[k];
+    argv[n++] = spec->dep_sha256[k];
+  }
+  argv[n] = NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_adddup2(&fa, child_fd, 3);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGPIPE);
+  sigaddset(&defaults, SIGSEGV);
+  sigaddset(&defaults, SIGBUS);
+  sigaddset(&defaults, SIGFPE);
+  sigaddset(&defaults, SIGILL);
+  sigaddset(&defaults, SIGABRT);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = 0;
+  int err = child_fd < 0 ? errno : posix_spawn(&pid, spec->exe, &fa, &attr, (char *const *)argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (child_fd >= 0)
+    close(child_fd);
+  p->fd = sv[0];
+  if (err != 0) {
+    int rc = ust__error(UST_EIO, "qualifying process: cannot start %s: %s", spec->exe, strerror(err));
+    ust__procrun_free(p);
+    return rc;
+  }
+  p->pid = pid;
+  const uint64_t deadline = ust__now_ns() + spec->start_deadline_ns;
+  wire_hello h;
+  char msg[WIRE_MAX_MSG + 1] = "";
+  int io = recv_all(p->fd, &h, sizeof h, deadline);
+  if (io == 0 && h.magic != WIRE_MAGIC)
+    io = -3;
+  if (io == 0 && (h.name_len >= WIRE_MAX_NAME || h.target_len >= WIRE_MAX_NAME))
+    io = -3;
+  if (io == 0)
+    io = recv_text(p->fd, h.name_len, p->name, sizeof p->name, deadline);
+  if (io == 0)
+    io = recv_text(p->fd, h.target_len, p->target, sizeof p->target, deadline);
+  if (io == 0)
+    io = recv_text(p->fd, h.msg_len, msg, sizeof msg, deadline);
+  if (io != 0) {
+    pthread_mutex_lock(&p->lock);
+    if (io == -3)
+      lose(p, 0, "the qualifying process answered out of protocol while loading the candidate");
+    else
+      lose_on(p, io, spec->start_deadline_ns, "while loading the candidate");
+    pthread_mutex_unlock(&p->lock);
+    int rc = ust__error(UST_ECONFIG, "%s: %s", spec->path, p->why);
+    ust__procrun_free(p);
+    return rc;
+  }
+  if (h.status != 0) {
+    int rc = ust__error(UST_ECONFIG, "%s", msg);
+    ust__procrun_free(p);
+    return rc;
+  }
+  p->abi = h.abi;
+  *out = p;
+  return 0;
+}
+
+void ust__procrun_free(ust__procrun *p) {
+  if (p == NULL)
+    return;
+  pthread_mutex_lock(&p->lock);
+  char ended[160];
+  if (p->pid > 0 || p->fd >= 0)
+    reap(p, 500, ended, sizeof ended); /* the child ends on its socket's close */
+  pthread_mutex_unlock(&p->lock);
+  pthread_mutex_destroy(&p->lock);
+  free(p);
+}
+
+const char *ust__procrun_name(const ust__procrun *p) { return p->name; }
+const char *ust__procrun_target(const ust__procrun *p) { return p->target; }
+unsigned ust__procrun_abi(const ust__procrun *p) { return p->abi; }
+
+long ust__procrun_pid(ust__procrun *p) {
+  pthread_mutex_lock(&p->lock);
+  long pid = p->pid;
+  pthread_mutex_unlock(&p->lock);
+  return pid;
+}
+
+uint64_t ust__procrun_runs(const ust__procrun *p) { return atomic_load(&((ust__procrun *)p)->runs); }
+void ust__procrun_note_passed(ust__procrun *p, int route_qualified) {
+  atomic_fetch_add(&p->passed, 1);
+  if (route_qualified)
+    atomic_fetch_add(&p->routes_qualified, 1);
+}
+uint64_t ust__procrun_routes_qualified(const ust__procrun *p) {
+  return atomic_load(&((ust__procrun *)p)->routes_qualified);
+}
+uint64_t ust__procrun_passed(const ust__procrun *p) { return atomic_load(&((ust__procrun *)p)->passed); }
+
+int ust__procrun_lost(ust__procrun *p, char *why, size_t cap) {
+  if (!atomic_load_explicit(&p->lost, memory_order_acquire))
+    return 0;
+  if (why != NULL && cap > 0) {
+    pthread_mutex_lock(&p->lock);
+    snprintf(why, cap, "%s", p->why);
+    pthread_mutex_unlock(&p->lock);
+  }
+  return 1;
+}
+
+void ust__procrun_refuse(ust__procrun *p, const char *why) {
+  pthread_mutex_lock(&p->lock);
+  if (!atomic_load(&p->lost)) {
+    char ended[160];
+    reap(p, 0, ended, sizeof ended);
+    snprintf(p->why, sizeof p->why, "%s", why != NULL ? why : "refused");
+    atomic_store_explicit(&p->lost, 1, memory_order_release);
+  }
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* One value's record (a tensor: its shape, strides and span), as the
+ * candidate ABI describes it. */
+static void describe(const ust_value *v, const DLTensor *t, int32_t dtype, wire_value *w) {
+  memset(w, 0, sizeof *w);
+  w->kind = v != NULL ? v->kind : UST_VALUE_TENSOR;
+  w->writable = v != NULL ? v->writable : 1;
+  w->i = v != NULL ? v->i : 0;
+  w->f = v != NULL ? v->f : 0;
+  w->name_len = v != NULL && v->name != NULL ? (uint32_t)strnlen(v->name, WIRE_MAX_NAME - 1) : 0;
+  if (t != NULL) {
+    w->dtype = dtype;
+    w->ndim = t->ndim;
+    w->code = t->dtype.code;
+    w->bits = t->dtype.bits;
+    w->lanes = t->dtype.lanes;
+    int64_t s = span_of(t);
+    w->span = s > 0 ? (uint64_t)s : 0;
+  }
+}
+
+static int send_value(int fd, const ust_value *v, const DLTensor *t, int32_t dtype, uint64_t deadline) {
+  wire_value w;
+  describe(v, t, dtype, &w);
+  int io = send_all(fd, &w, sizeof w, deadline);
+  if (io == 0 && t != NULL) {
+    int64_t strides[WIRE_MAX_NDIM];
+    int64_t dense = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+      strides[d] = t->strides != NULL ? t->strides[d] : dense;
+      dense *= t->shape[d];
+    }
+    io = send_all(fd, t->shape, sizeof(int64_t) * (size_t)t->ndim, deadline);
+    if (io == 0)
+      io = send_all(fd, strides, sizeof(int64_t) * (size_t)t->ndim, deadline);
+  }
+  if (io == 0 && w.name_len > 0)
+    io = send_all(fd, v->name, w.name_len, deadline);
+  return io;
+}
+
+int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t deadline_ns, char *msg, size_t cap) {
+  if (cap > 0)
+    msg[0] = '\0';
+  if (call->n_args < 0 || call->n_args > WIRE_MAX_VALUES || call->n_outputs < 0 ||
+      call->n_outputs > WIRE_MAX_OUTPUTS) {
+    snprintf(msg, cap, "qualifying process: a call of %d arguments and %d outputs is more than it takes",
+             call->n_args, call->n_outputs);
+    return UST__PROCRUN_UNSENT;
+  }
+  const DLTensor *tensors[WIRE_MAX_VALUES + WIRE_MAX_OUTPUTS];
+  int n_t = 0;
+  for (int i = 0; i < call->n_args; i++) {
+    const ust_value *v = ust_candidate_arg(call, i);
+    if (v->kind == UST_VALUE_TENSOR)
+      tensors[n_t++] = &v->tensor;
+  }
+  for (int k = 0; k < call->n_outputs; k++)
+    tensors[n_t++] = &call->outputs[k];
+  for (int k = 0; k < n_t; k++)
+    if (tensors[k]->device.device_type != kDLCPU || span_of(tensors[k]) < 0 ||
+        (span_of(tensors[k]) > 0 && tensors[k]->data == NULL)) {
+      snprintf(msg, cap, "qualifying process: only CPU tensors with non-negative strides can be sent there");
+      return UST__PROCRUN_UNSENT;
+    }
+  pthread_mutex_lock(&p->lock);
+  if (atomic_load(&p->lost) || p->fd < 0) {
+    snprintf(msg, cap, "%s", p->why[0] ? p->why : "the qualifying process is gone");
+    pthread_mutex_unlock(&p->lock);
+    return UST__PROCRUN_LOST;
+  }
+  atomic_fetch_add(&p->runs, 1);
+  const uint64_t deadline = ust__now_ns() + deadline_ns;
+  wire_call wc = {WIRE_MAGIC, call->n_args, call->n_outputs, 0};
+  int io = send_all(p->fd, &wc, sizeof wc, deadline);
+  for (int i = 0; io == 0 && i < call->n_args; i++) {
+    const ust_value *v = ust_candidate_arg(call, i);
+    io = send_value(p->fd, v, v->kind == UST_VALUE_TENSOR ? &v->tensor : NULL, v->dtype, deadline);
+  }
+  for (int k = 0; io == 0 && k < call->n_outputs; k++)
+    io = send_value(p->fd, NULL, &call->outputs[k], call->output_dtypes != NULL ? call->output_dtypes[k] : 0,
+                    deadline);
+  for (int k = 0; io == 0 && k < n_t; k++)
+    io = send_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline);
+  if (io != 0) {
+    lose_on(p, io, deadline_ns, "while taking a call");
+    snprintf(msg, cap, "%s", p->why);
+    pthread_mutex_unlock(&p->lock);
+    return UST__PROCRUN_LOST;
+  }
+  wire_answer a;
+  io = recv_all(p->fd, &a, sizeof a, deadline);
+  if (io == 0 && (a.magic != WIRE_MAGIC || a.msg_len > WIRE_MAX_MSG))
+    io = -3;
+  char text[WIRE_MAX_MSG + 1] = "";
+  if (io == 0)
+    io = recv_text(p->fd, a.msg_len, text, sizeof text, deadline);
+  for (int k = 0; io == 0 && a.status == 0 && k < n_t; k++)
+    io = recv_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline);
+  if (io != 0) {
+    if (io == -3)
+      lose(p, 0, "the qualifying process answered out of protocol");
+    else
+      lose_on(p, io, deadline_ns, "while the candidate ran");
+    snprintf(msg, cap, "%s", p->why);
+    pthread_mutex_unlock(&p->lock);
+    return UST__PROCRUN_LOST;
+  }
+  pthread_mutex_unlock(&p->lock);
+  snprintf(msg, cap, "%s", text);
+  return a.status == UST__PROCRUN_LOST || a.status == UST__PROCRUN_UNSENT ? -1 : a.status;
+}
+
+/* ---- the child's side ------------------------------------------------------------------- */
+
+static int send_text(int fd, const char *s, uint32_t len) { return len > 0 ? send_all(fd, s, len, NO_DEADLINE) : 0; }
+
+int ust__procrun_hello(int fd, const ust_candidate *d, int status, const char *why) {
+  const char *name = d != NULL && d->name != NULL ? d->name : "";
+  const char *target = d != NULL && d->target != NULL ? d->target : "";
+  why = why != NULL ? why : "";
+  wire_hello h = {WIRE_MAGIC, status, d != NULL ? d->abi_version : 0, (uint32_t)strnlen(name, WIRE_MAX_NAME - 1),
+                  (uint32_t)strnlen(target, WIRE_MAX_NAME - 1), (uint32_t)strnlen(why, WIRE_MAX_MSG)};
+  int io = send_all(fd, &h, sizeof h, NO_DEADLINE);
+  if (io == 0)
+    io = send_text(fd, name, h.name_len);
+  if (io == 0)
+    io = send_text(fd, target, h.target_len);
+  if (io == 0)
+    io = send_text(fd, why, h.msg_len);
+  return io == 0 ? 0 : -1;
+}
+
+/* One call's storage in the child. */
+typedef struct child_call {
+  ust_value values[WIRE_MAX_VALUES];
+  DLTensor outputs[WIRE_MAX_OUTPUTS];
+  int32_t output_dtypes[WIRE_MAX_OUTPUTS];
+  int64_t dims[WIRE_MAX_VALUES + WIRE_MAX_OUTPUTS][2 * WIRE_MAX_NDIM];
+  char names[WIRE_MAX_VALUES][WIRE_MAX_NAME];
+  DLTensor *tensors[WIRE_MAX_VALUES + WIRE_MAX_OUTPUTS];
+  uint64_t spans[WIRE_MAX_VALUES + WIRE_MAX_OUTPUTS];
+  int n_t;
+} child_call;
+
+/* Read one value's record into t (and v): -1 on a broken wire. */
+static int recv_value(int fd, child_call *c, ust_value *v, DLTensor *t, int32_t *dtype, int slot) {
+  wire_value w;
+  if (recv_all(fd, &w, sizeof w, NO_DEADLINE) != 0 || w.name_len >= WIRE_MAX_NAME)
+    return -1;
+  const int is_tensor = v == NULL || w.kind == UST_VALUE_TENSOR;
+  if (is_tensor && (w.ndim < 0 || w.ndim > WIRE_MAX_NDIM || w.span > WIRE_MAX_SPAN))
+    return -1;
+  if (v != NULL) {
+    memset(v, 0, sizeof *v);
+    v->kind = w.kind;
+    v->writable = w.writable;
+    v->i = w.i;
+    v->f = w.f;
+    v->dtype = w.dtype;
+  }
+  if (is_tensor) {
+    int64_t *dims = c->dims[c->n_t];
+    if (recv_all(fd, dims, sizeof(int64_t) * 2 * (size_t)w.ndim, NO_DEADLINE) != 0)
+      return -1;
+    memset(t, 0, sizeof *t);
+    t->device.device_type = kDLCPU;
+    t->ndim = w.ndim;
+    t->dtype.code = w.code;
+    t->dtype.bits = w.bits;
+    t->dtype.lanes = w.lanes;
+    t->shape = dims;
+    t->strides = dims + w.ndim;
+    int64_t s = span_of(t);
+    if (s < 0 || (uint64_t)s != w.span)
+      return -1;
+    if (dtype != NULL)
+      *dtype = w.dtype;
+    c->tensors[c->n_t] = t;
+    c->spans[c->n_t++] = w.span;
+  }
+  if (w.name_len > 0) {
+    if (v == NULL || recv_all(fd, c->names[slot], w.name_len, NO_DEADLINE) != 0)
+      return -1;
+    c->names[slot][w.name_len] = '\0';
+    v->name = c->names[slot];
+  }
+  return 0;
+}
+
+static int answer(int fd, int status, const char *msg, child_call *c) {
+  wire_answer a = {WIRE_MAGIC, status, (uint32_t)strnlen(msg, WIRE_MAX_MSG), 0};
+  int io = send_all(fd, &a, sizeof a, NO_DEADLINE);
+  if (io == 0)
+    io = send_text(fd, msg, a.msg_len);
+  for (int k = 0; io == 0 && status == 0 && k < c->n_t; k++)
+    io = send_all(fd, tensor_bytes(c->tensors[k]), c->spans[k], NO_DEADLINE);
+  return io;
+}
+
+/* Read, run and answer one call: 1 done, 0 the socket closed, -1 broken. */
+static int serve_one(int fd, const ust_candidate *d, child_call *c) {
+  wire_call wc;
+  ssize_t k = recv(fd, &wc, 1, MSG_PEEK);
+  if (k == 0)
+    return 0;
+  if (recv_all(fd, &wc, sizeof wc, NO_DEADLINE) != 0 || wc.magic != WIRE_MAGIC || wc.n_args < 0 ||
+      wc.n_args > WIRE_MAX_VALUES || wc.n_outputs < 0 || wc.n_outputs > WIRE_MAX_OUTPUTS)
+    return -1;
+  c->n_t = 0;
+  for (int i = 0; i < wc.n_args; i++)
+    if (recv_value(fd, c, &c->values[i], &c->values[i].tensor, NULL, i) != 0)
+      return -1;
+  for (int j = 0; j < wc.n_outputs; j++)
+    if (recv_value(fd, c, NULL, &c->outputs[j], &c->output_dtypes[j], 0) != 0)
+      return -1;
+  void *bufs[WIRE_MAX_VALUES + WIRE_MAX_OUTPUTS] = {0};
+  int rc = 0, io = 0;
+  char msg[WIRE_MAX_MSG] = "";
+  for (int j = 0; j < c->n_t; j++) {
+    /* every tensor's own buffer, aligned as torch aligns its storage */
+    if (c->spans[j] > 0 && posix_memalign(&bufs[j], 64, c->spans[j]) != 0) {
+      bufs[j] = NULL;
+      rc = -1;
+      snprintf(msg, sizeof msg, "the qualifying process is out of memory for %llu bytes",
+               (unsigned long long)c->spans[j]);
+    }
+    c->tensors[j]->data = bufs[j];
+  }
+  for (int j = 0; io == 0 && j < c->n_t; j++) {
+    if (bufs[j] != NULL) {
+      io = recv_all(fd, bufs[j], c->spans[j], NO_DEADLINE);
+    } else {
+      /* no room: read and drop the bytes, then say so */
+      char sink[4096];
+      for (uint64_t left = c->spans[j]; io == 0 && left > 0; left -= left > sizeof sink ? sizeof sink : left)
+        io = recv_all(fd, sink, left > sizeof sink ? sizeof sink : left, NO_DEADLINE);
+    }
+  }
+  if (io == 0 && rc == 0) {
+    /* a version 1 candidate reads its arguments with version 1's stride */
+    unsigned char v1[WIRE_MAX_VALUES * UST_VALUE_V1_SIZE];
+    ust_candidate_call cc;
+    memset(&cc, 0, sizeof cc);
+    cc.n_args = wc.n_args;
+    cc.n_outputs = wc.n_outputs;
+    cc.outputs = c->outputs;
+    cc.device.device_type = kDLCPU;
+    if (d->abi_version < 2) {
+      for (int i = 0; i < wc.n_args; i++)
+        memcpy(v1 + (size_t)i * UST_VALUE_V1_SIZE, &c->values[i], UST_VALUE_V1_SIZE);
+      cc.args = (const ust_value *)(const void *)v1;
+      cc.size = offsetof(ust_candidate_call, value_size);
+    } else {
+      cc.args = c->values;
+      cc.size = sizeof cc;
+      cc.value_size = sizeof(ust_value);
+      cc.output_dtypes = c->output_dtypes;
+    }
+    char buf[256] = "";
+    rc = d->run(d->ctx, &cc, buf, sizeof buf);
+    buf[sizeof buf - 1] = '\0';
+    snprintf(msg, sizeof msg, "%s", buf);
+    if (rc == UST__PROCRUN_LOST || rc == UST__PROCRUN_UNSENT)
+      rc = -1;
+  }
+  if (io == 0)
+    io = answer(fd, rc, msg, c);
+  for (int j = 0; j < c->n_t; j++)
+    free(bufs[j]);
+  return io == 0 ? 1 : -1;
+}
+
+int ust__procrun_serve(int fd, const ust_candidate *d) {
+  child_call *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return -1;
+  int r;
+  while ((r = serve_one(fd, d, c)) == 1) {
+  }
+  free(c);
+  return r == 0 ? 0 : -1;
+}

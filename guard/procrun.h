@@ -1,0 +1,96 @@
+/*
+ * A native candidate run in a process of its own (candidate.qualify:
+ * "process"): before the serving process ever loads it, the candidate
+ * qualifies in a child process (plugin/qualifier.c) that receives copies of
+ * real arguments over a socket, runs the candidate on them and sends every
+ * tensor back for the guard to judge as it judges a call in shadow. A crash,
+ * a hang or a broken answer there costs the serving process one failed
+ * verification: the child is killed and the runner is lost for good, with
+ * the evidence, and the serving process never loads the candidate.
+ *
+ * Both ends of the wire are here: ust__procrun_* for the serving process,
+ * ust__procrun_serve for the child. CPU tensors only.
+ *
+ * Threading: a runner serves one call at a time (others wait for it); the
+ * queries may be called from any thread. Nothing here aborts, exits or
+ * raises a signal in the serving process (writes never raise SIGPIPE).
+ *
+ * Includes only base/. Internal header: never installed.
+ */
+#ifndef UST_PROCRUN_H
+#define UST_PROCRUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+
+struct ust_candidate;
+struct ust_candidate_call;
+
+typedef struct ust__procrun ust__procrun;
+
+/* What the child is started with: all borrowed for the call. */
+typedef struct ust__procrun_spec {
+  const char *exe;           /* the qualifying program */
+  const char *path;          /* the candidate shared object */
+  const char *sha256;        /* its pin */
+  int n_deps;
+  const char *const *dep_path; /* pinned dependencies, n_deps each */
+  const char *const *dep_sha256;
+  uint64_t start_deadline_ns; /* how long the child may take to load the candidate and answer */
+} ust__procrun_spec;
+
+/* Start the child and wait for it to load the candidate: 0 and a new runner
+ * in *out, whose name, target and ABI version the candidate's descriptor
+ * gave (ust__procrun_name, ...); else an error naming what went wrong (the
+ * program cannot be started, the pin or the descriptor was refused there,
+ * the child crashed or did not answer in time) and *out untouched. */
+int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out);
+
+/* Stop the child (it exits when its socket closes; killed if it lingers)
+ * and free the runner. NULL is a no-op. */
+void ust__procrun_free(ust__procrun *p);
+
+const char *ust__procrun_name(const ust__procrun *p);
+const char *ust__procrun_target(const ust__procrun *p);
+unsigned ust__procrun_abi(const ust__procrun *p);
+/* The child's process id (0 once it is gone). */
+long ust__procrun_pid(ust__procrun *p);
+
+/* Run one call there: the call's tensors (CPU memory, the caller's private
+ * copies) are sent, the candidate runs on the child's copies, and every
+ * tensor (arguments and outputs) is written back with what the candidate
+ * left in it. Returns the candidate's status (0: it succeeded) with its
+ * message in msg; or UST__PROCRUN_LOST when the child crashed, did not
+ * answer within deadline_ns or answered out of protocol, or the runner was
+ * already lost: msg then says what happened, and the runner is lost for
+ * good (ust__procrun_lost). */
+#define UST__PROCRUN_LOST (-1000)
+/* Or, the runner kept: the call cannot be sent there (not CPU tensors, too
+ * many arguments); msg says why. */
+#define UST__PROCRUN_UNSENT (-1001)
+int ust__procrun_call(ust__procrun *p, const struct ust_candidate_call *call, uint64_t deadline_ns, char *msg,
+                      size_t cap);
+
+/* Refuse the candidate for good (a verification of a call it ran there
+ * failed): the child is killed, why kept as the evidence. The first reason
+ * stays. */
+void ust__procrun_refuse(ust__procrun *p, const char *why);
+/* 1 once lost or refused; the evidence into why (cap bytes) when why is not NULL. */
+int ust__procrun_lost(ust__procrun *p, char *why, size_t cap);
+/* Calls run there, verifications of them that passed, and routes that
+ * qualified there (route_qualified: this pass made its route qualify). */
+uint64_t ust__procrun_runs(const ust__procrun *p);
+void ust__procrun_note_passed(ust__procrun *p, int route_qualified);
+uint64_t ust__procrun_passed(const ust__procrun *p);
+uint64_t ust__procrun_routes_qualified(const ust__procrun *p);
+
+/* The child's side: answer the calls arriving on fd with the candidate d
+ * until the socket closes (returns 0) or the wire breaks (returns -1). */
+int ust__procrun_serve(int fd, const struct ust_candidate *d);
+/* The child's first answer: status 0 with d's name, target and ABI, or an
+ * error status with why (d NULL). */
+int ust__procrun_hello(int fd, const struct ust_candidate *d, int status, const char *why);
+
+#endif

@@ -1,0 +1,85 @@
+/* Candidates for tests of qualification in a process of its own: a correct
+ * float32 aten::silu on dense CPU tensors, made to misbehave on its Nth call
+ * by one macro:
+ *   UST_TEST_CRASH_AT=N  writes through a null pointer (SIGSEGV)
+ *   UST_TEST_HANG_AT=N   never returns
+ *   UST_TEST_WRONG_AT=N  returns a result off by one in its first element
+ *   UST_TEST_CRASH_ON_LOAD  its constructor writes through a null pointer
+ * Each call also appends its process id to the file named by
+ * $UST_TEST_CALL_LOG, when set, so a test can tell which process ran it. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "understudy/candidate.h"
+
+static volatile int *volatile nowhere;
+
+#ifdef UST_TEST_CRASH_ON_LOAD
+__attribute__((constructor)) static void crash_on_load(void) { *nowhere = 1; }
+#endif
+
+static void log_call(void) {
+  const char *path = getenv("UST_TEST_CALL_LOG");
+  if (path == NULL)
+    return;
+  FILE *f = fopen(path, "a");
+  if (f != NULL) {
+    fprintf(f, "%ld\n", (long)getpid());
+    fclose(f);
+  }
+}
+
+static int run(void *ctx, const ust_candidate_call *call, char *msg, size_t cap) {
+  (void)ctx;
+  static int calls;
+  const int n = ++calls;
+  log_call();
+#ifdef UST_TEST_CRASH_AT
+  if (n == UST_TEST_CRASH_AT)
+    *nowhere = n;
+#endif
+#ifdef UST_TEST_HANG_AT
+  if (n == UST_TEST_HANG_AT)
+    for (;;)
+      pause();
+#endif
+  if (call->n_args < 1 || ust_candidate_arg(call, 0)->kind != UST_VALUE_TENSOR || call->n_outputs != 1) {
+    snprintf(msg, cap, "expected one tensor argument and one output");
+    return 1;
+  }
+  const DLTensor *x = &ust_candidate_arg(call, 0)->tensor, *y = &call->outputs[0];
+  if (x->dtype.code != kDLFloat || x->dtype.bits != 32 || y->dtype.code != kDLFloat || y->dtype.bits != 32) {
+    snprintf(msg, cap, "only float32");
+    return 1;
+  }
+  int64_t numel = 1, dense = 1;
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    if (x->shape[d] != 1 && (x->strides[d] != dense || y->strides[d] != dense)) {
+      snprintf(msg, cap, "only dense tensors");
+      return 1;
+    }
+    dense *= x->shape[d];
+    numel *= x->shape[d];
+  }
+  const float *in = (const float *)((const char *)x->data + x->byte_offset);
+  float *out = (float *)((char *)y->data + y->byte_offset);
+  for (int64_t i = 0; i < numel; i++)
+    out[i] = in[i] / (1.0f + expf(-in[i]));
+#ifdef UST_TEST_WRONG_AT
+  if (n >= UST_TEST_WRONG_AT && numel > 0)
+    out[0] += 1.0f;
+#endif
+  (void)n;
+  return 0;
+}
+
+__attribute__((visibility("default"))) const ust_candidate *ust_candidate_get(void);
+
+const ust_candidate *ust_candidate_get(void) {
+  static const ust_candidate desc = {sizeof(ust_candidate), UST_CANDIDATE_ABI_VERSION, "misbehaving silu",
+                                     "aten::silu", run, NULL};
+  return &desc;
+}

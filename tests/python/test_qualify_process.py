@@ -1,0 +1,244 @@
+"""Native candidates qualifying in a process of their own
+(candidate.qualify: "process"): the serving process never runs, nor even
+loads, a candidate before it passed qualify_calls verifications on copies
+of real arguments in a child; a crash, hang or wrong result there refuses it
+with evidence. Ground truth: each call of the test candidates appends the id
+of the process that ran it to $UST_TEST_CALL_LOG, /proc/self/maps shows what
+this process mapped, and the calls' results are compared with the same calls
+without understudy."""
+import os
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import understudy
+from conftest import candidate_dir
+
+
+@pytest.fixture
+def call_log(tmp_path, monkeypatch):
+    path = tmp_path / "calls.log"
+    monkeypatch.setenv("UST_TEST_CALL_LOG", str(path))
+    return path
+
+
+def ran_in(path):
+    """The process ids that ran the candidate's calls, in call order."""
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def qualifying(lib, mode="shadow", sample=1.0, qualify_calls=3, guard=None, **op):
+    cand = understudy.native(candidate_dir() / f"lib{lib}.so")
+    cand.update(qualify="process", qualify_calls=qualify_calls)
+    entry = {"mode": mode, "sample": sample, "candidate": cand, **op}
+    if guard:
+        entry["guard"] = guard
+    return {"operators": {"silu": entry}, "report": {"interval_s": 0}}
+
+
+def silu_state(rep):
+    (op,) = [o for o in rep["operators"] if o["name"] == "silu"]
+    (route,) = [s for s in op["shapes"] if s["op"] == "aten::silu"]
+    return op["candidate"], route
+
+
+def mapped_candidates():
+    """Mappings of candidates understudy loaded into this process (they are
+    loaded from a sealed memfd of this name)."""
+    with open("/proc/self/maps") as f:
+        return sum("ust-verified" in line for line in f)
+
+
+def wait_for(pred, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+def gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie is gone as far as running code goes
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def inputs(n, seed=0, shape=(4, 8)):
+    """n silu inputs with production's outputs for them, computed now (call
+    it before enable: a reference computed under understudy would be one of
+    the calls under test)."""
+    assert not understudy.is_enabled()
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(*shape, generator=g) for _ in range(n)]
+    return [(x, x.clone(), F.silu(x)) for x in xs]
+
+
+def run(batch):
+    """Each input's call under test: (input, its value before, output, production's output)."""
+    return [(x, before, F.silu(x), plain) for x, before, plain in batch]
+
+
+def assert_production_served(seen):
+    for x, before, y, plain in seen:
+        assert torch.equal(x, before)
+        assert torch.equal(y, plain)
+
+
+def test_a_correct_candidate_runs_in_its_own_process_until_it_qualified_then_here(us, call_log):
+    first, third, later = inputs(2), inputs(1, seed=1), inputs(4, seed=2)
+    base_maps = mapped_candidates()
+    us.enable(qualifying("silu_ok", qualify_calls=3))
+    seen = run(first)
+    cand, route = silu_state(us.report())
+    child = cand["qualifying_process"]["pid"]
+    assert isinstance(child, int) and child != os.getpid()
+    assert ran_in(call_log) == [child, child]
+    assert mapped_candidates() == base_maps  # not loaded here before a route qualified
+    assert cand["qualify"] == "process" and not cand["qualifying_process"]["loaded_here"]
+    seen += run(third)  # the third pass qualifies the route
+    assert wait_for(lambda: silu_state(us.report())[0]["qualifying_process"]["loaded_here"])
+    assert mapped_candidates() > base_maps
+    seen += run(later)
+    assert_production_served(seen)
+    assert ran_in(call_log) == [child] * 3 + [os.getpid()] * 4
+    cand, route = silu_state(us.report())
+    q = cand["qualifying_process"]
+    assert (q["runs"], q["passed"], q["routes_qualified"], q["refused"]) == (3, 3, 1, None)
+    assert route["shadow"]["process_passed"] == 3
+    assert route["shadow"]["passed"] == 7 and route["mode"] == "shadow"
+    # the calls run there are not the kernel's time: only the 4 run here are
+    assert route["shadow"]["candidate_latency_ns"]["count"] == 4
+    us.disable()
+    assert wait_for(lambda: gone(child))
+
+
+def test_a_route_qualifies_on_its_own_shapes(us, call_log):
+    """qualify_calls passes are needed per route: another shape runs in the
+    child again, though the candidate is loaded here by then."""
+    a, b = inputs(2), inputs(2, shape=(2, 16))
+    us.enable(qualifying("silu_ok", qualify_calls=1))
+    run(a[:1])
+    assert wait_for(lambda: silu_state(us.report())[0]["qualifying_process"]["loaded_here"])
+    child = silu_state(us.report())[0]["qualifying_process"]["pid"]
+    seen = run(a[1:]) + run(b)  # b: a new route
+    assert_production_served(seen)
+    assert ran_in(call_log) == [child, os.getpid(), child, os.getpid()]
+
+
+def test_a_candidate_crashing_there_is_refused_and_never_loaded_here(us, call_log):
+    batch = inputs(6)
+    base_maps = mapped_candidates()
+    us.enable(qualifying("silu_crash_at_3", qualify_calls=5))
+    seen = run(batch)
+    assert_production_served(seen)
+    cand, route = silu_state(us.report())
+    q = cand["qualifying_process"]
+    child = ran_in(call_log)[0]
+    assert ran_in(call_log) == [child] * 3 and child != os.getpid()
+    assert "SIGSEGV" in q["refused"] and q["pid"] is None and not q["loaded_here"]
+    assert route["mode"] == "rolled_back"
+    assert "SIGSEGV" in route["shadow"]["rollback"]["message"]
+    assert gone(child)
+    time.sleep(0.3)  # the engine's worker had its chance to load it
+    assert mapped_candidates() == base_maps
+    assert not silu_state(us.report())[0]["qualifying_process"]["loaded_here"]
+
+
+def test_a_candidate_hanging_there_costs_one_deadline_and_is_refused(us, call_log):
+    first, second, rest = inputs(1), inputs(1, seed=1), inputs(5, seed=2)
+    us.enable(qualifying("silu_hang_at_2", guard={"deadline_ms": 300}))
+    seen = run(first)
+    t0 = time.monotonic()
+    seen += run(second)
+    took = time.monotonic() - t0
+    assert 0.3 <= took < 5.0
+    t0 = time.monotonic()
+    seen += run(rest)
+    assert time.monotonic() - t0 < 1.0  # no candidate runs any more
+    assert_production_served(seen)
+    cand, route = silu_state(us.report())
+    assert "did not answer within 300 ms" in cand["qualifying_process"]["refused"]
+    assert route["mode"] == "rolled_back"
+    (child,) = set(ran_in(call_log))
+    assert child != os.getpid() and len(ran_in(call_log)) == 2
+    assert gone(child)
+
+
+def test_a_wrong_result_there_is_refused_with_its_evidence(us, call_log):
+    batch = inputs(5)
+    us.enable(qualifying("silu_wrong_at_2", qualify_calls=3))
+    assert_production_served(run(batch))
+    cand, route = silu_state(us.report())
+    q = cand["qualifying_process"]
+    assert "failed verification (mismatch)" in q["refused"]
+    assert (q["runs"], q["passed"], q["loaded_here"]) == (2, 1, False)
+    ev = route["shadow"]["rollback"]
+    assert route["mode"] == "rolled_back" and ev["reason"] == "mismatch"
+    assert ev["first_mismatch"]["index"] == [0, 0] and ev["mismatches"] == 1
+    assert len(ran_in(call_log)) == 2 and os.getpid() not in ran_in(call_log)
+
+
+def test_a_candidate_writing_its_input_there_is_refused(us):
+    batch = inputs(3)
+    us.enable(qualifying("silu_cpu_writes_input"))
+    assert_production_served(run(batch))
+    cand, route = silu_state(us.report())
+    assert "wrote input" in cand["qualifying_process"]["refused"]
+    assert route["shadow"]["rollback"]["reason"] == "wrote input"
+
+
+@pytest.mark.parametrize("mode", ["canary", "live"])
+def test_a_serving_candidate_serves_only_after_it_qualified_there_and_loaded_here(us, call_log, mode):
+    first, later = inputs(2), inputs(3, seed=1)
+    extra = {"canary": 0.999} if mode == "canary" else {}
+    us.enable(qualifying("silu_ok", mode=mode, sample=0.0, qualify_calls=2, **extra))
+    assert_production_served(run(first))  # qualifying: production served them
+    child = silu_state(us.report())[0]["qualifying_process"]["pid"]
+    assert wait_for(lambda: silu_state(us.report())[0]["qualifying_process"]["loaded_here"])
+    for x, before, y, plain in run(later):
+        assert torch.equal(x, before)
+        torch.testing.assert_close(y, plain, rtol=1e-6, atol=1e-6)
+    cand, route = silu_state(us.report())
+    served = route["rollout"]["served"]["candidate"]
+    assert route["mode"] == mode and served == (3 if mode == "live" else served) and served >= 2
+    assert ran_in(call_log) == [child, child] + [os.getpid()] * served
+
+
+def test_a_crash_while_loading_there_fails_enable_naming_it(us):
+    with pytest.raises(understudy.ConfigError, match=r"SIGSEGV.*loading the candidate|loading the candidate.*SIGSEGV"):
+        us.enable(qualifying("silu_crash_on_load"))
+    assert not us.is_enabled()
+
+
+def test_a_pin_refused_there_fails_enable_naming_it(us):
+    cfg = qualifying("silu_ok")
+    cfg["operators"]["silu"]["candidate"]["sha256"] = "0" * 64
+    with pytest.raises(understudy.ConfigError, match=r"qualifying in its own process\): .*SHA-256 is [0-9a-f]{64}, but the pin is 0{64}"):
+        us.enable(cfg)
+
+
+def test_the_qualifying_program_missing_is_a_config_error(us, monkeypatch):
+    monkeypatch.setenv("UNDERSTUDY_QUALIFIER", "/nonexistent/understudy-qualify")
+    with pytest.raises(understudy.ConfigError, match="/nonexistent/understudy-qualify cannot be run"):
+        us.enable(qualifying("silu_ok"))
+
+
+@pytest.mark.parametrize("cand, message", [
+    ({"torch_op": "aten::silu", "qualify": "process"}, "native candidates only"),
+    ({"qualify": "elsewhere"}, "must be \"process\""),
+    ({"qualify": "process", "qualify_calls": 0}, "whole number of calls from 1"),
+    ({"qualify": "process", "qualify_calls": 2.5}, "whole number of calls from 1"),
+    ({"qualify_calls": 3}, "applies only with \"qualify\": \"process\""),
+])
+def test_qualify_config_errors_name_the_field(us, cand, message):
+    entry = cand if "torch_op" in cand else {**understudy.native(candidate_dir() / "libsilu_ok.so"), **cand}
+    with pytest.raises(understudy.ConfigError, match="operators.silu.candidate.qualify") as e:
+        us.enable({"operators": {"silu": {"mode": "shadow", "candidate": entry}}})
+    assert message in str(e.value)
