@@ -13,13 +13,15 @@
  * socket break or time out, kills this process and refuses the candidate.
  */
 
-/* close_range and prctl are Linux's. */
+/* close_range is Linux's. */
 #define _GNU_SOURCE
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/prctl.h>
+#include <stdint.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "guard/procrun.h"
@@ -28,6 +30,21 @@
 #include "understudy/candidate.h"
 
 #define FD 3
+
+/* Ends this process once the serving process is gone, even while a
+ * candidate hangs (the socket's close reaches only a process reading it).
+ * Not a parent-death signal: that follows the thread that started this
+ * process, which may end long before the serving process does. */
+static void *watch_parent(void *arg) {
+  const pid_t parent = (pid_t)(intptr_t)arg;
+  for (;;) {
+    struct timespec t = {0, 200 * 1000 * 1000};
+    nanosleep(&t, NULL);
+    if (getppid() != parent)
+      kill(getpid(), SIGKILL);
+  }
+  return NULL;
+}
 
 int main(int argc, char **argv) {
   const char *path = NULL, *pin = NULL;
@@ -49,8 +66,10 @@ int main(int argc, char **argv) {
   }
   /* nothing of the serving process but the socket; gone when it is */
   close_range(FD + 1, ~0u, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
   signal(SIGPIPE, SIG_IGN);
+  pthread_t watcher;
+  if (pthread_create(&watcher, NULL, watch_parent, (void *)(intptr_t)getppid()) == 0)
+    pthread_detach(watcher);
   if (path == NULL || pin == NULL) {
     ust__procrun_hello(FD, NULL, -1, "understudy-qualify: started without --candidate and --sha256");
     return 2;

@@ -1,10 +1,10 @@
 /* Candidates for tests of qualification in a process of its own: a correct
  * float32 aten::silu on dense CPU tensors, made to misbehave on its Nth call
  * by one macro:
- *   UST_TEST_CRASH_AT=N  writes through a null pointer (SIGSEGV)
+ *   UST_TEST_CRASH_AT=N  writes to an address nothing maps (SIGSEGV)
  *   UST_TEST_HANG_AT=N   never returns
  *   UST_TEST_WRONG_AT=N  returns a result off by one in its first element
- *   UST_TEST_CRASH_ON_LOAD  its constructor writes through a null pointer
+ *   UST_TEST_CRASH_ON_LOAD  its constructor does the same
  * Each call also appends its process id to the file named by
  * $UST_TEST_CALL_LOG, when set, so a test can tell which process ran it. */
 #include <math.h>
@@ -15,10 +15,12 @@
 
 #include "understudy/candidate.h"
 
-static volatile int *volatile nowhere;
+/* An address no process maps: a store there faults (SIGSEGV). Not NULL,
+ * which the undefined-behaviour sanitizer would stop before the store. */
+static volatile uintptr_t nowhere = 64;
 
 #ifdef UST_TEST_CRASH_ON_LOAD
-__attribute__((constructor)) static void crash_on_load(void) { *nowhere = 1; }
+__attribute__((constructor)) static void crash_on_load(void) { *(volatile int *)nowhere = 1; }
 #endif
 
 static void log_call(void) {
@@ -39,7 +41,7 @@ static int run(void *ctx, const ust_candidate_call *call, char *msg, size_t cap)
   log_call();
 #ifdef UST_TEST_CRASH_AT
   if (n == UST_TEST_CRASH_AT)
-    *nowhere = n;
+    *(volatile int *)nowhere = n;
 #endif
 #ifdef UST_TEST_HANG_AT
   if (n == UST_TEST_HANG_AT)

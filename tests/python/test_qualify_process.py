@@ -17,6 +17,17 @@ import understudy
 from conftest import candidate_dir
 
 
+@pytest.fixture(autouse=True)
+def signals_reach_the_child(monkeypatch):
+    """Under the sanitized build the child runs with AddressSanitizer, whose
+    handler would turn a crash into a report and exit status 1: the child
+    is told to leave the signals alone, so a crash ends it as it ends an
+    unsanitized one."""
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        opts = os.environ.get("ASAN_OPTIONS", "")
+        monkeypatch.setenv("ASAN_OPTIONS", ":".join(filter(None, [opts, "handle_segv=0", "handle_sigbus=0"])))
+
+
 @pytest.fixture
 def call_log(tmp_path, monkeypatch):
     path = tmp_path / "calls.log"
@@ -242,3 +253,69 @@ def test_qualify_config_errors_name_the_field(us, cand, message):
     with pytest.raises(understudy.ConfigError, match="operators.silu.candidate.qualify") as e:
         us.enable({"operators": {"silu": {"mode": "shadow", "candidate": entry}}})
     assert message in str(e.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_calls_never_run_a_candidate_qualifying_in_its_own_process(us, call_log):
+    """CUDA calls are not qualified out of process: such a candidate (here a
+    CPU-only silu, which would read device pointers on the host) never runs
+    on a CUDA route, in either process; production serves."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    xs = [torch.randn(4, 8, device="cuda", generator=g) for _ in range(5)]
+    plain = [F.silu(x) for x in xs]
+    us.enable(qualifying("silu_ok", qualify_calls=1))
+    for x, p in zip(xs, plain):
+        assert torch.equal(F.silu(x), p)
+    torch.cuda.synchronize()
+    cand, route = silu_state(us.report())
+    assert ran_in(call_log) == []
+    assert cand["qualifying_process"]["runs"] == 0 and not cand["qualifying_process"]["loaded_here"]
+    assert route["calls"] == 5 and route["shadow"]["calls"] == 0
+
+
+def test_the_child_outlives_the_thread_that_enabled(us, call_log):
+    """The child belongs to the serving process, not to the thread that
+    started it: a thread that enables and ends leaves it serving."""
+    import threading
+    batch = inputs(2)
+    t = threading.Thread(target=us.enable, args=(qualifying("silu_ok"),))
+    t.start()
+    t.join()
+    time.sleep(0.3)
+    assert_production_served(run(batch))
+    cand, route = silu_state(us.report())
+    assert cand["qualifying_process"]["refused"] is None
+    assert route["shadow"]["process_passed"] == 2 and len(set(ran_in(call_log))) == 1
+
+
+def test_the_child_ends_when_the_serving_process_dies_while_it_hangs(tmp_path):
+    """kill -9 of the serving process while its candidate hangs in the
+    child: the child ends by itself (nothing else would reap its hang)."""
+    import signal
+    import subprocess
+    import sys
+    lib = candidate_dir() / "libsilu_hang_at_2.so"
+    script = tmp_path / "serve.py"
+    script.write_text(f"""
+import threading, time, torch, torch.nn.functional as F, understudy
+cand = understudy.native({str(lib)!r}); cand["qualify"] = "process"
+understudy.enable({{"operators": {{"silu": {{"mode": "shadow", "sample": 1.0, "candidate": cand,
+                   "guard": {{"deadline_ms": 600000}}}}}}, "report": {{"interval_s": 0}}}})
+x = torch.randn(4, 8)
+F.silu(x)
+(op,) = [o for o in understudy.report()["operators"] if o["name"] == "silu"]
+print(op["candidate"]["qualifying_process"]["pid"], flush=True)
+threading.Thread(target=F.silu, args=(x,), daemon=True).start()
+time.sleep(600)
+""")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        child = int(p.stdout.readline())
+        time.sleep(0.5)  # the second call is inside the hanging candidate now
+        assert not gone(child)
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        assert wait_for(lambda: gone(child), timeout=5.0)
+    finally:
+        p.kill()
+        p.wait()
