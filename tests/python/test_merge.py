@@ -32,7 +32,8 @@ DERIVED_HIST = ("count", "p50", "p90", "p99")
 DERIVED_ROOF = ("tsol_ns_mean", "S", "S_candidate")
 ROOF_SUMS = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",
              "candidate_time_ns_sum")
-SHADOW_COUNTS = ("calls", "verified", "passed", "failed", "skipped", "unverifiable")
+SHADOW_COUNTS = ("calls", "verified", "passed", "failed", "skipped", "unverifiable", "bytes_copied", "overdue",
+                 "process_passed")
 
 
 def derived_slots(rep):
@@ -135,7 +136,7 @@ def split(rep, k, seed=0):
             for p, h in zip(ps, _split_hist(s["latency_ns"], k, rng)):
                 p["latency_ns"] = h
             if "shadow" in s:
-                for f in ("calls", "verified", "passed", "failed", "skipped", "unverifiable"):
+                for f in SHADOW_COUNTS:
                     for p, c in zip(ps, _split_int(s["shadow"][f], k, rng)):
                         p["shadow"][f] = c
                 for p, h in zip(ps, _split_hist(s["shadow"]["candidate_latency_ns"], k, rng)):
