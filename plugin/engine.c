@@ -106,6 +106,7 @@ static void *worker_main(void *arg) {
   double interval = e->cfg.report_interval_s;
   uint64_t next_report = ust__now_ns() + (uint64_t)(interval * 1e9);
   int state_warned = 0;
+  uint64_t state_retry_at = 0, state_backoff_ns = 0;
   pthread_mutex_lock(&e->worker_lock);
   while (!e->worker_stop) {
     if (e->reaping && ust__gate_drained(&e->ctx->gate, e->reap_epoch))
@@ -114,15 +115,23 @@ static void *worker_main(void *arg) {
     ust__timers_harvest(e->router.timers);
     int shadow_pending = ust__shadow_harvest(e->router.shadow);
     load_qualified(e);
-    /* a failing state file is said once, and again after it worked */
-    if (persist(e) != 0) {
-      if (!state_warned)
-        ust__log(&e->ctx->log, UST_LOG_WARN, "%s (retried while the state is unsaved)", ust_last_error());
-      state_warned = 1;
-    } else {
-      state_warned = 0;
-    }
+    /* a failing state file is said once, and again after it worked; it is
+     * retried after 0.1 s, then twice as long each time, up to a minute */
     uint64_t now = ust__now_ns();
+    if (now >= state_retry_at) {
+      if (persist(e) != 0) {
+        if (!state_warned)
+          ust__log(&e->ctx->log, UST_LOG_WARN, "%s (retried while the state is unsaved)", ust_last_error());
+        state_warned = 1;
+        state_backoff_ns = state_backoff_ns == 0 ? 100000000u : state_backoff_ns * 2;
+        if (state_backoff_ns > 60000000000ull)
+          state_backoff_ns = 60000000000ull;
+        state_retry_at = now + state_backoff_ns;
+      } else {
+        state_warned = 0;
+        state_backoff_ns = 0;
+      }
+    }
     if (e->cfg.report_path != NULL && interval > 0 && now >= next_report) {
       if (ust__report_write_file(e, e->cfg.report_path) != 0)
         ust__log(&e->ctx->log, UST_LOG_WARN, "periodic report: %s", ust_last_error());

@@ -83,6 +83,13 @@ int ust__state_write(const char *path, const ust__rollout_row *rows, int n) {
   cJSON_Delete(root);
   if (text == NULL)
     return ust__error(UST_ENOMEM, "state file: out of memory");
+  /* never write what enable would refuse to read back */
+  const size_t len = strlen(text);
+  if (len > UST__FILE_MAX) {
+    free(text);
+    return ust__error(UST_EFULL, "state file %s: %d routes take %zu bytes, over the %u bytes enable reads back; the "
+                      "previous state file is kept", path, n, len, UST__FILE_MAX);
+  }
   int rc = ust__write_file_atomic(path, text, "state file");
   free(text);
   return rc;

@@ -131,3 +131,47 @@ TEST(report_derive_from_additive_figures) {
   ASSERT_INT_EQ(ust_report_derive("{\"histogram\": {\"scheme\": \"log10\"}, \"operators\": []}", &out), UST_EINVAL);
   ASSERT_STR_CONTAINS(ust_last_error(), "histogram scheme 'log10'");
 }
+
+static int count_row(void *ctx, const ust__rollout_row *row) {
+  (void)row;
+  ++*(int *)ctx;
+  return 0;
+}
+
+/* The state file was written whatever its size, and enable reads at most
+ * UST__FILE_MAX bytes: a table grown past it made a state file the next
+ * enable refused. Now the write is refused and the previous file kept. */
+TEST(state_file_is_never_written_larger_than_enable_reads) {
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/ust-state-bound-%ld.json", (long)getpid());
+  enum { N_SMALL = 3, N_BIG = 40000 };
+  static char keys[N_BIG][500];
+  static ust__rollout_row rows[N_BIG];
+  for (int i = 0; i < N_BIG; i++) {
+    snprintf(keys[i], sizeof keys[i], "aten::silu|cpu|f32|N=%d|%0460d", i, 0);
+    rows[i] = (ust__rollout_row){keys[i], UST__MODE_SHADOW, 0, "set by a test", "sha256:00", 1};
+  }
+  ASSERT_INT_EQ(ust__state_write(path, rows, N_SMALL), 0);
+  size_t before_len = 0, after_len = 0;
+  char *before = ust__read_file(path, UST__FILE_MAX, &before_len);
+  ASSERT_TRUE(before != NULL);
+  int rc = ust__state_write(path, rows, N_BIG); /* some 20 MB of rows */
+  ASSERT_INT_EQ(rc, UST_EFULL);
+  ASSERT_STR_CONTAINS(ust_last_error(), "over the 16777216 bytes enable reads back");
+  char *after = ust__read_file(path, UST__FILE_MAX, &after_len);
+  ASSERT_TRUE(after != NULL);
+  ASSERT_INT_EQ((long long)after_len, (long long)before_len);
+  ASSERT_TRUE(memcmp(before, after, before_len) == 0);
+  int n = 0;
+  ASSERT_INT_EQ(ust__state_read(path, count_row, &n), 0);
+  ASSERT_INT_EQ(n, N_SMALL);
+  /* the largest table that fits is written and read back whole */
+  int fit = (int)(UST__FILE_MAX / 650);
+  ASSERT_INT_EQ(ust__state_write(path, rows, fit), 0);
+  n = 0;
+  ASSERT_INT_EQ(ust__state_read(path, count_row, &n), 0);
+  ASSERT_INT_EQ(n, fit);
+  free(before);
+  free(after);
+  unlink(path);
+}

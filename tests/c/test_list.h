@@ -49,4 +49,5 @@
   X(call_signature_keys_int_list_values) \
   X(figures_snapshot_never_has_more_captured_than_calls) \
   X(report_derive_from_additive_figures) \
+  X(state_file_is_never_written_larger_than_enable_reads) \
   X(control_plane_stress)

@@ -2,12 +2,14 @@
 would. The promise under test: shadow cannot hurt the caller, a candidate
 that misbehaves is caught before (or when) it serves, production keeps
 serving. Ground truth: the same calls without understudy."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import understudy
-from conftest import candidate_dir
+from conftest import ROOT, candidate_dir
 from test_shadow import candidate_op
 
 
@@ -450,3 +452,58 @@ def test_a_symlink_at_a_temp_name_is_never_followed(us, tmp_path):
     us.disable()
     assert victim.read_text() == "precious"
     assert report.exists() and not report.is_symlink()
+
+
+def test_a_full_disk_keeps_the_previous_report_and_state_file(tmp_path):
+    """Writes that run out of room (here the file size limit: EFBIG, as a
+    full disk gives ENOSPC) fail with an error naming the file and leave the
+    previous report and state file whole, with no temporary file behind;
+    production keeps serving."""
+    import subprocess
+    import sys
+    script = tmp_path / "serve.py"
+    script.write_text(f"""
+import os, resource, signal, time, torch, torch.nn.functional as F, understudy
+d = {str(tmp_path)!r}
+report, state = os.path.join(d, "report.json"), os.path.join(d, "state.json")
+understudy.enable({{"operators": {{"silu": "observe"}}, "report": {{"path": report, "interval_s": 0}},
+                   "state": {{"path": state}}}})
+x = torch.randn(4, 8)
+F.silu(x)
+understudy.write_report()
+key = [s["key"] for o in understudy.report()["operators"] for s in o["shapes"] if s["op"] == "aten::silu"][0]
+understudy.set_mode(key=key, mode="off")
+for _ in range(100):
+    if os.path.exists(state):
+        break
+    time.sleep(0.02)
+time.sleep(0.3)
+old_report, old_state = open(report, "rb").read(), open(state, "rb").read()
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+understudy.set_mode(key=key, mode="observe")
+y = F.silu(x)
+assert torch.equal(y, x * torch.sigmoid(x)) or torch.allclose(y, x * torch.sigmoid(x))
+try:
+    understudy.write_report()
+    raise SystemExit("a report larger than the limit was written")
+except understudy.UnderstudyError as e:
+    assert "report.json" in str(e), str(e)
+    print("report error:", e)
+time.sleep(0.5)  # the worker tried to save the state
+try:
+    understudy.disable()  # its final report and state fail too, and it says so
+    raise SystemExit("disable did not report the failed writes")
+except understudy.UnderstudyError as e:
+    assert "File too large" in str(e), str(e)
+assert not understudy.is_enabled()
+assert open(report, "rb").read() == old_report
+assert open(state, "rb").read() == old_state
+print("files:", sorted(os.listdir(d)))
+""")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT / "python-shim")))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "report error:" in p.stdout
+    assert "files: ['report.json', 'serve.py', 'state.json']" in p.stdout, p.stdout
+    assert "state file" in p.stderr  # the failing state write was said

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import understudy
-from conftest import candidate_dir
+from conftest import ROOT, candidate_dir
 
 
 @pytest.fixture(autouse=True)
@@ -308,7 +308,8 @@ print(op["candidate"]["qualifying_process"]["pid"], flush=True)
 threading.Thread(target=F.silu, args=(x,), daemon=True).start()
 time.sleep(600)
 """)
-    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "python-shim")))
     try:
         child = int(p.stdout.readline())
         time.sleep(0.5)  # the second call is inside the hanging candidate now
