@@ -99,8 +99,9 @@ static int start_qualifying(const ust__op_config *oc, const ust__problem *p, con
     dep_paths[k] = cc->dep_path[k];
     dep_pins[k] = cc->dep_sha256[k];
   }
-  const double start_ms = oc->deadline_ms > 10000 ? oc->deadline_ms : 10000;
-  ust__procrun_spec spec = {exe, cc->path, cc->sha256, cc->n_deps, dep_paths, dep_pins, (uint64_t)(start_ms * 1e6)};
+  /* loading it there gets the same deadline as a call */
+  ust__procrun_spec spec = {exe, cc->path, cc->sha256, cc->n_deps, dep_paths, dep_pins,
+                            (uint64_t)(oc->deadline_ms * 1e6)};
   ust__procrun *proc = NULL;
   if ((rc = ust__procrun_start(&spec, &proc)) != 0)
     return ust__error(rc, "config: '%s.native' (qualifying in its own process): %s", field, ust_last_error());

@@ -7,6 +7,7 @@ of the process that ran it to $UST_TEST_CALL_LOG, /proc/self/maps shows what
 this process mapped, and the calls' results are compared with the same calls
 without understudy."""
 import os
+import sys
 import time
 
 import pytest
@@ -320,3 +321,66 @@ time.sleep(600)
     finally:
         p.kill()
         p.wait()
+
+
+FAKE_CHILD = """#!{python}
+# A qualifying process that lies: it says hello as understudy-qualify does,
+# then {behaviour}.
+import os, socket, struct, sys, time
+sock = socket.socket(fileno=3)
+name, target = b"fake", b"aten::silu"
+behaviour = {behaviour!r}
+if behaviour == "no hello":
+    time.sleep(60)
+if behaviour == "garbage hello":
+    sock.sendall(b"not the protocol at all" * 4)
+    time.sleep(60)
+sock.sendall(struct.pack("<IiIIII", 0x51545355, 0, 2, len(name), len(target), 0) + name + target)
+sock.recv(1 << 16)  # a call
+if behaviour == "huge message":
+    sock.sendall(struct.pack("<IiIi", 0x51545355, 0, 1 << 30, 0))
+elif behaviour == "wrong magic":
+    sock.sendall(struct.pack("<IiIi", 0xdeadbeef, 0, 0, 0))
+elif behaviour == "half an answer":
+    sock.sendall(struct.pack("<IiIi", 0x51545355, 0, 0, 0) + b"xx")
+    sys.exit(0)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("behaviour, evidence", [
+    ("no hello", "did not answer within 300 ms while loading the candidate"),
+    ("garbage hello", "answered out of protocol while loading the candidate"),
+])
+def test_a_child_that_does_not_say_hello_fails_enable(us, tmp_path, monkeypatch, behaviour, evidence):
+    fake = tmp_path / "fake-qualify"
+    fake.write_text(FAKE_CHILD.format(python=sys.executable, behaviour=behaviour))
+    fake.chmod(0o755)
+    monkeypatch.setenv("UNDERSTUDY_QUALIFIER", str(fake))
+    t0 = time.monotonic()
+    with pytest.raises(understudy.ConfigError, match=evidence):
+        us.enable(qualifying("silu_ok", guard={"deadline_ms": 300}))
+    assert time.monotonic() - t0 < 5.0
+    assert not us.is_enabled()
+
+
+@pytest.mark.parametrize("behaviour, evidence", [
+    ("huge message", "answered out of protocol"),
+    ("wrong magic", "answered out of protocol"),
+    ("half an answer", "broke off while the candidate ran; the qualifying process exited with status 0"),
+    ("silence", "did not answer within 300 ms while the candidate ran; killed by understudy"),
+])
+def test_a_child_answering_out_of_protocol_is_refused(us, tmp_path, monkeypatch, behaviour, evidence):
+    """The serving process trusts nothing the child says: lengths are
+    bounded and a broken answer loses the child, refusing the candidate;
+    the caller gets production's result."""
+    fake = tmp_path / "fake-qualify"
+    fake.write_text(FAKE_CHILD.format(python=sys.executable, behaviour=behaviour))
+    fake.chmod(0o755)
+    monkeypatch.setenv("UNDERSTUDY_QUALIFIER", str(fake))
+    batch = inputs(3)
+    us.enable(qualifying("silu_ok", guard={"deadline_ms": 300}))
+    assert_production_served(run(batch))
+    cand, route = silu_state(us.report())
+    assert evidence in cand["qualifying_process"]["refused"]
+    assert route["mode"] == "rolled_back" and cand["qualifying_process"]["runs"] == 1
