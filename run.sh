@@ -3,7 +3,7 @@
 #
 #   ./run.sh demo     set up, build, and run the demo (CPU, or CUDA when present)
 #   ./run.sh test     set up, build, and run every test (C runner and pytest, each also
-#                     against an ASan + UBSan build, the C runner under TSan, the HIP build)
+#                     against an ASan + UBSan build, the C runner under TSan and Valgrind, the HIP build)
 #   ./run.sh bench    set up, build, and run the benchmarks
 #   ./run.sh build    set up and build only
 #   ./run.sh fuzz KIND [SECONDS]
@@ -28,6 +28,7 @@ need_apt=()
 [ -f /usr/include/cjson/cJSON.h ] || need_apt+=(libcjson-dev)
 [ -f /usr/include/uthash.h ] || need_apt+=(uthash-dev)
 [ -f /usr/include/dlpack/dlpack.h ] || need_apt+=(libdlpack-dev)
+[ "${1:-}" != test ] || command -v valgrind >/dev/null || need_apt+=(valgrind)
 
 setup() {
   if [ ${#need_apt[@]} -gt 0 ] && [ -z "${UST_DEPS_PREFIX:-}" ]; then
@@ -132,6 +133,13 @@ thread_sanitized_c_tests() {
   TSAN_OPTIONS=halt_on_error=1 "$BUILD_DIR-tsan/ust_test_runner"
 }
 
+valgrind_c_tests() {
+  # The plain C runner under Memcheck (it follows each test's forked
+  # process): no invalid read or write, no use of an uninitialised value,
+  # no memory definitely lost.
+  valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite "$BUILD_DIR/ust_test_runner"
+}
+
 fuzz() {
   # libFuzzer needs clang and its runtime (Debian: clang libclang-rt-dev). The
   # harness is fed the corpus and the dictionary; new inputs go to a scratch
@@ -174,6 +182,7 @@ case "$cmd" in
     log "C tests"; "$BUILD_DIR/ust_test_runner"
     log "C tests, ASan + UBSan"; sanitized_c_tests
     log "C tests, ThreadSanitizer"; thread_sanitized_c_tests
+    log "C tests, Valgrind Memcheck"; valgrind_c_tests
     log "Python tests, libunderstudy.so under ASan + UBSan"; sanitized_python_tests "${@:2}"
     if [ -z "${UST_SKIP_HIP:-}" ]; then log "HIP build (compile only) and its C tests"; hip_build; fi
     log "Python tests (torch $("$PY" -c 'import torch; print(torch.__version__)'))"
