@@ -507,3 +507,56 @@ print("files:", sorted(os.listdir(d)))
     assert "report error:" in p.stdout
     assert "files: ['report.json', 'serve.py', 'state.json']" in p.stdout, p.stdout
     assert "state file" in p.stderr  # the failing state write was said
+
+
+def test_reports_and_state_files_stay_whole_through_kill_9(tmp_path):
+    """A serving process killed with SIGKILL at random moments while it
+    writes its report (every 10 ms, a few hundred routes) and its state file
+    (a mode change every few calls): after each kill both files parse whole;
+    the next enable removes every temporary file the kills left."""
+    import json
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+    report, state = tmp_path / "r.json", tmp_path / "s.json"
+    script = tmp_path / "serve.py"
+    script.write_text(f"""
+import torch, torch.nn.functional as F, understudy
+understudy.enable({{"operators": {{"silu": "observe"}}, "report": {{"path": {str(report)!r}, "interval_s": 0.01}},
+                   "state": {{"path": {str(state)!r}}}}})
+xs = [torch.randn(1, n) for n in range(1, 300)]
+for x in xs:
+    F.silu(x)
+keys = [s["key"] for o in understudy.report()["operators"] for s in o["shapes"] if s["op"] == "aten::silu"]
+understudy.write_report()
+print("ready", flush=True)
+i = 0
+while True:
+    i += 1
+    understudy.set_mode(key=keys[i % len(keys)], mode="off" if i % 2 else "observe")
+    F.silu(xs[i % len(xs)])
+""")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"))
+    rng = random.Random(11)
+    for _ in range(6):
+        p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            assert p.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.05, 0.4))
+            p.send_signal(signal.SIGKILL)
+            p.wait(30)
+        finally:
+            p.kill()
+            p.wait()
+        rep = json.loads(report.read_text())
+        assert rep["schema"].startswith("understudy") and rep["operators"]
+        st = json.loads(state.read_text())
+        assert st["schema"] == "understudy.state v1" and st["routes"]
+    understudy.enable({"operators": {"silu": "observe"}, "report": {"path": str(report), "interval_s": 0},
+                       "state": {"path": str(state)}})
+    try:
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "s.json", "serve.py"]
+    finally:
+        understudy.disable()
