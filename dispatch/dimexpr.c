@@ -7,7 +7,10 @@
  *   numel(NAME)  number of elements of NAME
  *   len(NAME)    length of the int[] argument NAME
  *   esize(NAME)  bytes per element of tensor argument NAME
- *   bytes(NAME)  numel(NAME) * esize(NAME)
+ *   bytes(NAME)  the bytes NAME's elements occupy: esize(NAME) times the product of its sizes
+ *                over the dimensions whose stride is not 0 (an expanded tensor, such
+ *                as an attention mask broadcast over batch and heads, is read from
+ *                its storage, not once per logical element)
  *   obytes(NAME) bytes(NAME) of an optional tensor argument: 0 when it is None
  *   NAME         value of the int or bool argument NAME
  */
@@ -105,11 +108,16 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
   case UST__DIM_OBYTES: {
     if (a->kind != UST__ARG_TENSOR)
       return -1;
+    const int bytes = p->kind == UST__DIM_BYTES || p->kind == UST__DIM_OBYTES;
     int64_t v = 1;
     int last = p->kind == UST__DIM_ROWS ? a->t.ndim - 1 : a->t.ndim;
-    for (int d = 0; d < last; d++)
-      v *= a->t.shape[d];
-    return p->kind == UST__DIM_BYTES || p->kind == UST__DIM_OBYTES ? v * (a->t.dtype.bits / 8) * a->t.dtype.lanes : v;
+    for (int d = 0; d < last; d++) {
+      if (a->t.shape[d] == 0)
+        return 0;
+      if (!bytes || a->t.strides == NULL || a->t.strides[d] != 0)
+        v *= a->t.shape[d];
+    }
+    return bytes ? v * (a->t.dtype.bits / 8) * a->t.dtype.lanes : v;
   }
   case UST__DIM_ESIZE:
     return a->kind == UST__ARG_TENSOR ? (int64_t)(a->t.dtype.bits / 8) * a->t.dtype.lanes : -1;

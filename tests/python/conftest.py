@@ -153,10 +153,16 @@ def _dim(expr, args):
     if plain:
         return int(args[plain])
     v = args[name]
-    if fn == "obytes":
-        return 0 if v is None else v.numel() * v.element_size()
+    if fn == "obytes" and v is None:
+        return 0
     return {"rows": lambda t: math.prod(t.shape[:-1]), "numel": lambda t: t.numel(), "len": len,
-            "esize": lambda t: t.element_size(), "bytes": lambda t: t.numel() * t.element_size()}[fn](v)
+            "esize": lambda t: t.element_size(), "bytes": _bytes, "obytes": _bytes}[fn](v)
+
+
+def _bytes(t):
+    """The bytes a tensor's elements occupy: an expanded (stride-0) dimension
+    is read once, not once per logical element."""
+    return math.prod(n for n, s in zip(t.shape, t.stride()) if s != 0) * t.element_size() if t.numel() else 0
 
 
 def _expr(text, env):

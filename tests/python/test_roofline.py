@@ -319,3 +319,26 @@ def test_host_cpu_profile_picked_by_its_model_name(us, tmp_path):
     w, q = 3 * m * n + m, 4 * (m * n + n) + 4 * m * n
     assert r["roofline"]["hardware"] == "this host (test)" and r["roofline"]["calls"] == 3
     assert r["roofline"]["tsol_ns_mean"] == pytest.approx(max(w / 1e12, q / 1e11) * 1e9, abs=1e-3)
+
+
+def test_an_expanded_mask_is_read_from_its_storage(us):
+    """torch hands the attention kernel a mask expanded over batch and heads
+    (stride 0): its bytes are its storage's, not its logical size (which
+    made T_SOL several times too high). Ground truth: the storage torch
+    allocated for the mask."""
+    g = torch.Generator().manual_seed(3)
+    B, H, L, D = 1, 32, 512, 16
+    q, k, v = (torch.randn(B, H, L, D, generator=g).to(torch.bfloat16) for _ in range(3))
+    base = torch.randn(L, L, generator=g).to(torch.bfloat16)
+    mask = base.expand(B, H, L, L)
+    assert mask.stride()[:2] == (0, 0)
+    us.enable({"operators": {"sdpa": {"mode": "observe", "sample": 1.0}}, "hardware": {"profile": "H200"}})
+    torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    rep = us.report()
+    (r,) = [s for o in rep["operators"] if o["name"] == "sdpa" for s in o["shapes"]]
+    w = 2 * B * H * L * L * (D + D)
+    qv = 2 * (q.numel() + k.numel() + v.numel() + B * H * L * D)
+    want = max(w / H200["p_peak"]["bf16"], (qv + mask.untyped_storage().nbytes()) / H200["b_peak"]) * 1e9
+    logical = max(w / H200["p_peak"]["bf16"], (qv + mask.numel() * 2) / H200["b_peak"]) * 1e9
+    assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, abs=1e-3)
+    assert logical > 4 * want  # what the logical size gave
