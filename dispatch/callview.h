@@ -206,6 +206,11 @@ typedef struct ust__seam_i {
   /* A torch op's handle (lives as long as the process), or NULL while the op
    * is not defined. */
   void *(*resolve_op)(const char *qualname, const char *overload);
+  /* 1 when torch lets float32 matrix products run in TF32 on this device
+   * kind (UST__DEV_CUDA: cuBLAS; UST__DEV_CPU: oneDNN) now, as
+   * torch.backends.*.matmul.fp32_precision / set_float32_matmul_precision
+   * set it. Cheap: a few loads. */
+  int (*tf32_matmul)(int device);
 } ust__seam_i;
 
 /* The seam of this build: the bridge's (torch_bridge.cpp), or NULL in a

@@ -61,6 +61,7 @@ typedef struct ust__roofline_def {
   char q_read[UST__EXPR_MAX];
   char q_write[UST__EXPR_MAX];
   char estimate[UST__EXPR_MAX]; /* "" when W and Q are exact; else how they approximate */
+  int w_tf32;                   /* a matrix product: float32 W runs on the tf32 path when torch allows TF32 */
 } ust__roofline_def;
 
 typedef struct ust__binding_def {
@@ -117,6 +118,7 @@ typedef struct ust__roofline_prog {
   ust__expr *w, *q_read, *q_write; /* owned */
   char w_dtype[UST__NAME_MAX];
   int w_dtype_index;               /* resolved against the schema; -1 if absent */
+  int w_tf32;                      /* ust__roofline_def.w_tf32 */
 } ust__roofline_prog;
 
 /* Compile def (borrowed); errors are UST_EPROBLEM naming where. */
@@ -126,9 +128,11 @@ int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__
 void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names, const char *display,
                            ust__log_sink *log);
 /* W per path and bytes read and written by one call: 0, or -1 when the
- * binding has no roofline or a dimension is missing from the call. */
-int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, double w[UST__N_PATHS], double *q_read,
-                       double *q_write);
+ * binding has no roofline or a dimension is missing from the call. tf32:
+ * torch lets float32 matrix products use TF32 for this call (a w_tf32
+ * roofline then books float32 W on the tf32 path). */
+int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, int tf32, double w[UST__N_PATHS],
+                       double *q_read, double *q_write);
 void ust__roofline_free(ust__roofline_prog *p);
 
 /* ---- the hardware a call runs on ---------------------------------------------------- */

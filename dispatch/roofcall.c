@@ -28,6 +28,7 @@ int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__
       return ust__error(UST_EPROBLEM, "%s: %s", where, why);
     }
   snprintf(out->w_dtype, sizeof out->w_dtype, "%s", def->w_dtype);
+  out->w_tf32 = def->w_tf32;
   out->present = 1;
   return 0;
 }
@@ -47,8 +48,8 @@ void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *
              p->w_dtype);
 }
 
-int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, double w[UST__N_PATHS], double *q_read,
-                       double *q_write) {
+int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, int tf32, double w[UST__N_PATHS],
+                       double *q_read, double *q_write) {
   if (!p->present)
     return -1;
   double vals[UST__MAX_RVARS];
@@ -71,6 +72,8 @@ int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, doubl
     int path = ust__path_of_dtype(call->args[p->w_dtype_index].dtype);
     if (path < 0)
       return -1;
+    if (path == UST__PATH_FP32 && p->w_tf32 && tf32)
+      path = UST__PATH_TF32;
     w[path] = wv;
   }
   return 0;

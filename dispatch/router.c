@@ -200,7 +200,11 @@ static uint64_t call_tsol_ps(ust__route *r, const ust__call *call) {
   if (hw == NULL)
     return 0;
   double w[UST__N_PATHS], qr, qw, seconds;
-  if (ust__roofline_eval(&b->roofline, call, w, &qr, &qw) != 0 ||
+  const ust__seam_i *seam = b->router->seam;
+  /* TF32 where torch allows it and the profile has its peak */
+  const int tf32 = b->roofline.w_tf32 && hw->p_peak[UST__PATH_TF32] > 0 && seam != NULL &&
+                   seam->tf32_matmul != NULL && seam->tf32_matmul(call->device);
+  if (ust__roofline_eval(&b->roofline, call, tf32, w, &qr, &qw) != 0 ||
       ust__roofline_tsol_quiet(hw, w, qr + qw, &seconds) != 0) {
     atomic_fetch_add_explicit(&r->figs.unscored, 1, memory_order_relaxed);
     return 0;

@@ -1129,7 +1129,21 @@ constexpr const char *kTorchVersion = UST_TORCH_VERSION;
 constexpr const char *kTorchVersion = "";
 #endif
 
-const ust__seam_i kSeam = {kTorchVersion, register_hook, op_defined, resolve_op};
+int tf32_matmul(int device) {
+  try {
+#ifdef UST_TORCH_FP32_PRECISION
+    const auto backend = device == UST__DEV_CUDA ? at::Float32Backend::CUDA : at::Float32Backend::MKLDNN;
+    return at::globalContext().float32Precision(backend, at::Float32Op::MATMUL) == at::Float32Precision::TF32 ? 1 : 0;
+#else
+    // a torch without per-backend precisions: cuBLAS's switch; oneDNN's is not known
+    return device == UST__DEV_CUDA && at::globalContext().allowTF32CuBLAS() ? 1 : 0;
+#endif
+  } catch (...) {
+    return 0;
+  }
+}
+
+const ust__seam_i kSeam = {kTorchVersion, register_hook, op_defined, resolve_op, tf32_matmul};
 
 } // namespace
 

@@ -33,11 +33,11 @@ static int only_keys(const cJSON *obj, const char *path, const char *where, cons
 }
 
 /* "roofline": {"vars": {NAME: dimension}, "W": expr, "W_dtype": ARG,
- * "Q_read": expr, "Q_write": expr, "estimate": text (optional: where W or Q
+ * "W_tf32": bool (optional: a matrix product torch may run in TF32), "Q_read": expr, "Q_write": expr, "estimate": text (optional: where W or Q
  * is not exact, how it approximates)}; every expression is compiled here so
  * that a bad one is refused with the file and field. */
 static int parse_roofline(const cJSON *rl, const char *path, int bi, ust__roofline_def *r) {
-  static const char *const keys[] = {"vars", "W", "W_dtype", "Q_read", "Q_write", "estimate", NULL};
+  static const char *const keys[] = {"vars", "W", "W_dtype", "W_tf32", "Q_read", "Q_write", "estimate", NULL};
   char where[64];
   snprintf(where, sizeof where, "bindings[%d].roofline.", bi);
   if (!cJSON_IsObject(rl))
@@ -82,6 +82,11 @@ static int parse_roofline(const cJSON *rl, const char *path, int bi, ust__roofli
   const cJSON *wd = cJSON_GetObjectItemCaseSensitive(rl, "W_dtype");
   if (!cJSON_IsString(wd) || ust__copy_name(r->w_dtype, sizeof r->w_dtype, wd->valuestring) != 0)
     return PERR("%s: 'bindings[%d].roofline.W_dtype' must name the argument whose dtype books W", path, bi);
+  const cJSON *tf = cJSON_GetObjectItemCaseSensitive(rl, "W_tf32");
+  if (tf != NULL && !cJSON_IsBool(tf))
+    return PERR("%s: 'bindings[%d].roofline.W_tf32' must be true (a matrix product: float32 W runs on the tf32 "
+                "path when torch allows TF32) or false", path, bi);
+  r->w_tf32 = cJSON_IsTrue(tf);
   const cJSON *est = cJSON_GetObjectItemCaseSensitive(rl, "estimate");
   if (est != NULL && (!cJSON_IsString(est) || est->valuestring[0] == '\0' ||
                       ust__copy_name(r->estimate, sizeof r->estimate, est->valuestring) != 0))

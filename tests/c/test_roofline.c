@@ -379,7 +379,7 @@ TEST(roofline_definitions_reproduce_atrex) {
         }
         ust__call call = {.size = sizeof call, .nargs = cb.nargs, .args = cb.args, .device = UST__DEV_CUDA};
         double w[UST__N_PATHS], qr, qw;
-        ASSERT_INT_EQ(ust__roofline_eval(&prog, &call, w, &qr, &qw), 0);
+        ASSERT_INT_EQ(ust__roofline_eval(&prog, &call, 0, w, &qr, &qw), 0);
         const cJSON *want = cJSON_GetObjectItem(cJSON_GetObjectItem(roof, "shapes"), s->string);
         ASSERT_TRUE(want != NULL);
         double ww[UST__N_PATHS] = {0};

@@ -342,3 +342,24 @@ def test_an_expanded_mask_is_read_from_its_storage(us):
     logical = max(w / H200["p_peak"]["bf16"], (qv + mask.numel() * 2) / H200["b_peak"]) * 1e9
     assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, abs=1e-3)
     assert logical > 4 * want  # what the logical size gave
+
+
+@pytest.mark.parametrize("precision, path", [("tf32", "tf32"), ("ieee", "fp32")])
+def test_a_float32_gemm_is_floored_by_the_path_torch_allows(us, precision, path):
+    """torch may run float32 matrix products in TF32 (fp32_precision "tf32",
+    as set_float32_matmul_precision("high") sets it): the floor is then the
+    profile's tf32 peak, not fp32's (7x lower on the H200), read at the call.
+    On the CPU the same rule through oneDNN's setting."""
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(1024, 1024, generator=g), torch.randn(1024, 1024, generator=g)
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "hardware": {"profile": "H200"}})
+    try:
+        torch.backends.mkldnn.matmul.fp32_precision = precision
+        torch.mm(a, b)
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = before
+    (r,) = routes(us.report(), "aten::mm")
+    w, q = 2 * 1024 ** 3, 4 * 3 * 1024 * 1024
+    want = max(w / H200["p_peak"][path], q / H200["b_peak"]) * 1e9
+    assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, abs=1e-3)
