@@ -363,3 +363,24 @@ def test_a_float32_gemm_is_floored_by_the_path_torch_allows(us, precision, path)
     w, q = 2 * 1024 ** 3, 4 * 3 * 1024 * 1024
     want = max(w / H200["p_peak"][path], q / H200["b_peak"]) * 1e9
     assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, abs=1e-3)
+
+
+def test_grouped_mm_in_decode_reads_at_most_one_expert_per_row(us):
+    """HF MoE decode: a few rows over many experts. At most min(G, rows)
+    experts can be active, so only their weights count (counting all of
+    them gave T_SOL 16x too high and S above 1); the rows' expert ids live on
+    the device, so the bound is min(G, rows), not the exact active set."""
+    g = torch.Generator().manual_seed(5)
+    T, G, K, N = 4, 64, 256, 128
+    xs = torch.randn(T, K, generator=g).to(torch.bfloat16)
+    ws = torch.randn(G, K, N, generator=g).to(torch.bfloat16)
+    offs = torch.tensor([1] * 3 + [T] * (G - 3), dtype=torch.int32)  # rows in experts 0, 1, 2 and 3
+    us.enable({"operators": {"grouped_mm": {"mode": "observe", "sample": 1.0}}, "hardware": {"profile": "H200"}})
+    torch._grouped_mm(xs, ws, offs=offs)
+    (r,) = routes(us.report(), "aten::_grouped_mm")
+    active = min(G, T)
+    q = 2 * T * K + active * K * N * 2 + 4 * G + 2 * T * N
+    want = max(2 * T * K * N / H200["p_peak"]["bf16"], q / H200["b_peak"]) * 1e9
+    every = max(2 * T * K * N / H200["p_peak"]["bf16"], (q + (G - active) * K * N * 2) / H200["b_peak"]) * 1e9
+    assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, abs=1e-3)
+    assert every > 10 * want
