@@ -109,6 +109,9 @@ int ust__binding_needs_names(const struct ust__binding *b);
  * Thread-safe: the first caller resolves, the others wait for it. */
 void ust__binding_resolve(struct ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes);
 const char *ust__binding_display(const struct ust__binding *b);
+/* The op the binding intercepts: "ns::name" and its overload ("" the default). */
+const char *ust__binding_qualname(const struct ust__binding *b);
+const char *ust__binding_overload(const struct ust__binding *b);
 /* The schema's name of argument i, stable while enabled; "?" if unknown. */
 const char *ust__binding_arg_name(const struct ust__binding *b, int i);
 
@@ -203,6 +206,9 @@ typedef struct ust__seam_i {
   int (*register_hook)(struct ust__hook *hook, const char *qualname, const char *overload, const char *display);
   /* 1 when the op has a schema in this process now. */
   int (*op_defined)(const char *qualname, const char *overload);
+  /* When b's op is defined now: read its schema into b (argument names,
+   * what it writes: ust__binding_resolve) and return 1; else 0. */
+  int (*resolve_binding)(struct ust__binding *b);
   /* A torch op's handle (lives as long as the process), or NULL while the op
    * is not defined. */
   void *(*resolve_op)(const char *qualname, const char *overload);

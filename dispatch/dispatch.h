@@ -119,6 +119,7 @@ typedef struct ust__roofline_prog {
   char w_dtype[UST__NAME_MAX];
   int w_dtype_index;               /* resolved against the schema; -1 if absent */
   int w_tf32;                      /* ust__roofline_def.w_tf32 */
+  char unscorable[200];            /* once resolved: why its calls cannot be scored, "" when they can */
 } ust__roofline_prog;
 
 /* Compile def (borrowed); errors are UST_EPROBLEM naming where. */

@@ -37,15 +37,24 @@ void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *
                            ust__log_sink *log) {
   if (!p->present)
     return;
+  p->unscorable[0] = '\0';
   for (int v = 0; v < p->n_vars; v++) {
-    if (ust__dim_resolve(&p->vars[v], nargs, names) != 0)
+    if (ust__dim_resolve(&p->vars[v], nargs, names) != 0) {
+      if (p->unscorable[0] == '\0')
+        snprintf(p->unscorable, sizeof p->unscorable, "its roofline names argument '%s', which the schema lacks",
+                 p->vars[v].arg);
       ust__log(log, UST_LOG_WARN, "%s: its roofline names argument '%s', which the schema lacks: calls are not scored",
                display, p->vars[v].arg);
+    }
   }
   p->w_dtype_index = ust__arg_lookup(p->w_dtype, nargs, names);
-  if (p->w_dtype_index < 0)
+  if (p->w_dtype_index < 0) {
+    if (p->unscorable[0] == '\0')
+      snprintf(p->unscorable, sizeof p->unscorable, "its roofline's W_dtype names argument '%s', which the schema "
+               "lacks", p->w_dtype);
     ust__log(log, UST_LOG_WARN, "%s: its roofline's W_dtype names argument '%s', which the schema lacks", display,
              p->w_dtype);
+  }
 }
 
 int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, int tf32, double w[UST__N_PATHS],

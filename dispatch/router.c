@@ -623,6 +623,8 @@ int ust__binding_needs_names(const ust__binding *b) {
 }
 
 const char *ust__binding_display(const ust__binding *b) { return b->display; }
+const char *ust__binding_qualname(const ust__binding *b) { return b->qualname; }
+const char *ust__binding_overload(const ust__binding *b) { return b->overload; }
 const char *ust__binding_arg_name(const ust__binding *b, int i) {
   return i >= 0 && i < b->n_arg_names ? b->arg_names[i] : "?";
 }

@@ -1143,7 +1143,21 @@ int tf32_matmul(int device) {
   }
 }
 
-const ust__seam_i kSeam = {kTorchVersion, register_hook, op_defined, resolve_op, tf32_matmul};
+int resolve_binding(ust__binding *b) {
+  try {
+    auto op = c10::Dispatcher::singleton().findSchema(
+        c10::OperatorName(ust__binding_qualname(b), ust__binding_overload(b)));
+    if (!op.has_value())
+      return 0;
+    if (ust__binding_needs_names(b))
+      resolve_names(b, *op);
+    return 1;
+  } catch (...) {
+    return 0;
+  }
+}
+
+const ust__seam_i kSeam = {kTorchVersion, register_hook, op_defined, resolve_binding, resolve_op, tf32_matmul};
 
 } // namespace
 

@@ -460,7 +460,8 @@ int ust_enable(const char *config_json, const char *problems_dir) {
       rc = UST_ETORCH;
       goto fail;
     }
-    if (!c->seam->op_defined(b->qualname, b->overload))
+    /* a defined op's schema is read now: what its roofline cannot score is known at enable */
+    if (!c->seam->resolve_binding(b))
       ust__log(&c->log, UST_LOG_INFO, "%s is not defined in this process yet; it is intercepted once it is",
                b->display);
   }

@@ -280,10 +280,22 @@ static cJSON *report_raw(ust__engine *e) {
       cJSON_AddItemToObject(jo, "candidate", candidate_json(&eo->candidate));
     double untracked = 0;
     cJSON *bindings = cJSON_AddArrayToObject(jo, "bindings");
+    cJSON *unscorable = NULL;
     for (int bi = 0; bi < e->n_bindings; bi++)
       if (e->bindings[bi].op == &eo->op) {
-        cJSON_AddItemToArray(bindings, cJSON_CreateString(e->bindings[bi].display));
-        untracked += (double)atomic_load(&e->bindings[bi].untracked);
+        const ust__binding *b = &e->bindings[bi];
+        cJSON_AddItemToArray(bindings, cJSON_CreateString(b->display));
+        untracked += (double)atomic_load(&b->untracked);
+        /* resolved once its op's schema was read (at enable, or its first call) */
+        const char *why = !b->roofline.present ? "its definition has no roofline"
+                          : atomic_load(&((ust__binding *)b)->resolved) == 2 && b->roofline.unscorable[0] != '\0'
+                              ? b->roofline.unscorable
+                              : NULL;
+        if (why != NULL) {
+          if (unscorable == NULL)
+            unscorable = cJSON_AddObjectToObject(jo, "unscorable");
+          cJSON_AddStringToObject(unscorable, b->display, why);
+        }
       }
     if (eo->problem->n_hosted > 0) {
       /* no op of its own: its traffic is scored under the operators binding these */

@@ -384,3 +384,27 @@ def test_grouped_mm_in_decode_reads_at_most_one_expert_per_row(us):
     every = max(2 * T * K * N / H200["p_peak"]["bf16"], (q + (G - active) * K * N * 2) / H200["b_peak"]) * 1e9
     assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, abs=1e-3)
     assert every > 10 * want
+
+
+def test_a_roofline_the_schema_cannot_feed_is_reported_per_binding_at_enable(us, tmp_path):
+    """A definition whose roofline names an argument the op's schema lacks
+    (an older build of a framework's op, say) scores none of its calls: the
+    report says so per binding from enable on, not only a log line."""
+    import shutil
+    pdir = tmp_path / "problems"
+    shutil.copytree(understudy.problems_dir(), pdir)
+    silu = json.loads((pdir / "silu.json").read_text())
+    silu["bindings"][1]["roofline"]["vars"]["B"] = "bytes(input)"  # aten::silu_ has no 'input'
+    (pdir / "silu.json").write_text(json.dumps(silu))
+    us.enable({"operators": {"silu": {"mode": "observe", "sample": 1.0}, "gemm": "observe"},
+               "hardware": {"profile": "H200"}}, problems=pdir)
+    rep = us.report()
+    ops = {o["name"]: o for o in rep["operators"]}
+    assert ops["silu"]["unscorable"] == {"aten::silu_": "its roofline names argument 'input', which the schema lacks"}
+    assert "unscorable" not in ops["gemm"]
+    x = torch.randn(4, 8)
+    torch.nn.functional.silu(x)
+    torch.nn.functional.silu(x.clone(), inplace=True)  # aten::silu_
+    (ok,) = routes(us.report(), "aten::silu")
+    (bad,) = routes(us.report(), "aten::silu_")
+    assert ok["roofline"]["calls"] == 1 and bad["roofline"]["calls"] == 0 and bad["roofline"]["unscored"] == 1
