@@ -601,7 +601,7 @@ def _on_disable() -> None:
                 active.stop()
             elif isinstance(active, MultiprocessExporter):
                 from . import report
-                active.stop(final_source=lambda: report(flush_timings=True))
+                active.stop(final_source=lambda: report(flush_timings=False))  # never waits on the device
             else:
                 from prometheus_client import REGISTRY
                 REGISTRY.unregister(active)

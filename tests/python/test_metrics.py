@@ -399,6 +399,15 @@ def test_busy_port_warns_and_understudy_runs_on(us):
         assert st["mode"] is None and "Address already in use" in st["error"]
 
 
+def test_export_that_cannot_start_warns_and_understudy_runs_on(us, monkeypatch, tmp_path):
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
+    with pytest.warns(RuntimeWarning, match="metrics could not be started.*is not a directory"):
+        us.enable({"operators": {"silu": {"sample": 1.0}}, "metrics": {}})
+    torch.nn.functional.silu(torch.randn(2, 3))
+    assert sum(s["calls"] for o in us.report()["operators"] for s in o["shapes"]) == 1
+    assert understudy.metrics.status()["mode"] is None
+
+
 def test_registry_mode_in_a_process_serving_prometheus(us, monkeypatch):
     """metrics: {} in a process without PROMETHEUS_MULTIPROC_DIR: the figures
     join prometheus_client's default registry, the one a host's /metrics
