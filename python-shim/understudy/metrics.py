@@ -372,9 +372,9 @@ class MetricsServer:
         self.collector = collector
         self.host = host
         started = prom.start_http_server(port, addr=host, registry=_registry_of(collector))
-        if started is None:  # prometheus_client before 0.20 returns nothing to stop
-            raise MetricsUnavailable(-7, "UST_ENOTFOUND", "this prometheus_client cannot stop its server: "
-                                     "pip install 'prometheus_client>=0.20'")
+        if started is None:  # older prometheus_client versions return nothing to stop
+            raise MetricsUnavailable(-7, "UST_ENOTFOUND", "this prometheus_client's server cannot be stopped: "
+                                     "pip install -U prometheus_client")
         self._httpd, self._thread = started
         self.port = self._httpd.server_address[1]
 
@@ -411,8 +411,8 @@ class MultiprocessExporter:
         try:
             from prometheus_client.mmap_dict import MmapedDict, mmap_key
         except ImportError as e:
-            raise MetricsUnavailable(-7, "UST_ENOTFOUND", f"this prometheus_client lacks its multiprocess files "
-                                     f"({e}): pip install 'prometheus_client>=0.17'") from None
+            raise MetricsUnavailable(-7, "UST_ENOTFOUND", f"this prometheus_client lacks the multiprocess files' "
+                                     f"writer ({e}): pip install -U prometheus_client") from None
         path = path or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if not path or not os.path.isdir(path):
             raise ValueError(f"the multiprocess directory {path!r} is not a directory "
