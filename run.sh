@@ -15,7 +15,8 @@
 # headers (apt, as root), CMake and ninja, torch==2.13.0 when the Python has no
 # torch (an existing torch is kept: the library is built against it), and pytest;
 # `test` also installs hipcc and libamdhip64-dev to check that the GPU code
-# builds as HIP (UST_SKIP_HIP=1 skips that step, e.g. on a machine without apt).
+# builds as HIP (UST_SKIP_HIP=1 skips that step, e.g. on a machine without apt),
+# and Prometheus (promtool, the server) and prometheus_client for the metrics tests.
 # PYTHON selects the interpreter (default python3); BUILD_DIR the build tree.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -49,6 +50,30 @@ setup() {
   if [ "${1:-}" = test ] && ! "$PY" -c 'import pytest' 2>/dev/null; then
     "$PY" -m pip install -q pytest
   fi
+  if [ "${1:-}" = test ]; then
+    { command -v promtool && command -v prometheus; } >/dev/null || install_prometheus
+    "$PY" -c 'import prometheus_client' 2>/dev/null || "$PY" -m pip install -q prometheus_client
+  fi
+}
+
+install_prometheus() {
+  # promtool and the Prometheus server, which the metrics tests run (their own
+  # servers, on loopback): the distribution's package without the node exporter
+  # it recommends, and without starting its system service (a policy-rc.d that
+  # says no, only for the install and only where none is in place).
+  if [ "$(id -u)" != 0 ]; then
+    echo "run.sh: promtool or prometheus missing and not root: apt-get install --no-install-recommends prometheus" >&2
+    exit 1
+  fi
+  log "installing prometheus (promtool and the server, for the metrics tests)"
+  local policy=/usr/sbin/policy-rc.d made= rc=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made=1
+  fi
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
+      >/dev/null; } || rc=$?
+  [ -z "$made" ] || rm -f "$policy"
+  return "$rc"
 }
 
 # configure DIR [cmake options...]: once per build tree.

@@ -417,10 +417,36 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
   return 0;
 }
 
+/* "metrics": {port, host, top_keys}. The Python package acts on it (an endpoint
+ * of its own, or the host's Prometheus registry); the core only checks it, so
+ * that a mistake is refused at enable like any other field. */
+static int parse_metrics(const cJSON *m) {
+  static const char *const keys[] = {"port", "host", "top_keys", NULL};
+  int rc = section(m, "metrics", keys), n;
+  if (rc != 0)
+    return rc;
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, "port");
+  if (v != NULL && (rc = parse_int(v, "metrics.port", 0, 65535, &n)) != 0)
+    return rc;
+  const cJSON *host = cJSON_GetObjectItemCaseSensitive(m, "host");
+  if (host != NULL) {
+    if (!cJSON_IsString(host) || host->valuestring[0] == '\0' || strlen(host->valuestring) > 255)
+      return ust__error(UST_ECONFIG, "config: 'metrics.host' must be a non-empty string of at most 255 "
+                                     "characters (the address the endpoint binds, e.g. \"127.0.0.1\")");
+    if (v == NULL)
+      return ust__error(UST_ECONFIG, "config: 'metrics.host' needs 'metrics.port' (the host is where the "
+                                     "stand-alone endpoint binds)");
+  }
+  if ((v = cJSON_GetObjectItemCaseSensitive(m, "top_keys")) != NULL &&
+      (rc = parse_int(v, "metrics.top_keys", 1, 65536, &n)) != 0)
+    return rc;
+  return 0;
+}
+
 static int parse_root(const cJSON *root, ust__config *cfg) {
   static const char *const keys[] = {"version", "problems_dir", "report", "log_level", "max_routes",
                                      "defaults", "operators", "shadow", "hardware", "state", "disable_timeout_s",
-                                     NULL};
+                                     "metrics", NULL};
   if (!cJSON_IsObject(root))
     return ust__error(UST_ECONFIG, "config: the top level must be a JSON object");
   int rc = check_keys(root, "", keys);
@@ -508,6 +534,9 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
         (rc = parse_sample(v, "defaults.sample", &cfg->default_sample)) != 0)
       return rc;
   }
+  const cJSON *metrics = cJSON_GetObjectItemCaseSensitive(root, "metrics");
+  if (metrics != NULL && (rc = parse_metrics(metrics)) != 0)
+    return rc;
   const cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
   cfg->all_operators = ops == NULL;
   if (ops != NULL && (rc = parse_operators(ops, cfg)) != 0)

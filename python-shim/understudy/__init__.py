@@ -197,6 +197,7 @@ def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLi
     _check(lib.ust_enable(text.encode(), None if pdir is None else os.fsencode(os.fspath(pdir))))
     global _enabled_with
     _enabled_with = config if config is not None else os.environ.get("UNDERSTUDY_CONFIG")
+    metrics._on_enable(text)  # the config's "metrics" section; warns, never raises
 
 
 _enabled_with: ConfigLike = None
@@ -206,6 +207,7 @@ def disable() -> None:
     """Unregister every interceptor and write the final report (if configured)."""
     if _lib is None:
         return
+    metrics._on_disable()  # a multiprocess export writes its last figures while the report is there
     _check(_lib.ust_disable())
 
 
@@ -325,4 +327,5 @@ def write_report(path: Optional[Union[str, os.PathLike]] = None) -> None:
 
 
 from .candidates import compare, native, register_candidate, sha256_of  # noqa: E402
+from . import metrics  # noqa: E402
 from .metrics import metrics_text, serve_metrics  # noqa: E402
