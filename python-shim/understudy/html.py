@@ -470,6 +470,8 @@ def render(rep: dict, *, all_operators: bool = False, title: str = None) -> str:
     ops = _ops(rep, all_operators)
     hidden = [] if all_operators else hidden_operators(rep)
     tot = rep.get("totals", {})
+    if title is None and rep.get("merged_from"):
+        title = f"understudy report: {int(rep['merged_from'])} reports of {', '.join(rep.get('hosts', [])) or '?'}"
     title = title or f"understudy report: {rep.get('host', '?')} pid {rep.get('pid', '?')}"
     chart, chart_note = roofline_svg(rep, ops)
     span_s = (rep.get("generated_unix_ms", 0) - rep.get("started_unix_ms", 0)) / 1000.0
