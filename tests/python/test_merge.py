@@ -150,7 +150,11 @@ def split(rep, k, seed=0):
                 for f in ("calls", "unscored", "time_ns_sum", "candidate_calls", "candidate_time_ns_sum", "work_calls"):
                     for p, c in zip(ps, _split_int(s["roofline"][f], k, rng)):
                         p["roofline"][f] = c
-                for f in ("tsol_ns_sum", "candidate_tsol_ns_sum", "flops_sum", "bytes_sum"):  # with fractions
+                for f in ("flops_sum", "bytes_sum"):  # whole numbers here: split as such, they add back exactly
+                    assert float(s["roofline"][f]).is_integer(), (s["key"], f)
+                    for p, c in zip(ps, _split_int(s["roofline"][f], k, rng)):
+                        p["roofline"][f] = c
+                for f in ("tsol_ns_sum", "candidate_tsol_ns_sum"):  # ns, with fractions
                     fr = [rng.random() + 0.1 for _ in range(k)]
                     for p, x in zip(ps, fr):
                         p["roofline"][f] = s["roofline"][f] * x / sum(fr)
