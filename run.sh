@@ -14,9 +14,10 @@
 # Set-up installs what is missing: the distribution's cJSON, uthash and dlpack
 # headers (apt, as root), CMake and ninja, torch==2.13.0 when the Python has no
 # torch (an existing torch is kept: the library is built against it), and pytest;
-# `test` also installs hipcc and libamdhip64-dev to check that the GPU code
-# builds as HIP (UST_SKIP_HIP=1 skips that step, e.g. on a machine without apt),
-# and Prometheus (promtool, the server) and prometheus_client for the metrics tests.
+# `test` also installs Chromium (the HTML report is rendered headless in a
+# test), Prometheus (promtool, the server) and prometheus_client for the
+# metrics tests, and hipcc and libamdhip64-dev to check that the GPU code
+# builds as HIP (UST_SKIP_HIP=1 skips that step, e.g. on a machine without apt).
 # PYTHON selects the interpreter (default python3); BUILD_DIR the build tree.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -30,6 +31,7 @@ need_apt=()
 [ -f /usr/include/uthash.h ] || need_apt+=(uthash-dev)
 [ -f /usr/include/dlpack/dlpack.h ] || need_apt+=(libdlpack-dev)
 [ "${1:-}" != test ] || command -v valgrind >/dev/null || need_apt+=(valgrind)
+[ "${1:-}" != test ] || command -v chromium >/dev/null || need_apt+=(chromium)
 
 setup() {
   if [ ${#need_apt[@]} -gt 0 ] && [ -z "${UST_DEPS_PREFIX:-}" ]; then

@@ -210,6 +210,10 @@ static uint64_t call_tsol_ps(ust__route *r, const ust__call *call) {
     return 0;
   }
   ust__figs_note_hw(&r->figs, hw);
+  double flops = 0;
+  for (int p = 0; p < UST__N_PATHS; p++)
+    flops += w[p];
+  ust__figs_note_work(&r->figs, flops, qr + qw);
   return (uint64_t)(seconds * 1e12 + 0.5);
 }
 

@@ -165,6 +165,11 @@ static cJSON *roofline_json(const ust__route_snap *s) {
   add_num(j, "candidate_calls", (double)f->cand.calls);
   add_num(j, "candidate_tsol_ns_sum", (double)f->cand.tsol_ps / 1000.0);
   add_num(j, "candidate_time_ns_sum", (double)f->cand.time_ns);
+  /* W and Q summed over the calls whose floor was evaluated: intensity and
+   * achieved FLOP/s for a roofline chart */
+  add_num(j, "work_calls", (double)f->work_calls);
+  add_num(j, "flops_sum", f->flops);
+  add_num(j, "bytes_sum", f->bytes);
   const char *est = s->binding->def->roofline.estimate;
   if (est[0] != '\0')
     cJSON_AddStringToObject(j, "estimate", est);
@@ -243,6 +248,30 @@ static cJSON *candidate_json(const ust__candidate *c) {
   return jc;
 }
 
+/* The hardware profiles the routes were scored against: their ceilings,
+ * so that a reader of the report draws the roofline without the files. */
+static cJSON *profiles_json(const ust__route_snap *snaps, int nr) {
+  cJSON *arr = cJSON_CreateArray();
+  for (int i = 0; i < nr; i++) {
+    const ust__hw_profile *hw = snaps[i].figs.hw;
+    int seen = hw == NULL;
+    for (int k = 0; k < i && !seen; k++)
+      seen = snaps[k].figs.hw == hw;
+    if (seen)
+      continue;
+    cJSON *jh = cJSON_CreateObject();
+    cJSON_AddStringToObject(jh, "name", hw->name);
+    cJSON *pk = cJSON_AddObjectToObject(jh, "p_peak");
+    for (int p = 0; p < UST__N_PATHS; p++)
+      if (hw->p_peak[p] > 0)
+        add_num(pk, ust__path_name(p), hw->p_peak[p]);
+    add_num(jh, "b_peak", hw->b_peak);
+    cJSON_AddStringToObject(jh, "source", hw->source != NULL ? hw->source : "");
+    cJSON_AddItemToArray(arr, jh);
+  }
+  return arr;
+}
+
 /* The additive report of e: figures as counted, nothing derived. */
 static cJSON *report_raw(ust__engine *e) {
   ust__route_snap *snaps = NULL;
@@ -314,6 +343,7 @@ static cJSON *report_raw(ust__engine *e) {
   cJSON *tot = cJSON_AddObjectToObject(root, "totals");
   add_num(tot, "untracked", untracked_all);
   add_num(tot, "internal_errors", (double)atomic_load(&e->router.internal_errors));
+  cJSON_AddItemToObject(root, "hardware", profiles_json(snaps, nr));
   ust__routes_snapshot_free(snaps, nr);
   return root;
 }
@@ -507,6 +537,14 @@ int ust__report_derive(cJSON *root) {
                               ? ust__route_s(num(roof, "candidate_tsol_ns_sum"), nc, cp50) : -1;
         set_s(roof, "S", sp);
         set_s(roof, "S_candidate", sc);
+        /* the roofline chart's coordinates: FLOP per byte, and FLOP/s at
+         * the median time (as S is), so a point lies S below its roof */
+        const double wc = num(roof, "work_calls"), fl = num(roof, "flops_sum"), by = num(roof, "bytes_sum");
+        const double w_mean = wc > 0 ? fl / wc : 0;
+        set_s(roof, "intensity", wc > 0 && by > 0 ? fl / by : -1);
+        set_s(roof, "flops_mean", wc > 0 ? w_mean : -1);
+        set_s(roof, "achieved_flops_s", w_mean > 0 && p50 > 0 ? w_mean / p50 * 1e9 : -1);
+        set_s(roof, "candidate_achieved_flops_s", w_mean > 0 && cp50 > 0 ? w_mean / cp50 * 1e9 : -1);
         if (sp >= 0) {
           if ((rc = push(&sv, sp)) != 0 || (rc = push(&sph[ph], sp)) != 0)
             goto out;

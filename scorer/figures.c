@@ -46,6 +46,29 @@ void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw) {
     atomic_store_explicit(&f->hw, hw, memory_order_relaxed);
 }
 
+static void add_double(_Atomic uint64_t *a, double x) {
+  uint64_t old = atomic_load_explicit(a, memory_order_relaxed), next;
+  do {
+    double d;
+    memcpy(&d, &old, sizeof d);
+    d += x;
+    memcpy(&next, &d, sizeof next);
+  } while (!atomic_compare_exchange_weak_explicit(a, &old, next, memory_order_relaxed, memory_order_relaxed));
+}
+
+static double load_double(_Atomic uint64_t *a) {
+  uint64_t bits = atomic_load(a);
+  double d;
+  memcpy(&d, &bits, sizeof d);
+  return d;
+}
+
+void ust__figs_note_work(ust__figs *f, double flops, double bytes) {
+  add_double(&f->flops_bits, flops);
+  add_double(&f->bytes_bits, bytes);
+  atomic_fetch_add_explicit(&f->work_calls, 1, memory_order_relaxed);
+}
+
 double ust__figs_speedup(ust__figs *f) {
   double tp = ust__hist_quantile_live(&f->hist, 0.5), tc = ust__hist_quantile_live(&f->cand_hist, 0.5);
   return tp > 0 && tc > 0 ? tp / tc : 0;
@@ -119,6 +142,9 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->hw = atomic_load(&f->hw);
   roof_snap(&f->prod, &out->prod);
   roof_snap(&f->cand, &out->cand);
+  out->work_calls = atomic_load(&f->work_calls);
+  out->flops = load_double(&f->flops_bits);
+  out->bytes = load_double(&f->bytes_bits);
   if (ust__hist_sparse_take(&f->hist, &out->hist) != 0 || ust__hist_sparse_take(&f->cand_hist, &out->cand_hist) != 0)
     return UST_ENOMEM;
   return 0;

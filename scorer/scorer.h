@@ -162,6 +162,10 @@ typedef struct ust__figs {
   ust__roof_sums prod;
   ust__roof_sums cand;                 /* the candidate's, over its passing verifications */
   ust__hist cand_hist;                 /* the candidate's latency, over verified calls */
+  /* W and Q of the calls whose floor was evaluated (doubles as bits: a big
+   * GEMM's FLOPs overflow an integer sum within a day of traffic) */
+  atomic_uint_fast64_t work_calls;
+  _Atomic uint64_t flops_bits, bytes_bits;
 } ust__figs;
 
 int ust__figs_init(ust__figs *f);
@@ -172,6 +176,9 @@ void ust__figs_prod_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps);
 void ust__figs_cand_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int passed);
 /* The profile a scored call ran on; stored only when it changes. */
 void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw);
+/* The work of a call whose floor was evaluated: W (FLOPs, every path) and
+ * Q (bytes read and written). Thread-safe, lock-free. */
+void ust__figs_note_work(ust__figs *f, double flops, double bytes);
 
 /* Production's median latency over the candidate's; 0 when either is empty. */
 double ust__figs_speedup(ust__figs *f);
@@ -200,6 +207,8 @@ typedef struct ust__figs_snap {
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
   ust__roof_snap prod, cand;
+  uint64_t work_calls;
+  double flops, bytes; /* sums over the work_calls */
 } ust__figs_snap;
 
 /* 0, or UST_ENOMEM (free what it took with ust__figs_snap_free either way). */

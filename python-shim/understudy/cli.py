@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     rp = sub.add_parser("report", help="print a JSON report as a table")
     rp.add_argument("file")
     rp.add_argument("--shapes", type=int, default=8, help="shape keys shown per operator")
+    rp.add_argument("--all", action="store_true", help="also the operators that saw no call")
     mp = sub.add_parser("merge", help="merge reports from many processes into one, exactly")
     mp.add_argument("out", help="where the merged report is written (atomically)")
     mp.add_argument("reports", nargs="+")
@@ -65,7 +66,15 @@ def main(argv=None) -> int:
     dp.add_argument("--report", default="understudy-demo-report.json")
     dp.add_argument("--model", default="small", choices=["small", "llama-8b-shaped", "qwen3-moe-shaped"],
                     help="small (default), or HF models with real serving dimensions and 2 layers (GPU)")
+    hp = sub.add_parser("html", help="write a report as one self-contained HTML page (roofline chart, verdicts)")
+    hp.add_argument("report")
+    hp.add_argument("-o", "--out", required=True, help="the HTML file to write")
+    hp.add_argument("--all", action="store_true", help="also the operators that saw no call")
     args = ap.parse_args(argv)
+    if args.cmd == "html":
+        from understudy.html import main as html_main
+
+        return html_main(args.report, args.out, all_operators=args.all)
     if args.cmd == "report":
         try:
             with open(args.file) as f:
@@ -76,7 +85,7 @@ def main(argv=None) -> int:
         if rep.get("schema") != "understudy.report":
             print(f"understudy: '{args.file}' is not an understudy report", file=sys.stderr)
             return 2
-        print(format_report(rep, max_shapes=args.shapes))
+        print(format_report(rep, max_shapes=args.shapes, all_operators=args.all))
         verdicts = format_verdicts(rep)
         if verdicts:
             print("\n" + verdicts)

@@ -35,7 +35,7 @@ ADD_SHAPE = ("calls", "captured", "timing_dropped")
 ADD_SHADOW = ("calls", "verified", "passed", "failed", "skipped", "unverifiable", "bytes_copied", "overdue",
               "process_passed")
 ADD_ROOF = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",
-            "candidate_time_ns_sum")
+            "candidate_time_ns_sum", "work_calls", "flops_sum", "bytes_sum")
 
 
 class MergeError(ValueError):
@@ -169,6 +169,7 @@ def merge(reports: Iterable[dict]) -> dict:
         "started_unix_ms": min(r.get("started_unix_ms", 0) for r in reports),
         "generated_unix_ms": max(r.get("generated_unix_ms", 0) for r in reports),
         "histogram": first["histogram"], "operators": out_ops,
+        "hardware": list({h["name"]: h for r in reports for h in r.get("hardware", [])}.values()),
         "totals": {"untracked": sum(m["untracked"] for m in ops.values()),
                    "internal_errors": sum(r["totals"].get("internal_errors", 0) for r in reports)},
     }

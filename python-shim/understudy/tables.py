@@ -1,13 +1,54 @@
-"""Reports as text tables, for people: the CLI's `report` and the demo."""
+"""Reports as text tables, for people: the CLI's `report` and the demo.
+
+Shape keys are printed whole (a column as wide as the longest), figures a
+key does not have print as `-` (latency of a key none of whose calls was
+timed, S of a key without a floor), operators that saw no call are left out
+unless asked for, and each table ends with a legend of its columns."""
 from __future__ import annotations
 
+DASH = "-"
 
-def _us(ns: float) -> str:
-    return f"{ns / 1000.0:9.1f}"
+REPORT_LEGEND = (
+    ("mode", "what the operator's routes do (off, observe, shadow, canary, live, rolled_back)"),
+    ("calls", "calls seen"),
+    ("capt", "calls made while a CUDA graph was captured (never timed)"),
+    ("p50/p90/p99 us", "production's latency over the timed calls, microseconds"),
+    ("weight", "share of the estimated device time"),
+    ("S", "roofline floor T_SOL / median time; 1 is the hardware's floor"),
+    (DASH, "not measured: none of the key's calls was timed (by default 1 call in 16 is), "
+           "or no floor (no hardware profile, or a dtype without a peak)"),
+)
+
+VERDICT_LEGEND = (
+    ("mode", "the route's mode now"),
+    ("calls", "sampled calls that ran the candidate beside production"),
+    ("verif", "calls whose outputs were compared: pass + fail"),
+    ("skip", "not compared (in-flight bound, production raised, an internal error)"),
+    ("speedup", "production's median latency / the candidate's; - when either was not timed"),
+)
 
 
-def format_report(rep: dict, *, max_shapes: int = 8) -> str:
-    """A readable table of a report: operators by weight, their hottest shape keys."""
+def _legend(rows) -> list:
+    w = max(len(k) for k, _ in rows)
+    return ["legend:"] + [f"  {k:<{w}}  {v}" for k, v in rows]
+
+
+def _us(ns) -> str:
+    return f"{ns / 1000.0:.1f}"
+
+
+def _num(v, fmt: str) -> str:
+    return DASH if v is None else format(v, fmt)
+
+
+def hidden_operators(rep: dict) -> list:
+    """Names of the operators that saw no call, in report order."""
+    return [o["name"] for o in rep.get("operators", []) if not o.get("calls")]
+
+
+def format_report(rep: dict, *, max_shapes: int = 8, all_operators: bool = False, legend: bool = True) -> str:
+    """A readable table of a report: operators by weight, their hottest shape
+    keys. Operators without calls only with all_operators."""
     lines = []
     tot = rep.get("totals", {})
     lines.append(f"understudy report (schema {rep.get('schema')} v{rep.get('version')}, "
@@ -22,67 +63,87 @@ def format_report(rep: dict, *, max_shapes: int = 8) -> str:
         lines.append(f"roofline: S_agg production {tot['S_agg']:.3f}, candidates {tot.get('S_agg_candidate', 0):.3f} "
                      f"(S = T_SOL / median time; 1 is the hardware's floor)"
                      + (f"; candidate coverage: {', '.join(cov)}" if cov else ""))
+    hidden = [] if all_operators else hidden_operators(rep)
+    if hidden:
+        lines.append(f"{len(hidden)} operators without calls not shown (--all shows them)")
     lines.append("")
-    head = (f"{'operator / shape key':<64} {'mode':>8} {'calls':>8} {'capt':>6} {'p50 us':>9} {'p90 us':>9} "
-            f"{'p99 us':>9} {'weight':>7} {'S':>7}")
-    lines.append(head)
-    lines.append("-" * len(head))
-    ops = sorted(rep.get("operators", []), key=lambda o: (-o.get("weight", 0), -o.get("calls", 0)))
+    ops = sorted((o for o in rep.get("operators", []) if o["name"] not in hidden),
+                 key=lambda o: (-o.get("weight", 0), -o.get("calls", 0), o["name"]))
+    rows = []  # (label, mode, calls, capt, p50, p90, p99, weight, S)
     for op in ops:
         roof = op.get("roofline", {})
-        s_op = f"{roof['S']:7.3f}" if roof.get("scored_shapes") else f"{'-':>7}"
-        lines.append(f"{op['name']:<64} {op['mode']:>8} {int(op['calls']):>8} {int(op['captured']):>6} "
-                     f"{'':>9} {'':>9} {'':>9} {op['weight']:>7.3f} {s_op}")
-        shapes = sorted(op.get("shapes", []), key=lambda s: (-s.get("weight", 0), -s.get("calls", 0)))
+        rows.append((op["name"], op["mode"], str(int(op["calls"])), str(int(op["captured"])), "", "", "",
+                     f"{op['weight']:.3f}" if op.get("timed") else DASH,
+                     f"{roof['S']:.3f}" if roof.get("scored_shapes") else DASH))
+        shapes = sorted(op.get("shapes", []), key=lambda s: (-s.get("weight", 0), -s.get("calls", 0), s["key"]))
         for s in shapes[:max_shapes]:
             lat = s["latency_ns"]
-            key = s["key"]
-            if len(key) > 62:
-                key = key[:59] + "..."
-            sr = s.get("roofline", {}).get("S")
-            lines.append(f"  {key:<62} {'':>8} {int(s['calls']):>8} {int(s['captured']):>6} "
-                         f"{_us(lat['p50'])} {_us(lat['p90'])} {_us(lat['p99'])} {s['weight']:>7.3f} "
-                         + (f"{sr:7.3f}" if sr is not None else f"{'-':>7}"))
+            timed = bool(s.get("timed"))
+            rows.append(("  " + s["key"], "", str(int(s["calls"])), str(int(s["captured"])),
+                         *(_us(lat[q]) if timed else DASH for q in ("p50", "p90", "p99")),
+                         f"{s['weight']:.3f}" if timed else DASH,
+                         _num(s.get("roofline", {}).get("S"), ".3f")))
         if len(shapes) > max_shapes:
-            lines.append(f"  ... {len(shapes) - max_shapes} more shape keys")
+            rows.append((f"  ... {len(shapes) - max_shapes} more shape keys (--shapes N shows more)",) + ("",) * 8)
+    head = ("operator / shape key", "mode", "calls", "capt", "p50 us", "p90 us", "p99 us", "weight", "S")
+    kw = max([len(head[0])] + [len(r[0]) for r in rows if not r[0].lstrip().startswith("...")])
+    widths = [kw] + [max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i])
+                     for i in range(1, len(head))]
+
+    def line(r):
+        return " ".join([f"{r[0]:<{widths[0]}}"] + [f"{c:>{w}}" for c, w in zip(r[1:], widths[1:])]).rstrip()
+
+    lines.append(line(head))
+    lines.append("-" * len(line(head)))
+    lines += [line(r) for r in rows]
+    if legend:
+        lines += [""] + _legend(REPORT_LEGEND)
     return "\n".join(lines)
 
 
-def format_verdicts(rep: dict) -> str:
+def rollback_line(ev: dict) -> str:
+    """The rollback evidence of a route in one sentence."""
+    what = f"rolled back at shadow call {int(ev['shadow_call'])}: {ev['reason']}"
+    if ev.get("output"):
+        what += f" in {ev['output']}"
+    if "mismatches" in ev:
+        what += (f", {int(ev['mismatches'])} of {int(ev['elements'])} elements outside atol {ev['atol']:g} "
+                 f"rtol {ev['rtol']:g}, max abs err {ev['max_abs_err']:.3g}")
+        fm = ev.get("first_mismatch")
+        if fm:
+            what += f", first at {fm['index']}"
+    if ev.get("message"):
+        what += f" ({ev['message']})"
+    if ev.get("while_serving"):
+        what += (f"; while serving: {int(ev.get('served_before_verdict', 0))} calls served by the candidate "
+                 f"from the failing one until the verdict")
+    return what
+
+
+def format_verdicts(rep: dict, *, legend: bool = True) -> str:
     """Shadow verdicts per route: verified / passed / failed, speedup, rollbacks with evidence."""
-    rows = [(op, s) for op in rep.get("operators", []) for s in op.get("shapes", []) if "shadow" in s]
-    if not rows:
+    pairs = [(op, s) for op in rep.get("operators", []) for s in op.get("shapes", []) if "shadow" in s]
+    if not pairs:
         return ""
-    lines = []
-    head = (f"{'shadow verdicts: route':<58} {'candidate':<34} {'mode':>11} {'calls':>6} {'verif':>6} "
-            f"{'pass':>5} {'fail':>5} {'skip':>5} {'speedup':>8}")
-    lines.append(head)
-    lines.append("-" * len(head))
-    for op, s in rows:
+    head = ("shadow verdicts: route", "candidate", "mode", "calls", "verif", "pass", "fail", "skip", "speedup")
+    rows = []
+    for op, s in pairs:
         sh = s["shadow"]
-        key = s["key"] if len(s["key"]) <= 58 else s["key"][:55] + "..."
-        cand = op.get("candidate", {}).get("name", "?")
-        cand = cand if len(cand) <= 34 else cand[:31] + "..."
-        speed = f"{sh['speedup']:.2f}x" if sh.get("speedup") else "-"
-        lines.append(f"{key:<58} {cand:<34} {s.get('mode', '?'):>11} {int(sh['calls']):>6} {int(sh['verified']):>6} "
-                     f"{int(sh['passed']):>5} {int(sh['failed']):>5} {int(sh['skipped']):>5} {speed:>8}")
-        ev = sh.get("rollback")
+        rows.append((s["key"], op.get("candidate", {}).get("name", "?"), s.get("mode", "?"),
+                     *(str(int(sh[k])) for k in ("calls", "verified", "passed", "failed", "skipped")),
+                     f"{sh['speedup']:.2f}x" if sh.get("speedup") else DASH))
+    widths = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(len(head))]
+
+    def line(r):
+        return " ".join([f"{r[0]:<{widths[0]}}", f"{r[1]:<{widths[1]}}"]
+                        + [f"{c:>{w}}" for c, w in zip(r[2:], widths[2:])]).rstrip()
+
+    lines = [line(head), "-" * len(line(head))]
+    for (op, s), r in zip(pairs, rows):
+        lines.append(line(r))
+        ev = s["shadow"].get("rollback")
         if ev:
-            what = f"  rolled back at shadow call {int(ev['shadow_call'])}: {ev['reason']}"
-            if ev.get("output"):
-                what += f" in {ev['output']}"
-            if "mismatches" in ev:
-                what += (f", {int(ev['mismatches'])} of {int(ev['elements'])} elements outside atol {ev['atol']:g} "
-                         f"rtol {ev['rtol']:g}, max abs err {ev['max_abs_err']:.3g}")
-                fm = ev.get("first_mismatch")
-                if fm:
-                    what += f", first at {fm['index']}"
-            if ev.get("message"):
-                what += f" ({ev['message']})"
-            if ev.get("while_serving"):
-                what += (f"; while serving: {int(ev.get('served_before_verdict', 0))} calls served by the candidate "
-                         f"from the failing one until the verdict")
-            lines.append(what)
+            lines.append("  " + rollback_line(ev))
         ro = s.get("rollout")
         if ro and (ro["served"]["candidate"] or ro.get("last_transition")):
             sv = ro["served"]
@@ -94,4 +155,6 @@ def format_verdicts(rep: dict) -> str:
                 if last.get("reason"):
                     what += f" ({last['reason']})"
             lines.append(what)
+    if legend:
+        lines += [""] + _legend(VERDICT_LEGEND)
     return "\n".join(lines)

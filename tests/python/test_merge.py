@@ -29,9 +29,10 @@ DERIVED_TOTALS = ("calls", "timed", "captured", "routes", "est_device_time_ns", 
 DERIVED_OP = ("calls", "timed", "captured", "device_time_ns", "est_device_time_ns", "weight", "roofline", "phases")
 DERIVED_SHAPE = ("timed", "device_time_ns", "est_device_time_ns", "weight")
 DERIVED_HIST = ("count", "p50", "p90", "p99")
-DERIVED_ROOF = ("tsol_ns_mean", "S", "S_candidate")
+DERIVED_ROOF = ("tsol_ns_mean", "S", "S_candidate", "intensity", "flops_mean", "achieved_flops_s",
+                "candidate_achieved_flops_s")
 ROOF_SUMS = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",
-             "candidate_time_ns_sum")
+             "candidate_time_ns_sum", "work_calls", "flops_sum", "bytes_sum")
 SHADOW_COUNTS = ("calls", "verified", "passed", "failed", "skipped", "unverifiable", "bytes_copied", "overdue",
                  "process_passed")
 
@@ -146,7 +147,11 @@ def split(rep, k, seed=0):
                         p["shadow"]["max_abs_err"] = s["shadow"]["max_abs_err"] / (j + 1)
                         p["shadow"]["max_rel_err"] = s["shadow"]["max_rel_err"] / (j + 1)
             if "roofline" in s:
-                for f in ("calls", "unscored", "time_ns_sum", "candidate_calls", "candidate_time_ns_sum"):
+                for f in ("calls", "unscored", "time_ns_sum", "candidate_calls", "candidate_time_ns_sum", "work_calls"):
+                    for p, c in zip(ps, _split_int(s["roofline"][f], k, rng)):
+                        p["roofline"][f] = c
+                for f in ("flops_sum", "bytes_sum"):  # whole numbers here: split as such, they add back exactly
+                    assert float(s["roofline"][f]).is_integer(), (s["key"], f)
                     for p, c in zip(ps, _split_int(s["roofline"][f], k, rng)):
                         p["roofline"][f] = c
                 for f in ("tsol_ns_sum", "candidate_tsol_ns_sum"):  # ns, with fractions
@@ -489,6 +494,24 @@ def test_two_processes_merge_into_what_the_library_derives_from_their_sums(tmp_p
             elif "roofline" in s:
                 assert s["roofline"][f] is None, (key, f)
     assert sum(1 for r in ref["shapes"].values() if "S_candidate" in r) >= 3
+    charted = 0
+    for o in summed["operators"]:  # the roofline chart's coordinates, from the summed W, Q and medians
+        for w in o["shapes"]:
+            roof, s = w.get("roofline"), shapes[w["key"]]
+            if not roof or not roof["work_calls"]:
+                continue
+            w_mean = roof["flops_sum"] / roof["work_calls"]
+            assert s["roofline"]["intensity"] == pytest.approx(roof["flops_sum"] / roof["bytes_sum"], rel=1e-12)
+            assert s["roofline"]["achieved_flops_s"] == pytest.approx(w_mean / ref["shapes"][w["key"]]["p50"] * 1e9,
+                                                                      rel=1e-12)
+            if "shadow" in w and w["shadow"]["candidate_latency_ns"]["buckets"]:
+                cp50 = ref_quantile(w["shadow"]["candidate_latency_ns"]["buckets"], 0.5)
+                assert s["roofline"]["candidate_achieved_flops_s"] == pytest.approx(w_mean / cp50 * 1e9, rel=1e-12)
+            charted += 1
+    assert charted >= 3
+    h200 = json.loads((ROOT / "problems" / "hardware" / "H200.json").read_text())
+    assert merged["hardware"] == [{"name": h200["name"], "p_peak": h200["p_peak"], "b_peak": h200["b_peak"],
+                                   "source": h200["source"]}]  # the ceilings the routes were scored against
     for o in merged["operators"]:
         r = ref["ops"][o["name"]]
         assert o["weight"] == pytest.approx(r["weight"], rel=1e-12), o["name"]
