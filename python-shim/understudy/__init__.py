@@ -8,7 +8,9 @@ and scores) the kernels that serve each operator and input shape.
     understudy.disable()         # writes the final report
 
 The native library does the work; this package loads it into the running
-torch, passes the config, and reads reports back.
+torch, passes the config, and reads reports back. Installed with pip, it
+also enables itself without code changes where $UNDERSTUDY_CONFIG is set
+(understudy.activation, understudy.plugins).
 """
 from __future__ import annotations
 

@@ -18,7 +18,10 @@ before: the host's own handler is called; with the default action understudy
 is disabled first (the final report and the state file written) and the
 process then dies of SIGTERM as it would have. A handler the host installs
 later replaces this one, which is the host's right; a host that exits through
-SystemExit still gets the final report from atexit.
+SystemExit still gets the final report from atexit. Like every Python signal
+handler it runs when the main thread is back in Python: a SIGTERM that lands
+just before the main thread blocks in one system call waits for that call
+to return (the default action would have ended the process at once).
 
 A process forked from one where understudy is enabled inherits the engine
 without its worker thread; activate() there says so and does nothing, and the

@@ -160,7 +160,13 @@ SIGTERM_SCRIPT = script("""
     if mode == "host-after":
         signal.signal(signal.SIGTERM, host)
     print("ready", os.getpid(), flush=True)
-    sys.stdin.readline()  # until the test says (or a signal ends it)
+    # Until the test says (or a signal ends it): a loop, as a server's main
+    # thread is. A Python handler runs when the main thread is back in
+    # Python; one blocked in a single system call would see a signal that
+    # arrived just before the call began only when the call returns.
+    import time
+    while not os.path.exists(marker + ".release"):
+        time.sleep(0.02)
     print("released", flush=True)
 """)
 
@@ -169,7 +175,7 @@ def sigterm_child(tmp_path, mode):
     script = tmp_path / "serve.py"
     script.write_text(SIGTERM_SCRIPT)
     marker = tmp_path / f"marker-{mode}"
-    p = subprocess.Popen([sys.executable, str(script), mode, str(marker)], stdin=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, str(script), mode, str(marker)], stdin=subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=child_env(tmp_path, observe(tmp_path / "r-{pid}.json")))
     line = p.stdout.readline()
@@ -213,7 +219,8 @@ def test_a_host_that_ignores_sigterm_keeps_ignoring_it(tmp_path):
     p.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     assert p.poll() is None, "SIGTERM ended a process that ignores it"
-    out, err = p.communicate("\n", timeout=60)
+    (tmp_path / "marker-ignored.release").write_text("")
+    out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     assert "released" in out
     assert bound_ops(load_report(tmp_path / f"r-{p.pid}.json")) == EXPECTED

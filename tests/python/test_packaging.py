@@ -199,7 +199,9 @@ SCRIPT = """
                 sys.exit(4)
             signal.signal(signal.SIGTERM, host)
         print("ready", flush=True)
-        sys.stdin.readline()
+        import time
+        while True:  # a server's main loop, until a signal ends it
+            time.sleep(0.02)
 """
 EXPECTED = {"aten::mm": 5, "aten::silu": 2}
 
@@ -229,7 +231,7 @@ def test_sigterm_of_an_installed_process(installed, tmp_path):
     for mode, want_rc in (("default", -signal.SIGTERM), ("host", 4)):
         marker = tmp_path / f"marker-{mode}"
         p = subprocess.Popen([str(installed.python), str(script), mode, str(marker)], cwd=installed.work,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=clean_env(UNDERSTUDY_CONFIG=config(tmp_path)))
         assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.poll() is not None else ""
         p.send_signal(signal.SIGTERM)
