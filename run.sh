@@ -13,7 +13,9 @@
 #
 # Set-up installs what is missing: the distribution's cJSON, uthash and dlpack
 # headers (apt, as root), CMake and ninja, torch==2.13.0 when the Python has no
-# torch (an existing torch is kept: the library is built against it), and pytest;
+# torch (an existing torch is kept: the library is built against it), and pytest
+# and scikit-build-core (with its wheels in $BUILD_DIR/wheelhouse, for the pip
+# packaging test);
 # `test` also installs Chromium (the HTML report is rendered headless in a
 # test), Prometheus (promtool, the server) and prometheus_client for the
 # metrics tests, and hipcc and libamdhip64-dev to check that the GPU code
@@ -55,6 +57,15 @@ setup() {
   if [ "${1:-}" = test ]; then
     { command -v promtool && command -v prometheus; } >/dev/null || install_prometheus
     "$PY" -c 'import prometheus_client' 2>/dev/null || "$PY" -m pip install -q prometheus_client
+    # The packaging test builds the package with pip, without isolation and
+    # without an index: the build backend must be installed, and its wheels
+    # at hand for the isolated build it also tries.
+    "$PY" -c 'import scikit_build_core' 2>/dev/null || "$PY" -m pip install -q "scikit-build-core>=0.10"
+    if ! ls "$BUILD_DIR/wheelhouse"/scikit_build_core-*.whl >/dev/null 2>&1; then
+      "$PY" -m pip download -q --only-binary=:all: -d "$BUILD_DIR/wheelhouse" "scikit-build-core>=0.10"
+    fi
+    UST_WHEELHOUSE=$(cd "$BUILD_DIR/wheelhouse" && pwd)
+    export UST_WHEELHOUSE
   fi
 }
 

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -164,6 +165,116 @@ static int parse_string(const cJSON *v, const char *path, char **out) {
   free(*out);
   *out = ust__strdup(v->valuestring);
   return *out == NULL ? ust__error(UST_ENOMEM, "config: out of memory") : 0;
+}
+
+/* ---- placeholders in paths ---------------------------------------------------------
+ * Many processes (tensor-parallel ranks, a server's workers) often share one
+ * config: {pid}, {rank} and {local_rank} give each its own report and state
+ * file. A rank comes from the variables launchers set, the first one present:
+ * torchrun's (and torch.distributed's env:// convention), OpenMPI's, MPICH's
+ * (Hydra), Slurm's. */
+
+static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
+static const char *const local_rank_vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                              "SLURM_LOCALID", NULL};
+
+/* The first of vars set in the environment, as a decimal rank into buf. */
+static int rank_from_env(const char *subject, const char *name, const char *const *vars, char *buf, size_t cap) {
+  for (int i = 0; vars[i] != NULL; i++) {
+    const char *v = getenv(vars[i]);
+    if (v == NULL || v[0] == '\0')
+      continue;
+    size_t n = strspn(v, "0123456789");
+    if (n == 0 || n > 9 || v[n] != '\0')
+      return ust__error(UST_ECONFIG, "%s uses {%s}, but %s is '%.32s', not a rank (a whole number >= 0)",
+                        subject, name, vars[i], v);
+    snprintf(buf, cap, "%ld", strtol(v, NULL, 10));
+    return 0;
+  }
+  return ust__error(UST_ECONFIG, "%s uses {%s}, but none of %s, %s, %s or %s is set in this process's "
+                    "environment (the launcher sets them: torchrun, mpirun, srun); {pid} names every process apart",
+                    subject, name, vars[0], vars[1], vars[2], vars[3]);
+}
+
+int ust__path_expand(const char *subject, const char *templ, char **out) {
+  *out = NULL;
+  size_t cap = strlen(templ) + 1, len = 0;
+  char *buf = malloc(cap);
+  if (buf == NULL)
+    return ust__error(UST_ENOMEM, "config: out of memory");
+  for (const char *p = templ; *p != '\0';) {
+    char value[32];
+    const char *piece = value;
+    size_t n;
+    if ((p[0] == '{' && p[1] == '{') || (p[0] == '}' && p[1] == '}')) {
+      piece = p, n = 1, p += 2;
+    } else if (p[0] == '}') {
+      free(buf);
+      return ust__error(UST_ECONFIG, "%s has a single '}' at offset %d (write '}}' for a brace)", subject,
+                        (int)(p - templ));
+    } else if (p[0] == '{') {
+      const char *end = strchr(p, '}');
+      const int name_len = end != NULL ? (int)(end - p - 1) : 0;
+      int rc = 0;
+      if (end == NULL) {
+        rc = ust__error(UST_ECONFIG, "%s has a '{' at offset %d that is never closed (write '{{' for a "
+                        "brace)", subject, (int)(p - templ));
+      } else if (name_len == 3 && strncmp(p + 1, "pid", 3) == 0) {
+        snprintf(value, sizeof value, "%ld", (long)getpid());
+      } else if (name_len == 4 && strncmp(p + 1, "rank", 4) == 0) {
+        rc = rank_from_env(subject, "rank", rank_vars, value, sizeof value);
+      } else if (name_len == 10 && strncmp(p + 1, "local_rank", 10) == 0) {
+        rc = rank_from_env(subject, "local_rank", local_rank_vars, value, sizeof value);
+      } else {
+        rc = ust__error(UST_ECONFIG, "%s has an unknown placeholder '{%.*s}' (known: {pid}, {rank}, "
+                        "{local_rank}; '{{' and '}}' for braces)", subject, name_len > 64 ? 64 : name_len, p + 1);
+      }
+      if (rc != 0) {
+        free(buf);
+        return rc;
+      }
+      n = strlen(value);
+      p = end + 1;
+    } else {
+      n = strcspn(p, "{}");
+      piece = p;
+      p += n;
+    }
+    if (len + n + 1 > cap) {
+      char *grown = realloc(buf, cap = 2 * (len + n + 1));
+      if (grown == NULL) {
+        free(buf);
+        return ust__error(UST_ENOMEM, "config: out of memory");
+      }
+      buf = grown;
+    }
+    memcpy(buf + len, piece, n);
+    buf[len += n] = '\0';
+  }
+  *out = buf;
+  return 0;
+}
+
+int ust_expand_path(const char *templ, char **out) {
+  ust__clear_error();
+  if (out == NULL)
+    return ust__error(UST_EINVAL, "expand_path: out is NULL");
+  *out = NULL;
+  if (templ == NULL)
+    return ust__error(UST_EINVAL, "expand_path: the path is NULL");
+  char subject[96];
+  snprintf(subject, sizeof subject, "path '%.64s%s'", templ, strlen(templ) > 64 ? "..." : "");
+  return ust__path_expand(subject, templ, out);
+}
+
+/* A path field: a non-empty string, its placeholders expanded. */
+static int parse_path(const cJSON *v, const char *field, char **out) {
+  if (!cJSON_IsString(v) || v->valuestring[0] == '\0')
+    return ust__error(UST_ECONFIG, "config: '%s' must be a non-empty string", field);
+  char subject[64];
+  snprintf(subject, sizeof subject, "config: '%s'", field);
+  free(*out);
+  return ust__path_expand(subject, v->valuestring, out);
 }
 
 /* "deps": {PATH: HEX, ...}: the pins of a native candidate's dependencies. */
@@ -479,7 +590,7 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
     if ((rc = section(report, "report", rkeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(report, "path")) != NULL &&
-        (rc = parse_string(v, "report.path", &cfg->report_path)) != 0)
+        (rc = parse_path(v, "report.path", &cfg->report_path)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(report, "interval_s")) != NULL) {
       if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0)
@@ -506,7 +617,7 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(state, "path")) == NULL)
       return ust__error(UST_ECONFIG, "config: 'state' needs a 'path' (the file the rollout state is kept in)");
-    if ((rc = parse_string(v, "state.path", &cfg->state_path)) != 0)
+    if ((rc = parse_path(v, "state.path", &cfg->state_path)) != 0)
       return rc;
   }
   const cJSON *shadow = cJSON_GetObjectItemCaseSensitive(root, "shadow");

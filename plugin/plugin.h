@@ -144,6 +144,12 @@ typedef struct ust__config {
  * errors, named with their JSON path. */
 int ust__config_parse(const char *json, ust__config *out);
 void ust__config_free(ust__config *cfg);
+/* A path of the config with its placeholders expanded: {pid}, {rank},
+ * {local_rank} ('{{' and '}}' for braces). subject names it in errors
+ * ("config: 'report.path'")
+ * (UST_ECONFIG: an unknown placeholder, an unmatched brace, a rank the
+ * environment does not give). *out receives a new string (free). */
+int ust__path_expand(const char *subject, const char *templ, char **out);
 /* 0 when next differs from running only in what a reload may change
  * (operators' mode, canary, strict, promotion, routes); else UST_ECONFIG
  * naming the first field that differs. Both texts borrowed. */

@@ -157,6 +157,16 @@ UST_API int ust_report_json(char **out);
  * ust_free). Needs no enabled engine. Thread-safe. */
 UST_API int ust_report_derive(const char *report_json, char **out);
 
+/* Expand a path template as enable expands the config's report.path and
+ * state.path: {pid} is this process's id; {rank} and {local_rank} come from
+ * the launcher's environment, the first set of RANK, OMPI_COMM_WORLD_RANK,
+ * PMI_RANK, SLURM_PROCID (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
+ * MPI_LOCALRANKID, SLURM_LOCALID); '{{' and '}}' are literal braces.
+ * templ: borrowed. *out receives a new string (free with ust_free).
+ * UST_ECONFIG names an unknown placeholder, an unmatched brace, or a rank
+ * the environment does not give. Needs no enabled engine. Thread-safe. */
+UST_API int ust_expand_path(const char *templ, char **out);
+
 /* Free memory returned by understudy. ust_free(NULL) is a no-op. */
 UST_API void ust_free(void *p);
 

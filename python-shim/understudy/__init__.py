@@ -8,7 +8,9 @@ and scores) the kernels that serve each operator and input shape.
     understudy.disable()         # writes the final report
 
 The native library does the work; this package loads it into the running
-torch, passes the config, and reads reports back.
+torch, passes the config, and reads reports back. Installed with pip, it
+also enables itself without code changes where $UNDERSTUDY_CONFIG is set
+(understudy.activation, understudy.plugins).
 """
 from __future__ import annotations
 
@@ -23,8 +25,10 @@ __all__ = [
     "UnderstudyError", "ConfigError", "ProblemError", "enable", "disable", "is_enabled",
     "set_mode", "report", "write_report", "flush", "library_path", "problems_dir",
     "register_candidate", "native", "sha256_of", "compare", "phase", "set_phase", "serve_metrics",
-    "metrics_text", "derive",
+    "metrics_text", "derive", "expand_path", "activate", "__version__",
 ]
+
+from ._version import __version__
 
 _HERE = pathlib.Path(__file__).resolve().parent
 _REPO = _HERE.parent.parent
@@ -51,26 +55,38 @@ _lib = None
 _lib_lock = threading.Lock()
 
 
+def _package_dirs():
+    """The folders this package is read from (an editable install has two)."""
+    seen = []
+    for d in [_HERE, *map(pathlib.Path, globals().get("__path__", []))]:
+        if d not in seen:
+            seen.append(d)
+    return seen
+
+
 def library_path() -> pathlib.Path:
-    """Where libunderstudy.so is taken from: $UNDERSTUDY_LIB, else the build tree."""
+    """Where libunderstudy.so is taken from: $UNDERSTUDY_LIB, else the one
+    installed in this package (pip), else the build tree of a clone."""
     env = os.environ.get("UNDERSTUDY_LIB")
     if env:
         return pathlib.Path(env)
-    cand = _REPO / "build" / "libunderstudy.so"
-    if cand.exists():
-        return cand
+    for cand in [d / "libunderstudy.so" for d in _package_dirs()] + [_REPO / "build" / "libunderstudy.so"]:
+        if cand.exists():
+            return cand
     raise UnderstudyError(-7, "UST_ENOTFOUND",
-                          "libunderstudy.so not found: build it (see README) or set UNDERSTUDY_LIB")
+                          "libunderstudy.so not found: install the package with pip or build the clone "
+                          "(see README), or set UNDERSTUDY_LIB")
 
 
 def problems_dir() -> pathlib.Path:
-    """The operator definitions shipped with understudy ($UNDERSTUDY_PROBLEMS overrides)."""
+    """The operator definitions shipped with understudy ($UNDERSTUDY_PROBLEMS
+    overrides): the package's own (pip), else the clone's problems/."""
     env = os.environ.get("UNDERSTUDY_PROBLEMS")
     if env:
         return pathlib.Path(env)
-    cand = _REPO / "problems"
-    if cand.is_dir():
-        return cand
+    for cand in [d / "problems" for d in _package_dirs()] + [_REPO / "problems"]:
+        if cand.is_dir():
+            return cand
     raise UnderstudyError(-7, "UST_ENOTFOUND", "the problems/ directory was not found; set UNDERSTUDY_PROBLEMS")
 
 
@@ -97,6 +113,7 @@ def _load():
             lib.ust_report_write.argtypes = [ctypes.c_char_p]
             lib.ust_report_json.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_report_derive.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+            lib.ust_expand_path.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_free.argtypes = [ctypes.c_void_p]
             for fn in ("ust_last_error", "ust_err_name", "ust_version", "ust_torch_version", "ust_strerror"):
                 getattr(lib, fn).restype = ctypes.c_char_p
@@ -319,6 +336,21 @@ def derive(report: Mapping[str, Any]) -> dict:
         lib.ust_free(out)
 
 
+def expand_path(template: Union[str, os.PathLike]) -> str:
+    """A path template with its placeholders expanded as the config's
+    report.path and state.path are (ust_expand_path): {pid}, {rank},
+    {local_rank}; '{{' and '}}' for braces. Raises ConfigError naming an
+    unknown placeholder, an unmatched brace or a rank the environment does
+    not give."""
+    lib = _load()
+    out = ctypes.c_void_p()
+    _check(lib.ust_expand_path(os.fsencode(os.fspath(template)), ctypes.byref(out)))
+    try:
+        return os.fsdecode(ctypes.string_at(out.value))
+    finally:
+        lib.ust_free(out)
+
+
 def write_report(path: Optional[Union[str, os.PathLike]] = None) -> None:
     """Write the report atomically to path (default: the configured report.path)."""
     lib = _load()
@@ -329,3 +361,4 @@ def write_report(path: Optional[Union[str, os.PathLike]] = None) -> None:
 from .candidates import compare, native, register_candidate, sha256_of  # noqa: E402
 from . import metrics  # noqa: E402
 from .metrics import metrics_text, serve_metrics  # noqa: E402
+from .activation import activate  # noqa: E402

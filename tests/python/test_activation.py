@@ -1,0 +1,454 @@
+"""Activation without code changes, from the clone: the start-up hook
+(python-shim/understudy-autoload.pth, processed here by site.addsitedir from a
+sitecustomize, as site-packages processes it once pip installed it), the
+frameworks' plugin functions, the final report at exit and on SIGTERM, path
+placeholders, and `understudy run`. Each case runs in a process of its own:
+the ground truth is the calls that process's script made, and its exit
+status. tests/python/test_packaging.py repeats the essentials against a pip
+install."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import understudy
+from conftest import ROOT, bound_ops, load_report
+
+SHIM = ROOT / "python-shim"
+
+# Variables of this test process that would change what the child does.
+_CLEARED = ("UNDERSTUDY_CONFIG", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+            "PMI_RANK", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_LOCALID", "PYTHONPATH")
+
+
+def child_env(tmp_path, config=None, hook=True, **extra):
+    """The environment of a child Python: the hook processed at start-up
+    (hook=True: a sitecustomize that runs site.addsitedir on python-shim,
+    which executes its .pth) or only the package on the path."""
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    if hook:
+        site_dir = tmp_path / "site"
+        site_dir.mkdir(exist_ok=True)
+        (site_dir / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(SHIM)!r})\n")
+        env["PYTHONPATH"] = str(site_dir)
+    else:
+        env["PYTHONPATH"] = str(SHIM)
+    if config is not None:
+        env["UNDERSTUDY_CONFIG"] = config if isinstance(config, str) else json.dumps(config)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def script(*parts):
+    """Python source from parts, each dedented on its own."""
+    return "".join(textwrap.dedent(p) for p in parts)
+
+
+def run_py(code, env, timeout=180, **kw):
+    """Run code (a string, or a list of parts joined by script()) in a child."""
+    code = script(*code) if isinstance(code, list) else textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def observe(report_path, **more):
+    cfg = {"operators": {"gemm": "observe", "silu": "observe"},
+           "report": {"path": str(report_path), "interval_s": 0}}
+    cfg.update(more)
+    return cfg
+
+
+# The calls a plain script makes: the report must count exactly these.
+CALLS = """
+    import torch
+    a = torch.ones(4, 4)
+    for _ in range(7):
+        torch.mm(a, a)
+    for _ in range(3):
+        torch.nn.functional.silu(a)
+"""
+EXPECTED = {"aten::mm": 7, "aten::silu": 3}
+
+
+def test_hook_enables_at_torch_import_and_reports_at_exit(tmp_path):
+    """With UNDERSTUDY_CONFIG set (inline JSON), a plain script that imports
+    torch runs under understudy: neither understudy nor torch is imported
+    before the script imports torch, understudy is enabled once torch's
+    import has finished (torch's loader is torch's own again), and the report
+    written at exit counts exactly the calls the script made."""
+    rep = tmp_path / "r-{pid}.json"
+    p = run_py(["""
+        import sys
+        assert "torch" not in sys.modules and "understudy" not in sys.modules, sorted(sys.modules)
+        assert "_understudy_autoload" in sys.modules
+    """, CALLS, """
+        import understudy, importlib.machinery
+        assert understudy.is_enabled()
+        assert type(torch.__spec__.loader) is importlib.machinery.SourceFileLoader, torch.__spec__.loader
+        assert torch.__loader__ is torch.__spec__.loader
+        print("pid", __import__("os").getpid())
+    """], child_env(tmp_path, observe(rep)))
+    assert p.returncode == 0, p.stderr
+    pid = int(p.stdout.split("pid ")[1])
+    got = load_report(tmp_path / f"r-{pid}.json")
+    assert bound_ops(got) == EXPECTED
+
+
+def test_hook_reads_a_config_file(tmp_path):
+    cfg = tmp_path / "understudy.json"
+    cfg.write_text(json.dumps(observe(tmp_path / "r.json")))
+    p = run_py(CALLS, child_env(tmp_path, str(cfg)))
+    assert p.returncode == 0, p.stderr
+    assert bound_ops(load_report(tmp_path / "r.json")) == EXPECTED
+
+
+def test_without_config_the_hook_does_nothing(tmp_path):
+    """No UNDERSTUDY_CONFIG (or a blank one): the .pth line imports nothing,
+    and torch runs without understudy."""
+    for blank in (None, "  "):
+        p = run_py("""
+            import sys
+            import torch
+            torch.mm(torch.ones(2, 2), torch.ones(2, 2))
+            print(sorted(m for m in sys.modules if "understudy" in m))
+        """, child_env(tmp_path, blank))
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == "[]"
+
+
+def test_a_process_that_never_imports_torch_never_loads_it(tmp_path):
+    p = run_py("""
+        import json, sys
+        print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "understudy"))))
+    """, child_env(tmp_path, observe(tmp_path / "r.json")))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == []
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_bad_config_is_one_line_and_the_host_runs_on(tmp_path):
+    """A config understudy refuses never raises into the host: the message
+    names the field, torch works, the script ends normally."""
+    p = run_py([CALLS, """
+        import understudy
+        print("enabled", understudy.is_enabled())
+    """], child_env(tmp_path, {"operators": {"gemm": "observe"}, "report": {"path": "x.json", "intervall_s": 1}}))
+    assert p.returncode == 0, p.stderr
+    assert "enabled False" in p.stdout
+    assert "unknown field 'report.intervall_s'" in p.stderr, p.stderr
+
+
+# ---- SIGTERM --------------------------------------------------------------------------
+
+SIGTERM_SCRIPT = script("""
+    import os, signal, sys
+    mode = sys.argv[1]
+    marker = sys.argv[2]
+    def host(signum, frame):
+        open(marker, "w").write("host handler ran")
+        sys.exit(3)
+    if mode == "host-before":
+        signal.signal(signal.SIGTERM, host)
+    if mode == "ignored":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+""", CALLS, """
+    if mode == "host-after":
+        signal.signal(signal.SIGTERM, host)
+    print("ready", os.getpid(), flush=True)
+    # Until the test says (or a signal ends it): a loop, as a server's main
+    # thread is. A Python handler runs when the main thread is back in
+    # Python; one blocked in a single system call would see a signal that
+    # arrived just before the call began only when the call returns.
+    import time
+    while not os.path.exists(marker + ".release"):
+        time.sleep(0.02)
+    print("released", flush=True)
+""")
+
+
+def sigterm_child(tmp_path, mode):
+    script = tmp_path / "serve.py"
+    script.write_text(SIGTERM_SCRIPT)
+    marker = tmp_path / f"marker-{mode}"
+    p = subprocess.Popen([sys.executable, str(script), mode, str(marker)], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=child_env(tmp_path, observe(tmp_path / "r-{pid}.json")))
+    line = p.stdout.readline()
+    assert line.startswith("ready"), (line, p.stderr.read() if p.poll() is not None else "")
+    return p, marker
+
+
+def test_sigterm_default_action_writes_the_report_and_dies_of_sigterm(tmp_path):
+    """The host had no handler: the final report is written and the process
+    still dies of SIGTERM (-15), as it would have without understudy."""
+    p, _ = sigterm_child(tmp_path, "default")
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=60)
+    assert rc == -signal.SIGTERM, (rc, p.stderr.read())
+    assert bound_ops(load_report(tmp_path / f"r-{p.pid}.json")) == EXPECTED
+
+
+def test_sigterm_chains_to_the_hosts_handler(tmp_path):
+    """The host's handler installed before understudy is still called (here it
+    exits with status 3); the report is written before it runs and again at
+    exit."""
+    p, marker = sigterm_child(tmp_path, "host-before")
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=60)
+    assert rc == 3, (rc, p.stderr.read())
+    assert marker.read_text() == "host handler ran"
+    assert bound_ops(load_report(tmp_path / f"r-{p.pid}.json")) == EXPECTED
+
+
+def test_a_handler_the_host_installs_later_is_the_hosts_and_exit_still_reports(tmp_path):
+    p, marker = sigterm_child(tmp_path, "host-after")
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=60)
+    assert rc == 3, (rc, p.stderr.read())
+    assert marker.read_text() == "host handler ran"
+    assert bound_ops(load_report(tmp_path / f"r-{p.pid}.json")) == EXPECTED
+
+
+def test_a_host_that_ignores_sigterm_keeps_ignoring_it(tmp_path):
+    p, _ = sigterm_child(tmp_path, "ignored")
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert p.poll() is None, "SIGTERM ended a process that ignores it"
+    (tmp_path / "marker-ignored.release").write_text("")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "released" in out
+    assert bound_ops(load_report(tmp_path / f"r-{p.pid}.json")) == EXPECTED
+
+
+# ---- the frameworks' plugin functions --------------------------------------------------
+
+def test_plugin_functions_enable_once_per_process(tmp_path):
+    """vLLM and SGLang call their plugin functions in each process they
+    create, possibly more than once: understudy is enabled once (enable() is
+    counted), every call returns None without raising, and the report counts
+    the calls once."""
+    p = run_py(["""
+        import torch, understudy
+        import understudy.plugins as plugins
+        enables = []
+        real = understudy.enable
+        understudy.enable = lambda *a, **k: (enables.append(a), real(*a, **k))[1]
+        assert plugins.vllm() is None and plugins.sglang() is None and plugins.vllm() is None
+        assert understudy.activate() is True
+        print("enables", len(enables), understudy.is_enabled())
+    """, CALLS], child_env(tmp_path, observe(tmp_path / "r.json"), hook=False))
+    assert p.returncode == 0, p.stderr
+    assert "enables 1 True" in p.stdout
+    assert bound_ops(load_report(tmp_path / "r.json")) == EXPECTED
+
+
+def test_plugin_functions_without_config_do_nothing(tmp_path):
+    p = run_py("""
+        import torch, understudy, understudy.plugins as plugins
+        plugins.vllm(); plugins.sglang()
+        print(understudy.is_enabled(), understudy._lib is None)
+    """, child_env(tmp_path, None, hook=False))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["False", "True"]
+
+
+def test_a_host_that_enabled_understudy_itself_keeps_its_engine(tmp_path):
+    """activate() after the host's own enable() leaves the host's engine and
+    config alone (its report path, not the environment's)."""
+    p = run_py(f"""
+        import torch, understudy
+        understudy.enable({{"operators": {{"gemm": "observe"}}, "report": {{"path": {str(tmp_path / "host.json")!r}}}}})
+        assert understudy.activate() is True
+        torch.mm(torch.ones(2, 2), torch.ones(2, 2))
+        understudy.disable()
+    """, child_env(tmp_path, observe(tmp_path / "env.json"), hook=False))
+    assert p.returncode == 0, p.stderr
+    assert bound_ops(load_report(tmp_path / "host.json")) == {"aten::mm": 1}
+    assert not (tmp_path / "env.json").exists()
+
+
+def test_a_forked_child_says_it_cannot_run_and_exits_cleanly(tmp_path):
+    """A process forked after activation inherits the engine without its
+    worker thread: activate() there says so and returns False, and its exit
+    handlers leave the parent's engine alone (no hang, no report written
+    for the child's pid). The parent's report counts the parent's calls."""
+    p = run_py("""
+        import os, sys, torch, understudy
+        assert understudy.is_enabled()
+        a = torch.ones(4, 4)
+        torch.mm(a, a)
+        pid = os.fork()
+        if pid == 0:
+            ok = understudy.activate(source="test")
+            sys.stderr.write(f"child activate {ok}\\n")
+            sys.exit(0)  # atexit runs in the child
+        _, status = os.waitpid(pid, 0)
+        print("child", pid, os.waitstatus_to_exitcode(status), flush=True)
+        torch.mm(a, a)
+    """, child_env(tmp_path, observe(tmp_path / "r-{pid}.json")), timeout=120)
+    assert p.returncode == 0, p.stderr
+    _, child, code = p.stdout.split()
+    assert code == "0"
+    assert "child activate False" in p.stderr
+    assert "was forked from process" in p.stderr and "spawn" in p.stderr
+    assert not (tmp_path / f"r-{child}.json").exists()
+    reports = list(tmp_path.glob("r-*.json"))
+    assert len(reports) == 1
+    assert bound_ops(load_report(reports[0])) == {"aten::mm": 2}
+
+
+# ---- placeholders ---------------------------------------------------------------------
+
+def test_placeholders_name_report_and_state_files_per_process(tmp_path):
+    """{pid}, {rank} and {local_rank} in report.path and state.path are
+    expanded from the process's id and the launcher's environment (RANK and
+    LOCAL_RANK as torchrun sets them); '{{' and '}}' are braces."""
+    cfg = observe(tmp_path / "r-{rank}-{local_rank}-{pid}-{{x}}.json",
+                  state={"path": str(tmp_path / "state-{rank}.json")})
+    p = run_py("""
+        import os, torch, understudy
+        understudy.enable()
+        torch.mm(torch.ones(2, 2), torch.ones(2, 2))
+        understudy.set_mode(key="aten::mm|cpu|f32,f32|M=2,K=2,N=2", mode="off")  # a row for the state file
+        understudy.disable()
+        print(os.getpid(), understudy.expand_path("{local_rank}/{rank}/{pid}"))
+    """, child_env(tmp_path, cfg, hook=False, RANK=5, LOCAL_RANK=1))
+    assert p.returncode == 0, p.stderr
+    pid, expanded = p.stdout.split()
+    assert expanded == f"1/5/{pid}"
+    assert bound_ops(load_report(tmp_path / f"r-5-1-{pid}-{{x}}.json")) == {"aten::mm": 1}
+    state = json.loads((tmp_path / "state-5.json").read_text())
+    assert "aten::mm|cpu|f32,f32|M=2,K=2,N=2" in json.dumps(state)
+    assert sorted(f.name for f in tmp_path.iterdir() if f.suffix == ".json") == \
+        sorted([f"r-5-1-{pid}-{{x}}.json", "state-5.json"])
+
+
+def test_rank_from_the_mpi_and_slurm_variables(tmp_path):
+    """Without RANK / LOCAL_RANK the launchers' own variables give the rank,
+    in order: OpenMPI, MPICH (Hydra), Slurm."""
+    for env, want in [({"OMPI_COMM_WORLD_RANK": 7, "OMPI_COMM_WORLD_LOCAL_RANK": 3}, "7-3"),
+                      ({"PMI_RANK": 2, "MPI_LOCALRANKID": 0}, "2-0"),
+                      ({"SLURM_PROCID": 11, "SLURM_LOCALID": 1}, "11-1"),
+                      ({"RANK": 4, "SLURM_PROCID": 11, "LOCAL_RANK": 2, "SLURM_LOCALID": 1}, "4-2")]:
+        p = run_py("""
+            import understudy
+            print(understudy.expand_path("{rank}-{local_rank}"))
+        """, child_env(tmp_path, None, hook=False, **env))
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == want, env
+
+
+@pytest.mark.parametrize("path,message", [
+    ("r-{host}.json", "config: 'report.path' has an unknown placeholder '{host}'"),
+    ("r-{pid.json", "config: 'report.path' has a '{' at offset 2 that is never closed"),
+    ("r-pid}.json", "config: 'report.path' has a single '}' at offset 5"),
+    ("r-{}.json", "config: 'report.path' has an unknown placeholder '{}'"),
+])
+def test_a_bad_placeholder_is_a_config_error_naming_it(us, path, message):
+    """Refused before anything is written (the paths are relative: nothing
+    may appear in the working directory)."""
+    with pytest.raises(understudy.ConfigError) as e:
+        us.enable({"operators": {"gemm": "observe"}, "report": {"path": path}})
+    assert message in str(e.value)
+    assert not us.is_enabled()
+    with pytest.raises(understudy.ConfigError) as e:
+        us.enable({"operators": {"gemm": "observe"}, "state": {"path": path}})
+    assert message.replace("report.path", "state.path") in str(e.value)
+
+
+def test_a_rank_the_environment_does_not_give_is_a_config_error(tmp_path):
+    p = run_py("""
+        import understudy
+        for cfg in ({"report": {"path": "r-{rank}.json"}}, {"state": {"path": "s-{local_rank}.json"}}):
+            try:
+                understudy.enable(cfg)
+                print("enabled")
+            except understudy.ConfigError as e:
+                print(e)
+    """, child_env(tmp_path, None, hook=False, SLURM_LOCALID="x1"))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("config: 'report.path' uses {rank}, but none of RANK, OMPI_COMM_WORLD_RANK, PMI_RANK "
+                               "or SLURM_PROCID is set"), lines
+    assert lines[1] == "config: 'state.path' uses {local_rank}, but SLURM_LOCALID is 'x1', not a rank " \
+                       "(a whole number >= 0)", lines
+
+
+# ---- understudy run, --version --------------------------------------------------------
+
+def cli(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "understudy", *args], capture_output=True, text=True, timeout=120,
+                          env=env, **kw)
+
+
+def test_run_passes_the_config_and_takes_the_commands_place(tmp_path):
+    """`understudy run` hands the command the config through
+    UNDERSTUDY_CONFIG (a file as an absolute path: the command may change
+    directory) and becomes the command: its exit status is the command's."""
+    env = child_env(tmp_path, None, hook=False)
+    inline = '{"report": {"path": "r-{pid}.json"}}'
+    r = cli("run", "--config", inline, "--", "sh", "-c", 'printf %s "$UNDERSTUDY_CONFIG"; exit 7', env=env)
+    assert r.returncode == 7, r.stderr
+    assert r.stdout == inline
+    (tmp_path / "c.json").write_text(inline)
+    r = cli("run", "--config", "c.json", "--", "sh", "-c", 'printf %s "$UNDERSTUDY_CONFIG"', env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == str(tmp_path / "c.json")
+    r = cli("run", "--", "sh", "-c", 'printf %s "$UNDERSTUDY_CONFIG"', env=env)
+    assert r.stdout == '{"report": {"path": "understudy-report-{pid}.json"}}'
+    r = cli("run", "--config", "{not json", "--", "true", env=env)
+    assert r.returncode == 2 and "run: the config is not JSON" in r.stderr
+    r = cli("run", "--", "no-such-command-here", env=env)
+    assert r.returncode == 127 and "cannot run 'no-such-command-here'" in r.stderr
+    r = cli("run", env=env)
+    assert r.returncode == 2 and "no command given" in r.stderr
+
+
+def test_version_is_one_number_everywhere(tmp_path):
+    """`understudy --version`, the package's __version__ (its one source),
+    pip's metadata (read from it) and the library's ust_version() (CMake
+    reads it) agree."""
+    r = cli("--version", env=child_env(tmp_path, None, hook=False))
+    assert r.returncode == 0, r.stderr
+    ns = {}
+    exec((SHIM / "understudy" / "_version.py").read_text(), ns)
+    assert r.stdout.strip() == f"understudy {ns['__version__']}"
+    assert understudy.__version__ == ns["__version__"]
+    understudy._load()
+    assert understudy._lib.ust_version().decode() == ns["__version__"]
+    import tomllib
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["tool"]["scikit-build"]["metadata"]["version"]["input"] == "python-shim/understudy/_version.py"
+
+
+def test_help_lists_every_subcommand(tmp_path):
+    from understudy.cli import COMMANDS
+
+    r = cli("--help", env=child_env(tmp_path, None, hook=False))
+    assert r.returncode == 0, r.stderr
+    names = [c.name for c in COMMANDS]
+    assert {"report", "merge", "calibrate", "export-atrex", "demo", "run"} <= set(names)
+    for n in names:
+        assert f"    {n}" in r.stdout, n
+
+
+def test_entry_points_name_the_plugin_functions():
+    """pyproject.toml declares both groups, each pointing at a function of
+    understudy.plugins that takes no argument (the frameworks call it so);
+    test_packaging.py loads them through importlib.metadata once installed."""
+    import inspect
+    import tomllib
+
+    import understudy.plugins as plugins
+
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert eps["vllm.general_plugins"] == {"understudy": "understudy.plugins:vllm"}
+    assert eps["sglang.srt.plugins"] == {"understudy": "understudy.plugins:sglang"}
+    for fn in (plugins.vllm, plugins.sglang):
+        assert not inspect.signature(fn).parameters
