@@ -230,4 +230,27 @@ double ust__route_s(double tsol_sum_ns, double scored_calls, double p50_ns);
 /* The median of v[0..n) (sorts v); 0 for n == 0. */
 double ust__median(double *v, int n);
 
+/* ---- the sequential comparison of a candidate with production (seqtest.c) ---------- */
+
+/* ln of the sign-test mixture martingale after n paired samples of which k
+ * fell below the threshold (the method is described in seqtest.c). */
+double ust__signmix_log(int k, int n);
+/* The least k whose martingale reaches 1/alpha after n samples; n + 1 when
+ * none can yet. */
+int ust__signmix_kstar(int n, double alpha);
+
+enum { UST__SEQ_OPEN = 0, UST__SEQ_FASTER = 1, UST__SEQ_SLOWER = 2 };
+
+/* Where n paired log-ratios r = ln(T_candidate / T_production) put the
+ * median: its confidence sequence [lower, upper] at level 1 - alpha (valid
+ * however often it is looked at), the sample median, and the decision:
+ * FASTER when upper < c_fast, SLOWER when lower > c_slow, else OPEN. r is
+ * borrowed; an end not yet reached is -/+INFINITY. */
+typedef struct ust__seq_verdict {
+  int n;
+  double median, lower, upper;
+  int decision;
+} ust__seq_verdict;
+void ust__seq_judge(const double *r, int n, double alpha, double c_fast, double c_slow, ust__seq_verdict *out);
+
 #endif /* UST_SCORER_H */

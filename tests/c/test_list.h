@@ -9,6 +9,8 @@
   X(hist_bucket_bounds)           \
   X(hist_quantile_accuracy)       \
   X(hist_merge_exact)             \
+  X(seqtest_martingale_matches_quadrature) \
+  X(seqtest_decisions_on_synthetic_pairs) \
   X(config_defaults)              \
   X(config_errors_name_field)     \
   X(problem_errors_name_field)    \

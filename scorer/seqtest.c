@@ -1,0 +1,103 @@
+/* The sequential comparison of a candidate with production, from paired
+ * samples r = ln(T_candidate / T_production) of the same calls.
+ *
+ * Method: a confidence sequence for the median of r built from sign tests,
+ * each a test martingale. For a threshold c, the indicators 1[r_i < c] are
+ * Bernoulli(p) with p = P(r < c); "the median is at least c" is p <= 1/2.
+ * The mixture of likelihood ratios over p ~ Uniform(1/2, 1],
+ *
+ *     M_n(c) = 2 * integral_{1/2}^{1} (2p)^k (2(1-p))^(n-k) dp,  k = #{i <= n: r_i < c},
+ *
+ * is a nonnegative supermartingale under every p <= 1/2 (each factor has
+ * expectation 2(p q + (1-p)(1-q)) <= 1 there, for q > 1/2), so by Ville's
+ * inequality P(sup_n M_n(c) >= 1/a) <= a: rejecting once M_n(c) >= 1/a is
+ * valid at any stopping time, however often it is looked at (Ville 1939;
+ * Robbins 1970, "Statistical methods related to the law of the iterated
+ * logarithm"; Howard, Ramdas, McAuliffe, Sekhon 2021, "Time-uniform,
+ * nonparametric, nonasymptotic confidence sequences", Ann. Statist.). The
+ * set of c not rejected, by the same construction mirrored for "at most c",
+ * is a confidence sequence for the median: its upper end is the k*-th
+ * smallest sample and its lower end the k*-th largest, where k* is the least
+ * count whose M reaches 1/a. Signs make it indifferent to the heavy tails of
+ * latency (a preempted call counts once, whatever it took).
+ *
+ * Closed form: with P(Beta(k+1, n-k+1) > 1/2) = P(Bin(n+1, 1/2) <= k),
+ *     ln M = (n+1) ln 2 + ln B(k+1, n-k+1) + ln P(Bin(n+1, 1/2) <= k). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scorer/scorer.h"
+
+/* ln of sum_{j=0}^{k} C(m, j), by log-sum-exp over the terms. */
+static double log_binom_head(int m, int k) {
+  const double lm = lgamma((double)m + 1);
+  double top = -INFINITY;
+  for (int j = 0; j <= k; j++) {
+    const double t = lm - lgamma((double)j + 1) - lgamma((double)(m - j) + 1);
+    if (t > top)
+      top = t;
+  }
+  double s = 0;
+  for (int j = 0; j <= k; j++)
+    s += exp(lm - lgamma((double)j + 1) - lgamma((double)(m - j) + 1) - top);
+  return top + log(s);
+}
+
+double ust__signmix_log(int k, int n) {
+  if (n <= 0)
+    return 0; /* M_0 = 1 */
+  if (k < 0)
+    k = 0;
+  if (k > n)
+    k = n;
+  const double lbeta = lgamma((double)k + 1) + lgamma((double)(n - k) + 1) - lgamma((double)n + 2);
+  /* P(Bin(n+1, 1/2) <= k) = 2^-(n+1) sum_{j<=k} C(n+1, j) */
+  const double lhead = log_binom_head(n + 1, k) - (double)(n + 1) * M_LN2;
+  return M_LN2 + (double)n * M_LN2 + lbeta + lhead;
+}
+
+int ust__signmix_kstar(int n, double alpha) {
+  const double thr = -log(alpha);
+  /* ln M grows with k: the least k whose M reaches 1/alpha, by bisection */
+  if (n <= 0 || ust__signmix_log(n, n) < thr)
+    return n + 1;
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (ust__signmix_log(mid, n) >= thr)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+void ust__seq_judge(const double *r, int n, double alpha, double c_fast, double c_slow, ust__seq_verdict *out) {
+  memset(out, 0, sizeof *out);
+  out->n = n;
+  out->lower = -INFINITY;
+  out->upper = INFINITY;
+  out->median = NAN;
+  if (n <= 0 || r == NULL)
+    return;
+  double *s = malloc((size_t)n * sizeof *s);
+  if (s == NULL)
+    return; /* judged again at the next sample */
+  memcpy(s, r, (size_t)n * sizeof *s);
+  qsort(s, (size_t)n, sizeof *s, cmp_double);
+  out->median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+  /* each side at alpha/2: the two one-sided sequences together cover the median with 1 - alpha */
+  const int k = ust__signmix_kstar(n, alpha / 2);
+  if (k <= n) {
+    out->upper = s[k - 1]; /* "median >= c" rejected for every c above the k-th smallest */
+    out->lower = s[n - k]; /* mirrored */
+  }
+  free(s);
+  out->decision = out->upper < c_fast ? UST__SEQ_FASTER : out->lower > c_slow ? UST__SEQ_SLOWER : UST__SEQ_OPEN;
+}
