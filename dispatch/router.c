@@ -9,6 +9,7 @@
  * lock-free read safe; they are freed with the engine, after every call that
  * could see them has left (the gate drained).
  */
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -460,7 +461,7 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
     if (v->have_times)
       ust__figs_prod_time(&r->figs, v->prod_ns, v->tsol_ps);
     if (v->kind == UST__VERDICT_PASSED)
-      ust__rollout_passed(&r->rollout, v->stage, !v->serving);
+      ust__rollout_passed(&r->rollout, v->stage, !v->serving, NAN);
     return;
   }
   if (!v->have_times)
@@ -472,7 +473,8 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
              "its budget of %gx", r->key_str, (double)atomic_load(&r->verify.paused_ratio_milli) / 1000.0,
              r->binding->cand->max_slowdown);
   if (v->kind == UST__VERDICT_PASSED)
-    ust__rollout_passed(&r->rollout, v->stage, !v->serving);
+    ust__rollout_passed(&r->rollout, v->stage, !v->serving,
+                        v->prod_ns > 0 && v->cand_ns > 0 ? log((double)v->cand_ns / (double)v->prod_ns) : NAN);
 }
 
 const ust__verdict_sink_i ust__router_sink = {sink_failed, sink_concluded};

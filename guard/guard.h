@@ -51,15 +51,22 @@ int ust__mode_parse_any(const char *s, int *mode, int allow_rolled_back);
 const char *ust__mode_name(int mode);
 
 /* The promotion policy of an operator's routes: shadow -> canary(canary) ->
- * live, each step after min_verified passing verifications in the stage with
- * the candidate's median at least min_speedup times faster than
- * production's; with dry_run the step is recorded, not taken. */
+ * live, each step after min_verified passing verifications in the stage and
+ * a sequential test on the paired times of the stage's verified calls
+ * (r = ln(T_candidate / T_production) of the same call) whose confidence
+ * sequence for the median of r lies below ln(1 - delta) and below
+ * -ln(min_speedup); one lying above ln(1 + delta) rejects the candidate
+ * ("slower"), max_samples undecided ends "inconclusive". With dry_run the
+ * step is recorded, not taken. */
 typedef struct ust__promotion {
   int enabled;
   int min_verified;
-  double min_speedup;
+  double min_speedup; /* the effect-size gate; 0: promote on correctness alone, no comparison of speed */
   double canary;
   int dry_run;
+  double alpha;       /* the sequential test's error rate (scorer/seqtest.c) */
+  double delta;       /* promote when the candidate is faster by more than delta, reject when slower by more */
+  int max_samples;    /* paired samples a stage keeps; reaching them undecided is "inconclusive" */
 } ust__promotion;
 
 /* An operator's settings as one immutable snapshot: set_mode and reload
@@ -294,6 +301,8 @@ typedef struct ust__route_rollout {
   atomic_uint_fast64_t transitions;
   _Atomic(ust__evidence *) evidence;    /* the last rollback's, with the earlier ones behind it; owned */
   struct ust__rollout_entry *entry;     /* its row of the table; under the table's lock */
+  double *samples;                      /* the stage's paired log-ratios (promotion); under the table's lock */
+  int n_samples, cap_samples;
   uint64_t seen_at_init;                /* its row's transitions when the route was made */
 } ust__route_rollout;
 
@@ -341,8 +350,9 @@ int ust__rollout_set_key(ust__rollout *t, const char *key, const char *cand, int
 void ust__rollout_roll_back(ust__route_rollout *p, ust__evidence *ev);
 /* A passing verification begun in stage: the promotion policy. on_copies:
  * the candidate ran on copies of the arguments (shadow), which qualifies it
- * to serve. */
-void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies);
+ * to serve. log_ratio: ln(T_candidate / T_production) of the call, NAN when
+ * it was not timed on both sides (not a sample then). */
+void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, double log_ratio);
 /* 1 once the candidate may serve the route's calls (it qualified). */
 int ust__rollout_qualified(const ust__route_rollout *p);
 /* A call's notes from its decision (UST__NOTE_*); capturing: it was captured. */
@@ -358,10 +368,13 @@ typedef struct ust__rollout_snap {
   int has_last;
   char last_from[16], last_to[16], last_by[16], last_reason[160];
   uint64_t last_unix_ms;
-  char promotion_state[16]; /* "idle", "inconclusive", "pending", "held", "dry_run", "live", "rolled_back"; "" none */
-  char promotion_note[160];
+  char promotion_state[16]; /* "idle", "collecting", "testing", "rejected", "inconclusive", "dry_run", "live",
+                               "rolled_back"; "" none */
+  char promotion_note[200];
   int promotion_needed;
   double promotion_min_speedup;
+  ust__promotion promotion;  /* the policy judged against */
+  ust__seq_verdict promotion_test; /* the stage's samples now (n 0: none) */
   const ust__evidence *evidence; /* borrowed: evidence is never freed while the route lives */
 } ust__rollout_snap;
 

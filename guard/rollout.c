@@ -16,6 +16,7 @@
  * released (a log callback may call back into understudy). The per-call path
  * reads only the parts' atomic words.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,8 +34,9 @@ typedef struct ust__rollout_entry {
   uint64_t unix_ms;
   uint64_t transitions;
   char cand[UST__QUALNAME_MAX + 16]; /* the candidate the mode was given for ("" any) */
-  char policy[16];    /* the policy's last look short of a transition: "held" or "dry_run" */
-  char policy_note[160];
+  char policy[16];    /* the policy's last look short of a transition: "testing", "rejected", "inconclusive",
+                         "dry_run" */
+  char policy_note[200];
   ust__route_rollout *part; /* the route of this key, once published */
   UT_hash_handle hh;
 } entry;
@@ -152,6 +154,7 @@ static void note(ust__rollout *t, entry *e, int from, int to, double canary, con
 /* Give a route its own mode (lock held). */
 static void apply(ust__route_rollout *p, int mode, double canary) {
   atomic_store_explicit(&p->stage_passes, 0, memory_order_relaxed);
+  p->n_samples = 0; /* a new stage is judged on its own calls */
   atomic_store_explicit(&p->word, pack(mode, canary), memory_order_release);
   atomic_fetch_add_explicit(&p->transitions, 1, memory_order_relaxed);
 }
@@ -333,7 +336,38 @@ int ust__rollout_qualified(const ust__route_rollout *p) {
   return atomic_load_explicit(&((ust__route_rollout *)p)->qualified, memory_order_acquire);
 }
 
-void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies) {
+/* The thresholds a promotion judges against: below c_fast promotes, above
+ * c_slow rejects. */
+static void thresholds(const ust__promotion *pr, double *c_fast, double *c_slow) {
+  *c_fast = log1p(-pr->delta);
+  if (pr->min_speedup > 0 && -log(pr->min_speedup) < *c_fast)
+    *c_fast = -log(pr->min_speedup);
+  *c_slow = log1p(pr->delta);
+}
+
+/* "n 42: T_cand/T_prod median 0.912, 95 % sequence [0.874, 0.951], delta 0.05, alpha 0.05" */
+static void evidence_text(char *out, size_t cap, const ust__promotion *pr, const ust__seq_verdict *v) {
+  snprintf(out, cap, "n %d: T_cand/T_prod median %.4g, %.0f %% sequence [%.4g, %.4g], delta %.3g, alpha %.3g", v->n,
+           exp(v->median), 100 * (1 - pr->alpha), exp(v->lower), exp(v->upper), pr->delta, pr->alpha);
+}
+
+static void add_sample(ust__route_rollout *p, int max, double r) {
+  if (!isfinite(r) || p->n_samples >= max)
+    return;
+  if (p->n_samples == p->cap_samples) {
+    int cap = p->cap_samples ? p->cap_samples * 2 : 64;
+    if (cap > max)
+      cap = max;
+    double *s = realloc(p->samples, (size_t)cap * sizeof *s);
+    if (s == NULL)
+      return; /* a sample fewer */
+    p->samples = s;
+    p->cap_samples = cap;
+  }
+  p->samples[p->n_samples++] = r;
+}
+
+void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, double log_ratio) {
   ust__rollout *t = p->table;
   lock(t);
   if (on_copies && ust__rollout_mode(p, NULL) != UST__MODE_ROLLED_BACK)
@@ -345,30 +379,55 @@ void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies) {
   const uint64_t passes = atomic_fetch_add_explicit(&p->stage_passes, 1, memory_order_relaxed) + 1;
   const ust__promotion pr = atomic_load(p->policy)->promotion;
   const int mode = ust__rollout_mode(p, NULL);
-  if (!pr.enabled || passes < (uint64_t)pr.min_verified || (mode != UST__MODE_SHADOW && mode != UST__MODE_CANARY)) {
+  if (!pr.enabled || (mode != UST__MODE_SHADOW && mode != UST__MODE_CANARY)) {
     unlock(t);
     return;
   }
-  const double speedup = ust__figs_speedup(p->figs);
-  const int to = mode == UST__MODE_SHADOW ? UST__MODE_CANARY : UST__MODE_LIVE;
-  char why[160];
+  add_sample(p, pr.max_samples, log_ratio);
   entry *e = p->entry != NULL ? p->entry : find_or_add(t, p->key);
-  if (!(speedup >= pr.min_speedup)) {
-    if (e != NULL) {
-      snprintf(e->policy, sizeof e->policy, "held");
-      snprintf(e->policy_note, sizeof e->policy_note, "%llu passes in %s, speedup %.3g below %.3g",
-               (unsigned long long)passes, ust__mode_name(mode), speedup, pr.min_speedup);
-    }
-    unlock(t);
+  if (passes < (uint64_t)pr.min_verified ||
+      (e != NULL && (strcmp(e->policy, "rejected") == 0 || strcmp(e->policy, "inconclusive") == 0))) {
+    unlock(t); /* collecting; or this stage is decided */
     return;
   }
-  snprintf(why, sizeof why, "%llu passes in %s, speedup %.3g >= %.3g", (unsigned long long)passes,
-           ust__mode_name(mode), speedup, pr.min_speedup);
+  const int to = mode == UST__MODE_SHADOW ? UST__MODE_CANARY : UST__MODE_LIVE;
+  char why[200];
+  if (pr.min_speedup <= 0) {
+    snprintf(why, sizeof why, "%llu passes in %s (no speed gate)", (unsigned long long)passes, ust__mode_name(mode));
+  } else {
+    double c_fast, c_slow;
+    thresholds(&pr, &c_fast, &c_slow);
+    const int d = ust__seq_check(p->samples, p->n_samples, pr.alpha, c_fast, c_slow);
+    if (d == UST__SEQ_OPEN && p->n_samples < pr.max_samples) {
+      if (e != NULL && strcmp(e->policy, "testing") != 0) {
+        snprintf(e->policy, sizeof e->policy, "testing");
+        e->policy_note[0] = '\0';
+      }
+      unlock(t);
+      return;
+    }
+    ust__seq_verdict v;
+    ust__seq_judge(p->samples, p->n_samples, pr.alpha, c_fast, c_slow, &v);
+    char ev[180];
+    evidence_text(ev, sizeof ev, &pr, &v);
+    if (d != UST__SEQ_FASTER) {
+      const char *state = d == UST__SEQ_SLOWER ? "rejected" : "inconclusive";
+      if (e != NULL) {
+        snprintf(e->policy, sizeof e->policy, "%s", state);
+        snprintf(e->policy_note, sizeof e->policy_note, "%s", ev);
+      }
+      say(UST_LOG_INFO, "%s: promotion %s in %s (%s)", p->key,
+          d == UST__SEQ_SLOWER ? "rejected: the candidate is slower" : "inconclusive", ust__mode_name(mode), ev);
+      unlock(t);
+      return;
+    }
+    snprintf(why, sizeof why, "faster: %s", ev);
+  }
   if (pr.dry_run) {
     if (e != NULL && strcmp(e->policy, "dry_run") != 0) {
       /* what it would do; the route's mode is unchanged */
       snprintf(e->policy, sizeof e->policy, "dry_run");
-      snprintf(e->policy_note, sizeof e->policy_note, "would move to %s: %.120s", ust__mode_name(to), why);
+      snprintf(e->policy_note, sizeof e->policy_note, "would move to %s: %.170s", ust__mode_name(to), why);
       say(UST_LOG_INFO, "%s: would move %s -> %s (%s; dry run)", p->key, ust__mode_name(mode), ust__mode_name(to),
           why);
     }
@@ -422,11 +481,17 @@ void ust__rollout_snapshot(ust__route_rollout *p, ust__rollout_snap *o) {
     else if (o->mode != UST__MODE_SHADOW && o->mode != UST__MODE_CANARY)
       state = "idle";
     else if (o->stage_passes < (uint64_t)pr.min_verified)
-      state = "inconclusive";
+      state = "collecting";
     else if (e != NULL && e->policy[0] != '\0')
       state = e->policy;
     else
-      state = "pending"; /* the minimum is reached; the next pass decides */
+      state = "testing"; /* the minimum is reached; the next pass decides */
+    o->promotion = pr;
+    if (pr.min_speedup > 0 && p->n_samples > 0) {
+      double c_fast, c_slow;
+      thresholds(&pr, &c_fast, &c_slow);
+      ust__seq_judge(p->samples, p->n_samples, pr.alpha, c_fast, c_slow, &o->promotion_test);
+    }
     snprintf(o->promotion_state, sizeof o->promotion_state, "%s", state);
     if (e != NULL)
       snprintf(o->promotion_note, sizeof o->promotion_note, "%s", e->policy_note);
@@ -437,6 +502,9 @@ void ust__rollout_snapshot(ust__route_rollout *p, ust__rollout_snap *o) {
 }
 
 void ust__rollout_route_free(ust__route_rollout *p) {
+  free(p->samples);
+  p->samples = NULL;
+  p->n_samples = p->cap_samples = 0;
   for (ust__evidence *e = atomic_load(&p->evidence), *prev; e != NULL; e = prev) {
     prev = e->prev;
     free(e);

@@ -78,9 +78,11 @@ static int parse_fraction(const cJSON *v, const char *path, double *out) {
   return 0;
 }
 
-/* "promotion": {"min_verified": N, "min_speedup": X, "canary": P, "dry_run": B} */
+/* "promotion": {"min_verified": N, "min_speedup": X, "canary": P, "dry_run": B, "alpha": A, "delta": D,
+ * "max_samples": N} */
 static int parse_promotion(const cJSON *v, const char *path, ust__promotion *p) {
-  static const char *const keys[] = {"min_verified", "min_speedup", "canary", "dry_run", NULL};
+  static const char *const keys[] = {"min_verified", "min_speedup", "canary", "dry_run", "alpha", "delta",
+                                     "max_samples", NULL};
   int rc = section(v, path, keys);
   if (rc != 0)
     return rc;
@@ -106,6 +108,21 @@ static int parse_promotion(const cJSON *v, const char *path, ust__promotion *p) 
     if (!cJSON_IsBool(x))
       return ust__error(UST_ECONFIG, "config: '%s.dry_run' must be true or false", path);
     p->dry_run = cJSON_IsTrue(x);
+  }
+  if ((x = cJSON_GetObjectItemCaseSensitive(v, "alpha")) != NULL) {
+    if (!cJSON_IsNumber(x) || !(x->valuedouble > 0 && x->valuedouble < 0.5))
+      return ust__error(UST_ECONFIG, "config: '%s.alpha' must be an error rate in (0, 0.5)", path);
+    p->alpha = x->valuedouble;
+  }
+  if ((x = cJSON_GetObjectItemCaseSensitive(v, "delta")) != NULL) {
+    if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble < 1))
+      return ust__error(UST_ECONFIG, "config: '%s.delta' must be a relative difference in [0, 1)", path);
+    p->delta = x->valuedouble;
+  }
+  if ((x = cJSON_GetObjectItemCaseSensitive(v, "max_samples")) != NULL) {
+    snprintf(sub, sizeof sub, "%s.max_samples", path);
+    if ((rc = parse_int(x, sub, 10, 100000, &p->max_samples)) != 0)
+      return rc;
   }
   return 0;
 }
@@ -460,6 +477,9 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
     oc->promotion.min_verified = 100;
     oc->promotion.min_speedup = 1.0;
     oc->promotion.canary = 0.1;
+    oc->promotion.alpha = 0.05;
+    oc->promotion.delta = 0.05;
+    oc->promotion.max_samples = 1000;
     oc->compare = -1;
     oc->atol = oc->rtol = -1;
     oc->deadline_ms = 10000;

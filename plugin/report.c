@@ -144,6 +144,23 @@ static cJSON *rollout_json(const ust__route_snap *s) {
     add_num(pr, "passes_in_stage", (double)r->stage_passes);
     add_num(pr, "needed", r->promotion_needed);
     add_num(pr, "min_speedup", r->promotion_min_speedup);
+    add_num(pr, "alpha", r->promotion.alpha);
+    add_num(pr, "delta", r->promotion.delta);
+    add_num(pr, "max_samples", r->promotion.max_samples);
+    const ust__seq_verdict *v = &r->promotion_test;
+    if (v->n > 0) {
+      /* the stage's paired samples, as ratios T_candidate / T_production */
+      cJSON *t = cJSON_AddObjectToObject(pr, "test");
+      add_num(t, "samples", v->n);
+      add_num(t, "ratio_median", exp(v->median));
+      if (isfinite(v->lower) && isfinite(v->upper)) {
+        add_num(t, "ratio_lower", exp(v->lower));
+        add_num(t, "ratio_upper", exp(v->upper));
+      } else {
+        cJSON_AddNullToObject(t, "ratio_lower");
+        cJSON_AddNullToObject(t, "ratio_upper");
+      }
+    }
     if (r->promotion_note[0] != '\0')
       cJSON_AddStringToObject(pr, "note", r->promotion_note);
   }

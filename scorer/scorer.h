@@ -252,5 +252,8 @@ typedef struct ust__seq_verdict {
   int decision;
 } ust__seq_verdict;
 void ust__seq_judge(const double *r, int n, double alpha, double c_fast, double c_slow, ust__seq_verdict *out);
+/* ust__seq_judge's decision alone, from the counts beyond the thresholds
+ * (no sort): cheap enough to take at every sample. */
+int ust__seq_check(const double *r, int n, double alpha, double c_fast, double c_slow);
 
 #endif /* UST_SCORER_H */

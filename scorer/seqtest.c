@@ -29,19 +29,15 @@
 
 #include "scorer/scorer.h"
 
-/* ln of sum_{j=0}^{k} C(m, j), by log-sum-exp over the terms. */
+/* ln of sum_{j=0}^{k} C(m, j): the terms by their ratio
+ * C(m, j+1) = C(m, j) (m - j) / (j + 1), summed in log space as they come. */
 static double log_binom_head(int m, int k) {
-  const double lm = lgamma((double)m + 1);
-  double top = -INFINITY;
-  for (int j = 0; j <= k; j++) {
-    const double t = lm - lgamma((double)j + 1) - lgamma((double)(m - j) + 1);
-    if (t > top)
-      top = t;
+  double t = 0, s = 0; /* ln C(m, 0), and the running ln of the sum */
+  for (int j = 1; j <= k; j++) {
+    t += log((double)(m - j + 1)) - log((double)j);
+    s = t > s ? t + log1p(exp(s - t)) : s + log1p(exp(t - s));
   }
-  double s = 0;
-  for (int j = 0; j <= k; j++)
-    s += exp(lm - lgamma((double)j + 1) - lgamma((double)(m - j) + 1) - top);
-  return top + log(s);
+  return s;
 }
 
 double ust__signmix_log(int k, int n) {
@@ -71,6 +67,20 @@ int ust__signmix_kstar(int n, double alpha) {
       lo = mid + 1;
   }
   return lo;
+}
+
+int ust__seq_check(const double *r, int n, double alpha, double c_fast, double c_slow) {
+  int below = 0, above = 0;
+  for (int i = 0; i < n; i++) {
+    below += r[i] < c_fast;
+    above += r[i] > c_slow;
+  }
+  const double thr = -log(alpha / 2);
+  if (ust__signmix_log(below, n) >= thr)
+    return UST__SEQ_FASTER;
+  if (ust__signmix_log(above, n) >= thr)
+    return UST__SEQ_SLOWER;
+  return UST__SEQ_OPEN;
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -73,7 +73,7 @@ static int simulate(double ratio, double noise, double alpha, double delta, int 
   }
   ust__seq_verdict v;
   ust__seq_judge(r, n, alpha, c_fast, c_slow, &v);
-  if (v.decision != decision) {
+  if (v.decision != decision || ust__seq_check(r, n, alpha, c_fast, c_slow) != decision) {
     fprintf(stderr, "ratio %.2f noise %.2f n=%d: counts say %d, judge says %d [%g, %g]\n", ratio, noise, n, decision,
             v.decision, v.lower, v.upper);
     exit(1);
