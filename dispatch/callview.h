@@ -88,7 +88,19 @@ typedef struct ust__call_state {
   uint64_t tsol_ps; /* the call's roofline floor, when timed and known */
   int verdict;      /* after ust__call_want_verdict: -1 pending, then 1 failed, 0 not */
   ust__cand_view cand;
+  int nested_ok;    /* its floor may come from the bound ops it calls (its own roofline is absent or an estimate) */
+  double own_flops, own_bytes; /* its own roofline's W and Q, noted once the call's floor is settled */
 } ust__call_state;
+
+/* Bound ops a call runs while it runs (an attention wrapper calling its
+ * flash kernel): their floors, summed while the outer call's production
+ * runs. */
+typedef struct ust__nested {
+  int n;            /* nested bound calls seen */
+  int unscored;     /* of them, ones whose floor could not be computed */
+  uint64_t tsol_ps; /* their floors, summed */
+  double flops, bytes;
+} ust__nested;
 
 /* ---- bindings -------------------------------------------------------------------- */
 
@@ -147,6 +159,17 @@ int ust__call_verdict(ust__call_state *st, const ust__call *call);
 void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg);
 /* The candidate's call took longer than its deadline (it then fails). */
 void ust__call_overdue(ust__call_state *st);
+/* 1 when the call's floor should be summed from the bound ops production
+ * calls (a timed or verified call whose own roofline is absent or an
+ * estimate): the bridge then collects them (ust__binding_nested_floor) and
+ * hands the sum over (ust__call_nested_done) before the call ends. */
+int ust__call_wants_nested(const ust__call_state *st);
+/* A bound call made inside another: its floor into acc (b's argument names
+ * resolved). */
+void ust__binding_nested_floor(struct ust__binding *b, const ust__call *call, ust__nested *acc);
+/* The nested floors production's run collected: the call is scored against
+ * their sum when every nested call was scored, else against its own. */
+void ust__call_nested_done(ust__call_state *st, const ust__nested *acc);
 /* Run the candidate in its qualifying process (st->cand.proc) on call's
  * tensors, which the caller owns (private copies): they come back as the
  * candidate left them. The candidate's status (0 succeeded), or

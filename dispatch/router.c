@@ -193,29 +193,95 @@ void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, 
 
 /* T_SOL of a call in picoseconds (0 when unknown); the route's profile is
  * noted. Called only for calls that are timed. */
-static uint64_t call_tsol_ps(ust__route *r, const ust__call *call) {
-  const ust__binding *b = r->binding;
+/* A binding's floor for one call: 0 with seconds, W (FLOPs, every path)
+ * and Q (bytes), and the profile; -1 when it has no roofline, no profile
+ * matches, or a dimension is missing. */
+static int binding_floor(const ust__binding *b, const ust__call *call, const ust__hw_profile **hw_out,
+                         double *seconds, double *flops, double *bytes) {
   if (!b->roofline.present)
-    return 0;
+    return -1;
   const ust__hw_profile *hw = ust__hw_for_call(b->router->hw, call);
   if (hw == NULL)
-    return 0;
-  double w[UST__N_PATHS], qr, qw, seconds;
+    return -1;
+  double w[UST__N_PATHS], qr, qw;
   const ust__seam_i *seam = b->router->seam;
   /* TF32 where torch allows it and the profile has its peak */
   const int tf32 = b->roofline.w_tf32 && hw->p_peak[UST__PATH_TF32] > 0 && seam != NULL &&
                    seam->tf32_matmul != NULL && seam->tf32_matmul(call->device);
   if (ust__roofline_eval(&b->roofline, call, tf32, w, &qr, &qw) != 0 ||
-      ust__roofline_tsol_quiet(hw, w, qr + qw, &seconds) != 0) {
+      ust__roofline_tsol_quiet(hw, w, qr + qw, seconds) != 0)
+    return -1;
+  *flops = 0;
+  for (int p = 0; p < UST__N_PATHS; p++)
+    *flops += w[p];
+  *bytes = qr + qw;
+  *hw_out = hw;
+  return 0;
+}
+
+/* 1 when a binding's calls may be floored by the bound ops they call: its
+ * own roofline is absent or an estimate. */
+static int nested_ok(const ust__binding *b) { return !b->roofline.present || b->def->roofline.estimate[0] != '\0'; }
+
+/* The call's own floor in ps (0: unknown). Its work is noted now, or, for a
+ * call whose floor may still come from its nested ops, kept in st for
+ * ust__call_nested_done. */
+static uint64_t call_tsol_ps(ust__route *r, const ust__call *call, ust__call_state *st) {
+  const ust__binding *b = r->binding;
+  const ust__hw_profile *hw = NULL;
+  double seconds = 0, flops = 0, bytes = 0;
+  const int ok = binding_floor(b, call, &hw, &seconds, &flops, &bytes) == 0;
+  if (st->nested_ok) {
+    st->own_flops = ok ? flops : 0;
+    st->own_bytes = ok ? bytes : 0;
+    if (ok)
+      ust__figs_note_hw(&r->figs, hw);
+    return ok ? (uint64_t)(seconds * 1e12 + 0.5) : 0;
+  }
+  if (!b->roofline.present)
+    return 0;
+  if (!ok) {
     atomic_fetch_add_explicit(&r->figs.unscored, 1, memory_order_relaxed);
     return 0;
   }
   ust__figs_note_hw(&r->figs, hw);
-  double flops = 0;
-  for (int p = 0; p < UST__N_PATHS; p++)
-    flops += w[p];
-  ust__figs_note_work(&r->figs, flops, qr + qw);
+  ust__figs_note_work(&r->figs, flops, bytes);
   return (uint64_t)(seconds * 1e12 + 0.5);
+}
+
+int ust__call_wants_nested(const ust__call_state *st) {
+  return st->route != NULL && st->nested_ok && (st->timing != 0 || st->slot != NULL);
+}
+
+void ust__binding_nested_floor(ust__binding *b, const ust__call *call, ust__nested *acc) {
+  const ust__hw_profile *hw = NULL;
+  double seconds = 0, flops = 0, bytes = 0;
+  acc->n++;
+  if (binding_floor(b, call, &hw, &seconds, &flops, &bytes) != 0) {
+    acc->unscored++;
+    return;
+  }
+  acc->tsol_ps += (uint64_t)(seconds * 1e12 + 0.5);
+  acc->flops += flops;
+  acc->bytes += bytes;
+}
+
+void ust__call_nested_done(ust__call_state *st, const ust__nested *acc) {
+  ust__route *r = st->route;
+  if (r == NULL || !st->nested_ok)
+    return;
+  if (acc->n > 0 && acc->unscored == 0 && acc->tsol_ps > 0) {
+    st->tsol_ps = acc->tsol_ps;
+    if (st->slot != NULL)
+      ust__shadow_set_floor(st->slot, acc->tsol_ps);
+    atomic_fetch_add_explicit(&r->figs.nested_scored, 1, memory_order_relaxed);
+    ust__figs_note_work(&r->figs, acc->flops, acc->bytes);
+  } else if (st->tsol_ps > 0) {
+    ust__figs_note_work(&r->figs, st->own_flops, st->own_bytes);
+  } else if (r->binding->roofline.present) {
+    atomic_fetch_add_explicit(&r->figs.unscored, 1, memory_order_relaxed);
+  }
+  st->nested_ok = 0; /* settled */
 }
 
 /* 1 when the candidate may run in this process for route r: always, but
@@ -271,7 +337,7 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
  * every call is); NULL when not sampled or none is free (the skip is
  * counted). */
 static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, atomic_uint_fast64_t *count,
-                       const ust__policy *pol, int serving, int remote) {
+                       const ust__policy *pol, int serving, int remote, ust__call_state *st) {
 #if !defined(UST_GPU_CUDA) && !defined(UST_GPU_HIP)
   if (call->device != UST__DEV_CPU)
     return NULL;
@@ -281,7 +347,7 @@ static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, at
     return NULL;
   ust__slot_route sr = {r, &r->verify, b->cand, serving, remote,
                         atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
-                        atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed), call_tsol_ps(r, call)};
+                        atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed), call_tsol_ps(r, call, st)};
   return ust__shadow_acquire(b->router->shadow, &sr);
 }
 
@@ -305,6 +371,7 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     return;
   }
   st->route = r;
+  st->nested_ok = nested_ok(b);
   uint64_t n = atomic_fetch_add_explicit(&r->figs.calls, 1, memory_order_relaxed) + 1;
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
   uint32_t canary_q32 = 0;
@@ -326,14 +393,14 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     /* Before its first served call the candidate qualifies on copies of the
      * arguments, as in shadow: every call is shadowed until one passes. */
     if (!atomic_load_explicit(&r->verify.paused, memory_order_relaxed) && cand_view(b, r, call, 0, &st->cand) == 0 &&
-        (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL)) != NULL) {
+        (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL, st)) != NULL) {
       st->plan = UST__PLAN_SHADOW;
       return;
     }
   } else if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
     uint64_t c = atomic_fetch_add_explicit(&r->canary_seen, 1, memory_order_relaxed) + 1;
     if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, r, call, 1, &st->cand) == 0) {
-      st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1, 0);
+      st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1, 0, st);
       st->plan = st->slot != NULL ? UST__PLAN_SERVE_VERIFIED : UST__PLAN_SERVE;
       /* a host comparison concludes at once; a device one waits only when strict */
       if (st->slot != NULL && (call->device != UST__DEV_CUDA || pol->strict))
@@ -342,14 +409,14 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     }
   } else if (mode == UST__MODE_SHADOW && !atomic_load_explicit(&r->verify.paused, memory_order_relaxed) &&
              cand_view(b, r, call, 0, &st->cand) == 0) {
-    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL)) != NULL) {
+    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL, st)) != NULL) {
       st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself */
       return;
     }
   }
   if (!ust__sampled(n, pol->sample_q32))
     return;
-  st->tsol_ps = call_tsol_ps(r, call);
+  st->tsol_ps = call_tsol_ps(r, call, st);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;
     st->t0_ns = ust__now_ns();
@@ -366,6 +433,10 @@ void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decisi
   ust__route *r = st->route;
   if (r == NULL)
     return;
+  if (st->nested_ok && st->timing != 0) {
+    const ust__nested none = {0};
+    ust__call_nested_done(st, &none); /* no nested floor reached it: its own */
+  }
   if (d->notes & UST__NOTE_INTERNAL)
     ust__call_internal_error(r->binding);
   ust__rollout_served(&r->rollout, d->notes, st->capturing);

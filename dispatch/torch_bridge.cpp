@@ -187,6 +187,21 @@ thread_local int tl_own_work = 0;
 // time twice in the operators' weights. They pass through untouched.
 thread_local int tl_call_depth = 0;
 
+// While an outer call's production runs and its floor may come from the
+// bound ops it calls: where their floors are summed (ust__nested). Only the
+// outer call's direct bound callees count (a counted one runs at depth 2).
+thread_local ust__nested *tl_nested = nullptr;
+
+struct NestedScope {
+  explicit NestedScope(ust__nested *acc) : prev_(tl_nested) { tl_nested = acc; }
+  ~NestedScope() { tl_nested = prev_; }
+  NestedScope(const NestedScope &) = delete;
+  NestedScope &operator=(const NestedScope &) = delete;
+
+private:
+  ust__nested *prev_;
+};
+
 struct CallScope {
   CallScope() { tl_call_depth++; }
   ~CallScope() { tl_call_depth--; }
@@ -403,14 +418,19 @@ private:
   }
 
   int prod_on_args() {
+    ust__nested nested{};
+    const bool collect = ust__call_wants_nested(&st_) != 0;
     mark(kProdBegin);
     try {
+      NestedScope scope(collect ? &nested : nullptr);
       op_.redispatchBoxed(below_, &stack_);
     } catch (...) {
       prod_exc_ = std::current_exception();
       return UST__EV_RAISED;
     }
     mark(kProdEnd);
+    if (collect)
+      ust__call_nested_done(&st_, &nested);
     if (st_.plan != UST__PLAN_PASS) {
       try {
         x_.prod_returns.assign(stack_.end() - static_cast<std::ptrdiff_t>(n_returns_), stack_.end());
@@ -429,8 +449,11 @@ private:
     } catch (...) {
       return UST__EV_INTERNAL;
     }
+    ust__nested nested{};
+    const bool collect = ust__call_wants_nested(&st_) != 0;
     mark(kProdBegin);
     try {
+      NestedScope nscope(collect ? &nested : nullptr);
       OwnWork scope; // production's own nested calls are part of it, not traffic
       op_.redispatchBoxed(below_, &x_.side);
     } catch (...) {
@@ -438,6 +461,8 @@ private:
       return UST__EV_RAISED;
     }
     mark(kProdEnd);
+    if (collect)
+      ust__call_nested_done(&st_, &nested);
     prod_on_snaps_ = true;
     try {
       x_.prod_returns.assign(x_.side.begin(), x_.side.end());
@@ -1012,6 +1037,23 @@ public:
   ust__binding *binding;
 };
 
+// A bound call inside an outer one whose floor may come from its callees.
+void note_nested(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__binding *b) {
+  try {
+    if (ust__binding_needs_names(b))
+      resolve_names(b, op);
+    ust__arg args[kMaxArgs];
+    ust__call call;
+    if (build_view(op, stack, args, &call))
+      ust__binding_nested_floor(b, &call, tl_nested);
+    else
+      tl_nested->n++, tl_nested->unscored++;
+  } catch (...) {
+    tl_nested->n++;
+    tl_nested->unscored++;
+  }
+}
+
 class Interceptor final : public c10::OperatorKernel {
 public:
   explicit Interceptor(ust__hook *h) : hook_(h) {}
@@ -1021,6 +1063,13 @@ public:
     const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
                                                                c10::DispatchKey::BackendSelect);
     ust__binding *b = scope.binding;
+    if (b != nullptr && tl_nested != nullptr && tl_call_depth == 1) {
+      // a bound op the outer call runs: its floor counts toward the outer's
+      note_nested(op, *stack, b);
+      CallScope deeper; // its own callees are not the outer's direct ones
+      op.redispatchBoxed(below, stack);
+      return;
+    }
     if (b == nullptr || tl_own_work > 0 || tl_call_depth > 0 || ust__binding_is_off(b)) {
       op.redispatchBoxed(below, stack);
       return;
@@ -1048,7 +1097,16 @@ public:
     int step = ust__decision_start(&d, st.plan, st.flags);
     if (st.plan == UST__PLAN_PASS) { // the common path, without a run's buffers
       try {
-        op.redispatchBoxed(below, stack);
+        if (st.nested_ok && ust__call_wants_nested(&st)) {
+          ust__nested callees{};
+          {
+            NestedScope nscope(&callees);
+            op.redispatchBoxed(below, stack);
+          }
+          ust__call_nested_done(&st, &callees);
+        } else {
+          op.redispatchBoxed(below, stack);
+        }
       } catch (...) {
         ust__decision_next(&d, UST__EV_RAISED);
         ust__call_end(&call, &st, &d);

@@ -254,6 +254,9 @@ int ust__shadow_aa(const void *slot);
 void ust__shadow_mark(void *slot, int mark, int device, void *stream);
 /* Bytes understudy copied for the call (counted when it concludes). */
 void ust__shadow_note_copied(void *slot, uint64_t bytes);
+/* The call's floor, known only once production ran (scored by its nested
+ * ops): replaces the one the slot was taken with. */
+void ust__shadow_set_floor(void *slot, uint64_t tsol_ps);
 /* 0 once the slot could not record its device work (abandon it then). */
 int ust__shadow_alive(const void *slot);
 /* Hand over the outputs (pairs: borrowed for the call) or the candidate's

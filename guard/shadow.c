@@ -342,6 +342,12 @@ void ust__shadow_note_copied(void *slot, uint64_t bytes) {
     s->copied += bytes;
 }
 
+void ust__shadow_set_floor(void *slot, uint64_t tsol_ps) {
+  shadow_slot *s = slot;
+  if (s != NULL)
+    s->r.tsol_ps = tsol_ps;
+}
+
 int ust__shadow_alive(const void *slot) {
   const shadow_slot *s = slot;
   return s != NULL && !s->aborted;

@@ -176,6 +176,8 @@ static cJSON *roofline_json(const ust__route_snap *s) {
     cJSON_AddNullToObject(j, "hardware");
   add_num(j, "calls", (double)f->prod.calls);
   add_num(j, "unscored", (double)f->unscored);
+  /* timed calls floored by the bound ops they called, not by their own (estimated or absent) roofline */
+  add_num(j, "scored_by_callees", (double)f->nested_scored);
   /* sums (ns), so that reports merge exactly */
   add_num(j, "tsol_ns_sum", (double)f->prod.tsol_ps / 1000.0);
   add_num(j, "time_ns_sum", (double)f->prod.time_ns);

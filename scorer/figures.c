@@ -139,6 +139,7 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->timing_dropped = atomic_load(&f->timing_dropped);
   out->calls = atomic_load(&f->calls);
   out->unscored = atomic_load(&f->unscored);
+  out->nested_scored = atomic_load(&f->nested_scored);
   out->hw = atomic_load(&f->hw);
   roof_snap(&f->prod, &out->prod);
   roof_snap(&f->cand, &out->cand);

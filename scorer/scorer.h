@@ -159,6 +159,7 @@ typedef struct ust__figs {
   ust__hist hist;                      /* production's latency, ns (the timed calls) */
   _Atomic(const struct ust__hw_profile *) hw; /* the profile of the last scored call */
   atomic_uint_fast64_t unscored;       /* timed calls whose floor could not be computed */
+  atomic_uint_fast64_t nested_scored;  /* timed calls floored by the bound ops they called (see callview.h) */
   ust__roof_sums prod;
   ust__roof_sums cand;                 /* the candidate's, over its passing verifications */
   ust__hist cand_hist;                 /* the candidate's latency, over verified calls */
@@ -203,7 +204,7 @@ typedef struct ust__roof_snap {
 /* A plain copy of a route's figures. Read in the order the counters grow
  * (captured before calls), so derived differences never go negative. */
 typedef struct ust__figs_snap {
-  uint64_t captured, timing_dropped, calls, unscored;
+  uint64_t captured, timing_dropped, calls, unscored, nested_scored;
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
   ust__roof_snap prod, cand;

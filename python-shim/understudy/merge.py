@@ -35,7 +35,7 @@ ADD_SHAPE = ("calls", "captured", "timing_dropped")
 ADD_SHADOW = ("calls", "verified", "passed", "failed", "skipped", "unverifiable", "bytes_copied", "overdue",
               "process_passed")
 ADD_ROOF = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",
-            "candidate_time_ns_sum", "work_calls", "flops_sum", "bytes_sum")
+            "candidate_time_ns_sum", "work_calls", "flops_sum", "bytes_sum", "scored_by_callees")
 
 
 class MergeError(ValueError):

@@ -32,7 +32,7 @@ DERIVED_HIST = ("count", "p50", "p90", "p99")
 DERIVED_ROOF = ("tsol_ns_mean", "S", "S_candidate", "intensity", "flops_mean", "achieved_flops_s",
                 "candidate_achieved_flops_s")
 ROOF_SUMS = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",
-             "candidate_time_ns_sum", "work_calls", "flops_sum", "bytes_sum")
+             "candidate_time_ns_sum", "work_calls", "flops_sum", "bytes_sum", "scored_by_callees")
 SHADOW_COUNTS = ("calls", "verified", "passed", "failed", "skipped", "unverifiable", "bytes_copied", "overdue",
                  "process_passed")
 
