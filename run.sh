@@ -175,7 +175,8 @@ valgrind_c_tests() {
   # The plain C runner under Memcheck (it follows each test's forked
   # process): no invalid read or write, no use of an uninitialised value,
   # no memory definitely lost.
-  valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite "$BUILD_DIR/ust_test_runner"
+  UST_TEST_TIMEOUT_S=600 valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
+    "$BUILD_DIR/ust_test_runner"
 }
 
 fuzz() {

@@ -22,13 +22,16 @@ static const struct {
 
 int main(int argc, char **argv) {
   int passed = 0, failed = 0;
+  /* seconds a test may take: 30, or $UST_TEST_TIMEOUT_S (a run under Valgrind is some 30x slower) */
+  const char *limit_env = getenv("UST_TEST_TIMEOUT_S");
+  const unsigned limit = limit_env != NULL && atoi(limit_env) > 0 ? (unsigned)atoi(limit_env) : 30;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     if (argc > 1 && strstr(tests[i].name, argv[1]) == NULL)
       continue;
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
-      alarm(30);
+      alarm(limit);
       tests[i].fn();
       exit(0);
     }
