@@ -515,6 +515,8 @@ int ust__report_derive(cJSON *root) {
   }
   double t_calls = 0, t_timed = 0, t_captured = 0, t_shadow = 0, t_verified = 0, t_failed = 0, t_rollbacks = 0;
   double s_agg = 0, s_agg_cand = 0, s_agg_ph[UST__N_PHASES] = {0}, s_agg_cand_ph[UST__N_PHASES] = {0};
+  /* the device-time share of the operators that have an S: S_agg is taken over it */
+  double scored_w = 0, scored_w_ph[UST__N_PHASES] = {0};
   svals sv = {0}, cv = {0}, sph[UST__N_PHASES] = {{0}}, cph[UST__N_PHASES] = {{0}};
   cJSON_ArrayForEach(op, ops) {
     const int has_cand = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(op, "candidate"));
@@ -594,19 +596,24 @@ int ust__report_derive(cJSON *root) {
     set_num(op, "weight", w_op);
     /* S_i: the median over shape keys (the paper), and the time-weighted
      * variant; for a candidate, over the keys where it verified correct. */
-    const double s_op = ust__median(sv.v, sv.n);
+    /* unscored is null, not 0: an operator nothing scored does not pull S_agg down */
+    const double s_op = sv.n > 0 ? ust__median(sv.v, sv.n) : -1;
     cJSON_DeleteItemFromObjectCaseSensitive(op, "roofline");
     cJSON *jr = cJSON_AddObjectToObject(op, "roofline");
     add_num(jr, "scored_shapes", sv.n);
-    add_num(jr, "S", s_op);
-    add_num(jr, "S_weighted", time_sum > 0 ? tsol_sum / time_sum : 0.0);
+    set_s(jr, "S", s_op);
+    set_s(jr, "S_weighted", time_sum > 0 ? tsol_sum / time_sum : -1);
     if (has_cand) {
-      const double s_c = ust__median(cv.v, cv.n);
-      add_num(jr, "S_candidate", s_c);
+      const double s_c = cv.n > 0 ? ust__median(cv.v, cv.n) : -1;
+      set_s(jr, "S_candidate", s_c);
       add_num(jr, "coverage", cand_routes > 0 ? (double)covered / cand_routes : 0.0);
-      s_agg_cand += w_op * s_c;
+      if (s_op >= 0)
+        s_agg_cand += w_op * (s_c >= 0 ? s_c : 0.0); /* an unverified candidate counts 0 where production scores */
     }
-    s_agg += w_op * s_op;
+    if (s_op >= 0) {
+      s_agg += w_op * s_op;
+      scored_w += w_op;
+    }
     /* The same per phase: weights are shares of that phase's device time. */
     cJSON_DeleteItemFromObjectCaseSensitive(op, "phases");
     cJSON *jp = cJSON_AddObjectToObject(op, "phases");
@@ -615,15 +622,19 @@ int ust__report_derive(cJSON *root) {
         continue;
       cJSON *x = cJSON_AddObjectToObject(jp, ust__phase_name(p));
       const double wp = total_ph[p] > 0 ? est_ph[p] / total_ph[p] : 0.0;
-      const double sp_op = ust__median(sph[p].v, sph[p].n);
+      const double sp_op = sph[p].n > 0 ? ust__median(sph[p].v, sph[p].n) : -1;
       add_num(x, "est_device_time_ns", est_ph[p]);
       add_num(x, "weight", wp);
-      add_num(x, "S", sp_op);
-      s_agg_ph[p] += wp * sp_op;
+      set_s(x, "S", sp_op);
+      if (sp_op >= 0) {
+        s_agg_ph[p] += wp * sp_op;
+        scored_w_ph[p] += wp;
+      }
       if (has_cand) {
-        const double sc_op = ust__median(cph[p].v, cph[p].n);
-        add_num(x, "S_candidate", sc_op);
-        s_agg_cand_ph[p] += wp * sc_op;
+        const double sc_op = cph[p].n > 0 ? ust__median(cph[p].v, cph[p].n) : -1;
+        set_s(x, "S_candidate", sc_op);
+        if (sp_op >= 0)
+          s_agg_cand_ph[p] += wp * (sc_op >= 0 ? sc_op : 0.0);
       }
     }
     t_calls += calls;
@@ -645,10 +656,13 @@ int ust__report_derive(cJSON *root) {
     set_num(tot, "verified", t_verified);
     set_num(tot, "failed", t_failed);
     set_num(tot, "rollbacks", t_rollbacks);
-    /* S_agg = sum_i w_i S_i: production's (the headroom left) and the
-     * candidates' (operators without a verified candidate count 0). */
-    set_num(tot, "S_agg", s_agg);
-    set_num(tot, "S_agg_candidate", s_agg_cand);
+    /* S_agg = sum_i w_i S_i / sum_i w_i over the operators that have an S
+     * (their device-time share beside it; null when nothing was scored):
+     * production's (the headroom left) and the candidates' (operators
+     * without a verified candidate count 0). */
+    set_num(tot, "scored_share", scored_w);
+    set_s(tot, "S_agg", scored_w > 0 ? s_agg / scored_w : -1);
+    set_s(tot, "S_agg_candidate", scored_w > 0 ? s_agg_cand / scored_w : -1);
     cJSON_DeleteItemFromObjectCaseSensitive(tot, "phases");
     cJSON *tp = cJSON_AddObjectToObject(tot, "phases");
     for (int p = 0; p < UST__N_PHASES; p++) {
@@ -656,8 +670,9 @@ int ust__report_derive(cJSON *root) {
         continue;
       cJSON *x = cJSON_AddObjectToObject(tp, ust__phase_name(p));
       add_num(x, "est_device_time_ns", total_ph[p]);
-      add_num(x, "S_agg", s_agg_ph[p]);
-      add_num(x, "S_agg_candidate", s_agg_cand_ph[p]);
+      add_num(x, "scored_share", scored_w_ph[p]);
+      set_s(x, "S_agg", scored_w_ph[p] > 0 ? s_agg_ph[p] / scored_w_ph[p] : -1);
+      set_s(x, "S_agg_candidate", scored_w_ph[p] > 0 ? s_agg_cand_ph[p] / scored_w_ph[p] : -1);
     }
   }
 out:

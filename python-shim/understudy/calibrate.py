@@ -4,7 +4,8 @@ can be used instead of the datasheet's (problems/hardware/*.json format):
     python -m understudy calibrate --out my-device.json [--device cuda|cpu] [--quick]
 
 Memory: the best copy bandwidth (bytes read + written per second) over a few
-sizes. Compute: the best matrix-multiply rate per path (bf16, fp16, fp32; on
+sizes (on the CPU, sizes that fit its caches among them, so that the floor
+holds for data a small model keeps in cache). Compute: the best matrix-multiply rate per path (bf16, fp16, fp32; on
 CUDA also tf32) over a few square sizes. Each figure is the best of several
 timed repetitions (CUDA events on a GPU, the host clock on the CPU).
 """
@@ -53,6 +54,10 @@ def calibrate(device: str = None, quick: bool = False) -> dict:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     reps = 3 if quick else 10
     copy_sizes = [1 << 24, 1 << 26] if quick else [1 << 26, 1 << 28]
+    if device == "cpu":
+        # a floor must hold for data in cache too: the best copy rate of any
+        # level, one that fits a core's cache among the sizes
+        copy_sizes = [1 << 18, 1 << 20] + copy_sizes
     b_peak = 0.0
     for nbytes in copy_sizes:
         src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1)

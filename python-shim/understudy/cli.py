@@ -97,8 +97,15 @@ def _merge(args) -> int:
         os.fsync(f.fileno())
     os.replace(tmp, args.out)
     print(f"merged {len(reports)} reports into {args.out}: {merged['totals']['calls']} calls, "
-          f"{merged['totals']['routes']} shape keys, S_agg {merged['totals']['S_agg']:.4f}")
+          f"{merged['totals']['routes']} shape keys, S_agg {_s_agg_text(merged['totals'])}")
     return 0
+
+
+def _s_agg_text(tot: dict) -> str:
+    """S_agg with the share of device time it covers, or why there is none."""
+    if tot.get("S_agg") is None:
+        return "none (no operator scored)"
+    return f"{tot['S_agg']:.4f} over {100 * tot.get('scored_share', 0):.1f} % of device time"
 
 
 # ---- calibrate ------------------------------------------------------------------------

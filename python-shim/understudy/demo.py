@@ -247,6 +247,33 @@ def shadow_config(device: str, report_path: str) -> tuple[dict, list[str]]:
     return {"operators": ops, "report": {"path": report_path, "interval_s": 5}}, notes
 
 
+def demo_hardware(device: str) -> tuple[dict | None, str | None]:
+    """On a CPU no datasheet profile applies, so nothing would be scored: the
+    demo measures this host first (calibrate --quick, about two seconds) into
+    a hardware directory beside the shipped profiles. Returns the config's
+    "hardware" section (None on a GPU: its datasheet profile is shipped) and a
+    line saying what was done."""
+    if device != "cpu":
+        return None, None
+    import pathlib
+    import shutil
+    import tempfile
+
+    import understudy
+    from understudy.calibrate import calibrate
+
+    t0 = time.perf_counter()
+    prof = calibrate("cpu", quick=True)
+    hw = pathlib.Path(tempfile.mkdtemp(prefix="understudy-demo-hardware-"))
+    for f in (understudy.problems_dir() / "hardware").glob("*.json"):
+        shutil.copy(f, hw / f.name)
+    (hw / "host-cpu.json").write_text(json.dumps(prof, indent=2) + "\n")
+    peaks = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in prof["p_peak"].items())
+    return {"dir": str(hw)}, (f"CPU roofline: this host measured in {time.perf_counter() - t0:.1f} s "
+                              f"(copy {prof['b_peak'] / 1e9:.1f} GB/s; {peaks}); for a lasting profile: "
+                              f"python -m understudy calibrate --out DIR/cpu.json, then \"hardware\": {{\"dir\": DIR}}")
+
+
 def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-report.json",
              model: str = "small") -> int:
     import understudy
@@ -256,8 +283,12 @@ def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-
     name, generate, vocab, model = build_model(device, model=model)
     ids = torch.randint(0, vocab, (2, 16), device=device, generator=torch.Generator(device=device).manual_seed(1))
     print(f"understudy demo: {name} on {device}, torch {torch.__version__}")
+    hardware, line = demo_hardware(device)
+    extra = {"hardware": hardware} if hardware else {}
+    if line:
+        print(line)
     generate(ids, tokens)  # warm-up outside understudy: per-shape set-up (cuDNN plans, ...) stays out of the figures
-    understudy.enable({"defaults": {"mode": "observe"}, "report": {"path": report_path, "interval_s": 5}})
+    understudy.enable({"defaults": {"mode": "observe"}, "report": {"path": report_path, "interval_s": 5}, **extra})
     try:
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -271,7 +302,7 @@ def run_demo(device=None, tokens: int = 24, report_path: str = "understudy-demo-
           f"report written to {report_path}\n")
     with open(report_path) as f:
         print(format_report(json.load(f)))
-    return run_shadow_phase(device, generate, model, ids, tokens, report_path)
+    return run_shadow_phase(device, generate, model, ids, tokens, report_path, extra)
 
 
 def _phase(model, title, config, notes, serve, before=None):
@@ -298,11 +329,12 @@ def _phase(model, title, config, notes, serve, before=None):
     return plain, served
 
 
-def run_shadow_phase(device, generate, model, ids, tokens, report_path) -> int:
+def run_shadow_phase(device, generate, model, ids, tokens, report_path, extra=None) -> int:
     from understudy.tables import format_verdicts
 
     shadow_path = report_path.replace(".json", "") + "-shadow.json"
     config, notes = shadow_config(device, shadow_path)
+    config.update(extra or {})
     plain, served = _phase(model, "shadow phase: RMSNorm through _C::rms_norm (vLLM's out-variant op); candidates:",
                            config, notes, lambda: generate(ids, tokens), before=lambda: generate(ids, tokens))
     same = torch.equal(plain, served)
@@ -312,7 +344,7 @@ def run_shadow_phase(device, generate, model, ids, tokens, report_path) -> int:
         print(format_verdicts(json.load(f)))
     if not same:
         return 1
-    return run_rollout_phase(device, generate, model, ids, tokens, report_path)
+    return run_rollout_phase(device, generate, model, ids, tokens, report_path, extra)
 
 
 def rollout_config(device: str, report_path: str) -> tuple[dict, list[str]]:
@@ -339,11 +371,12 @@ def rollout_config(device: str, report_path: str) -> tuple[dict, list[str]]:
     return {"operators": ops, "report": {"path": report_path, "interval_s": 5}}, notes
 
 
-def run_rollout_phase(device, generate, model, ids, tokens, report_path) -> int:
+def run_rollout_phase(device, generate, model, ids, tokens, report_path, extra=None) -> int:
     from understudy.tables import format_verdicts
 
     path = report_path.replace(".json", "") + "-rollout.json"
     config, notes = rollout_config(device, path)
+    config.update(extra or {})
     _phase(model, "rollout phase: candidates serve; promotions and rollbacks follow the evidence:", config, notes,
            lambda: [generate(ids, tokens) for _ in range(2)])
     with open(path) as f:

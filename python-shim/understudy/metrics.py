@@ -319,6 +319,11 @@ class UnderstudyCollector:
                                    "understudy's own failures (production served each call)")
         ierr.add_metric([], float(tot.get("internal_errors", 0)))
         yield ierr
+        scored = GaugeMetricFamily("understudy_scored_device_time_ratio",
+                                   "the share of the estimated device time whose operators have an S "
+                                   "(S_agg is taken over it)")
+        scored.add_metric([], float(tot.get("scored_share") or 0.0))
+        yield scored
         # S_agg over all phases is a family of its own, without a phase label:
         # the per-phase family has no "all" series repeating the others.
         for key, name, help_ in (("S_agg", "understudy_aggregate_roofline_ratio",

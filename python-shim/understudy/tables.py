@@ -6,6 +6,9 @@ timed, S of a key without a floor), operators that saw no call are left out
 unless asked for, and each table ends with a legend of its columns."""
 from __future__ import annotations
 
+NO_SCORE_HINT = ("no hardware profile matches the device (a CPU has none shipped): "
+                 "python -m understudy calibrate --quick --out DIR/cpu.json, then \"hardware\": {\"dir\": DIR}")
+
 DASH = "-"
 
 REPORT_LEGEND = (
@@ -57,12 +60,17 @@ def format_report(rep: dict, *, max_shapes: int = 8, all_operators: bool = False
                  f"captured {int(tot.get('captured', 0))}  routes {int(tot.get('routes', 0))}  "
                  f"untracked {int(tot.get('untracked', 0))}  internal errors {int(tot.get('internal_errors', 0))}  "
                  f"device time {tot.get('est_device_time_ns', 0) / 1e6:.3f} ms")
-    if tot.get("S_agg"):
+    if tot.get("S_agg") is not None:
         cov = [f"{o['name']} {o['roofline']['coverage']:.2f}" for o in rep.get("operators", [])
                if "coverage" in o.get("roofline", {})]
-        lines.append(f"roofline: S_agg production {tot['S_agg']:.3f}, candidates {tot.get('S_agg_candidate', 0):.3f} "
+        cand = tot.get("S_agg_candidate")
+        lines.append(f"roofline: S_agg production {tot['S_agg']:.3f}, candidates "
+                     f"{'-' if cand is None else format(cand, '.3f')} over the scored "
+                     f"{100 * tot.get('scored_share', 0):.1f} % of device time "
                      f"(S = T_SOL / median time; 1 is the hardware's floor)"
                      + (f"; candidate coverage: {', '.join(cov)}" if cov else ""))
+    elif tot.get("calls"):
+        lines.append("roofline: nothing scored (S_agg null): " + NO_SCORE_HINT)
     hidden = [] if all_operators else hidden_operators(rep)
     if hidden:
         lines.append(f"{len(hidden)} operators without calls not shown (--all shows them)")

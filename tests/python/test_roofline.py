@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import understudy
+from understudy.tables import format_report
 from conftest import HIST_REL, ROOT, clocked, hardware_profile, held_for, roofline_floor_ns
 from test_shadow import candidate_op, native, routes, run_rms_norm, rms_inputs, silu_and_mul, _rms
 
@@ -126,13 +127,14 @@ def test_candidate_scored_only_where_it_verified(us):
             w_lo = 4 * hold / (4 * hold + silu_measured)
             w_hi = sum(measured) / (sum(measured) + 3 * silu_hold)
             assert w_lo <= rms["weight"] <= w_hi
+            assert rep["totals"]["scored_share"] == pytest.approx(1)  # both operators have a floor
             # silu_and_mul has no candidate: it counts 0
             assert w_lo * op["S_candidate"] <= rep["totals"]["S_agg_candidate"] <= w_hi * op["S_candidate"]
         else:
             assert r["shadow"]["failed"] == 1 and r["mode"] == "rolled_back"
             assert r["roofline"]["S_candidate"] is None
-            assert op["S_candidate"] == 0 and op["coverage"] == 0
-            assert rep["totals"]["S_agg_candidate"] == 0
+            assert op["S_candidate"] is None and op["coverage"] == 0  # nothing verified: no S, not 0
+            assert rep["totals"]["S_agg_candidate"] == 0  # production scores there; the candidate counts 0
 
 
 def test_candidate_partly_verified_is_scored_on_its_verified_keys(us):
@@ -173,7 +175,40 @@ def test_cpu_without_a_profile_is_not_scored(us):
     us.disable()
     (r,) = routes(rep, "_C::rms_norm")
     assert r["roofline"]["hardware"] is None and r["roofline"]["S"] is None and r["roofline"]["calls"] == 0
-    assert rep["totals"]["S_agg"] == 0
+    (op,) = (o for o in rep["operators"] if o["name"] == "rms_norm")
+    assert op["weight"] == 1 and op["roofline"]["S"] is None and op["roofline"]["S_weighted"] is None
+    # unscored is null, not 0, and the text report says how to get scores
+    assert rep["totals"]["S_agg"] is None and rep["totals"]["S_agg_candidate"] is None
+    assert rep["totals"]["scored_share"] == 0
+    assert "nothing scored" in format_report(rep) and "calibrate" in format_report(rep)
+
+
+def test_s_agg_is_taken_over_the_scored_share(us, tmp_path):
+    """An operator none of whose calls can be scored keeps its weight but
+    has no S; S_agg is the weighted mean over the scored operators, with
+    their share beside it (Sum w_i S_i alone would be pulled down by it)."""
+    import shutil
+    pdir = tmp_path / "problems"
+    shutil.copytree(understudy.problems_dir(), pdir)
+    sam = json.loads((pdir / "silu_and_mul.json").read_text())
+    sam["bindings"][0]["roofline"]["vars"]["Bi"] = "bytes(x)"  # _C::silu_and_mul has no 'x': unscorable
+    (pdir / "silu_and_mul.json").write_text(json.dumps(sam))
+    us.enable({"operators": {"silu_and_mul": {"sample": 1.0}, "rms_norm": {"sample": 1.0}},
+               "hardware": {"profile": "H200"}}, problems=pdir)
+    with held_for(1_000_000):
+        for _ in range(3):
+            silu_and_mul(torch.randn(8, 256))
+        run_rms_norm(rms_inputs(shapes=((16, 512),)), repeat=3)
+    rep = us.report()
+    us.disable()
+    ops = {o["name"]: o for o in rep["operators"]}
+    sam_op, rms = ops["silu_and_mul"], ops["rms_norm"]
+    assert sam_op["roofline"]["S"] is None and sam_op["weight"] > 0.2  # both held as long per call
+    assert rms["roofline"]["S"] > 0 and rms["weight"] > 0.2
+    tot = rep["totals"]
+    assert tot["scored_share"] == pytest.approx(rms["weight"])
+    assert tot["S_agg"] == pytest.approx(rms["roofline"]["S"])  # not w * S
+    assert "S_agg production" in format_report(rep)
 
 
 def test_unknown_profile_is_a_config_error(us):
