@@ -29,6 +29,7 @@
 /* ---- definitions (parsed by plugin/problems.c) ------------------------------------ */
 
 #define UST__MAX_DIMS 8
+#define UST__FIRST_TIMED 3 /* the first calls of every shape key are timed, whatever the sampling */
 #define UST__MAX_OVERLOADS 8
 #define UST__MAX_WRITES 8
 #define UST__MAX_RVARS 16

@@ -351,13 +351,26 @@ static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, at
   return ust__shadow_acquire(b->router->shadow, &sr);
 }
 
+/* A call the route's sampling would have verified, but that goes without:
+ * counted as skipped for reason. */
+static void skip_sampled(ust__route *r, int mode, const ust__policy *pol, int reason) {
+  atomic_uint_fast64_t *count = mode == UST__MODE_SHADOW ? &r->shadow_seen : &r->verify_seen;
+  if (mode != UST__MODE_SHADOW && mode != UST__MODE_CANARY && mode != UST__MODE_LIVE)
+    return;
+  uint64_t n = atomic_fetch_add_explicit(count, 1, memory_order_relaxed) + 1;
+  if (ust__sampled(n, pol->sample_q32))
+    ust__verify_skipped(&r->verify, reason);
+}
+
 /* The route's plan for one call (DESIGN.md, one call step by step):
  * - during graph capture nothing is timed or shadowed; a live candidate is
  *   captured, everything else is production;
  * - shadow: production serves; sampled calls also run the candidate;
  * - canary(p): the candidate serves a p share of the calls, live all of
  *   them; a sample of those is verified against production;
- * - otherwise production serves, a sample timed. */
+ * - otherwise production serves, a sample timed (and the first
+ *   UST__FIRST_TIMED calls of every key, so that no key seen is without a
+ *   latency, whatever the sampling; sample 0 times none). */
 void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st) {
   memset(st, 0, sizeof *st);
   st->plan = UST__PLAN_PASS;
@@ -380,6 +393,8 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     /* Replays do not come back here: what is captured is what they run. */
     st->capturing = 1;
     atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
+    if (b->cand != NULL)
+      skip_sampled(r, mode, pol, UST__SKIP_CAPTURE);
     if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && cand_view(b, r, call, 1, &st->cand) == 0) {
       st->plan = UST__PLAN_SERVE;
       st->flags = UST__DF_NO_SNAPSHOTS;
@@ -392,8 +407,10 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
       (!ust__rollout_qualified(&r->rollout) || !ready_here(b->cand, r))) {
     /* Before its first served call the candidate qualifies on copies of the
      * arguments, as in shadow: every call is shadowed until one passes. */
-    if (!atomic_load_explicit(&r->verify.paused, memory_order_relaxed) && cand_view(b, r, call, 0, &st->cand) == 0 &&
-        (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL, st)) != NULL) {
+    if (atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
+      ust__verify_skipped(&r->verify, UST__SKIP_BUDGET);
+    else if (cand_view(b, r, call, 0, &st->cand) == 0 &&
+             (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL, st)) != NULL) {
       st->plan = UST__PLAN_SHADOW;
       return;
     }
@@ -407,14 +424,15 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
         st->flags = UST__DF_WAIT_VERDICT;
       return;
     }
-  } else if (mode == UST__MODE_SHADOW && !atomic_load_explicit(&r->verify.paused, memory_order_relaxed) &&
-             cand_view(b, r, call, 0, &st->cand) == 0) {
+  } else if (mode == UST__MODE_SHADOW && atomic_load_explicit(&r->verify.paused, memory_order_relaxed)) {
+    skip_sampled(r, mode, pol, UST__SKIP_BUDGET);
+  } else if (mode == UST__MODE_SHADOW && cand_view(b, r, call, 0, &st->cand) == 0) {
     if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL, st)) != NULL) {
       st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself */
       return;
     }
   }
-  if (!ust__sampled(n, pol->sample_q32))
+  if (pol->sample_q32 == 0 || (n > UST__FIRST_TIMED && !ust__sampled(n, pol->sample_q32)))
     return;
   st->tsol_ps = call_tsol_ps(r, call, st);
   if (call->device == UST__DEV_CPU) {

@@ -117,12 +117,24 @@ typedef struct ust__cand {
 
 /* ---- what verifications found: the guard's part of a route ----------------------- */
 
+/* Why a sampled call went without a verdict. */
+typedef enum ust__skip {
+  UST__SKIP_NO_SLOT = 0, /* every shadow slot was in flight */
+  UST__SKIP_ERROR,       /* production raised, or understudy's own work failed */
+  UST__SKIP_BUDGET,      /* the candidate is over the shadow budget on this route */
+  UST__SKIP_CAPTURE,     /* called while a CUDA graph was captured */
+  UST__SKIP_COUNT
+} ust__skip;
+
+const char *ust__skip_name(int reason);
+
 typedef struct ust__verify {
   atomic_uint_fast64_t calls;        /* shadow calls that took a slot; each ends verified, skipped or unverifiable */
   atomic_uint_fast64_t verified;     /* reached a verdict */
   atomic_uint_fast64_t passed;
   atomic_uint_fast64_t failed;
-  atomic_uint_fast64_t skipped;      /* sampled, but no verdict: no slot, production raised, an internal error */
+  atomic_uint_fast64_t skipped;      /* sampled, but no verdict: the sum of skipped_by */
+  atomic_uint_fast64_t skipped_by[UST__SKIP_COUNT]; /* by reason (ust__skip) */
   atomic_uint_fast64_t unverifiable; /* ran, but an output's dtype cannot be compared */
   atomic_uint_fast64_t aa_runs;      /* A/A checks: production against itself */
   atomic_uint_fast64_t aa_mismatching;
@@ -137,6 +149,7 @@ typedef struct ust__verify {
 
 typedef struct ust__verify_snap {
   uint64_t calls, verified, passed, failed, skipped, unverifiable, aa_runs, aa_mismatching;
+  uint64_t skipped_by[UST__SKIP_COUNT];
   double max_abs, max_rel, aa_max_abs, aa_max_rel;
   uint64_t bytes_copied, overdue, proc_passed;
   int paused;
@@ -149,8 +162,8 @@ typedef struct ust__verify_snap {
  * Returns 1 when this call paused it. */
 int ust__verify_budget(ust__verify *v, ust__figs *f, double max_slowdown);
 
-/* A sampled call that found no free slot. */
-void ust__verify_skipped(ust__verify *v);
+/* A sampled call that went without a verdict, for reason (ust__skip). */
+void ust__verify_skipped(ust__verify *v, int reason);
 void ust__verify_snapshot(ust__verify *v, ust__verify_snap *out);
 
 /* What rolled a route back. Built by whoever concluded the failing call,

@@ -15,6 +15,7 @@
  * route makes of a verdict (times, rollbacks, promotions) goes to the pool's
  * sink.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,8 @@
 #endif
 
 #define MAX_SLOT_PAIRS UST__MAX_PAIRS
+/* pending comparisons a serving thread queries before it takes a slot */
+#define UST__ACQUIRE_QUERIES 4
 #define MAX_DEVICES 64
 
 typedef struct pair_meta {
@@ -104,7 +107,17 @@ static void atomic_max_u64(atomic_uint_fast64_t *a, uint64_t v) {
     ;
 }
 
-void ust__verify_skipped(ust__verify *v) { atomic_fetch_add_explicit(&v->skipped, 1, memory_order_relaxed); }
+const char *ust__skip_name(int reason) {
+  static const char *const names[UST__SKIP_COUNT] = {"no_slot", "error", "budget", "capture"};
+  return reason >= 0 && reason < UST__SKIP_COUNT ? names[reason] : "error";
+}
+
+void ust__verify_skipped(ust__verify *v, int reason) {
+  if (reason < 0 || reason >= UST__SKIP_COUNT)
+    reason = UST__SKIP_ERROR;
+  atomic_fetch_add_explicit(&v->skipped_by[reason], 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&v->skipped, 1, memory_order_relaxed);
+}
 
 int ust__verify_budget(ust__verify *v, ust__figs *f, double max_slowdown) {
   if (max_slowdown <= 0 || atomic_load_explicit(&v->paused, memory_order_relaxed) ||
@@ -126,6 +139,8 @@ void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->passed = atomic_load(&v->passed);
   o->failed = atomic_load(&v->failed);
   o->skipped = atomic_load(&v->skipped);
+  for (int i = 0; i < UST__SKIP_COUNT; i++)
+    o->skipped_by[i] = atomic_load(&v->skipped_by[i]);
   o->unverifiable = atomic_load(&v->unverifiable);
   o->aa_runs = atomic_load(&v->aa_runs);
   o->aa_mismatching = atomic_load(&v->aa_mismatching);
@@ -251,7 +266,8 @@ static void enqueue_pending(shadow_slot *s) {
   ust__shadow_pool *p = s->pool;
   pthread_mutex_lock(&p->lock);
   atomic_store(&s->state, SLOT_PENDING);
-  p->pending[p->n_pending++] = (int)(s - p->slots);
+  p->pending[p->n_pending] = (int)(s - p->slots);
+  __atomic_store_n(&p->n_pending, p->n_pending + 1, __ATOMIC_RELAXED); /* read unlocked by acquire */
   pthread_mutex_unlock(&p->lock);
 }
 
@@ -259,19 +275,30 @@ static void enqueue_pending(shadow_slot *s) {
  * buffers may still be written, so it never goes back to the pool. */
 static void retire_unfenced(shadow_slot *s) {
   tell(s);
-  ust__verify_skipped(s->r.verify);
+  ust__verify_skipped(s->r.verify, UST__SKIP_ERROR);
   ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage};
   s->pool->sink->concluded(s->pool->sink_ctx, s->r.cookie, &v);
   ust__log(s->pool->log, UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
 }
 #endif
 
+#ifdef UST__SHADOW_GPU
+static int harvest_some(ust__shadow_pool *p, int max_queries);
+#endif
+
+/* A serving thread that takes a slot first concludes the oldest pending
+ * comparisons whose last event has completed (a few non-blocking queries),
+ * so slots come back at the pace of the calls, not of the worker's polls. */
 void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r) {
+#ifdef UST__SHADOW_GPU
+  if (__atomic_load_n(&p->n_pending, __ATOMIC_RELAXED) > 0)
+    harvest_some(p, UST__ACQUIRE_QUERIES);
+#endif
   pthread_mutex_lock(&p->lock);
   int idx = p->n_free > 0 ? p->free_list[--p->n_free] : -1;
   pthread_mutex_unlock(&p->lock);
   if (idx < 0) {
-    ust__verify_skipped(r->verify);
+    ust__verify_skipped(r->verify, UST__SKIP_NO_SLOT);
     return NULL;
   }
   shadow_slot *s = &p->slots[idx];
@@ -616,7 +643,7 @@ static void conclude(shadow_slot *s) {
       atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
       atomic_fetch_add_explicit(&v->failed, 1, memory_order_relaxed);
     } else {
-      ust__verify_skipped(v);
+      ust__verify_skipped(v, UST__SKIP_ERROR);
     }
     void *cookie = s->r.cookie;
     ust__shadow_pool *p = s->pool;
@@ -727,14 +754,14 @@ static void conclude(shadow_slot *s) {
  * conclude them outside it. Never blocks. Events are queried while other
  * threads may capture graphs: in the relaxed capture mode, which keeps their
  * captures valid; the calling thread's own mode is restored after. */
-static int harvest_once(ust__shadow_pool *p) {
+static int harvest_some(ust__shadow_pool *p, int max_queries) {
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
   int done[64], n_done = 0, kept = 0;
   pthread_mutex_lock(&p->lock);
   for (int i = 0; i < p->n_pending; i++) {
     shadow_slot *s = &p->slots[p->pending[i]];
-    cudaError_t q = n_done < 64 ? cudaEventQuery(s->ev[UST__MARK_COUNT]) : cudaErrorNotReady;
+    cudaError_t q = n_done < 64 && i < max_queries ? cudaEventQuery(s->ev[UST__MARK_COUNT]) : cudaErrorNotReady;
     if (q == cudaErrorNotReady) {
       p->pending[kept++] = p->pending[i];
       continue;
@@ -746,14 +773,16 @@ static int harvest_once(ust__shadow_pool *p) {
     atomic_store(&s->state, SLOT_CONCLUDING);
     done[n_done++] = p->pending[i];
   }
-  p->n_pending = kept;
-  int left = p->n_pending;
+  __atomic_store_n(&p->n_pending, kept, __ATOMIC_RELAXED);
+  int left = kept;
   pthread_mutex_unlock(&p->lock);
   for (int i = 0; i < n_done; i++)
     conclude(&p->slots[done[i]]);
   cudaThreadExchangeStreamCaptureMode(&mode);
   return left + n_done;
 }
+
+static int harvest_once(ust__shadow_pool *p) { return harvest_some(p, INT_MAX); }
 #endif
 
 int ust__shadow_harvest(ust__shadow_pool *p) {

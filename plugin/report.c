@@ -86,6 +86,9 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(j, "passed", (double)v->passed);
   add_num(j, "failed", (double)v->failed);
   add_num(j, "skipped", (double)v->skipped);
+  cJSON *by = cJSON_AddObjectToObject(j, "skipped_by");
+  for (int i = 0; i < UST__SKIP_COUNT; i++)
+    add_num(by, ust__skip_name(i), (double)v->skipped_by[i]);
   add_num(j, "unverifiable", (double)v->unverifiable);
   add_num(j, "max_abs_err", v->max_abs);
   add_num(j, "max_rel_err", v->max_rel);

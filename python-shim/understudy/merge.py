@@ -115,7 +115,7 @@ def merge(reports: Iterable[dict]) -> dict:
                     _rollout_add(t.setdefault("_rollout", None), s["rollout"], t)
                 if "shadow" in s:
                     sh = t.setdefault("_shadow", {k: 0 for k in ADD_SHADOW} | {
-                        "max_abs_err": 0.0, "max_rel_err": 0.0, "_cand": None, "rollback": None,
+                        "max_abs_err": 0.0, "max_rel_err": 0.0, "_cand": None, "rollback": None, "skipped_by": {},
                         "aa": {"runs": 0, "mismatching": 0, "max_abs_err": 0.0, "max_rel_err": 0.0}})
                     for k in ADD_SHADOW:
                         sh[k] += s["shadow"].get(k, 0)
@@ -125,6 +125,8 @@ def merge(reports: Iterable[dict]) -> dict:
                     aa = s["shadow"].get("aa", {})
                     for k in ("runs", "mismatching"):
                         sh["aa"][k] += aa.get(k, 0)
+                    for k, n in s["shadow"].get("skipped_by", {}).items():
+                        sh["skipped_by"][k] = sh["skipped_by"].get(k, 0) + n
                     for k in ("max_abs_err", "max_rel_err"):
                         sh["aa"][k] = max(sh["aa"][k], aa.get(k, 0.0))
                     ev = s["shadow"].get("rollback")
@@ -149,7 +151,7 @@ def merge(reports: Iterable[dict]) -> dict:
             if "_shadow" in t:
                 sh = t["_shadow"]
                 s["shadow"] = {k: sh[k] for k in ADD_SHADOW} | {
-                    "max_abs_err": sh["max_abs_err"], "max_rel_err": sh["max_rel_err"],
+                    "skipped_by": sh["skipped_by"], "max_abs_err": sh["max_abs_err"], "max_rel_err": sh["max_rel_err"],
                     "candidate_latency_ns": _hist_json(sh["_cand"]), "aa": sh["aa"], "rollback": sh["rollback"]}
             if "_rollout" in t:
                 s["rollout"] = t["_rollout"]

@@ -6,6 +6,7 @@
   X(route_table_full)             \
   X(route_table_threads)          \
   X(sampling_exact_fraction)      \
+  X(a_new_key_is_timed_whatever_the_sampling) \
   X(hist_bucket_bounds)           \
   X(hist_quantile_accuracy)       \
   X(hist_merge_exact)             \

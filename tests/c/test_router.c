@@ -228,7 +228,8 @@ TEST(route_table_threads) {
 
 TEST(sampling_exact_fraction) {
   /* Through the public path: a CPU call with sample 0.25 times exactly a
-   * quarter of the calls. */
+   * quarter of the calls, and the key's first UST__FIRST_TIMED calls (of
+   * which call 4, the first sampled one, is not). */
   fixture f;
   fixture_init(&f, 4, 0.25);
   ust__binding b;
@@ -250,7 +251,36 @@ TEST(sampling_exact_fraction) {
   }
   ASSERT_TRUE(r != NULL);
   ASSERT_U64_EQ(atomic_load(&r->figs.calls), 1000);
-  ASSERT_U64_EQ(atomic_load(&r->figs.hist.count), 250);
+  ASSERT_U64_EQ(atomic_load(&r->figs.hist.count), 250 + UST__FIRST_TIMED);
+  fixture_free(&f);
+}
+
+TEST(a_new_key_is_timed_whatever_the_sampling) {
+  /* 1 in 64 sampled: a key called twice is timed twice, one called 64 times
+   * UST__FIRST_TIMED + 1 times (its 64th call is the sampled one). */
+  fixture f;
+  fixture_init(&f, 4, 1.0 / 64);
+  ust__binding b;
+  ust__binding_def d;
+  make_binding(&b, &f, &d, 0);
+  ust__arg args[4];
+  ust__call c;
+  for (int k = 0; k < 2; k++) {
+    make_call(&c, args, k == 0 ? UST__DT_F32 : UST__DT_F64);
+    const int calls = k == 0 ? 2 : 64;
+    ust__route *r = NULL;
+    for (int i = 0; i < calls; i++) {
+      ust__call_state st;
+      ust__call_begin(&b, &c, &st);
+      ust__decision dec;
+      ust__decision_start(&dec, st.plan, st.flags);
+      ust__decision_next(&dec, UST__EV_OK);
+      ust__call_end(&c, &st, &dec);
+      r = st.route;
+    }
+    ASSERT_TRUE(r != NULL);
+    ASSERT_U64_EQ(atomic_load(&r->figs.hist.count), k == 0 ? 2 : UST__FIRST_TIMED + 1);
+  }
   fixture_free(&f);
 }
 

@@ -395,6 +395,8 @@ def test_a_slow_candidate_stops_being_shadowed(us):
     assert runs["n"] == 5 and sh["calls"] == 5 and sh["passed"] == 5, (runs, sh)
     assert sh["paused"]["slowdown"] > 10
     assert r["mode"] == "shadow" and r["calls"] == 30
+    # the 25 calls after the pause would have been shadowed (sample 1): skipped for the budget
+    assert sh["skipped"] == 25 and sh["skipped_by"] == {"no_slot": 0, "error": 0, "budget": 25, "capture": 0}
 
 
 def test_a_pinned_candidates_dependencies_are_pinned_too(us, tmp_path, monkeypatch):
@@ -560,3 +562,35 @@ while True:
         assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "s.json", "serve.py"]
     finally:
         understudy.disable()
+
+
+def test_a_call_finding_every_slot_taken_is_skipped_for_that_reason(us):
+    """shadow.max_inflight 1: while one thread's shadow call holds the slot
+    (its candidate waits), another thread's call is served by production and
+    counted as skipped for want of a slot."""
+    import threading
+    inside, release = threading.Event(), threading.Event()
+
+    def waits(x):
+        inside.set()
+        release.wait(10)
+        return F.silu(x)
+
+    name = candidate_op("ust_hostile::silu_waits", waits, "aten::silu")
+    x = torch.randn(4, 8)
+    want = F.silu(x)
+    cfg = silu_config("shadow", {"torch_op": name, "target": "aten::silu"})
+    cfg["shadow"] = {"max_inflight": 1}
+    us.enable(cfg)
+    first = threading.Thread(target=lambda: F.silu(x))
+    first.start()
+    assert inside.wait(10)
+    try:
+        for _ in range(3):
+            assert torch.equal(F.silu(x), want)  # production, at once
+    finally:
+        release.set()
+        first.join(10)
+    sh = silu_route(us.report())["shadow"]
+    assert (sh["calls"], sh["passed"]) == (1, 1)
+    assert sh["skipped"] == 3 and sh["skipped_by"] == {"no_slot": 3, "error": 0, "budget": 0, "capture": 0}

@@ -57,15 +57,24 @@ def test_counts_match_dispatch_mode_and_outputs_identical(us, report_path, grad_
 
 
 def test_default_sampling_times_one_call_in_16(us):
+    """1 call in 16 timed, and the first 3 of every key: a key called
+    fewer than 16 times has a latency too."""
     us.enable({"operators": {"gemm": "observe"}})
     a, b = torch.randn(32, 32), torch.randn(32, 32)
-    for _ in range(160):
-        torch.mm(a, b)
-    (s,) = us.report()["operators"][0]["shapes"]
-    assert s["calls"] == 160 and s["timed"] == 10
-    assert s["latency_ns"]["count"] == 10
-    # device time is the timed sum scaled to every call
-    assert abs(s["est_device_time_ns"] - s["device_time_ns"] * 16) <= 1e-6 * s["est_device_time_ns"]
+    c = torch.randn(32, 8)
+    with DispatchCounter() as counter:
+        for _ in range(160):
+            torch.mm(a, b)
+        for _ in range(2):
+            torch.mm(a, c)
+    assert counter.counts["aten::mm"] == 162
+    keys = {s["key"].split("|")[-1]: s for s in us.report()["operators"][0]["shapes"]}
+    s, few = keys["M=32,K=32,N=32"], keys["M=32,K=32,N=8"]
+    assert s["calls"] == 160 and s["timed"] == 10 + 3
+    assert s["latency_ns"]["count"] == 13
+    # device time is the timed mean scaled to every call
+    assert abs(s["est_device_time_ns"] - s["device_time_ns"] * 160 / 13) <= 1e-6 * s["est_device_time_ns"]
+    assert few["calls"] == few["timed"] == 2 and few["latency_ns"]["p50"] > 0 and few["est_device_time_ns"] > 0
 
 
 def test_shape_keys_and_bucketing(us):

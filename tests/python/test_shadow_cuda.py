@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import understudy
-from test_shadow import (DTYPES, served_under, _fused_add_calls, _fused_add_impl, _import_example, _reference, candidate_op,
+from test_shadow import (DTYPES, _rms, served_under, _fused_add_calls, _fused_add_impl, _import_example, _reference, candidate_op,
                          native, poisoned_pair, rms_inputs, routes, run_rms_norm, shadow_config)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -164,6 +164,7 @@ def test_capture_runs_production_and_replays_match(us):
     assert torch.equal(out, want)
     (r,) = routes(rep, "_C::rms_norm")
     assert (r["calls"], r["captured"], r["shadow"]["calls"]) == (2, 1, 1)
+    assert r["shadow"]["skipped_by"]["capture"] == 1  # the captured call, sampled, went unverified
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -211,3 +212,64 @@ def test_cuda_candidate_writing_its_input_never_touches_the_callers(us):
         ev = r["shadow"]["rollback"]
         assert r["mode"] == "rolled_back" and ev["reason"] == "wrote input" and ev["output"] == "input", ev
         assert r["shadow"]["bytes_copied"] > 0
+
+
+def _triton_rms_norm():
+    """A Triton RMSNorm (one program a row) in vLLM's out-variant form, or a
+    torch one where Triton is absent; returns (fn, what)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return (lambda out, x, w, eps: out.copy_(_rms(x, w, eps))), "torch (Triton is not installed)"
+
+    @triton.jit
+    def kernel(out_ptr, x_ptr, w_ptr, n, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n
+        x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+        tl.store(out_ptr + row * n + cols, (x * r * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+    def fn(out, x, w, eps):
+        n = x.shape[-1]
+        kernel[(x.numel() // n,)](out, x.contiguous(), w, n, eps, BLOCK=triton.next_power_of_2(n))
+
+    return fn, "Triton"
+
+
+def test_shadow_keeps_up_with_sustained_load(us):
+    """A Triton candidate shadowing 6 shapes x 300 back-to-back calls at
+    sample 1: slots come back at the pace of the calls (a serving thread
+    concludes completed comparisons before it takes a slot), so >= 90 % of
+    the calls are verified, the rest skipped with a reason. The first call
+    also compiles the kernel (no warm-up, as in serving)."""
+    fn, what = _triton_rms_norm()
+    name = candidate_op("ust_cuda::rms_norm_triton", fn, "_C::rms_norm")
+    inputs = rms_inputs("cuda", torch.float32, shapes=((1, 4096), (4, 4096), (16, 4096), (1, 1024), (8, 1024),
+                                                       (32, 2048)))
+    us.enable(shadow_config("rms_norm", {"torch_op": name, "target": "_C::rms_norm"}))
+    t0 = time.perf_counter()
+    for x, w in inputs:
+        out = torch.empty_like(x)
+        for _ in range(300):
+            torch.ops._C.rms_norm(out, x, w, 1e-6)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    us.flush()
+    rep = us.report()
+    us.disable()
+    rs = routes(rep, "_C::rms_norm")
+    assert len(rs) == 6 and all(r["calls"] == 300 for r in rs)
+    verified = sum(r["shadow"]["verified"] for r in rs)
+    skipped = sum(r["shadow"]["skipped"] for r in rs)
+    print(f"{what} candidate, 1800 calls in {dt * 1e3:.0f} ms: {verified} verified, {skipped} skipped "
+          f"{[r['shadow']['skipped_by'] for r in rs]}")
+    assert all(r["shadow"]["failed"] == 0 for r in rs)
+    for r in rs:
+        sh = r["shadow"]
+        assert sh["skipped"] == sum(sh["skipped_by"].values())
+        assert sh["verified"] + sh["skipped"] + sh["unverifiable"] == 300, sh
+    assert verified >= 0.9 * 1800
