@@ -218,6 +218,7 @@ case "$cmd" in
   demo) setup; build; log demo; PYTHONPATH=python-shim "$PY" -m understudy demo "${@:2}" ;;
   test)
     setup test; build
+    export UNDERSTUDY_TEST_SETUP=1 # the set-up installed what the tests need: a missing tool fails them
     log "C tests"; "$BUILD_DIR/ust_test_runner"
     log "C tests, ASan + UBSan"; sanitized_c_tests
     log "C tests, ThreadSanitizer"; thread_sanitized_c_tests

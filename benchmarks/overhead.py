@@ -3,8 +3,9 @@
 For a small op on each available device, measures in one run the host time
 per call of: plain torch; understudy disabled (its interceptor stays
 registered once it was ever enabled, and passes calls through); enabled with
-the op's mode off; observing with the default sampling (every call counted
-and keyed, 1 in 16 timed); timing every call; and a pass-through Python
+the op's mode off; observing with no call timed (every call counted and
+keyed: the untimed path alone); observing with the default sampling (1 in
+16 timed); timing every call; and a pass-through Python
 TorchDispatchMode.
 
 Two child processes measure on request, on equal footing (the same core,
@@ -32,6 +33,7 @@ VARIANTS = {  # name -> (child, understudy config or None)
     "plain": ("plain", None),
     "understudy disabled": ("understudy", None),
     "understudy, mode off": ("understudy", {"operators": {"gemm": "off"}}),
+    "understudy, observe, none timed": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 0}}}),
     "understudy, observe 1/16": ("understudy", {"operators": {"gemm": "observe"}}),
     "understudy, observe all": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 1.0}}}),
     "python TorchDispatchMode": ("plain", "mode"),

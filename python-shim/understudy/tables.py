@@ -18,7 +18,8 @@ REPORT_LEGEND = (
     ("p50/p90/p99 us", "production's latency over the timed calls, microseconds"),
     ("weight", "share of the estimated device time"),
     ("S", "roofline floor T_SOL / median time; 1 is the hardware's floor"),
-    (DASH, "not measured: none of the key's calls was timed (by default 1 call in 16 is), "
+    (DASH, "not measured: none of the key's calls was timed (its first 3 and 1 in 16 after are by default; "
+            "sample 0, or calls made during capture, time none), "
            "or no floor (no hardware profile, or a dtype without a peak)"),
 )
 
@@ -26,7 +27,8 @@ VERDICT_LEGEND = (
     ("mode", "the route's mode now"),
     ("calls", "sampled calls that ran the candidate beside production"),
     ("verif", "calls whose outputs were compared: pass + fail"),
-    ("skip", "not compared (in-flight bound, production raised, an internal error)"),
+    ("skip", "sampled but not compared: no free slot, an error, over the shadow budget, or during capture "
+             "(the report's skipped_by counts each)"),
     ("speedup", "production's median latency / the candidate's; - when either was not timed"),
 )
 

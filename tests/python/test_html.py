@@ -24,7 +24,7 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
-from conftest import _dim, _expr, ROOT
+from conftest import _dim, _expr, ROOT, need
 from test_shadow import _import_example, candidate_op, native, routes, rms_inputs, run_rms_norm
 
 PROFILE = {"schema_version": 1, "name": "test ceilings", "match": ["no such device"],
@@ -193,8 +193,7 @@ def chromium(tmp_path, *args, timeout=120):
     args; its stdout. The sanitizer runtime the ASan test run preloads is
     kept out of its environment."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.fail("chromium is not installed: ./run.sh test installs it (apt-get install chromium)")
+    need(exe is not None, "chromium is not installed: ./run.sh test installs it (apt-get install chromium)")
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
     profile = tempfile.mkdtemp(dir=tmp_path, prefix="chromium-")
     cmd = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]

@@ -24,7 +24,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import understudy
-from conftest import ROOT, DispatchCounter, held_for
+from conftest import ROOT, DispatchCounter, held_for, need
 from test_shadow import native, rms_inputs, run_rms_norm
 
 TESTS = ROOT / "tests" / "python"
@@ -89,7 +89,7 @@ def quantile_range_ns(buckets, q):
 
 def promtool_check(text, tmp_path):
     promtool = shutil.which("promtool")
-    assert promtool, "promtool is missing: install the Debian package prometheus (./run.sh test's set-up does)"
+    need(promtool, "promtool is missing: install the Debian package prometheus (./run.sh test's set-up does)")
     f = tmp_path / "exposition.txt"
     f.write_text(text)
     with open(f) as inp:
@@ -489,7 +489,7 @@ def test_prometheus_scrapes_two_processes_and_merges_quantiles(tmp_path):
     together (one process: 60 calls of at least 30 us, the other 20 of at
     least 600 us, so the merged p90 is neither process's own)."""
     prometheus = shutil.which("prometheus")
-    assert prometheus, "prometheus is missing: install the Debian package prometheus (./run.sh test's set-up does)"
+    need(prometheus, "prometheus is missing: install the Debian package prometheus (./run.sh test's set-up does)")
     port = free_port(pair=True)
     config = {"operators": {"rms_norm": {"sample": 1.0}}, "metrics": {"port": port, "top_keys": 4}}
     workers = []

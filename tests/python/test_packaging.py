@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, bound_ops, load_report
+from conftest import ROOT, bound_ops, load_report, need
 
 pytestmark = pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
                                 reason="the pip-installed library is a plain build: tested in the plain pass")
@@ -41,16 +41,6 @@ def clean_env(**extra):
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
     env.update({k: str(v) for k, v in extra.items()})
     return env
-
-
-def need(ok, why):
-    """A missing prerequisite fails under CI (its set-up must provide it) and
-    skips, saying why, elsewhere."""
-    if ok:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(why)
-    pytest.skip(why)
 
 
 class Installed:
@@ -86,6 +76,10 @@ def installed(tmp_path_factory):
     subprocess.run(["git", "clone", "-q", str(ROOT), str(inst.clone)], check=True, env=env, timeout=120)
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(inst.venv)], check=True, env=env,
                    timeout=120)
+    sees = subprocess.run([str(inst.python), "-c", "import torch, scikit_build_core"], capture_output=True, env=env,
+                          timeout=120)
+    need(sees.returncode == 0, "a venv with the system site packages imports no torch or scikit-build-core here "
+         f"({sys.executable} is itself in a venv whose packages a new venv does not see)")
     t0 = time.monotonic()
     # UST_GPU=none: the CUDA comparison kernel would double the build's time and is not what is tested here.
     r = subprocess.run([str(inst.python), "-m", "pip", "install", "--no-build-isolation", "--no-index",

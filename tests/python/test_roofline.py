@@ -324,7 +324,9 @@ def test_torch_ops_scored(us):
     for op, want in expect.items():
         (r,) = routes(rep_mid, op)
         assert r["roofline"]["calls"] == 1, op
-        assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, abs=1e-3), op  # T_SOL is kept in ps
+        # T_SOL is kept in whole ps: grouped_mm's is the sum of its 3 callees', each rounded
+        tol = 3e-3 if op == "aten::_grouped_mm" else 1e-3
+        assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, abs=tol), op
     gm = routes(rep_mid, "aten::_grouped_mm")[0]["roofline"]
     assert "upper bound" in gm["estimate"] and gm["scored_by_callees"] == 1
     assert routes(rep_mid, "aten::mm")[0]["roofline"]["scored_by_callees"] == 0
