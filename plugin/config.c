@@ -606,7 +606,7 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
   }
   const cJSON *report = cJSON_GetObjectItemCaseSensitive(root, "report");
   if (report != NULL) {
-    static const char *const rkeys[] = {"path", "interval_s", NULL};
+    static const char *const rkeys[] = {"path", "interval_s", "window_s", NULL};
     if ((rc = section(report, "report", rkeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(report, "path")) != NULL &&
@@ -616,6 +616,11 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
       if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0)
         return ust__error(UST_ECONFIG, "config: 'report.interval_s' must be a number >= 0");
       cfg->report_interval_s = v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(report, "window_s")) != NULL) {
+      if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 86400)
+        return ust__error(UST_ECONFIG, "config: 'report.window_s' must be a number of seconds in [0, 86400]");
+      cfg->report_window_s = v->valuedouble;
     }
   }
   const cJSON *hw = cJSON_GetObjectItemCaseSensitive(root, "hardware");
@@ -678,6 +683,7 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
 int ust__config_parse(const char *json, ust__config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->report_interval_s = 10.0;
+  cfg->report_window_s = 60.0;
   cfg->log_level = UST_LOG_WARN;
   cfg->default_mode = UST__MODE_OBSERVE;
   cfg->default_sample = 1.0 / 16;

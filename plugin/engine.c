@@ -105,6 +105,8 @@ static void *worker_main(void *arg) {
   ust__engine *e = arg;
   double interval = e->cfg.report_interval_s;
   uint64_t next_report = ust__now_ns() + (uint64_t)(interval * 1e9);
+  const double window = e->cfg.report_window_s;
+  uint64_t next_window = ust__now_ns() + (uint64_t)(window * 1e9);
   int state_warned = 0;
   uint64_t state_retry_at = 0, state_backoff_ns = 0;
   pthread_mutex_lock(&e->worker_lock);
@@ -131,6 +133,10 @@ static void *worker_main(void *arg) {
         state_warned = 0;
         state_backoff_ns = 0;
       }
+    }
+    if (window > 0 && now >= next_window) {
+      ust__report_window_rotate(e);
+      next_window = now + (uint64_t)(window * 1e9);
     }
     if (e->cfg.report_path != NULL && interval > 0 && now >= next_report) {
       if (ust__report_write_file(e, e->cfg.report_path) != 0)
@@ -189,6 +195,9 @@ static void engine_free(ust__engine *e) {
   ust__hw_free(&e->hw.set);
   ust__config_free(&e->cfg);
   pthread_mutex_destroy(&e->worker_lock);
+  pthread_mutex_destroy(&e->window_lock);
+  cJSON_Delete(e->window_base[0]);
+  cJSON_Delete(e->window_base[1]);
   pthread_cond_destroy(&e->worker_cond);
   free(e);
 }
@@ -349,6 +358,7 @@ static int engine_create(ust__ctx *c, const char *config_json, const char *probl
   e->ctx = c;
   atomic_init(&e->refs, 1);
   pthread_mutex_init(&e->worker_lock, NULL);
+  pthread_mutex_init(&e->window_lock, NULL);
   pthread_cond_init(&e->worker_cond, NULL);
   int rc = ust__config_parse(config_json, &e->cfg);
   if (rc == 0 && problems_dir != NULL && problems_dir[0] != '\0') {

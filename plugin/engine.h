@@ -61,6 +61,12 @@ typedef struct ust__engine {
   int worker_stop;
   int reaping;                 /* disable timed out: the worker finishes it once the calls of reap_epoch left */
   unsigned reap_epoch;
+
+  /* The report's recent window: the additive figures as they were at the
+   * last two window boundaries (the worker rotates them every window_s);
+   * a report's window is its figures less the older one. */
+  pthread_mutex_t window_lock;
+  struct cJSON *window_base[2]; /* owned; [0] older, may be NULL */
 } ust__engine;
 
 typedef struct ust__ctx {
@@ -81,5 +87,8 @@ typedef struct ust__ctx {
 struct cJSON *ust__report_build(ust__engine *e);
 /* Write the report to path atomically: temp file, fsync, rename. */
 int ust__report_write_file(ust__engine *e, const char *path);
+/* Starts a new report window: the figures now become the newer boundary,
+ * the older one is dropped (the worker, every report.window_s). */
+void ust__report_window_rotate(ust__engine *e);
 
 #endif /* UST_ENGINE_H */

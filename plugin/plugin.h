@@ -126,6 +126,7 @@ typedef struct ust__config {
   char *problems_dir;        /* owned, NULL: caller supplies */
   char *report_path;         /* owned, NULL: no periodic report */
   double report_interval_s;  /* <= 0: only at disable */
+  double report_window_s;    /* the recent window the report gives beside the totals; 0: none */
   int log_level;
   int default_mode;
   double default_sample;

@@ -688,8 +688,240 @@ out:
   return rc;
 }
 
+/* ---- the recent window ------------------------------------------------------------- */
+
+/* o.k -= base.k for each additive field named in keys (absent counts 0) */
+static void sub_fields(cJSON *o, const cJSON *base, const char *const *keys) {
+  for (; *keys != NULL; keys++) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, *keys);
+    if (cJSON_IsNumber(v)) {
+      const double d = v->valuedouble - num(base, *keys);
+      cJSON_SetNumberValue(v, d > 0 ? d : 0);
+    }
+  }
+}
+
+/* A histogram less its earlier self, bucket by bucket. */
+static int sub_hist(cJSON *lat, const cJSON *base) {
+  if (lat == NULL || base == NULL)
+    return 0;
+  ust__hist_sparse now, then;
+  if (sparse_of(lat, &now) != 0)
+    return UST_ENOMEM;
+  if (sparse_of(base, &then) != 0) {
+    ust__hist_sparse_free(&now);
+    return UST_ENOMEM;
+  }
+  cJSON *b = cJSON_CreateArray();
+  double count = 0;
+  for (int i = 0, j = 0; b != NULL && i < now.n; i++) {
+    while (j < then.n && then.index[j] < now.index[i])
+      j++;
+    const uint64_t before = j < then.n && then.index[j] == now.index[i] ? then.counts[j] : 0;
+    if (now.counts[i] > before) {
+      cJSON *pair = cJSON_CreateArray();
+      cJSON_AddItemToArray(pair, cJSON_CreateNumber(now.index[i]));
+      cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)(now.counts[i] - before)));
+      cJSON_AddItemToArray(b, pair);
+      count += (double)(now.counts[i] - before);
+    }
+  }
+  const double sum = now.sum > then.sum ? (double)(now.sum - then.sum) : 0;
+  ust__hist_sparse_free(&now);
+  ust__hist_sparse_free(&then);
+  if (b == NULL)
+    return UST_ENOMEM;
+  cJSON_ReplaceItemInObjectCaseSensitive(lat, "buckets", b);
+  set_num(lat, "count", count);
+  set_num(lat, "sum", sum);
+  return 0;
+}
+
+/* base's shape keys, by key */
+typedef struct base_shape {
+  const char *key;
+  const cJSON *shape;
+  UT_hash_handle hh;
+} base_shape;
+
+static base_shape *index_shapes(const cJSON *base, base_shape *cells, int cap) {
+  base_shape *by_key = NULL;
+  int n = 0;
+  const cJSON *op, *sh;
+  cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(base, "operators"))
+  cJSON_ArrayForEach(sh, cJSON_GetObjectItemCaseSensitive(op, "shapes")) {
+    const cJSON *key = cJSON_GetObjectItemCaseSensitive(sh, "key");
+    base_shape *found = NULL;
+    if (n == cap || !cJSON_IsString(key))
+      continue;
+    HASH_FIND_STR(by_key, key->valuestring, found);
+    if (found != NULL)
+      continue;
+    cells[n].key = key->valuestring;
+    cells[n].shape = sh;
+    HASH_ADD_KEYPTR(hh, by_key, cells[n].key, strlen(cells[n].key), &cells[n]);
+    n++;
+  }
+  return by_key;
+}
+
+static int count_shapes(const cJSON *doc) {
+  int n = 0;
+  const cJSON *op;
+  cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(doc, "operators"))
+  n += cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(op, "shapes"));
+  return n;
+}
+
+/* The additive figures of now less those of base (NULL: since enable), as
+ * a report of its own: shape keys without a call in between are left out. */
+static cJSON *window_doc(const cJSON *now, const cJSON *base) {
+  static const char *const shape_keys[] = {"calls", "captured", "timing_dropped", NULL};
+  static const char *const roof_keys[] = {"calls", "unscored", "scored_by_callees", "tsol_ns_sum", "time_ns_sum",
+                                          "candidate_calls", "candidate_tsol_ns_sum", "candidate_time_ns_sum",
+                                          "work_calls", "flops_sum", "bytes_sum", NULL};
+  static const char *const shadow_keys[] = {"calls", "verified", "passed", "failed", "skipped", "unverifiable", NULL};
+  const int n_base = base != NULL ? count_shapes(base) : 0;
+  base_shape *cells = n_base > 0 ? calloc((size_t)n_base, sizeof *cells) : NULL;
+  if (n_base > 0 && cells == NULL)
+    return NULL;
+  base_shape *by_key = cells != NULL ? index_shapes(base, cells, n_base) : NULL;
+  cJSON *w = cJSON_CreateObject();
+  cJSON *ops = w != NULL ? cJSON_AddArrayToObject(w, "operators") : NULL;
+  if (ops == NULL)
+    goto oom;
+  const cJSON *op;
+  cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(now, "operators")) {
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(op, "name");
+    if (!cJSON_IsString(name))
+      continue;
+    cJSON *wo = cJSON_CreateObject();
+    cJSON_AddItemToArray(ops, wo);
+    cJSON_AddStringToObject(wo, "name", name->valuestring);
+    if (cJSON_GetObjectItemCaseSensitive(op, "candidate") != NULL)
+      cJSON_AddItemToObject(wo, "candidate", cJSON_CreateObject());
+    cJSON *shapes = cJSON_AddArrayToObject(wo, "shapes");
+    const cJSON *sh;
+    cJSON_ArrayForEach(sh, cJSON_GetObjectItemCaseSensitive(op, "shapes")) {
+      const cJSON *key = cJSON_GetObjectItemCaseSensitive(sh, "key");
+      base_shape *cell = NULL;
+      if (by_key != NULL && cJSON_IsString(key))
+        HASH_FIND_STR(by_key, key->valuestring, cell);
+      const cJSON *bsh = cell != NULL ? cell->shape : NULL;
+      if (num(sh, "calls") - num(bsh, "calls") <= 0)
+        continue;
+      cJSON *ws = cJSON_Duplicate(sh, 1);
+      if (ws == NULL)
+        goto oom;
+      cJSON_AddItemToArray(shapes, ws);
+      /* a route's verdicts and timeline are the totals' business */
+      cJSON_DeleteItemFromObjectCaseSensitive(ws, "rollout");
+      sub_fields(ws, bsh, shape_keys);
+      if (sub_hist(cJSON_GetObjectItemCaseSensitive(ws, "latency_ns"),
+                   cJSON_GetObjectItemCaseSensitive(bsh, "latency_ns")) != 0)
+        goto oom;
+      sub_fields(cJSON_GetObjectItemCaseSensitive(ws, "roofline"), cJSON_GetObjectItemCaseSensitive(bsh, "roofline"),
+                 roof_keys);
+      cJSON *wsh = cJSON_GetObjectItemCaseSensitive(ws, "shadow");
+      const cJSON *bshd = cJSON_GetObjectItemCaseSensitive(bsh, "shadow");
+      sub_fields(wsh, bshd, shadow_keys);
+      if (sub_hist(cJSON_GetObjectItemCaseSensitive(wsh, "candidate_latency_ns"),
+                   cJSON_GetObjectItemCaseSensitive(bshd, "candidate_latency_ns")) != 0)
+        goto oom;
+    }
+  }
+  HASH_CLEAR(hh, by_key);
+  free(cells);
+  return w;
+oom:
+  HASH_CLEAR(hh, by_key);
+  free(cells);
+  cJSON_Delete(w);
+  return NULL;
+}
+
+/* dst.k = a copy of src.k, when src has k */
+static void copy_item(cJSON *dst, const cJSON *src, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(src, k);
+  if (v != NULL)
+    cJSON_AddItemToObject(dst, k, cJSON_Duplicate(v, 0));
+}
+
+/* The window's figures, derived, in brief: per operator and shape key
+ * with calls in it, calls, weight and S; in total S_agg. */
+static int add_window(cJSON *root, ust__engine *e) {
+  pthread_mutex_lock(&e->window_lock);
+  const cJSON *base = e->window_base[0] != NULL ? e->window_base[0] : e->window_base[1];
+  cJSON *w = window_doc(root, base);
+  const double since = base != NULL ? num(base, "generated_unix_ms") : (double)e->started_unix_ms;
+  pthread_mutex_unlock(&e->window_lock);
+  if (w == NULL || ust__report_derive(w) != 0) {
+    cJSON_Delete(w);
+    return UST_ENOMEM;
+  }
+  cJSON *out = cJSON_AddObjectToObject(root, "window");
+  add_num(out, "since_unix_ms", since);
+  add_num(out, "span_s", (num(root, "generated_unix_ms") - since) / 1000.0);
+  add_num(out, "window_s", e->cfg.report_window_s);
+  const cJSON *tot = cJSON_GetObjectItemCaseSensitive(w, "totals");
+  cJSON *jt = cJSON_AddObjectToObject(out, "totals");
+  static const char *const tkeys[] = {"calls", "timed", "est_device_time_ns", "scored_share", "S_agg",
+                                      "S_agg_candidate", NULL};
+  for (const char *const *k = tkeys; *k != NULL; k++)
+    copy_item(jt, tot, *k);
+  cJSON *jops = cJSON_AddArrayToObject(out, "operators");
+  const cJSON *op;
+  cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(w, "operators")) {
+    const cJSON *shapes = cJSON_GetObjectItemCaseSensitive(op, "shapes");
+    if (cJSON_GetArraySize(shapes) == 0)
+      continue;
+    cJSON *jo = cJSON_CreateObject();
+    cJSON_AddItemToArray(jops, jo);
+    copy_item(jo, op, "name");
+    add_num(jo, "calls", num(op, "calls"));
+    add_num(jo, "weight", num(op, "weight"));
+    const cJSON *rl = cJSON_GetObjectItemCaseSensitive(op, "roofline");
+    copy_item(jo, rl, "S");
+    copy_item(jo, rl, "S_candidate");
+    cJSON *jss = cJSON_AddArrayToObject(jo, "shapes");
+    const cJSON *sh;
+    cJSON_ArrayForEach(sh, shapes) {
+      cJSON *js = cJSON_CreateObject();
+      cJSON_AddItemToArray(jss, js);
+      copy_item(js, sh, "key");
+      add_num(js, "calls", num(sh, "calls"));
+      add_num(js, "timed", num(sh, "timed"));
+      const cJSON *lat = cJSON_GetObjectItemCaseSensitive(sh, "latency_ns");
+      if (num(lat, "count") > 0)
+        add_num(js, "p50_ns", num(lat, "p50"));
+      else
+        cJSON_AddNullToObject(js, "p50_ns");
+      const cJSON *srl = cJSON_GetObjectItemCaseSensitive(sh, "roofline");
+      cJSON_AddItemToObject(js, "S", srl != NULL ? cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(srl, "S"), 0)
+                                                 : cJSON_CreateNull());
+    }
+  }
+  cJSON_Delete(w);
+  return 0;
+}
+
+void ust__report_window_rotate(ust__engine *e) {
+  cJSON *now = report_raw(e);
+  if (now == NULL)
+    return; /* out of memory: the window grows until the next rotation */
+  pthread_mutex_lock(&e->window_lock);
+  cJSON_Delete(e->window_base[0]);
+  e->window_base[0] = e->window_base[1];
+  e->window_base[1] = now;
+  pthread_mutex_unlock(&e->window_lock);
+}
+
 cJSON *ust__report_build(ust__engine *e) {
   cJSON *root = report_raw(e);
+  if (root != NULL && e->cfg.report_window_s > 0 && add_window(root, e) != 0) {
+    cJSON_Delete(root);
+    return NULL;
+  }
   if (root != NULL && ust__report_derive(root) != 0) {
     cJSON_Delete(root);
     return NULL;

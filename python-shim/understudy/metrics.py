@@ -345,12 +345,30 @@ class UnderstudyCollector:
 
 
 def _windowed_families(rep: dict):
-    """S over a recent window, to sit beside the cumulative ratios above (as
-    understudy_*_roofline_ratio_window). The report carries cumulative
-    figures only; once the scoring work adds windowed ones, this is where
-    they become metrics. Until then nothing is exposed, rather than a
-    figure that only looks windowed."""
-    return ()
+    """S over the report's recent window (report.window_s; between one and
+    two windows long), beside the cumulative ratios above: a regression
+    shows here within a window instead of being damped by everything since
+    enable."""
+    from prometheus_client.metrics_core import GaugeMetricFamily
+    win = rep.get("window")
+    if not win:
+        return
+    ratio = GaugeMetricFamily("understudy_operator_roofline_ratio_window",
+                              "production's S_i over the recent window (report.window_s)", labels=["operator"])
+    for o in win.get("operators", ()):
+        if o.get("S") is not None:
+            ratio.add_metric([o["name"]], o["S"])
+    if ratio.samples:
+        yield ratio
+    tot = win.get("totals") or {}
+    if tot.get("S_agg") is not None:
+        agg = GaugeMetricFamily("understudy_aggregate_roofline_ratio_window",
+                                "S_agg over the recent window (report.window_s)")
+        agg.add_metric([], tot["S_agg"])
+        yield agg
+    span = GaugeMetricFamily("understudy_window_seconds", "the span the window figures cover")
+    span.add_metric([], float(win.get("span_s", 0.0)))
+    yield span
 
 
 # ---- exposures ----------------------------------------------------------------------

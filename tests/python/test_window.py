@@ -1,0 +1,94 @@
+"""The report's recent window (report.window_s): S, weights and latency over
+the calls since the older of the last two window boundaries, beside the
+cumulative figures, so that a regression shows within a window instead of
+being damped by everything since enable. Ground truth: the calls the test
+makes between boundaries it waits for, and the time each call is held."""
+import time
+
+import pytest
+
+import understudy
+from conftest import HIST_REL, DispatchCounter, held_for
+from test_roofline import rms_floor_ns
+from test_shadow import rms_inputs, run_rms_norm
+
+WINDOW_S = 0.4
+
+
+def wait_two_boundaries():
+    """After this, the older boundary the window starts at is later than
+    every call made before: the worker rotates every WINDOW_S."""
+    time.sleep(2 * WINDOW_S + 0.3)
+
+
+def _shape(rep_part, op):
+    (o,) = [o for o in rep_part["operators"] if o["name"] == op]
+    return o
+
+
+def test_a_regression_shows_in_the_window_not_damped_by_the_totals(us):
+    us.enable({"operators": {"rms_norm": {"sample": 1.0}}, "hardware": {"profile": "H200"},
+               "report": {"window_s": WINDOW_S, "interval_s": 0}})
+    (x, w), = rms_inputs(shapes=((16, 512),))
+    with held_for(200_000):
+        run_rms_norm([(x, w)], repeat=60)
+    wait_two_boundaries()
+    with DispatchCounter() as counter, held_for(4_000_000):
+        run_rms_norm([(x, w)], repeat=10)
+    rep = us.report()
+    us.disable()
+    assert counter.counts["_C::rms_norm"] == 10
+    win, tot = rep["window"], rep["totals"]
+    assert win["window_s"] == WINDOW_S and WINDOW_S <= win["span_s"] <= 2 * WINDOW_S + 1.0
+    wop, op = _shape(win, "rms_norm"), _shape(rep, "rms_norm")
+    (ws,), (s,) = wop["shapes"], op["shapes"]
+    assert (ws["calls"], ws["timed"]) == (10, 10) and (s["calls"], s["timed"]) == (70, 70)
+    # the window's median is a held 4 ms call; the totals' is still a 0.2 ms one
+    assert 4e6 / (1 + HIST_REL) <= ws["p50_ns"] and s["latency_ns"]["p50"] < 1e6
+    tsol = rms_floor_ns(x, w)
+    assert ws["S"] <= tsol / 4e6 * (1 + HIST_REL)
+    assert op["roofline"]["S"] > 5 * ws["S"]  # damped: the 60 fast calls still dominate the totals
+    assert win["totals"]["calls"] == 10 and tot["calls"] == 70
+    assert win["totals"]["S_agg"] == pytest.approx(ws["S"])
+
+
+def test_a_key_without_calls_in_the_window_is_left_out(us):
+    us.enable({"operators": {"rms_norm": {"sample": 1.0}}, "report": {"window_s": WINDOW_S, "interval_s": 0}})
+    run_rms_norm(rms_inputs(shapes=((4, 64),)), repeat=3)
+    early = us.report()["window"]
+    wait_two_boundaries()
+    run_rms_norm(rms_inputs(shapes=((8, 64),)), repeat=2)
+    rep = us.report()
+    us.disable()
+    # before the first boundaries the window runs from enable
+    assert early["since_unix_ms"] == rep["started_unix_ms"]
+    assert [s["calls"] for s in _shape(early, "rms_norm")["shapes"]] == [3]
+    (ws,) = _shape(rep["window"], "rms_norm")["shapes"]
+    assert ws["key"].endswith("M=8,N=64") and ws["calls"] == 2
+    assert len(_shape(rep, "rms_norm")["shapes"]) == 2  # both keys in the totals
+    assert ws["S"] is None  # no profile for the CPU here: unscored, not 0
+
+
+def test_window_off_and_bad_values(us):
+    us.enable({"operators": {"rms_norm": "observe"}, "report": {"window_s": 0}})
+    assert "window" not in us.report()
+    us.disable()
+    for bad in (-1, "60", 1e9):
+        with pytest.raises(understudy.ConfigError, match="report.window_s"):
+            us.enable({"operators": {"rms_norm": "observe"}, "report": {"window_s": bad}})
+
+
+def test_window_figures_are_exposed_as_metrics(us):
+    pytest.importorskip("prometheus_client")
+    from test_metrics import one, samples
+    us.enable({"operators": {"rms_norm": {"sample": 1.0}}, "hardware": {"profile": "H200"},
+               "report": {"window_s": WINDOW_S, "interval_s": 0}})
+    run_rms_norm(rms_inputs(shapes=((16, 512),)), repeat=5)
+    rep = us.report()
+    us.disable()
+    smp = samples(understudy.metrics_text(rep))
+    win = rep["window"]
+    assert one(smp, "understudy_operator_roofline_ratio_window", operator="rms_norm") == \
+        _shape(win, "rms_norm")["S"] > 0
+    assert one(smp, "understudy_aggregate_roofline_ratio_window") == win["totals"]["S_agg"]
+    assert one(smp, "understudy_window_seconds") == win["span_s"]
