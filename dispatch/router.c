@@ -555,6 +555,8 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
   }
   if (!v->have_times)
     return;
+  if (isfinite(v->aa_log_ratio))
+    ust__rollout_aa(&r->rollout, v->aa_log_ratio);
   ust__figs_prod_time(&r->figs, v->prod_ns, v->tsol_ps);
   ust__figs_cand_time(&r->figs, v->cand_ns, v->tsol_ps, v->kind == UST__VERDICT_PASSED);
   if (r->binding->cand != NULL && ust__verify_budget(&r->verify, &r->figs, r->binding->cand->max_slowdown))

@@ -194,6 +194,8 @@ typedef enum ust__shadow_point {
   UST__MARK_PROD_END,
   UST__MARK_CAND_BEGIN,
   UST__MARK_CAND_END,
+  UST__MARK_AA_BEGIN, /* production's second run of an A/A check */
+  UST__MARK_AA_END,
   UST__MARK_COUNT
 } ust__shadow_point;
 
@@ -221,6 +223,7 @@ typedef struct ust__verdict {
   uint64_t tsol_ps;          /* the call's roofline floor; 0 unknown */
   uint64_t stage;            /* the route's transitions when the call began */
   int remote;                /* the candidate ran in its qualifying process: its time is not its kernel's */
+  double aa_log_ratio;       /* an A/A check's ln(T_production again / T_production); NAN: none */
 } ust__verdict;
 
 /* Where verdicts go: implemented by the router, which owns the routes the
@@ -319,6 +322,8 @@ typedef struct ust__route_rollout {
   struct ust__rollout_entry *entry;     /* its row of the table; under the table's lock */
   double *samples;                      /* the stage's paired log-ratios (promotion); under the table's lock */
   int n_samples, cap_samples;
+  double *aa;                           /* |ln| of the A/A checks' time ratios (a ring of the newest); under the lock */
+  int n_aa, cap_aa;                     /* checks seen, room kept */
   uint64_t seen_at_init;                /* its row's transitions when the route was made */
 } ust__route_rollout;
 
@@ -369,6 +374,11 @@ void ust__rollout_roll_back(ust__route_rollout *p, ust__evidence *ev);
  * to serve. log_ratio: ln(T_candidate / T_production) of the call, NAN when
  * it was not timed on both sides (not a sample then). */
 void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, double log_ratio);
+/* An A/A check's ln(T_production again / T_production) on this route: its
+ * spread sets a floor under the promotion's delta (UST__AA_MIN checks on). */
+void ust__rollout_aa(ust__route_rollout *p, double log_ratio);
+#define UST__AA_MIN 5
+#define UST__AA_KEPT 1024
 /* 1 once the candidate may serve the route's calls (it qualified). */
 int ust__rollout_qualified(const ust__route_rollout *p);
 /* A call's notes from its decision (UST__NOTE_*); capturing: it was captured. */
@@ -391,6 +401,9 @@ typedef struct ust__rollout_snap {
   double promotion_min_speedup;
   ust__promotion promotion;  /* the policy judged against */
   ust__seq_verdict promotion_test; /* the stage's samples now (n 0: none) */
+  double promotion_delta;          /* the delta judged with: the policy's, or the A/A spread when larger */
+  double aa_spread;                /* median |T_prod again / T_prod - 1| of the A/A checks; -1 fewer than UST__AA_MIN */
+  int aa_samples;
   const ust__evidence *evidence; /* borrowed: evidence is never freed while the route lives */
 } ust__rollout_snap;
 

@@ -16,6 +16,7 @@
  * released (a log callback may call back into understudy). The per-call path
  * reads only the parts' atomic words.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -336,19 +337,71 @@ int ust__rollout_qualified(const ust__route_rollout *p) {
   return atomic_load_explicit(&((ust__route_rollout *)p)->qualified, memory_order_acquire);
 }
 
+/* The A/A spread: the median of |T_production again / T_production - 1|
+ * over the route's A/A checks; -1 with fewer than UST__AA_MIN. */
+static double aa_spread(const ust__route_rollout *p) {
+  const int n = p->n_aa < p->cap_aa ? p->n_aa : p->cap_aa;
+  if (n < UST__AA_MIN)
+    return -1;
+  double *v = malloc((size_t)n * sizeof *v);
+  if (v == NULL)
+    return -1;
+  memcpy(v, p->aa, (size_t)n * sizeof *v);
+  const double m = ust__median(v, n);
+  free(v);
+  return expm1(m);
+}
+
+/* The delta a promotion judges with: the policy's, or production's own A/A
+ * spread on the route when that is larger (an effect smaller than the
+ * difference between two runs of production is not one). */
+static double effective_delta(const ust__promotion *pr, const ust__route_rollout *p) {
+  const double aa = aa_spread(p);
+  return aa > pr->delta && aa < 1 ? aa : pr->delta;
+}
+
 /* The thresholds a promotion judges against: below c_fast promotes, above
  * c_slow rejects. */
-static void thresholds(const ust__promotion *pr, double *c_fast, double *c_slow) {
+static void thresholds(const ust__promotion *pr_in, const ust__route_rollout *p, double *c_fast, double *c_slow) {
+  ust__promotion d = *pr_in;
+  d.delta = effective_delta(pr_in, p);
+  const ust__promotion *pr = &d;
   *c_fast = log1p(-pr->delta);
   if (pr->min_speedup > 0 && -log(pr->min_speedup) < *c_fast)
     *c_fast = -log(pr->min_speedup);
   *c_slow = log1p(pr->delta);
 }
 
-/* "n 42: T_cand/T_prod median 0.912, 95 % sequence [0.874, 0.951], delta 0.05, alpha 0.05" */
-static void evidence_text(char *out, size_t cap, const ust__promotion *pr, const ust__seq_verdict *v) {
-  snprintf(out, cap, "n %d: T_cand/T_prod median %.4g, %.0f %% sequence [%.4g, %.4g], delta %.3g, alpha %.3g", v->n,
-           exp(v->median), 100 * (1 - pr->alpha), exp(v->lower), exp(v->upper), pr->delta, pr->alpha);
+/* "n 42: T_cand/T_prod median 0.912, 95 % sequence [0.874, 0.951], delta 0.05 (A/A 0.012, n 9), alpha 0.05" */
+static void evidence_text(char *out, size_t cap, const ust__promotion *pr, const ust__route_rollout *p,
+                          const ust__seq_verdict *v) {
+  const double aa = aa_spread(p);
+  char aa_text[48] = "";
+  if (aa >= 0)
+    snprintf(aa_text, sizeof aa_text, " (A/A %.3g, n %d)", aa, p->n_aa < p->cap_aa ? p->n_aa : p->cap_aa);
+  snprintf(out, cap, "n %d: T_cand/T_prod median %.4g, %.0f %% sequence [%.4g, %.4g], delta %.3g%s, alpha %.3g",
+           v->n, exp(v->median), 100 * (1 - pr->alpha), exp(v->lower), exp(v->upper), effective_delta(pr, p), aa_text,
+           pr->alpha);
+}
+
+void ust__rollout_aa(ust__route_rollout *p, double log_ratio) {
+  if (!isfinite(log_ratio))
+    return;
+  lock(p->table);
+  if (p->n_aa == p->cap_aa && p->cap_aa < UST__AA_KEPT) {
+    const int cap = p->cap_aa ? p->cap_aa * 2 : 16;
+    double *a = realloc(p->aa, (size_t)cap * sizeof *a);
+    if (a != NULL) {
+      p->aa = a;
+      p->cap_aa = cap;
+    }
+  }
+  /* the newest UST__AA_KEPT checks, in a ring once full */
+  if (p->cap_aa > 0)
+    p->aa[p->n_aa % p->cap_aa] = fabs(log_ratio);
+  if (p->n_aa < INT_MAX)
+    p->n_aa++;
+  unlock(p->table);
 }
 
 static void add_sample(ust__route_rollout *p, int max, double r) {
@@ -396,7 +449,7 @@ void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, d
     snprintf(why, sizeof why, "%llu passes in %s (no speed gate)", (unsigned long long)passes, ust__mode_name(mode));
   } else {
     double c_fast, c_slow;
-    thresholds(&pr, &c_fast, &c_slow);
+    thresholds(&pr, p, &c_fast, &c_slow);
     const int d = ust__seq_check(p->samples, p->n_samples, pr.alpha, c_fast, c_slow);
     if (d == UST__SEQ_OPEN && p->n_samples < pr.max_samples) {
       if (e != NULL && strcmp(e->policy, "testing") != 0) {
@@ -409,7 +462,7 @@ void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, d
     ust__seq_verdict v;
     ust__seq_judge(p->samples, p->n_samples, pr.alpha, c_fast, c_slow, &v);
     char ev[180];
-    evidence_text(ev, sizeof ev, &pr, &v);
+    evidence_text(ev, sizeof ev, &pr, p, &v);
     if (d != UST__SEQ_FASTER) {
       const char *state = d == UST__SEQ_SLOWER ? "rejected" : "inconclusive";
       if (e != NULL) {
@@ -487,9 +540,12 @@ void ust__rollout_snapshot(ust__route_rollout *p, ust__rollout_snap *o) {
     else
       state = "testing"; /* the minimum is reached; the next pass decides */
     o->promotion = pr;
+    o->promotion_delta = effective_delta(&pr, p);
+    o->aa_spread = aa_spread(p);
+    o->aa_samples = p->n_aa < p->cap_aa ? p->n_aa : p->cap_aa;
     if (pr.min_speedup > 0 && p->n_samples > 0) {
       double c_fast, c_slow;
-      thresholds(&pr, &c_fast, &c_slow);
+      thresholds(&pr, p, &c_fast, &c_slow);
       ust__seq_judge(p->samples, p->n_samples, pr.alpha, c_fast, c_slow, &o->promotion_test);
     }
     snprintf(o->promotion_state, sizeof o->promotion_state, "%s", state);
@@ -505,6 +561,9 @@ void ust__rollout_route_free(ust__route_rollout *p) {
   free(p->samples);
   p->samples = NULL;
   p->n_samples = p->cap_samples = 0;
+  free(p->aa);
+  p->aa = NULL;
+  p->n_aa = p->cap_aa = 0;
   for (ust__evidence *e = atomic_load(&p->evidence), *prev; e != NULL; e = prev) {
     prev = e->prev;
     free(e);

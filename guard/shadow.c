@@ -16,6 +16,7 @@
  * sink.
  */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,7 +277,7 @@ static void enqueue_pending(shadow_slot *s) {
 static void retire_unfenced(shadow_slot *s) {
   tell(s);
   ust__verify_skipped(s->r.verify, UST__SKIP_ERROR);
-  ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage};
+  ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN};
   s->pool->sink->concluded(s->pool->sink_ctx, s->r.cookie, &v);
   ust__log(s->pool->log, UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
 }
@@ -629,7 +630,7 @@ int ust__shadow_verdict(ust__shadow_pool *p, int *out, int device, void *stream,
 static void conclude(shadow_slot *s) {
   ust__verify *v = s->r.verify;
   atomic_fetch_add_explicit(&v->bytes_copied, s->copied, memory_order_relaxed);
-  ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote};
+  ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN};
   const ust__cmp_stats *stats = s->host;
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu && s->pinned != NULL)
@@ -653,20 +654,29 @@ static void conclude(shadow_slot *s) {
   }
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu) {
-    float ms_p = 0, ms_c = 0;
-    const unsigned need = (1u << UST__MARK_COUNT) - 1;
+    float ms_p = 0, ms_c = 0, ms_a = 0;
+    const unsigned need = (1u << UST__MARK_AA_BEGIN) - 1, aa = (1u << UST__MARK_AA_BEGIN) | (1u << UST__MARK_AA_END);
     vd.have_times =
         (s->ev_made & need) == need &&
         UST__GPU_CHECK(s->pool->log, cudaEventElapsedTime(&ms_p, s->ev[UST__MARK_PROD_BEGIN], s->ev[UST__MARK_PROD_END])) == 0 &&
         UST__GPU_CHECK(s->pool->log, cudaEventElapsedTime(&ms_c, s->ev[UST__MARK_CAND_BEGIN], s->ev[UST__MARK_CAND_END])) == 0;
     vd.prod_ns = (uint64_t)((double)ms_p * 1e6 + 0.5);
     vd.cand_ns = (uint64_t)((double)ms_c * 1e6 + 0.5);
+    if (vd.have_times && (s->ev_made & aa) == aa &&
+        cudaEventElapsedTime(&ms_a, s->ev[UST__MARK_AA_BEGIN], s->ev[UST__MARK_AA_END]) == cudaSuccess && ms_a > 0 &&
+        ms_p > 0)
+      vd.aa_log_ratio = log((double)ms_a / (double)ms_p);
   } else
 #endif
   {
     vd.have_times = 1;
     vd.prod_ns = s->t[UST__MARK_PROD_END] - s->t[UST__MARK_PROD_BEGIN];
     vd.cand_ns = s->t[UST__MARK_CAND_END] - s->t[UST__MARK_CAND_BEGIN];
+    const uint64_t aa_ns = s->t[UST__MARK_AA_END] > s->t[UST__MARK_AA_BEGIN] && s->t[UST__MARK_AA_BEGIN] > 0
+                               ? s->t[UST__MARK_AA_END] - s->t[UST__MARK_AA_BEGIN]
+                               : 0;
+    if (aa_ns > 0 && vd.prod_ns > 0)
+      vd.aa_log_ratio = log((double)aa_ns / (double)vd.prod_ns);
   }
 
   /* A/A: production's own spread on this call. */

@@ -484,6 +484,7 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
     oc->atol = oc->rtol = -1;
     oc->deadline_ms = 10000;
     oc->max_slowdown = 25;
+    oc->aa_sample = 1.0 / 32; /* production's own spread on each route, for the promotion's delta */
     int rc;
     if (cJSON_IsString(it)) {
       rc = parse_mode(it, path, &oc->mode);

@@ -149,6 +149,14 @@ static cJSON *rollout_json(const ust__route_snap *s) {
     add_num(pr, "min_speedup", r->promotion_min_speedup);
     add_num(pr, "alpha", r->promotion.alpha);
     add_num(pr, "delta", r->promotion.delta);
+    /* the delta judged with: production's own A/A spread on the route when larger */
+    add_num(pr, "delta_used", r->promotion_delta);
+    cJSON *aa = cJSON_AddObjectToObject(pr, "aa_spread");
+    add_num(aa, "checks", r->aa_samples);
+    if (r->aa_spread >= 0)
+      add_num(aa, "median", r->aa_spread);
+    else
+      cJSON_AddNullToObject(aa, "median");
     add_num(pr, "max_samples", r->promotion.max_samples);
     const ust__seq_verdict *v = &r->promotion_test;
     if (v->n > 0) {

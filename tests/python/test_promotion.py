@@ -23,8 +23,15 @@ def _hold(seconds):
     time.sleep(seconds)  # a sleeping hold: on a loaded machine a busy one loses its core at random
 
 
+_runs = {"n": 0, "uneven": 1.0}
+
+
 def production(x):
-    _hold(BASE_S)
+    """Held BASE_S; with _runs["uneven"] = f, every second run f times as
+    long: a shadowed call's A/A check (production run again after the
+    candidate) then takes f times its first run, every time."""
+    _runs["n"] += 1
+    _hold(BASE_S * (_runs["uneven"] if _runs["n"] % 2 == 0 else 1.0))
     return x * 3
 
 
@@ -49,10 +56,11 @@ def problems(tmp_path):
     return d
 
 
-def run_route(us, problems, factor, calls, max_samples=200):
+def run_route(us, problems, factor, calls, max_samples=200, aa_sample=0):
     us.enable({"operators": {"work": {
         "mode": "shadow", "sample": 1.0,
         "candidate": {"torch_op": candidate(factor), "target": "ust_promo::work"},
+        "guard": {"aa_sample": aa_sample},
         "promotion": {"min_verified": 5, "alpha": 0.05, "delta": 0.05, "max_samples": max_samples}}},
         "report": {"interval_s": 0}}, problems=problems)
     x = torch.randn(4, 8)
@@ -97,6 +105,27 @@ def test_an_equal_candidate_ends_inconclusive(us, problems):
     t = pr["test"]
     assert t["samples"] == 60 and t["ratio_lower"] < 1.05 and t["ratio_upper"] > 0.95
     assert 0.95 < t["ratio_median"] < 1.05
+
+
+def test_a_difference_within_productions_own_spread_is_not_a_speedup(us, problems):
+    """The delta is floored by production's own A/A spread on the route:
+    with every A/A run of production 1.3x its first run, a candidate 10 %
+    faster than the first run is inside that spread and not promoted
+    (inconclusive), where with A/A off the same traffic promotes it."""
+    _runs.update(n=0, uneven=1.3)
+    try:
+        ro, modes = run_route(us, problems, 0.90, calls=200, max_samples=40, aa_sample=1.0)
+        us.disable()
+        ro_off, modes_off = run_route(us, problems, 0.90, calls=200, aa_sample=0)
+    finally:
+        _runs["uneven"] = 1.0
+    pr = ro["promotion"]
+    assert set(modes) == {"shadow"} and pr["state"] == "inconclusive", pr
+    assert pr["aa_spread"]["checks"] >= 40 and 0.2 < pr["aa_spread"]["median"] < 0.6, pr
+    assert pr["delta"] == 0.05 and pr["delta_used"] == pr["aa_spread"]["median"]
+    assert f"delta {pr['delta_used']:.3g} (A/A " in pr["note"]
+    assert 0.75 < pr["test"]["ratio_median"] < 1.0, pr
+    assert modes_off[-1] == "canary" and ro_off["last_transition"]["reason"].startswith("faster: n "), ro_off
 
 
 def test_promotion_fields_are_checked(us, problems):
