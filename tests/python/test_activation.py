@@ -143,6 +143,27 @@ def test_a_bad_config_is_one_line_and_the_host_runs_on(tmp_path):
     assert "unknown field 'report.intervall_s'" in p.stderr, p.stderr
 
 
+def test_a_look_up_of_torch_before_its_import_leaves_the_hook_waiting(tmp_path):
+    """Libraries ask importlib.util.find_spec("torch") whether torch is
+    installed long before they import it (HF transformers does at its own
+    import); the hook must still enable understudy when torch is imported
+    later, and the report count the script's calls. (The hook used to leave
+    at the first look-up, and understudy never came up in such a process.)"""
+    rep = tmp_path / "r.json"
+    p = run_py(["""
+        import importlib.util, sys
+        for _ in range(3):
+            assert importlib.util.find_spec("torch") is not None
+        assert "torch" not in sys.modules
+    """, CALLS, """
+        import understudy
+        assert understudy.is_enabled()
+        assert not any(type(f).__name__ == "_TorchWatch" for f in sys.meta_path)  # gone once torch ran
+    """], child_env(tmp_path, observe(rep)))
+    assert p.returncode == 0, p.stderr
+    assert bound_ops(load_report(rep)) == EXPECTED
+
+
 # ---- SIGTERM --------------------------------------------------------------------------
 
 SIGTERM_SCRIPT = script("""
