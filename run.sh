@@ -6,6 +6,12 @@
 #                     against an ASan + UBSan build, the C runner under TSan and Valgrind, the HIP build)
 #   ./run.sh bench    set up, build, and run the benchmarks
 #   ./run.sh build    set up and build only
+#   ./run.sh serve-deps
+#                     install only what the serving test needs (transformers' serving
+#                     extras, the openai client), from $BUILD_DIR/wheelhouse when it holds them
+#   ./run.sh serve-wheels [PYTHON_VERSION]
+#                     download those wheels into $BUILD_DIR/wheelhouse, for a machine
+#                     without a registry (e.g. 3.12 for the GPU machine's image)
 #   ./run.sh fuzz KIND [SECONDS]
 #                     run a parser's libFuzzer harness (clang; KIND: config, problem,
 #                     state, hardware, reload) and merge what adds coverage into its
@@ -18,8 +24,10 @@
 # packaging test);
 # `test` also installs Chromium (the HTML report is rendered headless in a
 # test), Prometheus (promtool, the server) and prometheus_client for the
-# metrics tests, and hipcc and libamdhip64-dev to check that the GPU code
-# builds as HIP (UST_SKIP_HIP=1 skips that step, e.g. on a machine without apt).
+# metrics tests, transformers with its serving extras (fastapi, uvicorn,
+# openai: SERVE_PINS) for the serving test, and hipcc and libamdhip64-dev to
+# check that the GPU code builds as HIP (UST_SKIP_HIP=1 skips that step, e.g.
+# on a machine without apt).
 # PYTHON selects the interpreter (default python3); BUILD_DIR the build tree.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -27,6 +35,11 @@ PY=${PYTHON:-python3}
 BUILD_DIR=${BUILD_DIR:-build}
 
 log() { printf '\n== %s\n' "$*"; }
+
+# transformers and the pieces `transformers serve` and its test need (for
+# `test` and `serve-deps`): the GPU machine's image has transformers 5.17.0,
+# not the others
+SERVE_PINS=(transformers==5.17.0 fastapi==0.165.0 uvicorn==0.54.0 openai==3.57.0)
 
 need_apt=()
 [ -f /usr/include/cjson/cJSON.h ] || need_apt+=(libcjson-dev)
@@ -57,6 +70,7 @@ setup() {
   if [ "${1:-}" = test ]; then
     { command -v promtool && command -v prometheus; } >/dev/null || install_prometheus
     "$PY" -c 'import prometheus_client' 2>/dev/null || "$PY" -m pip install -q prometheus_client
+    install_serve
     # The packaging test builds the package with pip, without isolation and
     # without an index: the build backend must be installed, and its wheels
     # at hand for the isolated build it also tries.
@@ -67,6 +81,43 @@ setup() {
     UST_WHEELHOUSE=$(cd "$BUILD_DIR/wheelhouse" && pwd)
     export UST_WHEELHOUSE
   fi
+}
+
+install_serve() {
+  # `transformers serve` under client traffic (tests/python/test_serve.py):
+  # transformers with its serving extras and the openai client, pinned; torch
+  # stays the installed one. With their wheels in $BUILD_DIR/wheelhouse
+  # (`serve-wheels`), the extras come from there, without an index, and the
+  # installed transformers is kept: a machine with no registry.
+  if "$PY" - "${SERVE_PINS[@]}" 2>/dev/null <<'PYEOF'
+import importlib.metadata as m, sys
+if any(m.version(n) != v for n, v in (p.split("==") for p in sys.argv[1:])):
+    sys.exit(1)
+from transformers.utils.import_utils import is_serve_available
+import prometheus_client
+sys.exit(0 if is_serve_available() else 1)
+PYEOF
+  then
+    return 0
+  fi
+  if ls "$BUILD_DIR/wheelhouse"/fastapi-*.whl >/dev/null 2>&1; then
+    log "installing ${SERVE_PINS[*]:1} from $BUILD_DIR/wheelhouse"
+    "$PY" -m pip install -q --no-index --find-links "$BUILD_DIR/wheelhouse" "${SERVE_PINS[@]:1}" prometheus_client
+  else
+    log "installing transformers serving: ${SERVE_PINS[*]}"
+    "$PY" -m pip install -q "transformers[serving]==${SERVE_PINS[0]#*==}" "${SERVE_PINS[@]:1}" prometheus_client
+  fi
+}
+
+serve_wheels() {
+  # The serving extras' wheels and those of what they need, for CPython
+  # VERSION (default: this one's) on x86-64 Linux, into $BUILD_DIR/wheelhouse,
+  # for `serve-deps` on a machine that reaches no registry.
+  local v=${1:-$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')}
+  "$PY" -m pip download -q --only-binary=:all: --python-version "$v" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$BUILD_DIR/wheelhouse" "${SERVE_PINS[@]:1}" prometheus_client
+  echo "run.sh: wheels for CPython $v in $BUILD_DIR/wheelhouse"
 }
 
 install_prometheus() {
@@ -234,5 +285,7 @@ case "$cmd" in
     log "comparison bandwidth"; PYTHONPATH=python-shim "$PY" benchmarks/compare.py
     ;;
   fuzz) fuzz "${@:2}" ;;
-  *) echo "usage: ./run.sh demo|test|bench|build|fuzz" >&2; exit 2 ;;
+  serve-deps) install_serve ;;
+  serve-wheels) serve_wheels "${@:2}" ;;
+  *) echo "usage: ./run.sh demo|test|bench|build|fuzz|serve-deps|serve-wheels" >&2; exit 2 ;;
 esac

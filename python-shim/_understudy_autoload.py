@@ -7,6 +7,11 @@ imported, lets the import run as usual and, once torch's module has finished
 executing, calls understudy.activation.activate(). A process that never
 imports torch never loads understudy (nor torch). Nothing here raises into the
 process: a failure is one line on stderr.
+
+The finder stays in place until torch's module is executed, not until torch is
+first looked up: libraries ask importlib.util.find_spec("torch") to learn
+whether torch is installed long before they import it (HF transformers does,
+at its own import), and such a look-up executes nothing.
 """
 import sys
 
@@ -22,6 +27,7 @@ class _AfterTorch:
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
+        _remove_watch()
         self.loader.exec_module(module)  # torch's own errors are torch's: they propagate
         module.__loader__ = self.loader
         if getattr(module, "__spec__", None) is not None:
@@ -33,25 +39,36 @@ class _AfterTorch:
 
 
 class _TorchWatch:
-    """A meta-path finder that answers only for torch, once, by asking the
-    finders after it and wrapping the loader they give."""
+    """A meta-path finder that answers only for torch, by asking the finders
+    after it and wrapping the loader they give. It leaves sys.meta_path when
+    torch's module is executed, not while the import system walks the list."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "torch":
             return None
+        if "torch" in sys.modules:
+            return None  # imported already (the watch leaves when torch's module runs)
+        finders = sys.meta_path
         try:
-            sys.meta_path.remove(self)
+            after = finders[finders.index(self) + 1:]
         except ValueError:
-            pass
-        import importlib.util
-
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _AfterTorch(spec.loader)
-        return spec
+            after = list(finders)
+        for finder in after:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module") and \
+                        not isinstance(spec.loader, _AfterTorch):
+                    spec.loader = _AfterTorch(spec.loader)
+                return spec
+        return None
 
     def invalidate_caches(self):
         pass
+
+
+def _remove_watch():
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchWatch)]
 
 
 def _activate():

@@ -23,6 +23,14 @@ handler it runs when the main thread is back in Python: a SIGTERM that lands
 just before the main thread blocks in one system call waits for that call
 to return (the default action would have ended the process at once).
 
+Candidate modules: $UNDERSTUDY_CANDIDATE_MODULES lists Python modules (names,
+or paths of .py files) separated by commas. Activation imports each, once per
+process, just before it enables understudy, so that the torch-op candidates
+they register (understudy.register_candidate) are defined in every process the
+config reaches, with no change to the host's code. A module that cannot be
+imported is one line on stderr; understudy is enabled all the same, and a
+torch-op candidate never defined waits for its op (the engine says so).
+
 A process forked from one where understudy is enabled inherits the engine
 without its worker thread; activate() there says so and does nothing, and the
 exit handlers do nothing in it (start such workers with spawn).
@@ -36,9 +44,9 @@ import sys
 import threading
 from typing import Optional
 
-__all__ = ["activate", "config_from_env"]
+__all__ = ["activate", "config_from_env", "candidate_modules_from_env", "import_candidate_modules"]
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: a candidate module imported under it may call activate()
 
 
 class _State:
@@ -56,6 +64,56 @@ def config_from_env() -> Optional[str]:
     """$UNDERSTUDY_CONFIG, or None when it is unset or blank."""
     text = os.environ.get("UNDERSTUDY_CONFIG", "")
     return text if text.strip() else None
+
+
+def candidate_modules_from_env() -> list:
+    """The entries of $UNDERSTUDY_CANDIDATE_MODULES (comma-separated, blanks
+    dropped); [] when it is unset."""
+    text = os.environ.get("UNDERSTUDY_CANDIDATE_MODULES", "")
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def import_candidate_modules(entries, *, source: str = "activate()") -> list:
+    """Import each entry: a module name (import_module), or the path of a .py
+    file (executed as a module of its own, named after the file). Returns
+    the modules imported; one that fails is one line on stderr naming it
+    and the error, and the others are still imported. Never raises."""
+    done = []
+    for entry in entries:
+        try:
+            done.append(_import_one(entry))
+        except BaseException as e:  # SystemExit from a module's top level too: never into the host
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            _say(f"candidate module '{entry}' ($UNDERSTUDY_CANDIDATE_MODULES, {source}) could not be imported: "
+                 f"{type(e).__name__}: {e}; the torch-op candidates it defines wait for their op")
+    return done
+
+
+def _import_one(entry: str):
+    import importlib
+    import importlib.util
+
+    if not (entry.endswith(".py") or os.sep in entry):
+        return importlib.import_module(entry)
+    path = os.path.abspath(entry)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no file {path}")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name = "_understudy_candidates_" + "".join(c if c.isalnum() else "_" for c in stem)
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == path:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
 
 
 def _say(msg: str) -> None:
@@ -94,6 +152,8 @@ def _activate(config: Optional[str], source: str) -> bool:
         _state.pid, _state.enabled = pid, False
         import understudy
 
+        if inherited_from is None:
+            import_candidate_modules(candidate_modules_from_env(), source=source)
         if understudy.is_enabled():
             if inherited_from is not None:
                 _say(f"process {pid} was forked from process {inherited_from} after understudy was enabled there; "

@@ -22,8 +22,8 @@ from conftest import ROOT, bound_ops, load_report
 SHIM = ROOT / "python-shim"
 
 # Variables of this test process that would change what the child does.
-_CLEARED = ("UNDERSTUDY_CONFIG", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-            "PMI_RANK", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_LOCALID", "PYTHONPATH")
+_CLEARED = ("UNDERSTUDY_CONFIG", "UNDERSTUDY_CANDIDATE_MODULES", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_LOCALID", "PYTHONPATH")
 
 
 def child_env(tmp_path, config=None, hook=True, **extra):
@@ -141,6 +141,114 @@ def test_a_bad_config_is_one_line_and_the_host_runs_on(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "enabled False" in p.stdout
     assert "unknown field 'report.intervall_s'" in p.stderr, p.stderr
+
+
+def test_a_look_up_of_torch_before_its_import_leaves_the_hook_waiting(tmp_path):
+    """Libraries ask importlib.util.find_spec("torch") whether torch is
+    installed long before they import it (HF transformers does at its own
+    import); the hook must still enable understudy when torch is imported
+    later, and the report count the script's calls. (The hook used to leave
+    at the first look-up, and understudy never came up in such a process.)"""
+    rep = tmp_path / "r.json"
+    p = run_py(["""
+        import importlib.util, sys
+        for _ in range(3):
+            assert importlib.util.find_spec("torch") is not None
+        assert "torch" not in sys.modules
+    """, CALLS, """
+        import understudy
+        assert understudy.is_enabled()
+        assert not any(type(f).__name__ == "_TorchWatch" for f in sys.meta_path)  # gone once torch ran
+    """], child_env(tmp_path, observe(rep)))
+    assert p.returncode == 0, p.stderr
+    assert bound_ops(load_report(rep)) == EXPECTED
+
+
+# ---- candidate modules ------------------------------------------------------------------
+
+# A module that registers a torch-op candidate for aten::silu (silu itself, so
+# every shadow call passes) and records whether understudy was enabled when
+# it ran, through the environment's marker path.
+CANDIDATE_MODULE = """
+    import os, torch, understudy
+    open(os.environ["MARKER"], "a").write(f"{__name__} enabled={understudy.is_enabled()}\\n")
+    understudy.register_candidate("act_test::silu_copy", lambda x: torch.ops.aten.silu.default(x), like="aten::silu")
+"""
+
+
+def shadow_silu(report_path):
+    return {"operators": {"silu": {"mode": "shadow", "sample": 1.0,
+                                   "candidate": {"torch_op": "act_test::silu_copy", "target": "aten::silu"}}},
+            "report": {"path": str(report_path), "interval_s": 0}}
+
+
+def silu_shadow(rep):
+    (op,) = [o for o in rep["operators"] if o["name"] == "silu"]
+    return {k: sum(int(s["shadow"][k]) for s in op["shapes"]) for k in ("calls", "passed", "failed")}
+
+
+@pytest.mark.parametrize("as_path", [True, False], ids=["path", "module-name"])
+def test_candidate_modules_are_imported_before_enabling(tmp_path, as_path):
+    """UNDERSTUDY_CANDIDATE_MODULES (a .py path, or a module name on the
+    path): activation imports it once, before it enables understudy, so the
+    torch-op candidate it registers is there when the config names it; the
+    script's code has no understudy in it, and every silu call is shadowed
+    and passes."""
+    moddir = tmp_path / "mods"
+    moddir.mkdir()
+    (moddir / "act_cands.py").write_text(textwrap.dedent(CANDIDATE_MODULE))
+    marker = tmp_path / "marker"
+    env = child_env(tmp_path, shadow_silu(tmp_path / "r.json"), MARKER=marker,
+                    UNDERSTUDY_CANDIDATE_MODULES=str(moddir / "act_cands.py") if as_path else " act_cands ,")
+    if not as_path:
+        env["PYTHONPATH"] += os.pathsep + str(moddir)
+    p = run_py(CALLS, env)
+    assert p.returncode == 0, p.stderr
+    assert "understudy:" not in p.stderr, p.stderr
+    name = "_understudy_candidates_act_cands" if as_path else "act_cands"
+    assert marker.read_text() == f"{name} enabled=False\n"  # imported once, before enable
+    assert silu_shadow(load_report(tmp_path / "r.json")) == {"calls": 3, "passed": 3, "failed": 0}
+
+
+def test_a_candidate_module_that_fails_is_one_line_and_understudy_runs(tmp_path):
+    """A missing file, a module that does not exist, one that raises and one
+    that calls sys.exit: one line on stderr each, naming the entry and the
+    error; the good module after them is still imported, understudy is
+    enabled, and the script runs to its end."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise RuntimeError('broken on purpose')\n")
+    quits = tmp_path / "quits.py"
+    quits.write_text("import sys\nsys.exit(9)\n")
+    good = tmp_path / "good.py"
+    good.write_text(textwrap.dedent(CANDIDATE_MODULE))
+    entries = [str(tmp_path / "absent.py"), "no_such_module_here", str(bad), str(quits), str(good)]
+    p = run_py([CALLS, """
+        import understudy
+        print("enabled", understudy.is_enabled())
+    """], child_env(tmp_path, shadow_silu(tmp_path / "r.json"), MARKER=tmp_path / "marker",
+                    UNDERSTUDY_CANDIDATE_MODULES=",".join(entries)))
+    assert p.returncode == 0, p.stderr
+    assert "enabled True" in p.stdout
+    lines = [line for line in p.stderr.splitlines() if line.startswith("understudy:")]
+    assert len(lines) == 4, p.stderr
+    for entry, error in zip(entries, ["FileNotFoundError", "ModuleNotFoundError", "RuntimeError: broken on purpose",
+                                      "SystemExit: 9"]):
+        assert any(f"candidate module '{entry}'" in line and error in line for line in lines), (entry, lines)
+    assert silu_shadow(load_report(tmp_path / "r.json")) == {"calls": 3, "passed": 3, "failed": 0}
+
+
+def test_candidate_modules_without_config_are_not_imported(tmp_path):
+    """The variable alone does nothing: without UNDERSTUDY_CONFIG no module
+    is imported (and understudy is not loaded)."""
+    good = tmp_path / "good.py"
+    good.write_text(textwrap.dedent(CANDIDATE_MODULE))
+    p = run_py([CALLS, """
+        import sys
+        print(sorted(m for m in sys.modules if "understudy" in m or "cands" in m))
+    """], child_env(tmp_path, None, MARKER=tmp_path / "marker", UNDERSTUDY_CANDIDATE_MODULES=str(good)))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
+    assert not (tmp_path / "marker").exists()
 
 
 # ---- SIGTERM --------------------------------------------------------------------------
