@@ -18,8 +18,9 @@
 # packaging test);
 # `test` also installs Chromium (the HTML report is rendered headless in a
 # test), Prometheus (promtool, the server) and prometheus_client for the
-# metrics tests, and hipcc and libamdhip64-dev to check that the GPU code
-# builds as HIP (UST_SKIP_HIP=1 skips that step, e.g. on a machine without apt).
+# metrics tests, transformers for the tensor-parallel ranks test, and hipcc
+# and libamdhip64-dev to check that the GPU code builds as HIP (UST_SKIP_HIP=1
+# skips that step, e.g. on a machine without apt).
 # PYTHON selects the interpreter (default python3); BUILD_DIR the build tree.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -57,6 +58,8 @@ setup() {
   if [ "${1:-}" = test ]; then
     { command -v promtool && command -v prometheus; } >/dev/null || install_prometheus
     "$PY" -c 'import prometheus_client' 2>/dev/null || "$PY" -m pip install -q prometheus_client
+    # tests/python/test_ranks.py: a tiny HF Llama, tensor-parallel over 2 ranks
+    "$PY" -c 'import transformers' 2>/dev/null || "$PY" -m pip install -q transformers==5.17.0
     # The packaging test builds the package with pip, without isolation and
     # without an index: the build backend must be installed, and its wheels
     # at hand for the isolated build it also tries.
