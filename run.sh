@@ -25,9 +25,9 @@
 # `test` also installs Chromium (the HTML report is rendered headless in a
 # test), Prometheus (promtool, the server) and prometheus_client for the
 # metrics tests, transformers with its serving extras (fastapi, uvicorn,
-# openai: SERVE_PINS) for the serving test, and hipcc and libamdhip64-dev to
-# check that the GPU code builds as HIP (UST_SKIP_HIP=1 skips that step, e.g.
-# on a machine without apt).
+# openai: SERVE_PINS) for the serving and the tensor-parallel ranks tests, and
+# hipcc and libamdhip64-dev to check that the GPU code builds as HIP
+# (UST_SKIP_HIP=1 skips that step, e.g. on a machine without apt).
 # PYTHON selects the interpreter (default python3); BUILD_DIR the build tree.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -70,7 +70,7 @@ setup() {
   if [ "${1:-}" = test ]; then
     { command -v promtool && command -v prometheus; } >/dev/null || install_prometheus
     "$PY" -c 'import prometheus_client' 2>/dev/null || "$PY" -m pip install -q prometheus_client
-    install_serve
+    install_serve # transformers (pinned) for the serving and the tensor-parallel ranks tests
     # The packaging test builds the package with pip, without isolation and
     # without an index: the build backend must be installed, and its wheels
     # at hand for the isolated build it also tries.

@@ -31,7 +31,8 @@ typedef enum ust__arg_kind {
   UST__ARG_DOUBLE,
   UST__ARG_BOOL,
   UST__ARG_INTLIST,
-  UST__ARG_OTHER, /* anything understudy does not read (strings, tensor lists, ...) */
+  UST__ARG_OTHER,      /* anything understudy does not read (strings, lists of lists, ...) */
+  UST__ARG_TENSORLIST, /* a Tensor[]: t and dtype are its first tensor's, i its length */
 } ust__arg_kind;
 
 #define UST__MAX_LIST 8 /* int[] values carried by the view */
@@ -52,7 +53,7 @@ typedef struct ust__call {
   uint32_t size; /* sizeof(ust__call): grows only at the tail */
   int nargs;
   const ust__arg *args; /* borrowed */
-  int device;           /* ust__device of the first tensor argument */
+  int device;           /* ust__device of the first tensor argument (a list's first tensor) */
   int device_id;
   void *stream;         /* native stream (cudaStream_t / hipStream_t); NULL on the host */
 } ust__call;

@@ -5,7 +5,7 @@
  *                from the end)
  *   rows(NAME)   product of all sizes of NAME but the last
  *   numel(NAME)  number of elements of NAME
- *   len(NAME)    length of the int[] argument NAME
+ *   len(NAME)    length of the int[] or Tensor[] argument NAME
  *   esize(NAME)  bytes per element of tensor argument NAME
  *   bytes(NAME)  the bytes NAME's elements occupy: esize(NAME) times the product of its sizes
  *                over the dimensions whose stride is not 0 (an expanded tensor, such
@@ -13,6 +13,9 @@
  *                its storage, not once per logical element)
  *   obytes(NAME) bytes(NAME) of an optional tensor argument: 0 when it is None
  *   NAME         value of the int or bool argument NAME
+ *
+ * A Tensor[] argument (a collective's) reads as its first tensor in the
+ * tensor forms.
  */
 #include <ctype.h>
 #include <stdlib.h>
@@ -89,6 +92,8 @@ int ust__dim_resolve(ust__dim_prog *p, int nargs, const char *const *names) {
   return p->arg_index >= 0 ? 0 : -1;
 }
 
+static int is_tensor(const ust__arg *a) { return a->kind == UST__ARG_TENSOR || a->kind == UST__ARG_TENSORLIST; }
+
 int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
   if (p->arg_index < 0 || p->arg_index >= call->nargs)
     return -1;
@@ -97,7 +102,7 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
     return 0;
   switch (p->kind) {
   case UST__DIM_SIZE: {
-    if (a->kind != UST__ARG_TENSOR)
+    if (!is_tensor(a))
       return -1;
     int d = p->dim < 0 ? a->t.ndim + p->dim : p->dim;
     return d >= 0 && d < a->t.ndim ? a->t.shape[d] : -1;
@@ -106,7 +111,7 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
   case UST__DIM_NUMEL:
   case UST__DIM_BYTES:
   case UST__DIM_OBYTES: {
-    if (a->kind != UST__ARG_TENSOR)
+    if (!is_tensor(a))
       return -1;
     const int bytes = p->kind == UST__DIM_BYTES || p->kind == UST__DIM_OBYTES;
     int64_t v = 1;
@@ -120,9 +125,9 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
     return bytes ? v * (a->t.dtype.bits / 8) * a->t.dtype.lanes : v;
   }
   case UST__DIM_ESIZE:
-    return a->kind == UST__ARG_TENSOR ? (int64_t)(a->t.dtype.bits / 8) * a->t.dtype.lanes : -1;
+    return is_tensor(a) ? (int64_t)(a->t.dtype.bits / 8) * a->t.dtype.lanes : -1;
   case UST__DIM_LEN:
-    return a->kind == UST__ARG_INTLIST ? a->i : -1;
+    return a->kind == UST__ARG_INTLIST || a->kind == UST__ARG_TENSORLIST ? a->i : -1;
   case UST__DIM_SCALAR:
     return a->kind == UST__ARG_INT || a->kind == UST__ARG_BOOL ? a->i : -1;
   }

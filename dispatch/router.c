@@ -146,7 +146,7 @@ void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__rout
   key->phase = (uint8_t)tl_phase;
   key->device = (uint8_t)call->device;
   for (int i = 0; i < call->nargs && key->n_dtypes < UST__MAX_KEY_TENSORS; i++)
-    if (call->args[i].kind == UST__ARG_TENSOR)
+    if (call->args[i].kind == UST__ARG_TENSOR || call->args[i].kind == UST__ARG_TENSORLIST)
       key->dtypes[key->n_dtypes++] = (uint8_t)call->args[i].dtype;
   for (int d = 0; d < b->n_dims; d++)
     key->dims[d] = ust__dim_bucket(b->dims[d].bucket, ust__dim_eval(&b->dims[d], call));
@@ -589,6 +589,8 @@ uint64_t ust__call_signature(const ust__call *call) {
       }
     } else if (a->kind == UST__ARG_INT || a->kind == UST__ARG_BOOL) {
       MIX(a->i);
+    } else if (a->kind == UST__ARG_TENSORLIST) {
+      return 0; /* the view carries the first tensor only */
     } else if (a->kind == UST__ARG_INTLIST) {
       if (a->i < 0 || a->i > UST__MAX_LIST)
         return 0; /* values the view does not carry could change the layout */

@@ -148,6 +148,26 @@ bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, u
       a.i = static_cast<int64_t>(list.size());
       for (size_t k = 0; k < list.size() && k < UST__MAX_LIST; k++)
         a.list[k] = list.get(k);
+    } else if (iv.isTensorList()) {
+      // Collectives take their tensors as a list (c10d::allreduce_): the
+      // first tensor stands for the list's device, dtype and shape.
+      const auto list = iv.toTensorList();
+      if (list.size() == 0)
+        continue;
+      const at::Tensor &t = list.get(0);
+      if (!t.defined())
+        continue;
+      const c10::Device dev = t.device();
+      const int devkind = dev.is_cpu() ? UST__DEV_CPU : dev.is_cuda() ? UST__DEV_CUDA : UST__DEV_OTHER;
+      if (call->device < 0) {
+        call->device = devkind;
+        call->device_id = dev.index() < 0 ? 0 : dev.index();
+      }
+      if (devkind == UST__DEV_OTHER || t.layout() != c10::kStrided)
+        continue;
+      a.kind = UST__ARG_TENSORLIST;
+      a.i = static_cast<int64_t>(list.size());
+      fill_dl(t, &a.t, &a.dtype);
     } else if (iv.isNone()) {
       a.kind = UST__ARG_NONE;
     }

@@ -50,6 +50,7 @@
   X(decision_keeps_its_rules_on_every_path) \
   X(decision_named_paths) \
   X(call_signature_keys_int_list_values) \
+  X(tensor_list_argument_keys_on_its_first_tensor) \
   X(figures_snapshot_never_has_more_captured_than_calls) \
   X(report_derive_from_additive_figures) \
   X(state_file_is_never_written_larger_than_enable_reads) \

@@ -303,6 +303,57 @@ TEST(call_signature_keys_int_list_values) {
   ASSERT_U64_EQ(ust__call_signature(&c), 0);
 }
 
+/* A collective's Tensor[] (c10d::allreduce_): the view carries its first
+ * tensor and its length; the key reads them, the list's dtype is part of
+ * the route key, and no layout is learned for it (the other tensors are not
+ * in the view). */
+TEST(tensor_list_argument_keys_on_its_first_tensor) {
+  fixture f;
+  fixture_init(&f, 16, 0.0625);
+  ust__arg args[4];
+  ust__call c;
+  make_call(&c, args, UST__DT_F32);
+  args[0].kind = UST__ARG_TENSORLIST;
+  args[0].dtype = UST__DT_BF16;
+  args[0].i = 3;
+  struct {
+    const char *expr;
+    int64_t want;
+  } cases[] = {{"a[0]", 4}, {"a[-1]", 8}, {"rows(a)", 24}, {"numel(a)", 192}, {"len(a)", 3}, {"esize(a)", 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ust__dim_prog p;
+    ASSERT_INT_EQ(ust__dim_compile(cases[i].expr, &p), 0);
+    p.arg_index = 0;
+    ASSERT_INT_EQ(ust__dim_eval(&p, &c), cases[i].want);
+  }
+  args[0].t.dtype.bits = 16;
+  args[0].t.dtype.lanes = 1;
+  ust__dim_prog p;
+  ASSERT_INT_EQ(ust__dim_compile("esize(a)", &p), 0);
+  p.arg_index = 0;
+  ASSERT_INT_EQ(ust__dim_eval(&p, &c), 2);
+  ASSERT_INT_EQ(ust__dim_compile("bytes(a)", &p), 0);
+  p.arg_index = 0;
+  ASSERT_INT_EQ(ust__dim_eval(&p, &c), 384);
+  /* len() of a plain tensor is not a length */
+  ASSERT_INT_EQ(ust__dim_compile("len(b)", &p), 0);
+  p.arg_index = 1;
+  ASSERT_INT_EQ(ust__dim_eval(&p, &c), -1);
+  ust__binding b;
+  ust__binding_def d;
+  make_binding(&b, &f, &d, 0);
+  ust__route_key k;
+  ust__route_key_make(&b, &c, &k);
+  ASSERT_INT_EQ(k.n_dtypes, 2);
+  ASSERT_INT_EQ(k.dtypes[0], UST__DT_BF16);
+  ASSERT_INT_EQ(k.dims[0], 4);
+  ust__route *r = ust__routes_get(&f.r, &k, &b);
+  ASSERT_TRUE(r != NULL);
+  ASSERT_STR_CONTAINS(r->key_str, "test::op|cpu|bf16,f32|M=4,N=5");
+  ASSERT_U64_EQ(ust__call_signature(&c), 0);
+  fixture_free(&f);
+}
+
 typedef struct counting {
   ust__figs *f;
   atomic_int stop;

@@ -1,8 +1,8 @@
 """Every operator definition names arguments its ops really have: key dimensions,
 written arguments and roofline variables, checked against the op's schema
-(torch's own for aten ops; for vLLM and SGLang ops, the schemas they register,
-kept in tests/data/serving-schemas.json, since those frameworks are not
-installed here)."""
+(torch's own for aten ops and torch.distributed's c10d ops; for vLLM and
+SGLang ops, the schemas they register, kept in tests/data/serving-schemas.json,
+since those frameworks are not installed here)."""
 import json
 import re
 
@@ -57,7 +57,7 @@ def bound_ops():
 
 
 def schema_of(name):
-    if name.startswith("aten::"):
+    if name.split("::")[0] in ("aten", "c10d", "_c10d_functional"):  # defined by torch itself
         qual, _, ov = name.partition(".")
         return str(torch._C._get_schema(qual, ov))
     return SERVING.get(name)
