@@ -110,8 +110,10 @@ def test_promoted_through_canary_to_live(us, problems, device):
     # the report's arm of every call agrees with the values the caller got
     assert r["calls"] == len(arms) and "neither" not in arms
     assert (arms.count("production"), arms.count("candidate")) == (ro["served"]["production"], ro["served"]["candidate"])
-    # production ran for the calls it served and for each verification of the candidate
-    assert RUNS["production"] == ro["served"]["production"] + ro["served"]["candidate_verified"]
+    # production ran for the calls it served, for each verification of the candidate and for
+    # the A/A checks of shadow calls
+    assert RUNS["production"] == ro["served"]["production"] + ro["served"]["candidate_verified"] + \
+        r["shadow"]["aa"]["runs"]
     assert RUNS["candidate"] == ro["served"]["candidate"] + r["shadow"]["calls"] - ro["served"]["candidate_verified"]
     # live: the candidate serves every call; production runs only for the sampled half
     before = dict(RUNS)
@@ -257,7 +259,9 @@ def test_mode_changes_under_four_threads_keep_exact_counts(us, problems, device)
     # the first call (observe) was production's
     assert (arms.count("production") + 1, arms.count("candidate")) == (ro["served"]["production"],
                                                                        ro["served"]["candidate"])
-    assert RUNS["production"] == ro["served"]["production"] + ro["served"]["candidate_verified"]
+    # production also runs again for the A/A checks of shadow calls (1 in 32 by default)
+    assert RUNS["production"] == ro["served"]["production"] + ro["served"]["candidate_verified"] + \
+        r["shadow"]["aa"]["runs"]
     assert RUNS["candidate"] == ro["served"]["candidate"] + r["shadow"]["calls"] - ro["served"]["candidate_verified"]
     assert r["shadow"]["verified"] == r["shadow"]["passed"] == r["shadow"]["calls"]
     assert ro["transitions"] == 200
