@@ -330,11 +330,14 @@ typedef struct ust__route_rollout {
 /* A route's own mode as the state file keeps it; strings borrowed. */
 typedef struct ust__rollout_row {
   const char *key;
-  int mode;              /* ust__mode */
+  int mode;              /* ust__mode; -1: none of its own (a row kept for its decision) */
   double canary;         /* canary mode's share */
   const char *reason;
   const char *candidate; /* the candidate identity the mode was given for */
   uint64_t unix_ms;
+  const char *decision;  /* the promotion's last decision short of a move: "rejected", "inconclusive",
+                            "dry_run"; "" none */
+  const char *evidence;  /* its evidence (n, median ratio, the sequence's ends, delta, alpha) */
 } ust__rollout_row;
 
 /* lock: the engine's lock for changes (borrowed); every function below that

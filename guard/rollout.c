@@ -137,6 +137,12 @@ static entry *find_or_add(ust__rollout *t, const char *key) {
   return e;
 }
 
+/* A decision short of a move, which the state file keeps with its evidence. */
+static int decided(const entry *e) {
+  return strcmp(e->policy, "rejected") == 0 || strcmp(e->policy, "inconclusive") == 0 ||
+         strcmp(e->policy, "dry_run") == 0;
+}
+
 static const char *cand_id(const ust__route_rollout *p) { return p->cand != NULL ? p->cand->id : ""; }
 
 /* Record a transition in a row (lock held). */
@@ -208,7 +214,7 @@ int ust__rollout_seed(ust__rollout *t, const char *key, int mode, double canary)
 }
 
 int ust__rollout_restore(ust__rollout *t, const ust__rollout_row *row) {
-  if ((row->candidate == NULL || row->candidate[0] == '\0') && row->mode >= UST__MODE_SHADOW) {
+  if ((row->candidate == NULL || row->candidate[0] == '\0') && row->mode >= UST__MODE_SHADOW && row->mode >= 0) {
     ust__log(t->log, UST_LOG_WARN, "state file: the saved mode %s of %s names no candidate: not restored",
              ust__mode_name(row->mode), row->key);
     return 0;
@@ -216,7 +222,7 @@ int ust__rollout_restore(ust__rollout *t, const ust__rollout_row *row) {
   lock(t);
   entry *e = find_or_add(t, row->key);
   int rc = e == NULL ? ust__error(UST_ENOMEM, "state file: out of memory") : 0;
-  if (e != NULL) {
+  if (e != NULL && row->mode >= 0) {
     e->mode = row->mode;
     e->canary = row->mode == UST__MODE_CANARY ? row->canary : 0;
     snprintf(e->from, sizeof e->from, "%s", "restart");
@@ -225,6 +231,13 @@ int ust__rollout_restore(ust__rollout *t, const ust__rollout_row *row) {
     snprintf(e->cand, sizeof e->cand, "%s", row->candidate);
     e->unix_ms = row->unix_ms;
     e->transitions = 1;
+  }
+  if (e != NULL && row->decision != NULL && row->decision[0] != '\0') {
+    /* the stage stays decided across the restart, its evidence with it */
+    snprintf(e->policy, sizeof e->policy, "%s", row->decision);
+    snprintf(e->policy_note, sizeof e->policy_note, "%s", row->evidence != NULL ? row->evidence : "");
+    if (row->mode < 0)
+      snprintf(e->cand, sizeof e->cand, "%s", row->candidate);
   }
   unlock(t);
   return rc;
@@ -242,10 +255,13 @@ void ust__rollout_route_init(ust__route_rollout *p, ust__rollout *t, const char 
   entry *e = find(t, key);
   if (e != NULL)
     p->seen_at_init = e->transitions;
+  if (e != NULL && e->transitions == 0 && e->policy[0] != '\0' && strcmp(e->cand, cand_id(p)) != 0)
+    e->policy[0] = e->policy_note[0] = '\0'; /* another candidate's saved decision: this one is judged anew */
   if (e != NULL && e->transitions > 0 && e->cand[0] != '\0' && strcmp(e->cand, cand_id(p)) != 0) {
     /* a promotion or rollback of another candidate: this one starts anew */
     say(UST_LOG_INFO, "%s: its saved mode %s was for candidate %s, this process runs %s: not restored", key,
         ust__mode_name(e->mode), e->cand, cand != NULL ? cand->id : "none");
+    e->policy[0] = e->policy_note[0] = '\0';
     e = NULL;
   }
   if (e != NULL && e->transitions > 0) {
@@ -468,6 +484,8 @@ void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, d
       if (e != NULL) {
         snprintf(e->policy, sizeof e->policy, "%s", state);
         snprintf(e->policy_note, sizeof e->policy_note, "%s", ev);
+        snprintf(e->cand, sizeof e->cand, "%s", cand_id(p)); /* the candidate it was taken on */
+        t->dirty = 1; /* the decision and its evidence go to the state file */
       }
       say(UST_LOG_INFO, "%s: promotion %s in %s (%s)", p->key,
           d == UST__SEQ_SLOWER ? "rejected: the candidate is slower" : "inconclusive", ust__mode_name(mode), ev);
@@ -481,6 +499,8 @@ void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, d
       /* what it would do; the route's mode is unchanged */
       snprintf(e->policy, sizeof e->policy, "dry_run");
       snprintf(e->policy_note, sizeof e->policy_note, "would move to %s: %.170s", ust__mode_name(to), why);
+      snprintf(e->cand, sizeof e->cand, "%s", cand_id(p));
+      t->dirty = 1;
       say(UST_LOG_INFO, "%s: would move %s -> %s (%s; dry run)", p->key, ust__mode_name(mode), ust__mode_name(to),
           why);
     }
@@ -533,6 +553,8 @@ void ust__rollout_snapshot(ust__route_rollout *p, ust__rollout_snap *o) {
       state = "rolled_back";
     else if (o->mode != UST__MODE_SHADOW && o->mode != UST__MODE_CANARY)
       state = "idle";
+    else if (e != NULL && decided(e))
+      state = e->policy; /* this stage is decided (in this process, or before a restart) */
     else if (o->stage_passes < (uint64_t)pr.min_verified)
       state = "collecting";
     else if (e != NULL && e->policy[0] != '\0')
@@ -582,9 +604,9 @@ int ust__rollout_take_changes(ust__rollout *t, ust__rollout_row **rows_out, int 
   int n = 0;
   size_t strings = 0;
   for (entry *e = t->table; e != NULL; e = e->hh.next)
-    if (e->transitions > 0) {
+    if (e->transitions > 0 || decided(e)) {
       n++;
-      strings += strlen(e->key) + strlen(e->reason) + strlen(e->cand) + 3;
+      strings += strlen(e->key) + strlen(e->reason) + strlen(e->cand) + strlen(e->policy) + strlen(e->policy_note) + 5;
     }
   ust__rollout_row *rows = malloc((size_t)(n > 0 ? n : 1) * sizeof *rows + strings);
   if (rows == NULL) {
@@ -601,12 +623,14 @@ int ust__rollout_take_changes(ust__rollout *t, ust__rollout_row **rows_out, int 
     at += len_;                                                                                     \
   } while (0)
   for (entry *e = t->table; e != NULL; e = e->hh.next) {
-    if (e->transitions == 0)
+    if (e->transitions == 0 && !decided(e))
       continue;
     KEEP(key, e->key);
     KEEP(reason, e->reason);
     KEEP(candidate, e->cand);
-    rows[i].mode = e->mode;
+    KEEP(decision, decided(e) ? e->policy : "");
+    KEEP(evidence, decided(e) ? e->policy_note : "");
+    rows[i].mode = e->transitions > 0 ? e->mode : -1; /* the config's mode stays the config's */
     rows[i].canary = e->canary;
     rows[i].unix_ms = e->unix_ms;
     i++;

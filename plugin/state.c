@@ -4,7 +4,11 @@
  * table; this file reads and writes it:
  *
  *   {"schema": "understudy.state v1",
- *    "routes": {KEY: {"mode": MODE, "canary": P, "reason": TEXT, "candidate": ID, "unix_ms": N}}}
+ *    "routes": {KEY: {"mode": MODE, "canary": P, "reason": TEXT, "candidate": ID, "unix_ms": N,
+ *                     "decision": {"state": "rejected"|"inconclusive"|"dry_run", "evidence": TEXT}}}}
+ *
+ * A row without "mode" keeps a promotion decision only: the route's mode is
+ * the config's.
  *
  * Written whole, atomically (temp file, fsync, rename).
  */
@@ -47,11 +51,26 @@ int ust__state_read(const char *path, int (*each)(void *ctx, const ust__rollout_
     const cJSON *why = cJSON_GetObjectItemCaseSensitive(it, "reason");
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(it, "unix_ms");
     const cJSON *cand = cJSON_GetObjectItemCaseSensitive(it, "candidate");
+    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(it, "decision");
+    const cJSON *dstate = cJSON_GetObjectItemCaseSensitive(dec, "state");
+    const cJSON *devid = cJSON_GetObjectItemCaseSensitive(dec, "evidence");
     ust__rollout_row row = {it->string, 0, cJSON_IsNumber(c) ? c->valuedouble : 0,
                           cJSON_IsString(why) ? why->valuestring : "", cJSON_IsString(cand) ? cand->valuestring : "",
                           cJSON_IsNumber(ms) && ms->valuedouble >= 0 && ms->valuedouble < 1.8e19
-                              ? (uint64_t)ms->valuedouble : 0};
-    if (!cJSON_IsString(m) || ust__mode_parse_any(m->valuestring, &row.mode, 1) != 0)
+                              ? (uint64_t)ms->valuedouble : 0,
+                          "", cJSON_IsString(devid) ? devid->valuestring : ""};
+    const int decided = cJSON_IsString(dstate) && (strcmp(dstate->valuestring, "rejected") == 0 ||
+                                                   strcmp(dstate->valuestring, "inconclusive") == 0 ||
+                                                   strcmp(dstate->valuestring, "dry_run") == 0);
+    if (decided)
+      row.decision = dstate->valuestring;
+    const int decision_only = m == NULL && decided; /* the route's mode stays the config's */
+    if (decision_only)
+      row.mode = -1;
+    if (dec != NULL && !decided)
+      rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.decision.state' must be rejected, inconclusive or "
+                      "dry_run", path, it->string);
+    else if (!decision_only && (!cJSON_IsString(m) || ust__mode_parse_any(m->valuestring, &row.mode, 1) != 0))
       rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.mode' must be a mode", path, it->string);
     else if (row.mode == UST__MODE_CANARY && (!cJSON_IsNumber(c) || !(c->valuedouble > 0 && c->valuedouble < 1)))
       rc = ust__error(UST_ECONFIG, "state file '%s': 'routes.%s.canary' must be a fraction in (0, 1)", path,
@@ -71,9 +90,15 @@ int ust__state_write(const char *path, const ust__rollout_row *rows, int n) {
   cJSON *routes = cJSON_AddObjectToObject(root, "routes");
   for (int i = 0; i < n; i++) {
     cJSON *x = cJSON_AddObjectToObject(routes, rows[i].key);
-    cJSON_AddStringToObject(x, "mode", ust__mode_name(rows[i].mode));
+    if (rows[i].mode >= 0) /* else the route's mode is the config's; the row keeps its decision */
+      cJSON_AddStringToObject(x, "mode", ust__mode_name(rows[i].mode));
     if (rows[i].mode == UST__MODE_CANARY)
       cJSON_AddNumberToObject(x, "canary", rows[i].canary);
+    if (rows[i].decision != NULL && rows[i].decision[0] != '\0') {
+      cJSON *d = cJSON_AddObjectToObject(x, "decision");
+      cJSON_AddStringToObject(d, "state", rows[i].decision);
+      cJSON_AddStringToObject(d, "evidence", rows[i].evidence != NULL ? rows[i].evidence : "");
+    }
     cJSON_AddStringToObject(x, "reason", rows[i].reason);
     if (rows[i].candidate[0] != '\0')
       cJSON_AddStringToObject(x, "candidate", rows[i].candidate);

@@ -56,13 +56,17 @@ def problems(tmp_path):
     return d
 
 
-def run_route(us, problems, factor, calls, max_samples=200, aa_sample=0):
-    us.enable({"operators": {"work": {
+def route_config(factor, max_samples=200, aa_sample=0, **extra):
+    return {"operators": {"work": {
         "mode": "shadow", "sample": 1.0,
         "candidate": {"torch_op": candidate(factor), "target": "ust_promo::work"},
         "guard": {"aa_sample": aa_sample},
         "promotion": {"min_verified": 5, "alpha": 0.05, "delta": 0.05, "max_samples": max_samples}}},
-        "report": {"interval_s": 0}}, problems=problems)
+        "report": {"interval_s": 0}, **extra}
+
+
+def run_route(us, problems, factor, calls, max_samples=200, aa_sample=0, **extra):
+    us.enable(route_config(factor, max_samples, aa_sample, **extra), problems=problems)
     x = torch.randn(4, 8)
     modes = []
     for _ in range(calls):
@@ -126,6 +130,26 @@ def test_a_difference_within_productions_own_spread_is_not_a_speedup(us, problem
     assert f"delta {pr['delta_used']:.3g} (A/A " in pr["note"]
     assert 0.75 < pr["test"]["ratio_median"] < 1.0, pr
     assert modes_off[-1] == "canary" and ro_off["last_transition"]["reason"].startswith("faster: n "), ro_off
+
+
+def test_a_decision_is_kept_in_the_state_file_with_its_evidence(us, problems, tmp_path):
+    """A rejection is no transition (the route stays in the config's shadow
+    mode), but it is a decision: the state file keeps it with its evidence,
+    and a restart finds the stage decided instead of testing again."""
+    state = tmp_path / "state.json"
+    ro, _ = run_route(us, problems, 1.10, calls=200, state={"path": str(state)})
+    us.disable()
+    pr = ro["promotion"]
+    assert pr["state"] == "rejected"
+    (key, row), = json.loads(state.read_text())["routes"].items()
+    assert "mode" not in row  # the route's mode stays the config's
+    assert row["decision"] == {"state": "rejected", "evidence": pr["note"]}
+    us.enable(route_config(1.10, state={"path": str(state)}), problems=problems)
+    torch.ops.ust_promo.work(torch.randn(4, 8))
+    (op,) = us.report()["operators"]
+    (r,) = op["shapes"]
+    assert r["key"] == key and r["rollout"]["mode"] == "shadow"
+    assert r["rollout"]["promotion"]["state"] == "rejected" and r["rollout"]["promotion"]["note"] == pr["note"]
 
 
 def test_promotion_fields_are_checked(us, problems):
