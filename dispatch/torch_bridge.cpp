@@ -1183,20 +1183,20 @@ int op_defined(const char *qualname, const char *overload) {
 // Handles of torch-op candidates, one per op for the life of the process:
 // every enable, and threads resolving an op at once, get the same one.
 std::mutex resolved_lock;
-std::map<std::string, c10::OperatorHandle *> resolved;
+std::map<std::string, c10::OperatorHandle *> handles_by_name;
 
-void *resolve_op(const char *qualname, const char *overload) {
+void *find_op_handle(const char *qualname, const char *overload) {
   try {
     const std::string key = std::string(qualname) + "." + overload;
     std::lock_guard<std::mutex> guard(resolved_lock);
-    auto known = resolved.find(key);
-    if (known != resolved.end())
+    auto known = handles_by_name.find(key);
+    if (known != handles_by_name.end())
       return known->second;
     auto h = c10::Dispatcher::singleton().findSchema(c10::OperatorName(qualname, overload));
     if (!h.has_value())
       return nullptr;
     auto *kept = new c10::OperatorHandle(*h);
-    resolved.emplace(key, kept);
+    handles_by_name.emplace(key, kept);
     return kept;
   } catch (...) {
     return nullptr;
@@ -1209,7 +1209,7 @@ constexpr const char *kTorchVersion = UST_TORCH_VERSION;
 constexpr const char *kTorchVersion = "";
 #endif
 
-int tf32_matmul(int device) {
+int matmul_allows_tf32(int device) {
   try {
 #ifdef UST_TORCH_FP32_PRECISION
     const auto backend = device == UST__DEV_CUDA ? at::Float32Backend::CUDA : at::Float32Backend::MKLDNN;
@@ -1237,7 +1237,7 @@ int resolve_binding(ust__binding *b) {
   }
 }
 
-const ust__seam_i kSeam = {kTorchVersion, register_hook, op_defined, resolve_binding, resolve_op, tf32_matmul};
+const ust__seam_i kSeam = {kTorchVersion, register_hook, op_defined, resolve_binding, find_op_handle, matmul_allows_tf32};
 
 } // namespace
 
