@@ -216,6 +216,9 @@ typedef struct ust__gate {
 /* Move the epoch on; returns the old one, whose calls ust__gate_drained
  * counts. Serialised by the caller (disable). */
 unsigned ust__gate_flip(ust__gate *g);
+/* In a child process after fork: the calls in flight are the forking
+ * thread's own (its threads' calls did not come along). */
+void ust__gate_after_fork(ust__gate *g);
 /* 1 once no call of epoch old is in flight. */
 int ust__gate_drained(ust__gate *g, unsigned old);
 /* 1 while the calling thread is inside an intercepted call (a candidate, or

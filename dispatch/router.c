@@ -707,6 +707,13 @@ void ust__hook_leave(ust__hook *h, unsigned ticket) {
   tl_depth--;
 }
 
+void ust__gate_after_fork(ust__gate *g) {
+  /* only the forking thread came along: only its own calls are in flight */
+  const unsigned e = atomic_load(&g->epoch) & 1u;
+  atomic_store(&g->inflight[e], tl_depth);
+  atomic_store(&g->inflight[e ^ 1u], 0);
+}
+
 unsigned ust__gate_flip(ust__gate *g) { return atomic_fetch_add_explicit(&g->epoch, 1, memory_order_seq_cst) & 1u; }
 
 int ust__gate_drained(ust__gate *g, unsigned old) {

@@ -439,6 +439,31 @@ static void clean_stale_temps(ust__ctx *c, const char *path) {
              removed == 1 ? "" : "s", path);
 }
 
+/* ---- fork ------------------------------------------------------------------------- */
+
+/* A child forked while understudy is enabled has none of the engine's
+ * threads (the worker, a metrics server), and any lock another thread held
+ * stays held in it. Its calls pass through: the engine is left behind (never
+ * freed, never written from: the parent's report and state stay the
+ * parent's), the context's locks start afresh, and enable() there starts a
+ * new engine of the child's own. Runs in the child, single-threaded. */
+static void child_after_fork(void) {
+  ust__ctx *c = ust__ctx_get();
+  pthread_mutex_init(&c->life, NULL);
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->reload, NULL);
+  pthread_mutex_init(&c->log.lock, NULL);
+  pthread_mutex_init(&c->compare.lock, NULL);
+  ust__engine *e = c->engine;
+  c->engine = NULL;
+  for (int i = 0; e != NULL && i < e->n_bindings; i++)
+    if (e->bindings[i].hook != NULL)
+      atomic_store(&e->bindings[i].hook->binding, NULL);
+  ust__gate_after_fork(&c->gate);
+}
+
+static void watch_forks(void) { pthread_atfork(NULL, NULL, child_after_fork); }
+
 /* ---- the API ---------------------------------------------------------------------- */
 
 int ust_enable(const char *config_json, const char *problems_dir) {
@@ -446,6 +471,8 @@ int ust_enable(const char *config_json, const char *problems_dir) {
   if (ust__in_intercepted_call())
     return ust__error(UST_ESTATE, "enable: called from inside an intercepted call");
   ust__ctx *c = ust__ctx_get();
+  static pthread_once_t forks = PTHREAD_ONCE_INIT;
+  pthread_once(&forks, watch_forks);
   pthread_mutex_lock(&c->life);
   if (c->seam == NULL)
     c->seam = ust__seam();

@@ -31,9 +31,11 @@ config reaches, with no change to the host's code. A module that cannot be
 imported is one line on stderr; understudy is enabled all the same, and a
 torch-op candidate never defined waits for its op (the engine says so).
 
-A process forked from one where understudy is enabled inherits the engine
-without its worker thread; activate() there says so and does nothing, and the
-exit handlers do nothing in it (start such workers with spawn).
+A process forked from one where understudy is enabled has none of the
+engine's threads: the library leaves that engine behind there (calls pass
+through, enable() would start afresh); activate() there says so and does
+nothing, and the exit handlers do nothing in it (start such workers with
+spawn to observe them).
 """
 from __future__ import annotations
 
@@ -154,12 +156,13 @@ def _activate(config: Optional[str], source: str) -> bool:
 
         if inherited_from is None:
             import_candidate_modules(candidate_modules_from_env(), source=source)
+        if inherited_from is not None:
+            # the library left the parent's engine behind in this child: its calls pass through
+            _say(f"process {pid} was forked from process {inherited_from} after understudy was enabled there; "
+                 f"understudy is off in it (the engine's threads stayed in the parent; its files stay the "
+                 f"parent's): start this process with spawn to observe it (vLLM: VLLM_WORKER_MULTIPROC_METHOD=spawn)")
+            return False
         if understudy.is_enabled():
-            if inherited_from is not None:
-                _say(f"process {pid} was forked from process {inherited_from} after understudy was enabled there; "
-                     f"it cannot run here (its worker thread stayed in the parent): start this process with spawn "
-                     f"(vLLM: VLLM_WORKER_MULTIPROC_METHOD=spawn)")
-                return False
             return True  # the host enabled it itself, and disables it itself
         try:
             understudy.enable(text)

@@ -599,3 +599,63 @@ def test_a_call_finding_every_slot_taken_is_skipped_for_that_reason(us):
     sh = silu_route(us.report())["shadow"]
     assert (sh["calls"], sh["passed"]) == (1, 1)
     assert sh["skipped"] == 3 and sh["skipped_by"] == {"no_slot": 3, "error": 0, "budget": 0, "capture": 0}
+
+
+def test_a_child_forked_while_enabled_passes_calls_through_and_can_enable_afresh(tmp_path):
+    """A forked child has none of the engine's threads, and locks other
+    threads held stay held in it: disable() there hung for good (the worker
+    it joins did not come along). Now the child's calls pass through, its
+    disable returns at once, the parent's report file is left to the parent,
+    and enable() in the child starts an engine of its own; the parent counts
+    on, exactly."""
+    import json
+    import subprocess
+    import sys
+    report = tmp_path / "parent.json"
+    script = tmp_path / "fork.py"
+    script.write_text(f"""
+import json, os, threading, time, torch, torch.nn.functional as F, understudy
+understudy.enable({{"operators": {{"silu": {{"sample": 1.0}}}}, "report": {{"path": {str(report)!r}, "interval_s": 0.01}}}})
+x = torch.randn(4, 8)
+want = F.silu(x)
+stop = threading.Event()
+def busy():  # another thread inside intercepted calls at the fork
+    while not stop.is_set():
+        F.silu(x)
+t = threading.Thread(target=busy)
+t.start()
+time.sleep(0.2)
+pid = os.fork()
+if pid == 0:
+    out = {{}}
+    t0 = time.monotonic()
+    out["same"] = all(torch.equal(F.silu(x), want) for _ in range(20))
+    out["enabled"] = understudy.is_enabled()
+    understudy.disable()
+    out["disable_s"] = time.monotonic() - t0
+    understudy.enable({{"operators": {{"silu": {{"sample": 1.0}}}}}})
+    for _ in range(7):
+        F.silu(x)
+    out["child_calls"] = [s["calls"] for o in understudy.report()["operators"] for s in o["shapes"]]
+    understudy.disable()
+    print(json.dumps(out), flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+stop.set()
+t.join()
+before = [s["calls"] for o in understudy.report()["operators"] for s in o["shapes"]][0]
+for _ in range(5):
+    F.silu(x)
+after = [s["calls"] for o in understudy.report()["operators"] for s in o["shapes"]][0]
+understudy.disable()
+print(json.dumps({{"status": status, "parent_added": after - before}}), flush=True)
+""")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    child, parent = (json.loads(line) for line in r.stdout.strip().splitlines())
+    assert child["same"] and child["enabled"] is False and child["disable_s"] < 5
+    assert child["child_calls"] == [7]  # a fresh engine of the child's own
+    assert parent == {"status": 0, "parent_added": 5}
+    rep = json.loads(report.read_text())  # the parent's final report, whole
+    assert rep["pid"] != 0 and rep["operators"][0]["shapes"][0]["calls"] >= 5
