@@ -84,6 +84,7 @@ typedef struct ust__call_state {
   void *slot;    /* the call's shadow slot (shadow; verified serving) */
   int capturing; /* the call is being captured into a CUDA graph */
   int timing;    /* PASS: 0 none, 1 host clock, 2 device timer */
+  int first;     /* timed for being one of its key's first calls, not sampled */
   int gpu_slot;
   uint64_t t0_ns;
   uint64_t tsol_ps; /* the call's roofline floor, when timed and known */

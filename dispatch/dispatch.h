@@ -178,7 +178,7 @@ int ust__timers_used(const ust__timers *t);
 int ust__timers_begin(ust__timers *t, int device_id, void *stream);
 /* Record the end event and queue the timing for figs, with the call's
  * roofline floor (0: unknown). */
-void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps);
+void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int first);
 /* Release a timer whose call raised; nothing is recorded. */
 void ust__timers_cancel(ust__timers *t, int token);
 /* Move completed timings into their figures; returns how many are still

@@ -434,6 +434,7 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   }
   if (pol->sample_q32 == 0 || (n > UST__FIRST_TIMED && !ust__sampled(n, pol->sample_q32)))
     return;
+  st->first = !ust__sampled(n, pol->sample_q32); /* timed for being one of the key's first calls */
   st->tsol_ps = call_tsol_ps(r, call, st);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;
@@ -460,11 +461,11 @@ void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decisi
   ust__rollout_served(&r->rollout, d->notes, st->capturing);
   if (st->timing == 2) {
     if (d->outcome == UST__OUT_PRODUCTION)
-      ust__timers_end(r->binding->router->timers, st->gpu_slot, call->stream, &r->figs, st->tsol_ps);
+      ust__timers_end(r->binding->router->timers, st->gpu_slot, call->stream, &r->figs, st->tsol_ps, st->first);
     else
       ust__timers_cancel(r->binding->router->timers, st->gpu_slot);
   } else if (st->timing == 1 && d->outcome == UST__OUT_PRODUCTION) {
-    ust__figs_prod_time(&r->figs, ust__now_ns() - st->t0_ns, st->tsol_ps);
+    (st->first ? ust__figs_first_time : ust__figs_prod_time)(&r->figs, ust__now_ns() - st->t0_ns, st->tsol_ps);
   }
   st->timing = 0;
 }

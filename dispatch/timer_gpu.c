@@ -26,6 +26,7 @@ typedef struct timer {
   int device; /* -1 until its events exist */
   ust__figs *figs;
   uint64_t tsol_ps;
+  int first; /* one of its key's first calls (ust__figs_first_time) */
 } timer;
 
 typedef struct device_pool {
@@ -153,10 +154,11 @@ int ust__timers_begin(ust__timers *t, int device, void *stream) {
 
 void ust__timers_cancel(ust__timers *t, int token) { give_back(t, token); }
 
-void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps) {
+void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int first) {
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   s->figs = figs;
   s->tsol_ps = tsol_ps;
+  s->first = first;
   if (UST__GPU_CHECK(t->log, cudaEventRecord(s->stop, (cudaStream_t)stream)) != 0) {
     give_back(t, token);
     return;
@@ -171,7 +173,7 @@ static void conclude(ust__timers *t, int token, cudaError_t q) {
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   float ms = 0;
   if (q == cudaSuccess && UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, s->start, s->stop)) == 0)
-    ust__figs_prod_time(s->figs, (uint64_t)((double)ms * 1e6 + 0.5), s->tsol_ps);
+    (s->first ? ust__figs_first_time : ust__figs_prod_time)(s->figs, (uint64_t)((double)ms * 1e6 + 0.5), s->tsol_ps);
   else
     atomic_fetch_add_explicit(&s->figs->timing_dropped, 1, memory_order_relaxed);
   s->figs = NULL;

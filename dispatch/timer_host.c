@@ -18,7 +18,7 @@ int ust__timers_create(int max_pending, ust__log_sink *log, ust__timers **out) {
 void ust__timers_destroy(ust__timers *t) { free(t); }
 int ust__timers_used(const ust__timers *t) { return 0; }
 int ust__timers_begin(ust__timers *t, int device_id, void *stream) { return -1; }
-void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps) {}
+void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int first) {}
 void ust__timers_cancel(ust__timers *t, int token) {}
 int ust__timers_harvest(ust__timers *t) { return 0; }
 void ust__timers_harvest_all_sync(ust__timers *t) {}

@@ -224,6 +224,9 @@ static cJSON *shape_json(const ust__route_snap *s) {
   add_num(js, "timed", (double)s->figs.hist.count);
   add_num(js, "captured", (double)s->figs.captured);
   add_num(js, "timing_dropped", (double)s->figs.timing_dropped);
+  /* of the timed calls, the key's first ones (timed whatever the sampling) */
+  add_num(js, "first_timed", (double)s->figs.first_timed);
+  add_num(js, "first_time_ns", (double)s->figs.first_time_ns);
   add_num(js, "device_time_ns", (double)s->figs.hist.sum);
   cJSON_AddItemToObject(js, "latency_ns", hist_json(&s->figs.hist));
   if (b->roofline.present)
@@ -518,7 +521,8 @@ int ust__report_derive(cJSON *root) {
       const double timed = num(lat, "count");
       set_num(sh, "timed", timed);
       set_num(sh, "device_time_ns", num(lat, "sum"));
-      const double est = ust__est_device_time(num(lat, "sum"), timed, num(sh, "calls"), num(sh, "captured"));
+      const double est = ust__est_device_time(num(lat, "sum"), timed, num(sh, "calls"), num(sh, "captured"),
+                                              num(sh, "first_time_ns"), num(sh, "first_timed"));
       set_num(sh, "est_device_time_ns", est);
       total_est += est;
       total_ph[phase_index(sh)] += est;
@@ -784,7 +788,8 @@ static int count_shapes(const cJSON *doc) {
 /* The additive figures of now less those of base (NULL: since enable), as
  * a report of its own: shape keys without a call in between are left out. */
 static cJSON *window_doc(const cJSON *now, const cJSON *base) {
-  static const char *const shape_keys[] = {"calls", "captured", "timing_dropped", NULL};
+  static const char *const shape_keys[] = {"calls", "captured", "timing_dropped", "first_timed", "first_time_ns",
+                                            NULL};
   static const char *const roof_keys[] = {"calls", "unscored", "scored_by_callees", "tsol_ns_sum", "time_ns_sum",
                                           "candidate_calls", "candidate_tsol_ns_sum", "candidate_time_ns_sum",
                                           "work_calls", "flops_sum", "bytes_sum", NULL};

@@ -35,6 +35,12 @@ void ust__figs_prod_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps) {
   roof_add(&f->prod, tsol_ps, ns);
 }
 
+void ust__figs_first_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps) {
+  ust__figs_prod_time(f, ns, tsol_ps);
+  atomic_fetch_add_explicit(&f->first_time_ns, ns, memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->first_timed, 1, memory_order_relaxed);
+}
+
 void ust__figs_cand_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int passed) {
   ust__hist_record(&f->cand_hist, ns);
   if (passed)
@@ -137,6 +143,8 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   memset(out, 0, sizeof *out);
   out->captured = atomic_load(&f->captured);
   out->timing_dropped = atomic_load(&f->timing_dropped);
+  out->first_timed = atomic_load(&f->first_timed);
+  out->first_time_ns = atomic_load(&f->first_time_ns);
   out->calls = atomic_load(&f->calls);
   out->unscored = atomic_load(&f->unscored);
   out->nested_scored = atomic_load(&f->nested_scored);
@@ -158,8 +166,12 @@ void ust__figs_snap_free(ust__figs_snap *s) {
   ust__hist_sparse_free(&s->cand_hist);
 }
 
-double ust__est_device_time(double timed_sum_ns, double timed, double calls, double captured) {
+double ust__est_device_time(double timed_sum_ns, double timed, double calls, double captured, double first_sum_ns,
+                            double first_timed) {
   const double eligible = calls > captured ? calls - captured : 0;
+  const double sampled = timed - first_timed, sampled_sum = timed_sum_ns - first_sum_ns;
+  if (sampled > 0 && sampled_sum >= 0)
+    return sampled_sum * eligible / sampled;
   return timed > 0 ? timed_sum_ns * eligible / timed : 0.0;
 }
 

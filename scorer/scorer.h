@@ -157,6 +157,10 @@ typedef struct ust__figs {
   atomic_uint_fast64_t captured;       /* calls made while the stream captured a graph */
   atomic_uint_fast64_t timing_dropped; /* sampled, but no timer was free */
   ust__hist hist;                      /* production's latency, ns (the timed calls) */
+  /* of those, the key's first calls, timed whatever the sampling: kept apart
+   * so that a slow first call (a kernel compiled, a plan tuned) does not
+   * stand for the sampled ones in the device-time estimate */
+  atomic_uint_fast64_t first_timed, first_time_ns;
   _Atomic(const struct ust__hw_profile *) hw; /* the profile of the last scored call */
   atomic_uint_fast64_t unscored;       /* timed calls whose floor could not be computed */
   atomic_uint_fast64_t nested_scored;  /* timed calls floored by the bound ops they called (see callview.h) */
@@ -174,6 +178,8 @@ void ust__figs_free(ust__figs *f);
 /* One timed run of production (or of the candidate) with its floor (0:
  * unknown): the histogram, and the roofline sums when the floor is known. */
 void ust__figs_prod_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps);
+/* The same for one of a key's first calls (timed whatever the sampling). */
+void ust__figs_first_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps);
 void ust__figs_cand_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int passed);
 /* The profile a scored call ran on; stored only when it changes. */
 void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw);
@@ -205,6 +211,7 @@ typedef struct ust__roof_snap {
  * (captured before calls), so derived differences never go negative. */
 typedef struct ust__figs_snap {
   uint64_t captured, timing_dropped, calls, unscored, nested_scored;
+  uint64_t first_timed, first_time_ns;
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
   ust__roof_snap prod, cand;
@@ -224,7 +231,10 @@ void ust__figs_snap_free(ust__figs_snap *s);
 
 /* Device time of a route: the timed sum scaled to the calls that ran outside
  * graph capture (calls - captured), when only a sample was timed. */
-double ust__est_device_time(double timed_sum_ns, double timed, double calls, double captured);
+/* A key's device time: the mean of its sampled timed calls (or, when none was
+ * sampled, of its first calls) times its calls outside graph capture. */
+double ust__est_device_time(double timed_sum_ns, double timed, double calls, double captured, double first_sum_ns,
+                            double first_timed);
 /* S of a route: the mean T_SOL of its scored calls over the median measured
  * time; -1 when unknown (nothing scored, or no median). */
 double ust__route_s(double tsol_sum_ns, double scored_calls, double p50_ns);

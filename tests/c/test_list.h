@@ -7,6 +7,7 @@
   X(route_table_threads)          \
   X(sampling_exact_fraction)      \
   X(a_new_key_is_timed_whatever_the_sampling) \
+  X(device_time_estimate_leaves_first_calls_out) \
   X(hist_bucket_bounds)           \
   X(hist_quantile_accuracy)       \
   X(hist_merge_exact)             \

@@ -469,3 +469,14 @@ TEST(control_plane_stress) {
   ust__routes_snapshot_free(snaps, n);
   fixture_free(&f);
 }
+
+TEST(device_time_estimate_leaves_first_calls_out) {
+  /* A key's first 3 calls are timed whatever the sampling; the first took
+   * 1 s (a kernel compiled), the others 1 us. Its 64 calls are estimated
+   * from the 4 sampled ones alone; a key no sample reached, from its first. */
+  const double first_sum = 1e9 + 2 * 1000, sampled_sum = 4 * 1000;
+  ASSERT_DBL_NEAR(ust__est_device_time(first_sum + sampled_sum, 7, 64, 0, first_sum, 3), 64 * 1000.0, 1e-9);
+  ASSERT_DBL_NEAR(ust__est_device_time(first_sum + sampled_sum, 7, 64, 4, first_sum, 3), 60 * 1000.0, 1e-9);
+  ASSERT_DBL_NEAR(ust__est_device_time(3000, 2, 2, 0, 3000, 2), 3000.0, 1e-9);
+  ASSERT_DBL_NEAR(ust__est_device_time(0, 0, 5, 0, 0, 0), 0.0, 0);
+}

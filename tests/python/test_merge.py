@@ -131,7 +131,7 @@ def split(rep, k, seed=0):
             p["operators"][oi]["untracked"] = c
         for si, s in enumerate(o["shapes"]):
             ps = [p["operators"][oi]["shapes"][si] for p in parts]
-            for f in ("calls", "captured", "timing_dropped"):
+            for f in ("calls", "captured", "timing_dropped", "first_timed", "first_time_ns"):
                 for p, c in zip(ps, _split_int(s[f], k, rng)):
                     p[f] = c
             for p, h in zip(ps, _split_hist(s["latency_ns"], k, rng)):
@@ -185,7 +185,7 @@ def test_split_into_four_merges_back_exactly(us):
         ms = {s["key"]: s for s in m["shapes"]}
         for s in o["shapes"]:
             t = ms[s["key"]]
-            for f in ("calls", "captured", "timing_dropped", "mode", "phase"):
+            for f in ("calls", "captured", "timing_dropped", "first_timed", "first_time_ns", "mode", "phase"):
                 assert t[f] == s[f], (s["key"], f)
             assert t["latency_ns"] == s["latency_ns"], s["key"]  # buckets, count, sum and quantiles
             if "shadow" in s:
@@ -347,7 +347,7 @@ def add_reports(a, b):
             if sa is None:
                 oa["shapes"].append(copy.deepcopy(sb))
                 continue
-            for f in ("calls", "captured", "timing_dropped"):
+            for f in ("calls", "captured", "timing_dropped", "first_timed", "first_time_ns"):
                 sa[f] += sb[f]
             sa["latency_ns"] = {"sum": sa["latency_ns"]["sum"] + sb["latency_ns"]["sum"],
                                 "buckets": _buckets_add(sa["latency_ns"], sb["latency_ns"])}
