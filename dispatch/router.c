@@ -432,9 +432,10 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
       return;
     }
   }
-  if (pol->sample_q32 == 0 || (n > UST__FIRST_TIMED && !ust__sampled(n, pol->sample_q32)))
+  const int sampled = ust__sampled(n, pol->sample_q32);
+  if (pol->sample_q32 == 0 || (n > UST__FIRST_TIMED && !sampled))
     return;
-  st->first = !ust__sampled(n, pol->sample_q32); /* timed for being one of the key's first calls */
+  st->first = !sampled; /* timed for being one of the key's first calls */
   st->tsol_ps = call_tsol_ps(r, call, st);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;

@@ -96,6 +96,22 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
     *dtype_id = d.id;
 }
 
+// A defined tensor argument (or a list's first): the call's device when it
+// has none yet; viewed as kind when on the CPU or CUDA and strided.
+bool view_tensor(const at::Tensor &t, int kind, ust__arg *a, ust__call *call) {
+  const c10::Device dev = t.device();
+  const int devkind = dev.is_cpu() ? UST__DEV_CPU : dev.is_cuda() ? UST__DEV_CUDA : UST__DEV_OTHER;
+  if (call->device < 0) {
+    call->device = devkind;
+    call->device_id = dev.index() < 0 ? 0 : dev.index();
+  }
+  if (devkind == UST__DEV_OTHER || t.layout() != c10::kStrided)
+    return false;
+  a->kind = kind;
+  fill_dl(t, &a->t, &a->dtype);
+  return true;
+}
+
 // Fills the view from the arguments on top of the stack. Returns false when
 // the call touches no tensor understudy counts (meta, fake, sparse, ...).
 bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args, ust__call *call) {
@@ -114,20 +130,10 @@ bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, u
     a.kind = UST__ARG_OTHER;
     if (iv.isTensor()) {
       const at::Tensor &t = iv.toTensor();
-      if (!t.defined()) {
+      if (!t.defined())
         a.kind = UST__ARG_NONE;
-        continue;
-      }
-      const c10::Device dev = t.device();
-      const int devkind = dev.is_cpu() ? UST__DEV_CPU : dev.is_cuda() ? UST__DEV_CUDA : UST__DEV_OTHER;
-      if (call->device < 0) {
-        call->device = devkind;
-        call->device_id = dev.index() < 0 ? 0 : dev.index();
-      }
-      if (devkind == UST__DEV_OTHER || t.layout() != c10::kStrided)
-        continue;
-      a.kind = UST__ARG_TENSOR;
-      fill_dl(t, &a.t, &a.dtype);
+      else
+        view_tensor(t, UST__ARG_TENSOR, &a, call);
     } else if (iv.isInt()) {
       a.kind = UST__ARG_INT;
       a.i = iv.toInt();
@@ -152,22 +158,9 @@ bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, u
       // Collectives take their tensors as a list (c10d::allreduce_): the
       // first tensor stands for the list's device, dtype and shape.
       const auto list = iv.toTensorList();
-      if (list.size() == 0)
-        continue;
-      const at::Tensor &t = list.get(0);
-      if (!t.defined())
-        continue;
-      const c10::Device dev = t.device();
-      const int devkind = dev.is_cpu() ? UST__DEV_CPU : dev.is_cuda() ? UST__DEV_CUDA : UST__DEV_OTHER;
-      if (call->device < 0) {
-        call->device = devkind;
-        call->device_id = dev.index() < 0 ? 0 : dev.index();
-      }
-      if (devkind == UST__DEV_OTHER || t.layout() != c10::kStrided)
-        continue;
-      a.kind = UST__ARG_TENSORLIST;
-      a.i = static_cast<int64_t>(list.size());
-      fill_dl(t, &a.t, &a.dtype);
+      const at::Tensor first = list.size() > 0 ? list.get(0) : at::Tensor();
+      if (first.defined() && view_tensor(first, UST__ARG_TENSORLIST, &a, call))
+        a.i = static_cast<int64_t>(list.size());
     } else if (iv.isNone()) {
       a.kind = UST__ARG_NONE;
     }
