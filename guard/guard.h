@@ -133,8 +133,7 @@ typedef struct ust__verify {
   atomic_uint_fast64_t verified;     /* reached a verdict */
   atomic_uint_fast64_t passed;
   atomic_uint_fast64_t failed;
-  atomic_uint_fast64_t skipped;      /* sampled, but no verdict: the sum of skipped_by */
-  atomic_uint_fast64_t skipped_by[UST__SKIP_COUNT]; /* by reason (ust__skip) */
+  atomic_uint_fast64_t skipped_by[UST__SKIP_COUNT]; /* sampled, but no verdict, by reason (ust__skip) */
   atomic_uint_fast64_t unverifiable; /* ran, but an output's dtype cannot be compared */
   atomic_uint_fast64_t aa_runs;      /* A/A checks: production against itself */
   atomic_uint_fast64_t aa_mismatching;

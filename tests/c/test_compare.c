@@ -223,11 +223,11 @@ TEST(shadow_pool_bounds_inflight) {
   void *a = ust__shadow_acquire(pool, &sr), *b = ust__shadow_acquire(pool, &sr), *c = ust__shadow_acquire(pool, &sr);
   ASSERT_TRUE(a != NULL && b != NULL && c == NULL);
   ASSERT_U64_EQ(atomic_load(&v.calls), 2);
-  ASSERT_U64_EQ(atomic_load(&v.skipped), 1); /* no slot: counted skipped */
+  ASSERT_U64_EQ(atomic_load(&v.skipped_by[UST__SKIP_NO_SLOT]), 1); /* no slot: counted skipped, for that reason */
   /* production raised: the sampled call is skipped and the slot is free
    * again; shadow call numbers are never handed out twice */
   ust__shadow_abandon(a, UST__DEV_CPU, NULL);
-  ASSERT_U64_EQ(atomic_load(&v.skipped), 2);
+  ASSERT_U64_EQ(atomic_load(&v.skipped_by[UST__SKIP_ERROR]), 1);
   ASSERT_INT_EQ(sink_concluded_calls, 1);
   c = ust__shadow_acquire(pool, &sr);
   ASSERT_TRUE(c != NULL);
@@ -235,7 +235,11 @@ TEST(shadow_pool_bounds_inflight) {
   /* an internal error: skipped too */
   ust__shadow_abandon(b, UST__DEV_CPU, NULL);
   ust__shadow_abandon(c, UST__DEV_CPU, NULL);
-  ASSERT_U64_EQ(atomic_load(&v.skipped), 4);
+  ust__verify_snap snap;
+  ust__verify_snapshot(&v, &snap); /* skipped: the sum of its reasons */
+  ASSERT_U64_EQ(snap.skipped, 4);
+  ASSERT_U64_EQ(snap.skipped_by[UST__SKIP_ERROR], 3);
+  ASSERT_U64_EQ(snap.skipped_by[UST__SKIP_NO_SLOT], 1);
   ASSERT_INT_EQ(sink_concluded_calls, 3);
   ASSERT_INT_EQ(sink_skipped, 3);
   ASSERT_INT_EQ(sink_failed_calls, 0);
