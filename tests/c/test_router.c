@@ -88,6 +88,19 @@ typedef struct fixture {
   ust__operator op;
 } fixture;
 
+/* One call served by production, as the bridge drives it; its route. */
+static ust__route *serve_call(ust__binding *b, const ust__call *c, int *plan) {
+  ust__call_state st;
+  ust__call_begin(b, c, &st);
+  if (plan != NULL)
+    *plan = st.plan;
+  ust__decision d;
+  ust__decision_start(&d, st.plan, st.flags);
+  ust__decision_next(&d, UST__EV_OK);
+  ust__call_end(c, &st, &d);
+  return st.route;
+}
+
 static void fixture_init(fixture *f, int max_routes, double sample) {
   memset(f, 0, sizeof *f);
   pthread_mutex_init(&f->lock, NULL);
@@ -240,14 +253,9 @@ TEST(sampling_exact_fraction) {
   make_call(&c, args, UST__DT_F32);
   ust__route *r = NULL;
   for (int i = 0; i < 1000; i++) {
-    ust__call_state st;
-    ust__call_begin(&b, &c, &st);
-    ASSERT_INT_EQ(st.plan, UST__PLAN_PASS);
-    ust__decision dec;
-    ust__decision_start(&dec, st.plan, st.flags);
-    ust__decision_next(&dec, UST__EV_OK);
-    ust__call_end(&c, &st, &dec);
-    r = st.route;
+    int plan;
+    r = serve_call(&b, &c, &plan);
+    ASSERT_INT_EQ(plan, UST__PLAN_PASS);
   }
   ASSERT_TRUE(r != NULL);
   ASSERT_U64_EQ(atomic_load(&r->figs.calls), 1000);
@@ -269,15 +277,8 @@ TEST(a_new_key_is_timed_whatever_the_sampling) {
     make_call(&c, args, k == 0 ? UST__DT_F32 : UST__DT_F64);
     const int calls = k == 0 ? 2 : 64;
     ust__route *r = NULL;
-    for (int i = 0; i < calls; i++) {
-      ust__call_state st;
-      ust__call_begin(&b, &c, &st);
-      ust__decision dec;
-      ust__decision_start(&dec, st.plan, st.flags);
-      ust__decision_next(&dec, UST__EV_OK);
-      ust__call_end(&c, &st, &dec);
-      r = st.route;
-    }
+    for (int i = 0; i < calls; i++)
+      r = serve_call(&b, &c, NULL);
     ASSERT_TRUE(r != NULL);
     ASSERT_U64_EQ(atomic_load(&r->figs.hist.count), k == 0 ? 2 : UST__FIRST_TIMED + 1);
   }
@@ -407,12 +408,7 @@ static void *stress_calls(void *p) {
   ust__call c;
   make_call(&c, args, UST__DT_F32);
   while (!atomic_load(&s->stop)) {
-    ust__call_state st;
-    ust__call_begin(s->b, &c, &st);
-    ust__decision d;
-    ust__decision_start(&d, st.plan, st.flags);
-    ust__decision_next(&d, UST__EV_OK);
-    ust__call_end(&c, &st, &d);
+    serve_call(s->b, &c, NULL);
     atomic_fetch_add(&s->calls, 1);
   }
   return NULL;

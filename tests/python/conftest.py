@@ -5,6 +5,7 @@ import math
 import os
 import pathlib
 import re
+import socket
 import sys
 import threading
 import time
@@ -221,3 +222,21 @@ def need(ok, why):
     if os.environ.get("UNDERSTUDY_TEST_SETUP") or os.environ.get("CI"):
         pytest.fail(why)
     pytest.skip(why)
+
+
+def free_port(pair=False):
+    """A free loopback port (with pair, one whose successor is free too)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if not pair:
+            return port
+        if port < 65535:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 1))
+                    return port
+                except OSError:
+                    continue
+    raise AssertionError("no free port pair")

@@ -26,7 +26,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,8 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter, defaultdict
+
+from conftest import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -46,12 +47,6 @@ _CLEARED = ("UNDERSTUDY_CONFIG", "UNDERSTUDY_CANDIDATE_MODULES", "PYTHONHOME", "
 # A sanitizer preload belongs to the test runner's pass, not to the server
 # (an external program here, run against a plain build of the library).
 _SANITIZER = ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "PYTHONMALLOC")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_env(work, *, config=None, candidate_modules=(CANDIDATES,), keep_sanitizer=False, **extra):

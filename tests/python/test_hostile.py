@@ -22,6 +22,21 @@ def silu_config(mode, candidate, sample=1.0, **extra):
     return {"operators": {"silu": op}, "report": {"interval_s": 0}}
 
 
+def waiting_silu(name, seconds):
+    """A silu torch-op candidate that, once called, waits until released (or
+    seconds pass): (its name, the event it sets when called, the one that
+    releases it)."""
+    import threading
+    entered, release = threading.Event(), threading.Event()
+
+    def run(x):
+        entered.set()
+        release.wait(seconds)
+        return F.silu(x)
+
+    return candidate_op(name, run, "aten::silu"), entered, release
+
+
 def silu_route(rep):
     (r,) = [s for o in rep["operators"] for s in o["shapes"] if s["op"] == "aten::silu"]
     return r
@@ -169,14 +184,7 @@ def test_a_hanging_candidate_wedges_nothing(us, tmp_path):
     still inside, and finishes (the final report) when they return."""
     import threading
     import time
-    entered, release = threading.Event(), threading.Event()
-
-    def hang(x):
-        entered.set()
-        release.wait(30)
-        return F.silu(x)
-
-    name = candidate_op("ust_hostile::silu_hangs", hang, "aten::silu")
+    name, entered, release = waiting_silu("ust_hostile::silu_hangs", 30)
     report = tmp_path / "final.json"
     us.enable({"operators": {"silu": {"mode": "shadow", "sample": 1.0,
                                       "candidate": {"torch_op": name, "target": "aten::silu"}},
@@ -574,14 +582,7 @@ def test_a_call_finding_every_slot_taken_is_skipped_for_that_reason(us):
     (its candidate waits), another thread's call is served by production and
     counted as skipped for want of a slot."""
     import threading
-    inside, release = threading.Event(), threading.Event()
-
-    def waits(x):
-        inside.set()
-        release.wait(10)
-        return F.silu(x)
-
-    name = candidate_op("ust_hostile::silu_waits", waits, "aten::silu")
+    name, inside, release = waiting_silu("ust_hostile::silu_waits", 10)
     x = torch.randn(4, 8)
     want = F.silu(x)
     cfg = silu_config("shadow", {"torch_op": name, "target": "aten::silu"})

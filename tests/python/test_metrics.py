@@ -24,7 +24,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import understudy
-from conftest import ROOT, DispatchCounter, held_for, need
+from conftest import ROOT, DispatchCounter, free_port, held_for, need
 from test_shadow import native, rms_inputs, run_rms_norm
 
 TESTS = ROOT / "tests" / "python"
@@ -104,24 +104,6 @@ def clean_env():
     for k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "PYTHONMALLOC"):
         env.pop(k, None)
     return env
-
-
-def free_port(pair=False):
-    """A free loopback port (with pair, one whose successor is free too)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not pair:
-            return port
-        if port < 65535:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port + 1))
-                    return port
-                except OSError:
-                    continue
-    raise AssertionError("no free port pair")
 
 
 def get(url):

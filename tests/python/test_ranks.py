@@ -26,7 +26,7 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import ROOT, bound_ops, load_report, need
+from conftest import ROOT, bound_ops, free_port, load_report, need
 
 WORKER = pathlib.Path(__file__).with_name("ranks_worker.py")
 SHIM = ROOT / "python-shim"
@@ -133,23 +133,6 @@ def shape_calls(rep, operator=None):
                     for s in o["shapes"]})
 
 
-def free_port_pair():
-    import socket
-
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 65535:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port + 1))
-                    return port
-                except OSError:
-                    continue
-    raise AssertionError("no free port pair")
-
-
 def scrape(url):
     import urllib.request
 
@@ -192,7 +175,7 @@ def test_tensor_parallel_ranks(tmp_path, tiny_llama, device):
     baseline = plain.finish(timeout=300)
     t_plain = time.monotonic() - t0
 
-    port = free_port_pair()
+    port = free_port(pair=True)
     config = {"defaults": {"sample": 1.0}, "metrics": {"port": port},
               "report": {"path": str(tmp_path / "us" / "report-{rank}.json"), "interval_s": 0}}
     t0 = time.monotonic()

@@ -167,6 +167,17 @@ def summary(run, figures):
             + f"; {len(run['scrapes'])} scrapes; est. device time {rep['totals']['est_device_time_ns'] / 1e6:.1f} ms")
 
 
+def checked(run, layers, vocab, continuous_batching=True):
+    """A run's report against the model's structure and its metrics against
+    the report: (the report's figures, the mid-traffic scrapes)."""
+    figures, problems = H.check_report(run["report"], run["responses"], layers=layers, vocab_size=vocab,
+                                       continuous_batching=continuous_batching)
+    assert problems == [], problems
+    mproblems, during = H.check_metrics(run)
+    assert mproblems == [], mproblems
+    return figures, during
+
+
 def test_continuous_batching_under_understudy(tmp_path, model_dir, reqs, reference):
     """`transformers serve --continuous-batching` on the CPU, 48 chat
     completions (a third streamed) from 8 client threads, without and with
@@ -184,11 +195,7 @@ def test_continuous_batching_under_understudy(tmp_path, model_dir, reqs, referen
     base, us = run_pair(tmp_path, model_dir, reqs, concurrency=CONCURRENCY, continuous_batching=True)
     assert_served_alike(base, us, reference)
     assert "CB: True" in us["log"] and "CB: True" in base["log"]  # the server ran continuous batching
-    figures, problems = H.check_report(us["report"], us["responses"], layers=LAYERS, vocab_size=VOCAB,
-                                       continuous_batching=True)
-    assert problems == [], problems
-    mproblems, during = H.check_metrics(us)
-    assert mproblems == [], mproblems
+    figures, during = checked(us, LAYERS, VOCAB)
     print(summary(us, figures), f"; start {us['start_s']:.1f} s; without understudy {base['wall_s']:.2f} s; "
           f"mid-traffic scrapes saw {during}; smallest greedy gap {min(r['min_margin'] for r in reference):.3g}")
 
@@ -205,12 +212,8 @@ def test_plain_generate_under_understudy(tmp_path, model_dir, reqs, reference):
     base, us = run_pair(tmp_path, model_dir, reqs, concurrency=PLAIN_CONCURRENCY, continuous_batching=False)
     assert_served_alike(base, us, reference)
     assert "CB: False" in us["log"]
-    figures, problems = H.check_report(us["report"], us["responses"], layers=LAYERS, vocab_size=VOCAB,
-                                       continuous_batching=False)
-    assert problems == [], problems
+    figures, _ = checked(us, LAYERS, VOCAB, continuous_batching=False)
     assert figures["forwards"] == sum(r["completion_tokens"] for r in us["responses"])
-    mproblems, _ = H.check_metrics(us)
-    assert mproblems == [], mproblems
     print(summary(us, figures), f"; without understudy {base['wall_s']:.2f} s")
 
 
@@ -276,11 +279,7 @@ def test_bfloat16_batched_under_understudy(tmp_path, device):
         torch.cuda.empty_cache()
     parts = H.partings(model_dir, apart, device=device)
     assert all(p["near_tie"] for p in parts), [p for p in parts if not p["near_tie"]]
-    figures, problems = H.check_report(us["report"], us["responses"], layers=layers, vocab_size=vocab,
-                                       continuous_batching=True)
-    assert problems == [], problems
-    mproblems, during = H.check_metrics(us)
-    assert mproblems == [], mproblems
+    figures, during = checked(us, layers, vocab)
     print(summary(us, figures), f"; start {us['start_s']:.1f} s; without understudy {base['wall_s']:.2f} s; "
           f"{len(apart)} of {len(batched)} batched answers parted, at a near-tie "
           f"({[round(p['steps'], 1) for p in parts]} bfloat16 steps below the top); "
