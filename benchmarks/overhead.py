@@ -5,13 +5,15 @@ per call of: plain torch; understudy disabled (its interceptor stays
 registered once it was ever enabled, and passes calls through); enabled with
 the op's mode off; observing with no call timed (every call counted and
 keyed: the untimed path alone); observing with the default sampling (1 in
-16 timed); timing every call; and a pass-through Python
-TorchDispatchMode.
+16), timing every call; with the CUPTI kernel tracer, between its
+windows and inside one (every call timed by its kernels, every launch
+traced); and a pass-through Python TorchDispatchMode.
 
-Two child processes measure on request, on equal footing (the same core,
-one at a time, one torch thread): one that never loads understudy (plain
-torch, the dispatch mode) and one that does (the interceptor, once
-registered, stays for the life of its process). Rounds interleave the
+Three child processes measure on request, on equal footing (the same
+core, one at a time, one torch thread): one that never loads understudy
+(plain torch, the dispatch mode), one that does (the interceptor, once
+registered, stays for the life of its process) and one for the kernel
+tracer (CUPTI, once it traced, stays attached to its process). Rounds interleave the
 variants; the table reports medians over rounds with the difference and
 ratio to plain.
 
@@ -36,6 +38,16 @@ VARIANTS = {  # name -> (child, understudy config or None)
     "understudy, observe, none timed": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 0}}}),
     "understudy, observe 1/16": ("understudy", {"operators": {"gemm": "observe"}}),
     "understudy, observe all": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 1.0}}}),
+    # the kernel tracer (timer.kind "cupti"), in a process of its own: once
+    # CUPTI traced API calls, every later launch of the process stays slower.
+    # Between windows a call is counted and keyed (a key's first calls timed
+    # by events): a 1 ms window spaced by a tiny budget leaves the measurement
+    # outside; inside a window every call is timed by its kernels and every
+    # launch of the process traced.
+    "cupti, between windows": ("tracer", {"operators": {"gemm": "observe"},
+                                          "timer": {"kind": "cupti", "window_ms": 1, "budget": 1e-6}}),
+    "cupti, in a window": ("tracer", {"operators": {"gemm": "observe"},
+                                      "timer": {"kind": "cupti", "window_ms": 600000, "budget": 0}}),
     "python TorchDispatchMode": ("plain", "mode"),
 }
 
@@ -66,7 +78,7 @@ def server(kind, device, calls, cpu):
         os.sched_setaffinity(0, {cpu})
         torch.set_num_threads(1)
     understudy = None
-    if kind == "understudy":
+    if kind in ("understudy", "tracer"):
         import understudy
         understudy.enable({"operators": {"gemm": "off"}})  # registers the interceptor once
         understudy.disable()
@@ -81,6 +93,11 @@ def server(kind, device, calls, cpu):
                 continue
             if cfg is not None:
                 understudy.enable(cfg)
+                if "timer" in cfg and device == "cuda":
+                    for _ in range(10):
+                        torch.mm(a, b)
+                    torch.cuda.synchronize()
+                    time.sleep(0.25)  # the tracer's first window opens (worker poll: 0.1 s)
             try:
                 per_call_us(torch.mm, a, b, calls // 10, device)  # warm-up
                 print(per_call_us(torch.mm, a, b, calls, device), flush=True)
@@ -95,7 +112,7 @@ def run(device, calls, rounds):
     kids = {kind: subprocess.Popen([sys.executable, __file__, "--server", kind, device, "--calls", str(calls),
                                     "--cpu", str(cpu)],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            for kind in ("plain", "understudy")}
+            for kind in ("plain", "understudy", "tracer")}
     samples = {k: [] for k in VARIANTS}
     for _ in range(rounds):
         for name, (kind, _) in VARIANTS.items():
@@ -127,9 +144,9 @@ def main():
     dev_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     print(f"torch.mm 16x16 fp32, host time per call; median of {args.rounds} rounds x {args.calls} calls; "
           f"torch {torch.__version__}; {dev_name}")
-    print(f"{'device':<6} {'variant':<26} {'us/call':>9} {'+us':>8} {'ratio':>7}")
+    print(f"{'device':<6} {'variant':<32} {'us/call':>9} {'+us':>8} {'ratio':>7}")
     for d, name, med, delta, ratio in rows:
-        print(f"{d:<6} {name:<26} {med:>9.2f} {delta:>+8.2f} {ratio:>7.2f}")
+        print(f"{d:<6} {name:<32} {med:>9.2f} {delta:>+8.2f} {ratio:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -242,6 +242,9 @@ typedef struct ust__seam_i {
    * torch.backends.*.matmul.fp32_precision / set_float32_matmul_precision
    * set it. Cheap: a few loads. */
   int (*tf32_matmul)(int device);
+  /* 1 while torch's profiler (Kineto) is preparing or recording a trace:
+   * the kernel tracer stands down then. Any thread. */
+  int (*profiler_active)(void);
 } ust__seam_i;
 
 /* The seam of this build: the bridge's (torch_bridge.cpp), or NULL in a

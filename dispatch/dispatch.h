@@ -159,6 +159,105 @@ typedef struct ust__hw_ctx {
  * config forces one. Thread-safe. */
 const ust__hw_profile *ust__hw_for_call(ust__hw_ctx *hw, const ust__call *call);
 
+/* ---- kernel-level timing (dispatch/kerneltime.c; fed by dispatch/timer_cupti.c) --------
+ *
+ * A window is a stretch of time in which every kernel the process runs is
+ * recorded (by CUPTI on CUDA). Each intercepted call in a window takes a
+ * call slot whose id is pushed as an external correlation id around the
+ * call; the tracer hands over two kinds of records: (correlation id of a
+ * launch -> the external id on top of the launching thread's stack) and
+ * (kernel: the launch's correlation id, start, end, name). They arrive in
+ * any order, in any buffer; the window joins them when it concludes, after
+ * every call of the window has returned and the records have drained.
+ *
+ * A call's figure is the sum of its kernels' durations (and, apart, their
+ * span: first start to last end); a call nested in another (a bound op
+ * calling a bound op) adds its kernels to its parents'. The kernels of
+ * the window no call claimed are the unattributed time, by kernel name. */
+
+#define UST__KT_MAX_CALLS (1 << 16) /* call slots in one window */
+#define UST__KT_MAX_KERNELS (1 << 21) /* kernel records kept in one window */
+#define UST__KT_TOP 10               /* unattributed kernels named in a report */
+#define UST__KT_NAME_MAX 160
+
+typedef struct ust__kt_call {
+  ust__figs *figs;      /* the route's figures; set at the call's end */
+  uint64_t tsol_ps;
+  int first;            /* one of its key's first calls */
+  int parent;           /* the slot of the call it is nested in, or -1 */
+  atomic_int ended;     /* 1 returned (time it), 2 raised or served by a candidate (do not) */
+  /* joined at conclusion */
+  uint64_t sum_ns, start, end;
+  uint32_t kernels, launches, rt_launches, drv_launches;
+} ust__kt_call;
+
+typedef struct ust__kt_name {
+  char name[UST__KT_NAME_MAX];
+  uint64_t ns, kernels;
+} ust__kt_name;
+
+/* Totals over every concluded window; additive (reports add them). */
+typedef struct ust__kt_totals {
+  uint64_t windows, window_ns;      /* concluded windows and their open time */
+  uint64_t kernels, kernel_ns;      /* every kernel recorded */
+  uint64_t attributed, attributed_ns; /* of those, launched inside a timed call */
+  uint64_t calls_timed, calls_dropped; /* calls concluded with a figure / without (records lost) */
+  uint64_t calls_empty;              /* calls that launched no kernel the tracer saw (no figure) */
+  uint64_t records_lost;             /* kernels or launches the tracer dropped or that never joined */
+  int n_names;
+  ust__kt_name names[64];            /* the unattributed kernels with the most time (kept sorted) */
+} ust__kt_totals;
+
+typedef struct ust__kt ust__kt;
+
+int ust__kt_create(ust__kt **out);
+void ust__kt_destroy(ust__kt *k);
+/* Start a window: a new sequence, no calls, no records. Only while no call
+ * of the previous window is in flight (ust__kt_quiet). */
+void ust__kt_open(ust__kt *k);
+/* Serving threads. A slot for a call starting now, or -1 (no window, or no
+ * slot left); *ext receives the external id to push. The slot must be
+ * ended (ust__kt_end or ust__kt_cancel) on the same thread. */
+int ust__kt_begin(ust__kt *k, uint64_t *ext);
+void ust__kt_end(ust__kt *k, int slot, ust__figs *figs, uint64_t tsol_ps, int first);
+void ust__kt_cancel(ust__kt *k, int slot);
+/* 1 while a window is open (relaxed: a hint for the router). */
+int ust__kt_window_open(const ust__kt *k);
+/* Close the window to new calls. */
+void ust__kt_close(ust__kt *k);
+/* 1 once the window is closed and no call that began in it is in flight. */
+int ust__kt_quiet(ust__kt *k);
+/* Records (any thread; the tracer's buffer callback). Records of another
+ * window's external ids are ignored. */
+void ust__kt_ext(ust__kt *k, uint32_t corr, uint64_t ext);
+void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t start, uint64_t end, const char *name);
+/* A launch API's record: a runtime or a driver launch (a runtime launch may
+ * make a driver launch of its own: a call's launches are the larger count). */
+#define UST__KT_LAUNCH_RUNTIME 1u
+#define UST__KT_LAUNCH_DRIVER 2u
+void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags);
+/* Launches of the window's calls whose kernel record has not come yet (the
+ * window has drained when none is left). */
+uint64_t ust__kt_outstanding(ust__kt *k);
+/* The tracer lost n records (counted against the window). */
+void ust__kt_lost(ust__kt *k, uint64_t n);
+/* Join the closed, quiet window's records, move each ended call's figure
+ * into its route (ust__figs_kernel_time) and the window into the totals.
+ * ns_per_tick: the records' clock in ns (1 unless another client of the
+ * tracer set a clock of its own). */
+void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick);
+/* A copy of the totals (thread-safe). */
+void ust__kt_totals_get(ust__kt *k, ust__kt_totals *out);
+/* Kernels recorded in the window so far (for budgeting the next one). */
+uint64_t ust__kt_window_kernels(ust__kt *k);
+
+/* When the next window opens: a window of window_ns that recorded kernels
+ * costs kernels * launch_cost_ns of host time; windows are spaced so that
+ * this cost stays within budget (a fraction of the time), and never closer
+ * than min_gap_ns. budget <= 0: windows back to back. */
+uint64_t ust__kt_next_open(uint64_t opened_ns, uint64_t window_ns, uint64_t kernels, double launch_cost_ns, double budget,
+                           uint64_t min_gap_ns);
+
 /* ---- timers (dispatch/timer_host.c, dispatch/timer_gpu.c) ---------------------------
  *
  * The host clock for CPU calls (read inline), device events for GPU calls:
@@ -168,8 +267,43 @@ const ust__hw_profile *ust__hw_for_call(ust__hw_ctx *hw, const ust__call *call);
 
 typedef struct ust__timers ust__timers;
 
-/* Up to max_pending concurrent GPU timings per device; log borrowed. */
-int ust__timers_create(int max_pending, ust__log_sink *log, ust__timers **out);
+typedef enum ust__timer_kind {
+  UST__TIMER_AUTO = 0, /* the kernel tracer where it loads, events otherwise */
+  UST__TIMER_CUPTI,    /* the same, warning when the tracer is not available */
+  UST__TIMER_EVENTS,   /* events around each timed call */
+} ust__timer_kind;
+
+typedef struct ust__timer_opts {
+  int kind;              /* ust__timer_kind */
+  uint64_t window_ns;    /* how long a kernel-tracing window stays open */
+  double budget;         /* the share of host time windows may cost (<= 0: always on) */
+  double launch_cost_ns; /* what tracing adds to one kernel launch, for the budget */
+  const char *cupti_path; /* borrowed; NULL: libcupti.so.13 as the loader finds it */
+  int (*profiler_active)(void); /* 1 while torch's profiler records (may be NULL) */
+} ust__timer_opts;
+
+/* Where the timer stands, for the report. */
+typedef struct ust__timer_status {
+  const char *kind;   /* "cupti" or "events" (static) */
+  const char *state;  /* the tracer's: "idle", "window", ..., "yielded", "off"; NULL without one */
+  char why[200];      /* why the tracer is off or stood down; "" otherwise */
+  uint32_t version;   /* libcupti's API version */
+  uint64_t yields, windows_cut, buffers_short, buffers_lost;
+  double ns_per_tick; /* the records' clock, over the last window (1: ns) */
+  ust__kt_totals totals;
+} ust__timer_status;
+
+/* Up to max_pending concurrent GPU timings per device; opts copied (its
+ * strings borrowed for the timers' life); log borrowed. */
+int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_sink *log, ust__timers **out);
+/* 1 while a kernel-tracing window is open: every CUDA call is timed by its
+ * kernels then. Relaxed: a hint. */
+int ust__timers_window(const ust__timers *t);
+/* 1 while the kernel tracer is the timer (its windows time the sampled
+ * calls; outside them only a key's first calls are timed, by events). */
+int ust__timers_traced(const ust__timers *t);
+/* Where the timer stands (thread-safe). */
+void ust__timers_status(ust__timers *t, ust__timer_status *out);
 /* Waits for every pending timing (synchronises). NULL: no-op. */
 void ust__timers_destroy(ust__timers *t);
 /* 1 once a GPU call was timed. */
@@ -187,6 +321,24 @@ int ust__timers_harvest(ust__timers *t);
 /* Harvest everything pending when called (synchronises with the device; holds
  * no lock that a serving thread takes while it waits). */
 void ust__timers_harvest_all_sync(ust__timers *t);
+/* The CUPTI tracer (dispatch/timer_cupti.c, CUDA builds), used by the GPU
+ * timers. create always gives a tracer; it is "off" (saying why) when
+ * CUPTI cannot be loaded or was not asked for. */
+typedef struct ust__cupti ust__cupti;
+int ust__cupti_create(const ust__timer_opts *opts, ust__log_sink *log, ust__cupti **out);
+void ust__cupti_destroy(ust__cupti *c);
+/* The worker's step: opens, closes and drains windows (used: a GPU call was
+ * seen; sync: conclude an open window now, waiting for its records). 1
+ * while a window is open or draining. */
+int ust__cupti_poll(ust__cupti *c, int used, int sync);
+int ust__cupti_window(const ust__cupti *c);
+int ust__cupti_traced(const ust__cupti *c);
+/* A call slot with its id pushed, or -1; ended by ust__cupti_end (figs NULL:
+ * the call is not timed) on the same thread. */
+int ust__cupti_begin(ust__cupti *c);
+void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int first);
+void ust__cupti_status(ust__cupti *c, ust__timer_status *out);
+
 /* 1 if the stream is capturing a graph (or cannot be asked), else 0. */
 int ust__gpu_capturing(void *stream);
 /* The GPU's name ("NVIDIA H200"); -1 when there is none. */

@@ -433,9 +433,19 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     }
   }
   const int sampled = ust__sampled(n, pol->sample_q32);
-  if (pol->sample_q32 == 0 || (n > UST__FIRST_TIMED && !sampled))
+  /* inside a kernel-tracing window every CUDA call is timed by its kernels;
+   * outside, while the tracer is the timer, only the key's first calls are
+   * (by events), so that the sampled figures are all kernel time */
+  const int window = call->device == UST__DEV_CUDA && ust__timers_window(b->router->timers);
+  const int early = n <= UST__FIRST_TIMED;
+  if (pol->sample_q32 == 0 || (!early && !sampled && !window))
     return;
-  st->first = !sampled; /* timed for being one of the key's first calls */
+  const int traced_out = !window && call->device == UST__DEV_CUDA && ust__timers_traced(b->router->timers);
+  if (traced_out && !early)
+    return;
+  /* timed for being one of the key's first calls (an event-timed one beside
+   * the tracer's figures is always kept apart) */
+  st->first = traced_out || (!sampled && early);
   st->tsol_ps = call_tsol_ps(r, call, st);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;

@@ -8,6 +8,10 @@
  * serving stream; the lock guards the free and pending lists only and is
  * never held while the device is waited for.
  *
+ * On CUDA, a kernel tracer (timer_cupti.c) takes over inside its windows:
+ * a call begun while one is open is timed by its kernels (token with
+ * CUPTI_TOKEN set), every other by events.
+ *
  * Runtime calls that are not capture-safe run in the relaxed stream-capture
  * mode, so they cannot invalidate a graph capture running in another
  * thread; the calling thread's own mode is restored after each.
@@ -20,6 +24,7 @@
 #include "dispatch/dispatch.h"
 
 #define MAX_DEVICES 64
+#define CUPTI_TOKEN (1 << 30) /* a token of the kernel tracer's: its call slot below */
 
 typedef struct timer {
   cudaEvent_t start, stop;
@@ -43,6 +48,9 @@ struct ust__timers {
   int *pending; /* queued timers as (device << 20 | index) */
   int n_pending;
   atomic_int used;
+#if defined(UST_GPU_CUDA)
+  ust__cupti *cupti;
+#endif
 };
 
 /* The calling thread's capture mode, relaxed until restore_capture_mode. */
@@ -54,7 +62,7 @@ static enum cudaStreamCaptureMode relax_capture_mode(void) {
 
 static void restore_capture_mode(enum cudaStreamCaptureMode mode) { cudaThreadExchangeStreamCaptureMode(&mode); }
 
-int ust__timers_create(int max_pending, ust__log_sink *log, ust__timers **out) {
+int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_sink *log, ust__timers **out) {
   ust__timers *t = calloc(1, sizeof *t);
   *out = t;
   if (t == NULL || (t->pending = calloc((size_t)max_pending * MAX_DEVICES, sizeof *t->pending)) == NULL) {
@@ -65,6 +73,15 @@ int ust__timers_create(int max_pending, ust__log_sink *log, ust__timers **out) {
   pthread_mutex_init(&t->lock, NULL);
   t->log = log;
   t->pool_size = max_pending;
+#if defined(UST_GPU_CUDA)
+  const ust__timer_opts events = {.kind = UST__TIMER_EVENTS};
+  int rc = ust__cupti_create(opts != NULL ? opts : &events, log, &t->cupti);
+  if (rc != 0) {
+    ust__timers_destroy(t);
+    *out = NULL;
+    return rc;
+  }
+#endif
   return 0;
 }
 
@@ -137,7 +154,40 @@ static void give_back(ust__timers *t, int token) {
   pthread_mutex_unlock(&t->lock);
 }
 
+int ust__timers_window(const ust__timers *t) {
+#if defined(UST_GPU_CUDA)
+  return ust__cupti_window(t->cupti);
+#else
+  return 0;
+#endif
+}
+
+int ust__timers_traced(const ust__timers *t) {
+#if defined(UST_GPU_CUDA)
+  return ust__cupti_traced(t->cupti);
+#else
+  return 0;
+#endif
+}
+
+void ust__timers_status(ust__timers *t, ust__timer_status *out) {
+#if defined(UST_GPU_CUDA)
+  ust__cupti_status(t->cupti, out);
+#else
+  memset(out, 0, sizeof *out);
+  out->kind = "events";
+  snprintf(out->why, sizeof out->why, "no kernel tracer in a HIP build (rocprofiler-sdk is not packaged here)");
+#endif
+}
+
 int ust__timers_begin(ust__timers *t, int device, void *stream) {
+#if defined(UST_GPU_CUDA)
+  if (ust__cupti_window(t->cupti)) {
+    const int slot = ust__cupti_begin(t->cupti);
+    if (slot >= 0)
+      return CUPTI_TOKEN | slot;
+  }
+#endif
   pthread_mutex_lock(&t->lock);
   device_pool *p = pool_get(t, device);
   int idx = p != NULL && p->n_free > 0 ? p->free_list[--p->n_free] : -1;
@@ -152,9 +202,23 @@ int ust__timers_begin(ust__timers *t, int device, void *stream) {
   return device << 20 | idx;
 }
 
-void ust__timers_cancel(ust__timers *t, int token) { give_back(t, token); }
+void ust__timers_cancel(ust__timers *t, int token) {
+#if defined(UST_GPU_CUDA)
+  if (token & CUPTI_TOKEN) {
+    ust__cupti_end(t->cupti, token & ~CUPTI_TOKEN, NULL, 0, 0);
+    return;
+  }
+#endif
+  give_back(t, token);
+}
 
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int first) {
+#if defined(UST_GPU_CUDA)
+  if (token & CUPTI_TOKEN) {
+    ust__cupti_end(t->cupti, token & ~CUPTI_TOKEN, figs, tsol_ps, first);
+    return;
+  }
+#endif
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   s->figs = figs;
   s->tsol_ps = tsol_ps;
@@ -219,9 +283,20 @@ static int harvest(ust__timers *t, int sync) {
   return left;
 }
 
-int ust__timers_harvest(ust__timers *t) { return harvest(t, 0); }
+int ust__timers_harvest(ust__timers *t) {
+  int left = harvest(t, 0);
+#if defined(UST_GPU_CUDA)
+  left += ust__cupti_poll(t->cupti, ust__timers_used(t), 0);
+#endif
+  return left;
+}
 
-void ust__timers_harvest_all_sync(ust__timers *t) { harvest(t, 1); }
+void ust__timers_harvest_all_sync(ust__timers *t) {
+  harvest(t, 1);
+#if defined(UST_GPU_CUDA)
+  ust__cupti_poll(t->cupti, ust__timers_used(t), 1);
+#endif
+}
 
 int ust__gpu_device_name(int device, char *buf, size_t cap) {
   struct cudaDeviceProp prop;
@@ -234,6 +309,9 @@ int ust__gpu_device_name(int device, char *buf, size_t cap) {
 void ust__timers_destroy(ust__timers *t) {
   if (t == NULL)
     return;
+#if defined(UST_GPU_CUDA)
+  ust__cupti_destroy(t->cupti);
+#endif
   harvest(t, 1);
   for (int d = 0; d < MAX_DEVICES; d++) {
     device_pool *p = &t->pools[d];

@@ -17,6 +17,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <dlfcn.h>
+#include <kineto/libkineto.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -1230,7 +1233,30 @@ int resolve_binding(ust__binding *b) {
   }
 }
 
-const ust__seam_i kSeam = {kTorchVersion, register_hook, op_defined, resolve_binding, find_op_handle, matmul_allows_tf32};
+/* torch's profiler: enabled (torch.profiler recording) or Kineto preparing a
+ * trace (the warm-up of a schedule, when it already holds CUPTI). Looked up
+ * at run time: a torch whose build leaves either out answers "no". */
+int profiler_active() {
+  using enabled_fn = bool (*)();
+  using kineto_fn = libkineto::LibkinetoApi &(*)();
+  static const auto enabled =
+      reinterpret_cast<enabled_fn>(dlsym(RTLD_DEFAULT, "_ZN5torch8autograd8profiler29isProfilerEnabledInMainThreadEv"));
+  static const auto kineto = reinterpret_cast<kineto_fn>(dlsym(RTLD_DEFAULT, "_ZN9libkineto3apiEv"));
+  try {
+    if (enabled != nullptr && enabled())
+      return 1;
+    if (kineto != nullptr) {
+      libkineto::LibkinetoApi &api = kineto();
+      if (api.isProfilerRegistered() && api.activityProfiler().isActive())
+        return 1;
+    }
+  } catch (...) {
+  }
+  return 0;
+}
+
+const ust__seam_i kSeam = {kTorchVersion,     register_hook,           op_defined, resolve_binding, find_op_handle,
+                           matmul_allows_tf32, profiler_active};
 
 } // namespace
 

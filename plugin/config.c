@@ -578,7 +578,7 @@ static int parse_metrics(const cJSON *m) {
 static int parse_root(const cJSON *root, ust__config *cfg) {
   static const char *const keys[] = {"version", "problems_dir", "report", "log_level", "max_routes",
                                      "defaults", "operators", "shadow", "hardware", "state", "disable_timeout_s",
-                                     "metrics", NULL};
+                                     "metrics", "timer", NULL};
   if (!cJSON_IsObject(root))
     return ust__error(UST_ECONFIG, "config: the top level must be a JSON object");
   int rc = check_keys(root, "", keys);
@@ -656,6 +656,40 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
         return rc;
     }
   }
+  const cJSON *timer = cJSON_GetObjectItemCaseSensitive(root, "timer");
+  if (timer != NULL) {
+    static const char *const tkeys[] = {"kind", "window_ms", "budget", "launch_cost_us", "cupti_path", NULL};
+    if ((rc = section(timer, "timer", tkeys)) != 0)
+      return rc;
+    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "kind")) != NULL) {
+      static const char *const kinds[] = {"auto", "cupti", "events"};
+      cfg->timer_kind = -1;
+      for (int i = 0; i < 3 && cJSON_IsString(v); i++)
+        if (strcmp(v->valuestring, kinds[i]) == 0)
+          cfg->timer_kind = i;
+      if (cfg->timer_kind < 0)
+        return ust__error(UST_ECONFIG, "config: 'timer.kind' must be one of auto, cupti, events");
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "window_ms")) != NULL) {
+      if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 1 || v->valuedouble > 600000)
+        return ust__error(UST_ECONFIG, "config: 'timer.window_ms' must be a number of milliseconds in [1, 600000]");
+      cfg->timer_window_ms = v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "budget")) != NULL) {
+      if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 1)
+        return ust__error(UST_ECONFIG, "config: 'timer.budget' must be a share of host time in [0, 1] "
+                                       "(0: windows back to back)");
+      cfg->timer_budget = v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "launch_cost_us")) != NULL) {
+      if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 1000)
+        return ust__error(UST_ECONFIG, "config: 'timer.launch_cost_us' must be a number of microseconds in [0, 1000]");
+      cfg->timer_launch_cost_us = v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "cupti_path")) != NULL &&
+        (rc = parse_string(v, "timer.cupti_path", &cfg->cupti_path)) != 0)
+      return rc;
+  }
   const cJSON *defaults = cJSON_GetObjectItemCaseSensitive(root, "defaults");
   if (defaults != NULL) {
     static const char *const dkeys[] = {"mode", "sample", NULL};
@@ -691,6 +725,12 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->max_routes = 4096;
   cfg->shadow_max_inflight = 64;
   cfg->disable_timeout_s = 30;
+  /* events by default: once CUPTI traced API calls, every later launch of
+   * the process stays slower (see README, "Kernel-level timing") */
+  cfg->timer_kind = UST__TIMER_EVENTS;
+  cfg->timer_window_ms = 100;
+  cfg->timer_budget = 0.01;
+  cfg->timer_launch_cost_us = 10.0;
   cfg->all_operators = 1;
   if (json == NULL || json[0] == '\0')
     return 0;
@@ -716,7 +756,8 @@ void ust__config_free(ust__config *cfg) {
   free(cfg->hardware_dir);
   free(cfg->hardware_profile);
   free(cfg->state_path);
-  cfg->hardware_dir = cfg->hardware_profile = cfg->state_path = NULL;
+  free(cfg->cupti_path);
+  cfg->hardware_dir = cfg->hardware_profile = cfg->state_path = cfg->cupti_path = NULL;
   for (int i = 0; cfg->ops != NULL && i < cfg->n_ops; i++) {
     free(cfg->ops[i].cand.path);
     for (int k = 0; k < cfg->ops[i].cand.n_deps; k++)

@@ -334,8 +334,17 @@ static int build_router(ust__engine *e) {
   r->seam = c->seam;
   e->hw.log = &c->log;
   int rc = ust__router_init(r, e->cfg.max_routes);
-  if (rc == 0)
-    rc = ust__timers_create(1024, &c->log, &r->timers);
+  if (rc == 0) {
+    const ust__timer_opts topts = {
+        .kind = e->cfg.timer_kind,
+        .window_ns = (uint64_t)(e->cfg.timer_window_ms * 1e6),
+        .budget = e->cfg.timer_budget,
+        .launch_cost_ns = e->cfg.timer_launch_cost_us * 1e3,
+        .cupti_path = e->cfg.cupti_path,
+        .profiler_active = c->seam != NULL ? c->seam->profiler_active : NULL,
+    };
+    rc = ust__timers_create(1024, &topts, &c->log, &r->timers);
+  }
   if (rc == 0)
     rc = ust__shadow_pool_create(e->cfg.shadow_max_inflight, &c->log, &ust__router_sink, r, &r->shadow);
   if (rc == 0)

@@ -136,6 +136,11 @@ typedef struct ust__config {
   char *hardware_dir;        /* owned, NULL: <problems_dir>/hardware */
   char *hardware_profile;    /* owned, NULL: picked by device name (none for CPUs) */
   char *state_path;          /* owned, NULL: rollout state is not persisted */
+  int timer_kind;            /* ust__timer_kind */
+  double timer_window_ms;    /* a kernel-tracing window's length */
+  double timer_budget;       /* the share of host time the windows may cost */
+  double timer_launch_cost_us; /* tracing's cost per kernel launch, for the budget */
+  char *cupti_path;          /* owned, NULL: libcupti.so.13 as the loader finds it */
   int all_operators;         /* 1 when "operators" is absent: every definition */
   int n_ops;
   ust__op_config *ops;       /* owned */

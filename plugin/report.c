@@ -227,6 +227,8 @@ static cJSON *shape_json(const ust__route_snap *s) {
   /* of the timed calls, the key's first ones (timed whatever the sampling) */
   add_num(js, "first_timed", (double)s->figs.first_timed);
   add_num(js, "first_time_ns", (double)s->figs.first_time_ns);
+  add_num(js, "kernel_timed", (double)s->figs.kernel_timed);
+  add_num(js, "kernel_span_ns", (double)s->figs.kernel_span_ns);
   add_num(js, "device_time_ns", (double)s->figs.hist.sum);
   cJSON_AddItemToObject(js, "latency_ns", hist_json(&s->figs.hist));
   if (b->roofline.present)
@@ -306,6 +308,46 @@ static cJSON *profiles_json(const ust__route_snap *snaps, int nr) {
 }
 
 /* The additive report of e: figures as counted, nothing derived. */
+/* Which timer produced the device times, and what the kernel tracer's
+ * windows saw: every kernel's time against the time of the kernels launched
+ * inside timed calls (coverage, derived), the unattributed kernels by name. */
+static cJSON *timer_json(ust__timers *t) {
+  ust__timer_status st;
+  ust__timers_status(t, &st);
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "kind", st.kind);
+  if (st.state != NULL)
+    cJSON_AddStringToObject(j, "state", st.state);
+  if (st.why[0] != '\0')
+    cJSON_AddStringToObject(j, "why", st.why);
+  if (st.version != 0)
+    add_num(j, "cupti_version", st.version);
+  if (st.ns_per_tick > 0 && st.ns_per_tick != 1.0)
+    add_num(j, "ns_per_tick", st.ns_per_tick); /* another client's clock, converted */
+  const ust__kt_totals *k = &st.totals;
+  add_num(j, "windows", (double)k->windows);
+  add_num(j, "window_ns", (double)k->window_ns);
+  add_num(j, "yields", (double)st.yields);
+  add_num(j, "windows_cut", (double)st.windows_cut);
+  add_num(j, "kernels", (double)k->kernels);
+  add_num(j, "kernel_ns", (double)k->kernel_ns);
+  add_num(j, "attributed_kernels", (double)k->attributed);
+  add_num(j, "attributed_ns", (double)k->attributed_ns);
+  add_num(j, "calls_timed", (double)k->calls_timed);
+  add_num(j, "calls_dropped", (double)k->calls_dropped);
+  add_num(j, "calls_empty", (double)k->calls_empty);
+  add_num(j, "records_lost", (double)(k->records_lost + st.buffers_short));
+  cJSON *un = cJSON_AddArrayToObject(j, "unattributed");
+  for (int i = 0; i < k->n_names && i < UST__KT_TOP; i++) {
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddStringToObject(x, "name", k->names[i].name);
+    add_num(x, "ns", (double)k->names[i].ns);
+    add_num(x, "kernels", (double)k->names[i].kernels);
+    cJSON_AddItemToArray(un, x);
+  }
+  return j;
+}
+
 static cJSON *report_raw(ust__engine *e) {
   ust__route_snap *snaps = NULL;
   int nr = 0;
@@ -377,6 +419,7 @@ static cJSON *report_raw(ust__engine *e) {
   add_num(tot, "untracked", untracked_all);
   add_num(tot, "internal_errors", (double)atomic_load(&e->router.internal_errors));
   cJSON_AddItemToObject(root, "hardware", profiles_json(snaps, nr));
+  cJSON_AddItemToObject(root, "timer", timer_json(e->router.timers));
   ust__routes_snapshot_free(snaps, nr);
   return root;
 }
@@ -678,6 +721,16 @@ int ust__report_derive(cJSON *root) {
     set_num(tot, "scored_share", scored_w);
     set_s(tot, "S_agg", scored_w > 0 ? s_agg / scored_w : -1);
     set_s(tot, "S_agg_candidate", scored_w > 0 ? s_agg_cand / scored_w : -1);
+    /* the kernel tracer's coverage: the share of all kernel time in its
+     * windows that was launched inside timed calls of bound ops */
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(root, "timer");
+    if (cJSON_IsObject(tm)) {
+      const double kns = num(tm, "kernel_ns");
+      if (kns > 0)
+        set_num((cJSON *)tm, "coverage", num(tm, "attributed_ns") / kns);
+      else
+        cJSON_DeleteItemFromObjectCaseSensitive((cJSON *)tm, "coverage");
+    }
     cJSON_DeleteItemFromObjectCaseSensitive(tot, "phases");
     cJSON *tp = cJSON_AddObjectToObject(tot, "phases");
     for (int p = 0; p < UST__N_PHASES; p++) {
@@ -789,7 +842,7 @@ static int count_shapes(const cJSON *doc) {
  * a report of its own: shape keys without a call in between are left out. */
 static cJSON *window_doc(const cJSON *now, const cJSON *base) {
   static const char *const shape_keys[] = {"calls", "captured", "timing_dropped", "first_timed", "first_time_ns",
-                                            NULL};
+                                            "kernel_timed", "kernel_span_ns", NULL};
   static const char *const roof_keys[] = {"calls", "unscored", "scored_by_callees", "tsol_ns_sum", "time_ns_sum",
                                           "candidate_calls", "candidate_tsol_ns_sum", "candidate_time_ns_sum",
                                           "work_calls", "flops_sum", "bytes_sum", NULL};

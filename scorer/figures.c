@@ -41,6 +41,12 @@ void ust__figs_first_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps) {
   atomic_fetch_add_explicit(&f->first_timed, 1, memory_order_relaxed);
 }
 
+void ust__figs_kernel_time(ust__figs *f, uint64_t sum_ns, uint64_t span_ns, uint64_t tsol_ps, int first) {
+  (first ? ust__figs_first_time : ust__figs_prod_time)(f, sum_ns, tsol_ps);
+  atomic_fetch_add_explicit(&f->kernel_span_ns, span_ns, memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->kernel_timed, 1, memory_order_relaxed);
+}
+
 void ust__figs_cand_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int passed) {
   ust__hist_record(&f->cand_hist, ns);
   if (passed)
@@ -145,6 +151,8 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->timing_dropped = atomic_load(&f->timing_dropped);
   out->first_timed = atomic_load(&f->first_timed);
   out->first_time_ns = atomic_load(&f->first_time_ns);
+  out->kernel_timed = atomic_load(&f->kernel_timed);
+  out->kernel_span_ns = atomic_load(&f->kernel_span_ns);
   out->calls = atomic_load(&f->calls);
   out->unscored = atomic_load(&f->unscored);
   out->nested_scored = atomic_load(&f->nested_scored);

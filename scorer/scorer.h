@@ -161,6 +161,11 @@ typedef struct ust__figs {
    * so that a slow first call (a kernel compiled, a plan tuned) does not
    * stand for the sampled ones in the device-time estimate */
   atomic_uint_fast64_t first_timed, first_time_ns;
+  /* of the timed calls, those timed by their kernels (a kernel tracer: the
+   * sum of their kernels' durations), and the sum of those kernels' spans
+   * (first start to last end); the others were timed by events or the host
+   * clock around the call */
+  atomic_uint_fast64_t kernel_timed, kernel_span_ns;
   _Atomic(const struct ust__hw_profile *) hw; /* the profile of the last scored call */
   atomic_uint_fast64_t unscored;       /* timed calls whose floor could not be computed */
   atomic_uint_fast64_t nested_scored;  /* timed calls floored by the bound ops they called (see callview.h) */
@@ -180,6 +185,9 @@ void ust__figs_free(ust__figs *f);
 void ust__figs_prod_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps);
 /* The same for one of a key's first calls (timed whatever the sampling). */
 void ust__figs_first_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps);
+/* One call timed by its kernels: their summed durations (the call's time)
+ * and their span. */
+void ust__figs_kernel_time(ust__figs *f, uint64_t sum_ns, uint64_t span_ns, uint64_t tsol_ps, int first);
 void ust__figs_cand_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int passed);
 /* The profile a scored call ran on; stored only when it changes. */
 void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw);
@@ -212,6 +220,7 @@ typedef struct ust__roof_snap {
 typedef struct ust__figs_snap {
   uint64_t captured, timing_dropped, calls, unscored, nested_scored;
   uint64_t first_timed, first_time_ns;
+  uint64_t kernel_timed, kernel_span_ns;
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
   ust__roof_snap prod, cand;

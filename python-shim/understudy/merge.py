@@ -31,7 +31,7 @@ def _hist_json(acc: dict) -> dict:
     return {"sum": acc["sum"], "buckets": [[i, b[i]] for i in sorted(b) if b[i]]}
 
 
-ADD_SHAPE = ("calls", "captured", "timing_dropped", "first_timed", "first_time_ns")
+ADD_SHAPE = ("calls", "captured", "timing_dropped", "first_timed", "first_time_ns", "kernel_timed", "kernel_span_ns")
 ADD_SHADOW = ("calls", "verified", "passed", "failed", "skipped", "unverifiable", "bytes_copied", "overdue",
               "process_passed")
 ADD_ROOF = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",
@@ -59,6 +59,28 @@ def _rollout_add(acc, ro, t):
     last = ro.get("last_transition")
     if last and (acc.get("last_transition") is None or last["unix_ms"] > acc["last_transition"]["unix_ms"]):
         acc["last_transition"] = last
+
+
+TIMER_ADD = ("windows", "window_ns", "yields", "windows_cut", "kernels", "kernel_ns", "attributed_kernels",
+             "attributed_ns", "calls_timed", "calls_dropped", "calls_empty", "records_lost")
+
+
+def _timer_merge(reports: list) -> dict:
+    """The timer sections added up: counts summed, the unattributed kernels
+    summed by name (the top ten kept); kind "cupti" when any report's was."""
+    timers = [r["timer"] for r in reports if isinstance(r.get("timer"), dict)]
+    out: dict = {"kind": "cupti" if any(t.get("kind") == "cupti" for t in timers)
+                 else (timers[0].get("kind", "events") if timers else "events")}
+    for k in TIMER_ADD:
+        out[k] = sum(t.get(k, 0) for t in timers)
+    names: dict = {}
+    for t in timers:
+        for u in t.get("unattributed", []):
+            acc = names.setdefault(u["name"], {"name": u["name"], "ns": 0, "kernels": 0})
+            acc["ns"] += u.get("ns", 0)
+            acc["kernels"] += u.get("kernels", 0)
+    out["unattributed"] = sorted(names.values(), key=lambda u: -u["ns"])[:10]
+    return out
 
 
 def merge(reports: Iterable[dict]) -> dict:
@@ -172,6 +194,7 @@ def merge(reports: Iterable[dict]) -> dict:
         "generated_unix_ms": max(r.get("generated_unix_ms", 0) for r in reports),
         "histogram": first["histogram"], "operators": out_ops,
         "hardware": list({h["name"]: h for r in reports for h in r.get("hardware", [])}.values()),
+        "timer": _timer_merge(reports),
         "totals": {"untracked": sum(m["untracked"] for m in ops.values()),
                    "internal_errors": sum(r["totals"].get("internal_errors", 0) for r in reports)},
     }

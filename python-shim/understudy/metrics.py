@@ -324,6 +324,7 @@ class UnderstudyCollector:
                                    "(S_agg is taken over it)")
         scored.add_metric([], float(tot.get("scored_share") or 0.0))
         yield scored
+        yield from _timer_families(rep.get("timer") or {})
         # S_agg over all phases is a family of its own, without a phase label:
         # the per-phase family has no "all" series repeating the others.
         for key, name, help_ in (("S_agg", "understudy_aggregate_roofline_ratio",
@@ -342,6 +343,35 @@ class UnderstudyCollector:
             if g.samples:
                 yield g
         yield from _windowed_families(rep)
+
+
+def _timer_families(tm: dict):
+    """The kernel tracer: which timer is on, its coverage (the share of all
+    kernel time in its windows launched inside calls of bound ops), and the
+    kernel time in its windows, attributed or not."""
+    from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+    info = GaugeMetricFamily("understudy_timer_info", "the timer producing device times (value 1), and why the "
+                             "kernel tracer is not that timer when it is not", labels=["kind", "state", "why"])
+    info.add_metric([str(tm.get("kind", "events")), str(tm.get("state", "")), str(tm.get("why", ""))], 1)
+    yield info
+    if tm.get("coverage") is not None:
+        g = GaugeMetricFamily("understudy_kernel_coverage_ratio",
+                              "kernel time launched inside calls of bound ops / all kernel time, in the tracer's "
+                              "windows (cumulative since enable)")
+        g.add_metric([], float(tm["coverage"]))
+        yield g
+    k = CounterMetricFamily("understudy_window_kernel_seconds", "kernel time recorded in the tracer's windows",
+                            labels=["attributed"])
+    k.add_metric(["yes"], float(tm.get("attributed_ns", 0)) / 1e9)
+    k.add_metric(["no"], float(tm.get("kernel_ns", 0) - tm.get("attributed_ns", 0)) / 1e9)
+    yield k
+    top = GaugeMetricFamily("understudy_unattributed_kernel_seconds",
+                            "the kernels with the most time that no bound op launched (what to bind next)",
+                            labels=["kernel"])
+    for u in tm.get("unattributed", []):
+        top.add_metric([str(u.get("name", ""))[:120]], float(u.get("ns", 0)) / 1e9)
+    if top.samples:
+        yield top
 
 
 def _windowed_families(rep: dict):

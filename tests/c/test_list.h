@@ -8,6 +8,10 @@
   X(sampling_exact_fraction)      \
   X(a_new_key_is_timed_whatever_the_sampling) \
   X(device_time_estimate_leaves_first_calls_out) \
+  X(kernel_records_join_calls_in_any_order) \
+  X(kernel_records_lost_or_stale_do_not_make_figures) \
+  X(kernel_windows_never_reuse_a_slot_in_flight) \
+  X(kernel_windows_keep_to_their_budget) \
   X(hist_bucket_bounds)           \
   X(hist_quantile_accuracy)       \
   X(hist_merge_exact)             \

@@ -106,7 +106,7 @@ static void fixture_init(fixture *f, int max_routes, double sample) {
   pthread_mutex_init(&f->lock, NULL);
   ASSERT_INT_EQ(ust__router_init(&f->r, max_routes), 0);
   ASSERT_INT_EQ(ust__rollout_create(&f->lock, NULL, &f->r.rollout), 0);
-  ASSERT_INT_EQ(ust__timers_create(16, NULL, &f->r.timers), 0);
+  ASSERT_INT_EQ(ust__timers_create(16, NULL, NULL, &f->r.timers), 0);
   f->pol.mode = UST__MODE_OBSERVE;
   f->pol.sample = sample;
   f->pol.sample_q32 = ust__share_q32(sample);

@@ -25,7 +25,7 @@ def test_cuda_counts_match_and_outputs_identical(us):
     with DispatchCounter() as truth:
         counted = run_model()
     assert torch.equal(plain, counted)
-    us.enable({"defaults": {"sample": 1.0}})
+    us.enable({"defaults": {"sample": 1.0}, "timer": {"kind": "events"}})  # every call timed (events)
     served = run_model()
     rep = us.report()  # flushes device timings
     assert torch.equal(plain, served)
@@ -60,7 +60,7 @@ def test_event_timing_agrees_with_torch_events(us):
     # torch's own events before and after understudy's run: the card's clocks
     # may still be ramping up from idle, so the reference is the range of both
     before = _torch_events_ns(a, b)
-    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}})
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "timer": {"kind": "events"}})
     for _ in range(20):
         torch.mm(a, b)
     (s,) = us.report()["operators"][0]["shapes"]
@@ -119,7 +119,7 @@ def test_observed_call_does_not_wait_for_queued_work(us):
     a = torch.randn(256, 256, device="cuda")
     torch.mm(a, a)
     torch.cuda.synchronize()
-    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}})
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "timer": {"kind": "events"}})
     torch.mm(a, a)  # first call: timer slots are created outside the measurement
     torch.cuda.synchronize()
     done = torch.cuda.Event()
@@ -175,7 +175,7 @@ def test_a_flush_never_blocks_a_thread_that_times_calls(us):
     a serving thread timing a call waited for the device too."""
     import threading
     a = torch.randn(256, 256, device="cuda")
-    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}})
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "timer": {"kind": "events"}})
     torch.mm(a, a)
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued ahead

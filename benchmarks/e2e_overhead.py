@@ -1,0 +1,135 @@
+"""End-to-end cost of understudy on HF decode, at its default configuration.
+
+HF decoders with random weights (a Mistral-7B-shaped and a Qwen2-MoE-shaped
+one, --layers layers, bf16) generate --tokens new tokens greedily at each
+--batch. Two processes take turns on the GPU: one plain (never loads understudy),
+one that enabled understudy once at its defaults (every shipped operator
+observed, 1 in 16 calls sampled, events around them) or with --timer cupti
+(the kernel tracer, its windows sized to its 1 % budget), and keeps it
+enabled, as a serving process would. Rounds
+interleave them after a warm-up of both; the table prints the median wall
+time of each over the rounds, their ratio, and how many tracer windows the
+observed process had concluded by its last round.
+
+    PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
+"""
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
+import understudy  # noqa: E402
+
+
+def build(kind, layers):
+    torch.manual_seed(0)
+    if kind == "mistral":
+        from transformers import MistralConfig, MistralForCausalLM
+        cfg = MistralConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+                            num_attention_heads=32, num_key_value_heads=8, vocab_size=32000)
+        cls = MistralForCausalLM
+    else:
+        from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+        cfg = Qwen2MoeConfig(hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
+                             shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
+                             num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16,
+                             vocab_size=32000)
+        cls = Qwen2MoeForCausalLM
+    with torch.device("cuda"):
+        return cls(cfg).to(torch.bfloat16).eval()
+
+
+def timed_generate(model, ids, tokens):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def server(observed):
+    """Runs requests read from stdin: "setup KIND BATCH TOKENS LAYERS" builds a
+    model, "run" times one generate and prints seconds (and, observed, the
+    tracer's windows so far). The observed server enables understudy once, at
+    its defaults, for its whole life, as a serving process would."""
+    if observed:
+        understudy.enable(json.loads(observed))
+    model = ids = None
+    tokens = 0
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[0] == "setup":
+            model = None
+            torch.cuda.empty_cache()
+            model = build(cmd[1], int(cmd[4]))
+            ids = torch.randint(1, 32000, (int(cmd[2]), 16), device="cuda",
+                                generator=torch.Generator("cuda").manual_seed(1))
+            tokens = int(cmd[3])
+            for _ in range(2):
+                timed_generate(model, ids, tokens)  # warm-up
+            print("ready", flush=True)
+        elif cmd[0] == "run":
+            t = timed_generate(model, ids, tokens)
+            w = understudy.report()["timer"].get("windows", 0) if observed else 0
+            print(t, w, flush=True)
+
+
+def measure(kids, kind, batch, tokens, layers, rounds):
+    for k in kids.values():
+        k.stdin.write(f"setup {kind} {batch} {tokens} {layers}\n")
+        k.stdin.flush()
+        assert k.stdout.readline().strip() == "ready"
+    times = {name: [] for name in kids}
+    windows = 0
+    for _ in range(rounds):
+        for name, k in kids.items():
+            k.stdin.write("run\n")
+            k.stdin.flush()
+            t, w = k.stdout.readline().split()
+            times[name].append(float(t))
+            windows = max(windows, int(w))
+    return statistics.median(times["plain"]), statistics.median(times["observed"]), windows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--models", nargs="+", default=["mistral", "qwen-moe"])
+    ap.add_argument("--timer", choices=["events", "cupti"], default=None,
+                    help="the timer of the observed process (default: understudy's default)")
+    ap.add_argument("--server", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.server:
+        server(None if args.server == "plain" else args.server)
+        return
+    if not torch.cuda.is_available():
+        sys.exit("e2e_overhead.py needs a CUDA GPU")
+    import subprocess
+    config = json.dumps({"timer": {"kind": args.timer}} if args.timer else {})
+    kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+            for name, arg in (("plain", "plain"), ("observed", config))}
+    print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}; "
+          f"config {config}; median of {args.rounds} interleaved rounds, {args.tokens} new tokens, "
+          f"{args.layers} layers")
+    print(f"{'model':<10} {'batch':>5} {'plain s':>9} {'observed s':>11} {'ratio':>7} {'windows':>8}")
+    for kind in args.models:
+        for b in args.batch:
+            p, o, w = measure(kids, kind, b, args.tokens, args.layers, args.rounds)
+            print(f"{kind:<10} {b:>5} {p:>9.4f} {o:>11.4f} {o / p:>7.4f} {w:>8}", flush=True)
+    for k in kids.values():
+        k.stdin.close()
+        k.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,420 @@
+/*
+ * Kernel-level timing: windows of call slots joined with the tracer's
+ * records (see dispatch.h). Plain C, no GPU: the CUPTI tracer
+ * (timer_cupti.c) feeds it, and the C tests feed it records directly.
+ *
+ * Threads: serving threads take and end call slots (atomics only); the
+ * tracer's buffer callback adds records under the lock; the worker opens,
+ * closes and concludes windows. A window's slots are reused only once no
+ * call of it is in flight: a call counts itself in before it reads whether
+ * the window is open, the worker closes it before it reads the count (both
+ * sequentially consistent), so a call that saw it open is always counted.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch/dispatch.h"
+
+typedef struct kernel_rec {
+  uint32_t corr;
+  uint64_t start, end;
+  const char *name; /* the tracer's string, valid while the process runs */
+} kernel_rec;
+
+typedef struct corr_slot {
+  uint32_t corr;  /* 0: empty (the tracer's ids start at 1) */
+  uint32_t call;  /* slot + 1; 0 while only its launch record was seen */
+  uint32_t flags; /* UST__KT_LAUNCH_* */
+} corr_slot;
+
+struct ust__kt {
+  atomic_int open;
+  atomic_int collecting; /* from open to conclude: records are kept */
+  atomic_int inflight;
+  atomic_uint next_call;
+  uint32_t seq;
+  ust__kt_call *calls;
+  pthread_mutex_t lock; /* the records and the totals */
+  kernel_rec *kernels;
+  uint32_t n_kernels;
+  corr_slot *corrs; /* open addressing, cap a power of two */
+  uint32_t corr_cap, n_corrs;
+  uint64_t lost;
+  ust__kt_totals totals;
+};
+
+static _Thread_local int tls_current = -1; /* the calling thread's innermost slot */
+
+int ust__kt_create(ust__kt **out) {
+  ust__kt *k = calloc(1, sizeof *k);
+  *out = NULL;
+  if (k == NULL)
+    return ust__error(UST_ENOMEM, "out of memory for kernel timing");
+  k->calls = calloc(UST__KT_MAX_CALLS, sizeof *k->calls);
+  k->corr_cap = 1024;
+  k->corrs = calloc(k->corr_cap, sizeof *k->corrs);
+  if (k->calls == NULL || k->corrs == NULL) {
+    free(k->calls);
+    free(k->corrs);
+    free(k);
+    return ust__error(UST_ENOMEM, "out of memory for kernel timing");
+  }
+  pthread_mutex_init(&k->lock, NULL);
+  *out = k;
+  return 0;
+}
+
+void ust__kt_destroy(ust__kt *k) {
+  if (k == NULL)
+    return;
+  pthread_mutex_destroy(&k->lock);
+  free(k->calls);
+  free(k->kernels);
+  free(k->corrs);
+  free(k);
+}
+
+void ust__kt_open(ust__kt *k) {
+  pthread_mutex_lock(&k->lock);
+  k->seq++;
+  k->n_kernels = 0;
+  k->n_corrs = 0;
+  memset(k->corrs, 0, (size_t)k->corr_cap * sizeof *k->corrs);
+  k->lost = 0;
+  atomic_store_explicit(&k->collecting, 1, memory_order_relaxed);
+  pthread_mutex_unlock(&k->lock);
+  atomic_store(&k->next_call, 0);
+  atomic_store(&k->open, 1);
+}
+
+int ust__kt_window_open(const ust__kt *k) { return atomic_load_explicit(&((ust__kt *)k)->open, memory_order_relaxed); }
+
+void ust__kt_close(ust__kt *k) { atomic_store(&k->open, 0); }
+
+int ust__kt_quiet(ust__kt *k) { return !atomic_load(&k->open) && atomic_load(&k->inflight) == 0; }
+
+int ust__kt_begin(ust__kt *k, uint64_t *ext) {
+  atomic_fetch_add(&k->inflight, 1);
+  if (!atomic_load(&k->open)) {
+    atomic_fetch_sub(&k->inflight, 1);
+    return -1;
+  }
+  const unsigned slot = atomic_fetch_add_explicit(&k->next_call, 1, memory_order_relaxed);
+  if (slot >= UST__KT_MAX_CALLS) {
+    atomic_fetch_sub(&k->inflight, 1);
+    return -1;
+  }
+  ust__kt_call *c = &k->calls[slot];
+  memset(c, 0, sizeof *c);
+  c->parent = tls_current;
+  tls_current = (int)slot;
+  *ext = (uint64_t)k->seq << 32 | (slot + 1);
+  return (int)slot;
+}
+
+static void end_slot(ust__kt *k, int slot, int how) {
+  ust__kt_call *c = &k->calls[slot];
+  tls_current = c->parent;
+  atomic_store_explicit(&c->ended, how, memory_order_release);
+  atomic_fetch_sub(&k->inflight, 1);
+}
+
+void ust__kt_end(ust__kt *k, int slot, ust__figs *figs, uint64_t tsol_ps, int first) {
+  ust__kt_call *c = &k->calls[slot];
+  c->figs = figs;
+  c->tsol_ps = tsol_ps;
+  c->first = first;
+  end_slot(k, slot, 1);
+}
+
+void ust__kt_cancel(ust__kt *k, int slot) { end_slot(k, slot, 2); }
+
+static uint32_t corr_hash(uint32_t corr) { return corr * 2654435761u; }
+
+/* The entry of corr, added when new (NULL: out of memory). Called with the
+ * lock held. */
+static corr_slot *corr_entry(ust__kt *k, uint32_t corr) {
+  if ((k->n_corrs + 1) * 2 > k->corr_cap) {
+    const uint32_t cap = k->corr_cap * 2;
+    corr_slot *grown = calloc(cap, sizeof *grown);
+    if (grown == NULL) {
+      k->lost++;
+      return NULL;
+    }
+    for (uint32_t i = 0; i < k->corr_cap; i++)
+      if (k->corrs[i].corr != 0)
+        for (uint32_t j = corr_hash(k->corrs[i].corr) & (cap - 1);; j = (j + 1) & (cap - 1))
+          if (grown[j].corr == 0) {
+            grown[j] = k->corrs[i];
+            break;
+          }
+    free(k->corrs);
+    k->corrs = grown;
+    k->corr_cap = cap;
+  }
+  for (uint32_t j = corr_hash(corr) & (k->corr_cap - 1);; j = (j + 1) & (k->corr_cap - 1)) {
+    if (k->corrs[j].corr == corr)
+      return &k->corrs[j];
+    if (k->corrs[j].corr == 0) {
+      k->corrs[j] = (corr_slot){corr, 0, 0};
+      k->n_corrs++;
+      return &k->corrs[j];
+    }
+  }
+}
+
+/* The call slot + 1 a launch belongs to, or 0. Called with the lock held. */
+static uint32_t corr_get(const ust__kt *k, uint32_t corr) {
+  for (uint32_t j = corr_hash(corr) & (k->corr_cap - 1);; j = (j + 1) & (k->corr_cap - 1)) {
+    if (k->corrs[j].corr == corr)
+      return k->corrs[j].call; /* 0: a launch no call claimed */
+    if (k->corrs[j].corr == 0)
+      return 0;
+  }
+}
+
+void ust__kt_ext(ust__kt *k, uint32_t corr, uint64_t ext) {
+  const uint32_t call = (uint32_t)ext;
+  if (corr == 0 || call == 0 || call > UST__KT_MAX_CALLS)
+    return;
+  pthread_mutex_lock(&k->lock);
+  corr_slot *e = (uint32_t)(ext >> 32) == k->seq ? corr_entry(k, corr) : NULL;
+  if (e != NULL && e->call == 0)
+    e->call = call;
+  pthread_mutex_unlock(&k->lock);
+}
+
+void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags) {
+  if (corr == 0)
+    return;
+  pthread_mutex_lock(&k->lock);
+  corr_slot *e = atomic_load_explicit(&k->collecting, memory_order_relaxed) ? corr_entry(k, corr) : NULL;
+  if (e != NULL)
+    e->flags |= flags;
+  pthread_mutex_unlock(&k->lock);
+}
+
+void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t start, uint64_t end, const char *name) {
+  pthread_mutex_lock(&k->lock);
+  if (!atomic_load_explicit(&k->collecting, memory_order_relaxed)) {
+    /* between windows: not ours to count */
+  } else if (start == 0 || end < start) {
+    k->lost++; /* a kernel without timestamps (the tracer ran out of device memory) */
+  } else if (k->n_kernels < UST__KT_MAX_KERNELS) {
+    if (k->kernels == NULL && (k->kernels = malloc((size_t)UST__KT_MAX_KERNELS * sizeof *k->kernels)) == NULL)
+      k->lost++;
+    else
+      k->kernels[k->n_kernels++] = (kernel_rec){corr, start, end, name};
+  } else {
+    k->lost++;
+  }
+  pthread_mutex_unlock(&k->lock);
+}
+
+void ust__kt_lost(ust__kt *k, uint64_t n) {
+  pthread_mutex_lock(&k->lock);
+  k->lost += n;
+  pthread_mutex_unlock(&k->lock);
+}
+
+uint64_t ust__kt_window_kernels(ust__kt *k) {
+  pthread_mutex_lock(&k->lock);
+  const uint64_t n = k->n_kernels;
+  pthread_mutex_unlock(&k->lock);
+  return n;
+}
+
+/* An unattributed kernel's time into the named list (kept sorted by time,
+ * the smallest dropped when full). Called with the lock held. */
+static void name_add(ust__kt_totals *t, const char *name, uint64_t ns) {
+  if (name == NULL)
+    name = "(unnamed)";
+  int i = 0;
+  while (i < t->n_names && strncmp(t->names[i].name, name, UST__KT_NAME_MAX - 1) != 0)
+    i++;
+  const int cap = (int)(sizeof t->names / sizeof t->names[0]);
+  if (i == t->n_names) {
+    if (t->n_names == cap) {
+      if (t->names[cap - 1].ns >= ns)
+        return;
+      i = cap - 1;
+    } else {
+      t->n_names++;
+    }
+    memset(&t->names[i], 0, sizeof t->names[i]);
+    strncpy(t->names[i].name, name, UST__KT_NAME_MAX - 1);
+  }
+  t->names[i].ns += ns;
+  t->names[i].kernels++;
+  while (i > 0 && t->names[i - 1].ns < t->names[i].ns) {
+    const ust__kt_name tmp = t->names[i - 1];
+    t->names[i - 1] = t->names[i];
+    t->names[i] = tmp;
+    i--;
+  }
+}
+
+static int kernel_order(const void *a, const void *b) {
+  const kernel_rec *x = a, *y = b;
+  if (x->corr != y->corr)
+    return x->corr < y->corr ? -1 : 1;
+  if (x->start != y->start)
+    return x->start < y->start ? -1 : 1;
+  return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static uint32_t window_calls(ust__kt *k) {
+  const unsigned n = atomic_load(&k->next_call);
+  return n < UST__KT_MAX_CALLS ? n : UST__KT_MAX_CALLS;
+}
+
+/* Each call's own launches (by API) and own kernels, from the records so
+ * far; returns the launches still without a kernel. Called with the lock
+ * held. */
+static uint64_t tally(ust__kt *k, uint32_t n_calls) {
+  for (uint32_t i = 0; i < n_calls; i++) {
+    ust__kt_call *c = &k->calls[i];
+    c->rt_launches = c->drv_launches = c->kernels = 0;
+  }
+  for (uint32_t j = 0; j < k->corr_cap; j++) {
+    const corr_slot *e = &k->corrs[j];
+    if (e->corr == 0 || e->call == 0 || e->call > n_calls)
+      continue;
+    ust__kt_call *c = &k->calls[e->call - 1];
+    c->rt_launches += (e->flags & UST__KT_LAUNCH_RUNTIME) != 0;
+    c->drv_launches += (e->flags & UST__KT_LAUNCH_DRIVER) != 0;
+  }
+  for (uint32_t i = 0; i < k->n_kernels; i++) {
+    const uint32_t call = k->kernels[i].corr != 0 ? corr_get(k, k->kernels[i].corr) : 0;
+    if (call != 0 && call <= n_calls)
+      k->calls[call - 1].kernels++;
+  }
+  uint64_t missing = 0;
+  for (uint32_t i = 0; i < n_calls; i++) {
+    ust__kt_call *c = &k->calls[i];
+    c->launches = c->rt_launches > c->drv_launches ? c->rt_launches : c->drv_launches;
+    if (c->kernels < c->launches)
+      missing += c->launches - c->kernels;
+  }
+  return missing;
+}
+
+uint64_t ust__kt_outstanding(ust__kt *k) {
+  pthread_mutex_lock(&k->lock);
+  const uint64_t n = tally(k, window_calls(k));
+  pthread_mutex_unlock(&k->lock);
+  return n;
+}
+
+void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
+  const uint32_t n_calls = window_calls(k);
+  pthread_mutex_lock(&k->lock);
+  ust__kt_totals *t = &k->totals;
+  /* a kernel delivered twice (two activity kinds, a buffer handed back
+   * twice) counts once */
+  if (k->n_kernels > 1) {
+    qsort(k->kernels, k->n_kernels, sizeof *k->kernels, kernel_order);
+    uint32_t kept = 1;
+    for (uint32_t i = 1; i < k->n_kernels; i++)
+      if (kernel_order(&k->kernels[i], &k->kernels[kept - 1]) != 0)
+        k->kernels[kept++] = k->kernels[i];
+    k->n_kernels = kept;
+  }
+  const uint64_t missing = tally(k, n_calls);
+  for (uint32_t i = 0; i < n_calls; i++) {
+    ust__kt_call *c = &k->calls[i];
+    c->kernels = 0; /* counted again below, with the sums */
+    c->sum_ns = c->start = c->end = 0;
+  }
+  for (uint32_t i = 0; i < k->n_kernels; i++) {
+    const kernel_rec *kr = &k->kernels[i];
+    const uint64_t ns = (uint64_t)((double)(kr->end - kr->start) * ns_per_tick + 0.5);
+    t->kernels++;
+    t->kernel_ns += ns;
+    const uint32_t call = kr->corr != 0 ? corr_get(k, kr->corr) : 0;
+    if (call == 0 || call > n_calls) {
+      name_add(t, kr->name, ns);
+      continue;
+    }
+    ust__kt_call *c = &k->calls[call - 1];
+    if (c->kernels == 0 || kr->start < c->start)
+      c->start = kr->start;
+    if (kr->end > c->end)
+      c->end = kr->end;
+    c->sum_ns += ns;
+    c->kernels++;
+    t->attributed++;
+    t->attributed_ns += ns;
+  }
+  /* a call whose own launches outnumber its own kernels lost records (a
+   * runtime launch may make a driver launch of its own, whose record has no
+   * kernel: a call's launches are the larger of the two counts) */
+  int *complete = n_calls > 0 ? malloc(n_calls * sizeof *complete) : NULL;
+  for (uint32_t i = 0; i < n_calls && complete != NULL; i++)
+    complete[i] = k->calls[i].kernels >= k->calls[i].launches;
+  /* children began after their parents: walking down, each call's own
+   * kernels are all in before it passes them up */
+  for (uint32_t i = n_calls; i-- > 0;) {
+    ust__kt_call *c = &k->calls[i];
+    if (c->parent < 0 || (uint32_t)c->parent >= i)
+      continue;
+    ust__kt_call *p = &k->calls[c->parent];
+    if (c->kernels > 0) {
+      if (p->kernels == 0 || c->start < p->start)
+        p->start = c->start;
+      if (c->end > p->end)
+        p->end = c->end;
+      p->sum_ns += c->sum_ns;
+      p->kernels += c->kernels;
+    }
+    if (complete != NULL && !complete[i])
+      complete[c->parent] = 0;
+  }
+  for (uint32_t i = 0; i < n_calls; i++) {
+    ust__kt_call *c = &k->calls[i];
+    if (atomic_load_explicit(&c->ended, memory_order_acquire) != 1 || c->figs == NULL)
+      continue;
+    if (complete == NULL || !complete[i]) {
+      t->calls_dropped++;
+      atomic_fetch_add_explicit(&c->figs->timing_dropped, 1, memory_order_relaxed);
+      continue;
+    }
+    if (c->kernels == 0) {
+      t->calls_empty++; /* launched nothing the tracer saw: no figure rather than a zero */
+      continue;
+    }
+    t->calls_timed++;
+    const uint64_t span = (uint64_t)((double)(c->end - c->start) * ns_per_tick + 0.5);
+    ust__figs_kernel_time(c->figs, c->sum_ns, span, c->tsol_ps, c->first);
+  }
+  free(complete);
+  t->records_lost += k->lost + missing;
+  t->windows++;
+  t->window_ns += window_ns;
+  k->n_kernels = 0;
+  k->n_corrs = 0;
+  memset(k->corrs, 0, (size_t)k->corr_cap * sizeof *k->corrs);
+  k->lost = 0;
+  k->seq++; /* late records of this window are ignored */
+  atomic_store_explicit(&k->collecting, 0, memory_order_relaxed);
+  pthread_mutex_unlock(&k->lock);
+}
+
+void ust__kt_totals_get(ust__kt *k, ust__kt_totals *out) {
+  pthread_mutex_lock(&k->lock);
+  *out = k->totals;
+  pthread_mutex_unlock(&k->lock);
+}
+
+uint64_t ust__kt_next_open(uint64_t opened_ns, uint64_t window_ns, uint64_t kernels, double launch_cost_ns, double budget,
+                           uint64_t min_gap_ns) {
+  uint64_t period = window_ns + min_gap_ns;
+  if (budget > 0) {
+    const double cost = (double)kernels * launch_cost_ns;
+    const double wanted = cost / budget; /* cost over the period within budget */
+    if (wanted > (double)period)
+      period = wanted > 1e18 ? (uint64_t)1e18 : (uint64_t)wanted;
+  }
+  return opened_ns + period;
+}

@@ -1,0 +1,600 @@
+/*
+ * The CUPTI kernel tracer behind the GPU timers (CUDA builds).
+ *
+ * libcupti is loaded at run time (the copy torch already mapped when there
+ * is one, else by its soname, else the path the config names); a process
+ * without it times with events. The tracer records kernels only in windows
+ * (kernel tracing slows every launch of the process while it is on): a
+ * window opens when the budget allows, every intercepted CUDA call inside it
+ * pushes its call slot's external correlation id around its redispatch, and
+ * when the window closes the worker drains the records and joins them
+ * (kerneltime.c). Serving threads only push, pop and count; the worker
+ * (ust__cupti_poll) does everything else. Nothing synchronises a stream.
+ *
+ * One activity client per process (before CUDA 13.3): the window claims
+ * CUPTI with cuptiSubscribe and lets it go when it closes; a subscriber
+ * already there (Nsight, another tool), or torch's profiler (Kineto)
+ * active, and the tracer stands down (events time the calls), trying again
+ * at the next window. Buffers handed to CUPTI that come back to another
+ * client's callback are written off, and the tracer stands down too.
+ *
+ * CUPTI's buffer callbacks carry no context argument, so the tracer whose
+ * window is open is published in one process-wide pointer (the activity
+ * registration it stands for is process-wide too).
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cupti.h>
+
+#include "dispatch/dispatch.h"
+
+#define N_BUFFERS 16
+#define BUFFER_BYTES (2u << 20)
+#define FLUSH_EVERY_NS 20000000ull  /* flush a window's completed buffers this often */
+#define DRAIN_MIN_NS 2000000ull     /* a closed window waits at least this long for its kernels */
+#define DRAIN_MAX_NS 2000000000ull  /* and at most this long */
+#define RETRY_NS 1000000000ull      /* a yielded tracer asks again this often */
+#define MIN_GAP_NS 100000000ull     /* between two windows, at least */
+
+typedef CUptiResult (*fn_u32p)(uint32_t *);
+typedef CUptiResult (*fn_subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+typedef CUptiResult (*fn_subscribe2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
+typedef CUptiResult (*fn_unsubscribe)(CUpti_SubscriberHandle);
+typedef CUptiResult (*fn_register)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
+typedef CUptiResult (*fn_kind)(CUpti_ActivityKind);
+typedef CUptiResult (*fn_push)(CUpti_ExternalCorrelationKind, uint64_t);
+typedef CUptiResult (*fn_pop)(CUpti_ExternalCorrelationKind, uint64_t *);
+typedef CUptiResult (*fn_flush)(uint32_t);
+typedef CUptiResult (*fn_next)(uint8_t *, size_t, CUpti_Activity **);
+typedef CUptiResult (*fn_dropped)(CUcontext, uint32_t, size_t *);
+typedef CUptiResult (*fn_u64p)(uint64_t *);
+typedef CUptiResult (*fn_errstr)(CUptiResult, const char **);
+
+typedef struct cupti_api {
+  fn_u32p get_version;
+  fn_subscribe subscribe;
+  fn_subscribe2 subscribe_v2; /* NULL before CUDA 13.0 */
+  fn_unsubscribe unsubscribe;
+  fn_register register_callbacks;
+  fn_kind enable, disable;
+  fn_push push;
+  fn_pop pop;
+  fn_flush flush_all;
+  fn_next next_record;
+  fn_dropped dropped;
+  fn_u64p timestamp;
+  fn_errstr error_string;
+} cupti_api;
+
+enum { ST_OFF, ST_IDLE, ST_OPEN, ST_CLOSING, ST_DRAINING, ST_YIELDED };
+static const char *const state_names[] = {"off", "idle", "window", "closing", "draining", "yielded"};
+
+/* The launch APIs (CUDA 13.0 ids): a call's launches are counted from
+ * their records, so that a call whose kernel records were lost is known. */
+static const CUpti_CallbackId runtime_launches[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunch_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunch_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
+    CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000,
+    CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000,
+};
+static const CUpti_CallbackId driver_launches[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchGrid,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchGridAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+};
+
+struct ust__cupti {
+  cupti_api api;
+  void *lib;
+  uint32_t version;
+  ust__log_sink *log;
+  ust__timer_opts opts;
+  ust__kt *kt;
+  int state;
+  atomic_int traced; /* 1 in idle, window, closing, draining: the serving threads' view */
+  char why[200]; /* why the tracer is off or yielded; "" otherwise */
+  CUpti_SubscriberHandle sub;
+  int subscribed, noted_incumbent;
+  double ns_per_tick; /* the last window's */
+  uint64_t opened_ns, closed_ns, next_open_ns, last_flush_ns;
+  uint64_t opened_ticks, opened_clock_ns; /* cuptiGetTimestamp and the host clock at the window's opening */
+  uint64_t yields, windows_cut;
+  /* buffers, handed to CUPTI from the launching threads */
+  pthread_mutex_t pool_lock;
+  uint8_t *buffers[N_BUFFERS];
+  int free_list[N_BUFFERS], n_free, n_owned;
+  uint64_t buffers_lost; /* written off to another client */
+  atomic_uint_fast64_t buffers_short, foreign_buffers;
+};
+
+static _Atomic(ust__cupti *) g_tracer; /* the tracer CUPTI's callbacks feed (see the top) */
+
+static const char *cupti_error(const ust__cupti *c, CUptiResult r) {
+  const char *s = NULL;
+  if (c->api.error_string == NULL || c->api.error_string(r, &s) != CUPTI_SUCCESS || s == NULL)
+    return "CUPTI error";
+  return s;
+}
+
+/* The monotonic clock, ns (windows are scheduled on it). */
+static uint64_t now_ns(void) { return ust__now_ns(); }
+
+static void set_why(ust__cupti *c, const char *fmt, const char *a, const char *b) {
+  snprintf(c->why, sizeof c->why, fmt, a != NULL ? a : "", b != NULL ? b : "");
+}
+
+/* ---- CUPTI's buffer callbacks -------------------------------------------------------- */
+
+static int buffer_index(const ust__cupti *c, const uint8_t *buf) {
+  for (int i = 0; i < c->n_owned; i++)
+    if (c->buffers[i] == buf)
+      return i;
+  return -1;
+}
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
+  ust__cupti *c = atomic_load(&g_tracer);
+  *buffer = NULL;
+  *size = 0;
+  *max_records = 0;
+  if (c == NULL)
+    return;
+  pthread_mutex_lock(&c->pool_lock);
+  if (c->n_free > 0) {
+    *buffer = c->buffers[c->free_list[--c->n_free]];
+    *size = BUFFER_BYTES;
+  }
+  pthread_mutex_unlock(&c->pool_lock);
+  if (*buffer == NULL)
+    atomic_fetch_add_explicit(&c->buffers_short, 1, memory_order_relaxed);
+}
+
+static int is_launch(const CUpti_CallbackId *ids, size_t n, CUpti_CallbackId cbid) {
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] == cbid)
+      return 1;
+  return 0;
+}
+
+static void read_records(ust__cupti *c, uint8_t *buf, size_t valid) {
+  CUpti_Activity *rec = NULL;
+  while (c->api.next_record(buf, valid, &rec) == CUPTI_SUCCESS) {
+    if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      /* CUpti_ActivityKernel10 in 13.0; later versions append fields */
+      const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
+      ust__kt_kernel(c->kt, k->correlationId, k->start, k->end, k->name);
+    } else if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME || rec->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+      const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)rec;
+      if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME
+              ? is_launch(runtime_launches, sizeof runtime_launches / sizeof runtime_launches[0], a->cbid)
+              : is_launch(driver_launches, sizeof driver_launches / sizeof driver_launches[0], a->cbid))
+        ust__kt_launch(c->kt, a->correlationId,
+                       rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? UST__KT_LAUNCH_RUNTIME : UST__KT_LAUNCH_DRIVER);
+    } else if (rec->kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) {
+      const CUpti_ActivityExternalCorrelation *x = (const CUpti_ActivityExternalCorrelation *)rec;
+      if (x->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2)
+        ust__kt_ext(c->kt, x->correlationId, x->externalId);
+    }
+  }
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid) {
+  ust__cupti *c = atomic_load(&g_tracer);
+  if (c == NULL)
+    return;
+  pthread_mutex_lock(&c->pool_lock);
+  const int i = buffer_index(c, buffer);
+  pthread_mutex_unlock(&c->pool_lock);
+  if (i < 0) {
+    atomic_fetch_add_explicit(&c->foreign_buffers, 1, memory_order_relaxed); /* not ours: leave it */
+    return;
+  }
+  if (valid > 0)
+    read_records(c, buffer, valid);
+  pthread_mutex_lock(&c->pool_lock);
+  c->free_list[c->n_free++] = i;
+  pthread_mutex_unlock(&c->pool_lock);
+}
+
+static void CUPTIAPI no_callback(void *data, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *info) {}
+
+/* ---- loading ------------------------------------------------------------------------- */
+
+static void *load_library(const char *path) {
+  void *h = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD);
+  if (h == NULL && path != NULL && path[0] != '\0')
+    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL)
+    h = dlopen("libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
+  return h;
+}
+
+static int load_api(ust__cupti *c) {
+#define SYM(field, name)                                                                                               \
+  do {                                                                                                                 \
+    *(void **)(&c->api.field) = dlsym(c->lib, name);                                                                   \
+    if (c->api.field == NULL) {                                                                                        \
+      set_why(c, "libcupti lacks %s%s", name, NULL);                                                                   \
+      return -1;                                                                                                       \
+    }                                                                                                                  \
+  } while (0)
+  SYM(get_version, "cuptiGetVersion");
+  SYM(subscribe, "cuptiSubscribe");
+  SYM(unsubscribe, "cuptiUnsubscribe");
+  *(void **)(&c->api.subscribe_v2) = dlsym(c->lib, "cuptiSubscribe_v2");
+  SYM(register_callbacks, "cuptiActivityRegisterCallbacks");
+  SYM(enable, "cuptiActivityEnable");
+  SYM(disable, "cuptiActivityDisable");
+  SYM(push, "cuptiActivityPushExternalCorrelationId");
+  SYM(pop, "cuptiActivityPopExternalCorrelationId");
+  SYM(flush_all, "cuptiActivityFlushAll");
+  SYM(next_record, "cuptiActivityGetNextRecord");
+  SYM(dropped, "cuptiActivityGetNumDroppedRecords");
+  SYM(timestamp, "cuptiGetTimestamp");
+  SYM(error_string, "cuptiGetResultString");
+#undef SYM
+  return 0;
+}
+
+int ust__cupti_create(const ust__timer_opts *opts, ust__log_sink *log, ust__cupti **out) {
+  *out = NULL;
+  ust__cupti *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return ust__error(UST_ENOMEM, "out of memory for the kernel tracer");
+  c->opts = *opts;
+  c->log = log;
+  pthread_mutex_init(&c->pool_lock, NULL);
+  int rc = ust__kt_create(&c->kt);
+  if (rc != 0) {
+    pthread_mutex_destroy(&c->pool_lock);
+    free(c);
+    return rc;
+  }
+  c->state = ST_OFF;
+  if (opts->kind == UST__TIMER_EVENTS) {
+    set_why(c, "timer.kind is \"events\"%s%s", NULL, NULL);
+  } else if ((c->lib = load_library(opts->cupti_path)) == NULL) {
+    const char *e = dlerror();
+    set_why(c, "libcupti.so.13 could not be loaded: %s%s", e != NULL ? e : "not found", NULL);
+  } else if (load_api(c) == 0) {
+    if (c->api.get_version(&c->version) != CUPTI_SUCCESS || c->version < 130000 || c->version >= 140000) {
+      char v[32];
+      snprintf(v, sizeof v, "%u", c->version);
+      set_why(c, "libcupti API version %s is not a CUDA 13 one (the kernel record's layout is 13.x's)%s", v, NULL);
+    } else {
+      c->state = ST_IDLE;
+      c->why[0] = '\0';
+      atomic_store(&c->traced, 1);
+    }
+  }
+  if (c->state == ST_OFF && opts->kind == UST__TIMER_CUPTI)
+    ust__log(log, UST_LOG_WARN, "timer: CUPTI was asked for and is not available (%s); events time the calls", c->why);
+  *out = c;
+  return 0;
+}
+
+/* ---- windows ------------------------------------------------------------------------- */
+
+static int alloc_buffers(ust__cupti *c) {
+  if (c->n_owned == N_BUFFERS)
+    return 0;
+  pthread_mutex_lock(&c->pool_lock);
+  while (c->n_owned < N_BUFFERS) {
+    uint8_t *b = aligned_alloc(8, BUFFER_BYTES);
+    if (b == NULL)
+      break;
+    c->buffers[c->n_owned] = b;
+    c->free_list[c->n_free++] = c->n_owned++;
+  }
+  pthread_mutex_unlock(&c->pool_lock);
+  return c->n_owned > 0 ? 0 : -1;
+}
+
+static void disable_kinds(ust__cupti *c) {
+  c->api.disable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  c->api.disable(CUPTI_ACTIVITY_KIND_DRIVER);
+  c->api.disable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+  c->api.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+}
+
+static void yield(ust__cupti *c, uint64_t now, const char *why, const char *detail) {
+  if (c->state != ST_YIELDED || strcmp(c->why, why) != 0)
+    ust__log(c->log, UST_LOG_INFO, "timer: CUPTI stands down (%s%s%s); events time the calls until it is free", why,
+              detail != NULL ? ": " : "", detail != NULL ? detail : "");
+  set_why(c, "%s%s", why, NULL);
+  c->state = ST_YIELDED;
+  c->yields++;
+  c->next_open_ns = now + RETRY_NS;
+}
+
+static void open_window(ust__cupti *c, uint64_t now) {
+  if (c->opts.profiler_active != NULL && c->opts.profiler_active()) {
+    yield(c, now, "torch's profiler is recording", NULL);
+    return;
+  }
+  if (alloc_buffers(c) != 0) {
+    yield(c, now, "no memory for activity buffers", NULL);
+    return;
+  }
+  /* Claim CUPTI for the window. A subscriber already there is a tool that
+   * injected itself (Nsight Systems or Compute, a debugger: they set
+   * CUDA_INJECTION64_PATH) or torch's profiler, which subscribes at its first
+   * trace and stays subscribed after it: while torch's profiler is idle its
+   * subscription is no claim on the activity records. */
+  char incumbent[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN + 1] = "";
+  CUptiResult r;
+  if (c->api.subscribe_v2 != NULL) {
+    CUpti_SubscriberParams p = {.structSize = CUpti_SubscriberParams_STRUCT_SIZE,
+                                .subscriberName = "understudy",
+                                .oldSubscriberName = incumbent,
+                                .oldSubscriberSize = sizeof incumbent - 1};
+    r = c->api.subscribe_v2(&c->sub, no_callback, NULL, &p);
+  } else {
+    r = c->api.subscribe(&c->sub, no_callback, NULL);
+  }
+  c->subscribed = r == CUPTI_SUCCESS;
+  if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+    const char *inj = getenv("CUDA_INJECTION64_PATH");
+    if (inj != NULL && inj[0] != '\0') {
+      yield(c, now, "a CUDA tool injected into the process holds CUPTI", inj);
+      return;
+    }
+    if (!c->noted_incumbent) {
+      ust__log(c->log, UST_LOG_INFO, "timer: CUPTI has a subscriber (%s) and torch's profiler is idle: tracing",
+               incumbent[0] != '\0' ? incumbent : "unnamed");
+      c->noted_incumbent = 1;
+    }
+  } else if (r != CUPTI_SUCCESS) {
+    yield(c, now, "cuptiSubscribe failed", cupti_error(c, r));
+    return;
+  }
+  atomic_store(&g_tracer, c);
+  r = c->api.register_callbacks(buffer_requested, buffer_completed);
+  if (r == CUPTI_SUCCESS)
+    r = c->api.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  /* external correlation records come with the API records of the calls
+   * made while an id is pushed: the runtime's and the driver's (Triton and
+   * cuBLAS launch through the driver) */
+  if (r == CUPTI_SUCCESS)
+    r = c->api.enable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+  if (r == CUPTI_SUCCESS)
+    r = c->api.enable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  if (r == CUPTI_SUCCESS)
+    r = c->api.enable(CUPTI_ACTIVITY_KIND_DRIVER);
+  if (r != CUPTI_SUCCESS) {
+    disable_kinds(c);
+    if (c->subscribed)
+      c->api.unsubscribe(c->sub);
+    c->subscribed = 0;
+    yield(c, now, "CUPTI refused kernel tracing", cupti_error(c, r));
+    return;
+  }
+  atomic_store(&c->foreign_buffers, 0);
+  ust__kt_open(c->kt);
+  c->state = ST_OPEN;
+  c->why[0] = '\0';
+  c->opened_ns = now;
+  c->last_flush_ns = now;
+  c->opened_ticks = 0;
+  c->api.timestamp(&c->opened_ticks);
+  c->opened_clock_ns = now_ns();
+}
+
+static void close_window(ust__cupti *c, uint64_t now) {
+  ust__kt_close(c->kt);
+  c->closed_ns = now;
+  c->state = ST_CLOSING;
+}
+
+/* After the last call of the window left: no new records but those in flight. */
+static void stop_tracing(ust__cupti *c, uint64_t now) {
+  disable_kinds(c);
+  c->state = ST_DRAINING;
+  c->last_flush_ns = now;
+}
+
+static void finish_window(ust__cupti *c, uint64_t now) {
+  c->api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  size_t dropped = 0;
+  if (c->api.dropped(NULL, 0, &dropped) == CUPTI_SUCCESS && dropped > 0)
+    ust__kt_lost(c->kt, dropped);
+  const uint64_t kernels = ust__kt_window_kernels(c->kt);
+  const uint64_t open_ns = c->closed_ns - c->opened_ns;
+  /* Records carry CUPTI's clock: ns, unless a client registered a clock of
+   * its own (torch's profiler registers its approximate clock, in TSC
+   * ticks, and it stays after the profiler stops). The ratio of the host
+   * clock to CUPTI's over the window converts them. */
+  uint64_t ticks = 0;
+  double ns_per_tick = 1.0;
+  const int have_ticks = c->api.timestamp(&ticks) == CUPTI_SUCCESS;
+  const uint64_t clock_ns = now_ns();
+  if (c->opened_ticks != 0 && have_ticks && ticks > c->opened_ticks && clock_ns > c->opened_clock_ns) {
+    const double r = (double)(clock_ns - c->opened_clock_ns) / (double)(ticks - c->opened_ticks);
+    if (r < 0.995 || r > 1.005)
+      ns_per_tick = r;
+  }
+  c->ns_per_tick = ns_per_tick;
+  ust__kt_conclude(c->kt, open_ns, ns_per_tick);
+  pthread_mutex_lock(&c->pool_lock);
+  const int missing = c->n_owned - c->n_free;
+  pthread_mutex_unlock(&c->pool_lock);
+  /* CUPTI stays attached: tracing the API calls leaves every later launch
+   * slower until cuptiFinalize, and detaching between windows (tried on an
+   * H200 with CUDA 13.0) corrupted the heap of the process later on. */
+  if (c->subscribed)
+    c->api.unsubscribe(c->sub);
+  c->subscribed = 0;
+  c->next_open_ns = ust__kt_next_open(c->opened_ns, c->opts.window_ns, kernels, c->opts.launch_cost_ns,
+                                      c->opts.budget, MIN_GAP_NS);
+  c->state = ST_IDLE;
+  if (missing > 0 || atomic_load(&c->foreign_buffers) > 0) {
+    /* Another client's callbacks took buffers of ours: it holds CUPTI now.
+     * Those it still holds are written off (it may yet write into them);
+     * the next window allocates new ones. */
+    pthread_mutex_lock(&c->pool_lock);
+    int kept = 0;
+    for (int i = 0; i < c->n_owned; i++) {
+      int is_free = 0;
+      for (int j = 0; j < c->n_free; j++)
+        is_free |= c->free_list[j] == i;
+      if (is_free)
+        c->buffers[kept++] = c->buffers[i];
+      else
+        c->buffers_lost++;
+    }
+    c->n_owned = c->n_free = kept;
+    for (int i = 0; i < kept; i++)
+      c->free_list[i] = i;
+    pthread_mutex_unlock(&c->pool_lock);
+    yield(c, now, "another CUPTI client took the activity callbacks", NULL);
+  }
+}
+
+int ust__cupti_poll(ust__cupti *c, int used, int sync) {
+  if (c == NULL || c->state == ST_OFF)
+    return 0;
+  const uint64_t now = now_ns();
+  const int profiler = (c->state == ST_OPEN || c->state == ST_IDLE || c->state == ST_YIELDED) &&
+                       c->opts.profiler_active != NULL && c->opts.profiler_active();
+  switch (c->state) {
+  case ST_YIELDED:
+    if (!profiler && now >= c->next_open_ns)
+      c->state = ST_IDLE;
+    else if (profiler)
+      c->next_open_ns = now + RETRY_NS;
+    break;
+  case ST_IDLE:
+    if (used && !sync && now >= c->next_open_ns)
+      open_window(c, now);
+    break;
+  case ST_OPEN:
+    if (profiler || sync || now >= c->opened_ns + c->opts.window_ns) {
+      if (profiler)
+        c->windows_cut++;
+      close_window(c, now);
+    } else if (now >= c->last_flush_ns + FLUSH_EVERY_NS) {
+      c->api.flush_all(0);
+      c->last_flush_ns = now;
+    }
+    break;
+  default:
+    break;
+  }
+  /* closing and draining move on in the same poll when they can; a sync
+   * poll waits for them (a call in flight, the kernels still queued), at
+   * most DRAIN_MAX_NS */
+  for (;;) {
+    const uint64_t t = now_ns();
+    if (c->state == ST_CLOSING && ust__kt_quiet(c->kt)) {
+      stop_tracing(c, t);
+    } else if (c->state == ST_CLOSING && sync && t < c->closed_ns + DRAIN_MAX_NS) {
+      usleep(1000);
+    } else if (c->state == ST_DRAINING) {
+      if (!sync && t < c->last_flush_ns + FLUSH_EVERY_NS / 4)
+        break;
+      c->api.flush_all(0);
+      /* drained once every launch of the window's calls has its kernel (the
+       * device may still be busy with work queued before them) */
+      const int settled = ust__kt_outstanding(c->kt) == 0 && t >= c->closed_ns + DRAIN_MIN_NS;
+      c->last_flush_ns = t;
+      if (settled || t >= c->closed_ns + DRAIN_MAX_NS)
+        finish_window(c, t);
+      else if (sync)
+        usleep(2000);
+    } else {
+      break;
+    }
+  }
+  atomic_store_explicit(&c->traced, c->state != ST_OFF && c->state != ST_YIELDED, memory_order_relaxed);
+  return c->state == ST_OPEN || c->state == ST_CLOSING || c->state == ST_DRAINING;
+}
+
+int ust__cupti_window(const ust__cupti *c) { return c != NULL && ust__kt_window_open(c->kt); }
+
+int ust__cupti_traced(const ust__cupti *c) {
+  return c != NULL && atomic_load_explicit(&((ust__cupti *)c)->traced, memory_order_relaxed);
+}
+
+int ust__cupti_begin(ust__cupti *c) {
+  uint64_t ext = 0;
+  const int slot = ust__kt_begin(c->kt, &ext);
+  if (slot < 0)
+    return -1;
+  if (c->api.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, ext) != CUPTI_SUCCESS) {
+    ust__kt_cancel(c->kt, slot);
+    return -1;
+  }
+  return slot;
+}
+
+void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int first) {
+  c->api.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, NULL);
+  if (figs != NULL)
+    ust__kt_end(c->kt, slot, figs, tsol_ps, first);
+  else
+    ust__kt_cancel(c->kt, slot);
+}
+
+void ust__cupti_status(ust__cupti *c, ust__timer_status *out) {
+  memset(out, 0, sizeof *out);
+  if (c == NULL) {
+    out->kind = "events";
+    return;
+  }
+  out->kind = c->state == ST_OFF ? "events" : "cupti";
+  out->state = state_names[c->state];
+  snprintf(out->why, sizeof out->why, "%s", c->why);
+  out->version = c->version;
+  out->yields = c->yields;
+  out->windows_cut = c->windows_cut;
+  out->buffers_short = atomic_load(&c->buffers_short);
+  out->buffers_lost = c->buffers_lost;
+  out->ns_per_tick = c->ns_per_tick;
+  ust__kt_totals_get(c->kt, &out->totals);
+}
+
+void ust__cupti_destroy(ust__cupti *c) {
+  if (c == NULL)
+    return;
+  if (c->state == ST_OPEN)
+    close_window(c, now_ns());
+  for (int i = 0; i < 1000 && c->state == ST_CLOSING && !ust__kt_quiet(c->kt); i++)
+    usleep(1000);
+  if (c->state == ST_CLOSING && ust__kt_quiet(c->kt))
+    stop_tracing(c, now_ns());
+  if (c->state == ST_DRAINING)
+    finish_window(c, now_ns());
+  ust__cupti *self = c;
+  atomic_compare_exchange_strong(&g_tracer, &self, NULL);
+  /* buffers CUPTI still holds (the window could not close) are left to it */
+  pthread_mutex_lock(&c->pool_lock);
+  const int all_back = c->n_free == c->n_owned;
+  pthread_mutex_unlock(&c->pool_lock);
+  if (all_back)
+    for (int i = 0; i < c->n_owned; i++)
+      free(c->buffers[i]);
+  ust__kt_destroy(c->kt);
+  pthread_mutex_destroy(&c->pool_lock);
+  free(c);
+}

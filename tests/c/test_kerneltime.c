@@ -1,0 +1,243 @@
+/* Kernel-level timing without a GPU: windows, call slots and the join of a
+ * tracer's records (dispatch/kerneltime.c), fed by hand in the orders a
+ * tracer may deliver them. The expected figures are summed here from the
+ * records given. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "dispatch/dispatch.h"
+#include "runner.h"
+
+static uint64_t hist_count(ust__figs *f) {
+  ust__figs_snap s;
+  ASSERT_INT_EQ(ust__figs_snapshot(f, &s), 0);
+  const uint64_t n = s.hist.count;
+  ust__figs_snap_free(&s);
+  return n;
+}
+
+static uint64_t hist_sum(ust__figs *f) {
+  ust__figs_snap s;
+  ASSERT_INT_EQ(ust__figs_snapshot(f, &s), 0);
+  const uint64_t n = s.hist.sum;
+  ust__figs_snap_free(&s);
+  return n;
+}
+
+TEST(kernel_records_join_calls_in_any_order) {
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__figs outer, inner, other;
+  ASSERT_INT_EQ(ust__figs_init(&outer), 0);
+  ASSERT_INT_EQ(ust__figs_init(&inner), 0);
+  ASSERT_INT_EQ(ust__figs_init(&other), 0);
+  uint64_t ext_o = 0, ext_i = 0, ext_x = 0;
+  ASSERT_INT_EQ(ust__kt_begin(k, &ext_o), -1); /* no window yet */
+  ust__kt_open(k);
+  ASSERT_TRUE(ust__kt_window_open(k));
+  const int so = ust__kt_begin(k, &ext_o);
+  const int si = ust__kt_begin(k, &ext_i); /* nested in the outer call (same thread) */
+  ASSERT_TRUE(so >= 0 && si >= 0 && ext_o != ext_i);
+  ust__kt_end(k, si, &inner, 0, 0);
+  ust__kt_end(k, so, &outer, 0, 0);
+  const int sx = ust__kt_begin(k, &ext_x);
+  ust__kt_end(k, sx, &other, 0, 0);
+  /* the outer call launched kernels 11 and 12, the inner one 13, the other
+   * call 14; kernels 20 and 21 belong to no call; records out of order,
+   * kernels before their launches' records, one launch record twice */
+  ust__kt_kernel(k, 13, 5000, 5400, "inner_gemm");
+  ust__kt_kernel(k, 11, 1000, 1100, "outer_pre");
+  ust__kt_ext(k, 13, ext_i);
+  ust__kt_kernel(k, 20, 100, 400, "rms_mul");
+  ust__kt_ext(k, 11, ext_o);
+  ust__kt_ext(k, 12, ext_o);
+  ust__kt_ext(k, 12, ext_o);
+  ust__kt_kernel(k, 21, 500, 600, "rms_mul");
+  ust__kt_kernel(k, 12, 6000, 6050, "outer_post");
+  ust__kt_kernel(k, 14, 7000, 7070, "other");
+  ust__kt_ext(k, 14, ext_x);
+  ust__kt_kernel(k, 22, 800, 850, "copy");
+  ust__kt_kernel(k, 13, 5000, 5400, "inner_gemm"); /* delivered twice: counted once */
+  ust__kt_close(k);
+  ASSERT_TRUE(ust__kt_quiet(k));
+  ust__kt_conclude(k, 1000000, 1.0);
+  /* each call timed once, by the sum of its kernels (its children's too) */
+  ASSERT_U64_EQ(hist_count(&outer), 1);
+  ASSERT_U64_EQ(hist_sum(&outer), 100 + 400 + 50);
+  ASSERT_U64_EQ(atomic_load(&outer.kernel_span_ns), 6050 - 1000);
+  ASSERT_U64_EQ(hist_sum(&inner), 400);
+  ASSERT_U64_EQ(atomic_load(&inner.kernel_span_ns), 400);
+  ASSERT_U64_EQ(hist_sum(&other), 70);
+  ASSERT_U64_EQ(atomic_load(&outer.kernel_timed), 1);
+  ust__kt_totals t;
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.windows, 1);
+  ASSERT_U64_EQ(t.kernels, 7);
+  ASSERT_U64_EQ(t.kernel_ns, 100 + 50 + 400 + 70 + 300 + 100 + 50);
+  ASSERT_U64_EQ(t.attributed, 4);
+  ASSERT_U64_EQ(t.attributed_ns, 100 + 50 + 400 + 70);
+  ASSERT_U64_EQ(t.calls_timed, 3);
+  ASSERT_U64_EQ(t.calls_dropped, 0);
+  ASSERT_U64_EQ(t.records_lost, 0);
+  /* unattributed by name, most time first */
+  ASSERT_INT_EQ(t.n_names, 2);
+  ASSERT_STR_EQ(t.names[0].name, "rms_mul");
+  ASSERT_U64_EQ(t.names[0].ns, 400);
+  ASSERT_U64_EQ(t.names[0].kernels, 2);
+  ASSERT_STR_EQ(t.names[1].name, "copy");
+  ust__figs_free(&outer);
+  ust__figs_free(&inner);
+  ust__figs_free(&other);
+  ust__kt_destroy(k);
+}
+
+TEST(kernel_records_lost_or_stale_do_not_make_figures) {
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__figs a, b, c;
+  ASSERT_INT_EQ(ust__figs_init(&a), 0);
+  ASSERT_INT_EQ(ust__figs_init(&b), 0);
+  ASSERT_INT_EQ(ust__figs_init(&c), 0);
+  ust__kt_open(k);
+  uint64_t ea, eb, ec;
+  const int sa = ust__kt_begin(k, &ea), sb = ust__kt_begin(k, &eb);
+  ust__kt_end(k, sb, &b, 0, 0);
+  ust__kt_end(k, sa, &a, 0, 0);
+  const int sc = ust__kt_begin(k, &ec);
+  ust__kt_cancel(k, sc); /* raised, or served by a candidate: not production's time */
+  /* a launched two kernels (driver launches), one record of which never
+   * came: no figure */
+  ust__kt_ext(k, 1, ea);
+  ust__kt_launch(k, 1, UST__KT_LAUNCH_DRIVER);
+  ust__kt_launch(k, 2, UST__KT_LAUNCH_DRIVER); /* the launch record before its external id's */
+  ust__kt_ext(k, 2, ea);
+  ust__kt_ext(k, 5, ea); /* an API call that is no launch (cudaGetDevice): no kernel expected */
+  ust__kt_kernel(k, 1, 10, 20, "k");
+  /* b's kernel came without timestamps (the tracer ran out of memory) */
+  ust__kt_ext(k, 3, eb);
+  ust__kt_launch(k, 3, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 3, 0, 0, "k");
+  ust__kt_ext(k, 4, ec);
+  ust__kt_launch(k, 4, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 4, 30, 40, "k");
+  ust__kt_close(k);
+  /* the window waits for a's second kernel and b's (neither will come) */
+  ASSERT_U64_EQ(ust__kt_outstanding(k), 2);
+  ust__kt_conclude(k, 1000, 1.0);
+  /* a's parent is -1 and b nests in a: b's loss makes a incomplete too */
+  ASSERT_U64_EQ(hist_count(&a), 0);
+  ASSERT_U64_EQ(hist_count(&b), 0);
+  ASSERT_U64_EQ(hist_count(&c), 0);
+  ASSERT_U64_EQ(atomic_load(&a.timing_dropped), 1);
+  ASSERT_U64_EQ(atomic_load(&b.timing_dropped), 1);
+  ASSERT_U64_EQ(atomic_load(&c.timing_dropped), 0);
+  ust__kt_totals t;
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.calls_dropped, 2);
+  ASSERT_U64_EQ(t.calls_timed, 0);
+  ASSERT_TRUE(t.records_lost >= 2);
+  /* the next window: records naming the last one's ids are ignored */
+  ust__kt_open(k);
+  uint64_t e2;
+  const int s2 = ust__kt_begin(k, &e2);
+  ust__kt_end(k, s2, &c, 0, 0);
+  ust__kt_ext(k, 9, ea); /* stale: the old window's id */
+  ust__kt_kernel(k, 9, 100, 200, "late");
+  /* a runtime launch that made a driver launch of its own: one kernel, the
+   * runtime launch's id; complete */
+  ust__kt_ext(k, 10, e2);
+  ust__kt_launch(k, 10, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_ext(k, 11, e2);
+  ust__kt_launch(k, 11, UST__KT_LAUNCH_DRIVER);
+  ASSERT_U64_EQ(ust__kt_outstanding(k), 1);
+  ust__kt_kernel(k, 10, 300, 330, "k");
+  ASSERT_U64_EQ(ust__kt_outstanding(k), 0);
+  ust__kt_close(k);
+  /* records in another client's clock of 2 ticks a ns: 30 ticks are 15 ns */
+  ust__kt_conclude(k, 1000, 0.5);
+  ASSERT_U64_EQ(hist_count(&c), 1);
+  ASSERT_U64_EQ(hist_sum(&c), 15);
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.windows, 2);
+  ASSERT_STR_EQ(t.names[0].name, "late"); /* its kernel ran: time no call claimed */
+  ust__figs_free(&a);
+  ust__figs_free(&b);
+  ust__figs_free(&c);
+  ust__kt_destroy(k);
+}
+
+typedef struct slot_hammer {
+  ust__kt *k;
+  ust__figs *figs;
+  atomic_int *stop;
+  long taken;
+} slot_hammer;
+
+static void *hammer(void *arg) {
+  slot_hammer *h = arg;
+  while (!atomic_load(h->stop)) {
+    uint64_t ext;
+    const int s = ust__kt_begin(h->k, &ext);
+    if (s >= 0) {
+      h->taken++;
+      ust__kt_end(h->k, s, h->figs, 0, 0);
+    }
+  }
+  return NULL;
+}
+
+TEST(kernel_windows_never_reuse_a_slot_in_flight) {
+  /* Serving threads take and end slots while windows open and close: a
+   * window concludes only once quiet, every call that took a slot is
+   * concluded exactly once (ThreadSanitizer checks the handover). */
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__figs f;
+  ASSERT_INT_EQ(ust__figs_init(&f), 0);
+  atomic_int stop = 0;
+  pthread_t th[4];
+  slot_hammer h[4];
+  for (int i = 0; i < 4; i++) {
+    h[i] = (slot_hammer){k, &f, &stop, 0};
+    pthread_create(&th[i], NULL, hammer, &h[i]);
+  }
+  for (int w = 0; w < 200; w++) {
+    ust__kt_open(k);
+    for (volatile int spin = 0; spin < 2000; spin++) {
+    }
+    ust__kt_close(k);
+    while (!ust__kt_quiet(k)) {
+    }
+    ust__kt_conclude(k, 1, 1.0);
+  }
+  atomic_store(&stop, 1);
+  long taken = 0;
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    taken += h[i].taken;
+  }
+  ust__kt_totals t;
+  ust__kt_totals_get(k, &t);
+  /* no launches: every call concluded once, as one without kernels */
+  ASSERT_U64_EQ(t.calls_empty, (uint64_t)taken);
+  ASSERT_U64_EQ(t.calls_timed + t.calls_dropped, 0);
+  ASSERT_TRUE(taken > 0);
+  ASSERT_U64_EQ(hist_count(&f), 0);
+  ASSERT_U64_EQ(t.windows, 200);
+  ust__figs_free(&f);
+  ust__kt_destroy(k);
+}
+
+TEST(kernel_windows_keep_to_their_budget) {
+  /* 10 000 kernels at 3 us of added launch cost each cost 30 ms; within 1 %
+   * of host time the next window opens 3 s after this one did */
+  ASSERT_U64_EQ(ust__kt_next_open(5000000000ull, 100000000ull, 10000, 3000.0, 0.01, 100000000ull),
+                5000000000ull + 3000000000ull);
+  /* few kernels: never closer than the window and the minimum gap */
+  ASSERT_U64_EQ(ust__kt_next_open(0, 100000000ull, 10, 3000.0, 0.01, 100000000ull), 200000000ull);
+  /* no budget: back to back but for the gap */
+  ASSERT_U64_EQ(ust__kt_next_open(0, 100000000ull, 1000000, 3000.0, 0, 0), 100000000ull);
+  /* the cost over the period stays within the budget */
+  const uint64_t next = ust__kt_next_open(0, 50000000ull, 123457, 2500.0, 0.02, 0);
+  ASSERT_TRUE(123457 * 2500.0 / (double)next <= 0.02 + 1e-12);
+}

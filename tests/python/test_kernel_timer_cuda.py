@@ -1,0 +1,143 @@
+"""The CUPTI kernel timer on CUDA: per-call kernel time against torch.profiler's,
+coverage, standing down for torch's profiler and resuming after it.
+Skipped only where torch sees no CUDA device."""
+import statistics
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+ALWAYS = {"kind": "cupti", "budget": 0, "window_ms": 200}
+
+
+def mm_calls(a, b, n):
+    for _ in range(n):
+        torch.mm(a, b)
+    torch.cuda.synchronize()
+
+
+def mm_for(a, seconds):
+    """Calls for a while (longer than a window and the gap after it)."""
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.mm(a, a)
+        torch.cuda.synchronize()
+        n += 1
+    return n
+
+
+def route(rep, op, **dims):
+    for o in rep["operators"]:
+        for s in o["shapes"]:
+            if s["op"] == op and all(s["dims"].get(k) == v for k, v in dims.items()):
+                return s
+    return None
+
+
+def profiler_mm_us(a, b, n):
+    """torch.profiler's per-call kernel time of the same mm (the ground truth)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        mm_calls(a, b, n)
+    per_call = [e.device_time_total for e in prof.events() if e.name == "aten::mm"]
+    assert len(per_call) == n
+    return statistics.median(per_call)
+
+
+def test_cupti_times_calls_by_their_kernels(us):
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    mm_calls(a, b, 20)
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "timer": ALWAYS})
+    time.sleep(0.3)  # the first window opens once a GPU call was seen
+    mm_calls(a, b, 3)
+    time.sleep(0.3)
+    mm_calls(a, b, 200)
+    rep = us.report()
+    us.disable()
+    tm = rep["timer"]
+    assert tm["kind"] == "cupti", tm
+    assert tm["windows"] >= 1 and tm["calls_timed"] >= 100, tm
+    s = route(rep, "aten::mm", M=4096, N=4096, K=4096)
+    assert s["calls"] == 203 and s["kernel_timed"] >= 100, s
+    ours = s["latency_ns"]["p50"] / 1e3
+    truth = profiler_mm_us(a, b, 200)
+    print(f"\nmm 4096^3 bf16: understudy (CUPTI) p50 {ours:.2f} us, torch.profiler {truth:.2f} us, "
+          f"{tm['windows']} windows, {tm['calls_timed']} calls timed by kernels")
+    assert abs(ours / truth - 1) < 0.10
+    # the kernels' span is reported apart: one kernel, span = sum
+    assert s["kernel_span_ns"] > 0
+
+
+def test_coverage_names_the_kernels_no_bound_op_launched(us):
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64 << 20, device="cuda")
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "timer": ALWAYS})
+    torch.mm(a, a)
+    time.sleep(0.3)
+    for _ in range(50):
+        torch.mm(a, a)
+        x.mul_(1.0001)  # not bound: its kernels are unattributed
+    torch.cuda.synchronize()
+    rep = us.report()
+    us.disable()
+    tm = rep["timer"]
+    assert tm["kernel_ns"] > tm["attributed_ns"] > 0, tm
+    assert 0 < tm["coverage"] < 1
+    names = [u["name"] for u in tm["unattributed"]]
+    assert any("elementwise" in n or "vectorized" in n or "mul" in n.lower() for n in names), names
+    print(f"\ncoverage {tm['coverage']:.3f}; unattributed {names[:3]}")
+
+
+def test_profiler_started_mid_run_takes_cupti_and_understudy_resumes(us):
+    from torch.profiler import ProfilerActivity, profile
+    a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "timer": ALWAYS})
+    torch.mm(a, a)
+    time.sleep(0.3)
+    mm_for(a, 0.5)
+    before = us.report()["timer"]
+    assert before["kind"] == "cupti" and before["calls_timed"] > 0, before
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            mm_calls(a, a, 20)
+            time.sleep(0.02)
+    during = us.report()["timer"]
+    # the profiler got its kernels: understudy did not take them
+    kernels = [e for e in prof.events() if e.name == "aten::mm"]
+    assert len(kernels) == 400 and all(e.device_time_total > 0 for e in kernels)
+    assert during["yields"] >= 1, during
+    time.sleep(1.5)  # it asks again once the profiler has stopped
+    mm_for(a, 0.6)
+    after = us.report()["timer"]
+    us.disable()
+    print(f"\nbefore {before['calls_timed']} timed; during: {during.get('why')!r}, yields {during['yields']}; "
+          f"after {after['calls_timed']} timed, state {after.get('state')}")
+    assert after["calls_timed"] > during["calls_timed"], (during, after)
+
+
+def test_a_window_never_makes_a_call_wait_for_the_device(us):
+    """Inside a window calls push and pop an id; nothing waits for queued
+    work. The report then waits for the kernels (at most 2 s)."""
+    a = torch.randn(256, 256, device="cuda")
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
+               "timer": {"kind": "cupti", "budget": 0, "window_ms": 5000}})
+    torch.mm(a, a)
+    time.sleep(0.3)  # the window opens within the worker's idle poll (0.1 s) and stays open 5 s
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)  # about half a second of GPU time queued ahead
+    done = torch.cuda.Event()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        torch.mm(a, a)
+    host_s = time.perf_counter() - t0
+    done.record()
+    still_running = not done.query()
+    rep = us.report()
+    us.disable()
+    s = route(rep, "aten::mm", M=256, N=256, K=256)
+    print(f"\n10 calls in a window returned after {host_s * 1e3:.2f} ms; {s['kernel_timed']} timed by kernels")
+    assert still_running and host_s < 0.05
+    assert rep["timer"]["windows"] >= 1 and s["kernel_timed"] >= 10, rep["timer"]
