@@ -120,15 +120,23 @@ struct ust__cupti {
   uint64_t opened_ns, closed_ns, next_open_ns, last_flush_ns;
   uint64_t opened_ticks, opened_clock_ns; /* cuptiGetTimestamp and the host clock at the window's opening */
   uint64_t yields, windows_cut;
-  /* buffers, handed to CUPTI from the launching threads */
-  pthread_mutex_t pool_lock;
-  uint8_t *buffers[N_BUFFERS];
-  int free_list[N_BUFFERS], n_free, n_owned;
-  uint64_t buffers_lost; /* written off to another client */
+  uint64_t buffers_lost; /* still with CUPTI after a window's forced flush */
   atomic_uint_fast64_t buffers_short, foreign_buffers;
 };
 
 static _Atomic(ust__cupti *) g_tracer; /* the tracer CUPTI's callbacks feed (see the top) */
+static atomic_int g_in_callback;      /* callbacks running: a tracer is freed only after they left */
+
+/* The activity buffers, process-wide and never freed: CUPTI may hold one
+ * past the window (and the tracer) it was handed out for, and write into it
+ * later. A buffer is handed out only while not with CUPTI; one that comes
+ * back is read only while a tracer is there. */
+static struct {
+  pthread_mutex_t lock;
+  uint8_t *buf[N_BUFFERS];
+  int with_cupti[N_BUFFERS];
+  int n;
+} g_pool = {PTHREAD_MUTEX_INITIALIZER, {NULL}, {0}, 0};
 
 static const char *cupti_error(const ust__cupti *c, CUptiResult r) {
   const char *s = NULL;
@@ -146,28 +154,24 @@ static void set_why(ust__cupti *c, const char *fmt, const char *a, const char *b
 
 /* ---- CUPTI's buffer callbacks -------------------------------------------------------- */
 
-static int buffer_index(const ust__cupti *c, const uint8_t *buf) {
-  for (int i = 0; i < c->n_owned; i++)
-    if (c->buffers[i] == buf)
-      return i;
-  return -1;
-}
-
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
-  ust__cupti *c = atomic_load(&g_tracer);
   *buffer = NULL;
   *size = 0;
   *max_records = 0;
-  if (c == NULL)
-    return;
-  pthread_mutex_lock(&c->pool_lock);
-  if (c->n_free > 0) {
-    *buffer = c->buffers[c->free_list[--c->n_free]];
-    *size = BUFFER_BYTES;
-  }
-  pthread_mutex_unlock(&c->pool_lock);
-  if (*buffer == NULL)
+  pthread_mutex_lock(&g_pool.lock);
+  for (int i = 0; i < g_pool.n; i++)
+    if (!g_pool.with_cupti[i]) {
+      g_pool.with_cupti[i] = 1;
+      *buffer = g_pool.buf[i];
+      *size = BUFFER_BYTES;
+      break;
+    }
+  pthread_mutex_unlock(&g_pool.lock);
+  atomic_fetch_add(&g_in_callback, 1);
+  ust__cupti *c = atomic_load(&g_tracer);
+  if (*buffer == NULL && c != NULL)
     atomic_fetch_add_explicit(&c->buffers_short, 1, memory_order_relaxed);
+  atomic_fetch_sub(&g_in_callback, 1);
 }
 
 static int is_launch(const CUpti_CallbackId *ids, size_t n, CUpti_CallbackId cbid) {
@@ -200,21 +204,26 @@ static void read_records(ust__cupti *c, uint8_t *buf, size_t valid) {
 }
 
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid) {
+  int i = -1;
+  pthread_mutex_lock(&g_pool.lock);
+  for (int j = 0; j < g_pool.n && i < 0; j++)
+    if (g_pool.buf[j] == buffer && g_pool.with_cupti[j])
+      i = j;
+  pthread_mutex_unlock(&g_pool.lock);
+  atomic_fetch_add(&g_in_callback, 1);
   ust__cupti *c = atomic_load(&g_tracer);
-  if (c == NULL)
-    return;
-  pthread_mutex_lock(&c->pool_lock);
-  const int i = buffer_index(c, buffer);
-  pthread_mutex_unlock(&c->pool_lock);
   if (i < 0) {
-    atomic_fetch_add_explicit(&c->foreign_buffers, 1, memory_order_relaxed); /* not ours: leave it */
+    if (c != NULL)
+      atomic_fetch_add_explicit(&c->foreign_buffers, 1, memory_order_relaxed); /* not ours: leave it */
+    atomic_fetch_sub(&g_in_callback, 1);
     return;
   }
-  if (valid > 0)
+  if (c != NULL && valid > 0)
     read_records(c, buffer, valid);
-  pthread_mutex_lock(&c->pool_lock);
-  c->free_list[c->n_free++] = i;
-  pthread_mutex_unlock(&c->pool_lock);
+  atomic_fetch_sub(&g_in_callback, 1);
+  pthread_mutex_lock(&g_pool.lock);
+  g_pool.with_cupti[i] = 0;
+  pthread_mutex_unlock(&g_pool.lock);
 }
 
 static void CUPTIAPI no_callback(void *data, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *info) {}
@@ -264,10 +273,8 @@ int ust__cupti_create(const ust__timer_opts *opts, ust__log_sink *log, ust__cupt
     return ust__error(UST_ENOMEM, "out of memory for the kernel tracer");
   c->opts = *opts;
   c->log = log;
-  pthread_mutex_init(&c->pool_lock, NULL);
   int rc = ust__kt_create(&c->kt);
   if (rc != 0) {
-    pthread_mutex_destroy(&c->pool_lock);
     free(c);
     return rc;
   }
@@ -296,19 +303,28 @@ int ust__cupti_create(const ust__timer_opts *opts, ust__log_sink *log, ust__cupt
 
 /* ---- windows ------------------------------------------------------------------------- */
 
-static int alloc_buffers(ust__cupti *c) {
-  if (c->n_owned == N_BUFFERS)
-    return 0;
-  pthread_mutex_lock(&c->pool_lock);
-  while (c->n_owned < N_BUFFERS) {
+static int alloc_buffers(void) {
+  pthread_mutex_lock(&g_pool.lock);
+  while (g_pool.n < N_BUFFERS) {
     uint8_t *b = aligned_alloc(8, BUFFER_BYTES);
     if (b == NULL)
       break;
-    c->buffers[c->n_owned] = b;
-    c->free_list[c->n_free++] = c->n_owned++;
+    g_pool.with_cupti[g_pool.n] = 0;
+    g_pool.buf[g_pool.n++] = b;
   }
-  pthread_mutex_unlock(&c->pool_lock);
-  return c->n_owned > 0 ? 0 : -1;
+  const int n = g_pool.n;
+  pthread_mutex_unlock(&g_pool.lock);
+  return n > 0 ? 0 : -1;
+}
+
+/* Buffers still with CUPTI. */
+static int buffers_out(void) {
+  pthread_mutex_lock(&g_pool.lock);
+  int n = 0;
+  for (int i = 0; i < g_pool.n; i++)
+    n += g_pool.with_cupti[i];
+  pthread_mutex_unlock(&g_pool.lock);
+  return n;
 }
 
 static void disable_kinds(ust__cupti *c) {
@@ -333,7 +349,7 @@ static void open_window(ust__cupti *c, uint64_t now) {
     yield(c, now, "torch's profiler is recording", NULL);
     return;
   }
-  if (alloc_buffers(c) != 0) {
+  if (alloc_buffers() != 0) {
     yield(c, now, "no memory for activity buffers", NULL);
     return;
   }
@@ -436,9 +452,7 @@ static void finish_window(ust__cupti *c, uint64_t now) {
   }
   c->ns_per_tick = ns_per_tick;
   ust__kt_conclude(c->kt, open_ns, ns_per_tick);
-  pthread_mutex_lock(&c->pool_lock);
-  const int missing = c->n_owned - c->n_free;
-  pthread_mutex_unlock(&c->pool_lock);
+  const int missing = buffers_out();
   /* CUPTI stays attached: tracing the API calls leaves every later launch
    * slower until cuptiFinalize, and detaching between windows (tried on an
    * H200 with CUDA 13.0) corrupted the heap of the process later on. */
@@ -449,24 +463,10 @@ static void finish_window(ust__cupti *c, uint64_t now) {
                                       c->opts.budget, MIN_GAP_NS);
   c->state = ST_IDLE;
   if (missing > 0 || atomic_load(&c->foreign_buffers) > 0) {
-    /* Another client's callbacks took buffers of ours: it holds CUPTI now.
-     * Those it still holds are written off (it may yet write into them);
-     * the next window allocates new ones. */
-    pthread_mutex_lock(&c->pool_lock);
-    int kept = 0;
-    for (int i = 0; i < c->n_owned; i++) {
-      int is_free = 0;
-      for (int j = 0; j < c->n_free; j++)
-        is_free |= c->free_list[j] == i;
-      if (is_free)
-        c->buffers[kept++] = c->buffers[i];
-      else
-        c->buffers_lost++;
-    }
-    c->n_owned = c->n_free = kept;
-    for (int i = 0; i < kept; i++)
-      c->free_list[i] = i;
-    pthread_mutex_unlock(&c->pool_lock);
+    /* Buffers of ours did not come back, or another client's came to us:
+     * another client holds the callbacks now. Ours stay out until they
+     * come back (never handed out twice). */
+    c->buffers_lost = (uint64_t)missing;
     yield(c, now, "another CUPTI client took the activity callbacks", NULL);
   }
 }
@@ -587,14 +587,9 @@ void ust__cupti_destroy(ust__cupti *c) {
     finish_window(c, now_ns());
   ust__cupti *self = c;
   atomic_compare_exchange_strong(&g_tracer, &self, NULL);
-  /* buffers CUPTI still holds (the window could not close) are left to it */
-  pthread_mutex_lock(&c->pool_lock);
-  const int all_back = c->n_free == c->n_owned;
-  pthread_mutex_unlock(&c->pool_lock);
-  if (all_back)
-    for (int i = 0; i < c->n_owned; i++)
-      free(c->buffers[i]);
+  while (atomic_load(&g_in_callback) > 0)
+    usleep(100); /* a callback that loaded this tracer before it was unpublished */
+  /* the buffers stay (process-wide): CUPTI may still hold some */
   ust__kt_destroy(c->kt);
-  pthread_mutex_destroy(&c->pool_lock);
   free(c);
 }
