@@ -25,6 +25,10 @@ def torch_still_works():
     ({"operators": {"gemm": {"sample": 1.5}}}, "'operators.gemm.sample' must be a number in [0, 1]"),
     ({"operators": {"nosuchop": "observe"}}, "'operators.nosuchop': no operator named 'nosuchop'"),
     ({"reprot": {}}, "unknown field 'reprot'"),
+    ({"timer": {"kind": "nvtx"}}, "'timer.kind' must be one of auto, cupti, events"),
+    ({"timer": {"budget": 2}}, "'timer.budget' must be a share of host time in [0, 1]"),
+    ({"timer": {"window_ms": 0}}, "'timer.window_ms' must be a number of milliseconds in [1, 600000]"),
+    ({"timer": {"windw_ms": 5}}, "unknown field 'timer.windw_ms'"),
     ('{"operators": ', "not valid JSON"),
 ])
 def test_bad_config_is_refused_with_the_field(us, config, needle):

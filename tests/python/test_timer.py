@@ -1,0 +1,82 @@
+"""Which timer produced the figures, said in the report, merged and on
+/metrics; the kernel tracer's fallback where CUPTI cannot be loaded. The
+tracer itself runs on CUDA (test_kernel_timer_cuda.py)."""
+import ctypes
+import json
+
+import torch
+
+from understudy import merge as merge_mod
+
+
+def _cupti_loadable():
+    try:
+        ctypes.CDLL("libcupti.so.13")
+        return True
+    except OSError:
+        return False
+
+
+def test_report_names_the_timer_and_why_the_tracer_is_off(us):
+    us.enable({"operators": {"gemm": "observe"}})
+    torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+    tm = us.report()["timer"]
+    us.disable()
+    # a CPU build times with the host clock; a GPU build with events by default
+    assert tm["kind"] in ("host", "events"), tm
+    if tm["kind"] == "events":
+        assert tm["why"] == 'timer.kind is "events"', tm
+    assert tm["windows"] == tm["kernels"] == tm["calls_timed"] == 0 and tm["unattributed"] == []
+    assert "coverage" not in tm  # no kernel seen: no share
+
+
+def test_asking_for_cupti_where_it_cannot_load_falls_back_to_events_saying_why(us, tmp_path, capfd):
+    us.enable({"operators": {"gemm": "observe"},
+               "timer": {"kind": "cupti", "cupti_path": str(tmp_path / "libcupti.so.13")}})
+    torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+    rep = us.report()
+    us.disable()
+    tm = rep["timer"]
+    if tm["kind"] == "host":
+        return  # a build without a GPU backend has no tracer to ask for
+    if _cupti_loadable():
+        # the loader finds it by its soname: the tracer is there, idle (no GPU call)
+        assert tm["kind"] == "cupti" and tm["state"] in ("idle", "yielded"), tm
+    else:
+        assert tm["kind"] == "events" and "libcupti.so.13 could not be loaded" in tm["why"], tm
+        assert "CUPTI was asked for and is not available" in capfd.readouterr().err
+    (s,) = rep["operators"][0]["shapes"]
+    assert s["calls"] == 1 and s["timed"] == 1 and s["kernel_timed"] == 0  # the host clock timed the CPU call
+
+
+def _report(kernels, attributed, names, kind="cupti", pid=1):
+    return {"schema": "understudy.report", "version": 1, "host": "h", "pid": pid, "started_unix_ms": 0,
+            "generated_unix_ms": 1, "histogram": {"scheme": "log2-sub16-ns", "unit": "ns", "buckets": 976},
+            "operators": [], "hardware": [], "totals": {"untracked": 0, "internal_errors": 0},
+            "timer": {"kind": kind, "windows": 2, "window_ns": 200, "yields": 1, "windows_cut": 0,
+                      "kernels": 10, "kernel_ns": kernels, "attributed_kernels": 6,
+                      "attributed_ns": attributed, "calls_timed": 5, "calls_dropped": 1, "calls_empty": 0,
+                      "records_lost": 2,
+                      "unattributed": [{"name": n, "ns": ns, "kernels": 1} for n, ns in names]}}
+
+
+def test_merge_adds_the_timer_sections_and_derives_coverage():
+    a = _report(1000, 600, [("rms", 300), ("copy", 100)])
+    b = _report(3000, 1500, [("copy", 900), ("rope", 600)], kind="events", pid=2)
+    m = merge_mod.merge([a, b])
+    tm = m["timer"]
+    assert tm["kind"] == "cupti"
+    assert (tm["kernel_ns"], tm["attributed_ns"], tm["windows"], tm["records_lost"]) == (4000, 2100, 4, 4)
+    assert abs(tm["coverage"] - 2100 / 4000) < 1e-12  # derived by the library from the sums
+    assert [(u["name"], u["ns"]) for u in tm["unattributed"]] == [("copy", 1000), ("rope", 600), ("rms", 300)]
+
+
+def test_metrics_carry_the_timer_and_coverage():
+    from understudy.metrics import metrics_text
+    rep = merge_mod.merge([_report(1000, 600, [("rms_kernel", 300)])])
+    text = metrics_text(rep)
+    assert 'understudy_timer_info{kind="cupti"' in text
+    assert "understudy_kernel_coverage_ratio 0.6" in text
+    assert 'understudy_window_kernel_seconds_total{attributed="no"} 4e-07' in text
+    assert 'understudy_unattributed_kernel_seconds{kernel="rms_kernel"} 3e-07' in text
+    json.dumps(rep)
