@@ -120,7 +120,10 @@ def test_profiler_started_mid_run_takes_cupti_and_understudy_resumes(us):
 
 def test_a_window_never_makes_a_call_wait_for_the_device(us):
     """Inside a window calls push and pop an id; nothing waits for queued
-    work. The report then waits for the kernels (at most 2 s)."""
+    work. Each of those calls is then timed by its kernels or, when the
+    window concluded before its kernels ran (the report closes the window;
+    the tracer does not know yet when queued work is done), dropped and
+    counted: never a figure from a partial record."""
     a = torch.randn(256, 256, device="cuda")
     us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
                "timer": {"kind": "cupti", "budget": 0, "window_ms": 5000}})
@@ -140,4 +143,5 @@ def test_a_window_never_makes_a_call_wait_for_the_device(us):
     s = route(rep, "aten::mm", M=256, N=256, K=256)
     print(f"\n10 calls in a window returned after {host_s * 1e3:.2f} ms; {s['kernel_timed']} timed by kernels")
     assert still_running and host_s < 0.05
-    assert rep["timer"]["windows"] >= 1 and s["kernel_timed"] >= 10, rep["timer"]
+    assert rep["timer"]["windows"] >= 1, rep["timer"]
+    assert s["calls"] == 11 and s["kernel_timed"] + s["timing_dropped"] == 10, s
