@@ -247,6 +247,11 @@ void ust__kt_graph_node_copied(ust__kt *k, uint64_t from, uint64_t to);
 #define UST__KT_LAUNCH_RUNTIME 1u
 #define UST__KT_LAUNCH_DRIVER 2u
 void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags);
+/* The calling thread's innermost call slot (-1: none); and a launch the
+ * calling thread makes for that slot (a launch API's callback: no external
+ * id needed). */
+int ust__kt_current(void);
+void ust__kt_launch_of(ust__kt *k, uint32_t corr, int slot, uint32_t flags);
 /* Launches of the window's calls whose kernel record has not come yet (the
  * window has drained when none is left). */
 uint64_t ust__kt_outstanding(ust__kt *k);
@@ -290,6 +295,7 @@ typedef struct ust__timer_opts {
   double budget;         /* the share of host time windows may cost (<= 0: always on) */
   double launch_cost_ns; /* what tracing adds to one kernel launch, for the budget */
   const char *cupti_path; /* borrowed; NULL: libcupti.so.13 as the loader finds it */
+  int callbacks;         /* 1: correlate launches through CUPTI's launch callbacks when it can subscribe */
   int (*profiler_active)(void); /* 1 while torch's profiler records (may be NULL) */
 } ust__timer_opts;
 
@@ -299,6 +305,7 @@ typedef struct ust__timer_status {
   const char *state;  /* the tracer's: "idle", "window", ..., "yielded", "off"; NULL without one */
   char why[200];      /* why the tracer is off or stood down; "" otherwise */
   uint32_t version;   /* libcupti's API version */
+  const char *correlation; /* how the last window joined kernels to calls: "records" or "callbacks" (static) */
   uint64_t yields, windows_cut, buffers_short, buffers_lost;
   double ns_per_tick; /* the records' clock, over the last window (1: ns) */
   ust__kt_totals totals;

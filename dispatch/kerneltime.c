@@ -204,6 +204,21 @@ void ust__kt_ext(ust__kt *k, uint32_t corr, uint64_t ext) {
   pthread_mutex_unlock(&k->lock);
 }
 
+int ust__kt_current(void) { return tls_current; }
+
+void ust__kt_launch_of(ust__kt *k, uint32_t corr, int slot, uint32_t flags) {
+  if (corr == 0 || slot < 0 || slot >= UST__KT_MAX_CALLS)
+    return;
+  pthread_mutex_lock(&k->lock);
+  corr_slot *e = atomic_load_explicit(&k->collecting, memory_order_relaxed) ? corr_entry(k, corr) : NULL;
+  if (e != NULL) {
+    if (e->call == 0)
+      e->call = (uint32_t)slot + 1;
+    e->flags |= flags;
+  }
+  pthread_mutex_unlock(&k->lock);
+}
+
 void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags) {
   if (corr == 0)
     return;

@@ -54,6 +54,7 @@ typedef CUptiResult (*fn_next)(uint8_t *, size_t, CUpti_Activity **);
 typedef CUptiResult (*fn_dropped)(CUcontext, uint32_t, size_t *);
 typedef CUptiResult (*fn_u64p)(uint64_t *);
 typedef CUptiResult (*fn_errstr)(CUptiResult, const char **);
+typedef CUptiResult (*fn_enable_cb)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
 
 typedef struct cupti_api {
   fn_u32p get_version;
@@ -69,6 +70,7 @@ typedef struct cupti_api {
   fn_dropped dropped;
   fn_u64p timestamp;
   fn_errstr error_string;
+  fn_enable_cb enable_callback;
 } cupti_api;
 
 enum { ST_OFF, ST_IDLE, ST_OPEN, ST_CLOSING, ST_DRAINING, ST_YIELDED };
@@ -116,6 +118,7 @@ struct ust__cupti {
   char why[200]; /* why the tracer is off or yielded; "" otherwise */
   CUpti_SubscriberHandle sub;
   int subscribed, noted_incumbent;
+  atomic_int by_callbacks; /* this window joins launches through callbacks (no external ids pushed) */
   double ns_per_tick; /* the last window's */
   uint64_t opened_ns, closed_ns, next_open_ns, last_flush_ns;
   uint64_t opened_ticks, opened_clock_ns; /* cuptiGetTimestamp and the host clock at the window's opening */
@@ -226,7 +229,32 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
   pthread_mutex_unlock(&g_pool.lock);
 }
 
-static void CUPTIAPI no_callback(void *data, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *info) {}
+/* A launch API entered on a serving thread (callbacks mode): its correlation
+ * id is the one its kernels' records will carry; the thread's current call
+ * slot is the call it launches for. */
+static void CUPTIAPI launch_callback(void *data, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                                     const void *info) {
+  const CUpti_CallbackData *cb = info;
+  if ((domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) || cb == NULL ||
+      cb->callbackSite != CUPTI_API_ENTER)
+    return;
+  const int slot = ust__kt_current();
+  if (slot < 0)
+    return;
+  atomic_fetch_add(&g_in_callback, 1);
+  ust__cupti *c = atomic_load(&g_tracer);
+  if (c != NULL)
+    ust__kt_launch_of(c->kt, cb->correlationId, slot,
+                      domain == CUPTI_CB_DOMAIN_RUNTIME_API ? UST__KT_LAUNCH_RUNTIME : UST__KT_LAUNCH_DRIVER);
+  atomic_fetch_sub(&g_in_callback, 1);
+}
+
+static void set_callbacks(ust__cupti *c, uint32_t on) {
+  for (size_t i = 0; i < sizeof runtime_launches / sizeof runtime_launches[0]; i++)
+    c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]);
+  for (size_t i = 0; i < sizeof driver_launches / sizeof driver_launches[0]; i++)
+    c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_launches[i]);
+}
 
 /* ---- loading ------------------------------------------------------------------------- */
 
@@ -262,6 +290,7 @@ static int load_api(ust__cupti *c) {
   SYM(dropped, "cuptiActivityGetNumDroppedRecords");
   SYM(timestamp, "cuptiGetTimestamp");
   SYM(error_string, "cuptiGetResultString");
+  SYM(enable_callback, "cuptiEnableCallback");
 #undef SYM
   return 0;
 }
@@ -365,9 +394,9 @@ static void open_window(ust__cupti *c, uint64_t now) {
                                 .subscriberName = "understudy",
                                 .oldSubscriberName = incumbent,
                                 .oldSubscriberSize = sizeof incumbent - 1};
-    r = c->api.subscribe_v2(&c->sub, no_callback, NULL, &p);
+    r = c->api.subscribe_v2(&c->sub, launch_callback, NULL, &p);
   } else {
-    r = c->api.subscribe(&c->sub, no_callback, NULL);
+    r = c->api.subscribe(&c->sub, launch_callback, NULL);
   }
   c->subscribed = r == CUPTI_SUCCESS;
   if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
@@ -386,18 +415,26 @@ static void open_window(ust__cupti *c, uint64_t now) {
     return;
   }
   atomic_store(&g_tracer, c);
+  /* Two ways to know which call launched a kernel. Callbacks (asked for,
+   * and only while understudy holds the subscription): the launch APIs'
+   * callbacks note each launch's correlation id against the calling
+   * thread's call; only kernel records are traced. Records (else): each call
+   * pushes an external id, and external correlation records come with the
+   * API records of the calls made while it is pushed, the runtime's and the
+   * driver's (Triton and cuBLAS launch through the driver), which makes
+   * every API call of the process dearer, for the rest of its life. */
+  const int by_callbacks = c->opts.callbacks && c->subscribed;
   r = c->api.register_callbacks(buffer_requested, buffer_completed);
   if (r == CUPTI_SUCCESS)
     r = c->api.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-  /* external correlation records come with the API records of the calls
-   * made while an id is pushed: the runtime's and the driver's (Triton and
-   * cuBLAS launch through the driver) */
-  if (r == CUPTI_SUCCESS)
+  if (r == CUPTI_SUCCESS && !by_callbacks)
     r = c->api.enable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
-  if (r == CUPTI_SUCCESS)
+  if (r == CUPTI_SUCCESS && !by_callbacks)
     r = c->api.enable(CUPTI_ACTIVITY_KIND_RUNTIME);
-  if (r == CUPTI_SUCCESS)
+  if (r == CUPTI_SUCCESS && !by_callbacks)
     r = c->api.enable(CUPTI_ACTIVITY_KIND_DRIVER);
+  if (r == CUPTI_SUCCESS && by_callbacks)
+    set_callbacks(c, 1);
   if (r != CUPTI_SUCCESS) {
     disable_kinds(c);
     if (c->subscribed)
@@ -407,6 +444,7 @@ static void open_window(ust__cupti *c, uint64_t now) {
     return;
   }
   atomic_store(&c->foreign_buffers, 0);
+  atomic_store(&c->by_callbacks, by_callbacks); /* before the window opens: its calls read it */
   ust__kt_open(c->kt);
   c->state = ST_OPEN;
   c->why[0] = '\0';
@@ -425,6 +463,8 @@ static void close_window(ust__cupti *c, uint64_t now) {
 
 /* After the last call of the window left: no new records but those in flight. */
 static void stop_tracing(ust__cupti *c, uint64_t now) {
+  if (atomic_load(&c->by_callbacks))
+    set_callbacks(c, 0);
   disable_kinds(c);
   c->state = ST_DRAINING;
   c->last_flush_ns = now;
@@ -541,7 +581,9 @@ int ust__cupti_begin(ust__cupti *c) {
   const int slot = ust__kt_begin(c->kt, &ext);
   if (slot < 0)
     return -1;
-  if (c->api.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, ext) != CUPTI_SUCCESS) {
+  /* the mode cannot change while a call of the window is in flight */
+  if (!atomic_load_explicit(&c->by_callbacks, memory_order_relaxed) &&
+      c->api.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, ext) != CUPTI_SUCCESS) {
     ust__kt_cancel(c->kt, slot);
     return -1;
   }
@@ -549,7 +591,8 @@ int ust__cupti_begin(ust__cupti *c) {
 }
 
 void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int first) {
-  c->api.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, NULL);
+  if (!atomic_load_explicit(&c->by_callbacks, memory_order_relaxed))
+    c->api.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, NULL);
   if (figs != NULL)
     ust__kt_end(c->kt, slot, figs, tsol_ps, first);
   else
@@ -566,6 +609,7 @@ void ust__cupti_status(ust__cupti *c, ust__timer_status *out) {
   out->state = state_names[c->state];
   snprintf(out->why, sizeof out->why, "%s", c->why);
   out->version = c->version;
+  out->correlation = c->state == ST_OFF ? NULL : atomic_load(&c->by_callbacks) ? "callbacks" : "records";
   out->yields = c->yields;
   out->windows_cut = c->windows_cut;
   out->buffers_short = atomic_load(&c->buffers_short);

@@ -658,7 +658,8 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
   }
   const cJSON *timer = cJSON_GetObjectItemCaseSensitive(root, "timer");
   if (timer != NULL) {
-    static const char *const tkeys[] = {"kind", "window_ms", "budget", "launch_cost_us", "cupti_path", NULL};
+    static const char *const tkeys[] = {"kind", "window_ms", "budget", "launch_cost_us", "cupti_path",
+                                        "correlation", NULL};
     if ((rc = section(timer, "timer", tkeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(timer, "kind")) != NULL) {
@@ -685,6 +686,11 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
       if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 1000)
         return ust__error(UST_ECONFIG, "config: 'timer.launch_cost_us' must be a number of microseconds in [0, 1000]");
       cfg->timer_launch_cost_us = v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "correlation")) != NULL) {
+      if (!cJSON_IsString(v) || (strcmp(v->valuestring, "records") != 0 && strcmp(v->valuestring, "callbacks") != 0))
+        return ust__error(UST_ECONFIG, "config: 'timer.correlation' must be one of records, callbacks");
+      cfg->timer_callbacks = strcmp(v->valuestring, "callbacks") == 0;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(timer, "cupti_path")) != NULL &&
         (rc = parse_string(v, "timer.cupti_path", &cfg->cupti_path)) != 0)

@@ -341,6 +341,7 @@ static int build_router(ust__engine *e) {
         .budget = e->cfg.timer_budget,
         .launch_cost_ns = e->cfg.timer_launch_cost_us * 1e3,
         .cupti_path = e->cfg.cupti_path,
+        .callbacks = e->cfg.timer_callbacks,
         .profiler_active = c->seam != NULL ? c->seam->profiler_active : NULL,
     };
     rc = ust__timers_create(1024, &topts, &c->log, &r->timers);

@@ -141,6 +141,7 @@ typedef struct ust__config {
   double timer_budget;       /* the share of host time the windows may cost */
   double timer_launch_cost_us; /* tracing's cost per kernel launch, for the budget */
   char *cupti_path;          /* owned, NULL: libcupti.so.13 as the loader finds it */
+  int timer_callbacks;       /* timer.correlation "callbacks" */
   int all_operators;         /* 1 when "operators" is absent: every definition */
   int n_ops;
   ust__op_config *ops;       /* owned */

@@ -323,6 +323,8 @@ static cJSON *timer_json(ust__timers *t, uint64_t elapsed_ns) {
     cJSON_AddStringToObject(j, "why", st.why);
   if (st.version != 0)
     add_num(j, "cupti_version", st.version);
+  if (st.correlation != NULL)
+    cJSON_AddStringToObject(j, "correlation", st.correlation);
   if (st.ns_per_tick > 0 && st.ns_per_tick != 1.0)
     add_num(j, "ns_per_tick", st.ns_per_tick); /* another client's clock, converted */
   const ust__kt_totals *k = &st.totals;

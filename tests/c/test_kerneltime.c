@@ -307,3 +307,41 @@ TEST(kernel_graph_replays_are_their_captured_calls) {
   ust__figs_free(&e);
   ust__kt_destroy(k);
 }
+
+TEST(kernel_launches_known_from_callbacks_join_without_external_ids) {
+  /* Callbacks mode: the launch API's callback runs on the launching thread
+   * and names the thread's current call; no external id is pushed. A
+   * runtime launch that makes a driver launch of its own (two callbacks, one
+   * kernel) is complete; a launch outside any call names none. */
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__figs f;
+  ASSERT_INT_EQ(ust__figs_init(&f), 0);
+  ust__kt_open(k);
+  ASSERT_INT_EQ(ust__kt_current(), -1);
+  uint64_t ext;
+  const int s = ust__kt_begin(k, &ext);
+  ASSERT_INT_EQ(ust__kt_current(), s);
+  ust__kt_launch_of(k, 70, ust__kt_current(), UST__KT_LAUNCH_RUNTIME);
+  ust__kt_launch_of(k, 71, ust__kt_current(), UST__KT_LAUNCH_DRIVER);
+  ust__kt_launch_of(k, 72, ust__kt_current(), UST__KT_LAUNCH_DRIVER); /* a second kernel (cuBLAS's split-K) */
+  ust__kt_end(k, s, &f, 0, 0);
+  ASSERT_INT_EQ(ust__kt_current(), -1);
+  ust__kt_launch_of(k, 73, ust__kt_current(), UST__KT_LAUNCH_RUNTIME); /* no call: ignored */
+  ASSERT_U64_EQ(ust__kt_outstanding(k), 2);
+  ust__kt_kernel(k, 70, 1000, 1300, "gemm");
+  ust__kt_kernel(k, 72, 1400, 1450, "splitk_reduce");
+  ust__kt_kernel(k, 73, 2000, 2100, "elsewhere");
+  ASSERT_U64_EQ(ust__kt_outstanding(k), 0);
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  ASSERT_U64_EQ(hist_count(&f), 1);
+  ASSERT_U64_EQ(hist_sum(&f), 300 + 50);
+  ASSERT_U64_EQ(atomic_load(&f.kernel_span_ns), 450);
+  ust__kt_totals t;
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.attributed_ns, 350);
+  ASSERT_STR_EQ(t.names[0].name, "elsewhere");
+  ust__figs_free(&f);
+  ust__kt_destroy(k);
+}

@@ -29,6 +29,7 @@ def torch_still_works():
     ({"timer": {"budget": 2}}, "'timer.budget' must be a share of host time in [0, 1]"),
     ({"timer": {"window_ms": 0}}, "'timer.window_ms' must be a number of milliseconds in [1, 600000]"),
     ({"timer": {"windw_ms": 5}}, "unknown field 'timer.windw_ms'"),
+    ({"timer": {"correlation": "ids"}}, "'timer.correlation' must be one of records, callbacks"),
     ('{"operators": ', "not valid JSON"),
 ])
 def test_bad_config_is_refused_with_the_field(us, config, needle):
