@@ -104,7 +104,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--models", nargs="+", default=["mistral", "qwen-moe"])
-    ap.add_argument("--timer", choices=["events", "cupti"], default=None,
+    ap.add_argument("--timer", choices=["events", "cupti", "cupti-callbacks"], default=None,
                     help="the timer of the observed process (default: understudy's default)")
     ap.add_argument("--server", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -114,7 +114,9 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("e2e_overhead.py needs a CUDA GPU")
     import subprocess
-    config = json.dumps({"timer": {"kind": args.timer}} if args.timer else {})
+    timer = {"kind": "cupti", "correlation": "callbacks"} if args.timer == "cupti-callbacks" else \
+        {"kind": args.timer} if args.timer else None
+    config = json.dumps({"timer": timer} if timer else {})
     kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
             for name, arg in (("plain", "plain"), ("observed", config))}

@@ -48,6 +48,13 @@ VARIANTS = {  # name -> (child, understudy config or None)
                                           "timer": {"kind": "cupti", "window_ms": 1, "budget": 1e-6}}),
     "cupti, in a window": ("tracer", {"operators": {"gemm": "observe"},
                                       "timer": {"kind": "cupti", "window_ms": 600000, "budget": 0}}),
+    # correlated through launch callbacks (no API records), in a process of its own
+    "cupti callbacks, between windows": ("tracer_cb", {"operators": {"gemm": "observe"},
+                                                       "timer": {"kind": "cupti", "correlation": "callbacks",
+                                                                 "window_ms": 1, "budget": 1e-6}}),
+    "cupti callbacks, in a window": ("tracer_cb", {"operators": {"gemm": "observe"},
+                                                   "timer": {"kind": "cupti", "correlation": "callbacks",
+                                                             "window_ms": 600000, "budget": 0}}),
     "python TorchDispatchMode": ("plain", "mode"),
 }
 
@@ -78,7 +85,7 @@ def server(kind, device, calls, cpu):
         os.sched_setaffinity(0, {cpu})
         torch.set_num_threads(1)
     understudy = None
-    if kind in ("understudy", "tracer"):
+    if kind in ("understudy", "tracer", "tracer_cb"):
         import understudy
         understudy.enable({"operators": {"gemm": "off"}})  # registers the interceptor once
         understudy.disable()
@@ -112,7 +119,7 @@ def run(device, calls, rounds):
     kids = {kind: subprocess.Popen([sys.executable, __file__, "--server", kind, device, "--calls", str(calls),
                                     "--cpu", str(cpu)],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            for kind in ("plain", "understudy", "tracer")}
+            for kind in ("plain", "understudy", "tracer", "tracer_cb")}
     samples = {k: [] for k in VARIANTS}
     for _ in range(rounds):
         for name, (kind, _) in VARIANTS.items():
