@@ -151,17 +151,18 @@ def do_bench_gemm(dims, dtype=torch.bfloat16):
     return triton.testing.do_bench(lambda: fn(a, b)) * 1e3
 
 
-def table(batch, tokens, layers):
+def table(batch, tokens, layers, correlation):
     model = build_model(layers)
     ids = torch.randint(1, 32000, (batch, 16), device="cuda")
     generate(model, ids, 8)  # warm-up outside any measurement
-    rep, cupti = understudy_run(model, ids, tokens, {"kind": "cupti", "budget": 0, "window_ms": 1000})
+    rep, cupti = understudy_run(model, ids, tokens, {"kind": "cupti", "budget": 0, "window_ms": 1000,
+                                                             "correlation": correlation})
     _, events = understudy_run(model, ids, tokens, {"kind": "events"})
     ops = {k[0] for k in cupti} | {k[0] for k in events}
     per_key, bound_us, total_us = profiler_run(model, ids, tokens, ops)
     tm = rep.get("timer", {})
     print(f"\nbatch {batch}, {tokens} new tokens, {layers} layers: timer {tm.get('kind')} "
-          f"({tm.get('why') or tm.get('state')}), {tm.get('windows', 0)} windows; coverage (bound ops' kernel time "
+          f"({tm.get('why') or tm.get('state')}, {tm.get('correlation')}), {tm.get('windows', 0)} windows; coverage (bound ops' kernel time "
           f"/ all kernel time): understudy {tm.get('coverage', float('nan')):.3f} of "
           f"{tm.get('kernel_ns', 0) / 1e6:.2f} ms in its windows, torch.profiler {bound_us / total_us:.3f} of "
           f"{total_us / 1e3:.2f} ms")
@@ -199,12 +200,15 @@ def main():
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--correlation", choices=["records", "callbacks"], default="records",
+                    help="how the tracer joins kernels to calls (callbacks: only while it holds CUPTI, i.e. "
+                         "before torch's profiler first ran in the process: the first batch)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernel_time.py needs a CUDA GPU")
     print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}")
     for b in args.batch:
-        table(b, args.tokens, args.layers)
+        table(b, args.tokens, args.layers, args.correlation)
 
 
 if __name__ == "__main__":
