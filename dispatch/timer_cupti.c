@@ -424,6 +424,13 @@ static void open_window(ust__cupti *c, uint64_t now) {
    * driver's (Triton and cuBLAS launch through the driver), which makes
    * every API call of the process dearer, for the rest of its life. */
   const int by_callbacks = c->opts.callbacks && c->subscribed;
+  if (c->subscribed && !by_callbacks) {
+    /* the subscription was a question (is another tool there?): holding it
+     * through the window would make torch's profiler, starting meanwhile,
+     * fail its one-time CUPTI initialisation for the life of the process */
+    c->api.unsubscribe(c->sub);
+    c->subscribed = 0;
+  }
   r = c->api.register_callbacks(buffer_requested, buffer_completed);
   if (r == CUPTI_SUCCESS)
     r = c->api.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
