@@ -12,13 +12,14 @@
 
 #define DECLARE(name) void test_##name(void);
 UST_TEST_LIST(DECLARE)
+UST_TEST_LIST_TRACER(DECLARE)
 
 static const struct {
   const char *name;
   void (*fn)(void);
 } tests[] = {
 #define ENTRY(name) {#name, test_##name},
-    UST_TEST_LIST(ENTRY)};
+    UST_TEST_LIST(ENTRY) UST_TEST_LIST_TRACER(ENTRY)};
 
 int main(int argc, char **argv) {
   int passed = 0, failed = 0;

@@ -1,4 +1,18 @@
 /* X(name): every C test. Add a test here and define TEST(name) in a file. */
+
+/* The kernel tracer's, in CUDA builds (against a stand-in libcupti). */
+#if defined(UST_TEST_TRACER)
+#define UST_TEST_LIST_TRACER(X)                                        \
+  X(tracer_times_calls_by_their_kernels_through_records)              \
+  X(tracer_times_calls_by_their_kernels_through_callbacks)            \
+  X(tracer_converts_records_in_another_clients_clock)                 \
+  X(tracer_stands_down_for_the_profiler_and_resumes)                  \
+  X(tracer_yields_to_an_injected_tool_not_to_an_idle_subscriber)      \
+  X(tracer_drops_calls_whose_kernels_never_came)                      \
+  X(tracer_buffers_outlive_the_tracer_they_were_handed_out_for)
+#else
+#define UST_TEST_LIST_TRACER(X)
+#endif
 #define UST_TEST_LIST(X)          \
   X(dim_compile_grammar)          \
   X(dim_eval_and_bucket)          \
