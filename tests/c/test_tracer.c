@@ -47,6 +47,33 @@ static ust__cupti *tracer(int callbacks, fake *f) {
   return c;
 }
 
+typedef struct rig {
+  fake f;
+  ust__cupti *c;
+  ust__figs a, b;
+} rig;
+
+static void rig_up(rig *r, int callbacks, CUptiResult subscribe, double ticks_per_ns) {
+  r->c = tracer(callbacks, &r->f);
+  r->f.reset(subscribe, ticks_per_ns);
+  ASSERT_INT_EQ(ust__figs_init(&r->a), 0);
+  ASSERT_INT_EQ(ust__figs_init(&r->b), 0);
+}
+
+static void rig_down(rig *r) {
+  ust__cupti_destroy(r->c);
+  ust__figs_free(&r->a);
+  ust__figs_free(&r->b);
+}
+
+/* One call launching one kernel of ns (runtime or driver launch). */
+static void timed(rig *r, ust__figs *figs, int runtime, const char *name, uint64_t ns) {
+  const int s = ust__cupti_begin(r->c);
+  ASSERT_TRUE(s >= 0);
+  r->f.call(runtime, name, ns);
+  ust__cupti_end(r->c, s, figs, 0, 0);
+}
+
 static uint64_t sum_of(ust__figs *f, uint64_t *count) {
   ust__figs_snap s;
   ASSERT_INT_EQ(ust__figs_snapshot(f, &s), 0);
@@ -58,34 +85,30 @@ static uint64_t sum_of(ust__figs *f, uint64_t *count) {
 
 /* One window: call A launches two kernels (runtime) and makes another API
  * call, call B one (driver); a kernel outside any call. */
-static void one_window(ust__cupti *c, fake *f, ust__figs *a, ust__figs *b) {
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 1);
-  ASSERT_TRUE(ust__cupti_window(c));
-  int s = ust__cupti_begin(c);
+static void one_window(rig *r) {
+  ASSERT_INT_EQ(ust__cupti_poll(r->c, 1, 0), 1);
+  ASSERT_TRUE(ust__cupti_window(r->c));
+  const int s = ust__cupti_begin(r->c);
   ASSERT_TRUE(s >= 0);
-  f->call(1, "gemm", 1000);
-  f->call(1, NULL, 0);
-  f->call(1, "splitk", 300);
-  ust__cupti_end(c, s, a, 0, 0);
-  s = ust__cupti_begin(c);
-  f->call(0, "triton_rms", 500);
-  ust__cupti_end(c, s, b, 0, 0);
-  f->call(1, "unbound_mul", 700);
-  ust__cupti_poll(c, 1, 1); /* a report: closes and concludes the window */
-  ASSERT_TRUE(!ust__cupti_window(c));
+  r->f.call(1, "gemm", 1000);
+  r->f.call(1, NULL, 0);
+  r->f.call(1, "splitk", 300);
+  ust__cupti_end(r->c, s, &r->a, 0, 0);
+  timed(r, &r->b, 0, "triton_rms", 500);
+  r->f.call(1, "unbound_mul", 700);
+  ust__cupti_poll(r->c, 1, 1); /* a report: closes and concludes the window */
+  ASSERT_TRUE(!ust__cupti_window(r->c));
 }
 
-static void check_window(ust__cupti *c, ust__figs *a, ust__figs *b, double tol, const char *correlation) {
+static void check_window(rig *r, const char *correlation) {
   uint64_t n;
-  const uint64_t sa = sum_of(a, &n);
+  ASSERT_U64_EQ(sum_of(&r->a, &n), 1300);
   ASSERT_U64_EQ(n, 1);
-  ASSERT_DBL_NEAR((double)sa, 1300.0, 1300.0 * tol + 1);
-  const uint64_t sb = sum_of(b, &n);
+  ASSERT_U64_EQ(sum_of(&r->b, &n), 500);
   ASSERT_U64_EQ(n, 1);
-  ASSERT_DBL_NEAR((double)sb, 500.0, 500.0 * tol + 1);
-  ASSERT_U64_EQ(atomic_load(&a->kernel_timed), 1);
+  ASSERT_U64_EQ(atomic_load(&r->a.kernel_timed), 1);
   ust__timer_status st;
-  ust__cupti_status(c, &st);
+  ust__cupti_status(r->c, &st);
   ASSERT_STR_EQ(st.kind, "cupti");
   ASSERT_STR_EQ(st.correlation, correlation);
   ASSERT_U64_EQ(st.totals.windows, 2); /* an empty one first */
@@ -95,194 +118,141 @@ static void check_window(ust__cupti *c, ust__figs *a, ust__figs *b, double tol, 
 }
 
 TEST(tracer_times_calls_by_their_kernels_through_records) {
-  fake f;
-  ust__cupti *c = tracer(0, &f);
-  f.reset(CUPTI_SUCCESS, 1.0);
-  ust__figs a, b;
-  ASSERT_INT_EQ(ust__figs_init(&a), 0);
-  ASSERT_INT_EQ(ust__figs_init(&b), 0);
+  rig r;
+  rig_up(&r, 0, CUPTI_SUCCESS, 1.0);
   /* the subscription is asked for, not held: a profiler starting during the
    * window must find CUPTI free */
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 1);
-  ASSERT_INT_EQ(f.subscribed(), 0);
-  ust__cupti_poll(c, 1, 1);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
+  ASSERT_INT_EQ(r.f.subscribed(), 0);
+  ust__cupti_poll(r.c, 1, 1);
   usleep(200000);
-  ust__figs_free(&a);
-  ust__figs_free(&b);
-  ASSERT_INT_EQ(ust__figs_init(&a), 0);
-  ASSERT_INT_EQ(ust__figs_init(&b), 0);
-  one_window(c, &f, &a, &b);
-  check_window(c, &a, &b, 0.0, "records");
+  one_window(&r);
+  check_window(&r, "records");
   /* between windows nothing is traced */
-  ASSERT_TRUE(!f.enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) && !f.enabled(CUPTI_ACTIVITY_KIND_RUNTIME));
-  ust__cupti_destroy(c);
-  ust__figs_free(&a);
-  ust__figs_free(&b);
+  ASSERT_TRUE(!r.f.enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) && !r.f.enabled(CUPTI_ACTIVITY_KIND_RUNTIME));
+  rig_down(&r);
 }
 
 TEST(tracer_times_calls_by_their_kernels_through_callbacks) {
-  fake f;
-  ust__cupti *c = tracer(1, &f);
-  f.reset(CUPTI_SUCCESS, 1.0);
-  ust__figs a, b;
-  ASSERT_INT_EQ(ust__figs_init(&a), 0);
-  ASSERT_INT_EQ(ust__figs_init(&b), 0);
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 1);
+  rig r;
+  rig_up(&r, 1, CUPTI_SUCCESS, 1.0);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
   /* callbacks: kernel records only, no API records, no external ids */
-  ASSERT_TRUE(f.enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
-  ASSERT_TRUE(!f.enabled(CUPTI_ACTIVITY_KIND_RUNTIME) && !f.enabled(CUPTI_ACTIVITY_KIND_DRIVER) &&
-              !f.enabled(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION));
-  ASSERT_INT_EQ(f.subscribed(), 1); /* held through the window: the callbacks need it */
-  ust__cupti_poll(c, 1, 1);
-  ASSERT_INT_EQ(f.subscribed(), 0); /* and let go when it closes */
+  ASSERT_TRUE(r.f.enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  ASSERT_TRUE(!r.f.enabled(CUPTI_ACTIVITY_KIND_RUNTIME) && !r.f.enabled(CUPTI_ACTIVITY_KIND_DRIVER) &&
+              !r.f.enabled(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION));
+  ASSERT_INT_EQ(r.f.subscribed(), 1); /* held through the window: the callbacks need it */
+  ust__cupti_poll(r.c, 1, 1);
+  ASSERT_INT_EQ(r.f.subscribed(), 0); /* and let go when it closes */
   usleep(200000);
-  one_window(c, &f, &a, &b);
-  check_window(c, &a, &b, 0.0, "callbacks");
-  ust__cupti_destroy(c);
-  ust__figs_free(&a);
-  ust__figs_free(&b);
+  one_window(&r);
+  check_window(&r, "callbacks");
+  rig_down(&r);
 }
 
 TEST(tracer_converts_records_in_another_clients_clock) {
   /* torch's profiler registers its own clock (TSC ticks, about 2.1 a ns):
    * the records' durations are converted by the ratio over the window */
-  fake f;
-  ust__cupti *c = tracer(0, &f);
-  f.reset(CUPTI_SUCCESS, 2.1);
-  ust__figs a, b;
-  ASSERT_INT_EQ(ust__figs_init(&a), 0);
-  ASSERT_INT_EQ(ust__figs_init(&b), 0);
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 1);
+  rig r;
+  rig_up(&r, 0, CUPTI_SUCCESS, 2.1);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
   usleep(50000); /* a window long enough to read the ratio to a per cent */
-  ust__cupti_poll(c, 1, 1);
-  ust__figs_free(&a);
-  ust__figs_free(&b);
-  ASSERT_INT_EQ(ust__figs_init(&a), 0);
-  ASSERT_INT_EQ(ust__figs_init(&b), 0);
-  usleep(120000); /* the next window (100 ms apart) */
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 1);
-  usleep(50000);
-  int s = ust__cupti_begin(c);
-  f.call(1, "gemm", 1000);
-  f.call(1, "splitk", 300);
-  ust__cupti_end(c, s, &a, 0, 0);
-  s = ust__cupti_begin(c);
-  f.call(0, "triton_rms", 500);
-  ust__cupti_end(c, s, &b, 0, 0);
-  ust__cupti_poll(c, 1, 1);
+  timed(&r, &r.a, 1, "gemm", 1300);
+  timed(&r, &r.b, 0, "triton_rms", 500);
+  ust__cupti_poll(r.c, 1, 1);
   uint64_t n;
-  ASSERT_DBL_NEAR((double)sum_of(&a, &n), 1300.0, 1300.0 * 0.02);
-  ASSERT_DBL_NEAR((double)sum_of(&b, &n), 500.0, 500.0 * 0.02);
+  ASSERT_DBL_NEAR((double)sum_of(&r.a, &n), 1300.0, 1300.0 * 0.02);
+  ASSERT_DBL_NEAR((double)sum_of(&r.b, &n), 500.0, 500.0 * 0.02);
   ust__timer_status st;
-  ust__cupti_status(c, &st);
+  ust__cupti_status(r.c, &st);
   ASSERT_DBL_NEAR(st.ns_per_tick, 1 / 2.1, 0.01);
-  ust__cupti_destroy(c);
-  ust__figs_free(&a);
-  ust__figs_free(&b);
+  rig_down(&r);
 }
 
 TEST(tracer_stands_down_for_the_profiler_and_resumes) {
-  fake f;
-  ust__cupti *c = tracer(0, &f);
-  f.reset(CUPTI_SUCCESS, 1.0);
+  rig r;
+  rig_up(&r, 0, CUPTI_SUCCESS, 1.0);
   atomic_store(&profiler_on, 1);
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 0);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 0);
   ust__timer_status st;
-  ust__cupti_status(c, &st);
+  ust__cupti_status(r.c, &st);
   ASSERT_STR_EQ(st.state, "yielded");
   ASSERT_STR_EQ(st.why, "torch's profiler is recording");
-  ASSERT_TRUE(!ust__cupti_traced(c) && !ust__cupti_window(c));
-  ASSERT_TRUE(!f.enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)); /* the profiler's CUPTI is left alone */
+  ASSERT_TRUE(!ust__cupti_traced(r.c) && !ust__cupti_window(r.c));
+  ASSERT_TRUE(!r.f.enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)); /* the profiler's CUPTI is left alone */
   atomic_store(&profiler_on, 0);
   usleep(1100000); /* it asks again a second later */
-  ust__cupti_poll(c, 1, 0);
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 1);
-  ASSERT_TRUE(ust__cupti_window(c) && ust__cupti_traced(c));
+  ust__cupti_poll(r.c, 1, 0);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
+  ASSERT_TRUE(ust__cupti_window(r.c) && ust__cupti_traced(r.c));
   /* a profiler starting during a window closes it at the next poll */
   atomic_store(&profiler_on, 1);
-  ust__cupti_poll(c, 1, 0);
-  ASSERT_TRUE(!ust__cupti_window(c));
-  ust__cupti_status(c, &st);
+  ust__cupti_poll(r.c, 1, 0);
+  ASSERT_TRUE(!ust__cupti_window(r.c));
+  ust__cupti_status(r.c, &st);
   ASSERT_U64_EQ(st.windows_cut, 1);
   atomic_store(&profiler_on, 0);
-  ust__cupti_destroy(c);
+  rig_down(&r);
 }
 
 TEST(tracer_yields_to_an_injected_tool_not_to_an_idle_subscriber) {
-  fake f;
-  ust__cupti *c = tracer(0, &f);
   /* a subscriber is there (torch's profiler subscribed at its first trace
    * and stayed): while the profiler is idle the tracer goes ahead */
-  f.reset(CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, 1.0);
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 1);
-  ASSERT_TRUE(ust__cupti_window(c));
-  ust__cupti_poll(c, 1, 1);
+  rig r;
+  rig_up(&r, 0, CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, 1.0);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
+  ASSERT_TRUE(ust__cupti_window(r.c));
+  ust__cupti_poll(r.c, 1, 1);
   /* Nsight injected into the process holds it: the tracer stands down */
   setenv("CUDA_INJECTION64_PATH", "/opt/nsight/libToolsInjection64.so", 1);
   usleep(200000); /* the next window is due (50 ms open, 100 ms apart) */
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 0);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 0);
   ust__timer_status st;
-  ust__cupti_status(c, &st);
+  ust__cupti_status(r.c, &st);
   ASSERT_STR_EQ(st.state, "yielded");
   ASSERT_STR_EQ(st.why, "a CUDA tool injected into the process holds CUPTI");
   unsetenv("CUDA_INJECTION64_PATH");
-  ust__cupti_destroy(c);
+  rig_down(&r);
 }
 
 TEST(tracer_drops_calls_whose_kernels_never_came) {
   /* kernels still queued when the window concludes (a report closing it):
    * the call is dropped and counted, not timed from a partial record */
-  fake f;
-  ust__cupti *c = tracer(0, &f);
-  f.reset(CUPTI_SUCCESS, 1.0);
-  ust__figs a;
-  ASSERT_INT_EQ(ust__figs_init(&a), 0);
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 1);
-  f.hold_kernels(1);
-  const int s = ust__cupti_begin(c);
-  f.call(1, "queued_gemm", 1000);
-  ust__cupti_end(c, s, &a, 0, 0);
-  ust__cupti_poll(c, 1, 1); /* waits at most 2 s for the kernel, then concludes */
+  rig r;
+  rig_up(&r, 0, CUPTI_SUCCESS, 1.0);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
+  r.f.hold_kernels(1);
+  timed(&r, &r.a, 1, "queued_gemm", 1000);
+  ust__cupti_poll(r.c, 1, 1); /* waits at most 2 s for the kernel, then concludes */
   uint64_t n;
-  sum_of(&a, &n);
+  sum_of(&r.a, &n);
   ASSERT_U64_EQ(n, 0);
-  ASSERT_U64_EQ(atomic_load(&a.timing_dropped), 1);
+  ASSERT_U64_EQ(atomic_load(&r.a.timing_dropped), 1);
   ust__timer_status st;
-  ust__cupti_status(c, &st);
+  ust__cupti_status(r.c, &st);
   ASSERT_U64_EQ(st.totals.calls_dropped, 1);
   ASSERT_TRUE(st.totals.records_lost >= 1);
-  ust__cupti_destroy(c);
-  ust__figs_free(&a);
+  rig_down(&r);
 }
 
 TEST(tracer_buffers_outlive_the_tracer_they_were_handed_out_for) {
   /* CUPTI keeps a buffer past the tracer (and its window): a later tracer
    * never hands it out again while CUPTI has it, and reads it safely when it
    * comes back (AddressSanitizer checks the memory) */
-  fake f;
-  ust__cupti *c = tracer(0, &f);
-  f.reset(CUPTI_SUCCESS, 1.0);
-  ust__figs a, b;
-  ASSERT_INT_EQ(ust__figs_init(&a), 0);
-  ASSERT_INT_EQ(ust__figs_init(&b), 0);
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 1);
-  f.keep_buffer(1);
-  int s = ust__cupti_begin(c);
-  f.call(1, "kept", 1000);
-  ust__cupti_end(c, s, &a, 0, 0);
-  ust__cupti_poll(c, 1, 1);
-  ust__cupti_destroy(c);
-  c = tracer(0, &f);
-  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 1);
-  f.release_buffer(); /* the old buffer comes back to the new tracer, late */
-  s = ust__cupti_begin(c);
-  f.call(1, "fresh", 400);
-  ust__cupti_end(c, s, &b, 0, 0);
-  ust__cupti_poll(c, 1, 1);
+  rig r;
+  rig_up(&r, 0, CUPTI_SUCCESS, 1.0);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
+  r.f.keep_buffer(1);
+  timed(&r, &r.a, 1, "kept", 1000);
+  ust__cupti_poll(r.c, 1, 1);
+  ust__cupti_destroy(r.c);
+  r.c = tracer(0, &r.f);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
+  r.f.release_buffer(); /* the old buffer comes back to the new tracer, late */
+  timed(&r, &r.b, 1, "fresh", 400);
+  ust__cupti_poll(r.c, 1, 1);
   uint64_t n;
-  ASSERT_U64_EQ(sum_of(&b, &n), 400);
+  ASSERT_U64_EQ(sum_of(&r.b, &n), 400);
   ASSERT_U64_EQ(n, 1);
-  ust__cupti_destroy(c);
-  ust__figs_free(&a);
-  ust__figs_free(&b);
+  rig_down(&r);
 }
