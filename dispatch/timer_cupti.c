@@ -2,25 +2,29 @@
  * The CUPTI kernel tracer behind the GPU timers (CUDA builds).
  *
  * libcupti is loaded at run time (the copy torch already mapped when there
- * is one, else by its soname, else the path the config names); a process
+ * is one, else the path the config names, else by its soname); a process
  * without it times with events. The tracer records kernels only in windows
- * (kernel tracing slows every launch of the process while it is on): a
- * window opens when the budget allows, every intercepted CUDA call inside it
- * pushes its call slot's external correlation id around its redispatch, and
- * when the window closes the worker drains the records and joins them
- * (kerneltime.c). Serving threads only push, pop and count; the worker
- * (ust__cupti_poll) does everything else. Nothing synchronises a stream.
+ * (tracing slows every launch of the process while it is on): a window
+ * opens when the budget allows; every intercepted CUDA call inside it takes
+ * a call slot, and either pushes the slot's external correlation id around
+ * its redispatch (records: the API records carry it) or is named by the
+ * launch APIs' callbacks on its thread (callbacks); when the window closes
+ * the worker drains the records and joins them (kerneltime.c). Serving
+ * threads only take slots, push, pop and count; the worker (ust__cupti_poll)
+ * does everything else. Nothing synchronises a stream.
  *
- * One activity client per process (before CUDA 13.3): the window claims
- * CUPTI with cuptiSubscribe and lets it go when it closes; a subscriber
- * already there (Nsight, another tool), or torch's profiler (Kineto)
- * active, and the tracer stands down (events time the calls), trying again
- * at the next window. Buffers handed to CUPTI that come back to another
- * client's callback are written off, and the tracer stands down too.
+ * One client per process (before CUDA 13.3): a window asks for CUPTI's
+ * subscription (holds it only for callbacks). A tool injected into the
+ * process, or torch's profiler (Kineto) preparing or recording, and the
+ * tracer stands down (events time the calls), asking again a second later;
+ * a subscriber left by an idle torch profiler is no claim. Buffers of ours
+ * that do not come back, or another client's that come to us, mean another
+ * client took the activity callbacks: the tracer stands down too.
  *
- * CUPTI's buffer callbacks carry no context argument, so the tracer whose
- * window is open is published in one process-wide pointer (the activity
- * registration it stands for is process-wide too).
+ * CUPTI's callbacks carry no context argument, so the tracer whose window is
+ * open is published in one process-wide pointer (the registration it stands
+ * for is process-wide too), and the activity buffers are process-wide and
+ * never freed (CUPTI may hold one past the tracer it was handed out for).
  */
 #include <dlfcn.h>
 #include <pthread.h>
