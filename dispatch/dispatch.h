@@ -314,12 +314,11 @@ typedef struct ust__timer_status {
 /* Up to max_pending concurrent GPU timings per device; opts copied (its
  * strings borrowed for the timers' life); log borrowed. */
 int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_sink *log, ust__timers **out);
-/* 1 while a kernel-tracing window is open: every CUDA call is timed by its
- * kernels then. Relaxed: a hint. */
-int ust__timers_window(const ust__timers *t);
-/* 1 while the kernel tracer is the timer (its windows time the sampled
- * calls; outside them only a key's first calls are timed, by events). */
-int ust__timers_traced(const ust__timers *t);
+/* Whether the kernel tracer times CUDA calls now: off (events time the
+ * sampled calls), between its windows (only a key's first calls are timed,
+ * by events), in a window (every call, by its kernels). Relaxed: a hint. */
+enum { UST__TRACING_OFF = 0, UST__TRACING_BETWEEN = 1, UST__TRACING_WINDOW = 2 };
+int ust__timers_tracing(const ust__timers *t);
 /* Where the timer stands (thread-safe). */
 void ust__timers_status(ust__timers *t, ust__timer_status *out);
 /* Waits for every pending timing (synchronises). NULL: no-op. */
@@ -349,8 +348,8 @@ void ust__cupti_destroy(ust__cupti *c);
  * seen; sync: conclude an open window now, waiting for its records). 1
  * while a window is open or draining. */
 int ust__cupti_poll(ust__cupti *c, int used, int sync);
-int ust__cupti_window(const ust__cupti *c);
-int ust__cupti_traced(const ust__cupti *c);
+/* UST__TRACING_*; relaxed. */
+int ust__cupti_tracing(const ust__cupti *c);
 /* A call slot with its id pushed, or -1; ended by ust__cupti_end (figs NULL:
  * the call is not timed) on the same thread. */
 int ust__cupti_begin(ust__cupti *c);

@@ -432,20 +432,18 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
       return;
     }
   }
+  if (pol->sample_q32 == 0)
+    return;
   const int sampled = ust__sampled(n, pol->sample_q32);
-  /* inside a kernel-tracing window every CUDA call is timed by its kernels;
-   * outside, while the tracer is the timer, only the key's first calls are
-   * (by events), so that the sampled figures are all kernel time */
-  const int window = call->device == UST__DEV_CUDA && ust__timers_window(b->router->timers);
   const int early = n <= UST__FIRST_TIMED;
-  if (pol->sample_q32 == 0 || (!early && !sampled && !window))
+  /* inside a kernel-tracing window every CUDA call is timed by its kernels;
+   * between windows, while the tracer is the timer, only the key's first
+   * calls are (by events, kept apart), so that the sampled figures are all
+   * kernel time */
+  const int tracing = call->device == UST__DEV_CUDA ? ust__timers_tracing(b->router->timers) : UST__TRACING_OFF;
+  if (tracing != UST__TRACING_WINDOW && !early && (!sampled || tracing == UST__TRACING_BETWEEN))
     return;
-  const int traced_out = !window && call->device == UST__DEV_CUDA && ust__timers_traced(b->router->timers);
-  if (traced_out && !early)
-    return;
-  /* timed for being one of the key's first calls (an event-timed one beside
-   * the tracer's figures is always kept apart) */
-  st->first = traced_out || (!sampled && early);
+  st->first = early && (!sampled || tracing == UST__TRACING_BETWEEN); /* timed for being one of the key's first calls */
   st->tsol_ps = call_tsol_ps(r, call, st);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;

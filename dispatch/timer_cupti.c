@@ -581,10 +581,10 @@ int ust__cupti_poll(ust__cupti *c, int used, int sync) {
   return c->state == ST_OPEN || c->state == ST_CLOSING || c->state == ST_DRAINING;
 }
 
-int ust__cupti_window(const ust__cupti *c) { return c != NULL && ust__kt_window_open(c->kt); }
-
-int ust__cupti_traced(const ust__cupti *c) {
-  return c != NULL && atomic_load_explicit(&((ust__cupti *)c)->traced, memory_order_relaxed);
+int ust__cupti_tracing(const ust__cupti *c) {
+  if (c == NULL || !atomic_load_explicit(&((ust__cupti *)c)->traced, memory_order_relaxed))
+    return UST__TRACING_OFF;
+  return ust__kt_window_open(c->kt) ? UST__TRACING_WINDOW : UST__TRACING_BETWEEN;
 }
 
 int ust__cupti_begin(ust__cupti *c) {

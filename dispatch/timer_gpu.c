@@ -154,19 +154,11 @@ static void give_back(ust__timers *t, int token) {
   pthread_mutex_unlock(&t->lock);
 }
 
-int ust__timers_window(const ust__timers *t) {
+int ust__timers_tracing(const ust__timers *t) {
 #if defined(UST_GPU_CUDA)
-  return ust__cupti_window(t->cupti);
+  return ust__cupti_tracing(t->cupti);
 #else
-  return 0;
-#endif
-}
-
-int ust__timers_traced(const ust__timers *t) {
-#if defined(UST_GPU_CUDA)
-  return ust__cupti_traced(t->cupti);
-#else
-  return 0;
+  return UST__TRACING_OFF;
 #endif
 }
 
@@ -182,7 +174,7 @@ void ust__timers_status(ust__timers *t, ust__timer_status *out) {
 
 int ust__timers_begin(ust__timers *t, int device, void *stream) {
 #if defined(UST_GPU_CUDA)
-  if (ust__cupti_window(t->cupti)) {
+  if (ust__cupti_tracing(t->cupti) == UST__TRACING_WINDOW) {
     const int slot = ust__cupti_begin(t->cupti);
     if (slot >= 0)
       return CUPTI_TOKEN | slot;

@@ -87,7 +87,7 @@ static uint64_t sum_of(ust__figs *f, uint64_t *count) {
  * call, call B one (driver); a kernel outside any call. */
 static void one_window(rig *r) {
   ASSERT_INT_EQ(ust__cupti_poll(r->c, 1, 0), 1);
-  ASSERT_TRUE(ust__cupti_window(r->c));
+  ASSERT_INT_EQ(ust__cupti_tracing(r->c), UST__TRACING_WINDOW);
   const int s = ust__cupti_begin(r->c);
   ASSERT_TRUE(s >= 0);
   r->f.call(1, "gemm", 1000);
@@ -97,7 +97,7 @@ static void one_window(rig *r) {
   timed(r, &r->b, 0, "triton_rms", 500);
   r->f.call(1, "unbound_mul", 700);
   ust__cupti_poll(r->c, 1, 1); /* a report: closes and concludes the window */
-  ASSERT_TRUE(!ust__cupti_window(r->c));
+  ASSERT_INT_EQ(ust__cupti_tracing(r->c), UST__TRACING_BETWEEN);
 }
 
 static void check_window(rig *r, const char *correlation) {
@@ -178,17 +178,17 @@ TEST(tracer_stands_down_for_the_profiler_and_resumes) {
   ust__cupti_status(r.c, &st);
   ASSERT_STR_EQ(st.state, "yielded");
   ASSERT_STR_EQ(st.why, "torch's profiler is recording");
-  ASSERT_TRUE(!ust__cupti_traced(r.c) && !ust__cupti_window(r.c));
+  ASSERT_INT_EQ(ust__cupti_tracing(r.c), UST__TRACING_OFF); /* events time the calls */
   ASSERT_TRUE(!r.f.enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)); /* the profiler's CUPTI is left alone */
   atomic_store(&profiler_on, 0);
   usleep(1100000); /* it asks again a second later */
   ust__cupti_poll(r.c, 1, 0);
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
-  ASSERT_TRUE(ust__cupti_window(r.c) && ust__cupti_traced(r.c));
+  ASSERT_INT_EQ(ust__cupti_tracing(r.c), UST__TRACING_WINDOW);
   /* a profiler starting during a window closes it at the next poll */
   atomic_store(&profiler_on, 1);
   ust__cupti_poll(r.c, 1, 0);
-  ASSERT_TRUE(!ust__cupti_window(r.c));
+  ASSERT_TRUE(ust__cupti_tracing(r.c) != UST__TRACING_WINDOW);
   ust__cupti_status(r.c, &st);
   ASSERT_U64_EQ(st.windows_cut, 1);
   atomic_store(&profiler_on, 0);
@@ -201,7 +201,7 @@ TEST(tracer_yields_to_an_injected_tool_not_to_an_idle_subscriber) {
   rig r;
   rig_up(&r, 0, CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, 1.0);
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
-  ASSERT_TRUE(ust__cupti_window(r.c));
+  ASSERT_INT_EQ(ust__cupti_tracing(r.c), UST__TRACING_WINDOW);
   ust__cupti_poll(r.c, 1, 1);
   /* Nsight injected into the process holds it: the tracer stands down */
   setenv("CUDA_INJECTION64_PATH", "/opt/nsight/libToolsInjection64.so", 1);
