@@ -23,22 +23,25 @@ typedef struct kernel_rec {
   const char *name; /* the tracer's string, valid while the process runs */
 } kernel_rec;
 
-/* A graph node a captured call added: its replays are that call's. */
-typedef struct node_slot {
-  uint64_t node;     /* 0: empty */
-  uint32_t captured; /* index + 1 into captured[] */
-} node_slot;
+/* An id's entry in an id_table: a launch's correlation id (val: its call
+ * slot + 1, 0 while only its launch record was seen; flags:
+ * UST__KT_LAUNCH_*), or a graph node's id (val: its captured call + 1). */
+typedef struct id_slot {
+  uint64_t id; /* 0: empty (the tracer's ids start at 1) */
+  uint32_t val, flags;
+} id_slot;
+
+/* Open addressing, linear probing; cap a power of two (0 until the first add). */
+typedef struct id_table {
+  id_slot *s;
+  uint32_t cap, n;
+} id_table;
 
 typedef struct captured_call {
   ust__figs *figs;
   uint64_t tsol_ps;
 } captured_call;
 
-typedef struct corr_slot {
-  uint32_t corr;  /* 0: empty (the tracer's ids start at 1) */
-  uint32_t call;  /* slot + 1; 0 while only its launch record was seen */
-  uint32_t flags; /* UST__KT_LAUNCH_* */
-} corr_slot;
 
 struct ust__kt {
   atomic_int open;
@@ -50,18 +53,57 @@ struct ust__kt {
   pthread_mutex_t lock; /* the records and the totals */
   kernel_rec *kernels;
   uint32_t n_kernels;
-  corr_slot *corrs; /* open addressing, cap a power of two */
-  uint32_t corr_cap, n_corrs;
+  id_table corrs; /* the window's launches */
   uint64_t lost;
   ust__kt_totals totals;
   /* graph nodes of captured calls: kept across windows (under the lock) */
-  node_slot *nodes;
-  uint32_t node_cap, n_nodes;
+  id_table nodes;
   captured_call *captured;
   uint32_t n_captured, captured_cap;
 };
 
 static _Thread_local int tls_current = -1; /* the calling thread's innermost slot */
+
+static uint32_t id_hash(uint64_t id) { return (uint32_t)((id * 0x9E3779B97F4A7C15ull) >> 32); }
+
+/* The entry of id, added (zeroed) when absent and add is set; NULL when
+ * absent, or out of memory to grow. Called with the lock held. */
+static id_slot *id_find(id_table *t, uint64_t id, int add) {
+  if (add && (t->n + 1) * 2 > t->cap) {
+    const uint32_t cap = t->cap != 0 ? t->cap * 2 : 1024;
+    id_slot *grown = calloc(cap, sizeof *grown);
+    if (grown == NULL)
+      return NULL;
+    for (uint32_t i = 0; i < t->cap; i++)
+      for (uint32_t j = id_hash(t->s[i].id) & (cap - 1); t->s[i].id != 0; j = (j + 1) & (cap - 1))
+        if (grown[j].id == 0) {
+          grown[j] = t->s[i];
+          break;
+        }
+    free(t->s);
+    t->s = grown;
+    t->cap = cap;
+  }
+  for (uint32_t j = id_hash(id) & (t->cap - 1); t->cap != 0; j = (j + 1) & (t->cap - 1)) {
+    if (t->s[j].id == id)
+      return &t->s[j];
+    if (t->s[j].id == 0) {
+      if (!add)
+        return NULL;
+      t->s[j] = (id_slot){id, 0, 0};
+      t->n++;
+      return &t->s[j];
+    }
+  }
+  return NULL;
+}
+
+static void id_clear(id_table *t) {
+  if (t->cap != 0)
+    memset(t->s, 0, (size_t)t->cap * sizeof *t->s);
+  t->n = 0;
+}
+
 
 int ust__kt_create(ust__kt **out) {
   ust__kt *k = calloc(1, sizeof *k);
@@ -69,11 +111,7 @@ int ust__kt_create(ust__kt **out) {
   if (k == NULL)
     return ust__error(UST_ENOMEM, "out of memory for kernel timing");
   k->calls = calloc(UST__KT_MAX_CALLS, sizeof *k->calls);
-  k->corr_cap = 1024;
-  k->corrs = calloc(k->corr_cap, sizeof *k->corrs);
-  if (k->calls == NULL || k->corrs == NULL) {
-    free(k->calls);
-    free(k->corrs);
+  if (k->calls == NULL) {
     free(k);
     return ust__error(UST_ENOMEM, "out of memory for kernel timing");
   }
@@ -86,11 +124,11 @@ void ust__kt_destroy(ust__kt *k) {
   if (k == NULL)
     return;
   pthread_mutex_destroy(&k->lock);
-  free(k->nodes);
+  free(k->nodes.s);
   free(k->captured);
   free(k->calls);
   free(k->kernels);
-  free(k->corrs);
+  free(k->corrs.s);
   free(k);
 }
 
@@ -98,8 +136,7 @@ void ust__kt_open(ust__kt *k) {
   pthread_mutex_lock(&k->lock);
   k->seq++;
   k->n_kernels = 0;
-  k->n_corrs = 0;
-  memset(k->corrs, 0, (size_t)k->corr_cap * sizeof *k->corrs);
+  id_clear(&k->corrs);
   k->lost = 0;
   atomic_store_explicit(&k->collecting, 1, memory_order_relaxed);
   pthread_mutex_unlock(&k->lock);
@@ -149,48 +186,10 @@ void ust__kt_end(ust__kt *k, int slot, ust__figs *figs, uint64_t tsol_ps, int fi
 
 void ust__kt_cancel(ust__kt *k, int slot) { end_slot(k, slot, 2); }
 
-static uint32_t corr_hash(uint32_t corr) { return corr * 2654435761u; }
-
-/* The entry of corr, added when new (NULL: out of memory). Called with the
- * lock held. */
-static corr_slot *corr_entry(ust__kt *k, uint32_t corr) {
-  if ((k->n_corrs + 1) * 2 > k->corr_cap) {
-    const uint32_t cap = k->corr_cap * 2;
-    corr_slot *grown = calloc(cap, sizeof *grown);
-    if (grown == NULL) {
-      k->lost++;
-      return NULL;
-    }
-    for (uint32_t i = 0; i < k->corr_cap; i++)
-      if (k->corrs[i].corr != 0)
-        for (uint32_t j = corr_hash(k->corrs[i].corr) & (cap - 1);; j = (j + 1) & (cap - 1))
-          if (grown[j].corr == 0) {
-            grown[j] = k->corrs[i];
-            break;
-          }
-    free(k->corrs);
-    k->corrs = grown;
-    k->corr_cap = cap;
-  }
-  for (uint32_t j = corr_hash(corr) & (k->corr_cap - 1);; j = (j + 1) & (k->corr_cap - 1)) {
-    if (k->corrs[j].corr == corr)
-      return &k->corrs[j];
-    if (k->corrs[j].corr == 0) {
-      k->corrs[j] = (corr_slot){corr, 0, 0};
-      k->n_corrs++;
-      return &k->corrs[j];
-    }
-  }
-}
-
 /* The call slot + 1 a launch belongs to, or 0. Called with the lock held. */
-static uint32_t corr_get(const ust__kt *k, uint32_t corr) {
-  for (uint32_t j = corr_hash(corr) & (k->corr_cap - 1);; j = (j + 1) & (k->corr_cap - 1)) {
-    if (k->corrs[j].corr == corr)
-      return k->corrs[j].call; /* 0: a launch no call claimed */
-    if (k->corrs[j].corr == 0)
-      return 0;
-  }
+static uint32_t corr_get(ust__kt *k, uint32_t corr) {
+  const id_slot *e = id_find(&k->corrs, corr, 0);
+  return e != NULL ? e->val : 0; /* 0: a launch no call claimed */
 }
 
 void ust__kt_ext(ust__kt *k, uint32_t corr, uint64_t ext) {
@@ -198,9 +197,11 @@ void ust__kt_ext(ust__kt *k, uint32_t corr, uint64_t ext) {
   if (corr == 0 || call == 0 || call > UST__KT_MAX_CALLS)
     return;
   pthread_mutex_lock(&k->lock);
-  corr_slot *e = (uint32_t)(ext >> 32) == k->seq ? corr_entry(k, corr) : NULL;
-  if (e != NULL && e->call == 0)
-    e->call = call;
+  id_slot *e = (uint32_t)(ext >> 32) == k->seq ? id_find(&k->corrs, corr, 1) : NULL;
+  if (e == NULL && (uint32_t)(ext >> 32) == k->seq)
+    k->lost++;
+  else if (e != NULL && e->val == 0)
+    e->val = call;
   pthread_mutex_unlock(&k->lock);
 }
 
@@ -210,10 +211,10 @@ void ust__kt_launch_of(ust__kt *k, uint32_t corr, int slot, uint32_t flags) {
   if (corr == 0 || slot < 0 || slot >= UST__KT_MAX_CALLS)
     return;
   pthread_mutex_lock(&k->lock);
-  corr_slot *e = atomic_load_explicit(&k->collecting, memory_order_relaxed) ? corr_entry(k, corr) : NULL;
+  id_slot *e = atomic_load_explicit(&k->collecting, memory_order_relaxed) ? id_find(&k->corrs, corr, 1) : NULL;
   if (e != NULL) {
-    if (e->call == 0)
-      e->call = (uint32_t)slot + 1;
+    if (e->val == 0)
+      e->val = (uint32_t)slot + 1;
     e->flags |= flags;
   }
   pthread_mutex_unlock(&k->lock);
@@ -223,46 +224,10 @@ void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags) {
   if (corr == 0)
     return;
   pthread_mutex_lock(&k->lock);
-  corr_slot *e = atomic_load_explicit(&k->collecting, memory_order_relaxed) ? corr_entry(k, corr) : NULL;
+  id_slot *e = atomic_load_explicit(&k->collecting, memory_order_relaxed) ? id_find(&k->corrs, corr, 1) : NULL;
   if (e != NULL)
     e->flags |= flags;
   pthread_mutex_unlock(&k->lock);
-}
-
-static uint32_t node_hash(uint64_t node) { return (uint32_t)((node * 0x9E3779B97F4A7C15ull) >> 32); }
-
-/* The slot of node (added when new and add is set); NULL when absent or out
- * of memory. Called with the lock held. */
-static node_slot *node_entry(ust__kt *k, uint64_t node, int add) {
-  if (add && (k->n_nodes + 1) * 2 > k->node_cap) {
-    const uint32_t cap = k->node_cap ? k->node_cap * 2 : 1024;
-    node_slot *grown = calloc(cap, sizeof *grown);
-    if (grown == NULL)
-      return NULL;
-    for (uint32_t i = 0; i < k->node_cap; i++)
-      if (k->nodes[i].node != 0)
-        for (uint32_t j = node_hash(k->nodes[i].node) & (cap - 1);; j = (j + 1) & (cap - 1))
-          if (grown[j].node == 0) {
-            grown[j] = k->nodes[i];
-            break;
-          }
-    free(k->nodes);
-    k->nodes = grown;
-    k->node_cap = cap;
-  }
-  if (k->node_cap == 0)
-    return NULL;
-  for (uint32_t j = node_hash(node) & (k->node_cap - 1);; j = (j + 1) & (k->node_cap - 1)) {
-    if (k->nodes[j].node == node)
-      return &k->nodes[j];
-    if (k->nodes[j].node == 0) {
-      if (!add)
-        return NULL;
-      k->nodes[j].node = node;
-      k->n_nodes++;
-      return &k->nodes[j];
-    }
-  }
 }
 
 int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, ust__figs *figs, uint64_t tsol_ps) {
@@ -283,11 +248,11 @@ int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, ust__figs *figs
   if (rc == 0) {
     k->captured[k->n_captured++] = (captured_call){figs, tsol_ps};
     for (int i = 0; i < n && rc == 0; i++) {
-      node_slot *e = nodes[i] != 0 ? node_entry(k, nodes[i], 1) : NULL;
+      id_slot *e = nodes[i] != 0 ? id_find(&k->nodes, nodes[i], 1) : NULL;
       if (nodes[i] != 0 && e == NULL)
         rc = ust__error(UST_ENOMEM, "kernel timing: out of memory for graph nodes");
       else if (e != NULL)
-        e->captured = k->n_captured; /* a node captured again (a graph captured anew) is the latest call's */
+        e->val = k->n_captured; /* a node captured again (a graph captured anew) is the latest call's */
     }
   }
   pthread_mutex_unlock(&k->lock);
@@ -298,11 +263,11 @@ void ust__kt_graph_node_copied(ust__kt *k, uint64_t from, uint64_t to) {
   if (from == 0 || to == 0 || from == to)
     return;
   pthread_mutex_lock(&k->lock);
-  const node_slot *src = node_entry(k, from, 0);
-  const uint32_t captured = src != NULL ? src->captured : 0;
-  node_slot *dst = captured != 0 ? node_entry(k, to, 1) : NULL;
+  const id_slot *src = id_find(&k->nodes, from, 0);
+  const uint32_t captured = src != NULL ? src->val : 0;
+  id_slot *dst = captured != 0 ? id_find(&k->nodes, to, 1) : NULL;
   if (dst != NULL)
-    dst->captured = captured;
+    dst->val = captured;
   pthread_mutex_unlock(&k->lock);
 }
 
@@ -394,8 +359,8 @@ static uint32_t window_calls(ust__kt *k) {
 static uint32_t replay_of(ust__kt *k, const kernel_rec *kr) {
   if (kr->node == 0)
     return 0;
-  const node_slot *e = node_entry(k, kr->node, 0);
-  return e != NULL ? e->captured : 0;
+  const id_slot *e = id_find(&k->nodes, kr->node, 0);
+  return e != NULL ? e->val : 0;
 }
 
 typedef struct replay_rec {
@@ -438,11 +403,11 @@ static uint64_t tally(ust__kt *k, uint32_t n_calls) {
     ust__kt_call *c = &k->calls[i];
     c->rt_launches = c->drv_launches = c->kernels = 0;
   }
-  for (uint32_t j = 0; j < k->corr_cap; j++) {
-    const corr_slot *e = &k->corrs[j];
-    if (e->corr == 0 || e->call == 0 || e->call > n_calls)
+  for (uint32_t j = 0; j < k->corrs.cap; j++) {
+    const id_slot *e = &k->corrs.s[j];
+    if (e->id == 0 || e->val == 0 || e->val > n_calls)
       continue;
-    ust__kt_call *c = &k->calls[e->call - 1];
+    ust__kt_call *c = &k->calls[e->val - 1];
     c->rt_launches += (e->flags & UST__KT_LAUNCH_RUNTIME) != 0;
     c->drv_launches += (e->flags & UST__KT_LAUNCH_DRIVER) != 0;
   }
@@ -572,8 +537,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
   t->windows++;
   t->window_ns += window_ns;
   k->n_kernels = 0;
-  k->n_corrs = 0;
-  memset(k->corrs, 0, (size_t)k->corr_cap * sizeof *k->corrs);
+  id_clear(&k->corrs);
   k->lost = 0;
   k->seq++; /* late records of this window are ignored */
   atomic_store_explicit(&k->collecting, 0, memory_order_relaxed);
