@@ -8,23 +8,8 @@
 #include <unistd.h>
 
 #include "dispatch/dispatch.h"
+#include "figs_probe.h"
 #include "runner.h"
-
-static uint64_t hist_count(ust__figs *f) {
-  ust__figs_snap s;
-  ASSERT_INT_EQ(ust__figs_snapshot(f, &s), 0);
-  const uint64_t n = s.hist.count;
-  ust__figs_snap_free(&s);
-  return n;
-}
-
-static uint64_t hist_sum(ust__figs *f) {
-  ust__figs_snap s;
-  ASSERT_INT_EQ(ust__figs_snapshot(f, &s), 0);
-  const uint64_t n = s.hist.sum;
-  ust__figs_snap_free(&s);
-  return n;
-}
 
 TEST(kernel_records_join_calls_in_any_order) {
   ust__kt *k;

@@ -12,6 +12,7 @@
 #include <cupti.h>
 
 #include "dispatch/dispatch.h"
+#include "figs_probe.h"
 #include "runner.h"
 
 typedef struct fake {
@@ -74,15 +75,6 @@ static void timed(rig *r, ust__figs *figs, int runtime, const char *name, uint64
   ust__cupti_end(r->c, s, figs, 0, 0);
 }
 
-static uint64_t sum_of(ust__figs *f, uint64_t *count) {
-  ust__figs_snap s;
-  ASSERT_INT_EQ(ust__figs_snapshot(f, &s), 0);
-  const uint64_t sum = s.hist.sum;
-  *count = s.hist.count;
-  ust__figs_snap_free(&s);
-  return sum;
-}
-
 /* One window: call A launches two kernels (runtime) and makes another API
  * call, call B one (driver); a kernel outside any call. */
 static void one_window(rig *r) {
@@ -101,11 +93,10 @@ static void one_window(rig *r) {
 }
 
 static void check_window(rig *r, const char *correlation) {
-  uint64_t n;
-  ASSERT_U64_EQ(sum_of(&r->a, &n), 1300);
-  ASSERT_U64_EQ(n, 1);
-  ASSERT_U64_EQ(sum_of(&r->b, &n), 500);
-  ASSERT_U64_EQ(n, 1);
+  ASSERT_U64_EQ(hist_sum(&r->a), 1300);
+  ASSERT_U64_EQ(hist_count(&r->a), 1);
+  ASSERT_U64_EQ(hist_sum(&r->b), 500);
+  ASSERT_U64_EQ(hist_count(&r->b), 1);
   ASSERT_U64_EQ(atomic_load(&r->a.kernel_timed), 1);
   ust__timer_status st;
   ust__cupti_status(r->c, &st);
@@ -160,9 +151,8 @@ TEST(tracer_converts_records_in_another_clients_clock) {
   timed(&r, &r.a, 1, "gemm", 1300);
   timed(&r, &r.b, 0, "triton_rms", 500);
   ust__cupti_poll(r.c, 1, 1);
-  uint64_t n;
-  ASSERT_DBL_NEAR((double)sum_of(&r.a, &n), 1300.0, 1300.0 * 0.02);
-  ASSERT_DBL_NEAR((double)sum_of(&r.b, &n), 500.0, 500.0 * 0.02);
+  ASSERT_DBL_NEAR((double)hist_sum(&r.a), 1300.0, 1300.0 * 0.02);
+  ASSERT_DBL_NEAR((double)hist_sum(&r.b), 500.0, 500.0 * 0.02);
   ust__timer_status st;
   ust__cupti_status(r.c, &st);
   ASSERT_DBL_NEAR(st.ns_per_tick, 1 / 2.1, 0.01);
@@ -224,9 +214,7 @@ TEST(tracer_drops_calls_whose_kernels_never_came) {
   r.f.hold_kernels(1);
   timed(&r, &r.a, 1, "queued_gemm", 1000);
   ust__cupti_poll(r.c, 1, 1); /* waits at most 2 s for the kernel, then concludes */
-  uint64_t n;
-  sum_of(&r.a, &n);
-  ASSERT_U64_EQ(n, 0);
+  ASSERT_U64_EQ(hist_count(&r.a), 0);
   ASSERT_U64_EQ(atomic_load(&r.a.timing_dropped), 1);
   ust__timer_status st;
   ust__cupti_status(r.c, &st);
@@ -251,8 +239,7 @@ TEST(tracer_buffers_outlive_the_tracer_they_were_handed_out_for) {
   r.f.release_buffer(); /* the old buffer comes back to the new tracer, late */
   timed(&r, &r.b, 1, "fresh", 400);
   ust__cupti_poll(r.c, 1, 1);
-  uint64_t n;
-  ASSERT_U64_EQ(sum_of(&r.b, &n), 400);
-  ASSERT_U64_EQ(n, 1);
+  ASSERT_U64_EQ(hist_sum(&r.b), 400);
+  ASSERT_U64_EQ(hist_count(&r.b), 1);
   rig_down(&r);
 }

@@ -65,6 +65,22 @@ def all_bindings(rep):
     return {b for op in rep["operators"] for b in op["bindings"]}
 
 
+def calls_behind_queued_work(call, n=10, cycles=2_000_000_000):
+    """n calls made while GPU work (a sleep kernel of `cycles`, about a second
+    for the default) is queued ahead of them. Returns the host time they took,
+    whether the queued work was still running when they had returned (so
+    nothing synchronised), and when they began (perf_counter)."""
+    import torch
+    torch.cuda._sleep(cycles)
+    done = torch.cuda.Event()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    host_s = time.perf_counter() - t0
+    done.record()
+    return host_s, not done.query(), t0
+
+
 @pytest.fixture
 def us(tmp_path):
     """understudy, disabled again after the test whatever happens."""

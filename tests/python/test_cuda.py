@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DispatchCounter, all_bindings, bound_ops
+from conftest import DispatchCounter, all_bindings, bound_ops, calls_behind_queued_work
 from understudy.demo import TinyDecoder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -122,14 +122,7 @@ def test_observed_call_does_not_wait_for_queued_work(us):
     us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "timer": {"kind": "events"}})
     torch.mm(a, a)  # first call: timer slots are created outside the measurement
     torch.cuda.synchronize()
-    done = torch.cuda.Event()
-    torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued ahead
-    t0 = time.perf_counter()
-    for _ in range(10):
-        torch.mm(a, a)
-    host_s = time.perf_counter() - t0
-    done.record()
-    still_running = not done.query()
+    host_s, still_running, t0 = calls_behind_queued_work(lambda: torch.mm(a, a))
     torch.cuda.synchronize()
     gpu_total = time.perf_counter() - t0
     print(f"10 observed calls returned after {host_s * 1e3:.2f} ms; queued work finished after {gpu_total * 1e3:.0f} ms")

@@ -7,6 +7,8 @@ import time
 import pytest
 import torch
 
+from conftest import calls_behind_queued_work
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 ALWAYS = {"kind": "cupti", "budget": 0, "window_ms": 200}
@@ -134,14 +136,7 @@ def test_a_window_never_makes_a_call_wait_for_the_device(us):
     torch.mm(a, a)
     time.sleep(0.3)  # the window opens within the worker's idle poll (0.1 s) and stays open 5 s
     torch.cuda.synchronize()
-    torch.cuda._sleep(1_000_000_000)  # about half a second of GPU time queued ahead
-    done = torch.cuda.Event()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        torch.mm(a, a)
-    host_s = time.perf_counter() - t0
-    done.record()
-    still_running = not done.query()
+    host_s, still_running, _ = calls_behind_queued_work(lambda: torch.mm(a, a), cycles=1_000_000_000)
     rep = us.report()
     us.disable()
     s = route(rep, "aten::mm", M=256, N=256, K=256)

@@ -2,7 +2,6 @@
 /metrics; the kernel tracer's fallback where CUPTI cannot be loaded. The
 tracer itself runs on CUDA (test_kernel_timer_cuda.py)."""
 import ctypes
-import json
 
 import torch
 
@@ -79,7 +78,6 @@ def test_metrics_carry_the_timer_and_coverage():
     assert "understudy_kernel_coverage_ratio 0.6" in text
     assert 'understudy_window_kernel_seconds_total{attributed="no"} 4e-07' in text
     assert 'understudy_unattributed_kernel_seconds{kernel="rms_kernel"} 3e-07' in text
-    json.dumps(rep)
 
 
 def test_replayed_calls_count_in_the_device_time_estimate(us):
