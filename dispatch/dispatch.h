@@ -203,7 +203,6 @@ typedef struct ust__kt_totals {
   uint64_t attributed, attributed_ns; /* of those, launched inside a timed call */
   uint64_t calls_timed, calls_dropped; /* calls concluded with a figure / without (records lost) */
   uint64_t calls_empty;              /* calls that launched no kernel the tracer saw (no figure) */
-  uint64_t calls_replayed;           /* captured calls run again by a graph launch (each timed) */
   uint64_t records_lost;             /* kernels or launches the tracer dropped or that never joined */
   int n_names;
   ust__kt_name names[64];            /* the unattributed kernels with the most time (kept sorted) */
@@ -232,16 +231,6 @@ int ust__kt_quiet(ust__kt *k);
  * window's external ids are ignored. */
 void ust__kt_ext(ust__kt *k, uint32_t corr, uint64_t ext);
 void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t start, uint64_t end, const char *name);
-/* A kernel a graph launch ran as node (the executable graph's node id). */
-void ust__kt_graph_kernel(ust__kt *k, uint32_t corr, uint64_t node, uint64_t start, uint64_t end, const char *name);
-/* Graph replays. At capture, the nodes a captured call added (their ids as
- * the tracer will report them at replay) and its route's figures: each
- * graph launch that runs them is one replayed call of the route, timed by
- * their kernels. A node copied to another id (a graph instantiated,
- * cloned) keeps its call. Nodes are kept across windows. */
-#define UST__KT_MAX_CAPTURED (1u << 20)
-int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, ust__figs *figs, uint64_t tsol_ps);
-void ust__kt_graph_node_copied(ust__kt *k, uint64_t from, uint64_t to);
 /* A launch API's record: a runtime or a driver launch (a runtime launch may
  * make a driver launch of its own: a call's launches are the larger count). */
 #define UST__KT_LAUNCH_RUNTIME 1u

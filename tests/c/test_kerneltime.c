@@ -237,62 +237,6 @@ TEST(kernel_windows_keep_to_their_budget) {
   ASSERT_TRUE(123457 * 2500.0 / (double)next <= 0.02 + 1e-12);
 }
 
-TEST(kernel_graph_replays_are_their_captured_calls) {
-  /* Two calls captured into a graph (the first added nodes 101 and 102, the
-   * second 103); instantiation copies them to 1101..1103, the ids replays
-   * carry. Two launches of the graph in a window: each runs each captured
-   * call once more. An eager call beside them is timed as usual. */
-  ust__kt *k;
-  ASSERT_INT_EQ(ust__kt_create(&k), 0);
-  ust__figs a, b, e;
-  ASSERT_INT_EQ(ust__figs_init(&a), 0);
-  ASSERT_INT_EQ(ust__figs_init(&b), 0);
-  ASSERT_INT_EQ(ust__figs_init(&e), 0);
-  const uint64_t na[] = {101, 102}, nb[] = {103};
-  ASSERT_INT_EQ(ust__kt_graph_call(k, na, 2, &a, 0), 0);
-  ASSERT_INT_EQ(ust__kt_graph_call(k, nb, 1, &b, 0), 0);
-  for (uint64_t n = 101; n <= 103; n++)
-    ust__kt_graph_node_copied(k, n, n + 1000);
-  ust__kt_graph_node_copied(k, 555, 1555); /* a node no captured call added: nothing */
-  ust__kt_open(k);
-  uint64_t ext;
-  const int s = ust__kt_begin(k, &ext);
-  ust__kt_end(k, s, &e, 0, 0);
-  for (uint32_t launch = 50; launch <= 51; launch++) {
-    const uint64_t t = launch * 10000;
-    ust__kt_launch(k, launch, UST__KT_LAUNCH_RUNTIME); /* cudaGraphLaunch, outside any call */
-    ust__kt_graph_kernel(k, launch, 1101, t, t + 100, "a_first");
-    ust__kt_graph_kernel(k, launch, 1102, t + 200, t + 250, "a_second");
-    ust__kt_graph_kernel(k, launch, 1103, t + 300, t + 330, "b_only");
-    ust__kt_graph_kernel(k, launch, 1999, t + 400, t + 470, "unbound_node");
-  }
-  ust__kt_ext(k, 60, ext);
-  ust__kt_launch(k, 60, UST__KT_LAUNCH_RUNTIME);
-  ust__kt_kernel(k, 60, 900000, 900040, "eager");
-  ust__kt_close(k);
-  ASSERT_U64_EQ(ust__kt_outstanding(k), 0);
-  ust__kt_conclude(k, 1000, 1.0);
-  ASSERT_U64_EQ(atomic_load(&a.replayed), 2);
-  ASSERT_U64_EQ(hist_count(&a), 2);
-  ASSERT_U64_EQ(hist_sum(&a), 2 * (100 + 50));
-  ASSERT_U64_EQ(atomic_load(&a.kernel_span_ns), 2 * 250);
-  ASSERT_U64_EQ(atomic_load(&b.replayed), 2);
-  ASSERT_U64_EQ(hist_sum(&b), 2 * 30);
-  ASSERT_U64_EQ(hist_sum(&e), 40);
-  ASSERT_U64_EQ(atomic_load(&e.replayed), 0);
-  ust__kt_totals t;
-  ust__kt_totals_get(k, &t);
-  ASSERT_U64_EQ(t.calls_replayed, 4);
-  ASSERT_U64_EQ(t.calls_timed, 1);
-  ASSERT_U64_EQ(t.kernel_ns, 2 * (100 + 50 + 30 + 70) + 40);
-  ASSERT_U64_EQ(t.attributed_ns, 2 * (100 + 50 + 30) + 40);
-  ASSERT_STR_EQ(t.names[0].name, "unbound_node");
-  ust__figs_free(&a);
-  ust__figs_free(&b);
-  ust__figs_free(&e);
-  ust__kt_destroy(k);
-}
-
 TEST(kernel_launches_known_from_callbacks_join_without_external_ids) {
   /* Callbacks mode: the launch API's callback runs on the launching thread
    * and names the thread's current call; no external id is pushed. A
