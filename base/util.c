@@ -288,6 +288,10 @@ int ust__gpu_check(ust__log_sink *log, int err, const char *stmt, const char *fn
     ust__error(UST_EGPU, "GPU call failed: %s: %s (in %s, %s:%d)", stmt, cudaGetErrorString((cudaError_t)err), fn,
                file, line);
     ust__log(log, UST_LOG_WARN, "%s", ust_last_error());
+    /* the runtime keeps a failed call's error for the thread's next
+     * cudaGetLastError: torch checks it after its own launches, and would
+     * raise ours in the caller */
+    (void)cudaGetLastError();
   }
   return err;
 }

@@ -113,19 +113,24 @@ def server(kind, device, calls, cpu):
                     understudy.disable()
 
 
-def run(device, calls, rounds):
+def run(device, calls, rounds, wanted):
     import os
     cpu = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
-    kids = {kind: subprocess.Popen([sys.executable, __file__, "--server", kind, device, "--calls", str(calls),
+    kids = {kind: subprocess.Popen([sys.executable, "-X", "faulthandler", __file__, "--server", kind, device, "--calls", str(calls),
                                     "--cpu", str(cpu)],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            for kind in ("plain", "understudy", "tracer", "tracer_cb")}
-    samples = {k: [] for k in VARIANTS}
+            for kind in ("plain", "understudy", "tracer", "tracer_cb") if kind in wanted}
+    variants = {name: v for name, v in VARIANTS.items() if v[0] in kids}
+    samples = {k: [] for k in variants}
     for _ in range(rounds):
-        for name, (kind, _) in VARIANTS.items():
+        for name, (kind, _) in variants.items():
             kids[kind].stdin.write(name + "\n")
             kids[kind].stdin.flush()
-            samples[name].append(float(kids[kind].stdout.readline()))
+            line = kids[kind].stdout.readline()
+            if not line:  # the child died: say which and how
+                raise SystemExit(f"overhead: the {kind!r} child ended (exit status {kids[kind].wait()}) "
+                                 f"while measuring {name!r}")
+            samples[name].append(float(line))
     for k in kids.values():
         k.stdin.close()
         k.wait()
@@ -138,16 +143,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--kids", nargs="+", default=["plain", "understudy", "tracer", "tracer_cb"],
+                    choices=["plain", "understudy", "tracer", "tracer_cb"],
+                    help="the child processes to run (their variants only; plain always)")
+    ap.add_argument("--devices", nargs="+", default=None, help="cpu, cuda (default: every one present)")
     ap.add_argument("--server", nargs=2, metavar=("KIND", "DEVICE"), help=argparse.SUPPRESS)
     ap.add_argument("--cpu", type=int, default=-1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.server:
         server(args.server[0], args.server[1], args.calls, args.cpu)
         return
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
     for d in devices:
-        rows += run(d, args.calls, args.rounds)
+        rows += run(d, args.calls, args.rounds, set(args.kids) | {"plain"})
     dev_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     print(f"torch.mm 16x16 fp32, host time per call; median of {args.rounds} rounds x {args.calls} calls; "
           f"torch {torch.__version__}; {dev_name}")

@@ -83,6 +83,8 @@ typedef struct ust__call_state {
   int flags;     /* UST__DF_* */
   void *slot;    /* the call's shadow slot (shadow; verified serving) */
   int capturing; /* the call is being captured into a CUDA graph */
+  int capture_marked;    /* the graph's nodes were noted before the call (the kernel tracer maps them) */
+  uint32_t capture_from; /* the index its first node will take in the graph */
   int timing;    /* PASS: 0 none, 1 host clock, 2 device timer */
   int first;     /* timed for being one of its key's first calls, not sampled */
   int gpu_slot;

@@ -203,6 +203,7 @@ typedef struct ust__kt_totals {
   uint64_t attributed, attributed_ns; /* of those, launched inside a timed call */
   uint64_t calls_timed, calls_dropped; /* calls concluded with a figure / without (records lost) */
   uint64_t calls_empty;              /* calls that launched no kernel the tracer saw (no figure) */
+  uint64_t calls_replayed;           /* captured calls run again by a graph launch (each timed) */
   uint64_t records_lost;             /* kernels or launches the tracer dropped or that never joined */
   int n_names;
   ust__kt_name names[64];            /* the unattributed kernels with the most time (kept sorted) */
@@ -231,6 +232,21 @@ int ust__kt_quiet(ust__kt *k);
  * window's external ids are ignored. */
 void ust__kt_ext(ust__kt *k, uint32_t corr, uint64_t ext);
 void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t start, uint64_t end, const char *name);
+/* A kernel a graph launch ran as node (the executable graph's node id). */
+void ust__kt_graph_kernel(ust__kt *k, uint32_t corr, uint64_t node, uint64_t start, uint64_t end, const char *name);
+/* Graph replays. At capture, the nodes a captured call added (CUPTI's
+ * node ids in the graph being captured) and its route's figures: each graph
+ * launch that runs them is one replayed call of the route, timed by their
+ * kernels. Nodes are kept across windows.
+ * Replays report the nodes of the executable graph. CUPTI numbers graphs and
+ * executable graphs from one process-wide counter and a node's id is its
+ * graph's id above its index in the graph (CUDA 13.0, seen on an H200): the
+ * executable graph instantiated right after a capture (torch's CUDAGraph,
+ * and torch.compile's graph trees, instantiate at capture end) has the
+ * captured graph's id + 1, its nodes the same indices. A graph instantiated
+ * later, or cloned, is not followed: its kernels stay unattributed. */
+#define UST__KT_MAX_CAPTURED (1u << 20)
+int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, ust__figs *figs, uint64_t tsol_ps);
 /* A launch API's record: a runtime or a driver launch (a runtime launch may
  * make a driver launch of its own: a call's launches are the larger count). */
 #define UST__KT_LAUNCH_RUNTIME 1u
@@ -319,6 +335,13 @@ int ust__timers_begin(ust__timers *t, int device_id, void *stream);
 /* Record the end event and queue the timing for figs, with the call's
  * roofline floor (0: unknown). */
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int first);
+/* Graph capture, with the kernel tracer on: before a captured call, the
+ * index its first node will take in the graph stream captures into (0 if
+ * noted, -1 if not: no tracer, no CUPTI node ids, an error); after it, the
+ * nodes it added become its route's, so that replays of them are timed and
+ * counted (ust__kt_graph_call). Slow path: capture only. */
+int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from);
+void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs *figs, uint64_t tsol_ps);
 /* Release a timer whose call raised; nothing is recorded. */
 void ust__timers_cancel(ust__timers *t, int token);
 /* Move completed timings into their figures; returns how many are still
@@ -344,6 +367,11 @@ int ust__cupti_tracing(const ust__cupti *c);
 int ust__cupti_begin(ust__cupti *c);
 void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int first);
 void ust__cupti_status(ust__cupti *c, ust__timer_status *out);
+/* CUPTI's ids of n graph nodes (CUgraphNode); 0 when all were given, -1
+ * when the tracer is off or CUPTI cannot say. */
+int ust__cupti_node_ids(ust__cupti *c, void *const *nodes, size_t n, uint64_t *ids);
+/* The nodes (ids) one captured call added, for its route's figures. */
+int ust__cupti_graph_call(ust__cupti *c, const uint64_t *ids, int n, ust__figs *figs, uint64_t tsol_ps);
 
 /* 1 if the stream is capturing a graph (or cannot be asked), else 0. */
 int ust__gpu_capturing(void *stream);

@@ -19,12 +19,13 @@
 typedef struct kernel_rec {
   uint32_t corr;
   uint64_t start, end;
+  uint64_t node;    /* the graph node it ran as (a replay), else 0 */
   const char *name; /* the tracer's string, valid while the process runs */
 } kernel_rec;
 
 /* An id's entry in an id_table: a launch's correlation id (val: its call
  * slot + 1, 0 while only its launch record was seen; flags:
- * UST__KT_LAUNCH_*). */
+ * UST__KT_LAUNCH_*), or a graph node's id (val: its captured call + 1). */
 typedef struct id_slot {
   uint64_t id; /* 0: empty (the tracer's ids start at 1) */
   uint32_t val, flags;
@@ -36,6 +37,10 @@ typedef struct id_table {
   uint32_t cap, n;
 } id_table;
 
+typedef struct captured_call {
+  ust__figs *figs;
+  uint64_t tsol_ps;
+} captured_call;
 
 
 struct ust__kt {
@@ -51,6 +56,10 @@ struct ust__kt {
   id_table corrs; /* the window's launches */
   uint64_t lost;
   ust__kt_totals totals;
+  /* graph nodes of captured calls: kept across windows (under the lock) */
+  id_table nodes;
+  captured_call *captured;
+  uint32_t n_captured, captured_cap;
 };
 
 static _Thread_local int tls_current = -1; /* the calling thread's innermost slot */
@@ -115,6 +124,8 @@ void ust__kt_destroy(ust__kt *k) {
   if (k == NULL)
     return;
   pthread_mutex_destroy(&k->lock);
+  free(k->nodes.s);
+  free(k->captured);
   free(k->calls);
   free(k->kernels);
   free(k->corrs.s);
@@ -219,7 +230,40 @@ void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags) {
   pthread_mutex_unlock(&k->lock);
 }
 
+int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, ust__figs *figs, uint64_t tsol_ps) {
+  if (n <= 0)
+    return 0;
+  pthread_mutex_lock(&k->lock);
+  int rc = 0;
+  if (k->n_captured == k->captured_cap) {
+    const uint32_t cap = k->captured_cap ? k->captured_cap * 2 : 256;
+    captured_call *grown = cap <= UST__KT_MAX_CAPTURED ? realloc(k->captured, cap * sizeof *grown) : NULL;
+    if (grown == NULL) {
+      rc = ust__error(UST_ENOMEM, "kernel timing: no room for more captured calls");
+    } else {
+      k->captured = grown;
+      k->captured_cap = cap;
+    }
+  }
+  if (rc == 0) {
+    k->captured[k->n_captured++] = (captured_call){figs, tsol_ps};
+    for (int i = 0; i < n && rc == 0; i++) {
+      id_slot *e = nodes[i] != 0 ? id_find(&k->nodes, nodes[i], 1) : NULL;
+      if (nodes[i] != 0 && e == NULL)
+        rc = ust__error(UST_ENOMEM, "kernel timing: out of memory for graph nodes");
+      else if (e != NULL)
+        e->val = k->n_captured; /* a node captured again (a graph captured anew) is the latest call's */
+    }
+  }
+  pthread_mutex_unlock(&k->lock);
+  return rc;
+}
+
 void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t start, uint64_t end, const char *name) {
+  ust__kt_graph_kernel(k, corr, 0, start, end, name);
+}
+
+void ust__kt_graph_kernel(ust__kt *k, uint32_t corr, uint64_t node, uint64_t start, uint64_t end, const char *name) {
   pthread_mutex_lock(&k->lock);
   if (!atomic_load_explicit(&k->collecting, memory_order_relaxed)) {
     /* between windows: not ours to count */
@@ -229,7 +273,7 @@ void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t start, uint64_t end, con
     if (k->kernels == NULL && (k->kernels = malloc((size_t)UST__KT_MAX_KERNELS * sizeof *k->kernels)) == NULL)
       k->lost++;
     else
-      k->kernels[k->n_kernels++] = (kernel_rec){corr, start, end, name};
+      k->kernels[k->n_kernels++] = (kernel_rec){corr, start, end, node, name};
   } else {
     k->lost++;
   }
@@ -283,6 +327,8 @@ static int kernel_order(const void *a, const void *b) {
   const kernel_rec *x = a, *y = b;
   if (x->corr != y->corr)
     return x->corr < y->corr ? -1 : 1;
+  if (x->node != y->node)
+    return x->node < y->node ? -1 : 1;
   if (x->start != y->start)
     return x->start < y->start ? -1 : 1;
   return x->end < y->end ? -1 : x->end > y->end;
@@ -291,6 +337,52 @@ static int kernel_order(const void *a, const void *b) {
 static uint32_t window_calls(ust__kt *k) {
   const unsigned n = atomic_load(&k->next_call);
   return n < UST__KT_MAX_CALLS ? n : UST__KT_MAX_CALLS;
+}
+
+/* The captured call (index + 1) a replayed kernel ran for, or 0. Called
+ * with the lock held. */
+static uint32_t replay_of(ust__kt *k, const kernel_rec *kr) {
+  const uint64_t exec = kr->node >> 32;
+  if (exec < 2)
+    return 0;
+  /* the executable graph instantiated from the captured graph just before it */
+  const id_slot *e = id_find(&k->nodes, (exec - 1) << 32 | (kr->node & 0xffffffffu), 0);
+  return e != NULL ? e->val : 0;
+}
+
+typedef struct replay_rec {
+  uint32_t corr, captured;
+  uint64_t start, end, ns;
+} replay_rec;
+
+static int replay_order(const void *a, const void *b) {
+  const replay_rec *x = a, *y = b;
+  if (x->corr != y->corr)
+    return x->corr < y->corr ? -1 : 1;
+  return x->captured < y->captured ? -1 : x->captured > y->captured;
+}
+
+/* The replayed kernels of the window into their captured calls' figures:
+ * the kernels one graph launch ran for one captured call are one replayed
+ * call of its route. Called with the lock held. */
+static void conclude_replays(ust__kt *k, replay_rec *r, uint32_t n, double ns_per_tick) {
+  qsort(r, n, sizeof *r, replay_order);
+  for (uint32_t i = 0; i < n;) {
+    uint32_t j = i;
+    uint64_t sum = 0, start = r[i].start, end = r[i].end;
+    for (; j < n && r[j].corr == r[i].corr && r[j].captured == r[i].captured; j++) {
+      sum += r[j].ns;
+      start = r[j].start < start ? r[j].start : start;
+      end = r[j].end > end ? r[j].end : end;
+    }
+    const captured_call *cc = &k->captured[r[i].captured - 1];
+    if (cc->figs != NULL) {
+      ust__figs_kernel_time(cc->figs, sum, (uint64_t)((double)(end - start) * ns_per_tick + 0.5), cc->tsol_ps, 0);
+      atomic_fetch_add_explicit(&cc->figs->replayed, 1, memory_order_relaxed);
+    }
+    k->totals.calls_replayed++;
+    i = j;
+  }
 }
 
 /* Each call's own launches (by API) and own kernels, from the records so
@@ -310,6 +402,8 @@ static uint64_t tally(ust__kt *k, uint32_t n_calls) {
     c->drv_launches += (e->flags & UST__KT_LAUNCH_DRIVER) != 0;
   }
   for (uint32_t i = 0; i < k->n_kernels; i++) {
+    if (replay_of(k, &k->kernels[i]) != 0)
+      continue; /* a captured call's, replayed */
     const uint32_t call = k->kernels[i].corr != 0 ? corr_get(k, k->kernels[i].corr) : 0;
     if (call != 0 && call <= n_calls)
       k->calls[call - 1].kernels++;
@@ -351,11 +445,24 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     c->kernels = 0; /* counted again below, with the sums */
     c->sum_ns = c->start = c->end = 0;
   }
+  replay_rec *replays = NULL;
+  uint32_t n_replays = 0;
   for (uint32_t i = 0; i < k->n_kernels; i++) {
     const kernel_rec *kr = &k->kernels[i];
     const uint64_t ns = (uint64_t)((double)(kr->end - kr->start) * ns_per_tick + 0.5);
     t->kernels++;
     t->kernel_ns += ns;
+    const uint32_t cap = replay_of(k, kr);
+    if (cap != 0) {
+      if (replays == NULL && (replays = malloc((size_t)k->n_kernels * sizeof *replays)) == NULL) {
+        name_add(t, kr->name, ns); /* no memory to group them: time no call claimed */
+        continue;
+      }
+      replays[n_replays++] = (replay_rec){kr->corr, cap, kr->start, kr->end, ns};
+      t->attributed++;
+      t->attributed_ns += ns;
+      continue;
+    }
     const uint32_t call = kr->corr != 0 ? corr_get(k, kr->corr) : 0;
     if (call == 0 || call > n_calls) {
       name_add(t, kr->name, ns);
@@ -413,6 +520,9 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     ust__figs_kernel_time(c->figs, c->sum_ns, span, c->tsol_ps, c->first);
   }
   free(complete);
+  if (n_replays > 0)
+    conclude_replays(k, replays, n_replays, ns_per_tick);
+  free(replays);
   t->records_lost += k->lost + missing;
   t->windows++;
   t->window_ns += window_ns;

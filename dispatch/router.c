@@ -398,6 +398,10 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && cand_view(b, r, call, 1, &st->cand) == 0) {
       st->plan = UST__PLAN_SERVE;
       st->flags = UST__DF_NO_SNAPSHOTS;
+    } else if (mode != UST__MODE_OFF && ust__timers_capture_mark(b->router->timers, call->stream, &st->capture_from) == 0) {
+      /* production's nodes: their replays are this route's calls */
+      st->capture_marked = 1;
+      st->tsol_ps = call_tsol_ps(r, call, st);
     }
     return;
   }
@@ -468,6 +472,8 @@ void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decisi
   if (d->notes & UST__NOTE_INTERNAL)
     ust__call_internal_error(r->binding);
   ust__rollout_served(&r->rollout, d->notes, st->capturing);
+  if (st->capture_marked && d->outcome == UST__OUT_PRODUCTION)
+    ust__timers_captured(r->binding->router->timers, call->stream, st->capture_from, &r->figs, st->tsol_ps);
   if (st->timing == 2) {
     if (d->outcome == UST__OUT_PRODUCTION)
       ust__timers_end(r->binding->router->timers, st->gpu_slot, call->stream, &r->figs, st->tsol_ps, st->first);

@@ -37,9 +37,10 @@
 
 #include "dispatch/dispatch.h"
 
-#define N_BUFFERS 16
+#define N_BUFFERS 16   /* allocated when the first window opens */
+#define MAX_BUFFERS 128 /* grown to, when CUPTI asks and none is free */
 #define BUFFER_BYTES (2u << 20)
-#define FLUSH_EVERY_NS 20000000ull  /* flush a window's completed buffers this often */
+#define DRAIN_FLUSH_NS 5000000ull   /* a draining window's buffers are flushed this often */
 #define DRAIN_MIN_NS 2000000ull     /* a closed window waits at least this long for its kernels */
 #define DRAIN_MAX_NS 2000000000ull  /* and at most this long */
 #define RETRY_NS 1000000000ull      /* a yielded tracer asks again this often */
@@ -59,6 +60,7 @@ typedef CUptiResult (*fn_dropped)(CUcontext, uint32_t, size_t *);
 typedef CUptiResult (*fn_u64p)(uint64_t *);
 typedef CUptiResult (*fn_errstr)(CUptiResult, const char **);
 typedef CUptiResult (*fn_enable_cb)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
+typedef CUptiResult (*fn_node_id)(CUgraphNode, uint64_t *);
 
 typedef struct cupti_api {
   fn_u32p get_version;
@@ -75,6 +77,7 @@ typedef struct cupti_api {
   fn_u64p timestamp;
   fn_errstr error_string;
   fn_enable_cb enable_callback;
+  fn_node_id graph_node_id; /* NULL: captured calls are not mapped to their graph nodes */
 } cupti_api;
 
 enum { ST_OFF, ST_IDLE, ST_OPEN, ST_CLOSING, ST_DRAINING, ST_YIELDED };
@@ -140,8 +143,8 @@ static atomic_int g_in_callback;      /* callbacks running: a tracer is freed on
  * back is read only while a tracer is there. */
 static struct {
   pthread_mutex_t lock;
-  uint8_t *buf[N_BUFFERS];
-  int with_cupti[N_BUFFERS];
+  uint8_t *buf[MAX_BUFFERS];
+  int with_cupti[MAX_BUFFERS];
   int n;
 } g_pool = {PTHREAD_MUTEX_INITIALIZER, {NULL}, {0}, 0};
 
@@ -166,13 +169,18 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
   *size = 0;
   *max_records = 0;
   pthread_mutex_lock(&g_pool.lock);
-  for (int i = 0; i < g_pool.n; i++)
-    if (!g_pool.with_cupti[i]) {
-      g_pool.with_cupti[i] = 1;
-      *buffer = g_pool.buf[i];
-      *size = BUFFER_BYTES;
-      break;
-    }
+  int i = 0;
+  while (i < g_pool.n && g_pool.with_cupti[i])
+    i++;
+  /* None free (records come faster than the worker gets them back): one
+   * more; without a buffer CUPTI drops records. */
+  if (i == g_pool.n && g_pool.n < MAX_BUFFERS && (g_pool.buf[i] = aligned_alloc(8, BUFFER_BYTES)) != NULL)
+    g_pool.n++;
+  if (i < g_pool.n) {
+    g_pool.with_cupti[i] = 1;
+    *buffer = g_pool.buf[i];
+    *size = BUFFER_BYTES;
+  }
   pthread_mutex_unlock(&g_pool.lock);
   atomic_fetch_add(&g_in_callback, 1);
   ust__cupti *c = atomic_load(&g_tracer);
@@ -194,7 +202,7 @@ static void read_records(ust__cupti *c, uint8_t *buf, size_t valid) {
     if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
       /* CUpti_ActivityKernel10 in 13.0; later versions append fields */
       const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
-      ust__kt_kernel(c->kt, k->correlationId, k->start, k->end, k->name);
+      ust__kt_graph_kernel(c->kt, k->correlationId, k->graphNodeId, k->start, k->end, k->name);
     } else if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME || rec->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
       const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)rec;
       if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME
@@ -295,6 +303,7 @@ static int load_api(ust__cupti *c) {
   SYM(timestamp, "cuptiGetTimestamp");
   SYM(error_string, "cuptiGetResultString");
   SYM(enable_callback, "cuptiEnableCallback");
+  *(void **)(&c->api.graph_node_id) = dlsym(c->lib, "cuptiGetGraphNodeId");
 #undef SYM
   return 0;
 }
@@ -539,16 +548,21 @@ int ust__cupti_poll(ust__cupti *c, int used, int sync) {
     if (used && !sync && now >= c->next_open_ns)
       open_window(c, now);
     break;
-  case ST_OPEN:
-    if (profiler || sync || now >= c->opened_ns + c->opts.window_ns) {
-      if (profiler)
+  case ST_OPEN: {
+    /* records coming faster than they come back: the window ends early */
+    const int crowded = buffers_out() > MAX_BUFFERS * 3 / 4;
+    if (profiler || crowded || sync || now >= c->opened_ns + c->opts.window_ns) {
+      if (profiler || crowded)
         c->windows_cut++;
       close_window(c, now);
-    } else if (now >= c->last_flush_ns + FLUSH_EVERY_NS) {
-      c->api.flush_all(0);
-      c->last_flush_ns = now;
     }
+    /* No flush while the window is open: flushing while serving threads
+     * made API records crashed libcupti 13.0 (SIGSEGV in its runtime-API
+     * record path, in each of 5 runs of benchmarks/overhead.py with the
+     * records-mode child on an H200; none in 40 rounds without). The
+     * records wait in the buffers (grown as needed) until tracing stops. */
     break;
+  }
   default:
     break;
   }
@@ -562,7 +576,7 @@ int ust__cupti_poll(ust__cupti *c, int used, int sync) {
     } else if (c->state == ST_CLOSING && sync && t < c->closed_ns + DRAIN_MAX_NS) {
       usleep(1000);
     } else if (c->state == ST_DRAINING) {
-      if (!sync && t < c->last_flush_ns + FLUSH_EVERY_NS / 4)
+      if (!sync && t < c->last_flush_ns + DRAIN_FLUSH_NS)
         break;
       c->api.flush_all(0);
       /* drained once every launch of the window's calls has its kernel (the
@@ -608,6 +622,19 @@ void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, 
     ust__kt_end(c->kt, slot, figs, tsol_ps, first);
   else
     ust__kt_cancel(c->kt, slot);
+}
+
+int ust__cupti_node_ids(ust__cupti *c, void *const *nodes, size_t n, uint64_t *ids) {
+  if (c == NULL || c->api.graph_node_id == NULL || !atomic_load_explicit(&c->traced, memory_order_relaxed))
+    return -1;
+  for (size_t i = 0; i < n; i++)
+    if (c->api.graph_node_id((CUgraphNode)nodes[i], &ids[i]) != CUPTI_SUCCESS)
+      return -1;
+  return 0;
+}
+
+int ust__cupti_graph_call(ust__cupti *c, const uint64_t *ids, int n, ust__figs *figs, uint64_t tsol_ps) {
+  return c != NULL && c->kt != NULL ? ust__kt_graph_call(c->kt, ids, n, figs, tsol_ps) : -1;
 }
 
 void ust__cupti_status(ust__cupti *c, ust__timer_status *out) {

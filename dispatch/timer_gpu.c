@@ -16,6 +16,7 @@
  * mode, so they cannot invalidate a graph capture running in another
  * thread; the calling thread's own mode is restored after each.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,6 +193,81 @@ int ust__timers_begin(ust__timers *t, int device, void *stream) {
     return -1;
   }
   return device << 20 | idx;
+}
+
+#if defined(UST_GPU_CUDA)
+/* The CUPTI ids of the nodes of the graph stream captures into (*ids
+ * malloc'ed, NULL when it holds none): 0, or -1 on an error. Capture-safe
+ * calls only. */
+static int capture_node_ids(ust__timers *t, void *stream, uint64_t **ids, size_t *n) {
+  *ids = NULL;
+  *n = 0;
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = NULL;
+  size_t count = 0;
+  if (UST__GPU_CHECK(t->log, cudaStreamGetCaptureInfo((cudaStream_t)stream, &st, NULL, &graph, NULL, NULL, NULL)) != 0 ||
+      st != cudaStreamCaptureStatusActive || graph == NULL ||
+      UST__GPU_CHECK(t->log, cudaGraphGetNodes(graph, NULL, &count)) != 0)
+    return -1;
+  if (count == 0)
+    return ust__cupti_node_ids(t->cupti, NULL, 0, NULL);
+  cudaGraphNode_t *nodes = malloc(count * sizeof *nodes);
+  uint64_t *out = malloc(count * sizeof *out);
+  if (nodes == NULL || out == NULL || UST__GPU_CHECK(t->log, cudaGraphGetNodes(graph, nodes, &count)) != 0 ||
+      ust__cupti_node_ids(t->cupti, (void *const *)nodes, count, out) != 0) {
+    free(nodes);
+    free(out);
+    return -1;
+  }
+  free(nodes);
+  *ids = out;
+  *n = count;
+  return 0;
+}
+#endif
+
+int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from) {
+  *from = 0;
+#if defined(UST_GPU_CUDA)
+  if (ust__cupti_tracing(t->cupti) == UST__TRACING_OFF)
+    return -1;
+  /* a node's id is its graph's id above its index: the call's nodes take
+   * the indices after the highest one now */
+  size_t n = 0;
+  uint64_t *ids = NULL;
+  if (capture_node_ids(t, stream, &ids, &n) != 0)
+    return -1;
+  for (size_t i = 0; i < n; i++)
+    if ((uint32_t)ids[i] + 1 > *from)
+      *from = (uint32_t)ids[i] + 1;
+  free(ids);
+  return 0;
+#else
+  (void)t;
+  (void)stream;
+  return -1;
+#endif
+}
+
+void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs *figs, uint64_t tsol_ps) {
+#if defined(UST_GPU_CUDA)
+  size_t n = 0, added = 0;
+  uint64_t *ids = NULL;
+  if (capture_node_ids(t, stream, &ids, &n) != 0)
+    return;
+  for (size_t i = 0; i < n; i++)
+    if ((uint32_t)ids[i] >= from)
+      ids[added++] = ids[i];
+  if (added > 0 && added <= INT_MAX)
+    ust__cupti_graph_call(t->cupti, ids, (int)added, figs, tsol_ps);
+  free(ids);
+#else
+  (void)t;
+  (void)stream;
+  (void)from;
+  (void)figs;
+  (void)tsol_ps;
+#endif
 }
 
 void ust__timers_cancel(ust__timers *t, int token) {

@@ -737,6 +737,11 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->timer_window_ms = 100;
   cfg->timer_budget = 0.01;
   cfg->timer_launch_cost_us = 10.0;
+  /* the tracer, when asked for, joins launches through callbacks: on an
+   * H200 it left +2.5 us per call after its windows against +8.7 us with
+   * API records (benchmarks/overhead.py), which also crashed libcupti 13.0
+   * while flushed mid-window */
+  cfg->timer_callbacks = 1;
   cfg->all_operators = 1;
   if (json == NULL || json[0] == '\0')
     return 0;

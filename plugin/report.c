@@ -229,6 +229,7 @@ static cJSON *shape_json(const ust__route_snap *s) {
   add_num(js, "first_time_ns", (double)s->figs.first_time_ns);
   add_num(js, "kernel_timed", (double)s->figs.kernel_timed);
   add_num(js, "kernel_span_ns", (double)s->figs.kernel_span_ns);
+  add_num(js, "replayed", (double)s->figs.replayed);
   add_num(js, "device_time_ns", (double)s->figs.hist.sum);
   cJSON_AddItemToObject(js, "latency_ns", hist_json(&s->figs.hist));
   if (b->roofline.present)
@@ -311,7 +312,7 @@ static cJSON *profiles_json(const ust__route_snap *snaps, int nr) {
 /* Which timer produced the device times, and what the kernel tracer's
  * windows saw: every kernel's time against the time of the kernels launched
  * inside timed calls (coverage, derived), the unattributed kernels by name. */
-static cJSON *timer_json(ust__timers *t) {
+static cJSON *timer_json(ust__timers *t, uint64_t elapsed_ns) {
   ust__timer_status st;
   ust__timers_status(t, &st);
   cJSON *j = cJSON_CreateObject();
@@ -329,6 +330,7 @@ static cJSON *timer_json(ust__timers *t) {
   const ust__kt_totals *k = &st.totals;
   add_num(j, "windows", (double)k->windows);
   add_num(j, "window_ns", (double)k->window_ns);
+  add_num(j, "elapsed_ns", (double)elapsed_ns); /* since enable: the time the windows sample */
   add_num(j, "yields", (double)st.yields);
   add_num(j, "windows_cut", (double)st.windows_cut);
   add_num(j, "kernels", (double)k->kernels);
@@ -338,6 +340,7 @@ static cJSON *timer_json(ust__timers *t) {
   add_num(j, "calls_timed", (double)k->calls_timed);
   add_num(j, "calls_dropped", (double)k->calls_dropped);
   add_num(j, "calls_empty", (double)k->calls_empty);
+  add_num(j, "calls_replayed", (double)k->calls_replayed);
   add_num(j, "records_lost", (double)(k->records_lost + st.buffers_short));
   cJSON *un = cJSON_AddArrayToObject(j, "unattributed");
   for (int i = 0; i < k->n_names && i < UST__KT_TOP; i++) {
@@ -421,7 +424,9 @@ static cJSON *report_raw(ust__engine *e) {
   add_num(tot, "untracked", untracked_all);
   add_num(tot, "internal_errors", (double)atomic_load(&e->router.internal_errors));
   cJSON_AddItemToObject(root, "hardware", profiles_json(snaps, nr));
-  cJSON_AddItemToObject(root, "timer", timer_json(e->router.timers));
+  cJSON_AddItemToObject(root, "timer", timer_json(e->router.timers, ust__unix_ms() > e->started_unix_ms
+                                                                         ? (ust__unix_ms() - e->started_unix_ms) * 1000000ull
+                                                                         : 0));
   ust__routes_snapshot_free(snaps, nr);
   return root;
 }
@@ -555,6 +560,11 @@ int ust__report_derive(cJSON *root) {
   int rc = 0;
   /* First pass: per shape, quantiles and device time; the totals they add to. */
   double total_est = 0, total_ph[UST__N_PHASES] = {0};
+  /* graph replays are seen only inside the tracer's windows: they stand for
+   * elapsed / window time as many */
+  const cJSON *tmr = cJSON_GetObjectItemCaseSensitive(root, "timer");
+  const double win_ns = num(tmr, "window_ns"), elapsed_ns = num(tmr, "elapsed_ns");
+  const double replay_scale = win_ns > 0 && elapsed_ns > win_ns ? elapsed_ns / win_ns : 1.0;
   cJSON *op;
   cJSON_ArrayForEach(op, ops) {
     cJSON *sh;
@@ -566,8 +576,16 @@ int ust__report_derive(cJSON *root) {
       const double timed = num(lat, "count");
       set_num(sh, "timed", timed);
       set_num(sh, "device_time_ns", num(lat, "sum"));
-      const double est = ust__est_device_time(num(lat, "sum"), timed, num(sh, "calls"), num(sh, "captured"),
-                                              num(sh, "first_time_ns"), num(sh, "first_timed"));
+      /* a replayed call is timed and runs without a dispatcher call: the
+       * estimate counts it beside the calls (scaled to the whole time) */
+      const double replayed = num(sh, "replayed") * replay_scale;
+      const double est = ust__est_device_time(num(lat, "sum"), timed, num(sh, "calls") + replayed,
+                                              num(sh, "captured"), num(sh, "first_time_ns"), num(sh, "first_timed"));
+      if (replayed > 0)
+        set_num(sh, "replayed_est", replayed);
+      /* a route's calls: eager (dispatched and run), captured into a graph
+       * (dispatched once, run by its replays), replayed (seen in windows) */
+      set_num(sh, "eager", num(sh, "calls") - num(sh, "captured"));
       set_num(sh, "est_device_time_ns", est);
       total_est += est;
       total_ph[phase_index(sh)] += est;
@@ -844,7 +862,7 @@ static int count_shapes(const cJSON *doc) {
  * a report of its own: shape keys without a call in between are left out. */
 static cJSON *window_doc(const cJSON *now, const cJSON *base) {
   static const char *const shape_keys[] = {"calls", "captured", "timing_dropped", "first_timed", "first_time_ns",
-                                            "kernel_timed", "kernel_span_ns", NULL};
+                                            "kernel_timed", "kernel_span_ns", "replayed", NULL};
   static const char *const roof_keys[] = {"calls", "unscored", "scored_by_callees", "tsol_ns_sum", "time_ns_sum",
                                           "candidate_calls", "candidate_tsol_ns_sum", "candidate_time_ns_sum",
                                           "work_calls", "flops_sum", "bytes_sum", NULL};

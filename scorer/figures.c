@@ -153,6 +153,7 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->first_time_ns = atomic_load(&f->first_time_ns);
   out->kernel_timed = atomic_load(&f->kernel_timed);
   out->kernel_span_ns = atomic_load(&f->kernel_span_ns);
+  out->replayed = atomic_load(&f->replayed);
   out->calls = atomic_load(&f->calls);
   out->unscored = atomic_load(&f->unscored);
   out->nested_scored = atomic_load(&f->nested_scored);

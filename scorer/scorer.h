@@ -166,6 +166,9 @@ typedef struct ust__figs {
    * (first start to last end); the others were timed by events or the host
    * clock around the call */
   atomic_uint_fast64_t kernel_timed, kernel_span_ns;
+  /* calls run by a graph replay (captured once, run again without the
+   * dispatcher), seen by the kernel tracer; each is also a timed call */
+  atomic_uint_fast64_t replayed;
   _Atomic(const struct ust__hw_profile *) hw; /* the profile of the last scored call */
   atomic_uint_fast64_t unscored;       /* timed calls whose floor could not be computed */
   atomic_uint_fast64_t nested_scored;  /* timed calls floored by the bound ops they called (see callview.h) */
@@ -220,7 +223,7 @@ typedef struct ust__roof_snap {
 typedef struct ust__figs_snap {
   uint64_t captured, timing_dropped, calls, unscored, nested_scored;
   uint64_t first_timed, first_time_ns;
-  uint64_t kernel_timed, kernel_span_ns;
+  uint64_t kernel_timed, kernel_span_ns, replayed;
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
   ust__roof_snap prod, cand;

@@ -31,7 +31,8 @@ def _hist_json(acc: dict) -> dict:
     return {"sum": acc["sum"], "buckets": [[i, b[i]] for i in sorted(b) if b[i]]}
 
 
-ADD_SHAPE = ("calls", "captured", "timing_dropped", "first_timed", "first_time_ns", "kernel_timed", "kernel_span_ns")
+ADD_SHAPE = ("calls", "captured", "timing_dropped", "first_timed", "first_time_ns", "kernel_timed", "kernel_span_ns",
+             "replayed")
 ADD_SHADOW = ("calls", "verified", "passed", "failed", "skipped", "unverifiable", "bytes_copied", "overdue",
               "process_passed")
 ADD_ROOF = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",
@@ -61,8 +62,8 @@ def _rollout_add(acc, ro, t):
         acc["last_transition"] = last
 
 
-TIMER_ADD = ("windows", "window_ns", "yields", "windows_cut", "kernels", "kernel_ns", "attributed_kernels",
-             "attributed_ns", "calls_timed", "calls_dropped", "calls_empty", "records_lost")
+TIMER_ADD = ("windows", "window_ns", "elapsed_ns", "yields", "windows_cut", "kernels", "kernel_ns", "attributed_kernels",
+             "attributed_ns", "calls_timed", "calls_dropped", "calls_empty", "calls_replayed", "records_lost")
 
 
 def _timer_merge(reports: list) -> dict:

@@ -237,6 +237,68 @@ TEST(kernel_windows_keep_to_their_budget) {
   ASSERT_TRUE(123457 * 2500.0 / (double)next <= 0.02 + 1e-12);
 }
 
+TEST(kernel_graph_replays_are_their_captured_calls) {
+  /* Two calls captured into graph 7 (CUPTI's ids: the graph's id above the
+   * node's index): the first added nodes 0 and 1, the second node 2; an
+   * unbound op node 3. Its executable graph, instantiated at capture end, is
+   * graph 8 with the same indices: replays carry 8:0..8:3. Graph 10's
+   * executable 11 has a node 11:0 of a graph no captured call was seen in.
+   * Two launches of graph 8 in a window: each runs each captured call once
+   * more. An eager call beside them is timed as usual. */
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__figs a, b, e;
+  ASSERT_INT_EQ(ust__figs_init(&a), 0);
+  ASSERT_INT_EQ(ust__figs_init(&b), 0);
+  ASSERT_INT_EQ(ust__figs_init(&e), 0);
+  const uint64_t g = 7ull << 32, x = 8ull << 32;
+  const uint64_t na[] = {g | 0, g | 1}, nb[] = {g | 2};
+  ASSERT_INT_EQ(ust__kt_graph_call(k, na, 2, &a, 0), 0);
+  ASSERT_INT_EQ(ust__kt_graph_call(k, nb, 1, &b, 0), 0);
+  ust__kt_open(k);
+  uint64_t ext;
+  const int s = ust__kt_begin(k, &ext);
+  ust__kt_end(k, s, &e, 0, 0);
+  for (uint32_t launch = 50; launch <= 51; launch++) {
+    const uint64_t t = launch * 10000;
+    ust__kt_launch(k, launch, UST__KT_LAUNCH_RUNTIME); /* cudaGraphLaunch, outside any call */
+    ust__kt_graph_kernel(k, launch, x | 0, t, t + 100, "a_first");
+    ust__kt_graph_kernel(k, launch, x | 1, t + 200, t + 250, "a_second");
+    ust__kt_graph_kernel(k, launch, x | 2, t + 300, t + 330, "b_only");
+    ust__kt_graph_kernel(k, launch, x | 3, t + 400, t + 470, "unbound_node");
+  }
+  ust__kt_launch(k, 52, UST__KT_LAUNCH_RUNTIME); /* another graph's launch */
+  ust__kt_graph_kernel(k, 52, 11ull << 32, 800000, 800020, "other_graph");
+  ust__kt_graph_kernel(k, 52, g | 0, 800100, 800120, "not_a_replay_id"); /* never reported as such; not counted */
+  ust__kt_ext(k, 60, ext);
+  ust__kt_launch(k, 60, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 60, 900000, 900040, "eager");
+  ust__kt_close(k);
+  ASSERT_U64_EQ(ust__kt_outstanding(k), 0);
+  ust__kt_conclude(k, 1000, 1.0);
+  ASSERT_U64_EQ(atomic_load(&a.replayed), 2);
+  ASSERT_U64_EQ(hist_count(&a), 2);
+  ASSERT_U64_EQ(hist_sum(&a), 2 * (100 + 50));
+  ASSERT_U64_EQ(atomic_load(&a.kernel_span_ns), 2 * 250);
+  ASSERT_U64_EQ(atomic_load(&b.replayed), 2);
+  ASSERT_U64_EQ(hist_sum(&b), 2 * 30);
+  ASSERT_U64_EQ(hist_sum(&e), 40);
+  ASSERT_U64_EQ(atomic_load(&e.replayed), 0);
+  ust__kt_totals t;
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.calls_replayed, 4);
+  ASSERT_U64_EQ(t.calls_timed, 1);
+  ASSERT_U64_EQ(t.kernel_ns, 2 * (100 + 50 + 30 + 70) + 20 + 20 + 40);
+  ASSERT_U64_EQ(t.attributed_ns, 2 * (100 + 50 + 30) + 40);
+  ASSERT_STR_EQ(t.names[0].name, "unbound_node");
+  ASSERT_U64_EQ(t.names[0].ns, 2 * 70);
+  ASSERT_INT_EQ(t.n_names, 3); /* with other_graph and not_a_replay_id */
+  ust__figs_free(&a);
+  ust__figs_free(&b);
+  ust__figs_free(&e);
+  ust__kt_destroy(k);
+}
+
 TEST(kernel_launches_known_from_callbacks_join_without_external_ids) {
   /* Callbacks mode: the launch API's callback runs on the launching thread
    * and names the thread's current call; no external id is pushed. A

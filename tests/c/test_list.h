@@ -26,6 +26,7 @@
   X(kernel_records_lost_or_stale_do_not_make_figures) \
   X(kernel_windows_never_reuse_a_slot_in_flight) \
   X(kernel_windows_keep_to_their_budget) \
+  X(kernel_graph_replays_are_their_captured_calls) \
   X(kernel_launches_known_from_callbacks_join_without_external_ids) \
   X(hist_bucket_bounds)           \
   X(hist_quantile_accuracy)       \

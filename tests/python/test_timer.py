@@ -79,3 +79,23 @@ def test_metrics_carry_the_timer_and_coverage():
     assert 'understudy_window_kernel_seconds_total{attributed="no"} 4e-07' in text
     assert 'understudy_unattributed_kernel_seconds{kernel="rms_kernel"} 3e-07' in text
 
+
+def test_replayed_calls_count_in_the_device_time_estimate(us):
+    """A call captured in a CUDA graph runs again at every replay without a
+    dispatcher call; the tracer sees the replays inside its windows only, so
+    they stand for elapsed / window time as many in the estimate."""
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}})
+    for _ in range(4):
+        torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+    rep = us.report()
+    us.disable()
+    (sh,) = rep["operators"][0]["shapes"]
+    assert sh["replayed"] == 0 and "replayed_est" not in sh
+    assert sh["eager"] == 4 and sh["captured"] == 0
+    mean = sh["latency_ns"]["sum"] / sh["latency_ns"]["count"]
+    sh["replayed"] = 6
+    rep["timer"].update(window_ns=1e8, elapsed_ns=1e9)  # windows covered a tenth of the time
+    out = merge_mod.derive(rep)
+    (sh,) = out["operators"][0]["shapes"]
+    assert sh["replayed_est"] == 60
+    assert abs(sh["est_device_time_ns"] - mean * (4 + 60)) <= 1e-6 * sh["est_device_time_ns"]
