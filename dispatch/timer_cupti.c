@@ -129,6 +129,7 @@ struct ust__cupti {
   double ns_per_tick; /* the last window's */
   uint64_t opened_ns, closed_ns, next_open_ns, last_flush_ns;
   uint64_t opened_ticks, opened_clock_ns; /* cuptiGetTimestamp and the host clock at the window's opening */
+  uint64_t opened_pair_ns;                /* how far apart that pair may be */
   uint64_t yields, windows_cut;
   uint64_t buffers_lost; /* still with CUPTI after a window's forced flush */
   atomic_uint_fast64_t buffers_short, foreign_buffers;
@@ -315,6 +316,7 @@ int ust__cupti_create(const ust__timer_opts *opts, ust__log_sink *log, ust__cupt
     return ust__error(UST_ENOMEM, "out of memory for the kernel tracer");
   c->opts = *opts;
   c->log = log;
+  c->ns_per_tick = 1.0;
   int rc = ust__kt_create(&c->kt);
   if (rc != 0) {
     free(c);
@@ -344,6 +346,29 @@ int ust__cupti_create(const ust__timer_opts *opts, ust__log_sink *log, ust__cupt
 }
 
 /* ---- windows ------------------------------------------------------------------------- */
+
+/* CUPTI's clock and the host's read as one pair: the host's on both sides
+ * of CUPTI's (the midpoint; *gap_ns how far apart), the closest of a few
+ * tries, so that a preemption between the two readings is not taken for a
+ * clock rate. */
+static int clock_pair(ust__cupti *c, uint64_t *ticks, uint64_t *clock_ns, uint64_t *gap_ns) {
+  *gap_ns = UINT64_MAX;
+  for (int i = 0; i < 4; i++) {
+    uint64_t t = 0;
+    const uint64_t a = now_ns();
+    if (c->api.timestamp(&t) != CUPTI_SUCCESS)
+      return -1;
+    const uint64_t b = now_ns();
+    if (b - a < *gap_ns) {
+      *gap_ns = b - a;
+      *ticks = t;
+      *clock_ns = a + (b - a) / 2;
+    }
+  }
+  return 0;
+}
+
+
 
 static int alloc_buffers(void) {
   pthread_mutex_lock(&g_pool.lock);
@@ -470,9 +495,8 @@ static void open_window(ust__cupti *c, uint64_t now) {
   c->why[0] = '\0';
   c->opened_ns = now;
   c->last_flush_ns = now;
-  c->opened_ticks = 0;
-  c->api.timestamp(&c->opened_ticks);
-  c->opened_clock_ns = now_ns();
+  if (clock_pair(c, &c->opened_ticks, &c->opened_clock_ns, &c->opened_pair_ns) != 0)
+    c->opened_ticks = 0;
 }
 
 static void close_window(ust__cupti *c, uint64_t now) {
@@ -501,14 +525,16 @@ static void finish_window(ust__cupti *c, uint64_t now) {
    * its own (torch's profiler registers its approximate clock, in TSC
    * ticks, and it stays after the profiler stops). The ratio of the host
    * clock to CUPTI's over the window converts them. */
-  uint64_t ticks = 0;
-  double ns_per_tick = 1.0;
-  const int have_ticks = c->api.timestamp(&ticks) == CUPTI_SUCCESS;
-  const uint64_t clock_ns = now_ns();
-  if (c->opened_ticks != 0 && have_ticks && ticks > c->opened_ticks && clock_ns > c->opened_clock_ns) {
-    const double r = (double)(clock_ns - c->opened_clock_ns) / (double)(ticks - c->opened_ticks);
-    if (r < 0.995 || r > 1.005)
-      ns_per_tick = r;
+  uint64_t ticks = 0, clock_ns = 0, pair_ns = 0;
+  double ns_per_tick = c->ns_per_tick; /* the last window's, unless this one says better */
+  if (c->opened_ticks != 0 && clock_pair(c, &ticks, &clock_ns, &pair_ns) == 0 && ticks > c->opened_ticks &&
+      clock_ns > c->opened_clock_ns) {
+    const double span = (double)(clock_ns - c->opened_clock_ns);
+    const double r = span / (double)(ticks - c->opened_ticks);
+    /* known to 0.1 % when the pairs' uncertainty is that small a share of
+     * the window (a short window on a busy host is not) */
+    if ((double)(c->opened_pair_ns + pair_ns) <= 1e-3 * span)
+      ns_per_tick = r < 0.995 || r > 1.005 ? r : 1.0;
   }
   c->ns_per_tick = ns_per_tick;
   ust__kt_conclude(c->kt, open_ns, ns_per_tick);
