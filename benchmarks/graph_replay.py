@@ -38,11 +38,12 @@ def build(layers, batch, steps):
     from transformers import MistralConfig, MistralForCausalLM, StaticCache
     cfg = MistralConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
                         num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
-                        max_position_embeddings=4096)
+                        max_position_embeddings=4096, sliding_window=None)  # a full (not rolling) static cache
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = MistralForCausalLM(cfg).to(torch.bfloat16).eval()
-    cache = StaticCache(config=cfg, max_cache_len=PREFILL + 8)
+    # each eager step (and each warm-up before capture) writes the next cache slot
+    cache = StaticCache(config=cfg, max_cache_len=PREFILL + 2 * steps + 16)
     ids = torch.randint(1, 32000, (batch, PREFILL), device="cuda",
                         generator=torch.Generator("cuda").manual_seed(1))
     with torch.inference_mode():
@@ -113,7 +114,10 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--timer", choices=["cupti", "events"], default="cupti",
+                    help="events: no replay is seen (a baseline for the eager figures)")
     args = ap.parse_args()
+    CONFIG["timer"]["kind"] = args.timer
     step = build(args.layers, args.batch, args.steps)
     eager = run(step, args.steps, graph=False)
     graph = run(step, args.steps, graph=True)
