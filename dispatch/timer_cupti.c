@@ -38,7 +38,7 @@
 #include "dispatch/dispatch.h"
 
 #define N_BUFFERS 16   /* allocated when the first window opens */
-#define MAX_BUFFERS 128 /* grown to, when CUPTI asks and none is free */
+#define MAX_BUFFERS 64  /* grown to, when CUPTI asks and none is free */
 #define BUFFER_BYTES (2u << 20)
 #define DRAIN_FLUSH_NS 5000000ull   /* a draining window's buffers are flushed this often */
 #define DRAIN_MIN_NS 2000000ull     /* a closed window waits at least this long for its kernels */

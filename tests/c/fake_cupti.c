@@ -139,7 +139,60 @@ EXPORT uint32_t fake_cupti_call(int runtime, const char *name, uint64_t dur_ns) 
   return corr;
 }
 
+/* A kernel a graph launch ran as node (the executable graph's node id), all
+ * the nodes of one launch sharing its correlation id (a fresh one when corr
+ * is 0); returns it. */
+EXPORT uint32_t fake_cupti_graph_kernel(uint32_t corr, uint64_t node, const char *name, uint64_t dur_ns) {
+  if (corr == 0)
+    corr = ++g_corr;
+  if (g_enabled[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL]) {
+    CUpti_ActivityKernel10 *k = room(&g_device, sizeof *k);
+    if (k != NULL) {
+      k->kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+      k->correlationId = corr;
+      k->graphNodeId = node;
+      k->graphId = (uint32_t)(node >> 32);
+      k->start = now_ticks();
+      k->end = k->start + (uint64_t)((double)dur_ns * g_ticks_per_ns);
+      k->name = name;
+    }
+  }
+  return corr;
+}
+
+/* CUPTI asking the tracer for n more buffers and keeping them (a busy
+ * process's threads each filling its own); returns how many it got. */
+static uint8_t *g_taken[256];
+static int g_n_taken;
+EXPORT int fake_cupti_take_buffers(int n) {
+  int got = 0;
+  for (int i = 0; i < n && g_n_taken < 256; i++) {
+    uint8_t *p = NULL;
+    size_t size = 0, max = 0;
+    g_req(&p, &size, &max);
+    if (p != NULL) {
+      g_taken[g_n_taken++] = p;
+      got++;
+    }
+  }
+  return got;
+}
+
+/* Hands back every buffer fake_cupti_take_buffers kept (no records). */
+EXPORT void fake_cupti_return_buffers(void) {
+  while (g_n_taken > 0)
+    g_comp(NULL, 0, g_taken[--g_n_taken], 0, 0);
+}
+
 /* ---- CUPTI's entry points ------------------------------------------------------------ */
+
+/* A node handle of the tests is its id. */
+EXPORT CUptiResult cuptiGetGraphNodeId(CUgraphNode node, uint64_t *id) {
+  if (node == NULL)
+    return CUPTI_ERROR_INVALID_PARAMETER;
+  *id = (uint64_t)(uintptr_t)node;
+  return CUPTI_SUCCESS;
+}
 
 EXPORT CUptiResult cuptiGetVersion(uint32_t *v) {
   *v = 130001;

@@ -9,7 +9,9 @@
   X(tracer_stands_down_for_the_profiler_and_resumes)                  \
   X(tracer_yields_to_an_injected_tool_not_to_an_idle_subscriber)      \
   X(tracer_drops_calls_whose_kernels_never_came)                      \
-  X(tracer_buffers_outlive_the_tracer_they_were_handed_out_for)
+  X(tracer_buffers_outlive_the_tracer_they_were_handed_out_for)      \
+  X(tracer_times_graph_replays_of_captured_calls)                     \
+  X(tracer_grows_its_buffers_and_cuts_a_crowded_window)
 #else
 #define UST_TEST_LIST_TRACER(X)
 #endif

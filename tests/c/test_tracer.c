@@ -23,6 +23,9 @@ typedef struct fake {
   int (*enabled)(int);
   int (*subscribed)(void);
   uint32_t (*call)(int, const char *, uint64_t);
+  uint32_t (*graph_kernel)(uint32_t, uint64_t, const char *, uint64_t);
+  int (*take_buffers)(int);
+  void (*return_buffers)(void);
 } fake;
 
 static atomic_int profiler_on;
@@ -43,8 +46,11 @@ static ust__cupti *tracer(int callbacks, fake *f) {
   *(void **)&f->enabled = dlsym(h, "fake_cupti_enabled");
   *(void **)&f->subscribed = dlsym(h, "fake_cupti_subscribed");
   *(void **)&f->call = dlsym(h, "fake_cupti_call");
+  *(void **)&f->graph_kernel = dlsym(h, "fake_cupti_graph_kernel");
+  *(void **)&f->take_buffers = dlsym(h, "fake_cupti_take_buffers");
+  *(void **)&f->return_buffers = dlsym(h, "fake_cupti_return_buffers");
   ASSERT_TRUE(f->reset && f->hold_kernels && f->keep_buffer && f->release_buffer && f->enabled && f->call &&
-              f->subscribed);
+              f->subscribed && f->graph_kernel && f->take_buffers && f->return_buffers);
   return c;
 }
 
@@ -241,5 +247,73 @@ TEST(tracer_buffers_outlive_the_tracer_they_were_handed_out_for) {
   ust__cupti_poll(r.c, 1, 1);
   ASSERT_U64_EQ(hist_sum(&r.b), 400);
   ASSERT_U64_EQ(hist_count(&r.b), 1);
+  rig_down(&r);
+}
+
+TEST(tracer_times_graph_replays_of_captured_calls) {
+  /* At capture the router hands the tracer the nodes a call added (CUDA
+   * node handles; CUPTI gives their ids): graph 7's nodes 0 and 1. Replays
+   * report the executable graph's: 8:0 and 8:1, one correlation id per
+   * launch. Two launches in a window are two replayed calls of the route,
+   * each timed by its two kernels; a node of a graph no call was captured
+   * in (9:0) is unattributed. */
+  rig r;
+  rig_up(&r, 1, CUPTI_SUCCESS, 1.0);
+  const uint64_t g = 7ull << 32, x = 8ull << 32;
+  void *const nodes[] = {(void *)(uintptr_t)(g | 0), (void *)(uintptr_t)(g | 1)};
+  uint64_t ids[2] = {0, 0};
+  ASSERT_INT_EQ(ust__cupti_node_ids(r.c, nodes, 2, ids), 0);
+  ASSERT_U64_EQ(ids[0], g | 0);
+  ASSERT_U64_EQ(ids[1], g | 1);
+  ASSERT_INT_EQ(ust__cupti_graph_call(r.c, ids, 2, &r.a, 0), 0);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
+  for (int launch = 0; launch < 2; launch++) {
+    const uint32_t corr = r.f.graph_kernel(0, x | 0, "gemm", 300);
+    r.f.graph_kernel(corr, x | 1, "splitk", 200);
+    r.f.graph_kernel(corr, (9ull << 32) | 0, "other_graph", 50);
+  }
+  ust__cupti_poll(r.c, 1, 1);
+  ASSERT_U64_EQ(atomic_load(&r.a.replayed), 2);
+  ASSERT_U64_EQ(hist_count(&r.a), 2);
+  ASSERT_U64_EQ(hist_sum(&r.a), 2 * 500);
+  ust__timer_status st;
+  ust__cupti_status(r.c, &st);
+  ASSERT_U64_EQ(st.totals.calls_replayed, 2);
+  ASSERT_U64_EQ(st.totals.attributed_ns, 2 * 500);
+  ASSERT_U64_EQ(st.totals.kernel_ns, 2 * 550);
+  ASSERT_STR_EQ(st.totals.names[0].name, "other_graph");
+  rig_down(&r);
+  /* a tracer that is off names no node: the router then maps nothing */
+  const ust__timer_opts off = {.kind = UST__TIMER_EVENTS};
+  ust__cupti *c = NULL;
+  ASSERT_INT_EQ(ust__cupti_create(&off, NULL, &c), 0);
+  ASSERT_INT_EQ(ust__cupti_node_ids(c, nodes, 2, ids), -1);
+  ust__cupti_destroy(c);
+}
+
+TEST(tracer_grows_its_buffers_and_cuts_a_crowded_window) {
+  /* CUPTI asking for more buffers than the tracer keeps ready (many
+   * threads, records faster than they come back) gets more, up to a bound;
+   * a window whose buffers are mostly with CUPTI ends early (cut), and its
+   * calls are still concluded */
+  rig r;
+  rig_up(&r, 1, CUPTI_SUCCESS, 1.0);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
+  timed(&r, &r.a, 1, "gemm", 700);
+  const int got = r.f.take_buffers(40); /* beyond the 16 kept ready */
+  ASSERT_INT_EQ(got, 40);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1); /* not crowded yet: open */
+  ASSERT_INT_EQ(ust__cupti_tracing(r.c), UST__TRACING_WINDOW);
+  const int more = r.f.take_buffers(40); /* past the bound: refused, counted */
+  ASSERT_TRUE(more > 0 && more < 40);
+  ust__cupti_poll(r.c, 1, 0);
+  ASSERT_TRUE(ust__cupti_tracing(r.c) != UST__TRACING_WINDOW);
+  r.f.return_buffers();
+  ust__cupti_poll(r.c, 1, 1);
+  ust__timer_status st;
+  ust__cupti_status(r.c, &st);
+  ASSERT_U64_EQ(st.windows_cut, 1);
+  ASSERT_U64_EQ(st.buffers_short, (uint64_t)(40 - more));
+  ASSERT_U64_EQ(hist_sum(&r.a), 700);
   rig_down(&r);
 }
