@@ -204,6 +204,7 @@ typedef struct ust__kt_totals {
   uint64_t calls_timed, calls_dropped; /* calls concluded with a figure / without (records lost) */
   uint64_t calls_empty;              /* calls that launched no kernel the tracer saw (no figure) */
   uint64_t calls_replayed;           /* captured calls run again by a graph launch (each timed) */
+  uint64_t captured_unmapped;        /* captured calls whose nodes could not be kept (no memory, the bound) */
   uint64_t records_lost;             /* kernels or launches the tracer dropped or that never joined */
   int n_names;
   ust__kt_name names[64];            /* the unattributed kernels with the most time (kept sorted) */
@@ -246,7 +247,8 @@ void ust__kt_graph_kernel(ust__kt *k, uint32_t corr, uint64_t node, uint64_t sta
  * captured graph's id + 1, its nodes the same indices. A graph instantiated
  * later, or cloned, is not followed: its kernels stay unattributed. */
 #define UST__KT_MAX_CAPTURED (1u << 20)
-int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, ust__figs *figs, uint64_t tsol_ps);
+int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, uint32_t kernels, ust__figs *figs,
+                       uint64_t tsol_ps);
 /* A launch API's record: a runtime or a driver launch (a runtime launch may
  * make a driver launch of its own: a call's launches are the larger count). */
 #define UST__KT_LAUNCH_RUNTIME 1u
@@ -371,7 +373,8 @@ void ust__cupti_status(ust__cupti *c, ust__timer_status *out);
  * when the tracer is off or CUPTI cannot say. */
 int ust__cupti_node_ids(ust__cupti *c, void *const *nodes, size_t n, uint64_t *ids);
 /* The nodes (ids) one captured call added, for its route's figures. */
-int ust__cupti_graph_call(ust__cupti *c, const uint64_t *ids, int n, ust__figs *figs, uint64_t tsol_ps);
+int ust__cupti_graph_call(ust__cupti *c, const uint64_t *ids, int n, uint32_t kernels, ust__figs *figs,
+                          uint64_t tsol_ps);
 
 /* 1 if the stream is capturing a graph (or cannot be asked), else 0. */
 int ust__gpu_capturing(void *stream);

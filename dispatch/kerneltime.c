@@ -40,6 +40,7 @@ typedef struct id_table {
 typedef struct captured_call {
   ust__figs *figs;
   uint64_t tsol_ps;
+  uint32_t kernels; /* its kernel nodes: a replay with fewer records lost some (0: not known) */
 } captured_call;
 
 
@@ -58,6 +59,8 @@ struct ust__kt {
   ust__kt_totals totals;
   /* graph nodes of captured calls: kept across windows (under the lock) */
   id_table nodes;
+  id_table graphs;     /* captured graphs' ids: val 1, or 2 once captured at the same time as another */
+  uint64_t prev_graph; /* the graph of the last captured call */
   captured_call *captured;
   uint32_t n_captured, captured_cap;
 };
@@ -125,6 +128,7 @@ void ust__kt_destroy(ust__kt *k) {
     return;
   pthread_mutex_destroy(&k->lock);
   free(k->nodes.s);
+  free(k->graphs.s);
   free(k->captured);
   free(k->calls);
   free(k->kernels);
@@ -230,12 +234,29 @@ void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags) {
   pthread_mutex_unlock(&k->lock);
 }
 
-int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, ust__figs *figs, uint64_t tsol_ps) {
-  if (n <= 0)
+int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, uint32_t kernels, ust__figs *figs,
+                       uint64_t tsol_ps) {
+  if (n <= 0 || nodes[0] >> 32 == 0)
     return 0;
+  const uint64_t graph = nodes[0] >> 32;
   pthread_mutex_lock(&k->lock);
   int rc = 0;
-  if (k->n_captured == k->captured_cap) {
+  /* Two graphs captured at once (their calls interleave): the executable
+   * graph that follows a captured graph's id need not be its own, so
+   * neither is followed. */
+  id_slot *g = id_find(&k->graphs, graph, 1);
+  if (g == NULL) {
+    rc = ust__error(UST_ENOMEM, "kernel timing: out of memory for captured graphs");
+  } else if (g->val == 0) {
+    g->val = 1;
+  } else if (k->prev_graph != graph && k->prev_graph != 0) {
+    g->val = 2;
+    id_slot *p = id_find(&k->graphs, k->prev_graph, 0);
+    if (p != NULL)
+      p->val = 2;
+  }
+  k->prev_graph = graph;
+  if (rc == 0 && k->n_captured == k->captured_cap) {
     const uint32_t cap = k->captured_cap ? k->captured_cap * 2 : 256;
     captured_call *grown = cap <= UST__KT_MAX_CAPTURED ? realloc(k->captured, cap * sizeof *grown) : NULL;
     if (grown == NULL) {
@@ -246,15 +267,19 @@ int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, ust__figs *figs
     }
   }
   if (rc == 0) {
-    k->captured[k->n_captured++] = (captured_call){figs, tsol_ps};
+    k->captured[k->n_captured++] = (captured_call){figs, tsol_ps, kernels};
     for (int i = 0; i < n && rc == 0; i++) {
       id_slot *e = nodes[i] != 0 ? id_find(&k->nodes, nodes[i], 1) : NULL;
       if (nodes[i] != 0 && e == NULL)
         rc = ust__error(UST_ENOMEM, "kernel timing: out of memory for graph nodes");
       else if (e != NULL)
-        e->val = k->n_captured; /* a node captured again (a graph captured anew) is the latest call's */
+        e->val = k->n_captured;
     }
+    if (rc != 0) /* partly mapped: its nodes go unattributed rather than partly timed */
+      k->captured[k->n_captured - 1].figs = NULL, k->captured[k->n_captured - 1].kernels = UINT32_MAX;
   }
+  if (rc != 0)
+    k->totals.captured_unmapped++;
   pthread_mutex_unlock(&k->lock);
   return rc;
 }
@@ -346,6 +371,9 @@ static uint32_t replay_of(ust__kt *k, const kernel_rec *kr) {
   if (exec < 2)
     return 0;
   /* the executable graph instantiated from the captured graph just before it */
+  const id_slot *g = id_find(&k->graphs, exec - 1, 0);
+  if (g == NULL || g->val != 1)
+    return 0;
   const id_slot *e = id_find(&k->nodes, (exec - 1) << 32 | (kr->node & 0xffffffffu), 0);
   return e != NULL ? e->val : 0;
 }
@@ -376,6 +404,14 @@ static void conclude_replays(ust__kt *k, replay_rec *r, uint32_t n, double ns_pe
       end = r[j].end > end ? r[j].end : end;
     }
     const captured_call *cc = &k->captured[r[i].captured - 1];
+    if (cc->kernels != 0 && j - i != cc->kernels) {
+      /* records lost: no figure rather than part of one */
+      k->totals.calls_dropped++;
+      if (cc->figs != NULL)
+        atomic_fetch_add_explicit(&cc->figs->timing_dropped, 1, memory_order_relaxed);
+      i = j;
+      continue;
+    }
     if (cc->figs != NULL) {
       ust__figs_kernel_time(cc->figs, sum, (uint64_t)((double)(end - start) * ns_per_tick + 0.5), cc->tsol_ps, 0);
       atomic_fetch_add_explicit(&cc->figs->replayed, 1, memory_order_relaxed);
@@ -402,8 +438,6 @@ static uint64_t tally(ust__kt *k, uint32_t n_calls) {
     c->drv_launches += (e->flags & UST__KT_LAUNCH_DRIVER) != 0;
   }
   for (uint32_t i = 0; i < k->n_kernels; i++) {
-    if (replay_of(k, &k->kernels[i]) != 0)
-      continue; /* a captured call's, replayed */
     const uint32_t call = k->kernels[i].corr != 0 ? corr_get(k, k->kernels[i].corr) : 0;
     if (call != 0 && call <= n_calls)
       k->calls[call - 1].kernels++;
@@ -452,20 +486,23 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     const uint64_t ns = (uint64_t)((double)(kr->end - kr->start) * ns_per_tick + 0.5);
     t->kernels++;
     t->kernel_ns += ns;
+    /* a replayed node is its captured call's; the graph launch may itself
+     * be inside a call of the window, whose time then includes it (as a
+     * bound op called inside another adds to its parent) */
     const uint32_t cap = replay_of(k, kr);
-    if (cap != 0) {
-      if (replays == NULL && (replays = malloc((size_t)k->n_kernels * sizeof *replays)) == NULL) {
-        name_add(t, kr->name, ns); /* no memory to group them: time no call claimed */
-        continue;
-      }
+    int grouped = 0;
+    if (cap != 0 && (replays != NULL || (replays = malloc((size_t)k->n_kernels * sizeof *replays)) != NULL)) {
       replays[n_replays++] = (replay_rec){kr->corr, cap, kr->start, kr->end, ns};
-      t->attributed++;
-      t->attributed_ns += ns;
-      continue;
+      grouped = 1;
     }
     const uint32_t call = kr->corr != 0 ? corr_get(k, kr->corr) : 0;
     if (call == 0 || call > n_calls) {
-      name_add(t, kr->name, ns);
+      if (grouped) {
+        t->attributed++;
+        t->attributed_ns += ns;
+      } else {
+        name_add(t, kr->name, ns); /* no call claimed it (or no memory to group a replay) */
+      }
       continue;
     }
     ust__kt_call *c = &k->calls[call - 1];

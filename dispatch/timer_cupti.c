@@ -659,8 +659,9 @@ int ust__cupti_node_ids(ust__cupti *c, void *const *nodes, size_t n, uint64_t *i
   return 0;
 }
 
-int ust__cupti_graph_call(ust__cupti *c, const uint64_t *ids, int n, ust__figs *figs, uint64_t tsol_ps) {
-  return c != NULL && c->kt != NULL ? ust__kt_graph_call(c->kt, ids, n, figs, tsol_ps) : -1;
+int ust__cupti_graph_call(ust__cupti *c, const uint64_t *ids, int n, uint32_t kernels, ust__figs *figs,
+                          uint64_t tsol_ps) {
+  return c != NULL && c->kt != NULL ? ust__kt_graph_call(c->kt, ids, n, kernels, figs, tsol_ps) : -1;
 }
 
 void ust__cupti_status(ust__cupti *c, ust__timer_status *out) {

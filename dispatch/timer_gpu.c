@@ -143,8 +143,10 @@ int ust__gpu_capturing(void *stream) {
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   /* An error here (e.g. the legacy stream while another thread captures)
    * means "do not touch this stream": treat it as capturing. */
-  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess)
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) {
+    (void)cudaGetLastError(); /* not left for torch's next launch check */
     return 1;
+  }
   return st != cudaStreamCaptureStatusNone;
 }
 
@@ -196,32 +198,16 @@ int ust__timers_begin(ust__timers *t, int device, void *stream) {
 }
 
 #if defined(UST_GPU_CUDA)
-/* The CUPTI ids of the nodes of the graph stream captures into (*ids
- * malloc'ed, NULL when it holds none): 0, or -1 on an error. Capture-safe
- * calls only. */
-static int capture_node_ids(ust__timers *t, void *stream, uint64_t **ids, size_t *n) {
-  *ids = NULL;
-  *n = 0;
+/* The graph stream captures into and how many nodes it holds: 0, or -1
+ * (not capturing, an error). Capture-safe calls only. */
+static int capture_graph(ust__timers *t, void *stream, cudaGraph_t *graph, size_t *count) {
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  cudaGraph_t graph = NULL;
-  size_t count = 0;
-  if (UST__GPU_CHECK(t->log, cudaStreamGetCaptureInfo((cudaStream_t)stream, &st, NULL, &graph, NULL, NULL, NULL)) != 0 ||
-      st != cudaStreamCaptureStatusActive || graph == NULL ||
-      UST__GPU_CHECK(t->log, cudaGraphGetNodes(graph, NULL, &count)) != 0)
+  *graph = NULL;
+  *count = 0;
+  if (UST__GPU_CHECK(t->log, cudaStreamGetCaptureInfo((cudaStream_t)stream, &st, NULL, graph, NULL, NULL, NULL)) != 0 ||
+      st != cudaStreamCaptureStatusActive || *graph == NULL ||
+      UST__GPU_CHECK(t->log, cudaGraphGetNodes(*graph, NULL, count)) != 0)
     return -1;
-  if (count == 0)
-    return ust__cupti_node_ids(t->cupti, NULL, 0, NULL);
-  cudaGraphNode_t *nodes = malloc(count * sizeof *nodes);
-  uint64_t *out = malloc(count * sizeof *out);
-  if (nodes == NULL || out == NULL || UST__GPU_CHECK(t->log, cudaGraphGetNodes(graph, nodes, &count)) != 0 ||
-      ust__cupti_node_ids(t->cupti, (void *const *)nodes, count, out) != 0) {
-    free(nodes);
-    free(out);
-    return -1;
-  }
-  free(nodes);
-  *ids = out;
-  *n = count;
   return 0;
 }
 #endif
@@ -229,18 +215,14 @@ static int capture_node_ids(ust__timers *t, void *stream, uint64_t **ids, size_t
 int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from) {
   *from = 0;
 #if defined(UST_GPU_CUDA)
-  if (ust__cupti_tracing(t->cupti) == UST__TRACING_OFF)
+  /* a node's id is its graph's id above its index, the order it was added
+   * in: the call's nodes take the indices from the count now */
+  cudaGraph_t graph;
+  size_t count = 0;
+  if (ust__cupti_tracing(t->cupti) == UST__TRACING_OFF || ust__cupti_node_ids(t->cupti, NULL, 0, NULL) != 0 ||
+      capture_graph(t, stream, &graph, &count) != 0 || count >= UINT32_MAX)
     return -1;
-  /* a node's id is its graph's id above its index: the call's nodes take
-   * the indices after the highest one now */
-  size_t n = 0;
-  uint64_t *ids = NULL;
-  if (capture_node_ids(t, stream, &ids, &n) != 0)
-    return -1;
-  for (size_t i = 0; i < n; i++)
-    if ((uint32_t)ids[i] + 1 > *from)
-      *from = (uint32_t)ids[i] + 1;
-  free(ids);
+  *from = (uint32_t)count;
   return 0;
 #else
   (void)t;
@@ -251,15 +233,28 @@ int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from) {
 
 void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs *figs, uint64_t tsol_ps) {
 #if defined(UST_GPU_CUDA)
-  size_t n = 0, added = 0;
-  uint64_t *ids = NULL;
-  if (capture_node_ids(t, stream, &ids, &n) != 0)
+  cudaGraph_t graph;
+  size_t count = 0;
+  if (capture_graph(t, stream, &graph, &count) != 0 || count <= from || count - from > INT_MAX)
     return;
-  for (size_t i = 0; i < n; i++)
-    if ((uint32_t)ids[i] >= from)
-      ids[added++] = ids[i];
-  if (added > 0 && added <= INT_MAX)
-    ust__cupti_graph_call(t->cupti, ids, (int)added, figs, tsol_ps);
+  /* the graph's nodes come in the order they were added (CUDA 13.0): the
+   * call's are the last count - from; each one's index says so, else the
+   * call is not mapped */
+  cudaGraphNode_t *nodes = malloc(count * sizeof *nodes);
+  const size_t n = count - from;
+  uint64_t *ids = malloc(n * sizeof *ids);
+  uint32_t kernels = 0;
+  int ok = nodes != NULL && ids != NULL && UST__GPU_CHECK(t->log, cudaGraphGetNodes(graph, nodes, &count)) == 0 &&
+           count == from + n && ust__cupti_node_ids(t->cupti, (void *const *)(nodes + from), n, ids) == 0;
+  for (size_t i = 0; ok && i < n; i++) {
+    enum cudaGraphNodeType type;
+    ok = (uint32_t)ids[i] == from + i && ids[i] >> 32 == ids[0] >> 32 &&
+         UST__GPU_CHECK(t->log, cudaGraphNodeGetType(nodes[from + i], &type)) == 0;
+    kernels += ok && type == cudaGraphNodeTypeKernel;
+  }
+  if (ok)
+    ust__cupti_graph_call(t->cupti, ids, (int)n, kernels, figs, tsol_ps);
+  free(nodes);
   free(ids);
 #else
   (void)t;

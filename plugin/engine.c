@@ -393,6 +393,7 @@ static int engine_create(ust__ctx *c, const char *config_json, const char *probl
     return rc;
   }
   e->started_unix_ms = ust__unix_ms();
+  e->started_ns = ust__now_ns();
   *out = e;
   return 0;
 }

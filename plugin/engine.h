@@ -53,6 +53,7 @@ typedef struct ust__engine {
   ust__router router;
   ust__policy_node *policies;  /* every policy published, freed with the engine: readers may hold any */
   uint64_t started_unix_ms;
+  uint64_t started_ns; /* the monotonic clock at enable */
 
   pthread_t worker;
   int worker_started;

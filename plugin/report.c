@@ -341,6 +341,7 @@ static cJSON *timer_json(ust__timers *t, uint64_t elapsed_ns) {
   add_num(j, "calls_dropped", (double)k->calls_dropped);
   add_num(j, "calls_empty", (double)k->calls_empty);
   add_num(j, "calls_replayed", (double)k->calls_replayed);
+  add_num(j, "captured_unmapped", (double)k->captured_unmapped);
   add_num(j, "records_lost", (double)(k->records_lost + st.buffers_short));
   cJSON *un = cJSON_AddArrayToObject(j, "unattributed");
   for (int i = 0; i < k->n_names && i < UST__KT_TOP; i++) {
@@ -424,9 +425,7 @@ static cJSON *report_raw(ust__engine *e) {
   add_num(tot, "untracked", untracked_all);
   add_num(tot, "internal_errors", (double)atomic_load(&e->router.internal_errors));
   cJSON_AddItemToObject(root, "hardware", profiles_json(snaps, nr));
-  cJSON_AddItemToObject(root, "timer", timer_json(e->router.timers, ust__unix_ms() > e->started_unix_ms
-                                                                         ? (ust__unix_ms() - e->started_unix_ms) * 1000000ull
-                                                                         : 0));
+  cJSON_AddItemToObject(root, "timer", timer_json(e->router.timers, ust__now_ns() - e->started_ns));
   ust__routes_snapshot_free(snaps, nr);
   return root;
 }
@@ -894,8 +893,8 @@ static cJSON *window_doc(const cJSON *now, const cJSON *base) {
       if (by_key != NULL && cJSON_IsString(key))
         HASH_FIND_STR(by_key, key->valuestring, cell);
       const cJSON *bsh = cell != NULL ? cell->shape : NULL;
-      if (num(sh, "calls") - num(bsh, "calls") <= 0)
-        continue;
+      if (num(sh, "calls") - num(bsh, "calls") <= 0 && num(sh, "replayed") - num(bsh, "replayed") <= 0)
+        continue; /* neither called nor replayed in the interval */
       cJSON *ws = cJSON_Duplicate(sh, 1);
       if (ws == NULL)
         goto oom;
@@ -915,6 +914,16 @@ static cJSON *window_doc(const cJSON *now, const cJSON *base) {
                    cJSON_GetObjectItemCaseSensitive(bshd, "candidate_latency_ns")) != 0)
         goto oom;
     }
+  }
+  {
+    /* the tracer's windows within the interval: the scale of its replays */
+    const cJSON *tn = cJSON_GetObjectItemCaseSensitive(now, "timer");
+    const cJSON *tb = cJSON_GetObjectItemCaseSensitive(base, "timer");
+    cJSON *tw = cJSON_AddObjectToObject(w, "timer");
+    if (tw == NULL)
+      goto oom;
+    add_num(tw, "window_ns", num(tn, "window_ns") - num(tb, "window_ns"));
+    add_num(tw, "elapsed_ns", num(tn, "elapsed_ns") - num(tb, "elapsed_ns"));
   }
   HASH_CLEAR(hh, by_key);
   free(cells);

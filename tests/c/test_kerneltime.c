@@ -253,8 +253,8 @@ TEST(kernel_graph_replays_are_their_captured_calls) {
   ASSERT_INT_EQ(ust__figs_init(&e), 0);
   const uint64_t g = 7ull << 32, x = 8ull << 32;
   const uint64_t na[] = {g | 0, g | 1}, nb[] = {g | 2};
-  ASSERT_INT_EQ(ust__kt_graph_call(k, na, 2, &a, 0), 0);
-  ASSERT_INT_EQ(ust__kt_graph_call(k, nb, 1, &b, 0), 0);
+  ASSERT_INT_EQ(ust__kt_graph_call(k, na, 2, 2, &a, 0), 0);
+  ASSERT_INT_EQ(ust__kt_graph_call(k, nb, 1, 1, &b, 0), 0);
   ust__kt_open(k);
   uint64_t ext;
   const int s = ust__kt_begin(k, &ext);
@@ -296,6 +296,68 @@ TEST(kernel_graph_replays_are_their_captured_calls) {
   ust__figs_free(&a);
   ust__figs_free(&b);
   ust__figs_free(&e);
+  ust__kt_destroy(k);
+}
+
+TEST(kernel_graph_replays_missing_records_interleaved_captures_and_launches_inside_calls) {
+  /* (1) a replay of a captured call whose kernel records did not all come is
+   * dropped and counted, not timed from part of them; (2) graphs 20 and 21
+   * captured at the same time (their calls interleave): the executable graph
+   * after either need not be its own, so neither is followed; (3) a graph
+   * launched inside a call of the window: its replayed nodes are their
+   * captured call's, and the launching call (complete: its one launch ran
+   * kernels) includes their time. */
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__figs a, p, q, outer;
+  ASSERT_INT_EQ(ust__figs_init(&a), 0);
+  ASSERT_INT_EQ(ust__figs_init(&p), 0);
+  ASSERT_INT_EQ(ust__figs_init(&q), 0);
+  ASSERT_INT_EQ(ust__figs_init(&outer), 0);
+  const uint64_t g = 7ull << 32, x = 8ull << 32;
+  const uint64_t na[] = {g | 0, g | 1};
+  ASSERT_INT_EQ(ust__kt_graph_call(k, na, 2, 2, &a, 0), 0);
+  const uint64_t p0[] = {20ull << 32 | 0}, q0[] = {21ull << 32 | 0}, p1[] = {20ull << 32 | 1};
+  ASSERT_INT_EQ(ust__kt_graph_call(k, p0, 1, 1, &p, 0), 0);
+  ASSERT_INT_EQ(ust__kt_graph_call(k, q0, 1, 1, &q, 0), 0);
+  ASSERT_INT_EQ(ust__kt_graph_call(k, p1, 1, 1, &p, 0), 0);
+  ust__kt_open(k);
+  /* (1) launch 70 ran both of a's kernels, launch 71 lost one */
+  ust__kt_launch(k, 70, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_graph_kernel(k, 70, x | 0, 1000, 1100, "a0");
+  ust__kt_graph_kernel(k, 70, x | 1, 1200, 1250, "a1");
+  ust__kt_launch(k, 71, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_graph_kernel(k, 71, x | 0, 2000, 2100, "a0");
+  /* (2) the executable graphs after 20 and 21 */
+  ust__kt_launch(k, 72, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_graph_kernel(k, 72, 21ull << 32 | 0, 3000, 3010, "p_or_q");
+  ust__kt_graph_kernel(k, 72, 22ull << 32 | 0, 3100, 3110, "q_or_p");
+  /* (3) a call of the window launches graph 8 */
+  uint64_t ext;
+  const int s = ust__kt_begin(k, &ext);
+  ust__kt_ext(k, 73, ext);
+  ust__kt_launch(k, 73, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_graph_kernel(k, 73, x | 0, 4000, 4100, "a0");
+  ust__kt_graph_kernel(k, 73, x | 1, 4200, 4250, "a1");
+  ust__kt_end(k, s, &outer, 0, 0);
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  ASSERT_U64_EQ(atomic_load(&a.replayed), 2); /* launches 70 and 73 */
+  ASSERT_U64_EQ(hist_sum(&a), 2 * 150);
+  ASSERT_U64_EQ(atomic_load(&a.timing_dropped), 1); /* launch 71 */
+  ASSERT_U64_EQ(atomic_load(&p.replayed) + atomic_load(&q.replayed), 0);
+  ASSERT_U64_EQ(hist_count(&outer), 1);
+  ASSERT_U64_EQ(hist_sum(&outer), 150);
+  ust__kt_totals t;
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.calls_replayed, 2);
+  ASSERT_U64_EQ(t.calls_timed, 1);
+  ASSERT_U64_EQ(t.calls_dropped, 1);
+  ASSERT_U64_EQ(t.attributed_ns, 150 + 100 + 150); /* each kernel once, the outer call's too */
+  ust__figs_free(&a);
+  ust__figs_free(&p);
+  ust__figs_free(&q);
+  ust__figs_free(&outer);
   ust__kt_destroy(k);
 }
 

@@ -265,7 +265,7 @@ TEST(tracer_times_graph_replays_of_captured_calls) {
   ASSERT_INT_EQ(ust__cupti_node_ids(r.c, nodes, 2, ids), 0);
   ASSERT_U64_EQ(ids[0], g | 0);
   ASSERT_U64_EQ(ids[1], g | 1);
-  ASSERT_INT_EQ(ust__cupti_graph_call(r.c, ids, 2, &r.a, 0), 0);
+  ASSERT_INT_EQ(ust__cupti_graph_call(r.c, ids, 2, 2, &r.a, 0), 0);
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
   for (int launch = 0; launch < 2; launch++) {
     const uint32_t corr = r.f.graph_kernel(0, x | 0, "gemm", 300);
