@@ -197,6 +197,8 @@ typedef struct ust__kt_name {
 } ust__kt_name;
 
 /* Totals over every concluded window; additive (reports add them). */
+#define UST__N_PHASES 3 /* ust_phase: unknown, prefill, decode */
+
 typedef struct ust__kt_totals {
   uint64_t windows, window_ns;      /* concluded windows and their open time */
   uint64_t kernels, kernel_ns;      /* every kernel recorded */
@@ -205,6 +207,8 @@ typedef struct ust__kt_totals {
   uint64_t calls_empty;              /* calls that launched no kernel the tracer saw (no figure) */
   uint64_t calls_replayed;           /* captured calls run again by a graph launch (each timed) */
   uint64_t captured_unmapped;        /* captured calls whose nodes could not be kept (no memory, the bound) */
+  uint64_t phase_kernel_ns[UST__N_PHASES];     /* kernel_ns by the phase of the thread that launched them */
+  uint64_t phase_attributed_ns[UST__N_PHASES]; /* attributed_ns by it (launches the callbacks saw; else unknown) */
   uint64_t records_lost;             /* kernels or launches the tracer dropped or that never joined */
   int n_names;
   ust__kt_name names[64];            /* the unattributed kernels with the most time (kept sorted) */
@@ -258,7 +262,9 @@ void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags);
  * calling thread makes for that slot (a launch API's callback: no external
  * id needed). */
 int ust__kt_current(void);
-void ust__kt_launch_of(ust__kt *k, uint32_t corr, int slot, uint32_t flags);
+/* slot -1: a launch outside any call, noted for its phase only; phase: the
+ * launching thread's ust_phase (its kernels' time is counted by phase). */
+void ust__kt_launch_of(ust__kt *k, uint32_t corr, int slot, uint32_t flags, int phase);
 /* Launches of the window's calls whose kernel record has not come yet (the
  * window has drained when none is left). */
 uint64_t ust__kt_outstanding(ust__kt *k);
@@ -466,7 +472,6 @@ typedef struct ust__binding {
 } ust__binding;
 
 #define UST__MAX_KEY_TENSORS 8
-#define UST__N_PHASES 3
 #define UST__MAX_LAYOUTS 8
 
 typedef struct ust__route_key {
@@ -503,6 +508,8 @@ void ust__router_free(ust__router *r);
 ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b);
 
 const char *ust__phase_name(int phase);
+/* The calling thread's ust_phase (ust_set_phase). */
+int ust__thread_phase(void);
 /* Build the key of a call. */
 void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key);
 /* "aten::mm|cpu|f32,f32|M=128,K=64,N=64" into buf. */

@@ -211,17 +211,33 @@ void ust__kt_ext(ust__kt *k, uint32_t corr, uint64_t ext) {
 
 int ust__kt_current(void) { return tls_current; }
 
-void ust__kt_launch_of(ust__kt *k, uint32_t corr, int slot, uint32_t flags) {
-  if (corr == 0 || slot < 0 || slot >= UST__KT_MAX_CALLS)
+/* A launch's phase, in its id_slot's flags above the launch kinds: the
+ * launching thread's ust_phase + 1 (0: not known). */
+#define PHASE_SHIFT 4
+#define PHASE_MASK (3u << PHASE_SHIFT)
+
+void ust__kt_launch_of(ust__kt *k, uint32_t corr, int slot, uint32_t flags, int phase) {
+  if (corr == 0 || slot >= UST__KT_MAX_CALLS || phase < 0 || phase >= UST__N_PHASES)
     return;
   pthread_mutex_lock(&k->lock);
   id_slot *e = atomic_load_explicit(&k->collecting, memory_order_relaxed) ? id_find(&k->corrs, corr, 1) : NULL;
   if (e != NULL) {
-    if (e->val == 0)
+    if (e->val == 0 && slot >= 0)
       e->val = (uint32_t)slot + 1;
-    e->flags |= flags;
+    if (slot >= 0)
+      e->flags |= flags;
+    if ((e->flags & PHASE_MASK) == 0)
+      e->flags |= (uint32_t)(phase + 1) << PHASE_SHIFT;
   }
   pthread_mutex_unlock(&k->lock);
+}
+
+/* The phase a kernel was launched in (0, unknown, when no callback noted
+ * it). Called with the lock held. */
+static int phase_of(ust__kt *k, uint32_t corr) {
+  const id_slot *e = corr != 0 ? id_find(&k->corrs, corr, 0) : NULL;
+  const uint32_t p = e != NULL ? (e->flags & PHASE_MASK) >> PHASE_SHIFT : 0;
+  return p > 0 ? (int)p - 1 : 0;
 }
 
 void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags) {
@@ -486,6 +502,8 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     const uint64_t ns = (uint64_t)((double)(kr->end - kr->start) * ns_per_tick + 0.5);
     t->kernels++;
     t->kernel_ns += ns;
+    const int phase = phase_of(k, kr->corr);
+    t->phase_kernel_ns[phase] += ns;
     /* a replayed node is its captured call's; the graph launch may itself
      * be inside a call of the window, whose time then includes it (as a
      * bound op called inside another adds to its parent) */
@@ -500,6 +518,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
       if (grouped) {
         t->attributed++;
         t->attributed_ns += ns;
+        t->phase_attributed_ns[phase] += ns;
       } else {
         name_add(t, kr->name, ns); /* no call claimed it (or no memory to group a replay) */
       }
@@ -514,6 +533,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     c->kernels++;
     t->attributed++;
     t->attributed_ns += ns;
+    t->phase_attributed_ns[phase] += ns;
   }
   /* a call whose own launches outnumber its own kernels lost records (a
    * runtime launch may make a driver launch of its own, whose record has no

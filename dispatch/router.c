@@ -135,6 +135,8 @@ int ust_set_phase(int phase) {
   return prev;
 }
 
+int ust__thread_phase(void) { return tl_phase; }
+
 const char *ust__phase_name(int phase) {
   static const char *names[] = {"unknown", "prefill", "decode"};
   return phase >= 0 && phase <= UST_PHASE_DECODE ? names[phase] : "unknown";

@@ -251,14 +251,15 @@ static void CUPTIAPI launch_callback(void *data, CUpti_CallbackDomain domain, CU
   if ((domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) || cb == NULL ||
       cb->callbackSite != CUPTI_API_ENTER)
     return;
+  /* every launch of the window: inside a call it is the call's; any is
+   * counted by the launching thread's phase */
   const int slot = ust__kt_current();
-  if (slot < 0)
-    return;
   atomic_fetch_add(&g_in_callback, 1);
   ust__cupti *c = atomic_load(&g_tracer);
   if (c != NULL)
     ust__kt_launch_of(c->kt, cb->correlationId, slot,
-                      domain == CUPTI_CB_DOMAIN_RUNTIME_API ? UST__KT_LAUNCH_RUNTIME : UST__KT_LAUNCH_DRIVER);
+                      domain == CUPTI_CB_DOMAIN_RUNTIME_API ? UST__KT_LAUNCH_RUNTIME : UST__KT_LAUNCH_DRIVER,
+                      ust__thread_phase());
   atomic_fetch_sub(&g_in_callback, 1);
 }
 

@@ -343,6 +343,14 @@ static cJSON *timer_json(ust__timers *t, uint64_t elapsed_ns) {
   add_num(j, "calls_replayed", (double)k->calls_replayed);
   add_num(j, "captured_unmapped", (double)k->captured_unmapped);
   add_num(j, "records_lost", (double)(k->records_lost + st.buffers_short));
+  /* by the phase of the thread that launched the kernels (known for the
+   * launches the callbacks saw; the others count as unknown) */
+  cJSON *ph = cJSON_AddObjectToObject(j, "phases");
+  for (int p = 0; p < UST__N_PHASES; p++) {
+    cJSON *x = cJSON_AddObjectToObject(ph, ust__phase_name(p));
+    add_num(x, "kernel_ns", (double)k->phase_kernel_ns[p]);
+    add_num(x, "attributed_ns", (double)k->phase_attributed_ns[p]);
+  }
   cJSON *un = cJSON_AddArrayToObject(j, "unattributed");
   for (int i = 0; i < k->n_names && i < UST__KT_TOP; i++) {
     cJSON *x = cJSON_CreateObject();
@@ -749,6 +757,14 @@ int ust__report_derive(cJSON *root) {
         set_num((cJSON *)tm, "coverage", num(tm, "attributed_ns") / kns);
       else
         cJSON_DeleteItemFromObjectCaseSensitive((cJSON *)tm, "coverage");
+      cJSON *tph;
+      cJSON_ArrayForEach(tph, cJSON_GetObjectItemCaseSensitive(tm, "phases")) {
+        const double pk = num(tph, "kernel_ns");
+        if (pk > 0)
+          set_num(tph, "coverage", num(tph, "attributed_ns") / pk);
+        else
+          cJSON_DeleteItemFromObjectCaseSensitive(tph, "coverage");
+      }
     }
     cJSON_DeleteItemFromObjectCaseSensitive(tot, "phases");
     cJSON *tp = cJSON_AddObjectToObject(tot, "phases");

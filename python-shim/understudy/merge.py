@@ -81,6 +81,14 @@ def _timer_merge(reports: list) -> dict:
             acc["ns"] += u.get("ns", 0)
             acc["kernels"] += u.get("kernels", 0)
     out["unattributed"] = sorted(names.values(), key=lambda u: -u["ns"])[:10]
+    phases: dict = {}
+    for t in timers:
+        for name, ph in (t.get("phases") or {}).items():
+            acc = phases.setdefault(name, {"kernel_ns": 0, "attributed_ns": 0})
+            acc["kernel_ns"] += ph.get("kernel_ns", 0)
+            acc["attributed_ns"] += ph.get("attributed_ns", 0)
+    if phases:
+        out["phases"] = phases
     return out
 
 

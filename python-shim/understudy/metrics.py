@@ -360,6 +360,14 @@ def _timer_families(tm: dict):
                               "windows (cumulative since enable)")
         g.add_metric([], float(tm["coverage"]))
         yield g
+    phased = [(name, ph) for name, ph in (tm.get("phases") or {}).items() if ph.get("coverage") is not None]
+    if phased:
+        g = GaugeMetricFamily("understudy_phase_kernel_coverage_ratio",
+                              "the coverage of the kernels launched in a phase (by the launching thread's "
+                              "ust_phase; known with timer.correlation callbacks)", labels=["phase"])
+        for name, ph in phased:
+            g.add_metric([name], float(ph["coverage"]))
+        yield g
     k = CounterMetricFamily("understudy_window_kernel_seconds", "kernel time recorded in the tracer's windows",
                             labels=["attributed"])
     k.add_metric(["yes"], float(tm.get("attributed_ns", 0)) / 1e9)

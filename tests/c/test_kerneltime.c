@@ -365,7 +365,8 @@ TEST(kernel_launches_known_from_callbacks_join_without_external_ids) {
   /* Callbacks mode: the launch API's callback runs on the launching thread
    * and names the thread's current call; no external id is pushed. A
    * runtime launch that makes a driver launch of its own (two callbacks, one
-   * kernel) is complete; a launch outside any call names none. */
+   * kernel) is complete; a launch outside any call names none. Each launch
+   * carries the launching thread's phase: kernel time is counted by it. */
   ust__kt *k;
   ASSERT_INT_EQ(ust__kt_create(&k), 0);
   ust__figs f;
@@ -375,12 +376,12 @@ TEST(kernel_launches_known_from_callbacks_join_without_external_ids) {
   uint64_t ext;
   const int s = ust__kt_begin(k, &ext);
   ASSERT_INT_EQ(ust__kt_current(), s);
-  ust__kt_launch_of(k, 70, ust__kt_current(), UST__KT_LAUNCH_RUNTIME);
-  ust__kt_launch_of(k, 71, ust__kt_current(), UST__KT_LAUNCH_DRIVER);
-  ust__kt_launch_of(k, 72, ust__kt_current(), UST__KT_LAUNCH_DRIVER); /* a second kernel (cuBLAS's split-K) */
+  ust__kt_launch_of(k, 70, ust__kt_current(), UST__KT_LAUNCH_RUNTIME, UST_PHASE_DECODE);
+  ust__kt_launch_of(k, 71, ust__kt_current(), UST__KT_LAUNCH_DRIVER, UST_PHASE_DECODE);
+  ust__kt_launch_of(k, 72, ust__kt_current(), UST__KT_LAUNCH_DRIVER, UST_PHASE_DECODE); /* a second kernel (cuBLAS's split-K) */
   ust__kt_end(k, s, &f, 0, 0);
   ASSERT_INT_EQ(ust__kt_current(), -1);
-  ust__kt_launch_of(k, 73, ust__kt_current(), UST__KT_LAUNCH_RUNTIME); /* no call: ignored */
+  ust__kt_launch_of(k, 73, ust__kt_current(), UST__KT_LAUNCH_RUNTIME, UST_PHASE_PREFILL); /* no call: its phase only */
   ASSERT_U64_EQ(ust__kt_outstanding(k), 2);
   ust__kt_kernel(k, 70, 1000, 1300, "gemm");
   ust__kt_kernel(k, 72, 1400, 1450, "splitk_reduce");
@@ -395,6 +396,11 @@ TEST(kernel_launches_known_from_callbacks_join_without_external_ids) {
   ust__kt_totals_get(k, &t);
   ASSERT_U64_EQ(t.attributed_ns, 350);
   ASSERT_STR_EQ(t.names[0].name, "elsewhere");
+  ASSERT_U64_EQ(t.phase_kernel_ns[UST_PHASE_DECODE], 350);
+  ASSERT_U64_EQ(t.phase_attributed_ns[UST_PHASE_DECODE], 350);
+  ASSERT_U64_EQ(t.phase_kernel_ns[UST_PHASE_PREFILL], 100);
+  ASSERT_U64_EQ(t.phase_attributed_ns[UST_PHASE_PREFILL], 0);
+  ASSERT_U64_EQ(t.phase_kernel_ns[UST_PHASE_UNKNOWN], 0);
   ust__figs_free(&f);
   ust__kt_destroy(k);
 }

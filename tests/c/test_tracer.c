@@ -142,8 +142,15 @@ TEST(tracer_times_calls_by_their_kernels_through_callbacks) {
   ust__cupti_poll(r.c, 1, 1);
   ASSERT_INT_EQ(r.f.subscribed(), 0); /* and let go when it closes */
   usleep(200000);
+  const int prev = ust_set_phase(UST_PHASE_DECODE); /* the launching thread's phase, seen by the callbacks */
   one_window(&r);
+  ust_set_phase(prev);
   check_window(&r, "callbacks");
+  ust__timer_status st;
+  ust__cupti_status(r.c, &st);
+  ASSERT_U64_EQ(st.totals.phase_kernel_ns[UST_PHASE_DECODE], st.totals.kernel_ns);
+  ASSERT_U64_EQ(st.totals.phase_attributed_ns[UST_PHASE_DECODE], st.totals.attributed_ns);
+  ASSERT_TRUE(st.totals.kernel_ns > st.totals.attributed_ns && st.totals.attributed_ns > 0);
   rig_down(&r);
 }
 

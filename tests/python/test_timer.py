@@ -70,6 +70,33 @@ def test_merge_adds_the_timer_sections_and_derives_coverage():
     assert [(u["name"], u["ns"]) for u in tm["unattributed"]] == [("copy", 1000), ("rope", 600), ("rms", 300)]
 
 
+def test_kernel_time_by_phase_merges_and_derives_its_coverage():
+    """The tracer counts kernel time by the phase of the launching thread
+    (its callbacks see every launch); merged by adding, coverage derived per
+    phase, on /metrics by phase."""
+    from understudy.metrics import metrics_text
+    a = _report(1000, 600, [])
+    b = _report(3000, 1500, [], pid=2)
+    a["timer"]["phases"] = {"prefill": {"kernel_ns": 400, "attributed_ns": 100},
+                            "decode": {"kernel_ns": 600, "attributed_ns": 500}}
+    b["timer"]["phases"] = {"decode": {"kernel_ns": 3000, "attributed_ns": 1500}}
+    m = merge_mod.merge([a, b])
+    ph = m["timer"]["phases"]
+    assert (ph["prefill"]["kernel_ns"], ph["decode"]["kernel_ns"], ph["decode"]["attributed_ns"]) == (400, 3600, 2000)
+    assert abs(ph["decode"]["coverage"] - 2000 / 3600) < 1e-12 and abs(ph["prefill"]["coverage"] - 0.25) < 1e-12
+    text = metrics_text(m)
+    assert 'understudy_phase_kernel_coverage_ratio{phase="prefill"} 0.25' in text
+
+
+def test_a_live_report_has_the_timer_phases(us):
+    us.enable({"operators": {"gemm": "observe"}})
+    torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+    tm = us.report()["timer"]
+    us.disable()
+    assert set(tm["phases"]) == {"unknown", "prefill", "decode"}
+    assert all(p["kernel_ns"] == 0 and "coverage" not in p for p in tm["phases"].values())
+
+
 def test_metrics_carry_the_timer_and_coverage():
     from understudy.metrics import metrics_text
     rep = merge_mod.merge([_report(1000, 600, [("rms_kernel", 300)])])
