@@ -56,12 +56,15 @@ def test_cupti_times_calls_by_their_kernels(us, correlation):
     us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
                "timer": dict(ALWAYS, correlation=correlation)})
     time.sleep(0.3)  # the first window opens once a GPU call was seen
-    mm_calls(a, b, 3)
-    time.sleep(0.3)
-    mm_calls(a, b, 200)
+    with us.phase("decode"):  # the calls' and their kernels' phase
+        mm_calls(a, b, 3)
+        time.sleep(0.3)
+        mm_calls(a, b, 200)
     rep = us.report()
     us.disable()
     tm = rep["timer"]
+    # the callbacks see every launch and its thread's phase; records know none
+    assert tm["phases"]["decode" if tm["correlation"] == "callbacks" else "unknown"]["kernel_ns"] == tm["kernel_ns"], tm
     assert tm["kind"] == "cupti", tm
     # callbacks need CUPTI's subscription: once torch's profiler took it, records
     assert tm["correlation"] == correlation or (correlation, tm["correlation"]) == ("callbacks", "records"), tm
