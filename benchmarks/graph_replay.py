@@ -6,17 +6,19 @@ each) runs in two ways, each under understudy observing every bound op with the
 kernel tracer (one window over the whole run):
 
 1. eagerly, --steps times: every call dispatched and timed by its kernels;
-2. captured once with torch.cuda.graph, then the graph replayed --steps times:
-   the calls are dispatched once (captured) and every replay runs them again
-   without the dispatcher; understudy attributes the replays' kernels to their
-   routes through the graph's node ids.
+2. captured once with torch.cuda.graph, then the graph replayed --steps times
+   (or, with --compile, by torch.compile(mode="reduce-overhead"), called
+   --steps + 1 times: a warm-up call, then a recording that replays once, then
+   replays): the calls are dispatched once (captured) and every replay runs
+   them again without the dispatcher; understudy attributes the replays'
+   kernels to their routes through the graph's node ids.
 
 Per route (operator and shape key) the table prints the eager calls and their
 median kernel time, the captured calls, the replayed calls (which must be
 --steps times the captured ones), the replays' median kernel time, the ratio
 of the two medians, and S (the roofline score) from the replays.
 
-    PYTHONPATH=python-shim python3 benchmarks/graph_replay.py [--batch 1] [--steps 50]
+    PYTHONPATH=python-shim python3 benchmarks/graph_replay.py [--batch 1] [--steps 50] [--compile]
 """
 import argparse
 import pathlib
@@ -75,7 +77,22 @@ def routes(rep):
     return out
 
 
-def run(step, steps, graph):
+def run(step, steps, graph, compiled=False):
+    if compiled:
+        # torch.compile's graph trees: the first call warms up, the second
+        # records the graph and replays it, every later one replays
+        fn = torch.compile(step, mode="reduce-overhead")
+        with torch.inference_mode():
+            understudy.enable(CONFIG)
+            try:
+                window_opens()
+                for _ in range(steps + 1):
+                    fn()
+                torch.cuda.synchronize()
+                rep = understudy.report()
+            finally:
+                understudy.disable()
+        return rep
     with torch.inference_mode():
         if graph:
             side = torch.cuda.Stream()
@@ -114,13 +131,15 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--compile", action="store_true",
+                    help="the graph by torch.compile(mode=\"reduce-overhead\") instead of torch.cuda.graph")
     ap.add_argument("--timer", choices=["cupti", "events"], default="cupti",
                     help="events: no replay is seen (a baseline for the eager figures)")
     args = ap.parse_args()
     CONFIG["timer"]["kind"] = args.timer
     step = build(args.layers, args.batch, args.steps)
     eager = run(step, args.steps, graph=False)
-    graph = run(step, args.steps, graph=True)
+    graph = run(step, args.steps, graph=True, compiled=args.compile)
     tm = graph["timer"]
     print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}")
     print(f"batch {args.batch}, {args.steps} decode steps, {args.layers} layers; graph run: timer {tm['kind']} "
@@ -134,7 +153,8 @@ def main():
         s = g[key]
         if not s.get("captured"):
             continue
-        es = e.get(key)
+        # compiled code calls the out= overloads (aten::mm.out for aten::mm)
+        es = e.get(key) or e.get((key[0].removesuffix(".out"), key[1]))
         ep, gp = (p50_us(es) if es else float("nan")), p50_us(s)
         ratio = gp / ep if es else float("nan")
         per = s["replayed"] / s["captured"]
