@@ -251,6 +251,9 @@ void ust__kt_graph_kernel(ust__kt *k, uint32_t corr, uint64_t node, uint64_t sta
  * captured graph's id + 1, its nodes the same indices. A graph instantiated
  * later, or cloned, is not followed: its kernels stay unattributed. */
 #define UST__KT_MAX_CAPTURED (1u << 20)
+/* An executable graph known to be instantiated from graph (CUPTI's resource
+ * callback): its replays follow that graph for certain. */
+void ust__kt_graph_exec(ust__kt *k, uint32_t graph, uint32_t exec);
 int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, uint32_t kernels, ust__figs *figs,
                        uint64_t tsol_ps);
 /* A launch API's record: a runtime or a driver launch (a runtime launch may

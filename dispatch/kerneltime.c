@@ -60,6 +60,7 @@ struct ust__kt {
   /* graph nodes of captured calls: kept across windows (under the lock) */
   id_table nodes;
   id_table graphs;     /* captured graphs' ids: val 1, or 2 once captured at the same time as another */
+  id_table execs;      /* executable graphs' ids known from instantiation: val the graph's */
   uint64_t prev_graph; /* the graph of the last captured call */
   captured_call *captured;
   uint32_t n_captured, captured_cap;
@@ -129,6 +130,7 @@ void ust__kt_destroy(ust__kt *k) {
   pthread_mutex_destroy(&k->lock);
   free(k->nodes.s);
   free(k->graphs.s);
+  free(k->execs.s);
   free(k->captured);
   free(k->calls);
   free(k->kernels);
@@ -247,6 +249,16 @@ void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags) {
   id_slot *e = atomic_load_explicit(&k->collecting, memory_order_relaxed) ? id_find(&k->corrs, corr, 1) : NULL;
   if (e != NULL)
     e->flags |= flags;
+  pthread_mutex_unlock(&k->lock);
+}
+
+void ust__kt_graph_exec(ust__kt *k, uint32_t graph, uint32_t exec) {
+  if (graph == 0 || exec == 0)
+    return;
+  pthread_mutex_lock(&k->lock);
+  id_slot *x = id_find(&k->execs, exec, 1);
+  if (x != NULL)
+    x->val = graph;
   pthread_mutex_unlock(&k->lock);
 }
 
@@ -386,11 +398,16 @@ static uint32_t replay_of(ust__kt *k, const kernel_rec *kr) {
   const uint64_t exec = kr->node >> 32;
   if (exec < 2)
     return 0;
-  /* the executable graph instantiated from the captured graph just before it */
-  const id_slot *g = id_find(&k->graphs, exec - 1, 0);
-  if (g == NULL || g->val != 1)
-    return 0;
-  const id_slot *e = id_find(&k->nodes, (exec - 1) << 32 | (kr->node & 0xffffffffu), 0);
+  /* the graph it was instantiated from: known, or else the captured graph
+   * just before it (not when that one was captured beside another) */
+  const id_slot *x = id_find(&k->execs, exec, 0);
+  uint64_t graph = x != NULL ? x->val : exec - 1;
+  if (x == NULL) {
+    const id_slot *g = id_find(&k->graphs, graph, 0);
+    if (g == NULL || g->val != 1)
+      return 0;
+  }
+  const id_slot *e = id_find(&k->nodes, graph << 32 | (kr->node & 0xffffffffu), 0);
   return e != NULL ? e->val : 0;
 }
 

@@ -61,6 +61,8 @@ typedef CUptiResult (*fn_u64p)(uint64_t *);
 typedef CUptiResult (*fn_errstr)(CUptiResult, const char **);
 typedef CUptiResult (*fn_enable_cb)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
 typedef CUptiResult (*fn_node_id)(CUgraphNode, uint64_t *);
+typedef CUptiResult (*fn_graph_id)(CUgraph, uint32_t *);
+typedef CUptiResult (*fn_exec_id)(CUgraphExec, uint32_t *);
 
 typedef struct cupti_api {
   fn_u32p get_version;
@@ -78,6 +80,8 @@ typedef struct cupti_api {
   fn_errstr error_string;
   fn_enable_cb enable_callback;
   fn_node_id graph_node_id; /* NULL: captured calls are not mapped to their graph nodes */
+  fn_graph_id graph_id;     /* with exec_id: which graph an executable graph was instantiated */
+  fn_exec_id exec_id;       /* from, seen while a window holds the subscription (NULL: not asked) */
 } cupti_api;
 
 enum { ST_OFF, ST_IDLE, ST_OPEN, ST_CLOSING, ST_DRAINING, ST_YIELDED };
@@ -247,6 +251,20 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
  * slot is the call it launches for. */
 static void CUPTIAPI launch_callback(void *data, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                                      const void *info) {
+  if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED && info != NULL) {
+    /* a graph instantiated while the window holds the subscription: which
+     * captured graph its executable graph's replays are of, for certain */
+    const CUpti_ResourceData *rd = info;
+    const CUpti_GraphData *gd = rd->resourceDescriptor;
+    atomic_fetch_add(&g_in_callback, 1);
+    ust__cupti *c = atomic_load(&g_tracer);
+    uint32_t graph = 0, exec = 0;
+    if (c != NULL && gd != NULL && c->api.graph_id != NULL && c->api.exec_id != NULL &&
+        c->api.graph_id(gd->graph, &graph) == CUPTI_SUCCESS && c->api.exec_id(gd->graphExec, &exec) == CUPTI_SUCCESS)
+      ust__kt_graph_exec(c->kt, graph, exec);
+    atomic_fetch_sub(&g_in_callback, 1);
+    return;
+  }
   const CUpti_CallbackData *cb = info;
   if ((domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) || cb == NULL ||
       cb->callbackSite != CUPTI_API_ENTER)
@@ -268,6 +286,8 @@ static void set_callbacks(ust__cupti *c, uint32_t on) {
     c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]);
   for (size_t i = 0; i < sizeof driver_launches / sizeof driver_launches[0]; i++)
     c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_launches[i]);
+  if (c->api.graph_id != NULL && c->api.exec_id != NULL)
+    c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED);
 }
 
 /* ---- loading ------------------------------------------------------------------------- */
@@ -306,6 +326,8 @@ static int load_api(ust__cupti *c) {
   SYM(error_string, "cuptiGetResultString");
   SYM(enable_callback, "cuptiEnableCallback");
   *(void **)(&c->api.graph_node_id) = dlsym(c->lib, "cuptiGetGraphNodeId");
+  *(void **)(&c->api.graph_id) = dlsym(c->lib, "cuptiGetGraphId");
+  *(void **)(&c->api.exec_id) = dlsym(c->lib, "cuptiGetGraphExecId");
 #undef SYM
   return 0;
 }

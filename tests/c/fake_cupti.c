@@ -25,7 +25,7 @@ static int g_enabled[KINDS];
 static CUptiResult g_subscribe_result = CUPTI_SUCCESS;
 static int g_subscribed;
 static CUpti_CallbackFunc g_cb;
-static int g_cb_runtime[1024], g_cb_driver[1024];
+static int g_cb_runtime[1024], g_cb_driver[1024], g_cb_resource[64];
 static uint32_t g_corr;
 static double g_ticks_per_ns = 1.0;
 static int g_hold_kernels;  /* kernel records stay with "the device" until released */
@@ -186,6 +186,33 @@ EXPORT void fake_cupti_return_buffers(void) {
 
 /* ---- CUPTI's entry points ------------------------------------------------------------ */
 
+/* Graph graph instantiated as executable graph exec (their handles are
+ * their ids): the resource callback, while enabled. */
+EXPORT void fake_cupti_instantiate(uint32_t graph, uint32_t exec) {
+  if (!g_subscribed || g_cb == NULL || !g_cb_resource[CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED])
+    return;
+  CUpti_GraphData gd = {0};
+  gd.graph = (CUgraph)(uintptr_t)graph;
+  gd.graphExec = (CUgraphExec)(uintptr_t)exec;
+  CUpti_ResourceData rd = {0};
+  rd.resourceDescriptor = &gd;
+  g_cb(NULL, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED, &rd);
+}
+
+EXPORT CUptiResult cuptiGetGraphId(CUgraph graph, uint32_t *id) {
+  if (graph == NULL)
+    return CUPTI_ERROR_INVALID_PARAMETER;
+  *id = (uint32_t)(uintptr_t)graph;
+  return CUPTI_SUCCESS;
+}
+
+EXPORT CUptiResult cuptiGetGraphExecId(CUgraphExec exec, uint32_t *id) {
+  if (exec == NULL)
+    return CUPTI_ERROR_INVALID_PARAMETER;
+  *id = (uint32_t)(uintptr_t)exec;
+  return CUPTI_SUCCESS;
+}
+
 /* A node handle of the tests is its id. */
 EXPORT CUptiResult cuptiGetGraphNodeId(CUgraphNode node, uint64_t *id) {
   if (node == NULL)
@@ -230,14 +257,18 @@ EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle h) {
   g_cb = NULL;
   memset(g_cb_runtime, 0, sizeof g_cb_runtime);
   memset(g_cb_driver, 0, sizeof g_cb_driver);
+  memset(g_cb_resource, 0, sizeof g_cb_resource);
   return CUPTI_SUCCESS;
 }
 
 EXPORT CUptiResult cuptiEnableCallback(uint32_t on, CUpti_SubscriberHandle h, CUpti_CallbackDomain d,
                                        CUpti_CallbackId cbid) {
-  if (!g_subscribed || cbid >= 1024)
+  if (!g_subscribed || cbid >= 1024 || (d == CUPTI_CB_DOMAIN_RESOURCE && cbid >= 64))
     return CUPTI_ERROR_INVALID_PARAMETER;
-  (d == CUPTI_CB_DOMAIN_RUNTIME_API ? g_cb_runtime : g_cb_driver)[cbid] = (int)on;
+  if (d == CUPTI_CB_DOMAIN_RESOURCE)
+    g_cb_resource[cbid] = (int)on;
+  else
+    (d == CUPTI_CB_DOMAIN_RUNTIME_API ? g_cb_runtime : g_cb_driver)[cbid] = (int)on;
   return CUPTI_SUCCESS;
 }
 

@@ -26,6 +26,7 @@ typedef struct fake {
   uint32_t (*graph_kernel)(uint32_t, uint64_t, const char *, uint64_t);
   int (*take_buffers)(int);
   void (*return_buffers)(void);
+  void (*instantiate)(uint32_t, uint32_t);
 } fake;
 
 static atomic_int profiler_on;
@@ -49,8 +50,9 @@ static ust__cupti *tracer(int callbacks, fake *f) {
   *(void **)&f->graph_kernel = dlsym(h, "fake_cupti_graph_kernel");
   *(void **)&f->take_buffers = dlsym(h, "fake_cupti_take_buffers");
   *(void **)&f->return_buffers = dlsym(h, "fake_cupti_return_buffers");
+  *(void **)&f->instantiate = dlsym(h, "fake_cupti_instantiate");
   ASSERT_TRUE(f->reset && f->hold_kernels && f->keep_buffer && f->release_buffer && f->enabled && f->call &&
-              f->subscribed && f->graph_kernel && f->take_buffers && f->return_buffers);
+              f->subscribed && f->graph_kernel && f->take_buffers && f->return_buffers && f->instantiate);
   return c;
 }
 
@@ -283,11 +285,22 @@ TEST(tracer_times_graph_replays_of_captured_calls) {
   ASSERT_U64_EQ(atomic_load(&r.a.replayed), 2);
   ASSERT_U64_EQ(hist_count(&r.a), 2);
   ASSERT_U64_EQ(hist_sum(&r.a), 2 * 500);
+  /* graph 7 instantiated again later, as executable graph 12, while a
+   * window holds the subscription: CUPTI's resource callback says so, and
+   * its replays are graph 7's calls though 11 is not a captured graph */
+  usleep(200000);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
+  r.f.instantiate(7, 12);
+  const uint32_t late = r.f.graph_kernel(0, 12ull << 32 | 0, "gemm", 300);
+  r.f.graph_kernel(late, 12ull << 32 | 1, "splitk", 200);
+  ust__cupti_poll(r.c, 1, 1);
+  ASSERT_U64_EQ(atomic_load(&r.a.replayed), 3);
+  ASSERT_U64_EQ(hist_sum(&r.a), 3 * 500);
   ust__timer_status st;
   ust__cupti_status(r.c, &st);
-  ASSERT_U64_EQ(st.totals.calls_replayed, 2);
-  ASSERT_U64_EQ(st.totals.attributed_ns, 2 * 500);
-  ASSERT_U64_EQ(st.totals.kernel_ns, 2 * 550);
+  ASSERT_U64_EQ(st.totals.calls_replayed, 3);
+  ASSERT_U64_EQ(st.totals.attributed_ns, 3 * 500);
+  ASSERT_U64_EQ(st.totals.kernel_ns, 2 * 550 + 500);
   ASSERT_STR_EQ(st.totals.names[0].name, "other_graph");
   rig_down(&r);
   /* a tracer that is off names no node: the router then maps nothing */
