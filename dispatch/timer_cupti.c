@@ -270,14 +270,18 @@ static void CUPTIAPI launch_callback(void *data, CUpti_CallbackDomain domain, CU
       cb->callbackSite != CUPTI_API_ENTER)
     return;
   /* every launch of the window: inside a call it is the call's; any is
-   * counted by the launching thread's phase */
+   * counted by the launching thread's phase. A launch outside calls on a
+   * thread without a phase has nothing to note (unknown is what an unnoted
+   * launch counts as): no lock for it. */
   const int slot = ust__kt_current();
+  const int phase = ust__thread_phase();
+  if (slot < 0 && phase == UST_PHASE_UNKNOWN)
+    return;
   atomic_fetch_add(&g_in_callback, 1);
   ust__cupti *c = atomic_load(&g_tracer);
   if (c != NULL)
     ust__kt_launch_of(c->kt, cb->correlationId, slot,
-                      domain == CUPTI_CB_DOMAIN_RUNTIME_API ? UST__KT_LAUNCH_RUNTIME : UST__KT_LAUNCH_DRIVER,
-                      ust__thread_phase());
+                      domain == CUPTI_CB_DOMAIN_RUNTIME_API ? UST__KT_LAUNCH_RUNTIME : UST__KT_LAUNCH_DRIVER, phase);
   atomic_fetch_sub(&g_in_callback, 1);
 }
 
