@@ -236,9 +236,9 @@ int ust__kt_quiet(ust__kt *k);
 /* Records (any thread; the tracer's buffer callback). Records of another
  * window's external ids are ignored. */
 void ust__kt_ext(ust__kt *k, uint32_t corr, uint64_t ext);
-void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t start, uint64_t end, const char *name);
-/* A kernel a graph launch ran as node (the executable graph's node id). */
-void ust__kt_graph_kernel(ust__kt *k, uint32_t corr, uint64_t node, uint64_t start, uint64_t end, const char *name);
+/* A kernel: its launch's correlation id, and the graph node it ran as when
+ * a graph launch ran it (the executable graph's node id; 0: none). */
+void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t node, uint64_t start, uint64_t end, const char *name);
 /* Graph replays. At capture, the nodes a captured call added (CUPTI's
  * node ids in the graph being captured) and its route's figures: each graph
  * launch that runs them is one replayed call of the route, timed by their
@@ -378,6 +378,9 @@ int ust__cupti_tracing(const ust__cupti *c);
 int ust__cupti_begin(ust__cupti *c);
 void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int first);
 void ust__cupti_status(ust__cupti *c, ust__timer_status *out);
+/* 1 when captured calls can be mapped to their graph nodes (the tracer is
+ * on and CUPTI names nodes). */
+int ust__cupti_maps_graphs(const ust__cupti *c);
 /* CUPTI's ids of n graph nodes (CUgraphNode); 0 when all were given, -1
  * when the tracer is off or CUPTI cannot say. */
 int ust__cupti_node_ids(ust__cupti *c, void *const *nodes, size_t n, uint64_t *ids);

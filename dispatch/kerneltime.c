@@ -234,13 +234,6 @@ void ust__kt_launch_of(ust__kt *k, uint32_t corr, int slot, uint32_t flags, int 
   pthread_mutex_unlock(&k->lock);
 }
 
-/* The phase a kernel was launched in (0, unknown, when no callback noted
- * it). Called with the lock held. */
-static int phase_of(ust__kt *k, uint32_t corr) {
-  const id_slot *e = corr != 0 ? id_find(&k->corrs, corr, 0) : NULL;
-  const uint32_t p = e != NULL ? (e->flags & PHASE_MASK) >> PHASE_SHIFT : 0;
-  return p > 0 ? (int)p - 1 : 0;
-}
 
 void ust__kt_launch(ust__kt *k, uint32_t corr, uint32_t flags) {
   if (corr == 0)
@@ -303,8 +296,8 @@ int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, uint32_t kernel
       else if (e != NULL)
         e->val = k->n_captured;
     }
-    if (rc != 0) /* partly mapped: its nodes go unattributed rather than partly timed */
-      k->captured[k->n_captured - 1].figs = NULL, k->captured[k->n_captured - 1].kernels = UINT32_MAX;
+    if (rc != 0) /* partly mapped: no figures (counted unmapped below), rather than part of a call */
+      k->captured[k->n_captured - 1].figs = NULL;
   }
   if (rc != 0)
     k->totals.captured_unmapped++;
@@ -312,11 +305,7 @@ int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, uint32_t kernel
   return rc;
 }
 
-void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t start, uint64_t end, const char *name) {
-  ust__kt_graph_kernel(k, corr, 0, start, end, name);
-}
-
-void ust__kt_graph_kernel(ust__kt *k, uint32_t corr, uint64_t node, uint64_t start, uint64_t end, const char *name) {
+void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t node, uint64_t start, uint64_t end, const char *name) {
   pthread_mutex_lock(&k->lock);
   if (!atomic_load_explicit(&k->collecting, memory_order_relaxed)) {
     /* between windows: not ours to count */
@@ -437,19 +426,17 @@ static void conclude_replays(ust__kt *k, replay_rec *r, uint32_t n, double ns_pe
       end = r[j].end > end ? r[j].end : end;
     }
     const captured_call *cc = &k->captured[r[i].captured - 1];
-    if (cc->kernels != 0 && j - i != cc->kernels) {
+    if (cc->figs == NULL) {
+      /* a call whose nodes were only partly kept (captured_unmapped) */
+    } else if (cc->kernels != 0 && j - i != cc->kernels) {
       /* records lost: no figure rather than part of one */
       k->totals.calls_dropped++;
-      if (cc->figs != NULL)
-        atomic_fetch_add_explicit(&cc->figs->timing_dropped, 1, memory_order_relaxed);
-      i = j;
-      continue;
-    }
-    if (cc->figs != NULL) {
+      atomic_fetch_add_explicit(&cc->figs->timing_dropped, 1, memory_order_relaxed);
+    } else {
       ust__figs_kernel_time(cc->figs, sum, (uint64_t)((double)(end - start) * ns_per_tick + 0.5), cc->tsol_ps, 0);
       atomic_fetch_add_explicit(&cc->figs->replayed, 1, memory_order_relaxed);
+      k->totals.calls_replayed++;
     }
-    k->totals.calls_replayed++;
     i = j;
   }
 }
@@ -519,7 +506,10 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     const uint64_t ns = (uint64_t)((double)(kr->end - kr->start) * ns_per_tick + 0.5);
     t->kernels++;
     t->kernel_ns += ns;
-    const int phase = phase_of(k, kr->corr);
+    /* its launch: the call (slot + 1) and the phase (+ 1) it was noted with */
+    const id_slot *launch = kr->corr != 0 ? id_find(&k->corrs, kr->corr, 0) : NULL;
+    const uint32_t noted = launch != NULL ? (launch->flags & PHASE_MASK) >> PHASE_SHIFT : 0;
+    const int phase = noted > 0 ? (int)noted - 1 : UST_PHASE_UNKNOWN;
     t->phase_kernel_ns[phase] += ns;
     /* a replayed node is its captured call's; the graph launch may itself
      * be inside a call of the window, whose time then includes it (as a
@@ -530,7 +520,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
       replays[n_replays++] = (replay_rec){kr->corr, cap, kr->start, kr->end, ns};
       grouped = 1;
     }
-    const uint32_t call = kr->corr != 0 ? corr_get(k, kr->corr) : 0;
+    const uint32_t call = launch != NULL ? launch->val : 0;
     if (call == 0 || call > n_calls) {
       if (grouped) {
         t->attributed++;

@@ -169,6 +169,17 @@ static void set_why(ust__cupti *c, const char *fmt, const char *a, const char *b
 
 /* ---- CUPTI's buffer callbacks -------------------------------------------------------- */
 
+/* One more buffer in the pool, up to MAX_BUFFERS: 0, or -1. Called with
+ * the pool's lock held. */
+static int pool_grow_locked(void) {
+  uint8_t *b = g_pool.n < MAX_BUFFERS ? aligned_alloc(8, BUFFER_BYTES) : NULL;
+  if (b == NULL)
+    return -1;
+  g_pool.with_cupti[g_pool.n] = 0;
+  g_pool.buf[g_pool.n++] = b;
+  return 0;
+}
+
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
   *buffer = NULL;
   *size = 0;
@@ -179,8 +190,8 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
     i++;
   /* None free (records come faster than the worker gets them back): one
    * more; without a buffer CUPTI drops records. */
-  if (i == g_pool.n && g_pool.n < MAX_BUFFERS && (g_pool.buf[i] = aligned_alloc(8, BUFFER_BYTES)) != NULL)
-    g_pool.n++;
+  if (i == g_pool.n)
+    pool_grow_locked();
   if (i < g_pool.n) {
     g_pool.with_cupti[i] = 1;
     *buffer = g_pool.buf[i];
@@ -207,7 +218,7 @@ static void read_records(ust__cupti *c, uint8_t *buf, size_t valid) {
     if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
       /* CUpti_ActivityKernel10 in 13.0; later versions append fields */
       const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
-      ust__kt_graph_kernel(c->kt, k->correlationId, k->graphNodeId, k->start, k->end, k->name);
+      ust__kt_kernel(c->kt, k->correlationId, k->graphNodeId, k->start, k->end, k->name);
     } else if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME || rec->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
       const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)rec;
       if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME
@@ -395,16 +406,9 @@ static int clock_pair(ust__cupti *c, uint64_t *ticks, uint64_t *clock_ns, uint64
   return 0;
 }
 
-
-
 static int alloc_buffers(void) {
   pthread_mutex_lock(&g_pool.lock);
-  while (g_pool.n < N_BUFFERS) {
-    uint8_t *b = aligned_alloc(8, BUFFER_BYTES);
-    if (b == NULL)
-      break;
-    g_pool.with_cupti[g_pool.n] = 0;
-    g_pool.buf[g_pool.n++] = b;
+  while (g_pool.n < N_BUFFERS && pool_grow_locked() == 0) {
   }
   const int n = g_pool.n;
   pthread_mutex_unlock(&g_pool.lock);
@@ -521,7 +525,6 @@ static void open_window(ust__cupti *c, uint64_t now) {
   c->state = ST_OPEN;
   c->why[0] = '\0';
   c->opened_ns = now;
-  c->last_flush_ns = now;
   if (clock_pair(c, &c->opened_ticks, &c->opened_clock_ns, &c->opened_pair_ns) != 0)
     c->opened_ticks = 0;
 }
@@ -677,8 +680,12 @@ void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, 
     ust__kt_cancel(c->kt, slot);
 }
 
+int ust__cupti_maps_graphs(const ust__cupti *c) {
+  return c != NULL && c->api.graph_node_id != NULL && atomic_load_explicit(&((ust__cupti *)c)->traced, memory_order_relaxed);
+}
+
 int ust__cupti_node_ids(ust__cupti *c, void *const *nodes, size_t n, uint64_t *ids) {
-  if (c == NULL || c->api.graph_node_id == NULL || !atomic_load_explicit(&c->traced, memory_order_relaxed))
+  if (!ust__cupti_maps_graphs(c))
     return -1;
   for (size_t i = 0; i < n; i++)
     if (c->api.graph_node_id((CUgraphNode)nodes[i], &ids[i]) != CUPTI_SUCCESS)
@@ -688,7 +695,7 @@ int ust__cupti_node_ids(ust__cupti *c, void *const *nodes, size_t n, uint64_t *i
 
 int ust__cupti_graph_call(ust__cupti *c, const uint64_t *ids, int n, uint32_t kernels, ust__figs *figs,
                           uint64_t tsol_ps) {
-  return c != NULL && c->kt != NULL ? ust__kt_graph_call(c->kt, ids, n, kernels, figs, tsol_ps) : -1;
+  return c != NULL ? ust__kt_graph_call(c->kt, ids, n, kernels, figs, tsol_ps) : -1;
 }
 
 void ust__cupti_status(ust__cupti *c, ust__timer_status *out) {

@@ -219,8 +219,7 @@ int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from) {
    * in: the call's nodes take the indices from the count now */
   cudaGraph_t graph;
   size_t count = 0;
-  if (ust__cupti_tracing(t->cupti) == UST__TRACING_OFF || ust__cupti_node_ids(t->cupti, NULL, 0, NULL) != 0 ||
-      capture_graph(t, stream, &graph, &count) != 0 || count >= UINT32_MAX)
+  if (!ust__cupti_maps_graphs(t->cupti) || capture_graph(t, stream, &graph, &count) != 0 || count >= UINT32_MAX)
     return -1;
   *from = (uint32_t)count;
   return 0;

@@ -308,7 +308,6 @@ static cJSON *profiles_json(const ust__route_snap *snaps, int nr) {
   return arr;
 }
 
-/* The additive report of e: figures as counted, nothing derived. */
 /* Which timer produced the device times, and what the kernel tracer's
  * windows saw: every kernel's time against the time of the kernels launched
  * inside timed calls (coverage, derived), the unattributed kernels by name. */
@@ -362,6 +361,7 @@ static cJSON *timer_json(ust__timers *t, uint64_t elapsed_ns) {
   return j;
 }
 
+/* The additive report of e: figures as counted, nothing derived. */
 static cJSON *report_raw(ust__engine *e) {
   ust__route_snap *snaps = NULL;
   int nr = 0;

@@ -32,19 +32,19 @@ TEST(kernel_records_join_calls_in_any_order) {
   /* the outer call launched kernels 11 and 12, the inner one 13, the other
    * call 14; kernels 20 and 21 belong to no call; records out of order,
    * kernels before their launches' records, one launch record twice */
-  ust__kt_kernel(k, 13, 5000, 5400, "inner_gemm");
-  ust__kt_kernel(k, 11, 1000, 1100, "outer_pre");
+  ust__kt_kernel(k, 13, 0, 5000, 5400, "inner_gemm");
+  ust__kt_kernel(k, 11, 0, 1000, 1100, "outer_pre");
   ust__kt_ext(k, 13, ext_i);
-  ust__kt_kernel(k, 20, 100, 400, "rms_mul");
+  ust__kt_kernel(k, 20, 0, 100, 400, "rms_mul");
   ust__kt_ext(k, 11, ext_o);
   ust__kt_ext(k, 12, ext_o);
   ust__kt_ext(k, 12, ext_o);
-  ust__kt_kernel(k, 21, 500, 600, "rms_mul");
-  ust__kt_kernel(k, 12, 6000, 6050, "outer_post");
-  ust__kt_kernel(k, 14, 7000, 7070, "other");
+  ust__kt_kernel(k, 21, 0, 500, 600, "rms_mul");
+  ust__kt_kernel(k, 12, 0, 6000, 6050, "outer_post");
+  ust__kt_kernel(k, 14, 0, 7000, 7070, "other");
   ust__kt_ext(k, 14, ext_x);
-  ust__kt_kernel(k, 22, 800, 850, "copy");
-  ust__kt_kernel(k, 13, 5000, 5400, "inner_gemm"); /* delivered twice: counted once */
+  ust__kt_kernel(k, 22, 0, 800, 850, "copy");
+  ust__kt_kernel(k, 13, 0, 5000, 5400, "inner_gemm"); /* delivered twice: counted once */
   ust__kt_close(k);
   ASSERT_TRUE(ust__kt_quiet(k));
   ust__kt_conclude(k, 1000000, 1.0);
@@ -99,14 +99,14 @@ TEST(kernel_records_lost_or_stale_do_not_make_figures) {
   ust__kt_launch(k, 2, UST__KT_LAUNCH_DRIVER); /* the launch record before its external id's */
   ust__kt_ext(k, 2, ea);
   ust__kt_ext(k, 5, ea); /* an API call that is no launch (cudaGetDevice): no kernel expected */
-  ust__kt_kernel(k, 1, 10, 20, "k");
+  ust__kt_kernel(k, 1, 0, 10, 20, "k");
   /* b's kernel came without timestamps (the tracer ran out of memory) */
   ust__kt_ext(k, 3, eb);
   ust__kt_launch(k, 3, UST__KT_LAUNCH_RUNTIME);
-  ust__kt_kernel(k, 3, 0, 0, "k");
+  ust__kt_kernel(k, 3, 0, 0, 0, "k");
   ust__kt_ext(k, 4, ec);
   ust__kt_launch(k, 4, UST__KT_LAUNCH_RUNTIME);
-  ust__kt_kernel(k, 4, 30, 40, "k");
+  ust__kt_kernel(k, 4, 0, 30, 40, "k");
   ust__kt_close(k);
   /* the window waits for a's second kernel and b's (neither will come) */
   ASSERT_U64_EQ(ust__kt_outstanding(k), 2);
@@ -129,7 +129,7 @@ TEST(kernel_records_lost_or_stale_do_not_make_figures) {
   const int s2 = ust__kt_begin(k, &e2);
   ust__kt_end(k, s2, &c, 0, 0);
   ust__kt_ext(k, 9, ea); /* stale: the old window's id */
-  ust__kt_kernel(k, 9, 100, 200, "late");
+  ust__kt_kernel(k, 9, 0, 100, 200, "late");
   /* a runtime launch that made a driver launch of its own: one kernel, the
    * runtime launch's id; complete */
   ust__kt_ext(k, 10, e2);
@@ -137,7 +137,7 @@ TEST(kernel_records_lost_or_stale_do_not_make_figures) {
   ust__kt_ext(k, 11, e2);
   ust__kt_launch(k, 11, UST__KT_LAUNCH_DRIVER);
   ASSERT_U64_EQ(ust__kt_outstanding(k), 1);
-  ust__kt_kernel(k, 10, 300, 330, "k");
+  ust__kt_kernel(k, 10, 0, 300, 330, "k");
   ASSERT_U64_EQ(ust__kt_outstanding(k), 0);
   ust__kt_close(k);
   /* records in another client's clock of 2 ticks a ns: 30 ticks are 15 ns */
@@ -262,17 +262,17 @@ TEST(kernel_graph_replays_are_their_captured_calls) {
   for (uint32_t launch = 50; launch <= 51; launch++) {
     const uint64_t t = launch * 10000;
     ust__kt_launch(k, launch, UST__KT_LAUNCH_RUNTIME); /* cudaGraphLaunch, outside any call */
-    ust__kt_graph_kernel(k, launch, x | 0, t, t + 100, "a_first");
-    ust__kt_graph_kernel(k, launch, x | 1, t + 200, t + 250, "a_second");
-    ust__kt_graph_kernel(k, launch, x | 2, t + 300, t + 330, "b_only");
-    ust__kt_graph_kernel(k, launch, x | 3, t + 400, t + 470, "unbound_node");
+    ust__kt_kernel(k, launch, x | 0, t, t + 100, "a_first");
+    ust__kt_kernel(k, launch, x | 1, t + 200, t + 250, "a_second");
+    ust__kt_kernel(k, launch, x | 2, t + 300, t + 330, "b_only");
+    ust__kt_kernel(k, launch, x | 3, t + 400, t + 470, "unbound_node");
   }
   ust__kt_launch(k, 52, UST__KT_LAUNCH_RUNTIME); /* another graph's launch */
-  ust__kt_graph_kernel(k, 52, 11ull << 32, 800000, 800020, "other_graph");
-  ust__kt_graph_kernel(k, 52, g | 0, 800100, 800120, "not_a_replay_id"); /* never reported as such; not counted */
+  ust__kt_kernel(k, 52, 11ull << 32, 800000, 800020, "other_graph");
+  ust__kt_kernel(k, 52, g | 0, 800100, 800120, "not_a_replay_id"); /* never reported as such; not counted */
   ust__kt_ext(k, 60, ext);
   ust__kt_launch(k, 60, UST__KT_LAUNCH_RUNTIME);
-  ust__kt_kernel(k, 60, 900000, 900040, "eager");
+  ust__kt_kernel(k, 60, 0, 900000, 900040, "eager");
   ust__kt_close(k);
   ASSERT_U64_EQ(ust__kt_outstanding(k), 0);
   ust__kt_conclude(k, 1000, 1.0);
@@ -326,21 +326,21 @@ TEST(kernel_graph_replays_missing_records_interleaved_captures_and_launches_insi
   ust__kt_open(k);
   /* (1) launch 70 ran both of a's kernels, launch 71 lost one */
   ust__kt_launch(k, 70, UST__KT_LAUNCH_RUNTIME);
-  ust__kt_graph_kernel(k, 70, x | 0, 1000, 1100, "a0");
-  ust__kt_graph_kernel(k, 70, x | 1, 1200, 1250, "a1");
+  ust__kt_kernel(k, 70, x | 0, 1000, 1100, "a0");
+  ust__kt_kernel(k, 70, x | 1, 1200, 1250, "a1");
   ust__kt_launch(k, 71, UST__KT_LAUNCH_RUNTIME);
-  ust__kt_graph_kernel(k, 71, x | 0, 2000, 2100, "a0");
+  ust__kt_kernel(k, 71, x | 0, 2000, 2100, "a0");
   /* (2) the executable graphs after 20 and 21 */
   ust__kt_launch(k, 72, UST__KT_LAUNCH_RUNTIME);
-  ust__kt_graph_kernel(k, 72, 21ull << 32 | 0, 3000, 3010, "p_or_q");
-  ust__kt_graph_kernel(k, 72, 22ull << 32 | 0, 3100, 3110, "q_or_p");
+  ust__kt_kernel(k, 72, 21ull << 32 | 0, 3000, 3010, "p_or_q");
+  ust__kt_kernel(k, 72, 22ull << 32 | 0, 3100, 3110, "q_or_p");
   /* (3) a call of the window launches graph 8 */
   uint64_t ext;
   const int s = ust__kt_begin(k, &ext);
   ust__kt_ext(k, 73, ext);
   ust__kt_launch(k, 73, UST__KT_LAUNCH_RUNTIME);
-  ust__kt_graph_kernel(k, 73, x | 0, 4000, 4100, "a0");
-  ust__kt_graph_kernel(k, 73, x | 1, 4200, 4250, "a1");
+  ust__kt_kernel(k, 73, x | 0, 4000, 4100, "a0");
+  ust__kt_kernel(k, 73, x | 1, 4200, 4250, "a1");
   ust__kt_end(k, s, &outer, 0, 0);
   ust__kt_close(k);
   ust__kt_conclude(k, 1000, 1.0);
@@ -386,9 +386,9 @@ TEST(kernel_launches_known_from_callbacks_join_without_external_ids) {
   ASSERT_INT_EQ(ust__kt_current(), -1);
   ust__kt_launch_of(k, 73, ust__kt_current(), UST__KT_LAUNCH_RUNTIME, UST_PHASE_PREFILL); /* no call: its phase only */
   ASSERT_U64_EQ(ust__kt_outstanding(k), 2);
-  ust__kt_kernel(k, 70, 1000, 1300, "gemm");
-  ust__kt_kernel(k, 72, 1400, 1450, "splitk_reduce");
-  ust__kt_kernel(k, 73, 2000, 2100, "elsewhere");
+  ust__kt_kernel(k, 70, 0, 1000, 1300, "gemm");
+  ust__kt_kernel(k, 72, 0, 1400, 1450, "splitk_reduce");
+  ust__kt_kernel(k, 73, 0, 2000, 2100, "elsewhere");
   ASSERT_U64_EQ(ust__kt_outstanding(k), 0);
   ust__kt_close(k);
   ust__kt_conclude(k, 1000, 1.0);

@@ -271,6 +271,7 @@ TEST(tracer_times_graph_replays_of_captured_calls) {
   const uint64_t g = 7ull << 32, x = 8ull << 32;
   void *const nodes[] = {(void *)(uintptr_t)(g | 0), (void *)(uintptr_t)(g | 1)};
   uint64_t ids[2] = {0, 0};
+  ASSERT_INT_EQ(ust__cupti_maps_graphs(r.c), 1);
   ASSERT_INT_EQ(ust__cupti_node_ids(r.c, nodes, 2, ids), 0);
   ASSERT_U64_EQ(ids[0], g | 0);
   ASSERT_U64_EQ(ids[1], g | 1);
@@ -307,6 +308,7 @@ TEST(tracer_times_graph_replays_of_captured_calls) {
   const ust__timer_opts off = {.kind = UST__TIMER_EVENTS};
   ust__cupti *c = NULL;
   ASSERT_INT_EQ(ust__cupti_create(&off, NULL, &c), 0);
+  ASSERT_INT_EQ(ust__cupti_maps_graphs(c), 0);
   ASSERT_INT_EQ(ust__cupti_node_ids(c, nodes, 2, ids), -1);
   ust__cupti_destroy(c);
 }
