@@ -27,21 +27,17 @@ import understudy  # noqa: E402
 
 
 def build(kind, layers):
-    torch.manual_seed(0)
     if kind == "mistral":
-        from transformers import MistralConfig, MistralForCausalLM
-        cfg = MistralConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
-                            num_attention_heads=32, num_key_value_heads=8, vocab_size=32000)
-        cls = MistralForCausalLM
-    else:
-        from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
-        cfg = Qwen2MoeConfig(hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
-                             shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
-                             num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16,
-                             vocab_size=32000)
-        cls = Qwen2MoeForCausalLM
+        from kernel_time import build_model
+        return build_model(layers)
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    cfg = Qwen2MoeConfig(hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
+                         shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
+                         num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16,
+                         vocab_size=32000)
+    torch.manual_seed(0)
     with torch.device("cuda"):
-        return cls(cfg).to(torch.bfloat16).eval()
+        return Qwen2MoeForCausalLM(cfg).to(torch.bfloat16).eval()
 
 
 def timed_generate(model, ids, tokens):

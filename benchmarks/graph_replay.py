@@ -37,13 +37,10 @@ CONFIG = {"defaults": {"sample": 1.0}, "report": {"window_s": 0},
 
 
 def build(layers, batch, steps):
-    from transformers import MistralConfig, MistralForCausalLM, StaticCache
-    cfg = MistralConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
-                        num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
-                        max_position_embeddings=4096, sliding_window=None)  # a full (not rolling) static cache
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = MistralForCausalLM(cfg).to(torch.bfloat16).eval()
+    from kernel_time import build_model
+    from transformers import StaticCache
+    model = build_model(layers, sliding_window=None)  # a full (not rolling) static cache
+    cfg = model.config
     # each eager step (and each warm-up before capture) writes the next cache slot
     cache = StaticCache(config=cfg, max_cache_len=PREFILL + 2 * steps + 16)
     ids = torch.randint(1, 32000, (batch, PREFILL), device="cuda",
@@ -77,48 +74,44 @@ def routes(rep):
     return out
 
 
-def run(step, steps, graph, compiled=False):
-    if compiled:
-        # torch.compile's graph trees: the first call warms up, the second
-        # records the graph and replays it, every later one replays
-        fn = torch.compile(step, mode="reduce-overhead")
-        with torch.inference_mode():
-            understudy.enable(CONFIG)
-            try:
-                window_opens()
-                for _ in range(steps + 1):
-                    fn()
-                torch.cuda.synchronize()
-                rep = understudy.report()
-            finally:
-                understudy.disable()
-        return rep
-    with torch.inference_mode():
-        if graph:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    step()  # warm-up before capture, as torch.cuda.graph asks
-            torch.cuda.current_stream().wait_stream(side)
+def observed(workload):
+    """understudy observing every bound op, the tracer's window open, while
+    workload() runs; its report."""
+    understudy.enable(CONFIG)
+    try:
+        window_opens()
+        workload()
         torch.cuda.synchronize()
-        understudy.enable(CONFIG)
-        try:
-            window_opens()
-            if graph:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    step()
-                for _ in range(steps):
-                    g.replay()
-            else:
-                for _ in range(steps):
-                    step()
-            torch.cuda.synchronize()
-            rep = understudy.report()
-        finally:
-            understudy.disable()
-    return rep
+        return understudy.report()
+    finally:
+        understudy.disable()
+
+
+def run(step, steps, how):
+    """The step run steps times: "eager"; "graph" (torch.cuda.graph, after a
+    warm-up on a side stream as it asks); "compile" (torch.compile's graph
+    trees: a warm-up call, a recording that replays once, then replays)."""
+    with torch.inference_mode():
+        if how == "eager":
+            return observed(lambda: [step() for _ in range(steps)])
+        if how == "compile":
+            fn = torch.compile(step, mode="reduce-overhead")
+            return observed(lambda: [fn() for _ in range(steps + 1)])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+
+        def capture_and_replay():
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+            for _ in range(steps):
+                g.replay()
+        return observed(capture_and_replay)
 
 
 def p50_us(s):
@@ -138,8 +131,8 @@ def main():
     args = ap.parse_args()
     CONFIG["timer"]["kind"] = args.timer
     step = build(args.layers, args.batch, args.steps)
-    eager = run(step, args.steps, graph=False)
-    graph = run(step, args.steps, graph=True, compiled=args.compile)
+    eager = run(step, args.steps, "eager")
+    graph = run(step, args.steps, "compile" if args.compile else "graph")
     tm = graph["timer"]
     print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}")
     print(f"batch {args.batch}, {args.steps} decode steps, {args.layers} layers; graph run: timer {tm['kind']} "
