@@ -183,7 +183,6 @@ def test_graph_replays_are_counted_and_timed_by_their_kernels(us):
     truth = profiler_mm_us(a, b, 100)
     print(f"replayed mm 2048^3 bf16: understudy p50 {ours:.2f} us, torch.profiler (eager) {truth:.2f} us")
     assert abs(ours / truth - 1) < 0.10
-    assert s["replayed_est"] >= s["replayed"]
 
 
 def test_replays_of_torch_compile_reduce_overhead_are_counted(us):
@@ -207,5 +206,5 @@ def test_replays_of_torch_compile_reduce_overhead_are_counted(us):
     print("\nreduce-overhead:", [(s["op"], s["calls"], s["captured"], s["replayed"]) for s in shapes])
     captured = [s for s in shapes if s["captured"] > 0]
     assert captured, shapes
-    # warm-up and recording calls run through the dispatcher; every later call is a replay
-    assert n - 3 <= sum(s["replayed"] for s in captured) <= n, captured
+    # the first call warms up and the second records (and replays once): all but the first replay
+    assert sum(s["replayed"] for s in captured) == n - 1, captured
