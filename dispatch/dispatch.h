@@ -218,8 +218,12 @@ typedef struct ust__kt ust__kt;
 
 int ust__kt_create(ust__kt **out);
 void ust__kt_destroy(ust__kt *k);
-/* Start a window: a new sequence, no calls, no records. Only while no call
- * of the previous window is in flight (ust__kt_quiet). */
+/* Start (on) a window's collection, a new sequence without launches or
+ * records, before the tracer turns launch notes and kernel records on; or
+ * drop it (0) when the tracer could not turn them on. */
+void ust__kt_collect(ust__kt *k, int on);
+/* Open the window to calls (collecting first if not yet). Only while no
+ * call of the previous window is in flight (ust__kt_quiet). */
 void ust__kt_open(ust__kt *k);
 /* Serving threads. A slot for a call starting now, or -1 (no window, or no
  * slot left); *ext receives the external id to push. The slot must be

@@ -138,14 +138,19 @@ void ust__kt_destroy(ust__kt *k) {
   free(k);
 }
 
-void ust__kt_open(ust__kt *k) {
+void ust__kt_collect(ust__kt *k, int on) {
   pthread_mutex_lock(&k->lock);
   k->seq++;
   k->n_kernels = 0;
   id_clear(&k->corrs);
   k->lost = 0;
-  atomic_store_explicit(&k->collecting, 1, memory_order_relaxed);
+  atomic_store_explicit(&k->collecting, on != 0, memory_order_relaxed);
   pthread_mutex_unlock(&k->lock);
+}
+
+void ust__kt_open(ust__kt *k) {
+  if (!atomic_load_explicit(&k->collecting, memory_order_relaxed))
+    ust__kt_collect(k, 1);
   atomic_store(&k->next_call, 0);
   atomic_store(&k->open, 1);
 }

@@ -500,6 +500,12 @@ static void open_window(ust__cupti *c, uint64_t now) {
     c->api.unsubscribe(c->sub);
     c->subscribed = 0;
   }
+  /* callbacks before kernel records, and off after them (stop_tracing): a
+   * launch at either edge may be noted without its kernel (harmless), never
+   * a kernel traced without its launch's call and phase */
+  ust__kt_collect(c->kt, 1);
+  if (by_callbacks)
+    set_callbacks(c, 1);
   r = c->api.register_callbacks(buffer_requested, buffer_completed);
   if (r == CUPTI_SUCCESS)
     r = c->api.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
@@ -509,10 +515,11 @@ static void open_window(ust__cupti *c, uint64_t now) {
     r = c->api.enable(CUPTI_ACTIVITY_KIND_RUNTIME);
   if (r == CUPTI_SUCCESS && !by_callbacks)
     r = c->api.enable(CUPTI_ACTIVITY_KIND_DRIVER);
-  if (r == CUPTI_SUCCESS && by_callbacks)
-    set_callbacks(c, 1);
   if (r != CUPTI_SUCCESS) {
+    if (by_callbacks)
+      set_callbacks(c, 0);
     disable_kinds(c);
+    ust__kt_collect(c->kt, 0);
     if (c->subscribed)
       c->api.unsubscribe(c->sub);
     c->subscribed = 0;
@@ -537,9 +544,9 @@ static void close_window(ust__cupti *c, uint64_t now) {
 
 /* After the last call of the window left: no new records but those in flight. */
 static void stop_tracing(ust__cupti *c, uint64_t now) {
+  disable_kinds(c);
   if (atomic_load(&c->by_callbacks))
     set_callbacks(c, 0);
-  disable_kinds(c);
   c->state = ST_DRAINING;
   c->last_flush_ns = now;
 }

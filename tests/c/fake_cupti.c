@@ -32,6 +32,7 @@ static int g_hold_kernels;  /* kernel records stay with "the device" until relea
 static int g_keep_buffer;   /* a forced flush keeps the kernel buffer (CUPTI holding one) */
 static uint64_t g_ext_stack[16];
 static int g_ext_n;
+static int g_edge_gaps; /* kernel tracing on while a subscriber has no launch callback on */
 
 typedef struct buffer {
   uint8_t *p;
@@ -88,12 +89,23 @@ EXPORT void fake_cupti_reset(CUptiResult subscribe_result, double ticks_per_ns) 
   g_subscribe_result = subscribe_result;
   g_ticks_per_ns = ticks_per_ns;
   g_hold_kernels = g_keep_buffer = 0;
+  g_edge_gaps = 0;
 }
 
 EXPORT void fake_cupti_hold_kernels(int hold) { g_hold_kernels = hold; }
 EXPORT void fake_cupti_keep_buffer(int keep) { g_keep_buffer = keep; }
 EXPORT int fake_cupti_enabled(int kind) { return kind >= 0 && kind < KINDS && g_enabled[kind]; }
 EXPORT int fake_cupti_subscribed(void) { return g_subscribed; }
+/* Times kernel records were on for a subscriber without launch callbacks:
+ * a kernel launched then would reach the tracer without its launch. */
+EXPORT int fake_cupti_edge_gaps(void) { return g_edge_gaps; }
+
+static int launch_callbacks_on(void) {
+  for (int i = 0; i < 1024; i++)
+    if (g_cb_runtime[i] || g_cb_driver[i])
+      return 1;
+  return 0;
+}
 
 /* A CUDA API call on this thread; a kernel launch when name is not NULL
  * (runtime: cudaLaunchKernel, else cuLaunchKernel), running dur_ns. */
@@ -265,10 +277,14 @@ EXPORT CUptiResult cuptiEnableCallback(uint32_t on, CUpti_SubscriberHandle h, CU
                                        CUpti_CallbackId cbid) {
   if (!g_subscribed || cbid >= 1024 || (d == CUPTI_CB_DOMAIN_RESOURCE && cbid >= 64))
     return CUPTI_ERROR_INVALID_PARAMETER;
-  if (d == CUPTI_CB_DOMAIN_RESOURCE)
+  if (d == CUPTI_CB_DOMAIN_RESOURCE) {
     g_cb_resource[cbid] = (int)on;
-  else
+  } else {
+    const int was = launch_callbacks_on();
     (d == CUPTI_CB_DOMAIN_RUNTIME_API ? g_cb_runtime : g_cb_driver)[cbid] = (int)on;
+    if (was && !launch_callbacks_on() && g_enabled[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL])
+      g_edge_gaps++;
+  }
   return CUPTI_SUCCESS;
 }
 
@@ -282,6 +298,8 @@ EXPORT CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFu
 EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind k) {
   if ((int)k < 0 || (int)k >= KINDS)
     return CUPTI_ERROR_INVALID_KIND;
+  if (k == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && g_subscribed && !launch_callbacks_on())
+    g_edge_gaps++;
   g_enabled[k] = 1;
   return CUPTI_SUCCESS;
 }

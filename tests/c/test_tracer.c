@@ -22,6 +22,7 @@ typedef struct fake {
   void (*release_buffer)(void);
   int (*enabled)(int);
   int (*subscribed)(void);
+  int (*edge_gaps)(void);
   uint32_t (*call)(int, const char *, uint64_t);
   uint32_t (*graph_kernel)(uint32_t, uint64_t, const char *, uint64_t);
   int (*take_buffers)(int);
@@ -46,13 +47,14 @@ static ust__cupti *tracer(int callbacks, fake *f) {
   *(void **)&f->release_buffer = dlsym(h, "fake_cupti_release_buffer");
   *(void **)&f->enabled = dlsym(h, "fake_cupti_enabled");
   *(void **)&f->subscribed = dlsym(h, "fake_cupti_subscribed");
+  *(void **)&f->edge_gaps = dlsym(h, "fake_cupti_edge_gaps");
   *(void **)&f->call = dlsym(h, "fake_cupti_call");
   *(void **)&f->graph_kernel = dlsym(h, "fake_cupti_graph_kernel");
   *(void **)&f->take_buffers = dlsym(h, "fake_cupti_take_buffers");
   *(void **)&f->return_buffers = dlsym(h, "fake_cupti_return_buffers");
   *(void **)&f->instantiate = dlsym(h, "fake_cupti_instantiate");
   ASSERT_TRUE(f->reset && f->hold_kernels && f->keep_buffer && f->release_buffer && f->enabled && f->call &&
-              f->subscribed && f->graph_kernel && f->take_buffers && f->return_buffers && f->instantiate);
+              f->subscribed && f->edge_gaps && f->graph_kernel && f->take_buffers && f->return_buffers && f->instantiate);
   return c;
 }
 
@@ -153,6 +155,9 @@ TEST(tracer_times_calls_by_their_kernels_through_callbacks) {
   ASSERT_U64_EQ(st.totals.phase_kernel_ns[UST_PHASE_DECODE], st.totals.kernel_ns);
   ASSERT_U64_EQ(st.totals.phase_attributed_ns[UST_PHASE_DECODE], st.totals.attributed_ns);
   ASSERT_TRUE(st.totals.kernel_ns > st.totals.attributed_ns && st.totals.attributed_ns > 0);
+  /* the launch callbacks bracket the kernel records at both edges of each
+   * window: no kernel can arrive without its launch's call and phase */
+  ASSERT_INT_EQ(r.f.edge_gaps(), 0);
   rig_down(&r);
 }
 
