@@ -10,6 +10,7 @@
 #define cudaError_t hipError_t
 #define cudaSuccess hipSuccess
 #define cudaErrorNotReady hipErrorNotReady
+#define cudaErrorInvalidDevice hipErrorInvalidDevice
 #define cudaEvent_t hipEvent_t
 #define cudaStream_t hipStream_t
 #define cudaEventDefault hipEventDefault
@@ -44,6 +45,17 @@
 #define cudaStreamSynchronize hipStreamSynchronize
 #define cudaDeviceProp hipDeviceProp_t
 #define cudaGetDeviceProperties hipGetDeviceProperties
+#define cudaMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define cudaStreamWaitEvent hipStreamWaitEvent
+#define cudaEventDisableTiming hipEventDisableTiming
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaStreamDestroy hipStreamDestroy
+#define cudaIpcMemHandle_t hipIpcMemHandle_t
+#define cudaIpcGetMemHandle hipIpcGetMemHandle
+#define cudaIpcOpenMemHandle hipIpcOpenMemHandle
+#define cudaIpcCloseMemHandle hipIpcCloseMemHandle
+#define cudaIpcMemLazyEnablePeerAccess hipIpcMemLazyEnablePeerAccess
 #else
 #include <cuda_runtime_api.h>
 #endif

@@ -310,8 +310,8 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
       return -1;
     if (ready_here(c, r)) {
       v->native = atomic_load_explicit(&c->loaded, memory_order_acquire);
-    } else if (serving || call->device != UST__DEV_CPU) {
-      return -1; /* qualifies first, on copies of the CPU calls it sees in shadow */
+    } else if (serving || (call->device != UST__DEV_CPU && !ust__procrun_gpu())) {
+      return -1; /* qualifies first, on copies of the calls it sees in shadow */
     } else {
       v->proc = c->proc;
     }

@@ -6,9 +6,11 @@
  *   hello  (child):  wire_hello, name, target, message
  *   call   (server): wire_call, per argument wire_value + shape + strides +
  *                    name, per output the same, then the bytes every tensor
- *                    spans, arguments then outputs
- *   answer (child):  wire_answer, message, then (status 0) the bytes of
- *                    every tensor again, as the candidate left them
+ *                    spans, arguments then outputs (CPU); or (GPU) the
+ *                    wire_arena whose device memory holds them
+ *   answer (child):  wire_answer, message, then (status 0, CPU) the bytes of
+ *                    every tensor again, as the candidate left them (GPU:
+ *                    they are in the arena)
  * The serving side trusts nothing the child says: lengths are bounded, the
  * bytes it takes back are exactly those it sent, and a record out of
  * protocol loses the runner. */
@@ -34,6 +36,16 @@
 #include "guard/procrun.h"
 #include "understudy/candidate.h"
 
+#if defined(UST_GPU_CUDA) || defined(UST_GPU_HIP)
+#define PROCRUN_GPU 1
+#include "base/gpu_runtime.h"
+#endif
+#if defined(UST_GPU_HIP)
+#define GPU_DL kDLROCM
+#else
+#define GPU_DL kDLCUDA
+#endif
+
 extern char **environ;
 
 #define WIRE_MAGIC 0x51545355u /* "USTQ" */
@@ -43,6 +55,11 @@ extern char **environ;
 #define WIRE_MAX_OUTPUTS 16
 #define WIRE_MAX_NDIM 16
 #define WIRE_MAX_SPAN (1ull << 38) /* 256 GiB: more than any one tensor a CPU call hands over */
+#define WIRE_IPC_HANDLE 64u /* CUDA's and HIP's IPC memory handles */
+#define ARENA_ALIGN 256u    /* each tensor's start in the arena, as the allocators align */
+#ifdef PROCRUN_GPU
+_Static_assert(sizeof(cudaIpcMemHandle_t) == WIRE_IPC_HANDLE, "an IPC handle fits the wire");
+#endif
 
 typedef struct wire_hello {
   uint32_t magic;
@@ -53,8 +70,15 @@ typedef struct wire_hello {
 typedef struct wire_call {
   uint32_t magic;
   int32_t n_args, n_outputs;
-  int32_t reserved;
+  int32_t device; /* -1: CPU tensors, their bytes follow; else the GPU whose arena holds them */
 } wire_call;
+
+/* A GPU call's tensors: the serving process's device memory, for the child
+ * to map. */
+typedef struct wire_arena {
+  unsigned char handle[WIRE_IPC_HANDLE];
+  uint64_t bytes;
+} wire_arena;
 
 typedef struct wire_value {
   int32_t kind, writable, dtype, ndim;
@@ -63,7 +87,8 @@ typedef struct wire_value {
   uint8_t code, bits;
   uint16_t lanes;
   uint32_t name_len;
-  uint64_t span; /* bytes from the first element to one past the last */
+  uint64_t span;   /* bytes from the first element to one past the last */
+  uint64_t offset; /* GPU: where they start in the arena */
 } wire_value;
 
 typedef struct wire_answer {
@@ -82,6 +107,15 @@ struct ust__procrun {
   char name[WIRE_MAX_NAME], target[WIRE_MAX_NAME];
   unsigned abi;
   atomic_uint_fast64_t runs, passed, routes_qualified;
+#ifdef PROCRUN_GPU
+  /* GPU calls' tensors, copied in and out on the call's stream; the event
+   * follows the last copies out, which the next copies in wait for */
+  void *arena;
+  uint64_t arena_bytes;
+  int arena_dev;
+  cudaIpcMemHandle_t arena_handle;
+  cudaEvent_t arena_free;
+#endif
 };
 
 /* ---- deadline-bounded I/O ------------------------------------------------------------- */
@@ -175,6 +209,129 @@ static int64_t span_of(const DLTensor *t) {
 }
 
 static char *tensor_bytes(const DLTensor *t) { return (char *)t->data + t->byte_offset; }
+
+/* ---- GPU calls: the arena (serving side) --------------------------------------------- */
+
+int ust__procrun_gpu(void) {
+#ifdef PROCRUN_GPU
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+#ifdef PROCRUN_GPU
+/* Run with dev current, the caller's device put back after. */
+static int enter_device(int dev, int *prev) {
+  *prev = -1;
+  if (cudaGetDevice(prev) != cudaSuccess)
+    return -1;
+  return *prev == dev || cudaSetDevice(dev) == cudaSuccess ? 0 : -1;
+}
+
+static void leave_device(int dev, int prev) {
+  if (prev >= 0 && prev != dev)
+    cudaSetDevice(prev);
+}
+
+/* Free the arena once the copies out of it finished. On its device. */
+static void arena_release(ust__procrun *p) {
+  if (p->arena == NULL)
+    return;
+  cudaEventSynchronize(p->arena_free);
+  cudaEventDestroy(p->arena_free);
+  cudaFree(p->arena);
+  cudaGetLastError(); /* a failure here must not be taken for torch's next launch's */
+  p->arena = NULL;
+  p->arena_bytes = 0;
+}
+
+/* An arena of at least bytes on dev (current), exported for the child. */
+static cudaError_t arena_fit(ust__procrun *p, int dev, uint64_t bytes) {
+  if (p->arena != NULL && p->arena_dev == dev && p->arena_bytes >= bytes)
+    return cudaSuccess;
+  if (p->arena != NULL) {
+    int prev = -1;
+    if (enter_device(p->arena_dev, &prev) == 0)
+      arena_release(p);
+    leave_device(p->arena_dev, prev);
+    if (p->arena != NULL)
+      return cudaErrorInvalidDevice;
+  }
+  const uint64_t want = (bytes + bytes / 2 + (2u << 20) - 1) / (2u << 20) * (2u << 20); /* room to grow, 2 MiB pages */
+  cudaError_t e = cudaMalloc(&p->arena, want);
+  if (e != cudaSuccess) {
+    p->arena = NULL;
+    return e;
+  }
+  e = cudaIpcGetMemHandle(&p->arena_handle, p->arena);
+  if (e == cudaSuccess)
+    e = cudaEventCreateWithFlags(&p->arena_free, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    cudaFree(p->arena);
+    p->arena = NULL;
+    return e;
+  }
+  p->arena_bytes = want;
+  p->arena_dev = dev;
+  return cudaSuccess;
+}
+
+/* Copy the call's tensors into the arena (after the previous call's copies
+ * out) and wait for them: the child reads them from another context. */
+static int arena_in(ust__procrun *p, int dev, void *stream, const DLTensor *const *t, int n, const uint64_t *off,
+                    uint64_t bytes, char *msg, size_t cap) {
+  cudaStream_t s = (cudaStream_t)stream;
+  int prev = -1;
+  cudaError_t e = enter_device(dev, &prev) == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (e == cudaSuccess)
+    e = cudaStreamIsCapturing(s, &cs);
+  if (e == cudaSuccess && cs != cudaStreamCaptureStatusNone) {
+    leave_device(dev, prev);
+    snprintf(msg, cap, "qualifying process: the call's stream is capturing a graph");
+    return -1;
+  }
+  if (e == cudaSuccess)
+    e = arena_fit(p, dev, bytes);
+  if (e == cudaSuccess)
+    e = cudaStreamWaitEvent(s, p->arena_free, 0);
+  for (int k = 0; e == cudaSuccess && k < n; k++)
+    if (span_of(t[k]) > 0)
+      e = cudaMemcpyAsync((char *)p->arena + off[k], tensor_bytes(t[k]), (size_t)span_of(t[k]),
+                          cudaMemcpyDeviceToDevice, s);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(msg, cap, "qualifying process: copying the call's tensors into device memory the child maps failed: %s",
+             cudaGetErrorString(e));
+  }
+  leave_device(dev, prev);
+  return e == cudaSuccess ? 0 : -1;
+}
+
+/* Queue the copies of what the candidate left in the arena back into the
+ * call's tensors, on its stream. */
+static int arena_out(ust__procrun *p, int dev, void *stream, const DLTensor *const *t, int n, const uint64_t *off,
+                     char *msg, size_t cap) {
+  cudaStream_t s = (cudaStream_t)stream;
+  int prev = -1;
+  cudaError_t e = enter_device(dev, &prev) == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+  for (int k = 0; e == cudaSuccess && k < n; k++)
+    if (span_of(t[k]) > 0)
+      e = cudaMemcpyAsync(tensor_bytes(t[k]), (char *)p->arena + off[k], (size_t)span_of(t[k]),
+                          cudaMemcpyDeviceToDevice, s);
+  if (e == cudaSuccess)
+    e = cudaEventRecord(p->arena_free, s);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(msg, cap, "qualifying process: copying the candidate's results back failed: %s", cudaGetErrorString(e));
+  }
+  leave_device(dev, prev);
+  return e == cudaSuccess ? 0 : -1;
+}
+#endif
 
 /* ---- the serving side -------------------------------------------------------------------- */
 
@@ -381,6 +538,14 @@ void ust__procrun_free(ust__procrun *p) {
   char ended[160];
   if (p->pid > 0 || p->fd >= 0)
     reap(p, 500, ended, sizeof ended); /* the child ends on its socket's close */
+#ifdef PROCRUN_GPU
+  if (p->arena != NULL) {
+    int prev = -1;
+    if (enter_device(p->arena_dev, &prev) == 0)
+      arena_release(p);
+    leave_device(p->arena_dev, prev);
+  }
+#endif
   pthread_mutex_unlock(&p->lock);
   pthread_mutex_destroy(&p->lock);
   free(p);
@@ -432,7 +597,7 @@ void ust__procrun_refuse(ust__procrun *p, const char *why) {
 
 /* One value's record (a tensor: its shape, strides and span), as the
  * candidate ABI describes it. */
-static void describe(const ust_value *v, const DLTensor *t, int32_t dtype, wire_value *w) {
+static void describe(const ust_value *v, const DLTensor *t, int32_t dtype, uint64_t offset, wire_value *w) {
   memset(w, 0, sizeof *w);
   w->kind = v != NULL ? v->kind : UST_VALUE_TENSOR;
   w->writable = v != NULL ? v->writable : 1;
@@ -447,12 +612,14 @@ static void describe(const ust_value *v, const DLTensor *t, int32_t dtype, wire_
     w->lanes = t->dtype.lanes;
     int64_t s = span_of(t);
     w->span = s > 0 ? (uint64_t)s : 0;
+    w->offset = offset;
   }
 }
 
-static int send_value(int fd, const ust_value *v, const DLTensor *t, int32_t dtype, uint64_t deadline) {
+static int send_value(int fd, const ust_value *v, const DLTensor *t, int32_t dtype, uint64_t offset,
+                      uint64_t deadline) {
   wire_value w;
-  describe(v, t, dtype, &w);
+  describe(v, t, dtype, offset, &w);
   int io = send_all(fd, &w, sizeof w, deadline);
   if (io == 0 && t != NULL) {
     int64_t strides[WIRE_MAX_NDIM];
@@ -488,30 +655,57 @@ int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t 
   }
   for (int k = 0; k < call->n_outputs; k++)
     tensors[n_t++] = &call->outputs[k];
-  for (int k = 0; k < n_t; k++)
-    if (tensors[k]->device.device_type != kDLCPU || span_of(tensors[k]) < 0 ||
-        (span_of(tensors[k]) > 0 && tensors[k]->data == NULL)) {
-      snprintf(msg, cap, "qualifying process: only CPU tensors with non-negative strides can be sent there");
+  /* all on the CPU, or all on one GPU (then laid out in the arena) */
+  const int gpu = n_t > 0 && tensors[0]->device.device_type == GPU_DL ? (int)tensors[0]->device.device_id : -1;
+  uint64_t off[WIRE_MAX_VALUES + WIRE_MAX_OUTPUTS] = {0}, arena_bytes = 0;
+  for (int k = 0; k < n_t; k++) {
+    const DLDevice d = tensors[k]->device;
+    const int same = gpu < 0 ? d.device_type == kDLCPU
+                             : ust__procrun_gpu() && d.device_type == GPU_DL && (int)d.device_id == gpu;
+    if (!same || span_of(tensors[k]) < 0 || (span_of(tensors[k]) > 0 && tensors[k]->data == NULL)) {
+      snprintf(msg, cap, "qualifying process: only tensors with non-negative strides, all on the CPU or all on one "
+                         "GPU%s, can be sent there", ust__procrun_gpu() ? "" : " (this build has no GPU backend: CPU)");
       return UST__PROCRUN_UNSENT;
     }
+    arena_bytes = (arena_bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    off[k] = arena_bytes;
+    arena_bytes += (uint64_t)span_of(tensors[k]);
+  }
   pthread_mutex_lock(&p->lock);
   if (atomic_load(&p->lost) || p->fd < 0) {
     snprintf(msg, cap, "%s", p->why[0] ? p->why : "the qualifying process is gone");
     pthread_mutex_unlock(&p->lock);
     return UST__PROCRUN_LOST;
   }
+  wire_arena wa;
+  memset(&wa, 0, sizeof wa);
+#ifdef PROCRUN_GPU
+  if (gpu >= 0) {
+    if (arena_in(p, gpu, call->stream, tensors, n_t, off, arena_bytes > 0 ? arena_bytes : 1, msg, cap) != 0) {
+      pthread_mutex_unlock(&p->lock);
+      return UST__PROCRUN_UNSENT;
+    }
+    memcpy(wa.handle, &p->arena_handle, sizeof wa.handle);
+    wa.bytes = p->arena_bytes;
+  }
+#endif
   atomic_fetch_add(&p->runs, 1);
   const uint64_t deadline = ust__now_ns() + deadline_ns;
-  wire_call wc = {WIRE_MAGIC, call->n_args, call->n_outputs, 0};
+  wire_call wc = {WIRE_MAGIC, call->n_args, call->n_outputs, gpu};
   int io = send_all(p->fd, &wc, sizeof wc, deadline);
+  int t = 0; /* the tensors' index, in the order they are described */
   for (int i = 0; io == 0 && i < call->n_args; i++) {
     const ust_value *v = ust_candidate_arg(call, i);
-    io = send_value(p->fd, v, v->kind == UST_VALUE_TENSOR ? &v->tensor : NULL, v->dtype, deadline);
+    const int is_t = v->kind == UST_VALUE_TENSOR;
+    io = send_value(p->fd, v, is_t ? &v->tensor : NULL, v->dtype, is_t ? off[t] : 0, deadline);
+    t += is_t;
   }
-  for (int k = 0; io == 0 && k < call->n_outputs; k++)
-    io = send_value(p->fd, NULL, &call->outputs[k], call->output_dtypes != NULL ? call->output_dtypes[k] : 0,
+  for (int k = 0; io == 0 && k < call->n_outputs; k++, t++)
+    io = send_value(p->fd, NULL, &call->outputs[k], call->output_dtypes != NULL ? call->output_dtypes[k] : 0, off[t],
                     deadline);
-  for (int k = 0; io == 0 && k < n_t; k++)
+  if (gpu >= 0 && io == 0)
+    io = send_all(p->fd, &wa, sizeof wa, deadline);
+  for (int k = 0; gpu < 0 && io == 0 && k < n_t; k++)
     io = send_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline);
   if (io != 0) {
     lose_on(p, io, deadline_ns, "while taking a call");
@@ -526,7 +720,7 @@ int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t 
   char text[WIRE_MAX_MSG + 1] = "";
   if (io == 0)
     io = recv_text(p->fd, a.msg_len, text, sizeof text, deadline);
-  for (int k = 0; io == 0 && a.status == 0 && k < n_t; k++)
+  for (int k = 0; gpu < 0 && io == 0 && a.status == 0 && k < n_t; k++)
     io = recv_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline);
   if (io != 0) {
     if (io == -3)
@@ -537,9 +731,21 @@ int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t 
     pthread_mutex_unlock(&p->lock);
     return UST__PROCRUN_LOST;
   }
-  pthread_mutex_unlock(&p->lock);
   snprintf(msg, cap, "%s", text);
-  return a.status == UST__PROCRUN_LOST || a.status == UST__PROCRUN_UNSENT ? -1 : a.status;
+  if (a.status == UST__PROCRUN_UNSENT) {
+    /* the child could not take a GPU call (map the arena, a stream): the call
+     * is not run there, and the candidate not judged by it */
+    pthread_mutex_unlock(&p->lock);
+    return UST__PROCRUN_UNSENT;
+  }
+#ifdef PROCRUN_GPU
+  if (gpu >= 0 && a.status == 0 && arena_out(p, gpu, call->stream, tensors, n_t, off, msg, cap) != 0) {
+    pthread_mutex_unlock(&p->lock);
+    return UST__PROCRUN_UNSENT;
+  }
+#endif
+  pthread_mutex_unlock(&p->lock);
+  return a.status == UST__PROCRUN_LOST ? -1 : a.status;
 }
 
 /* ---- the child's side ------------------------------------------------------------------- */
@@ -571,7 +777,16 @@ typedef struct child_call {
   char names[WIRE_MAX_VALUES][WIRE_MAX_NAME];
   DLTensor *tensors[WIRE_MAX_VALUES + WIRE_MAX_OUTPUTS];
   uint64_t spans[WIRE_MAX_VALUES + WIRE_MAX_OUTPUTS];
+  uint64_t offsets[WIRE_MAX_VALUES + WIRE_MAX_OUTPUTS];
   int n_t;
+#ifdef PROCRUN_GPU
+  /* the serving process's arena as mapped here, and this process's stream */
+  int dev;
+  unsigned char handle[WIRE_IPC_HANDLE];
+  void *base;
+  cudaStream_t stream;
+  int has_stream;
+#endif
 } child_call;
 
 /* Read one value's record into t (and v): -1 on a broken wire. */
@@ -608,6 +823,7 @@ static int recv_value(int fd, child_call *c, ust_value *v, DLTensor *t, int32_t 
     if (dtype != NULL)
       *dtype = w.dtype;
     c->tensors[c->n_t] = t;
+    c->offsets[c->n_t] = w.offset;
     c->spans[c->n_t++] = w.span;
   }
   if (w.name_len > 0) {
@@ -619,15 +835,69 @@ static int recv_value(int fd, child_call *c, ust_value *v, DLTensor *t, int32_t 
   return 0;
 }
 
-static int answer(int fd, int status, const char *msg, child_call *c) {
+static int answer(int fd, int status, const char *msg, child_call *c, int gpu) {
   wire_answer a = {WIRE_MAGIC, status, (uint32_t)strnlen(msg, WIRE_MAX_MSG), 0};
   int io = send_all(fd, &a, sizeof a, NO_DEADLINE);
   if (io == 0)
     io = send_text(fd, msg, a.msg_len);
-  for (int k = 0; io == 0 && status == 0 && k < c->n_t; k++)
+  for (int k = 0; io == 0 && status == 0 && gpu < 0 && k < c->n_t; k++)
     io = send_all(fd, tensor_bytes(c->tensors[k]), c->spans[k], NO_DEADLINE);
   return io;
 }
+
+#ifdef PROCRUN_GPU
+/* Map the serving process's arena on dev (once per arena: the serving side
+ * keeps it until it needs a larger one) and point the tensors into it.
+ * 0, or UST__PROCRUN_UNSENT with msg saying why. */
+static int child_map(child_call *c, int dev, const wire_arena *a, char *msg, size_t cap) {
+  cudaError_t e = cudaSetDevice(dev);
+  if (e == cudaSuccess && c->base != NULL && (c->dev != dev || memcmp(c->handle, a->handle, sizeof c->handle) != 0)) {
+    cudaIpcCloseMemHandle(c->base);
+    c->base = NULL;
+  }
+  if (e == cudaSuccess && c->base == NULL) {
+    cudaIpcMemHandle_t h;
+    memcpy(&h, a->handle, sizeof h);
+    e = cudaIpcOpenMemHandle(&c->base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e == cudaSuccess) {
+      c->dev = dev;
+      memcpy(c->handle, a->handle, sizeof c->handle);
+    } else {
+      c->base = NULL;
+    }
+  }
+  if (e == cudaSuccess && !c->has_stream) {
+    e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    c->has_stream = e == cudaSuccess;
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(msg, cap, "the qualifying process cannot map the call's device memory on GPU %d: %s", dev,
+             cudaGetErrorString(e));
+    return UST__PROCRUN_UNSENT;
+  }
+  for (int j = 0; j < c->n_t; j++) {
+    c->tensors[j]->device.device_type = GPU_DL;
+    c->tensors[j]->device.device_id = dev;
+    c->tensors[j]->data = (char *)c->base + c->offsets[j];
+  }
+  return 0;
+}
+
+/* After the candidate returned: its GPU work, finished or failed. A kernel
+ * that faulted leaves this process's context lost, which is this process's
+ * to lose. */
+static int child_finish(child_call *c, int rc, char *msg, size_t cap) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(c->stream);
+  if (e == cudaSuccess)
+    return rc;
+  const size_t len = strnlen(msg, cap);
+  snprintf(msg + len, cap - len, "%sthe candidate's GPU work failed: %s", len > 0 ? "; " : "", cudaGetErrorString(e));
+  return rc != 0 ? rc : -1;
+}
+#endif
 
 /* Read, run and answer one call: 1 done, 0 the socket closed, -1 broken. */
 static int serve_one(int fd, const ust_candidate *d, child_call *c) {
@@ -648,7 +918,23 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
   void *bufs[WIRE_MAX_VALUES + WIRE_MAX_OUTPUTS] = {0};
   int rc = 0, io = 0;
   char msg[WIRE_MAX_MSG] = "";
-  for (int j = 0; j < c->n_t; j++) {
+  const int gpu = wc.device;
+  if (gpu >= 0) {
+    /* the tensors are in the serving process's device memory */
+    wire_arena a;
+    if (recv_all(fd, &a, sizeof a, NO_DEADLINE) != 0)
+      return -1;
+    for (int j = 0; j < c->n_t; j++)
+      if (c->offsets[j] > a.bytes || c->spans[j] > a.bytes - c->offsets[j])
+        return -1;
+#ifdef PROCRUN_GPU
+    rc = child_map(c, gpu, &a, msg, sizeof msg);
+#else
+    rc = UST__PROCRUN_UNSENT;
+    snprintf(msg, sizeof msg, "the qualifying process was built without a GPU backend");
+#endif
+  }
+  for (int j = 0; gpu < 0 && j < c->n_t; j++) {
     /* every tensor's own buffer, aligned as torch aligns its storage */
     if (c->spans[j] > 0 && posix_memalign(&bufs[j], 64, c->spans[j]) != 0) {
       bufs[j] = NULL;
@@ -658,7 +944,7 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
     }
     c->tensors[j]->data = bufs[j];
   }
-  for (int j = 0; io == 0 && j < c->n_t; j++) {
+  for (int j = 0; gpu < 0 && io == 0 && j < c->n_t; j++) {
     if (bufs[j] != NULL) {
       io = recv_all(fd, bufs[j], c->spans[j], NO_DEADLINE);
     } else {
@@ -676,7 +962,11 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
     cc.n_args = wc.n_args;
     cc.n_outputs = wc.n_outputs;
     cc.outputs = c->outputs;
-    cc.device.device_type = kDLCPU;
+    cc.device.device_type = gpu >= 0 ? GPU_DL : kDLCPU;
+    cc.device.device_id = gpu >= 0 ? gpu : 0;
+#ifdef PROCRUN_GPU
+    cc.stream = gpu >= 0 ? (void *)c->stream : NULL;
+#endif
     if (d->abi_version < 2) {
       for (int i = 0; i < wc.n_args; i++)
         memcpy(v1 + (size_t)i * UST_VALUE_V1_SIZE, &c->values[i], UST_VALUE_V1_SIZE);
@@ -694,9 +984,13 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
     snprintf(msg, sizeof msg, "%s", buf);
     if (rc == UST__PROCRUN_LOST || rc == UST__PROCRUN_UNSENT)
       rc = -1;
+#ifdef PROCRUN_GPU
+    if (gpu >= 0)
+      rc = child_finish(c, rc, msg, sizeof msg);
+#endif
   }
   if (io == 0)
-    io = answer(fd, rc, msg, c);
+    io = answer(fd, rc, msg, c, gpu);
   for (int j = 0; j < c->n_t; j++)
     free(bufs[j]);
   return io == 0 ? 1 : -1;

@@ -9,7 +9,13 @@
  * the evidence, and the serving process never loads the candidate.
  *
  * Both ends of the wire are here: ust__procrun_* for the serving process,
- * ust__procrun_serve for the child. CPU tensors only.
+ * ust__procrun_serve for the child. CPU tensors travel as bytes over the
+ * socket. GPU tensors (a build with a GPU backend) stay on the device: the
+ * serving process copies them into an arena of its own device memory, the
+ * child maps that arena (CUDA/HIP IPC) and runs the candidate there on a
+ * stream of its own, in a GPU context of its own, so a kernel that faults or
+ * spins is the child's to lose; the results are copied back onto the call's
+ * stream.
  *
  * Threading: a runner serves one call at a time (others wait for it); the
  * queries may be called from any thread. Nothing here aborts, exits or
@@ -58,17 +64,21 @@ unsigned ust__procrun_abi(const ust__procrun *p);
 /* The child's process id (0 once it is gone). */
 long ust__procrun_pid(ust__procrun *p);
 
-/* Run one call there: the call's tensors (CPU memory, the caller's private
- * copies) are sent, the candidate runs on the child's copies, and every
- * tensor (arguments and outputs) is written back with what the candidate
- * left in it. Returns the candidate's status (0: it succeeded) with its
+/* Run one call there: the call's tensors (the caller's private copies, CPU
+ * memory or one GPU's, call->stream ordering them) are sent, the candidate
+ * runs on the child's copies, and every tensor (arguments and outputs) is
+ * written back with what the candidate left in it (GPU tensors: by copies
+ * queued on call->stream). A GPU call waits for call->stream's work before
+ * it is sent. Returns the candidate's status (0: it succeeded) with its
  * message in msg; or UST__PROCRUN_LOST when the child crashed, did not
  * answer within deadline_ns or answered out of protocol, or the runner was
  * already lost: msg then says what happened, and the runner is lost for
  * good (ust__procrun_lost). */
 #define UST__PROCRUN_LOST (-1000)
-/* Or, the runner kept: the call cannot be sent there (not CPU tensors, too
- * many arguments); msg says why. */
+/* Or, the runner kept: the call cannot be sent there (tensors on several
+ * devices, GPU tensors in a build without a GPU backend or on a capturing
+ * stream, too many arguments, no device memory for the arena, or the child
+ * could not map it); msg says why. */
 #define UST__PROCRUN_UNSENT (-1001)
 int ust__procrun_call(ust__procrun *p, const struct ust_candidate_call *call, uint64_t deadline_ns, char *msg,
                       size_t cap);
@@ -85,6 +95,9 @@ uint64_t ust__procrun_runs(const ust__procrun *p);
 void ust__procrun_note_passed(ust__procrun *p, int route_qualified);
 uint64_t ust__procrun_passed(const ust__procrun *p);
 uint64_t ust__procrun_routes_qualified(const ust__procrun *p);
+
+/* 1 when this build sends GPU tensors there. */
+int ust__procrun_gpu(void);
 
 /* The child's side: answer the calls arriving on fd with the candidate d
  * until the socket closes (returns 0) or the wire breaks (returns -1). */

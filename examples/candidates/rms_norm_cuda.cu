@@ -18,6 +18,9 @@
  *                             is off by at least 1 + |y|
  *   UST_EXAMPLE_WRONG_WRITES_INPUT  correct, then writes     "rms_norm_cuda_writes_input"
  *                             1234 into each row's first input element (which it may only read)
+ *   UST_EXAMPLE_WRONG_FAULTS  writes far past its output  "rms_norm_cuda_faults"
+ *                             (an illegal address: the kernel faults, and the
+ *                             CUDA context that ran it is lost for good)
  *
  * The same source builds with hipcc: the few runtime names it uses are
  * aliased below, and the reduction reads the warp width at run time.
@@ -57,10 +60,18 @@ typedef __nv_bfloat16 rms_bf16_t;
 #define RMS_NAME "rms_norm_cuda_writes_input"
 #define RMS_WRONG_TAIL false
 #define RMS_WRITES_INPUT true
+#elif defined(UST_EXAMPLE_WRONG_FAULTS)
+#define RMS_NAME "rms_norm_cuda_faults"
+#define RMS_WRONG_TAIL false
+#define RMS_WRITES_INPUT false
+#define RMS_FAULTS true
 #else
 #define RMS_NAME "rms_norm_cuda"
 #define RMS_WRONG_TAIL false
 #define RMS_WRITES_INPUT false
+#endif
+#ifndef RMS_FAULTS
+#define RMS_FAULTS false
 #endif
 
 /* Block width: enough threads for short rows, 1024 at most; a multiple of 64
@@ -144,6 +155,8 @@ __global__ void __launch_bounds__(RMS_MAX_THREADS)
     if (threadIdx.x == 0)
       const_cast<T *>(x)[0] = elem<T>::store(1234.0f);
   }
+  if (RMS_FAULTS && row == 0 && threadIdx.x == 0)
+    *(volatile T *)((char *)out + (1ull << 46)) = elem<T>::store(0.0f); /* 64 TiB past it: no one's memory */
 }
 
 template <typename T>

@@ -256,22 +256,98 @@ def test_qualify_config_errors_name_the_field(us, cand, message):
     assert message in str(e.value)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_calls_never_run_a_candidate_qualifying_in_its_own_process(us, call_log):
-    """CUDA calls are not qualified out of process: such a candidate (here a
-    CPU-only silu, which would read device pointers on the host) never runs
-    on a CUDA route, in either process; production serves."""
-    g = torch.Generator(device="cuda").manual_seed(0)
-    xs = [torch.randn(4, 8, device="cuda", generator=g) for _ in range(5)]
-    plain = [F.silu(x) for x in xs]
-    us.enable(qualifying("silu_ok", qualify_calls=1))
-    for x, p in zip(xs, plain):
-        assert torch.equal(F.silu(x), p)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def rms_qualifying(lib, qualify_calls=2, **op):
+    from test_shadow import native
+    cand = native(lib)
+    cand.update(qualify="process", qualify_calls=qualify_calls)
+    entry = {"mode": "shadow", "sample": 1.0, "candidate": cand, **op}
+    return {"operators": {"rms_norm": entry}, "report": {"interval_s": 0}}
+
+
+def rms_state(rep):
+    from test_shadow import routes
+    (op,) = [o for o in rep["operators"] if o["name"] == "rms_norm"]
+    return op["candidate"], sorted(routes(rep, "_C::rms_norm"), key=lambda r: r["key"])
+
+
+def rms_cuda_inputs():
+    from test_shadow import rms_inputs
+    return rms_inputs("cuda", torch.bfloat16, shapes=((7, 4096), (64, 1024)))
+
+
+@needs_cuda
+def test_a_cuda_candidate_qualifies_in_its_own_process_through_ipc_then_runs_here(us):
+    """CUDA calls qualify out of process: the child maps the serving
+    process's copies (CUDA IPC) and runs the kernel in a context of its own;
+    after qualify_calls passes per route the candidate is loaded here."""
+    from test_shadow import run_rms_norm
+    inputs = rms_cuda_inputs()
+    want = run_rms_norm(inputs, repeat=3)
+    base_maps = mapped_candidates()
+    us.enable(rms_qualifying("rms_norm_cuda", qualify_calls=2))
+    got = run_rms_norm(inputs, repeat=2)  # two passes per route, both in the child
+    us.flush()
+    cand, rs = rms_state(us.report())
+    q = cand["qualifying_process"]
+    assert q["refused"] is None and q["pid"] != os.getpid()
+    assert (q["runs"], q["passed"], q["routes_qualified"]) == (4, 4, 2), q
+    assert [r["shadow"]["process_passed"] for r in rs] == [2, 2]
+    assert wait_for(lambda: rms_state(us.report())[0]["qualifying_process"]["loaded_here"])
+    assert mapped_candidates() > base_maps
+    got += run_rms_norm(inputs, repeat=1)  # here now
+    us.flush()
+    cand, rs = rms_state(us.report())
+    assert cand["qualifying_process"]["runs"] == 4
+    for r in rs:
+        sh = r["shadow"]
+        assert r["device"] == "cuda" and r["mode"] == "shadow"
+        assert (sh["calls"], sh["verified"], sh["passed"], sh["failed"]) == (3, 3, 3, 0), sh
+        assert sh["candidate_latency_ns"]["count"] == 1  # the call run here is the kernel's time; those there not
+    assert all(torch.equal(w, g) for w, g in zip(want, got))
+    print(f"\nqualified through CUDA IPC: child {q['pid']}, runs {q['runs']}, passed {q['passed']}, "
+          f"routes {q['routes_qualified']}")
+
+
+@needs_cuda
+@pytest.mark.parametrize("lib, reason, evidence", [
+    ("rms_norm_cuda_faults", "error", "the candidate's GPU work failed: an illegal memory access"),
+    ("rms_norm_cuda_wrong_tail", "mismatch", "failed verification (mismatch)"),
+    ("rms_norm_cuda_writes_input", "wrote input", "failed verification (wrote input)"),
+])
+def test_a_cuda_candidate_failing_there_is_refused_and_this_process_keeps_serving(us, lib, reason, evidence):
+    """A kernel that faults loses the child's CUDA context, not this one's;
+    a wrong result or a written input there refuses the candidate too. The
+    caller's tensors and outputs are production's, bit for bit."""
+    from test_shadow import run_rms_norm
+    inputs = rms_cuda_inputs()
+    before = [(x.clone(), w.clone()) for x, w in inputs]
+    want = run_rms_norm(inputs, repeat=3)
+    base_maps = mapped_candidates()
+    us.enable(rms_qualifying(lib, qualify_calls=2))
+    got = run_rms_norm(inputs, repeat=3)
+    us.flush()
+    cand, rs = rms_state(us.report())
+    q = cand["qualifying_process"]
+    assert q["refused"] is not None and evidence in q["refused"], q
+    assert q["pid"] is None and not q["loaded_here"] and q["runs"] >= 1 and q["passed"] == 0
+    # the route whose call failed there rolls back with what it did; a route
+    # whose call was sent after the refusal, with the refusal
+    back = [r["shadow"]["rollback"] for r in rs if r["mode"] == "rolled_back"]
+    assert any(ev["reason"] == reason for ev in back), back
+    assert all(ev["reason"] == reason or (ev["reason"] == "error" and evidence in ev["message"]) for ev in back), back
+    # this process's CUDA context is whole: the calls were served, and new work runs
     torch.cuda.synchronize()
-    cand, route = silu_state(us.report())
-    assert ran_in(call_log) == []
-    assert cand["qualifying_process"]["runs"] == 0 and not cand["qualifying_process"]["loaded_here"]
-    assert route["calls"] == 5 and route["shadow"]["calls"] == 0
+    assert all(torch.equal(w, g) for w, g in zip(want, got))
+    for (x, w), (x0, w0) in zip(inputs, before):
+        assert torch.equal(x, x0) and torch.equal(w, w0)
+    assert torch.equal(run_rms_norm(inputs, repeat=1)[0], want[0])
+    assert float((torch.ones(4, device="cuda") * 2).sum()) == 8.0
+    time.sleep(0.3)  # the engine's worker had its chance to load it
+    assert mapped_candidates() == base_maps
+    print(f"\n{lib}: refused: {q['refused']}")
 
 
 def test_the_child_outlives_the_thread_that_enabled(us, call_log):
