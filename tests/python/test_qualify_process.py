@@ -312,6 +312,28 @@ def test_a_cuda_candidate_qualifies_in_its_own_process_through_ipc_then_runs_her
 
 
 @needs_cuda
+def test_a_live_cuda_candidate_serves_only_after_it_qualified_there(us):
+    """live, sampling nothing: each route's first call qualifies in the child
+    (production serves it); once loaded here, the candidate serves."""
+    from test_shadow import run_rms_norm
+    inputs = rms_cuda_inputs()
+    want = run_rms_norm(inputs, repeat=3)
+    us.enable(rms_qualifying("rms_norm_cuda", qualify_calls=1, mode="live", sample=0.0))
+    got = run_rms_norm(inputs, repeat=1)
+    us.flush()
+    assert all(torch.equal(w, g) for w, g in zip(want, got))  # production's, bit for bit
+    assert wait_for(lambda: rms_state(us.report())[0]["qualifying_process"]["loaded_here"])
+    got = run_rms_norm(inputs, repeat=2)
+    us.flush()
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1.6e-2, atol=1e-2)
+    cand, rs = rms_state(us.report())
+    assert cand["qualifying_process"]["runs"] == 2 and cand["qualifying_process"]["routes_qualified"] == 2
+    for r in rs:
+        assert r["mode"] == "live" and r["rollout"]["served"]["candidate"] == 2, r["rollout"]
+
+
+@needs_cuda
 @pytest.mark.parametrize("lib, reason, evidence", [
     ("rms_norm_cuda_faults", "error", "the candidate's GPU work failed: an illegal memory access"),
     ("rms_norm_cuda_wrong_tail", "mismatch", "failed verification (mismatch)"),
