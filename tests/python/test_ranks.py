@@ -97,7 +97,8 @@ class Ranks:
             env=env, cwd=out, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def output(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return (self.out / "torchrun.log").read_text()[-6000:]
 
     def wait_ready(self, timeout=300):
