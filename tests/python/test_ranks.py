@@ -91,6 +91,10 @@ class Ranks:
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
         self.log = open(out / "torchrun.log", "w")
+        if device == "cpu":
+            # gloo ranks on the CPU: transformers' tensor parallelism takes the
+            # accelerator when it sees one (rank 1 asked for cuda:1 on a one-GPU host)
+            env = dict(env, CUDA_VISIBLE_DEVICES="")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
              str(WORKER), str(model), str(out), device, str(NEW_TOKENS)],
