@@ -884,13 +884,14 @@ static int child_map(child_call *c, int dev, const wire_arena *a, char *msg, siz
   return 0;
 }
 
-/* After the candidate returned: its GPU work, finished or failed. A kernel
+/* After the candidate returned: its GPU work, finished or failed, on any
+ * stream it used (this process runs nothing else on the device). A kernel
  * that faulted leaves this process's context lost, which is this process's
  * to lose. */
-static int child_finish(child_call *c, int rc, char *msg, size_t cap) {
+static int child_finish(int rc, char *msg, size_t cap) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess)
-    e = cudaStreamSynchronize(c->stream);
+    e = cudaDeviceSynchronize();
   if (e == cudaSuccess)
     return rc;
   const size_t len = strnlen(msg, cap);
@@ -986,7 +987,7 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
       rc = -1;
 #ifdef PROCRUN_GPU
     if (gpu >= 0)
-      rc = child_finish(c, rc, msg, sizeof msg);
+      rc = child_finish(rc, msg, sizeof msg);
 #endif
   }
   if (io == 0)
