@@ -33,6 +33,7 @@
 #include "base/gpu_runtime.h"
 #include "guard/compare_elem.h"
 #include "guard/compare.h"
+#include "guard/ring.h"
 
 #include "understudy/understudy.h"
 
@@ -392,4 +393,41 @@ extern "C" int ust__compare_launch(const void *prod, const void *cand, int dtype
   case UST__DT_I64: return launch<int64_t>(prod, cand, n, kind, atol, rtol, dev_out, s);
   }
   return ust__error(UST_EINVAL, "compare: dtype %s is not supported", ust__dtype_name(dtype));
+}
+
+// ---- the ring's writer (guard/ring.h) -------------------------------------------------
+
+static_assert(offsetof(ust__ring_entry, stats) == 16 && sizeof(ust__cmp_stats) % 8 == 0,
+              "an entry: the sequence word, site and n_pairs in one word, then the statistics' words");
+
+// One block: thread 0 takes the publication number and clears its entry's
+// sequence word; the block writes the words; thread 0 writes the sequence
+// word last, after every thread's words reached the host (system fences).
+__global__ void ring_publish(ust__ring_dev d, unsigned site, const unsigned long long *stats, unsigned n_pairs) {
+  __shared__ unsigned long long pub;
+  if (threadIdx.x == 0) {
+    pub = atomicAdd(d.counter, 1ull);
+    *(volatile unsigned long long *)(d.words + (pub & (d.size - 1u)) * UST__RING_WORDS) = 0ull;
+    __threadfence_system();
+  }
+  __syncthreads();
+  volatile unsigned long long *w = d.words + (pub & (d.size - 1u)) * UST__RING_WORDS;
+  const unsigned n_words = n_pairs * (unsigned)(sizeof(ust__cmp_stats) / 8);
+  for (unsigned k = 1 + threadIdx.x; k < UST__RING_WORDS; k += blockDim.x)
+    w[k] = k == 1 ? (unsigned long long)site | (unsigned long long)n_pairs << 32
+                  : (k - 2 < n_words ? stats[k - 2] : 0ull);
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    w[0] = pub + 1;
+}
+
+extern "C" int ust__ring_publish_launch(const ust__ring_dev *d, unsigned int site, const ust__cmp_stats *dev_stats,
+                                        unsigned int n_pairs, void *stream) {
+  if (n_pairs > UST__MAX_PAIRS)
+    return ust__error(UST_EINVAL, "ring: %u pairs, more than an entry holds (%d)", n_pairs, UST__MAX_PAIRS);
+  ring_publish<<<1, 64, 0, static_cast<cudaStream_t>(stream)>>>(
+      *d, site, reinterpret_cast<const unsigned long long *>(dev_stats), n_pairs);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? 0 : ust__error(UST_EGPU, "ring: publish launch: %s", cudaGetErrorString(e));
 }

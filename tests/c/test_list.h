@@ -25,6 +25,9 @@
   X(a_new_key_is_timed_whatever_the_sampling) \
   X(device_time_estimate_leaves_first_calls_out) \
   X(kernel_records_join_calls_in_any_order) \
+  X(ring_delivers_in_order_and_counts_what_a_lap_overwrote) \
+  X(ring_never_hands_out_an_entry_torn_by_a_concurrent_writer) \
+  X(ring_refuses_what_it_cannot_be) \
   X(kernel_records_lost_or_stale_do_not_make_figures) \
   X(kernel_windows_never_reuse_a_slot_in_flight) \
   X(kernel_windows_keep_to_their_budget) \
