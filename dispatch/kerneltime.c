@@ -149,6 +149,8 @@ void ust__kt_collect(ust__kt *k, int on) {
 }
 
 void ust__kt_open(ust__kt *k) {
+  /* collecting already: ust__kt_collect started this window's sequence
+   * (every window ends in ust__kt_conclude or ust__kt_collect(k, 0)) */
   if (!atomic_load_explicit(&k->collecting, memory_order_relaxed))
     ust__kt_collect(k, 1);
   atomic_store(&k->next_call, 0);

@@ -590,8 +590,11 @@ private:
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     if (timed)
       mark(kCandEnd);
-    if (st_.cand.deadline_ns > 0 && took > st_.cand.deadline_ns) {
-      // a call this long is a failure whatever it returned: the route rolls back
+    // a call this long is a failure whatever it returned: the route rolls
+    // back. A call run in the qualifying process is held to the deadline
+    // there, from when it was sent (not counting the wait for the call's
+    // stream that comes first on a GPU).
+    if (st_.cand.deadline_ns > 0 && took > st_.cand.deadline_ns && st_.cand.proc == nullptr) {
       ust__call_overdue(&st_);
       if (fail_ == kFailNone || fail_ == kFailSchema) {
         fail_ = kFailOverdue;

@@ -221,17 +221,28 @@ int ust__procrun_gpu(void) {
 }
 
 #ifdef PROCRUN_GPU
-/* Run with dev current, the caller's device put back after. */
-static int enter_device(int dev, int *prev) {
-  *prev = -1;
-  if (cudaGetDevice(prev) != cudaSuccess)
+/* Run with dev current, the caller's device put back after; and in relaxed
+ * capture mode, so that allocating or waiting here cannot invalidate a
+ * graph another thread is capturing (its mode put back after too). */
+typedef struct gpu_scope {
+  int dev, prev;
+  enum cudaStreamCaptureMode mode;
+} gpu_scope;
+
+static int enter_device(int dev, gpu_scope *g) {
+  g->dev = dev;
+  g->prev = -1;
+  g->mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&g->mode);
+  if (cudaGetDevice(&g->prev) != cudaSuccess)
     return -1;
-  return *prev == dev || cudaSetDevice(dev) == cudaSuccess ? 0 : -1;
+  return g->prev == dev || cudaSetDevice(dev) == cudaSuccess ? 0 : -1;
 }
 
-static void leave_device(int dev, int prev) {
-  if (prev >= 0 && prev != dev)
-    cudaSetDevice(prev);
+static void leave_device(gpu_scope *g) {
+  if (g->prev >= 0 && g->prev != g->dev)
+    cudaSetDevice(g->prev);
+  cudaThreadExchangeStreamCaptureMode(&g->mode);
 }
 
 /* Free the arena once the copies out of it finished. On its device. */
@@ -246,18 +257,23 @@ static void arena_release(ust__procrun *p) {
   p->arena_bytes = 0;
 }
 
+/* Free the arena, if any, on its device (under p->lock). */
+static void arena_drop(ust__procrun *p) {
+  if (p->arena == NULL)
+    return;
+  gpu_scope g;
+  if (enter_device(p->arena_dev, &g) == 0)
+    arena_release(p);
+  leave_device(&g);
+}
+
 /* An arena of at least bytes on dev (current), exported for the child. */
 static cudaError_t arena_fit(ust__procrun *p, int dev, uint64_t bytes) {
   if (p->arena != NULL && p->arena_dev == dev && p->arena_bytes >= bytes)
     return cudaSuccess;
-  if (p->arena != NULL) {
-    int prev = -1;
-    if (enter_device(p->arena_dev, &prev) == 0)
-      arena_release(p);
-    leave_device(p->arena_dev, prev);
-    if (p->arena != NULL)
-      return cudaErrorInvalidDevice;
-  }
+  arena_drop(p);
+  if (p->arena != NULL)
+    return cudaErrorInvalidDevice;
   const uint64_t want = (bytes + bytes / 2 + (2u << 20) - 1) / (2u << 20) * (2u << 20); /* room to grow, 2 MiB pages */
   cudaError_t e = cudaMalloc(&p->arena, want);
   if (e != cudaSuccess) {
@@ -282,13 +298,13 @@ static cudaError_t arena_fit(ust__procrun *p, int dev, uint64_t bytes) {
 static int arena_in(ust__procrun *p, int dev, void *stream, const DLTensor *const *t, int n, const uint64_t *off,
                     uint64_t bytes, char *msg, size_t cap) {
   cudaStream_t s = (cudaStream_t)stream;
-  int prev = -1;
-  cudaError_t e = enter_device(dev, &prev) == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+  gpu_scope g;
+  cudaError_t e = enter_device(dev, &g) == 0 ? cudaSuccess : cudaErrorInvalidDevice;
   enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   if (e == cudaSuccess)
     e = cudaStreamIsCapturing(s, &cs);
   if (e == cudaSuccess && cs != cudaStreamCaptureStatusNone) {
-    leave_device(dev, prev);
+    leave_device(&g);
     snprintf(msg, cap, "qualifying process: the call's stream is capturing a graph");
     return -1;
   }
@@ -307,7 +323,7 @@ static int arena_in(ust__procrun *p, int dev, void *stream, const DLTensor *cons
     snprintf(msg, cap, "qualifying process: copying the call's tensors into device memory the child maps failed: %s",
              cudaGetErrorString(e));
   }
-  leave_device(dev, prev);
+  leave_device(&g);
   return e == cudaSuccess ? 0 : -1;
 }
 
@@ -316,8 +332,8 @@ static int arena_in(ust__procrun *p, int dev, void *stream, const DLTensor *cons
 static int arena_out(ust__procrun *p, int dev, void *stream, const DLTensor *const *t, int n, const uint64_t *off,
                      char *msg, size_t cap) {
   cudaStream_t s = (cudaStream_t)stream;
-  int prev = -1;
-  cudaError_t e = enter_device(dev, &prev) == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+  gpu_scope g;
+  cudaError_t e = enter_device(dev, &g) == 0 ? cudaSuccess : cudaErrorInvalidDevice;
   for (int k = 0; e == cudaSuccess && k < n; k++)
     if (span_of(t[k]) > 0)
       e = cudaMemcpyAsync(tensor_bytes(t[k]), (char *)p->arena + off[k], (size_t)span_of(t[k]),
@@ -328,9 +344,11 @@ static int arena_out(ust__procrun *p, int dev, void *stream, const DLTensor *con
     cudaGetLastError();
     snprintf(msg, cap, "qualifying process: copying the candidate's results back failed: %s", cudaGetErrorString(e));
   }
-  leave_device(dev, prev);
+  leave_device(&g);
   return e == cudaSuccess ? 0 : -1;
 }
+#else
+static void arena_drop(ust__procrun *p) { (void)p; }
 #endif
 
 /* ---- the serving side -------------------------------------------------------------------- */
@@ -392,6 +410,7 @@ static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
 static void lose(ust__procrun *p, int grace_ms, const char *what) {
   char ended[160];
   reap(p, grace_ms, ended, sizeof ended);
+  arena_drop(p); /* no call goes there again */
   if (!atomic_load(&p->lost)) {
     if (what != NULL && what[0] != '\0')
       snprintf(p->why, sizeof p->why, "%s; %s", what, ended);
@@ -538,14 +557,7 @@ void ust__procrun_free(ust__procrun *p) {
   char ended[160];
   if (p->pid > 0 || p->fd >= 0)
     reap(p, 500, ended, sizeof ended); /* the child ends on its socket's close */
-#ifdef PROCRUN_GPU
-  if (p->arena != NULL) {
-    int prev = -1;
-    if (enter_device(p->arena_dev, &prev) == 0)
-      arena_release(p);
-    leave_device(p->arena_dev, prev);
-  }
-#endif
+  arena_drop(p);
   pthread_mutex_unlock(&p->lock);
   pthread_mutex_destroy(&p->lock);
   free(p);
@@ -589,6 +601,7 @@ void ust__procrun_refuse(ust__procrun *p, const char *why) {
   if (!atomic_load(&p->lost)) {
     char ended[160];
     reap(p, 0, ended, sizeof ended);
+    arena_drop(p);
     snprintf(p->why, sizeof p->why, "%s", why != NULL ? why : "refused");
     atomic_store_explicit(&p->lost, 1, memory_order_release);
   }
@@ -733,10 +746,16 @@ int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t 
   }
   snprintf(msg, cap, "%s", text);
   if (a.status == UST__PROCRUN_UNSENT) {
-    /* the child could not take a GPU call (map the arena, a stream): the call
-     * is not run there, and the candidate not judged by it */
+    /* the child could not take a GPU call (map the arena, make a stream):
+     * qualification cannot happen there, and no later call would fare
+     * better. A CPU call is never answered so. Either way the runner is
+     * lost, with what the child said. */
+    char what[WIRE_MAX_MSG + 64];
+    snprintf(what, sizeof what, "%s", gpu >= 0 ? text : "the qualifying process answered out of protocol");
+    lose(p, 0, what);
+    snprintf(msg, cap, "%s", p->why);
     pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_UNSENT;
+    return UST__PROCRUN_LOST;
   }
 #ifdef PROCRUN_GPU
   if (gpu >= 0 && a.status == 0 && arena_out(p, gpu, call->stream, tensors, n_t, off, msg, cap) != 0) {
@@ -785,7 +804,7 @@ typedef struct child_call {
   unsigned char handle[WIRE_IPC_HANDLE];
   void *base;
   cudaStream_t stream;
-  int has_stream;
+  int has_stream, stream_dev;
 #endif
 } child_call;
 
@@ -866,9 +885,14 @@ static int child_map(child_call *c, int dev, const wire_arena *a, char *msg, siz
       c->base = NULL;
     }
   }
+  if (e == cudaSuccess && c->has_stream && c->stream_dev != dev) {
+    cudaStreamDestroy(c->stream); /* a stream belongs to its device */
+    c->has_stream = 0;
+  }
   if (e == cudaSuccess && !c->has_stream) {
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     c->has_stream = e == cudaSuccess;
+    c->stream_dev = dev;
   }
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -889,9 +913,9 @@ static int child_map(child_call *c, int dev, const wire_arena *a, char *msg, siz
  * that faulted leaves this process's context lost, which is this process's
  * to lose. */
 static int child_finish(int rc, char *msg, size_t cap) {
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess)
-    e = cudaDeviceSynchronize();
+  const cudaError_t launch = cudaGetLastError();
+  const cudaError_t done = cudaDeviceSynchronize(); /* whatever failed, nothing of it runs on after the answer */
+  const cudaError_t e = launch != cudaSuccess ? launch : done;
   if (e == cudaSuccess)
     return rc;
   const size_t len = strnlen(msg, cap);

@@ -16,7 +16,9 @@
  * one not yet written ends the harvest until the next.
  *
  * Threading: any number of writers (device threads, or host threads in the
- * tests); one harvest at a time (the ring serialises them).
+ * tests), as long as fewer than size publications are being written at
+ * once (two writers a lap apart in one entry would interleave their words);
+ * one harvest at a time (the ring serialises them).
  *
  * Valid C, C++ and CUDA/HIP. Includes only base/ and guard/compare.h.
  * Internal header: never installed.
