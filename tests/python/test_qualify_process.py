@@ -439,6 +439,8 @@ if behaviour == "huge message":
     sock.sendall(struct.pack("<IiIi", 0x51545355, 0, 1 << 30, 0))
 elif behaviour == "wrong magic":
     sock.sendall(struct.pack("<IiIi", 0xdeadbeef, 0, 0, 0))
+elif behaviour == "unsent":
+    sock.sendall(struct.pack("<IiIi", 0x51545355, -1001, 4, 0) + b"nope")
 elif behaviour == "half an answer":
     sock.sendall(struct.pack("<IiIi", 0x51545355, 0, 0, 0) + b"xx")
     sys.exit(0)
@@ -465,6 +467,7 @@ def test_a_child_that_does_not_say_hello_fails_enable(us, tmp_path, monkeypatch,
 @pytest.mark.parametrize("behaviour, evidence", [
     ("huge message", "answered out of protocol"),
     ("wrong magic", "answered out of protocol"),
+    ("unsent", "answered out of protocol"),  # "not taken" is for GPU calls only
     ("half an answer", "broke off while the candidate ran; the qualifying process exited with status 0"),
     ("silence", "did not answer within 300 ms while the candidate ran; killed by understudy"),
 ])
