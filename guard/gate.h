@@ -1,0 +1,91 @@
+/*
+ * guard/gate.h: which arm serves a replay of a captured call, and whether
+ * the replay is verified. A replay runs no host code, so the decision for
+ * each replay is taken on the device, by the rule below, from a word the
+ * host writes (the site's gate) and the site's replay counters in device
+ * memory; the host changes a route's mode, sample or canary share, or rolls
+ * it back, by writing the word, and the next replay follows it.
+ *
+ * The rule is the host's (ust__sampled): the n-th event of a share q is
+ * taken when floor(n q / 2^32) steps, so exactly floor(n q / 2^32) of the
+ * first n are, spread evenly, without 128-bit arithmetic (a device has
+ * none). As for eager calls: in shadow, production serves and a sample of
+ * the replays is verified; in canary, the candidate serves a share of them,
+ * live all, and a sample of those it served is verified.
+ *
+ * Valid C, C++ and CUDA/HIP (host and device). Internal header: never
+ * installed.
+ */
+#ifndef UST_GUARD_GATE_H
+#define UST_GUARD_GATE_H
+
+#include <stdint.h>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define UST__HD __host__ __device__
+#else
+#define UST__HD
+#endif
+
+enum { UST__GATE_OFF = 0, UST__GATE_SHADOW = 1, UST__GATE_CANARY = 2, UST__GATE_LIVE = 3 };
+
+/* The gate of one site, one 64-bit word (so that the device reads a whole
+ * one): the mode in the top 2 bits, the sample share in the next 31, the
+ * canary share in the low 31; shares in units of 2^-31 (all of them: the
+ * largest unit count). */
+typedef struct ust__gate {
+  int mode;
+  uint32_t sample_q32, canary_q32; /* shares as ust__share_q32 gives them */
+} ust__gate;
+
+/* The decision for one replay. */
+typedef struct ust__gate_choice {
+  int candidate; /* 1: the candidate's nodes serve this replay; 0: production's */
+  int verify;    /* 1: the other arm runs too and the two are compared */
+} ust__gate_choice;
+
+#define UST__GATE_Q31_ALL 0x7fffffffu
+
+static inline UST__HD uint32_t ust__gate_q31(uint32_t q32) {
+  return q32 == UINT32_MAX ? UST__GATE_Q31_ALL : (q32 >> 1) - ((q32 >> 1) == UST__GATE_Q31_ALL);
+}
+
+static inline UST__HD uint32_t ust__gate_q32(uint32_t q31) {
+  return q31 == UST__GATE_Q31_ALL ? UINT32_MAX : q31 << 1;
+}
+
+static inline UST__HD uint64_t ust__gate_pack(ust__gate g) {
+  return (uint64_t)(g.mode & 3) << 62 | (uint64_t)ust__gate_q31(g.sample_q32) << 31 |
+         (uint64_t)ust__gate_q31(g.canary_q32);
+}
+
+static inline UST__HD ust__gate ust__gate_unpack(uint64_t w) {
+  ust__gate g;
+  g.mode = (int)(w >> 62);
+  g.sample_q32 = ust__gate_q32((uint32_t)(w >> 31) & UST__GATE_Q31_ALL);
+  g.canary_q32 = ust__gate_q32((uint32_t)w & UST__GATE_Q31_ALL);
+  return g;
+}
+
+/* floor(n q / 2^32), exactly, in 64-bit arithmetic. */
+static inline UST__HD uint64_t ust__gate_floor(uint64_t n, uint32_t q) {
+  return (n >> 32) * q + (((n & 0xffffffffull) * q) >> 32);
+}
+
+/* 1 when the n-th event (from 1) of share q is taken: ust__sampled. */
+static inline UST__HD int ust__gate_hit(uint64_t n, uint32_t q) {
+  return q == UINT32_MAX || (n > 0 && ust__gate_floor(n, q) != ust__gate_floor(n - 1, q));
+}
+
+/* The n-th replay (from 1) of a site whose candidate served `served` of
+ * the replays before it. */
+static inline UST__HD ust__gate_choice ust__gate_decide(ust__gate g, uint64_t n, uint64_t served) {
+  ust__gate_choice c;
+  c.candidate = g.mode == UST__GATE_LIVE || (g.mode == UST__GATE_CANARY && ust__gate_hit(n, g.canary_q32));
+  c.verify = g.mode == UST__GATE_SHADOW ? ust__gate_hit(n, g.sample_q32)
+             : c.candidate              ? ust__gate_hit(served + 1, g.sample_q32)
+                                        : 0;
+  return c;
+}
+
+#endif /* UST_GUARD_GATE_H */
