@@ -291,6 +291,24 @@ int ust__shadow_verdict(ust__shadow_pool *p, int *out, int device, void *stream,
 /* Conclude the comparisons whose device work completed; returns how many
  * are still pending. Never blocks. Thread-safe. */
 int ust__shadow_harvest(ust__shadow_pool *p);
+
+/* Calls captured into CUDA graphs. A shadowed call captured into a graph
+ * runs at every replay: production, the candidate on snapshots, the
+ * comparisons, and a publication of their statistics into a ring
+ * (guard/ring.h) under the site ust__shadow_site_add returns (from 1). The
+ * site keeps the call's route and its pairs' metadata (as
+ * ust__shadow_finish takes them; their buffers are not read here), so that
+ * each replay is judged exactly as an eager call: counted on the route, a
+ * failure's evidence to the sink (which rolls the route back), the verdict
+ * to the sink (without times: a replay's come from the kernel tracer). */
+#define UST__MAX_SITES 65536
+int ust__shadow_site_add(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
+                         int device, uint32_t *site);
+/* Judge every replay the ring holds; returns how many. Entries naming no
+ * site of this pool, or another pair count than their site's, are not
+ * judged: counted into *unknown (NULL: not counted). One thread at a time. */
+struct ust__ring;
+uint64_t ust__shadow_sites_harvest(ust__shadow_pool *p, struct ust__ring *ring, uint64_t *unknown);
 /* Conclude every comparison pending when called (synchronises with the
  * device, holding no lock while it waits). */
 void ust__shadow_harvest_all_sync(ust__shadow_pool *p);

@@ -24,6 +24,7 @@
 
 #include "guard/guard.h"
 #include "guard/procrun.h"
+#include "guard/ring.h"
 
 #if defined(UST_GPU_CUDA) || defined(UST_GPU_HIP)
 #define UST__SHADOW_GPU 1
@@ -86,8 +87,18 @@ typedef struct gpu_arena {
 } gpu_arena;
 #endif
 
+/* A shadowed call captured into a CUDA graph: its route and its pairs'
+ * metadata, to judge each replay's statistics from the ring. */
+typedef struct graph_site {
+  ust__slot_route r;
+  int n_pairs;
+  pair_meta meta[MAX_SLOT_PAIRS];
+} graph_site;
+
 struct ust__shadow_pool {
-  pthread_mutex_t lock; /* the free list, the pending list, the arenas */
+  pthread_mutex_t lock; /* the free list, the pending list, the arenas, the sites */
+  graph_site **sites;   /* sites[i] is site i + 1; never moved once added */
+  uint32_t n_sites, cap_sites;
   ust__log_sink *log;
   const ust__verdict_sink_i *sink;
   void *sink_ctx;
@@ -473,13 +484,13 @@ static void unravel(int64_t flat, const pair_meta *m, int64_t *idx) {
 /* The evidence of a failing call, handed to the sink (which rolls the
  * route back at its first failure). Out of memory: the rollback goes ahead
  * without evidence. */
-static void report_failure(shadow_slot *s, const char *reason, const pair_meta *m, const ust__cmp_stats *st,
-                           const char *message) {
+static void report_failure(ust__shadow_pool *p, const ust__slot_route *r, uint64_t call_no, const char *reason,
+                           const pair_meta *m, const ust__cmp_stats *st, const char *message) {
   ust__evidence *e = calloc(1, sizeof *e);
   if (e != NULL) {
-    e->shadow_call = s->call_no;
-    e->serving = s->r.serving;
-    e->served_at = s->r.served_at;
+    e->shadow_call = call_no;
+    e->serving = r->serving;
+    e->served_at = r->served_at;
     e->unix_ms = ust__unix_ms();
     snprintf(e->reason, sizeof e->reason, "%s", reason);
     snprintf(e->message, sizeof e->message, "%s", message != NULL ? message : "");
@@ -498,15 +509,44 @@ static void report_failure(shadow_slot *s, const char *reason, const pair_meta *
         unravel(first, m, e->first_index);
     }
   }
-  if (s->r.remote && s->r.cand != NULL && s->r.cand->proc != NULL) {
+  if (r->remote && r->cand != NULL && r->cand->proc != NULL) {
     /* a verification of a call run in the qualifying process failed: the
      * candidate is refused for good, never loaded here */
     char why[640];
     snprintf(why, sizeof why, "a call it ran in its qualifying process failed verification (%s): %s", reason,
              message != NULL && message[0] != '\0' ? message : m != NULL && m->name != NULL ? m->name : "");
-    ust__procrun_refuse(s->r.cand->proc, why);
+    ust__procrun_refuse(r->cand->proc, why);
   }
-  s->pool->sink->failed(s->pool->sink_ctx, s->r.cookie, e);
+  p->sink->failed(p->sink_ctx, r->cookie, e);
+}
+
+/* A pair's metadata into m, and whether it is compared (then with kind):
+ * not when the call failed already (but A/A pairs), nor an output
+ * understudy cannot read (an unsupported dtype, or production's own output
+ * on another device than the call, such as a CPU RNG seed of a GPU kernel),
+ * which leaves the call unverifiable rather than judged, nor one whose
+ * metadata fails on its own. */
+static int meta_of(const ust__cand *c, const ust__pair *p, int device, int failed, pair_meta *m, int *kind) {
+  memset(m, 0, sizeof *m);
+  m->name = p->name;
+  m->aa = p->aa;
+  m->input = p->input_arg;
+  m->dtype = p->prod_dtype;
+  m->ndim = p->prod.ndim < 8 ? p->prod.ndim : 8;
+  for (int d = 0; d < m->ndim; d++)
+    m->shape[d] = p->prod.shape[d];
+  if (failed && !p->aa)
+    return 0;
+  if (!ust__cmp_dtype_supported(p->prod_dtype) || (p->prod.device.device_type == kDLCPU) != (device == UST__DEV_CPU))
+    return 0;
+  if ((m->fail = meta_check(p, m->detail, sizeof m->detail)) != NULL)
+    return 0;
+  tolerances(c, p->prod_dtype, &m->atol, &m->rtol);
+  *kind = c->compare == UST__CMP_EXACT || p->input_arg ? UST__CMP_EXACT : UST__CMP_ALLCLOSE;
+  if (p->input_arg)
+    m->atol = m->rtol = 0;
+  m->compared = 1;
+  return 1;
 }
 
 void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *pairs, int n_pairs, int fail,
@@ -521,7 +561,7 @@ void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *p
   /* A failure known on the host (an error, a raise) rolls back at once;
    * the slot still waits for the device before it is concluded. */
   if (fail != UST__FAIL_NONE)
-    report_failure(s, fail_reason(fail), NULL, NULL, s->msg);
+    report_failure(s->pool, &s->r, s->call_no, fail_reason(fail), NULL, NULL, s->msg);
   if (n_pairs > MAX_SLOT_PAIRS)
     n_pairs = MAX_SLOT_PAIRS;
   s->n_pairs = n_pairs;
@@ -538,29 +578,10 @@ void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *p
   for (int i = 0; i < n_pairs && !s->aborted; i++) {
     const ust__pair *p = &pairs[i];
     pair_meta *m = &s->meta[i];
-    memset(m, 0, sizeof *m);
-    m->name = p->name;
-    m->aa = p->aa;
-    m->input = p->input_arg;
-    m->dtype = p->prod_dtype;
-    m->ndim = p->prod.ndim < 8 ? p->prod.ndim : 8;
-    for (int d = 0; d < m->ndim; d++)
-      m->shape[d] = p->prod.shape[d];
-    if (s->fail != UST__FAIL_NONE && !p->aa)
+    int kind = 0;
+    if (!meta_of(c, p, device, s->fail != UST__FAIL_NONE, m, &kind))
       continue;
-    /* Outputs understudy cannot read (an unsupported dtype, or production's
-     * own output on another device than the call, such as a CPU RNG seed of
-     * a GPU kernel) leave the call unverifiable rather than judged. */
-    if (!ust__cmp_dtype_supported(p->prod_dtype) || (p->prod.device.device_type == kDLCPU) != (device == UST__DEV_CPU))
-      continue;
-    if ((m->fail = meta_check(p, m->detail, sizeof m->detail)) != NULL)
-      continue;
-    tolerances(c, p->prod_dtype, &m->atol, &m->rtol);
-    int kind = c->compare == UST__CMP_EXACT || p->input_arg ? UST__CMP_EXACT : UST__CMP_ALLCLOSE;
-    if (p->input_arg)
-      m->atol = m->rtol = 0;
     int64_t n = numel_of(&p->prod);
-    m->compared = 1;
     if (!gpu) {
       ust__compare_host(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol, &s->host[i]);
       continue;
@@ -626,6 +647,99 @@ int ust__shadow_verdict(ust__shadow_pool *p, int *out, int device, void *stream,
   return __atomic_load_n(out, __ATOMIC_ACQUIRE);
 }
 
+/* What a verdict is judged from: an eager call's slot, or one replay of a
+ * call captured into a graph (a site). */
+typedef struct judged {
+  ust__shadow_pool *pool;
+  const ust__slot_route *r;
+  uint64_t call_no;
+  int n_pairs;
+  const pair_meta *meta;
+  const ust__cmp_stats *stats;
+  int fail;        /* a failure known on the host (reported already) */
+  const char *msg; /* its message */
+} judged;
+
+/* Judge the pairs into vd->kind, counting into the route's figures and
+ * reporting a failure's evidence; 1 when the call failed. */
+static int judge(const judged *j, ust__verdict *vd) {
+  ust__verify *v = j->r->verify;
+  /* A/A: production's own spread on this call. */
+  int aa_seen = 0, aa_bad = 0;
+  for (int i = 0; i < j->n_pairs; i++) {
+    const pair_meta *m = &j->meta[i];
+    if (!m->aa || m->input)
+      continue;
+    aa_seen = 1;
+    if (m->compared) {
+      atomic_max_u64(&v->aa_max_abs_bits, j->stats[i].max_abs_bits);
+      atomic_max_u64(&v->aa_max_rel_bits, j->stats[i].max_rel_bits);
+      aa_bad |= j->stats[i].mismatches > 0;
+    }
+  }
+  if (aa_seen) {
+    atomic_fetch_add_explicit(&v->aa_runs, 1, memory_order_relaxed);
+    if (aa_bad)
+      atomic_fetch_add_explicit(&v->aa_mismatching, 1, memory_order_relaxed);
+  }
+
+  const char *reason = NULL;
+  const pair_meta *bad = NULL;
+  const ust__cmp_stats *bad_stats = NULL;
+  const char *message = j->msg;
+  char input_msg[160];
+  int unverifiable = 0;
+  if (j->fail != UST__FAIL_NONE) {
+    reason = fail_reason(j->fail);
+  } else {
+    for (int i = 0; i < j->n_pairs && reason == NULL; i++) {
+      const pair_meta *m = &j->meta[i];
+      if (m->aa)
+        continue;
+      if (m->fail != NULL) {
+        reason = m->fail;
+        bad = m;
+        message = m->detail;
+      } else if (!m->compared) {
+        unverifiable |= !m->input; /* an input that cannot be read leaves the verdict to the outputs */
+      } else if (j->stats[i].mismatches > 0) {
+        reason = m->input ? "wrote input" : j->stats[i].nonfinite_bad > 0 ? "nonfinite" : "mismatch";
+        bad = m;
+        bad_stats = &j->stats[i];
+        if (m->input) {
+          snprintf(input_msg, sizeof input_msg, "the candidate wrote input '%s' (%llu of %llu elements changed)",
+                   m->name != NULL ? m->name : "?", j->stats[i].mismatches, j->stats[i].n);
+          message = input_msg;
+        }
+      }
+    }
+  }
+  if (reason != NULL) {
+    vd->kind = UST__VERDICT_FAILED;
+    atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&v->failed, 1, memory_order_relaxed);
+    if (j->fail == UST__FAIL_NONE) /* a host-known failure went to the sink at finish */
+      report_failure(j->pool, j->r, j->call_no, reason, bad, bad_stats, message);
+  } else if (unverifiable) {
+    vd->kind = UST__VERDICT_UNVERIFIABLE;
+    atomic_fetch_add_explicit(&v->unverifiable, 1, memory_order_relaxed);
+  } else {
+    vd->kind = UST__VERDICT_PASSED;
+    atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&v->passed, 1, memory_order_relaxed);
+    if (j->r->remote && j->r->cand != NULL && j->r->cand->proc != NULL) {
+      const uint64_t n = atomic_fetch_add_explicit(&v->proc_passed, 1, memory_order_relaxed) + 1;
+      ust__procrun_note_passed(j->r->cand->proc, n == j->r->cand->qualify_calls);
+    }
+    for (int i = 0; i < j->n_pairs; i++)
+      if (!j->meta[i].aa && !j->meta[i].input && j->meta[i].compared) {
+        atomic_max_u64(&v->max_abs_bits, j->stats[i].max_abs_bits);
+        atomic_max_u64(&v->max_rel_bits, j->stats[i].max_rel_bits);
+      }
+  }
+  return vd->kind == UST__VERDICT_FAILED;
+}
+
 static void conclude(shadow_slot *s) {
   ust__verify *v = s->r.verify;
   atomic_fetch_add_explicit(&v->bytes_copied, s->copied, memory_order_relaxed);
@@ -678,80 +792,8 @@ static void conclude(shadow_slot *s) {
       vd.aa_log_ratio = log((double)aa_ns / (double)vd.prod_ns);
   }
 
-  /* A/A: production's own spread on this call. */
-  int aa_seen = 0, aa_bad = 0;
-  for (int i = 0; i < s->n_pairs; i++) {
-    const pair_meta *m = &s->meta[i];
-    if (!m->aa || m->input)
-      continue;
-    aa_seen = 1;
-    if (m->compared) {
-      atomic_max_u64(&v->aa_max_abs_bits, stats[i].max_abs_bits);
-      atomic_max_u64(&v->aa_max_rel_bits, stats[i].max_rel_bits);
-      aa_bad |= stats[i].mismatches > 0;
-    }
-  }
-  if (aa_seen) {
-    atomic_fetch_add_explicit(&v->aa_runs, 1, memory_order_relaxed);
-    if (aa_bad)
-      atomic_fetch_add_explicit(&v->aa_mismatching, 1, memory_order_relaxed);
-  }
-
-  const char *reason = NULL;
-  const pair_meta *bad = NULL;
-  const ust__cmp_stats *bad_stats = NULL;
-  const char *message = s->msg;
-  char input_msg[160];
-  int unverifiable = 0;
-  if (s->fail != UST__FAIL_NONE) {
-    reason = fail_reason(s->fail);
-  } else {
-    for (int i = 0; i < s->n_pairs && reason == NULL; i++) {
-      const pair_meta *m = &s->meta[i];
-      if (m->aa)
-        continue;
-      if (m->fail != NULL) {
-        reason = m->fail;
-        bad = m;
-        message = m->detail;
-      } else if (!m->compared) {
-        unverifiable |= !m->input; /* an input that cannot be read leaves the verdict to the outputs */
-      } else if (stats[i].mismatches > 0) {
-        reason = m->input ? "wrote input" : stats[i].nonfinite_bad > 0 ? "nonfinite" : "mismatch";
-        bad = m;
-        bad_stats = &stats[i];
-        if (m->input) {
-          snprintf(input_msg, sizeof input_msg, "the candidate wrote input '%s' (%llu of %llu elements changed)",
-                   m->name != NULL ? m->name : "?", stats[i].mismatches, stats[i].n);
-          message = input_msg;
-        }
-      }
-    }
-  }
-  if (reason != NULL) {
-    s->failed = 1;
-    vd.kind = UST__VERDICT_FAILED;
-    atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&v->failed, 1, memory_order_relaxed);
-    if (s->fail == UST__FAIL_NONE) /* a host-known failure went to the sink at finish */
-      report_failure(s, reason, bad, bad_stats, message);
-  } else if (unverifiable) {
-    vd.kind = UST__VERDICT_UNVERIFIABLE;
-    atomic_fetch_add_explicit(&v->unverifiable, 1, memory_order_relaxed);
-  } else {
-    vd.kind = UST__VERDICT_PASSED;
-    atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&v->passed, 1, memory_order_relaxed);
-    if (s->r.remote && s->r.cand != NULL && s->r.cand->proc != NULL) {
-      const uint64_t n = atomic_fetch_add_explicit(&v->proc_passed, 1, memory_order_relaxed) + 1;
-      ust__procrun_note_passed(s->r.cand->proc, n == s->r.cand->qualify_calls);
-    }
-    for (int i = 0; i < s->n_pairs; i++)
-      if (!s->meta[i].aa && !s->meta[i].input && s->meta[i].compared) {
-        atomic_max_u64(&v->max_abs_bits, stats[i].max_abs_bits);
-        atomic_max_u64(&v->max_rel_bits, stats[i].max_rel_bits);
-      }
-  }
+  const judged j = {s->pool, &s->r, s->call_no, s->n_pairs, s->meta, stats, s->fail, s->msg};
+  s->failed = judge(&j, &vd);
   void *cookie = s->r.cookie;
   ust__shadow_pool *p = s->pool;
   release(s);
@@ -825,6 +867,74 @@ void ust__shadow_harvest_all_sync(ust__shadow_pool *p) {
 #endif
 }
 
+/* ---- calls captured into CUDA graphs ------------------------------------------------ */
+
+int ust__shadow_site_add(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
+                         int device, uint32_t *site) {
+  if (n_pairs < 0 || n_pairs > MAX_SLOT_PAIRS)
+    return ust__error(UST_EINVAL, "shadow: a captured call of %d pairs (at most %d)", n_pairs, MAX_SLOT_PAIRS);
+  graph_site *g = calloc(1, sizeof *g);
+  if (g == NULL)
+    return ust__error(UST_ENOMEM, "out of memory");
+  g->r = *r;
+  g->n_pairs = n_pairs;
+  for (int i = 0; i < n_pairs; i++) {
+    int kind = 0;
+    meta_of(r->cand, &pairs[i], device, 0, &g->meta[i], &kind);
+  }
+  pthread_mutex_lock(&p->lock);
+  if (p->n_sites == p->cap_sites) {
+    const uint32_t cap = p->cap_sites ? p->cap_sites * 2 : 16;
+    graph_site **grown = cap <= UST__MAX_SITES ? realloc(p->sites, cap * sizeof *grown) : NULL;
+    if (grown == NULL) {
+      pthread_mutex_unlock(&p->lock);
+      free(g);
+      return ust__error(UST_ENOMEM, "shadow: no room for another captured call (%u kept)", (unsigned)p->n_sites);
+    }
+    p->sites = grown;
+    p->cap_sites = cap;
+  }
+  p->sites[p->n_sites++] = g;
+  *site = p->n_sites;
+  pthread_mutex_unlock(&p->lock);
+  return 0;
+}
+
+typedef struct site_harvest {
+  ust__shadow_pool *pool;
+  uint64_t judged, unknown;
+} site_harvest;
+
+/* One replay's statistics, judged as an eager call's: counted on its route,
+ * a failure's evidence to the sink (which rolls the route back), the
+ * verdict to the sink. No times: a replay's come from the kernel tracer. */
+static void judge_replay(void *ctx, const ust__ring_entry *e) {
+  site_harvest *h = ctx;
+  ust__shadow_pool *p = h->pool;
+  pthread_mutex_lock(&p->lock);
+  const graph_site *g = e->site >= 1 && e->site <= p->n_sites ? p->sites[e->site - 1] : NULL;
+  pthread_mutex_unlock(&p->lock);
+  if (g == NULL || (int)e->n_pairs != g->n_pairs) {
+    h->unknown++; /* not a publication of this pool's sites */
+    return;
+  }
+  ust__verify *v = g->r.verify;
+  const uint64_t call_no = atomic_fetch_add_explicit(&v->calls, 1, memory_order_relaxed) + 1;
+  ust__verdict vd = {UST__VERDICT_SKIPPED, g->r.serving, 0, 0, 0, g->r.tsol_ps, g->r.stage, g->r.remote, NAN};
+  const judged j = {p, &g->r, call_no, g->n_pairs, g->meta, e->stats, UST__FAIL_NONE, ""};
+  judge(&j, &vd);
+  p->sink->concluded(p->sink_ctx, g->r.cookie, &vd);
+  h->judged++;
+}
+
+uint64_t ust__shadow_sites_harvest(ust__shadow_pool *p, ust__ring *ring, uint64_t *unknown) {
+  site_harvest h = {p, 0, 0};
+  ust__ring_harvest(ring, judge_replay, &h);
+  if (unknown != NULL)
+    *unknown = h.unknown;
+  return h.judged;
+}
+
 void ust__shadow_pool_destroy(ust__shadow_pool *p) {
   if (p == NULL)
     return;
@@ -837,6 +947,9 @@ void ust__shadow_pool_destroy(ust__shadow_pool *p) {
     }
   }
 #endif
+  for (uint32_t i = 0; i < p->n_sites; i++)
+    free(p->sites[i]);
+  free(p->sites);
   free(p->slots);
   free(p->free_list);
   free(p->pending);

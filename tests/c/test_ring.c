@@ -4,12 +4,14 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "runner.h"
 
 #include "base/base.h"
+#include "guard/guard.h"
 #include "guard/ring.h"
 #include "understudy/understudy.h"
 
@@ -188,4 +190,141 @@ TEST(ring_refuses_what_it_cannot_be) {
   cudaFree(dev);
 #endif
   ust__ring_destroy(r);
+}
+
+/* ---- replays judged as eager calls (guard/shadow.c's sites) ---- */
+
+typedef struct judged_log {
+  int n, kinds[8];
+  char reasons[8][32], outputs[8][80];
+  int64_t first[8][2];
+  uint64_t shadow_call[8];
+  int failures;
+} judged_log;
+
+static judged_log g_log;
+
+static void log_failed(void *ctx, void *route, ust__evidence *ev) {
+  (void)ctx;
+  (void)route;
+  if (ev != NULL && g_log.failures < 8) {
+    snprintf(g_log.reasons[g_log.failures], 32, "%s", ev->reason);
+    snprintf(g_log.outputs[g_log.failures], 80, "%s", ev->output);
+    g_log.first[g_log.failures][0] = ev->first_index[0];
+    g_log.first[g_log.failures][1] = ev->first_index[1];
+    g_log.shadow_call[g_log.failures] = ev->shadow_call;
+  }
+  g_log.failures++;
+  free(ev);
+}
+
+static void log_concluded(void *ctx, void *route, const ust__verdict *v) {
+  (void)ctx;
+  (void)route;
+  if (g_log.n < 8)
+    g_log.kinds[g_log.n] = v->kind;
+  g_log.n++;
+}
+
+static const ust__verdict_sink_i log_sink = {log_failed, log_concluded};
+
+static DLTensor cpu_f32(float *data, int64_t *shape) {
+  DLTensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.device.device_type = kDLCPU;
+  t.ndim = 2;
+  t.dtype.code = kDLFloat;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  return t;
+}
+
+TEST(graph_replays_are_judged_as_eager_calls) {
+  /* Three replays of a captured call (output "out", read-only input "x"):
+   * one right, one off at [2,5], one that wrote x. Their statistics come
+   * from the host comparison of real buffers, the eager path's own; each
+   * replay, published into a ring under its site and harvested, must reach
+   * the same verdict and evidence as the same call run eagerly. */
+  ust__shadow_pool *pool = NULL;
+  ASSERT_INT_EQ(ust__shadow_pool_create(4, NULL, &log_sink, NULL, &pool), 0);
+  ust__verify eager_v, graph_v;
+  memset(&eager_v, 0, sizeof eager_v);
+  memset(&graph_v, 0, sizeof graph_v);
+  ust__cand cand;
+  memset(&cand, 0, sizeof cand);
+  cand.atol = cand.rtol = -1; /* the dtype's defaults */
+  int64_t shape[2] = {4, 8};
+  float prod[32], cand_out[3][32], x[32], x_after[3][32];
+  for (int i = 0; i < 32; i++)
+    prod[i] = x[i] = (float)i * 0.25f - 3.0f;
+  for (int k = 0; k < 3; k++) {
+    memcpy(cand_out[k], prod, sizeof prod);
+    memcpy(x_after[k], x, sizeof x);
+  }
+  cand_out[1][2 * 8 + 5] += 1.0f;
+  x_after[2][7] = 1234.0f;
+  ust__pair pairs[3][2];
+  for (int k = 0; k < 3; k++) {
+    memset(pairs[k], 0, sizeof pairs[k]);
+    pairs[k][0] = (ust__pair){.name = "out", .prod_dtype = UST__DT_F32, .cand_dtype = UST__DT_F32,
+                              .prod = cpu_f32(prod, shape), .cand = cpu_f32(cand_out[k], shape),
+                              .prod_dense = prod, .cand_dense = cand_out[k]};
+    pairs[k][1] = (ust__pair){.name = "x", .input_arg = 1, .prod_dtype = UST__DT_F32, .cand_dtype = UST__DT_F32,
+                              .prod = cpu_f32(x, shape), .cand = cpu_f32(x_after[k], shape),
+                              .prod_dense = x, .cand_dense = x_after[k]};
+  }
+  /* eagerly */
+  ust__slot_route er = {&eager_v, &eager_v, &cand, 0, 0, 0, 0, 0};
+  for (int k = 0; k < 3; k++) {
+    void *slot = ust__shadow_acquire(pool, &er);
+    ASSERT_TRUE(slot != NULL);
+    ust__shadow_finish(slot, UST__DEV_CPU, NULL, pairs[k], 2, UST__FAIL_NONE, NULL);
+  }
+  const judged_log eager = g_log;
+  memset(&g_log, 0, sizeof g_log);
+  /* replayed: the site keeps the metadata; the ring brings each replay's statistics */
+  ust__slot_route gr = {&graph_v, &graph_v, &cand, 0, 0, 0, 0, 0};
+  uint32_t site = 0;
+  ASSERT_INT_EQ(ust__shadow_site_add(pool, &gr, pairs[0], 2, UST__DEV_CPU, &site), 0);
+  ASSERT_INT_EQ((int)site, 1);
+  ust__ring *ring = NULL;
+  ASSERT_INT_EQ(ust__ring_create(16, 0, &ring), 0);
+  for (int k = 0; k < 3; k++) {
+    ust__cmp_stats st[2];
+    ust__compare_host(prod, cand_out[k], UST__DT_F32, 32, UST__CMP_ALLCLOSE, 1e-5, 1.3e-6, &st[0]);
+    ust__compare_host(x, x_after[k], UST__DT_F32, 32, UST__CMP_EXACT, 0, 0, &st[1]);
+    ust__ring_host_publish(ring, site, st, 2);
+  }
+  ust__cmp_stats one;
+  memset(&one, 0, sizeof one);
+  ust__ring_host_publish(ring, 99, &one, 1);  /* no such site */
+  ust__ring_host_publish(ring, site, &one, 1); /* not its pair count */
+  uint64_t unknown = 0;
+  ASSERT_U64_EQ(ust__shadow_sites_harvest(pool, ring, &unknown), 3);
+  ASSERT_U64_EQ(unknown, 2);
+  /* the same verdicts, evidence and counts both ways */
+  ASSERT_INT_EQ(g_log.n, 3);
+  ASSERT_INT_EQ(eager.n, 3);
+  for (int k = 0; k < 3; k++)
+    ASSERT_INT_EQ(g_log.kinds[k], eager.kinds[k]);
+  ASSERT_INT_EQ(g_log.kinds[0], UST__VERDICT_PASSED);
+  ASSERT_INT_EQ(g_log.failures, 2);
+  ASSERT_INT_EQ(eager.failures, 2);
+  for (int f = 0; f < 2; f++) {
+    ASSERT_STR_EQ(g_log.reasons[f], eager.reasons[f]);
+    ASSERT_STR_EQ(g_log.outputs[f], eager.outputs[f]);
+    ASSERT_U64_EQ(g_log.shadow_call[f], eager.shadow_call[f]);
+  }
+  ASSERT_STR_EQ(g_log.reasons[0], "mismatch");
+  ASSERT_TRUE(g_log.first[0][0] == 2 && g_log.first[0][1] == 5 && eager.first[0][0] == 2 && eager.first[0][1] == 5);
+  ASSERT_STR_EQ(g_log.reasons[1], "wrote input");
+  ASSERT_STR_EQ(g_log.outputs[1], "x");
+  ust__verify_snap a, b;
+  ust__verify_snapshot(&eager_v, &a);
+  ust__verify_snapshot(&graph_v, &b);
+  ASSERT_TRUE(a.calls == 3 && b.calls == 3 && a.passed == b.passed && a.failed == b.failed && b.failed == 2);
+  ust__ring_destroy(ring);
+  ust__shadow_pool_destroy(pool);
 }
