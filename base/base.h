@@ -82,6 +82,9 @@ int ust__copy_name(char *dst, size_t cap, const char *src);
  * thread's last error naming path: not a regular file (a FIFO, a device: it
  * is opened without blocking and never read), larger than max, unreadable. */
 char *ust__read_file(const char *path, size_t max, size_t *len_out);
+/* The same for a text file (JSON): one holding a NUL byte is refused too
+ * (a C string would end there, leaving the rest unread). */
+char *ust__read_text_file(const char *path, size_t max);
 
 struct cJSON;
 /* Parse text as one JSON value and nothing else: trailing bytes, a string

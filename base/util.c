@@ -261,6 +261,20 @@ static int list_json(const char *dir, const char *what, char ***names_out, int *
   return 0;
 }
 
+char *ust__read_text_file(const char *path, size_t max) {
+  size_t len = 0;
+  char *text = ust__read_file(path, max, &len);
+  const char *nul = text != NULL ? memchr(text, '\0', len) : NULL;
+  if (nul != NULL) {
+    ust__error(UST_EIO, "'%s' holds a NUL byte at offset %ld (what follows it would not be read)", path,
+               (long)(nul - text));
+    free(text);
+    errno = EINVAL;
+    return NULL;
+  }
+  return text;
+}
+
 int ust__load_json_dir(const char *dir, const char *what, ust__json_file_cb cb, void *ctx) {
   char **names = NULL;
   int n = 0;
@@ -268,7 +282,7 @@ int ust__load_json_dir(const char *dir, const char *what, ust__json_file_cb cb, 
   for (int i = 0; rc == 0 && i < n; i++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-    char *text = ust__read_file(path, UST__FILE_MAX, NULL);
+    char *text = ust__read_text_file(path, UST__FILE_MAX);
     if (text == NULL) {
       rc = ust__error(UST_EPROBLEM, "%s: %s", what, ust_last_error());
       break;

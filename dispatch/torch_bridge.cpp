@@ -271,6 +271,7 @@ void enter_call_device(c10::OptionalDeviceGuard &g, const ust__call &call) {
 // path allocates nothing once they have grown.
 struct Scratch {
   std::vector<c10::IValue> saved, prod_returns, cand_returns, aa_returns;
+  std::vector<c10::IValue> cin_lists; // the candidate's copies of tensor-list arguments (shadow)
   std::vector<at::Tensor> snaps, aa_snaps, inputs, cin, native_outputs, keep, dense;
   std::vector<ust_value> values;
   std::vector<DLTensor> outputs;
@@ -287,6 +288,7 @@ struct Scratch {
     aa_snaps.clear();
     inputs.clear();
     cin.clear();
+    cin_lists.clear();
     native_outputs.clear();
     keep.clear();
     dense.clear();
@@ -313,6 +315,7 @@ public:
     x_.aa_snaps.resize(n_args_);
     x_.inputs.resize(n_args_);
     x_.cin.resize(n_args_);
+    x_.cin_lists.resize(n_args_);
   }
   CallRun(const CallRun &) = delete;
   CallRun &operator=(const CallRun &) = delete;
@@ -418,6 +421,14 @@ private:
     // check (and, if it wrote them, restore) the caller's.
     const bool verifying = st_.plan == UST__PLAN_SHADOW || st_.plan == UST__PLAN_SERVE_VERIFIED;
     for (size_t i = 0; verifying && i < n_args_; i++) {
+      if (st_.plan == UST__PLAN_SHADOW && x_.saved[i].isTensorList()) {
+        // a list of tensors it reads (cat's): its own copies of each
+        c10::List<at::Tensor> copies;
+        for (const at::Tensor &t : x_.saved[i].toTensorList().vec())
+          copies.push_back(t.defined() && t.has_storage() ? snapshot_of(t) : t);
+        x_.cin_lists[i] = copies;
+        continue;
+      }
       if (x_.snaps[i].defined() || !is_defined_tensor(x_.saved[i]) || !x_.saved[i].toTensor().has_storage())
         continue;
       if (st_.plan == UST__PLAN_SHADOW && x_.inputs[i].defined())
@@ -429,6 +440,11 @@ private:
       for (const at::Tensor &t : *v)
         if (t.defined())
           bytes += t.nbytes();
+    for (const c10::IValue &l : x_.cin_lists)
+      if (l.isTensorList())
+        for (const at::Tensor &t : l.toTensorList().vec())
+          if (t.defined())
+            bytes += t.nbytes();
     ust__call_note_copied(&st_, bytes);
     return UST__EV_OK;
   }
@@ -646,6 +662,16 @@ private:
   // outputs.
   void add_input_pairs() {
     for (size_t i = 0; i < n_args_ && x_.pairs.size() < UST__MAX_PAIRS; i++) {
+      if (x_.cin_lists[i].isTensorList()) {
+        // each element of a list it read, under the list's name
+        const auto before = x_.saved[i].toTensorList().vec(), after = x_.cin_lists[i].toTensorList().vec();
+        for (size_t k = 0; k < before.size() && k < after.size() && x_.pairs.size() < UST__MAX_PAIRS; k++)
+          if (before[k].defined() && after[k].defined() && before[k].has_storage()) {
+            add_pair(ust__binding_arg_name(b_, static_cast<int>(i)), before[k], after[k], 0, 0);
+            x_.pairs.back().input_arg = 1;
+          }
+        continue;
+      }
       if (!x_.cin[i].defined())
         continue;
       const bool in_place = st_.plan == UST__PLAN_SERVE_VERIFIED;
@@ -687,6 +713,8 @@ private:
         s[i] = x_.inputs[i];
       else if (private_inputs && x_.cin[i].defined())
         s[i] = x_.cin[i];
+      else if (private_inputs && x_.cin_lists[i].isTensorList())
+        s[i] = x_.cin_lists[i];
     }
     return s;
   }

@@ -752,6 +752,14 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   }
   int rc = parse_root(root, cfg);
   cJSON_Delete(root);
+  /* modes given to single shape keys are routes: no more than max_routes
+   * of them (each a row of the rollout table and the state file) */
+  long n_routes = 0;
+  for (int i = 0; rc == 0 && i < cfg->n_ops; i++)
+    n_routes += cfg->ops[i].n_routes;
+  if (rc == 0 && n_routes > cfg->max_routes)
+    rc = ust__error(UST_ECONFIG, "config: %ld shape keys under the operators' 'routes', more than 'max_routes' (%d)",
+                    n_routes, cfg->max_routes);
   if (rc != 0) {
     ust__config_free(cfg);
     return rc;

@@ -24,7 +24,7 @@
 #define STATE_SCHEMA "understudy.state v1"
 
 int ust__state_read(const char *path, int (*each)(void *ctx, const ust__rollout_row *row), void *ctx) {
-  char *text = ust__read_file(path, UST__FILE_MAX, NULL);
+  char *text = ust__read_text_file(path, UST__FILE_MAX);
   if (text == NULL) {
     if (errno == ENOENT)
       return 0; /* the first start: nothing to restore */

@@ -205,8 +205,8 @@ static int copy_sealed(const char *path, const char *pin, const char *want, char
   return 0;
 }
 
-static int load_pinned(const char *path, const char *pin, int flags, const ust__dep_pin *deps, int n_deps,
-                       ust__loaded_deps *loaded, int depth, void **handle, int *fd_out);
+static int load_pinned(const char *path, const char *pin, const char *as_needed, int flags, const ust__dep_pin *deps,
+                       int n_deps, ust__loaded_deps *loaded, int depth, void **handle, int *fd_out);
 
 int ust__dlopen_verified(const char *path, const char *pin, void **handle, int *fd_out) {
   return ust__dlopen_verified_closure(path, pin, NULL, -1, NULL, handle, fd_out);
@@ -216,7 +216,7 @@ int ust__dlopen_verified_closure(const char *path, const char *pin, const ust__d
                                  ust__loaded_deps *loaded, void **handle, int *fd_out) {
   if (path == NULL || handle == NULL || fd_out == NULL)
     return ust__error(UST_EINVAL, "ust__dlopen_verified: path, handle and fd_out must not be NULL");
-  return load_pinned(path, pin, RTLD_NOW | RTLD_LOCAL, deps, n_deps, loaded, 0, handle, fd_out);
+  return load_pinned(path, pin, NULL, RTLD_NOW | RTLD_LOCAL, deps, n_deps, loaded, 0, handle, fd_out);
 }
 
 /* ---- what a shared object needs -------------------------------------------------- */
@@ -226,6 +226,7 @@ int ust__dlopen_verified_closure(const char *path, const char *pin, const ust__d
 typedef struct elf_needs {
   int n;
   char name[MAX_NEEDED][256]; /* DT_NEEDED */
+  char soname[256];           /* DT_SONAME: the name the loader knows it by once loaded ("" none) */
   char rpath[1024];           /* DT_RPATH, searched when there is no DT_RUNPATH */
   char runpath[1024];         /* DT_RUNPATH */
 } elf_needs;
@@ -272,7 +273,7 @@ static int elf_read_needs(const unsigned char *b, size_t len, const char *path, 
   if (dyn_off > len || dyn_size > len - dyn_off)
     return ust__error(UST_ECONFIG, "%s: its dynamic section runs past the file", path);
   uint64_t strtab_va = 0, strsz = 0, needed[MAX_NEEDED];
-  int64_t rpath = -1, runpath = -1;
+  int64_t rpath = -1, runpath = -1, soname = -1;
   int n = 0;
   for (uint64_t at = dyn_off; at + sizeof(Elf64_Dyn) <= dyn_off + dyn_size; at += sizeof(Elf64_Dyn)) {
     Elf64_Dyn d;
@@ -287,6 +288,8 @@ static int elf_read_needs(const unsigned char *b, size_t len, const char *path, 
       rpath = (int64_t)d.d_un.d_val;
     else if (d.d_tag == DT_RUNPATH)
       runpath = (int64_t)d.d_un.d_val;
+    else if (d.d_tag == DT_SONAME)
+      soname = (int64_t)d.d_un.d_val;
     else if (d.d_tag == DT_NEEDED) {
       if (n == MAX_NEEDED)
         return ust__error(UST_ECONFIG, "%s: needs more than %d shared objects", path, MAX_NEEDED);
@@ -294,7 +297,8 @@ static int elf_read_needs(const unsigned char *b, size_t len, const char *path, 
     }
   }
   const int64_t strtab = va_to_off(b, len, &eh, strtab_va);
-  if (n > 0 && (strtab < 0 || (uint64_t)strtab > len || strsz > len - (uint64_t)strtab))
+  if ((n > 0 || rpath >= 0 || runpath >= 0 || soname >= 0) &&
+      (strtab < 0 || (uint64_t)strtab > len || strsz > len - (uint64_t)strtab))
     return ust__error(UST_ECONFIG, "%s: its string table is not in the file", path);
   const char *st = (const char *)b + strtab;
 #define STR(off, dst)                                                                                      \
@@ -311,6 +315,8 @@ static int elf_read_needs(const unsigned char *b, size_t len, const char *path, 
     STR(rpath, out->rpath);
   if (runpath >= 0)
     STR(runpath, out->runpath);
+  if (soname >= 0)
+    STR(soname, out->soname);
 #undef STR
   return 0;
 }
@@ -369,8 +375,8 @@ static int resolve_needed(const char *name, const elf_needs *nd, const char *ori
 /* Check what the object (bytes, from path) needs, recursively, and load the
  * pinned dependencies first. deps NULL with n_deps < 0: no closure check (the
  * object alone is pinned: a test of the loader). */
-static int check_needs(const char *path, const unsigned char *bytes, size_t len, const ust__dep_pin *deps,
-                       int n_deps, ust__loaded_deps *loaded, int depth) {
+static int check_needs(const char *path, const unsigned char *bytes, size_t len, const char *as_needed,
+                       const ust__dep_pin *deps, int n_deps, ust__loaded_deps *loaded, int depth) {
   if (n_deps < 0)
     return 0;
   if (depth > 8)
@@ -379,6 +385,15 @@ static int check_needs(const char *path, const unsigned char *bytes, size_t len,
   int rc = elf_read_needs(bytes, len, path, &nd);
   if (rc != 0)
     return rc;
+  /* A pinned dependency is loaded from its checked bytes first; the loader
+   * then satisfies the need from it only if it knows it by the needed name,
+   * its DT_SONAME: else it would search the disk for that name and load
+   * whatever file is there. */
+  if (as_needed != NULL && strcmp(nd.soname, as_needed) != 0)
+    return ust__error(UST_ECONFIG, "%s: pinned as the dependency %s, but its DT_SONAME is %s%s%s: the loader would "
+                      "not take the pinned bytes for %s and would search the disk for it (link it with "
+                      "-Wl,-soname,%s)", path, as_needed, nd.soname[0] ? "'" : "", nd.soname[0] ? nd.soname : "missing",
+                      nd.soname[0] ? "'" : "", as_needed, as_needed);
   char origin[PATH_MAX];
   snprintf(origin, sizeof origin, "%s", path);
   char *slash = strrchr(origin, '/');
@@ -404,7 +419,7 @@ static int check_needs(const char *path, const unsigned char *bytes, size_t len,
         return ust__error(UST_ECONFIG, "%s: more than %d pinned dependencies", path, UST__MAX_DEPS);
       void *h = NULL;
       int fd = -1;
-      if ((rc = load_pinned(pin->path, pin->sha256, RTLD_NOW | RTLD_GLOBAL, deps, n_deps, loaded, depth + 1, &h,
+      if ((rc = load_pinned(pin->path, pin->sha256, name, RTLD_NOW | RTLD_GLOBAL, deps, n_deps, loaded, depth + 1, &h,
                             &fd)) != 0)
         return ust__error(rc, "%s: its dependency %s: %s", path, name, ust_last_error());
       snprintf(loaded->path[loaded->n], sizeof loaded->path[loaded->n], "%s", pin->path);
@@ -432,8 +447,8 @@ static int check_needs(const char *path, const unsigned char *bytes, size_t len,
   return 0;
 }
 
-static int load_pinned(const char *path, const char *pin, int flags, const ust__dep_pin *deps, int n_deps,
-                       ust__loaded_deps *loaded, int depth, void **handle, int *fd_out) {
+static int load_pinned(const char *path, const char *pin, const char *as_needed, int flags, const ust__dep_pin *deps,
+                       int n_deps, ust__loaded_deps *loaded, int depth, void **handle, int *fd_out) {
   char want[65];
   if (!normalise_pin(pin, want))
     return ust__error(UST_ECONFIG, "%s: pin '%.80s' is not 64 hex digits", path,
@@ -454,7 +469,7 @@ static int load_pinned(const char *path, const char *pin, int flags, const ust__
   }
   /* what it needs is checked (and pinned dependencies loaded) before its
    * own constructors can run */
-  if ((rc = check_needs(path, (const unsigned char *)bytes, len, deps, n_deps, loaded, depth)) != 0)
+  if ((rc = check_needs(path, (const unsigned char *)bytes, len, as_needed, deps, n_deps, loaded, depth)) != 0)
     goto out;
   rc = copy_sealed(path, pin, want, bytes, len, &fd);
   if (rc != 0)

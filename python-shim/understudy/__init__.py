@@ -154,9 +154,13 @@ def _config_text(config: ConfigLike) -> str:
         except (ValueError, TypeError, RecursionError) as e:
             raise ConfigError(-2, "UST_ECONFIG", f"config: cannot be written as JSON: {e}") from None
     text = os.fspath(config)
-    if text.lstrip().startswith("{"):
-        return text
-    return _read_config_file(text)
+    if not text.lstrip().startswith("{"):
+        text = _read_config_file(text)
+    # the library reads a C string: whatever follows a NUL would go unread
+    if "\x00" in text:
+        raise ConfigError(-2, "UST_ECONFIG", f"config: holds a NUL character at offset {text.index(chr(0))} "
+                          "(what follows it would not be read)")
+    return text
 
 
 _CONFIG_MAX = 16 << 20

@@ -360,6 +360,26 @@ def test_configs_built_to_hurt_are_refused_quickly_and_by_name(us, tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(understudy.ConfigError, match="is not a regular file"):
         us.enable(str(fifo))
+    # a raw NUL byte: a C string ends there, and what follows was never read
+    with pytest.raises(understudy.ConfigError, match="NUL character at offset 34"):
+        us.enable('{"operators": {"silu": "observe"}}\x00 {"garbage": ')
+    nul_file = tmp_path / "nul.json"
+    nul_file.write_bytes(b'{"operators": {"silu": "observe"}}\x00{"garbage": ')
+    with pytest.raises(understudy.ConfigError, match="NUL character at offset 34"):
+        us.enable(str(nul_file))
+    problems = tmp_path / "problems"
+    problems.mkdir()
+    (problems / "silu.json").write_bytes((ROOT / "problems" / "silu.json").read_bytes() + b"\x00 trailing")
+    with pytest.raises(understudy.ProblemError, match="holds a NUL byte"):
+        us.enable({"operators": {"silu": "observe"}}, problems=problems)
+    state = tmp_path / "state.json"
+    state.write_bytes(b'{"schema": "understudy.state v1", "routes": []}\x00 garbage')
+    with pytest.raises(understudy.ConfigError, match="state file: .*holds a NUL byte"):
+        us.enable({"operators": {"silu": "observe"}, "state": {"path": str(state)}})
+    # routes given modes by key are bounded as the route table is
+    keys = {f"aten::silu|cpu|f32|M={i},N=8": "off" for i in range(40)}
+    with pytest.raises(understudy.ConfigError, match="40 shape keys under the operators' 'routes', more than 'max_routes' \\(16\\)"):
+        us.enable({"max_routes": 16, "operators": {"silu": {"mode": "observe", "routes": keys}}})
     assert not us.is_enabled()
 
 
@@ -442,6 +462,15 @@ def test_a_pinned_candidates_dependencies_are_pinned_too(us, tmp_path, monkeypat
         us.enable(silu_config("shadow", dict(cand, deps={dep: good})))
     with pytest.raises(understudy.ConfigError, match="needs libust_dep.so"):
         us.enable(silu_config("shadow", cand))
+    # a pinned library the loader would not know by the needed name (no
+    # DT_SONAME): the loader would search the disk and take the evil twin
+    # beside the candidate, under a valid pin
+    plain = tmp_path / "pinned" / "libust_dep.so"
+    plain.parent.mkdir()
+    shutil.copy(build / "nosoname" / "libust_dep.so", plain)
+    with pytest.raises(understudy.ConfigError, match="pinned as the dependency libust_dep.so, but its DT_SONAME is "
+                                                     "missing: the loader would not take the pinned bytes"):
+        us.enable(silu_config("shadow", dict(cand, deps={str(plain): understudy.sha256_of(plain)})))
     assert not marker.exists()
 
 
@@ -660,3 +689,34 @@ print(json.dumps({{"status": status, "parent_added": after - before}}), flush=Tr
     assert parent == {"status": 0, "parent_added": 5}
     rep = json.loads(report.read_text())  # the parent's final report, whole
     assert rep["pid"] != 0 and rep["operators"][0]["shapes"][0]["calls"] >= 5
+
+
+def _cat_writes_its_first_input(tensors, dim=0):
+    out = torch.cat(tensors, dim)
+    tensors[0].add_(1000)  # scratch space taken from an input it may only read
+    return out
+
+
+def test_a_candidate_writing_a_tensor_list_it_reads_never_touches_the_callers(us, tmp_path):
+    """Only tensor arguments had private copies: a candidate writing an
+    element of a Tensor[] argument (cat's) changed the caller's tensor in
+    shadow, and nothing was noticed."""
+    import json
+    problems = tmp_path / "problems"
+    problems.mkdir()
+    (problems / "catop.json").write_text(json.dumps({
+        "schema_version": 1, "operator": "catop", "description": "cat",
+        "bindings": [{"op": "aten::cat", "writes": [], "key": {"D": "dim"},
+                      "roofline": {"vars": {"D": "dim"}, "W": "1", "W_dtype": "out", "Q_read": "1", "Q_write": "1"}}]}))
+    name = candidate_op("ust_hostile::cat_writes", _cat_writes_its_first_input, "aten::cat")
+    x, y = torch.zeros(2, 3), torch.ones(2, 3)
+    x0, want = x.clone(), torch.cat([x, y])
+    us.enable({"operators": {"catop": {"mode": "shadow", "sample": 1.0,
+                                       "candidate": {"torch_op": name, "target": "aten::cat"}}},
+               "report": {"interval_s": 0}}, problems=problems)
+    out = torch.cat([x, y])
+    assert torch.equal(x, x0) and torch.equal(out, want)
+    (route,) = [s for o in us.report()["operators"] for s in o["shapes"] if s["op"] == "aten::cat"]
+    ev = route["shadow"]["rollback"]
+    assert route["mode"] == "rolled_back" and ev["reason"] == "wrote input" and ev["output"] == "tensors", ev
+    assert route["shadow"]["bytes_copied"] >= x.nbytes + y.nbytes
