@@ -11,13 +11,28 @@
  * the serving process sends until the socket closes (guard/procrun.c). A
  * crash or hang here is what the serving process is spared: it sees the
  * socket break or time out, kills this process and refuses the candidate.
+ *
+ * Before the candidate is loaded (its constructors run at load) this process
+ * confines itself with a seccomp filter: a signal to any process but itself
+ * (kill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo to another, tkill,
+ * pidfd_send_signal) kills this process with SIGSYS, which the serving
+ * process reports as the evidence; ptrace and process_vm_readv/writev fail
+ * with EPERM. It is not a sandbox: files, the network and the rest of the
+ * system's calls are open to it, as to any process of its user.
  */
 
 /* close_range is Linux's. */
 #define _GNU_SOURCE
 
+#include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <stdio.h>
 #include <string.h>
 #include <stdint.h>
@@ -44,6 +59,88 @@ static void *watch_parent(void *arg) {
       kill(getpid(), SIGKILL);
   }
   return NULL;
+}
+
+#if defined(__x86_64__)
+#define CONFINE_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define CONFINE_ARCH AUDIT_ARCH_AARCH64
+#endif
+
+/* The filter above; 0, or -1 where the kernel or the architecture has none
+ * (this process then runs unconfined, as before). */
+static int confine(void) {
+#ifdef CONFINE_ARCH
+  const uint32_t self = (uint32_t)getpid();
+  /* syscalls whose first argument names the process signalled: allowed
+   * for this one only */
+  static const long by_pid[] = {__NR_kill, __NR_tgkill, __NR_rt_sigqueueinfo, __NR_rt_tgsigqueueinfo};
+  static const long killed[] = {__NR_tkill, __NR_pidfd_send_signal};
+  static const long refused[] = {__NR_ptrace, __NR_process_vm_readv, __NR_process_vm_writev};
+  struct sock_filter f[64];
+  int n = 0;
+  /* targets, patched once the three returns' places are known */
+  int to_allow[32], to_kill[32], to_refuse[32], n_allow = 0, n_kill = 0, n_refuse = 0;
+#define AT(field) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, (uint32_t)offsetof(struct seccomp_data, field))
+  f[n++] = (struct sock_filter)AT(arch);
+  to_allow[n_allow++] = n; /* another architecture's calls: left alone */
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, CONFINE_ARCH, 0, 0);
+  f[n++] = (struct sock_filter)AT(nr);
+  for (size_t i = 0; i < sizeof by_pid / sizeof by_pid[0]; i++) {
+    /* not this call: skip its 5-instruction check */
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)by_pid[i], 0, 5);
+    f[n++] = (struct sock_filter)AT(args[0]); /* the low half (little-endian) */
+    to_kill[n_kill++] = n;
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, self, 0, 0);
+    f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
+                                          (uint32_t)(offsetof(struct seccomp_data, args[0]) + 4));
+    to_kill[n_kill++] = n;
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 0);
+    to_allow[n_allow++] = n;
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0);
+    f[n++] = (struct sock_filter)AT(nr); /* the check loaded the argument: the number again */
+  }
+  for (size_t i = 0; i < sizeof killed / sizeof killed[0]; i++) {
+    to_kill[n_kill++] = -n - 1; /* on equal */
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)killed[i], 0, 0);
+  }
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    to_refuse[n_refuse++] = n;
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)refused[i], 0, 0);
+  }
+  const int allow = n;
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+  const int kill_at = n;
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+  const int refuse = n;
+  f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA));
+#undef AT
+  /* the jumps: an equality test jumps on true (jt) to kill/refuse, on false
+   * (jf) to allow or kill as its role says; unconditional ones (ja) by k */
+  for (int i = 0; i < n_allow; i++) {
+    struct sock_filter *j = &f[to_allow[i]];
+    if (BPF_OP(j->code) == BPF_JA)
+      j->k = (uint32_t)(allow - to_allow[i] - 1);
+    else
+      j->jf = (uint8_t)(allow - to_allow[i] - 1); /* the arch test: another arch, allowed */
+  }
+  for (int i = 0; i < n_kill; i++) {
+    if (to_kill[i] < 0) { /* a killed syscall: on equal */
+      const int at = -to_kill[i] - 1;
+      f[at].jt = (uint8_t)(kill_at - at - 1);
+    } else { /* a pid check: on not equal */
+      f[to_kill[i]].jf = (uint8_t)(kill_at - to_kill[i] - 1);
+    }
+  }
+  for (int i = 0; i < n_refuse; i++)
+    f[to_refuse[i]].jt = (uint8_t)(refuse - to_refuse[i] - 1);
+  struct sock_fprog prog = {(unsigned short)n, f};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+    return -1;
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0 ? 0 : -1;
+#else
+  return -1;
+#endif
 }
 
 int main(int argc, char **argv) {
@@ -74,6 +171,7 @@ int main(int argc, char **argv) {
     ust__procrun_hello(FD, NULL, -1, "understudy-qualify: started without --candidate and --sha256");
     return 2;
   }
+  confine();
   ust__loaded_deps loaded = {0};
   void *dl = NULL;
   int dl_fd = -1;

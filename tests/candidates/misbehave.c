@@ -4,10 +4,15 @@
  *   UST_TEST_CRASH_AT=N  writes to an address nothing maps (SIGSEGV)
  *   UST_TEST_HANG_AT=N   never returns
  *   UST_TEST_WRONG_AT=N  returns a result off by one in its first element
+ *   UST_TEST_SIGNAL_PARENT_AT=N  sends SIGKILL to the process that started it
+ *                        (the serving process, when it qualifies out of process)
  *   UST_TEST_CRASH_ON_LOAD  its constructor does the same
  * Each call also appends its process id to the file named by
  * $UST_TEST_CALL_LOG, when set, so a test can tell which process ran it. */
+/* kill and getppid are POSIX */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +47,10 @@ static int run(void *ctx, const ust_candidate_call *call, char *msg, size_t cap)
 #ifdef UST_TEST_CRASH_AT
   if (n == UST_TEST_CRASH_AT)
     *(volatile int *)nowhere = n;
+#endif
+#ifdef UST_TEST_SIGNAL_PARENT_AT
+  if (n == UST_TEST_SIGNAL_PARENT_AT)
+    kill(getppid(), SIGKILL);
 #endif
 #ifdef UST_TEST_HANG_AT
   if (n == UST_TEST_HANG_AT)

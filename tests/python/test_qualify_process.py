@@ -163,6 +163,22 @@ def test_a_candidate_crashing_there_is_refused_and_never_loaded_here(us, call_lo
     assert not silu_state(us.report())[0]["qualifying_process"]["loaded_here"]
 
 
+def test_a_candidate_signalling_the_serving_process_from_there_is_killed_and_refused(us, call_log):
+    """The qualifying process runs as the same user: a candidate there could
+    send the serving process SIGKILL. It confines itself before loading the
+    candidate: a signal to any process but itself kills it with SIGSYS."""
+    batch = inputs(4)
+    us.enable(qualifying("silu_signals_parent_at_2", qualify_calls=5))
+    seen = run(batch)  # this process is alive to see it
+    assert_production_served(seen)
+    cand, route = silu_state(us.report())
+    q = cand["qualifying_process"]
+    assert "SIGSYS" in q["refused"] and not q["loaded_here"], q
+    assert route["mode"] == "rolled_back"
+    child = ran_in(call_log)[0]
+    assert ran_in(call_log) == [child, child] and child != os.getpid()
+
+
 def test_a_candidate_hanging_there_costs_one_deadline_and_is_refused(us, call_log):
     first, second, rest = inputs(1), inputs(1, seed=1), inputs(5, seed=2)
     us.enable(qualifying("silu_hang_at_2", guard={"deadline_ms": 300}))
