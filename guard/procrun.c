@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -99,9 +100,10 @@ typedef struct wire_answer {
 } wire_answer;
 
 struct ust__procrun {
-  pthread_mutex_t lock; /* one call at a time; guards fd, pid, why */
+  pthread_mutex_t lock; /* one call at a time; guards fd, pid, pidfd, why */
   int fd;
-  pid_t pid;
+  pid_t pid;   /* the child, leader of a process group of its own */
+  int pidfd;   /* the child's process descriptor (-1 where the kernel has none) */
   atomic_int lost;
   char why[512];
   char name[WIRE_MAX_NAME], target[WIRE_MAX_NAME];
@@ -122,8 +124,11 @@ struct ust__procrun {
 
 #define NO_DEADLINE UINT64_MAX
 
-/* 0 ready, -1 the deadline passed, -2 an error. */
-static int wait_fd(int fd, short events, uint64_t deadline) {
+/* 0 ready, -1 the deadline passed, -2 an error or, when watch is a
+ * process's descriptor (a pidfd; -1: none), that process ended: a child
+ * that crashed is known at once, even while a process it forked keeps its
+ * socket open. */
+static int wait_fd(int fd, short events, uint64_t deadline, int watch) {
   for (;;) {
     int ms = -1;
     if (deadline != NO_DEADLINE) {
@@ -133,8 +138,10 @@ static int wait_fd(int fd, short events, uint64_t deadline) {
       uint64_t left = (deadline - now + 999999u) / 1000000u;
       ms = left > 60000 ? 60000 : (int)left;
     }
-    struct pollfd pfd = {fd, events, 0};
-    int n = poll(&pfd, 1, ms);
+    struct pollfd pfd[2] = {{fd, events, 0}, {watch, POLLIN, 0}};
+    int n = poll(pfd, watch >= 0 ? 2 : 1, ms);
+    if (n > 0 && watch >= 0 && (pfd[1].revents & POLLIN) && !(pfd[0].revents & events))
+      return -2; /* the process ended, and nothing more came from it */
     if (n > 0)
       return 0; /* readable, writable, or hung up: the read or write says which */
     if (n < 0 && errno != EINTR)
@@ -143,7 +150,7 @@ static int wait_fd(int fd, short events, uint64_t deadline) {
 }
 
 /* 0 sent; -1 the deadline passed; -2 the peer is gone or an error. */
-static int send_all(int fd, const void *buf, size_t n, uint64_t deadline) {
+static int send_all(int fd, const void *buf, size_t n, uint64_t deadline, int watch) {
   const char *p = buf;
   while (n > 0) {
     ssize_t k = send(fd, p, n > (1u << 20) ? (1u << 20) : n, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -151,7 +158,7 @@ static int send_all(int fd, const void *buf, size_t n, uint64_t deadline) {
       p += k;
       n -= (size_t)k;
     } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      int w = wait_fd(fd, POLLOUT, deadline);
+      int w = wait_fd(fd, POLLOUT, deadline, watch);
       if (w != 0)
         return w;
     } else if (k < 0 && errno == EINTR) {
@@ -164,7 +171,7 @@ static int send_all(int fd, const void *buf, size_t n, uint64_t deadline) {
 }
 
 /* 0 received; -1 the deadline passed; -2 the peer closed or an error. */
-static int recv_all(int fd, void *buf, size_t n, uint64_t deadline) {
+static int recv_all(int fd, void *buf, size_t n, uint64_t deadline, int watch) {
   char *p = buf;
   while (n > 0) {
     ssize_t k = recv(fd, p, n > (1u << 20) ? (1u << 20) : n, MSG_DONTWAIT);
@@ -174,7 +181,7 @@ static int recv_all(int fd, void *buf, size_t n, uint64_t deadline) {
     } else if (k == 0) {
       return -2;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      int w = wait_fd(fd, POLLIN, deadline);
+      int w = wait_fd(fd, POLLIN, deadline, watch);
       if (w != 0)
         return w;
     } else if (errno != EINTR) {
@@ -378,18 +385,27 @@ static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
     snprintf(out, cap, "the qualifying process is gone");
     return;
   }
-  int status = 0;
-  pid_t got = 0;
-  for (int waited = 0; (got = waitpid(p->pid, &status, WNOHANG)) == 0 && waited < grace_ms; waited++) {
+  if (p->pidfd >= 0)
+    close(p->pidfd);
+  p->pidfd = -1;
+  /* ended by itself within grace_ms? (seen without reaping it: its process
+   * group stays its own until then) */
+  int ended = 0;
+  for (int waited = 0;; waited++) {
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    ended = waitid(P_PID, (id_t)p->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == p->pid;
+    if (ended || waited >= grace_ms)
+      break;
     struct timespec ms = {0, 1000000};
     nanosleep(&ms, NULL);
   }
-  int killed = 0;
-  if (got == 0) {
-    kill(p->pid, SIGKILL);
-    killed = 1;
-    while ((got = waitpid(p->pid, &status, 0)) < 0 && errno == EINTR) {
-    }
+  /* the child, unless it ended, and whatever it forked: its process group */
+  kill(-p->pid, SIGKILL);
+  const int killed = !ended;
+  int status = 0;
+  pid_t got;
+  while ((got = waitpid(p->pid, &status, 0)) < 0 && errno == EINTR) {
   }
   p->pid = 0;
   if (got < 0)
@@ -435,11 +451,11 @@ static void lose_on(ust__procrun *p, int io, uint64_t deadline_ns, const char *d
 }
 
 /* Read a length-prefixed text of at most WIRE_MAX_MSG bytes into out. */
-static int recv_text(int fd, uint32_t len, char *out, size_t cap, uint64_t deadline) {
+static int recv_text(int fd, uint32_t len, char *out, size_t cap, uint64_t deadline, int watch) {
   char buf[WIRE_MAX_MSG + 1];
   if (len > WIRE_MAX_MSG)
     return -3;
-  int io = recv_all(fd, buf, len, deadline);
+  int io = recv_all(fd, buf, len, deadline, watch);
   if (io != 0)
     return io;
   buf[len] = '\0';
@@ -459,6 +475,7 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
     return ust__error(UST_ENOMEM, "out of memory");
   pthread_mutex_init(&p->lock, NULL);
   p->fd = -1;
+  p->pidfd = -1;
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     int rc = ust__error(UST_EIO, "qualifying process: socketpair failed: %s", strerror(errno));
@@ -501,7 +518,8 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
   sigaddset(&defaults, SIGABRT);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0); /* a group of its own: what it forks ends with it */
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   pid_t pid = 0;
   int err = child_fd < 0 ? errno : posix_spawn(&pid, spec->exe, &fa, &attr, (char *const *)argv, environ);
   posix_spawn_file_actions_destroy(&fa);
@@ -515,20 +533,23 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
     return rc;
   }
   p->pid = pid;
+#ifdef SYS_pidfd_open
+  p->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+#endif
   const uint64_t deadline = ust__now_ns() + spec->start_deadline_ns;
   wire_hello h;
   char msg[WIRE_MAX_MSG + 1] = "";
-  int io = recv_all(p->fd, &h, sizeof h, deadline);
+  int io = recv_all(p->fd, &h, sizeof h, deadline, p->pidfd);
   if (io == 0 && h.magic != WIRE_MAGIC)
     io = -3;
   if (io == 0 && (h.name_len >= WIRE_MAX_NAME || h.target_len >= WIRE_MAX_NAME))
     io = -3;
   if (io == 0)
-    io = recv_text(p->fd, h.name_len, p->name, sizeof p->name, deadline);
+    io = recv_text(p->fd, h.name_len, p->name, sizeof p->name, deadline, p->pidfd);
   if (io == 0)
-    io = recv_text(p->fd, h.target_len, p->target, sizeof p->target, deadline);
+    io = recv_text(p->fd, h.target_len, p->target, sizeof p->target, deadline, p->pidfd);
   if (io == 0)
-    io = recv_text(p->fd, h.msg_len, msg, sizeof msg, deadline);
+    io = recv_text(p->fd, h.msg_len, msg, sizeof msg, deadline, p->pidfd);
   if (io != 0) {
     pthread_mutex_lock(&p->lock);
     if (io == -3)
@@ -630,10 +651,10 @@ static void describe(const ust_value *v, const DLTensor *t, int32_t dtype, uint6
 }
 
 static int send_value(int fd, const ust_value *v, const DLTensor *t, int32_t dtype, uint64_t offset,
-                      uint64_t deadline) {
+                      uint64_t deadline, int watch) {
   wire_value w;
   describe(v, t, dtype, offset, &w);
-  int io = send_all(fd, &w, sizeof w, deadline);
+  int io = send_all(fd, &w, sizeof w, deadline, watch);
   if (io == 0 && t != NULL) {
     int64_t strides[WIRE_MAX_NDIM];
     int64_t dense = 1;
@@ -641,12 +662,12 @@ static int send_value(int fd, const ust_value *v, const DLTensor *t, int32_t dty
       strides[d] = t->strides != NULL ? t->strides[d] : dense;
       dense *= t->shape[d];
     }
-    io = send_all(fd, t->shape, sizeof(int64_t) * (size_t)t->ndim, deadline);
+    io = send_all(fd, t->shape, sizeof(int64_t) * (size_t)t->ndim, deadline, watch);
     if (io == 0)
-      io = send_all(fd, strides, sizeof(int64_t) * (size_t)t->ndim, deadline);
+      io = send_all(fd, strides, sizeof(int64_t) * (size_t)t->ndim, deadline, watch);
   }
   if (io == 0 && w.name_len > 0)
-    io = send_all(fd, v->name, w.name_len, deadline);
+    io = send_all(fd, v->name, w.name_len, deadline, watch);
   return io;
 }
 
@@ -705,21 +726,21 @@ int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t 
   atomic_fetch_add(&p->runs, 1);
   const uint64_t deadline = ust__now_ns() + deadline_ns;
   wire_call wc = {WIRE_MAGIC, call->n_args, call->n_outputs, gpu};
-  int io = send_all(p->fd, &wc, sizeof wc, deadline);
+  int io = send_all(p->fd, &wc, sizeof wc, deadline, p->pidfd);
   int t = 0; /* the tensors' index, in the order they are described */
   for (int i = 0; io == 0 && i < call->n_args; i++) {
     const ust_value *v = ust_candidate_arg(call, i);
     const int is_t = v->kind == UST_VALUE_TENSOR;
-    io = send_value(p->fd, v, is_t ? &v->tensor : NULL, v->dtype, is_t ? off[t] : 0, deadline);
+    io = send_value(p->fd, v, is_t ? &v->tensor : NULL, v->dtype, is_t ? off[t] : 0, deadline, p->pidfd);
     t += is_t;
   }
   for (int k = 0; io == 0 && k < call->n_outputs; k++, t++)
     io = send_value(p->fd, NULL, &call->outputs[k], call->output_dtypes != NULL ? call->output_dtypes[k] : 0, off[t],
-                    deadline);
+                    deadline, p->pidfd);
   if (gpu >= 0 && io == 0)
-    io = send_all(p->fd, &wa, sizeof wa, deadline);
+    io = send_all(p->fd, &wa, sizeof wa, deadline, p->pidfd);
   for (int k = 0; gpu < 0 && io == 0 && k < n_t; k++)
-    io = send_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline);
+    io = send_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline, p->pidfd);
   if (io != 0) {
     lose_on(p, io, deadline_ns, "while taking a call");
     snprintf(msg, cap, "%s", p->why);
@@ -727,14 +748,14 @@ int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t 
     return UST__PROCRUN_LOST;
   }
   wire_answer a;
-  io = recv_all(p->fd, &a, sizeof a, deadline);
+  io = recv_all(p->fd, &a, sizeof a, deadline, p->pidfd);
   if (io == 0 && (a.magic != WIRE_MAGIC || a.msg_len > WIRE_MAX_MSG))
     io = -3;
   char text[WIRE_MAX_MSG + 1] = "";
   if (io == 0)
-    io = recv_text(p->fd, a.msg_len, text, sizeof text, deadline);
+    io = recv_text(p->fd, a.msg_len, text, sizeof text, deadline, p->pidfd);
   for (int k = 0; gpu < 0 && io == 0 && a.status == 0 && k < n_t; k++)
-    io = recv_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline);
+    io = recv_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline, p->pidfd);
   if (io != 0) {
     if (io == -3)
       lose(p, 0, "the qualifying process answered out of protocol");
@@ -769,7 +790,9 @@ int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t 
 
 /* ---- the child's side ------------------------------------------------------------------- */
 
-static int send_text(int fd, const char *s, uint32_t len) { return len > 0 ? send_all(fd, s, len, NO_DEADLINE) : 0; }
+static int send_text(int fd, const char *s, uint32_t len) {
+  return len > 0 ? send_all(fd, s, len, NO_DEADLINE, -1) : 0;
+}
 
 int ust__procrun_hello(int fd, const ust_candidate *d, int status, const char *why) {
   const char *name = d != NULL && d->name != NULL ? d->name : "";
@@ -777,7 +800,7 @@ int ust__procrun_hello(int fd, const ust_candidate *d, int status, const char *w
   why = why != NULL ? why : "";
   wire_hello h = {WIRE_MAGIC, status, d != NULL ? d->abi_version : 0, (uint32_t)strnlen(name, WIRE_MAX_NAME - 1),
                   (uint32_t)strnlen(target, WIRE_MAX_NAME - 1), (uint32_t)strnlen(why, WIRE_MAX_MSG)};
-  int io = send_all(fd, &h, sizeof h, NO_DEADLINE);
+  int io = send_all(fd, &h, sizeof h, NO_DEADLINE, -1);
   if (io == 0)
     io = send_text(fd, name, h.name_len);
   if (io == 0)
@@ -811,7 +834,7 @@ typedef struct child_call {
 /* Read one value's record into t (and v): -1 on a broken wire. */
 static int recv_value(int fd, child_call *c, ust_value *v, DLTensor *t, int32_t *dtype, int slot) {
   wire_value w;
-  if (recv_all(fd, &w, sizeof w, NO_DEADLINE) != 0 || w.name_len >= WIRE_MAX_NAME)
+  if (recv_all(fd, &w, sizeof w, NO_DEADLINE, -1) != 0 || w.name_len >= WIRE_MAX_NAME)
     return -1;
   const int is_tensor = v == NULL || w.kind == UST_VALUE_TENSOR;
   if (is_tensor && (w.ndim < 0 || w.ndim > WIRE_MAX_NDIM || w.span > WIRE_MAX_SPAN))
@@ -826,7 +849,7 @@ static int recv_value(int fd, child_call *c, ust_value *v, DLTensor *t, int32_t 
   }
   if (is_tensor) {
     int64_t *dims = c->dims[c->n_t];
-    if (recv_all(fd, dims, sizeof(int64_t) * 2 * (size_t)w.ndim, NO_DEADLINE) != 0)
+    if (recv_all(fd, dims, sizeof(int64_t) * 2 * (size_t)w.ndim, NO_DEADLINE, -1) != 0)
       return -1;
     memset(t, 0, sizeof *t);
     t->device.device_type = kDLCPU;
@@ -846,7 +869,7 @@ static int recv_value(int fd, child_call *c, ust_value *v, DLTensor *t, int32_t 
     c->spans[c->n_t++] = w.span;
   }
   if (w.name_len > 0) {
-    if (v == NULL || recv_all(fd, c->names[slot], w.name_len, NO_DEADLINE) != 0)
+    if (v == NULL || recv_all(fd, c->names[slot], w.name_len, NO_DEADLINE, -1) != 0)
       return -1;
     c->names[slot][w.name_len] = '\0';
     v->name = c->names[slot];
@@ -856,11 +879,11 @@ static int recv_value(int fd, child_call *c, ust_value *v, DLTensor *t, int32_t 
 
 static int answer(int fd, int status, const char *msg, child_call *c, int gpu) {
   wire_answer a = {WIRE_MAGIC, status, (uint32_t)strnlen(msg, WIRE_MAX_MSG), 0};
-  int io = send_all(fd, &a, sizeof a, NO_DEADLINE);
+  int io = send_all(fd, &a, sizeof a, NO_DEADLINE, -1);
   if (io == 0)
     io = send_text(fd, msg, a.msg_len);
   for (int k = 0; io == 0 && status == 0 && gpu < 0 && k < c->n_t; k++)
-    io = send_all(fd, tensor_bytes(c->tensors[k]), c->spans[k], NO_DEADLINE);
+    io = send_all(fd, tensor_bytes(c->tensors[k]), c->spans[k], NO_DEADLINE, -1);
   return io;
 }
 
@@ -930,7 +953,7 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
   ssize_t k = recv(fd, &wc, 1, MSG_PEEK);
   if (k == 0)
     return 0;
-  if (recv_all(fd, &wc, sizeof wc, NO_DEADLINE) != 0 || wc.magic != WIRE_MAGIC || wc.n_args < 0 ||
+  if (recv_all(fd, &wc, sizeof wc, NO_DEADLINE, -1) != 0 || wc.magic != WIRE_MAGIC || wc.n_args < 0 ||
       wc.n_args > WIRE_MAX_VALUES || wc.n_outputs < 0 || wc.n_outputs > WIRE_MAX_OUTPUTS)
     return -1;
   c->n_t = 0;
@@ -947,7 +970,7 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
   if (gpu >= 0) {
     /* the tensors are in the serving process's device memory */
     wire_arena a;
-    if (recv_all(fd, &a, sizeof a, NO_DEADLINE) != 0)
+    if (recv_all(fd, &a, sizeof a, NO_DEADLINE, -1) != 0)
       return -1;
     for (int j = 0; j < c->n_t; j++)
       if (c->offsets[j] > a.bytes || c->spans[j] > a.bytes - c->offsets[j])
@@ -971,12 +994,12 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
   }
   for (int j = 0; gpu < 0 && io == 0 && j < c->n_t; j++) {
     if (bufs[j] != NULL) {
-      io = recv_all(fd, bufs[j], c->spans[j], NO_DEADLINE);
+      io = recv_all(fd, bufs[j], c->spans[j], NO_DEADLINE, -1);
     } else {
       /* no room: read and drop the bytes, then say so */
       char sink[4096];
       for (uint64_t left = c->spans[j]; io == 0 && left > 0; left -= left > sizeof sink ? sizeof sink : left)
-        io = recv_all(fd, sink, left > sizeof sink ? sizeof sink : left, NO_DEADLINE);
+        io = recv_all(fd, sink, left > sizeof sink ? sizeof sink : left, NO_DEADLINE, -1);
     }
   }
   if (io == 0 && rc == 0) {

@@ -6,6 +6,9 @@
  *   UST_TEST_WRONG_AT=N  returns a result off by one in its first element
  *   UST_TEST_SIGNAL_PARENT_AT=N  sends SIGKILL to the process that started it
  *                        (the serving process, when it qualifies out of process)
+ *   UST_TEST_FORK_CRASH_AT=N  forks a process that sleeps a minute holding
+ *                        every descriptor (its id appended to
+ *                        $UST_TEST_FORKED_LOG), then crashes
  *   UST_TEST_CRASH_ON_LOAD  its constructor does the same
  * Each call also appends its process id to the file named by
  * $UST_TEST_CALL_LOG, when set, so a test can tell which process ran it. */
@@ -51,6 +54,22 @@ static int run(void *ctx, const ust_candidate_call *call, char *msg, size_t cap)
 #ifdef UST_TEST_SIGNAL_PARENT_AT
   if (n == UST_TEST_SIGNAL_PARENT_AT)
     kill(getppid(), SIGKILL);
+#endif
+#ifdef UST_TEST_FORK_CRASH_AT
+  if (n == UST_TEST_FORK_CRASH_AT) {
+    const pid_t kid = fork();
+    if (kid == 0) {
+      sleep(60);
+      _exit(0);
+    }
+    const char *path = getenv("UST_TEST_FORKED_LOG");
+    FILE *f = path != NULL ? fopen(path, "a") : NULL;
+    if (f != NULL) {
+      fprintf(f, "%ld\n", (long)kid);
+      fclose(f);
+    }
+    *(volatile int *)nowhere = n;
+  }
 #endif
 #ifdef UST_TEST_HANG_AT
   if (n == UST_TEST_HANG_AT)

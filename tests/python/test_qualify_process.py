@@ -179,6 +179,28 @@ def test_a_candidate_signalling_the_serving_process_from_there_is_killed_and_ref
     assert ran_in(call_log) == [child, child] and child != os.getpid()
 
 
+def test_a_crash_there_is_seen_at_once_though_a_process_it_forked_keeps_the_socket(us, call_log, tmp_path,
+                                                                                   monkeypatch):
+    """A child that forked a process holding its socket, then crashed, was
+    judged only at the deadline, and the forked process outlived it. The
+    serving side watches the child itself (its process descriptor), and
+    ends its whole process group."""
+    forked = tmp_path / "forked.log"
+    monkeypatch.setenv("UST_TEST_FORKED_LOG", str(forked))
+    first, second = inputs(1), inputs(1, seed=1)
+    us.enable(qualifying("silu_forks_and_crashes_at_2", guard={"deadline_ms": 20000}))
+    seen = run(first)
+    t0 = time.monotonic()
+    seen += run(second)
+    took = time.monotonic() - t0
+    assert_production_served(seen)
+    cand, route = silu_state(us.report())
+    assert "SIGSEGV" in cand["qualifying_process"]["refused"], cand["qualifying_process"]
+    assert took < 5.0, took  # not the 20 s deadline
+    (kid,) = [int(line) for line in forked.read_text().split()]
+    assert wait_for(lambda: gone(kid), timeout=5.0)
+
+
 def test_a_candidate_hanging_there_costs_one_deadline_and_is_refused(us, call_log):
     first, second, rest = inputs(1), inputs(1, seed=1), inputs(5, seed=2)
     us.enable(qualifying("silu_hang_at_2", guard={"deadline_ms": 300}))
