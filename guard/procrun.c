@@ -390,19 +390,23 @@ static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
   p->pidfd = -1;
   /* ended by itself within grace_ms? (seen without reaping it: its process
    * group stays its own until then) */
-  int ended = 0;
+  int ended = 0, present = 0;
   for (int waited = 0;; waited++) {
     siginfo_t si;
     memset(&si, 0, sizeof si);
-    ended = waitid(P_PID, (id_t)p->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == p->pid;
-    if (ended || waited >= grace_ms)
+    present = waitid(P_PID, (id_t)p->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0;
+    ended = present && si.si_pid == p->pid;
+    if (!present || ended || waited >= grace_ms)
       break;
     struct timespec ms = {0, 1000000};
     nanosleep(&ms, NULL);
   }
-  /* the child, unless it ended, and whatever it forked: its process group */
-  kill(-p->pid, SIGKILL);
-  const int killed = !ended;
+  /* the child, unless it ended, and whatever it forked: its process group.
+   * Only while the child is there (running, or unreaped): its id cannot
+   * name another process group then. */
+  if (present)
+    kill(-p->pid, SIGKILL);
+  const int killed = present && !ended;
   int status = 0;
   pid_t got;
   while ((got = waitpid(p->pid, &status, 0)) < 0 && errno == EINTR) {

@@ -56,7 +56,7 @@ static void *watch_parent(void *arg) {
     struct timespec t = {0, 200 * 1000 * 1000};
     nanosleep(&t, NULL);
     if (getppid() != parent)
-      kill(getpid(), SIGKILL);
+      kill(0, SIGKILL); /* this process and whatever it forked: its group */
   }
   return NULL;
 }
@@ -66,47 +66,71 @@ static void *watch_parent(void *arg) {
 #elif defined(__aarch64__)
 #define CONFINE_ARCH AUDIT_ARCH_AARCH64
 #endif
+#ifndef SECCOMP_RET_KILL_PROCESS
+#define SECCOMP_RET_KILL_PROCESS SECCOMP_RET_KILL /* kernels before 4.14: the thread */
+#endif
+#ifndef SECCOMP_FILTER_FLAG_TSYNC
+#define SECCOMP_FILTER_FLAG_TSYNC 1
+#endif
 
-/* The filter above; 0, or -1 where the kernel or the architecture has none
- * (this process then runs unconfined, as before). */
+/* The filter above, on every thread of this process; 0, or -1 where the
+ * kernel or the architecture has none (this process then runs unconfined,
+ * and says so on its standard error). */
 static int confine(void) {
-#ifdef CONFINE_ARCH
+#if defined(CONFINE_ARCH) && defined(SYS_seccomp)
   const uint32_t self = (uint32_t)getpid();
-  /* syscalls whose first argument names the process signalled: allowed
-   * for this one only */
+  /* syscalls whose first argument names the process signalled: allowed for
+   * this process, and for 0 (its process group, its own: the serving
+   * process made it a group leader) */
   static const long by_pid[] = {__NR_kill, __NR_tgkill, __NR_rt_sigqueueinfo, __NR_rt_tgsigqueueinfo};
-  static const long killed[] = {__NR_tkill, __NR_pidfd_send_signal};
+  static const long killed[] = {
+    __NR_tkill,
+#ifdef __NR_pidfd_send_signal
+    __NR_pidfd_send_signal,
+#endif
+  };
   static const long refused[] = {__NR_ptrace, __NR_process_vm_readv, __NR_process_vm_writev};
-  struct sock_filter f[64];
+  struct sock_filter f[80];
   int n = 0;
-  /* targets, patched once the three returns' places are known */
-  int to_allow[32], to_kill[32], to_refuse[32], n_allow = 0, n_kill = 0, n_refuse = 0;
+  /* jumps to the three returns, patched once their places are known: on a
+   * false test (jf), on a true one (jt), or always (ja) */
+  int jf_kill[16], jt_kill[16], ja_kill[16], jt_allow[16], jt_refuse[16];
+  int n_jf_kill = 0, n_jt_kill = 0, n_ja_kill = 0, n_jt_allow = 0, n_jt_refuse = 0;
 #define AT(field) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, (uint32_t)offsetof(struct seccomp_data, field))
+#define ARG0(half) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, (uint32_t)(offsetof(struct seccomp_data, args[0]) + 4 * (half)))
+#define JEQ(v) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)(v), 0, 0)
+  /* another architecture's calls (i386 through int $0x80 on x86-64) are
+   * another numbering: killed */
   f[n++] = (struct sock_filter)AT(arch);
-  to_allow[n_allow++] = n; /* another architecture's calls: left alone */
-  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, CONFINE_ARCH, 0, 0);
+  jf_kill[n_jf_kill++] = n;
+  f[n++] = (struct sock_filter)JEQ(CONFINE_ARCH);
   f[n++] = (struct sock_filter)AT(nr);
+#if defined(__x86_64__)
+  jt_kill[n_jt_kill++] = n; /* x32's numbering */
+  f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 0);
+#endif
   for (size_t i = 0; i < sizeof by_pid / sizeof by_pid[0]; i++) {
-    /* not this call: skip its 5-instruction check */
-    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)by_pid[i], 0, 5);
-    f[n++] = (struct sock_filter)AT(args[0]); /* the low half (little-endian) */
-    to_kill[n_kill++] = n;
-    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, self, 0, 0);
-    f[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
-                                          (uint32_t)(offsetof(struct seccomp_data, args[0]) + 4));
-    to_kill[n_kill++] = n;
-    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 0);
-    to_allow[n_allow++] = n;
+    /* not this call: past its check (7 instructions) */
+    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)by_pid[i], 0, 7);
+    f[n++] = (struct sock_filter)ARG0(1); /* the high half: 0 for this process and for 0 */
+    jf_kill[n_jf_kill++] = n;
+    f[n++] = (struct sock_filter)JEQ(0);
+    f[n++] = (struct sock_filter)ARG0(0);
+    jt_allow[n_jt_allow++] = n;
+    f[n++] = (struct sock_filter)JEQ(self);
+    jt_allow[n_jt_allow++] = n;
+    f[n++] = (struct sock_filter)JEQ(0);
+    ja_kill[n_ja_kill++] = n; /* any other process */
     f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0);
-    f[n++] = (struct sock_filter)AT(nr); /* the check loaded the argument: the number again */
+    f[n++] = (struct sock_filter)AT(nr); /* the check loaded an argument: the number again */
   }
   for (size_t i = 0; i < sizeof killed / sizeof killed[0]; i++) {
-    to_kill[n_kill++] = -n - 1; /* on equal */
-    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)killed[i], 0, 0);
+    jt_kill[n_jt_kill++] = n;
+    f[n++] = (struct sock_filter)JEQ(killed[i]);
   }
   for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-    to_refuse[n_refuse++] = n;
-    f[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)refused[i], 0, 0);
+    jt_refuse[n_jt_refuse++] = n;
+    f[n++] = (struct sock_filter)JEQ(refused[i]);
   }
   const int allow = n;
   f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
@@ -114,31 +138,28 @@ static int confine(void) {
   f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
   const int refuse = n;
   f[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA));
+#undef JEQ
+#undef ARG0
 #undef AT
-  /* the jumps: an equality test jumps on true (jt) to kill/refuse, on false
-   * (jf) to allow or kill as its role says; unconditional ones (ja) by k */
-  for (int i = 0; i < n_allow; i++) {
-    struct sock_filter *j = &f[to_allow[i]];
-    if (BPF_OP(j->code) == BPF_JA)
-      j->k = (uint32_t)(allow - to_allow[i] - 1);
-    else
-      j->jf = (uint8_t)(allow - to_allow[i] - 1); /* the arch test: another arch, allowed */
-  }
-  for (int i = 0; i < n_kill; i++) {
-    if (to_kill[i] < 0) { /* a killed syscall: on equal */
-      const int at = -to_kill[i] - 1;
-      f[at].jt = (uint8_t)(kill_at - at - 1);
-    } else { /* a pid check: on not equal */
-      f[to_kill[i]].jf = (uint8_t)(kill_at - to_kill[i] - 1);
-    }
-  }
-  for (int i = 0; i < n_refuse; i++)
-    f[to_refuse[i]].jt = (uint8_t)(refuse - to_refuse[i] - 1);
+  for (int i = 0; i < n_jf_kill; i++)
+    f[jf_kill[i]].jf = (uint8_t)(kill_at - jf_kill[i] - 1);
+  for (int i = 0; i < n_jt_kill; i++)
+    f[jt_kill[i]].jt = (uint8_t)(kill_at - jt_kill[i] - 1);
+  for (int i = 0; i < n_ja_kill; i++)
+    f[ja_kill[i]].k = (uint32_t)(kill_at - ja_kill[i] - 1);
+  for (int i = 0; i < n_jt_allow; i++)
+    f[jt_allow[i]].jt = (uint8_t)(allow - jt_allow[i] - 1);
+  for (int i = 0; i < n_jt_refuse; i++)
+    f[jt_refuse[i]].jt = (uint8_t)(refuse - jt_refuse[i] - 1);
   struct sock_fprog prog = {(unsigned short)n, f};
-  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+      syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0) {
+    fprintf(stderr, "understudy-qualify: running unconfined: seccomp: %s\n", strerror(errno));
     return -1;
-  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0 ? 0 : -1;
+  }
+  return 0;
 #else
+  fprintf(stderr, "understudy-qualify: running unconfined: no seccomp filter for this architecture\n");
   return -1;
 #endif
 }
@@ -164,6 +185,7 @@ int main(int argc, char **argv) {
   /* nothing of the serving process but the socket; gone when it is */
   close_range(FD + 1, ~0u, 0);
   signal(SIGPIPE, SIG_IGN);
+  confine(); /* before any thread, before the candidate's constructors */
   pthread_t watcher;
   if (pthread_create(&watcher, NULL, watch_parent, (void *)(intptr_t)getppid()) == 0)
     pthread_detach(watcher);
@@ -171,7 +193,6 @@ int main(int argc, char **argv) {
     ust__procrun_hello(FD, NULL, -1, "understudy-qualify: started without --candidate and --sha256");
     return 2;
   }
-  confine();
   ust__loaded_deps loaded = {0};
   void *dl = NULL;
   int dl_fd = -1;

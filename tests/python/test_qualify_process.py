@@ -77,9 +77,12 @@ def gone(pid):
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    # a zombie is gone as far as running code goes
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    # a zombie is gone as far as running code goes (and one reaped meanwhile is gone)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def inputs(n, seed=0, shape=(4, 8)):
