@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/base.h"
+#include "base/share.h"
 
 uint64_t ust__now_ns(void) {
   struct timespec ts;
@@ -32,12 +33,7 @@ uint32_t ust__share_q32(double p) {
   return q >= 4294967295.0 ? UINT32_MAX : (uint32_t)q;
 }
 
-int ust__sampled(uint64_t n, uint32_t q32) {
-  if (q32 == UINT32_MAX)
-    return 1;
-  unsigned __int128 a = (unsigned __int128)n * q32, p = (unsigned __int128)(n - 1) * q32;
-  return (uint64_t)(a >> 32) != (uint64_t)(p >> 32);
-}
+int ust__sampled(uint64_t n, uint32_t q32) { return ust__share_hit(n, q32); }
 
 const char *ust_version(void) { return UST_VERSION_STRING; }
 

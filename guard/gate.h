@@ -6,10 +6,8 @@
  * memory; the host changes a route's mode, sample or canary share, or rolls
  * it back, by writing the word, and the next replay follows it.
  *
- * The rule is the host's (ust__sampled): the n-th event of a share q is
- * taken when floor(n q / 2^32) steps, so exactly floor(n q / 2^32) of the
- * first n are, spread evenly, without 128-bit arithmetic (a device has
- * none). As for eager calls: in shadow, production serves and a sample of
+ * Shares follow the host's rule (base/share.h, ust__sampled's). As for
+ * eager calls: in shadow, production serves and a sample of
  * the replays is verified; in canary, the candidate serves a share of them,
  * live all, and a sample of those it served is verified.
  *
@@ -21,11 +19,7 @@
 
 #include <stdint.h>
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define UST__HD __host__ __device__
-#else
-#define UST__HD
-#endif
+#include "base/share.h"
 
 enum { UST__GATE_OFF = 0, UST__GATE_SHADOW = 1, UST__GATE_CANARY = 2, UST__GATE_LIVE = 3 };
 
@@ -67,23 +61,13 @@ static inline UST__HD ust__gate ust__gate_unpack(uint64_t w) {
   return g;
 }
 
-/* floor(n q / 2^32), exactly, in 64-bit arithmetic. */
-static inline UST__HD uint64_t ust__gate_floor(uint64_t n, uint32_t q) {
-  return (n >> 32) * q + (((n & 0xffffffffull) * q) >> 32);
-}
-
-/* 1 when the n-th event (from 1) of share q is taken: ust__sampled. */
-static inline UST__HD int ust__gate_hit(uint64_t n, uint32_t q) {
-  return q == UINT32_MAX || (n > 0 && ust__gate_floor(n, q) != ust__gate_floor(n - 1, q));
-}
-
 /* The n-th replay (from 1) of a site whose candidate served `served` of
  * the replays before it. */
 static inline UST__HD ust__gate_choice ust__gate_decide(ust__gate g, uint64_t n, uint64_t served) {
   ust__gate_choice c;
-  c.candidate = g.mode == UST__GATE_LIVE || (g.mode == UST__GATE_CANARY && ust__gate_hit(n, g.canary_q32));
-  c.verify = g.mode == UST__GATE_SHADOW ? ust__gate_hit(n, g.sample_q32)
-             : c.candidate              ? ust__gate_hit(served + 1, g.sample_q32)
+  c.candidate = g.mode == UST__GATE_LIVE || (g.mode == UST__GATE_CANARY && ust__share_hit(n, g.canary_q32));
+  c.verify = g.mode == UST__GATE_SHADOW ? ust__share_hit(n, g.sample_q32)
+             : c.candidate              ? ust__share_hit(served + 1, g.sample_q32)
                                         : 0;
   return c;
 }

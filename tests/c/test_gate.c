@@ -8,15 +8,25 @@
 #include "base/base.h"
 #include "guard/gate.h"
 
-TEST(gate_share_rule_is_the_hosts_sampler) {
-  /* ground truth: ust__sampled (128-bit arithmetic on the host) */
+/* floor(n q / 2^32) in 128-bit arithmetic: the ground truth for the 64-bit rule */
+static int hit_128(uint64_t n, uint32_t q) {
+  if (q == UINT32_MAX)
+    return 1;
+  if (n == 0)
+    return 0;
+  const unsigned __int128 a = (unsigned __int128)n * q, b = (unsigned __int128)(n - 1) * q;
+  return (uint64_t)(a >> 32) != (uint64_t)(b >> 32);
+}
+
+TEST(share_rule_in_64_bits_is_exact_up_to_2_64) {
+  /* the rule the host's sampler and the device's gate share (base/share.h) */
   const uint32_t qs[] = {0, 1, 3, ust__share_q32(0.001), ust__share_q32(0.25), ust__share_q32(1.0 / 3),
                          ust__share_q32(0.5), 0x80000001u, ust__share_q32(0.999), UINT32_MAX - 1, UINT32_MAX};
   const uint64_t starts[] = {1, (1ull << 31) - 1500, (1ull << 32) - 5000, (1ull << 63) + 12345, UINT64_MAX - 3000};
   for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++)
     for (size_t s = 0; s < sizeof starts / sizeof starts[0]; s++)
       for (uint64_t n = starts[s]; n < starts[s] + 3000 && n >= starts[s]; n++)
-        if (ust__gate_hit(n, qs[i]) != ust__sampled(n, qs[i])) {
+        if (ust__share_hit(n, qs[i]) != hit_128(n, qs[i]) || ust__sampled(n, qs[i]) != hit_128(n, qs[i])) {
           ASSERT_U64_EQ(n, 0); /* names the first n that differs */
           ASSERT_U64_EQ(qs[i], 0);
         }
