@@ -300,6 +300,20 @@ static cudaError_t arena_fit(ust__procrun *p, int dev, uint64_t bytes) {
   return cudaSuccess;
 }
 
+/* Queue the copies between the call's tensors and the arena, into it or
+ * out of it, on stream s (dev current). */
+static cudaError_t arena_copy(ust__procrun *p, cudaStream_t s, const DLTensor *const *t, int n, const uint64_t *off,
+                              int into) {
+  cudaError_t e = cudaSuccess;
+  for (int k = 0; e == cudaSuccess && k < n; k++) {
+    char *arena = (char *)p->arena + off[k], *tensor = tensor_bytes(t[k]);
+    if (span_of(t[k]) > 0)
+      e = cudaMemcpyAsync(into ? arena : tensor, into ? tensor : arena, (size_t)span_of(t[k]),
+                          cudaMemcpyDeviceToDevice, s);
+  }
+  return e;
+}
+
 /* Copy the call's tensors into the arena (after the previous call's copies
  * out) and wait for them: the child reads them from another context. */
 static int arena_in(ust__procrun *p, int dev, void *stream, const DLTensor *const *t, int n, const uint64_t *off,
@@ -319,10 +333,8 @@ static int arena_in(ust__procrun *p, int dev, void *stream, const DLTensor *cons
     e = arena_fit(p, dev, bytes);
   if (e == cudaSuccess)
     e = cudaStreamWaitEvent(s, p->arena_free, 0);
-  for (int k = 0; e == cudaSuccess && k < n; k++)
-    if (span_of(t[k]) > 0)
-      e = cudaMemcpyAsync((char *)p->arena + off[k], tensor_bytes(t[k]), (size_t)span_of(t[k]),
-                          cudaMemcpyDeviceToDevice, s);
+  if (e == cudaSuccess)
+    e = arena_copy(p, s, t, n, off, 1);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(s);
   if (e != cudaSuccess) {
@@ -341,10 +353,8 @@ static int arena_out(ust__procrun *p, int dev, void *stream, const DLTensor *con
   cudaStream_t s = (cudaStream_t)stream;
   gpu_scope g;
   cudaError_t e = enter_device(dev, &g) == 0 ? cudaSuccess : cudaErrorInvalidDevice;
-  for (int k = 0; e == cudaSuccess && k < n; k++)
-    if (span_of(t[k]) > 0)
-      e = cudaMemcpyAsync(tensor_bytes(t[k]), (char *)p->arena + off[k], (size_t)span_of(t[k]),
-                          cudaMemcpyDeviceToDevice, s);
+  if (e == cudaSuccess)
+    e = arena_copy(p, s, t, n, off, 0);
   if (e == cudaSuccess)
     e = cudaEventRecord(p->arena_free, s);
   if (e != cudaSuccess) {
