@@ -178,4 +178,14 @@ int ust__state_write(const char *path, const ust__rollout_row *rows, int n);
  * a merge of many reports (ust_report_derive) use it alike. */
 int ust__report_derive(struct cJSON *root);
 
+/* ---- the qualifying process's confinement (plugin/confine.c) ------------------------
+ * From now on, on every thread of this process: a signal to any process but
+ * itself and its own process group, or a system call of another numbering
+ * (i386's, x32's), kills this process with SIGSYS; ptrace and
+ * process_vm_readv/writev fail with EPERM. 0; or -1 where the kernel or the
+ * architecture (x86-64 and AArch64 have it) offers no filter, this process
+ * then running unconfined and saying so on its standard error. Irrevocable:
+ * for understudy-qualify (and the tests' forked children) only. */
+int ust__confine_signals(void);
+
 #endif /* UST_PLUGIN_H */

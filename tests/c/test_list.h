@@ -28,8 +28,10 @@
   X(ring_delivers_in_order_and_counts_what_a_lap_overwrote) \
   X(ring_never_hands_out_an_entry_torn_by_a_concurrent_writer) \
   X(ring_refuses_what_it_cannot_be) \
+  X(ring_on_a_gpu_carries_the_replays_of_a_captured_writer) \
   X(graph_replays_are_judged_as_eager_calls) \
   X(share_rule_in_64_bits_is_exact_up_to_2_64) \
+  X(qualifying_process_confinement_kills_signals_to_others) \
   X(gate_word_round_trips_mode_and_shares) \
   X(gate_decides_each_replay_as_the_modes_decide_eager_calls) \
   X(kernel_records_lost_or_stale_do_not_make_figures) \
