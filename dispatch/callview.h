@@ -94,6 +94,7 @@ typedef struct ust__call_state {
   ust__cand_view cand;
   int nested_ok;    /* its floor may come from the bound ops it calls (its own roofline is absent or an estimate) */
   double own_flops, own_bytes; /* its own roofline's W and Q, noted once the call's floor is settled */
+  void *graph;      /* shadow captured into the call's CUDA graph (plan SHADOW, flag UST__DF_CAPTURED) */
 } ust__call_state;
 
 /* Bound ops a call runs while it runs (an attention wrapper calling its
@@ -186,6 +187,27 @@ struct ust_candidate_call;
 int ust__call_run_remote(ust__call_state *st, const struct ust_candidate_call *call, char *msg, size_t cap);
 /* An error of understudy's own on the call path (production served). */
 void ust__call_internal_error(const struct ust__binding *b);
+
+/* A shadow captured into the call's CUDA graph (UST__DF_CAPTURED): its
+ * work is captured in parts, each enqueued on *side between part_begin and
+ * part_end, and run at the replays the route's gate verifies: the copies
+ * production overwrites (before production), then the candidate and the
+ * comparison (after; COMPARE ends it). 0, or an error: the call's shadow is
+ * dropped (production stays in the graph alone) and why (ust__graph_why)
+ * is counted on the route. */
+int ust__call_graph_part_begin(ust__call_state *st, void **side);
+int ust__call_graph_part_end(ust__call_state *st, int keep, int why);
+/* Inside the open part after production: the candidate's pairs compared
+ * into dev_stats (UST__MAX_PAIRS statistics of device memory the graph
+ * keeps) and published; then the part is ended into the graph. 0 when the
+ * call's shadow is whole in its graph. Ends the slot's use (as COMPARE). */
+int ust__call_graph_compare(ust__call_state *st, const ust__pair *pairs, int n_pairs, void *dev_stats);
+/* Inside the open part: bytes copied from src to dst, or set to byte (device
+ * memory). 0, or an error (the shadow is dropped). */
+int ust__call_graph_copy(ust__call_state *st, void *dst, const void *src, size_t bytes);
+int ust__call_graph_fill(ust__call_state *st, void *dst, int byte, size_t bytes);
+/* The shadow is dropped for why (detail: logged, may be NULL). */
+void ust__call_graph_drop(ust__call_state *st, int why, const char *detail);
 
 /* ---- learned output layouts -------------------------------------------------------- */
 

@@ -453,6 +453,7 @@ typedef struct ust__router {
   ust__route_table routes;
   ust__timers *timers;
   ust__shadow_pool *shadow;
+  ust__graphs *graphs; /* shadow captured into CUDA graphs */
   ust__rollout *rollout;
   ust__hw_ctx *hw;
   ust__log_sink *log;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "dispatch/dispatch.h"
+#include "guard/gate.h"
 #include "guard/procrun.h"
 
 int ust__router_init(ust__router *r, int max_routes) {
@@ -364,6 +365,134 @@ static void skip_sampled(ust__route *r, int mode, const ust__policy *pol, int re
     ust__verify_skipped(&r->verify, reason);
 }
 
+/* A shadowed route's call being captured into a CUDA graph: its shadow is
+ * captured with it (guard/graph.c), when its candidate can be; else the
+ * call holds production alone, counted with the reason. 0 when the plan is
+ * the captured shadow. */
+static int graph_shadow_begin(ust__binding *b, ust__route *r, const ust__call *call, const ust__policy *pol,
+                              ust__call_state *st) {
+  ust__graphs *g = b->router->graphs;
+  if (g == NULL || b->cand == NULL || pol->sample_q32 == 0 ||
+      atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
+    return -1;
+  if (cand_view(b, r, call, 0, &st->cand) != 0) {
+    if (b->cand->kind == UST__CAND_NATIVE && b->cand->proc != NULL)
+      ust__verify_graph_plain(&r->verify, UST__GW_REMOTE);
+    return -1;
+  }
+  if (st->cand.kind != UST__CAND_NATIVE || st->cand.proc != NULL) {
+    ust__verify_graph_plain(&r->verify, st->cand.proc != NULL ? UST__GW_REMOTE : UST__GW_TORCH_OP);
+    memset(&st->cand, 0, sizeof st->cand);
+    return -1;
+  }
+  ust__graph_call *c = malloc(sizeof *c);
+  const ust__slot_route sr = {r, &r->verify, b->cand, 0, 0,
+                              atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
+                              atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed),
+                              call_tsol_ps(r, call, st)};
+  if (c == NULL || ust__graph_call_begin(g, &sr, call->device_id, call->stream, c) != 0) {
+    ust__log(b->router->log, UST_LOG_WARN, "%s: captured without its shadow: %s", r->key_str,
+             c == NULL ? "out of memory" : ust_last_error());
+#if defined(UST_GPU_CUDA)
+    ust__verify_graph_plain(&r->verify, UST__GW_CAPTURE);
+#else
+    ust__verify_graph_plain(&r->verify, UST__GW_UNSUPPORTED);
+#endif
+    free(c);
+    memset(&st->cand, 0, sizeof st->cand);
+    return -1;
+  }
+  st->graph = c;
+  st->plan = UST__PLAN_SHADOW;
+  st->flags = UST__DF_CAPTURED;
+  return 0;
+}
+
+/* The call's captured shadow, dropped (ok 0) or whole in its graph. */
+static void graph_shadow_end(ust__call_state *st, int ok, int why) {
+  ust__graph_call *c = st->graph;
+  if (c == NULL)
+    return;
+  st->graph = NULL;
+  ust__route *r = st->route;
+  if (c->open)
+    ust__graph_part_end(c, 0);
+  if (ok) {
+    atomic_fetch_add_explicit(&r->verify.graph_shadowed, 1, memory_order_relaxed);
+  } else {
+    ust__verify_graph_plain(&r->verify, why);
+    if (c->why[0] != '\0')
+      ust__log(r->binding->router->log, UST_LOG_WARN, "%s: captured without its shadow: %s", r->key_str, c->why);
+  }
+  ust__graph_call_end(c, ok);
+  free(c);
+}
+
+int ust__call_graph_part_begin(ust__call_state *st, void **side) {
+  *side = NULL;
+  if (st->graph == NULL)
+    return -1;
+  if (ust__graph_part_begin(st->graph, side) != 0) {
+    snprintf(((ust__graph_call *)st->graph)->why, sizeof ((ust__graph_call *)st->graph)->why, "%s", ust_last_error());
+    graph_shadow_end(st, 0, UST__GW_CAPTURE);
+    return -1;
+  }
+  return 0;
+}
+
+int ust__call_graph_part_end(ust__call_state *st, int keep, int why) {
+  ust__graph_call *c = st->graph;
+  if (c == NULL)
+    return -1;
+  if (ust__graph_part_end(c, keep) != 0 || !keep) {
+    graph_shadow_end(st, 0, !keep ? why : c->why[0] != '\0' && strstr(c->why, "graph node") ? UST__GW_NODES
+                                                                                            : UST__GW_CAPTURE);
+    return -1;
+  }
+  return 0;
+}
+
+void ust__call_graph_drop(ust__call_state *st, int why, const char *detail) {
+  ust__graph_call *c = st->graph;
+  if (c != NULL && detail != NULL && detail[0] != '\0')
+    snprintf(c->why, sizeof c->why, "%s", detail);
+  graph_shadow_end(st, 0, why);
+}
+
+int ust__call_graph_copy(ust__call_state *st, void *dst, const void *src, size_t bytes) {
+  if (st->graph == NULL)
+    return -1;
+  if (ust__graph_copy(st->graph, dst, src, bytes) != 0) {
+    graph_shadow_end(st, 0, UST__GW_CAPTURE);
+    return -1;
+  }
+  return 0;
+}
+
+int ust__call_graph_fill(ust__call_state *st, void *dst, int byte, size_t bytes) {
+  if (st->graph == NULL)
+    return -1;
+  if (ust__graph_fill(st->graph, dst, byte, bytes) != 0) {
+    graph_shadow_end(st, 0, UST__GW_CAPTURE);
+    return -1;
+  }
+  return 0;
+}
+
+int ust__call_graph_compare(ust__call_state *st, const ust__pair *pairs, int n_pairs, void *dev_stats) {
+  ust__graph_call *c = st->graph;
+  if (c == NULL)
+    return -1;
+  if (ust__graph_call_finish(c, pairs, n_pairs, dev_stats) != 0) {
+    graph_shadow_end(st, 0, UST__GW_CAPTURE);
+    return -1;
+  }
+  if (ust__call_graph_part_end(st, 1, UST__GW_CAPTURE) != 0)
+    return -1;
+  graph_shadow_end(st, 1, UST__GW_NONE);
+  return 0;
+}
+
 /* The route's plan for one call (DESIGN.md, one call step by step):
  * - during graph capture nothing is timed or shadowed; a live candidate is
  *   captured, everything else is production;
@@ -395,6 +524,8 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     /* Replays do not come back here: what is captured is what they run. */
     st->capturing = 1;
     atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
+    if (mode == UST__MODE_SHADOW && graph_shadow_begin(b, r, call, pol, st) == 0)
+      return;
     if (b->cand != NULL)
       skip_sampled(r, mode, pol, UST__SKIP_CAPTURE);
     if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && cand_view(b, r, call, 1, &st->cand) == 0) {
@@ -473,6 +604,7 @@ void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decisi
   }
   if (d->notes & UST__NOTE_INTERNAL)
     ust__call_internal_error(r->binding);
+  graph_shadow_end(st, 0, UST__GW_CAPTURE); /* a captured shadow the decision did not take to its comparison */
   ust__rollout_served(&r->rollout, d->notes, st->capturing);
   if (st->capture_marked && d->outcome == UST__OUT_PRODUCTION)
     ust__timers_captured(r->binding->router->timers, call->stream, st->capture_from, &r->figs, st->tsol_ps);
@@ -492,7 +624,9 @@ void ust__call_mark(ust__call_state *st, int mark, const ust__call *call) {
     ust__shadow_mark(st->slot, mark, call->device, call->stream);
 }
 
-int ust__call_slot_alive(const ust__call_state *st) { return ust__shadow_alive(st->slot); }
+int ust__call_slot_alive(const ust__call_state *st) {
+  return st->graph != NULL || ust__shadow_alive(st->slot);
+}
 
 void ust__call_note_copied(ust__call_state *st, uint64_t bytes) { ust__shadow_note_copied(st->slot, bytes); }
 
@@ -506,6 +640,7 @@ void ust__call_compare(ust__call_state *st, const ust__call *call, const ust__pa
 }
 
 void ust__call_abandon(ust__call_state *st, const ust__call *call) {
+  graph_shadow_end(st, 0, UST__GW_CAPTURE);
   void *slot = st->slot;
   st->slot = NULL;
   ust__shadow_abandon(slot, call->device, call->stream);
@@ -586,7 +721,21 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
                         v->prod_ns > 0 && v->cand_ns > 0 ? log((double)v->cand_ns / (double)v->prod_ns) : NAN);
 }
 
-const ust__verdict_sink_i ust__router_sink = {sink_failed, sink_concluded};
+/* A shadowed route's captured calls verify their sample of replays; any
+ * other mode, or a candidate over its shadow budget, runs none. */
+static uint64_t sink_gate(void *ctx, void *cookie) {
+  (void)ctx;
+  ust__route *r = cookie;
+  uint32_t canary_q32 = 0;
+  const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
+  const ust__policy *pol = atomic_load_explicit(&r->binding->op->policy, memory_order_acquire);
+  if (mode != UST__MODE_SHADOW || pol == NULL || atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
+    return 0;
+  const ust__replay_gate g = {UST__GATE_SHADOW, pol->sample_q32, 0};
+  return ust__gate_pack(g);
+}
+
+const ust__verdict_sink_i ust__router_sink = {sink_failed, sink_concluded, sink_gate};
 
 /* ---- learned output layouts ------------------------------------------------------ */
 

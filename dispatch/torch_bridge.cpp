@@ -393,6 +393,8 @@ private:
   // storage with a written one (addmm(c, a, b, out=c)): the other side must
   // read them as the first did, before it wrote them.
   int snapshot() {
+    if (captured())
+      return snapshot_captured();
     const uint32_t writes = st_.cand.writes_mask;
     const bool aa = ust__call_aa(&st_) != 0;
     for (size_t i = 0; i < n_args_ && i < 32; i++) {
@@ -446,6 +448,119 @@ private:
           if (t.defined())
             bytes += t.nbytes();
     ust__call_note_copied(&st_, bytes);
+    return UST__EV_OK;
+  }
+
+  // ---- a shadow captured into the call's CUDA graph (UST__DF_CAPTURED) ----
+  // understudy's copies are made by the graph, at the replays the route's
+  // gate verifies: their buffers are allocated now (from the graph's memory
+  // pool, in the capture's order, so they live as long as the graph) and
+  // filled in a part (ust__call_graph_part_begin). Nothing in a part runs
+  // on torch's stream: copies are plain device copies of dense tensors.
+
+  bool captured() const { return (st_.flags & UST__DF_CAPTURED) != 0; }
+
+  int drop(int why, const char *detail) {
+    ust__call_graph_drop(&st_, why, detail);
+    return UST__EV_OK; // production alone, as if nothing were shadowed
+  }
+
+  static at::Tensor buffer_like(const at::Tensor &t) { return at::empty_strided(t.sizes(), t.strides(), t.options()); }
+
+  bool graph_copy(const at::Tensor &dst, const at::Tensor &src) {
+    return ust__call_graph_copy(&st_, dst.data_ptr(), src.const_data_ptr(), src.nbytes()) == 0;
+  }
+
+  // Before production: buffers for every copy; the copies of what production
+  // overwrites (and inputs aliasing it) taken in a first part.
+  int snapshot_captured() {
+    const uint32_t writes = st_.cand.writes_mask;
+    for (size_t i = 0; i < n_args_; i++) {
+      if (x_.saved[i].isTensorList())
+        return drop(UST__GW_LAYOUT, "a tensor-list argument");
+      if (!is_defined_tensor(x_.saved[i]))
+        continue;
+      const at::Tensor &t = x_.saved[i].toTensor();
+      if (!t.has_storage() || !t.is_non_overlapping_and_dense() || !t.is_cuda())
+        return drop(UST__GW_LAYOUT, "an argument that is not a dense CUDA tensor");
+      if (i < 32 && ((writes >> i) & 1u))
+        x_.snaps[i] = buffer_like(t);
+    }
+    bool before = false;
+    for (size_t i = 0; i < n_args_; i++) {
+      if (!is_defined_tensor(x_.saved[i]))
+        continue;
+      const at::Tensor &t = x_.saved[i].toTensor();
+      before |= x_.snaps[i].defined();
+      if (x_.snaps[i].defined())
+        continue;
+      for (size_t j = 0; j < n_args_; j++)
+        if (x_.snaps[j].defined() && x_.saved[j].toTensor().is_alias_of(t)) {
+          x_.inputs[i] = buffer_like(t);
+          before = true;
+          break;
+        }
+      if (!x_.inputs[i].defined())
+        x_.cin[i] = buffer_like(t);
+    }
+    if (!before)
+      return UST__EV_OK;
+    void *side = nullptr;
+    if (ust__call_graph_part_begin(&st_, &side) != 0)
+      return UST__EV_OK;
+    for (size_t i = 0; i < n_args_; i++) {
+      const at::Tensor &copy = x_.snaps[i].defined() ? x_.snaps[i] : x_.inputs[i];
+      if (copy.defined() && !graph_copy(copy, x_.saved[i].toTensor()))
+        return UST__EV_OK;
+    }
+    ust__call_graph_part_end(&st_, 1, UST__GW_CAPTURE);
+    return UST__EV_OK;
+  }
+
+  // After production: the candidate's fresh outputs and the comparison's
+  // statistics allocated; the second part holds its private inputs, its
+  // outputs poisoned (all bits set: NaN in every float dtype), and the
+  // candidate, on the part's stream. The part stays open for COMPARE.
+  int cand_on_snaps_captured() {
+    if (st_.graph == nullptr)
+      return UST__EV_NO_LAYOUT; // dropped: production alone
+    prepare_native_on_snaps(/*captured=*/true);
+    stats_ = at::empty({static_cast<int64_t>(UST__MAX_PAIRS * sizeof(ust__cmp_stats))},
+                       at::TensorOptions().dtype(at::kByte).device(
+                           c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(call_.device_id))));
+    if (ust__call_graph_part_begin(&st_, &side_) != 0) {
+      side_ = nullptr;
+      return UST__EV_NO_LAYOUT;
+    }
+    for (size_t i = 0; i < n_args_; i++)
+      if (x_.cin[i].defined() && !graph_copy(x_.cin[i], x_.saved[i].toTensor()))
+        return UST__EV_NO_LAYOUT;
+    for (const at::Tensor &o : x_.native_outputs)
+      if (ust__call_graph_fill(&st_, o.data_ptr(), 0xff, o.nbytes()) != 0)
+        return UST__EV_NO_LAYOUT;
+    return run_candidate(/*timed=*/false);
+  }
+
+  // COMPARE inside the second part: the pairs as an eager call's, their
+  // comparison and its publication captured; the part then ends into the
+  // graph. A candidate that failed while captured leaves production alone.
+  int compare_captured() {
+    if (fail_ != kFailNone)
+      return drop(UST__GW_FAILED, msg_.c_str());
+    if (st_.cand.compare == UST__CMP_SET)
+      return drop(UST__GW_LAYOUT, "a set comparison sorts: it would allocate inside the graph's condition");
+    for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++)
+      if (is_defined_tensor(x_.prod_returns[j]) && !x_.prod_returns[j].toTensor().is_contiguous())
+        return drop(UST__GW_LAYOUT, "a result that is not contiguous");
+    for (size_t i = 0; i < n_args_; i++)
+      if ((x_.snaps[i].defined() || x_.cin[i].defined()) && !x_.saved[i].toTensor().is_contiguous())
+        return drop(UST__GW_LAYOUT, "an argument that is not contiguous");
+    add_pairs(x_.snaps, x_.cand_returns, 0);
+    if (fail_ == kFailNone)
+      add_input_pairs();
+    if (fail_ != kFailNone)
+      return drop(UST__GW_FAILED, msg_.c_str());
+    ust__call_graph_compare(&st_, x_.pairs.data(), static_cast<int>(x_.pairs.size()), stats_.data_ptr());
     return UST__EV_OK;
   }
 
@@ -506,6 +621,8 @@ private:
   }
 
   int cand_on_snaps() {
+    if (captured())
+      return cand_on_snaps_captured();
     if (!ust__call_slot_alive(&st_))
       return UST__EV_INTERNAL; // no device resources for this call: the candidate does not run
     // An out= argument production resized holds nothing the candidate
@@ -624,6 +741,8 @@ private:
   }
 
   int compare() {
+    if (captured())
+      return compare_captured();
     if (fail_ == kFailNone && st_.plan == UST__PLAN_SHADOW && ust__call_aa(&st_)) {
       x_.side = with_snapshots(x_.aa_snaps);
       mark(kAaBegin); // production again, timed: its spread against itself floors the promotion's delta
@@ -788,8 +907,9 @@ private:
 
   // Shadow: the arguments as the call view read them, with understudy's
   // snapshots in place of what production writes (and of read-only
-  // arguments that alias it), and fresh outputs like production's returns.
-  void prepare_native_on_snaps() {
+  // arguments that alias it), and fresh outputs like production's returns
+  // (poisoned now; captured: poisoned in the graph, at each verified replay).
+  void prepare_native_on_snaps(bool captured = false) {
     call_values();
     for (size_t i = 0; i < n_args_; i++) {
       ust_value &v = x_.values[i];
@@ -806,7 +926,8 @@ private:
     for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++) {
       if (!is_defined_tensor(x_.prod_returns[j]) || aliases_written_arg(j))
         continue;
-      x_.native_outputs.push_back(poisoned_like(x_.prod_returns[j].toTensor()));
+      const at::Tensor &r = x_.prod_returns[j].toTensor();
+      x_.native_outputs.push_back(captured ? buffer_like(r) : poisoned_like(r));
       x_.cand_returns[j] = x_.native_outputs.back();
     }
     set_outputs();
@@ -905,7 +1026,7 @@ private:
     cc.n_outputs = static_cast<int32_t>(x_.outputs.size());
     cc.outputs = x_.outputs.data();
     cc.device = dl_device(call_.device == UST__DEV_CUDA, call_.device_id);
-    cc.stream = call_.stream;
+    cc.stream = side_ != nullptr ? side_ : call_.stream; // a captured shadow's part, or the call's
     char buf[1024] = "";
     int rc = 0;
     if (st_.cand.proc != nullptr) {
@@ -1070,6 +1191,8 @@ private:
   std::string msg_;
   std::exception_ptr prod_exc_;
   ust__layout layout_{};
+  void *side_ = nullptr; // a captured shadow's open part: the stream the candidate runs on
+  at::Tensor stats_;     // its comparison's statistics (device memory the graph keeps)
 };
 
 struct HookScope {

@@ -33,6 +33,7 @@
 #include "base/gpu_runtime.h"
 #include "guard/compare_elem.h"
 #include "guard/compare.h"
+#include "guard/gate.h"
 #include "guard/ring.h"
 
 #include "understudy/understudy.h"
@@ -431,3 +432,34 @@ extern "C" int ust__ring_publish_launch(const ust__ring_dev *d, unsigned int sit
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? 0 : ust__error(UST_EGPU, "ring: publish launch: %s", cudaGetErrorString(e));
 }
+
+// ---- the per-replay condition of a captured shadow (guard/gate.h) ----------------------
+
+#if defined(UST_GPU_CUDA)
+// One thread: the replay's decision (first condition of the replay), then
+// the conditional node's handle set from it.
+__global__ void gate_kernel(const volatile unsigned long long *word, ust__gate_counters *c, int first,
+                            cudaGraphConditionalHandle handle) {
+  if (first) {
+    const ust__gate_choice ch = ust__gate_decide(ust__gate_unpack(*word), c->replays + 1, c->served);
+    c->replays += 1;
+    c->served += ch.candidate ? 1 : 0;
+    c->verify = ch.verify ? 1 : 0;
+  }
+  cudaGraphSetConditional(handle, c->verify != 0 ? 1u : 0u);
+}
+
+extern "C" int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
+                                unsigned long long handle, void *stream) {
+  gate_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(word, counters, first,
+                                                                 static_cast<cudaGraphConditionalHandle>(handle));
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? 0 : ust__error(UST_EGPU, "gate: launch: %s", cudaGetErrorString(e));
+}
+#else
+extern "C" int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
+                                unsigned long long handle, void *stream) {
+  (void)word, (void)counters, (void)first, (void)handle, (void)stream;
+  return ust__error(UST_EGPU, "gate: this build's GPU runtime has no conditional graph nodes");
+}
+#endif

@@ -45,7 +45,21 @@ typedef enum ust__plan {
 enum {
   UST__DF_NO_SNAPSHOTS = 1, /* serving inside a graph capture: nothing is copied (or restorable) */
   UST__DF_WAIT_VERDICT = 2, /* serving verified: this call's verdict decides what it serves */
+  UST__DF_CAPTURED = 4,     /* shadow captured into a CUDA graph, run at the replays its gate verifies */
 };
+
+/* Why a captured call of a shadowed route holds production alone. */
+typedef enum ust__graph_why {
+  UST__GW_NONE = 0,
+  UST__GW_TORCH_OP,    /* a torch-op candidate: its allocations cannot be captured into a conditional body */
+  UST__GW_REMOTE,      /* the candidate still qualifies in its own process */
+  UST__GW_UNSUPPORTED, /* this build has no CUDA conditional graph nodes */
+  UST__GW_CAPTURE,     /* the shadow could not be captured (the log says why) */
+  UST__GW_NODES,       /* the shadow holds nodes a conditional body cannot (events, host calls, ...) */
+  UST__GW_LAYOUT,      /* an output the comparison would need a copy of (not dense), or a set comparison */
+  UST__GW_FAILED,      /* the candidate failed while it was captured */
+  UST__GW_COUNT
+} ust__graph_why;
 
 typedef enum ust__step {
   UST__STEP_DONE = 0,

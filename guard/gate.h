@@ -27,10 +27,10 @@ enum { UST__GATE_OFF = 0, UST__GATE_SHADOW = 1, UST__GATE_CANARY = 2, UST__GATE_
  * one): the mode in the top 2 bits, the sample share in the next 31, the
  * canary share in the low 31; shares in units of 2^-31 (all of them: the
  * largest unit count). */
-typedef struct ust__gate {
+typedef struct ust__replay_gate {
   int mode;
   uint32_t sample_q32, canary_q32; /* shares as ust__share_q32 gives them */
-} ust__gate;
+} ust__replay_gate;
 
 /* The decision for one replay. */
 typedef struct ust__gate_choice {
@@ -48,13 +48,13 @@ static inline UST__HD uint32_t ust__gate_q32(uint32_t q31) {
   return q31 == UST__GATE_Q31_ALL ? UINT32_MAX : q31 << 1;
 }
 
-static inline UST__HD uint64_t ust__gate_pack(ust__gate g) {
+static inline UST__HD uint64_t ust__gate_pack(ust__replay_gate g) {
   return (uint64_t)(g.mode & 3) << 62 | (uint64_t)ust__gate_q31(g.sample_q32) << 31 |
          (uint64_t)ust__gate_q31(g.canary_q32);
 }
 
-static inline UST__HD ust__gate ust__gate_unpack(uint64_t w) {
-  ust__gate g;
+static inline UST__HD ust__replay_gate ust__gate_unpack(uint64_t w) {
+  ust__replay_gate g;
   g.mode = (int)(w >> 62);
   g.sample_q32 = ust__gate_q32((uint32_t)(w >> 31) & UST__GATE_Q31_ALL);
   g.canary_q32 = ust__gate_q32((uint32_t)w & UST__GATE_Q31_ALL);
@@ -63,7 +63,7 @@ static inline UST__HD ust__gate ust__gate_unpack(uint64_t w) {
 
 /* The n-th replay (from 1) of a site whose candidate served `served` of
  * the replays before it. */
-static inline UST__HD ust__gate_choice ust__gate_decide(ust__gate g, uint64_t n, uint64_t served) {
+static inline UST__HD ust__gate_choice ust__gate_decide(ust__replay_gate g, uint64_t n, uint64_t served) {
   ust__gate_choice c;
   c.candidate = g.mode == UST__GATE_LIVE || (g.mode == UST__GATE_CANARY && ust__share_hit(n, g.canary_q32));
   c.verify = g.mode == UST__GATE_SHADOW ? ust__share_hit(n, g.sample_q32)
@@ -71,5 +71,27 @@ static inline UST__HD ust__gate_choice ust__gate_decide(ust__gate g, uint64_t n,
                                         : 0;
   return c;
 }
+
+/* A captured site's state on the device: the replays it saw, how many of
+ * them its candidate served, and the last replay's decision (1: verified),
+ * which the site's later conditions read. Zeroed when the site is made. */
+typedef struct ust__gate_counters {
+  unsigned long long replays, served, verify, pad;
+} ust__gate_counters;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Enqueue on stream (capturable) the kernel that sets the conditional
+ * handle `handle` (a cudaGraphConditionalHandle) to whether this replay is
+ * verified: decided from *word (the site's gate, host memory mapped for the
+ * device, read once per replay) and counters when first, else read from
+ * counters->verify as the first condition of the replay left it. 0, or
+ * UST_EGPU (a build without CUDA conditional nodes: always). */
+int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
+                     unsigned long long handle, void *stream);
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* UST_GUARD_GATE_H */

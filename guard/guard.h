@@ -144,7 +144,14 @@ typedef struct ust__verify {
   atomic_uint_fast64_t proc_passed;  /* verifications that passed with the candidate in its own process */
   atomic_int paused;                 /* shadowing stopped: the candidate is over the shadow budget */
   atomic_uint_fast64_t paused_ratio_milli; /* its median over production's when it stopped, x1000 */
+  atomic_uint_fast64_t graph_shadowed; /* captured calls whose graph holds their shadow (guard/graph.c) */
+  atomic_uint_fast64_t graph_plain;    /* captured calls whose graph holds production alone */
+  atomic_int graph_why;                /* why the last of those did (ust__graph_why) */
 } ust__verify;
+
+const char *ust__graph_why_text(int why);
+/* Count a captured call as holding production alone, for why. */
+void ust__verify_graph_plain(ust__verify *v, int why);
 
 typedef struct ust__verify_snap {
   uint64_t calls, verified, passed, failed, skipped, unverifiable, aa_runs, aa_mismatching;
@@ -153,6 +160,8 @@ typedef struct ust__verify_snap {
   uint64_t bytes_copied, overdue, proc_passed;
   int paused;
   double paused_ratio;
+  uint64_t graph_shadowed, graph_plain;
+  int graph_why;
 } ust__verify_snap;
 
 /* The shadow budget: after at least 5 timed verifications, a candidate whose
@@ -234,6 +243,9 @@ typedef struct ust__verdict_sink_i {
   void (*failed)(void *ctx, void *route, ust__evidence *ev);
   /* Every shadow call that took a slot, once concluded. */
   void (*concluded)(void *ctx, void *route, const ust__verdict *v);
+  /* The gate (guard/gate.h, packed) the route's captured calls follow now:
+   * its mode and shares; 0 (off) when they must not run their shadow. */
+  uint64_t (*gate)(void *ctx, void *route);
 } ust__verdict_sink_i;
 
 typedef struct ust__shadow_pool ust__shadow_pool;
@@ -312,6 +324,67 @@ uint64_t ust__shadow_sites_harvest(ust__shadow_pool *p, struct ust__ring *ring, 
 /* Conclude every comparison pending when called (synchronises with the
  * device, holding no lock while it waits). */
 void ust__shadow_harvest_all_sync(ust__shadow_pool *p);
+
+/* A site (as ust__shadow_site_add) whose comparison is captured now: on
+ * stream (capturing), dev_stats (n_pairs statistics, device memory that
+ * lives as long as the graph) zeroed, each pair compared into it, and the
+ * statistics published into ring under the site. */
+struct ust__ring_dev;
+int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
+                             int device, void *stream, ust__cmp_stats *dev_stats, const struct ust__ring_dev *ring,
+                             uint32_t *site);
+
+/* ---- shadow captured into CUDA graphs (guard/graph.c) ------------------------------ */
+
+/* The captured calls of one enable: their sites, gates and rings. */
+typedef struct ust__graphs ust__graphs;
+/* pool and sink are borrowed for its life. */
+int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__log_sink *log,
+                       ust__graphs **out);
+/* Turns every gate off (graphs replayed later run production alone) and
+ * frees the table; the device memory graphs read is kept. NULL: no-op. */
+void ust__graphs_destroy(ust__graphs *g);
+/* The worker's turn: judges the replays the rings hold (as eager calls) and
+ * writes each site's gate from its route (sink->gate). Returns how many
+ * replays it judged. One thread at a time. */
+uint64_t ust__graphs_tick(ust__graphs *g);
+/* Sites made so far. */
+uint64_t ust__graphs_sites(const ust__graphs *g);
+
+/* One shadowed call being captured. */
+struct graph_site;
+typedef struct ust__graph_call {
+  ust__graphs *graphs;
+  struct graph_site *site;
+  struct ust__ring *ring;
+  ust__slot_route r;
+  int device;
+  void *stream; /* the caller's capturing stream */
+  void *side;   /* where this thread captures parts */
+  int mode;     /* the thread's capture mode while a part is open */
+  int open;     /* a part is being captured */
+  int parts;    /* parts added to the caller's graph */
+  char why[192]; /* what kept the call from being shadowed in its graph */
+} ust__graph_call;
+
+/* A site for a call of route r being captured on stream (device): its gate
+ * off until ust__graph_call_end. 0, or an error (the call stays
+ * production alone). */
+int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, void *stream, ust__graph_call *c);
+/* The work enqueued on *side until ust__graph_part_end is a part: it runs
+ * at the replays the gate verifies. */
+int ust__graph_part_begin(ust__graph_call *c, void **side);
+/* Ends the part; keep: into the caller's graph behind its condition (else,
+ * or when it cannot be, dropped: why says so). */
+int ust__graph_part_end(ust__graph_call *c, int keep);
+/* Inside the open part: the comparisons of pairs into dev_stats and their
+ * publication (ust__shadow_site_capture). */
+int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats);
+/* Inside the open part: a device copy, or bytes set to byte. */
+int ust__graph_copy(ust__graph_call *c, void *dst, const void *src, size_t bytes);
+int ust__graph_fill(ust__graph_call *c, void *dst, int byte, size_t bytes);
+/* ok: the call's shadow is whole in the caller's graph; its site goes live. */
+void ust__graph_call_end(ust__graph_call *c, int ok);
 
 /* ---- rollout (guard/rollout.c) ---------------------------------------------------- */
 

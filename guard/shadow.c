@@ -46,6 +46,7 @@ typedef struct pair_meta {
   const char *fail; /* a metadata failure (shape, dtype, ...), or NULL */
   char detail[160];
   int compared;     /* 1 when stats hold its comparison */
+  int kind;         /* ust__cmp_kind, when compared */
   double atol, rtol;
 } pair_meta;
 
@@ -164,6 +165,28 @@ void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->proc_passed = atomic_load(&v->proc_passed);
   o->paused = atomic_load(&v->paused);
   o->paused_ratio = (double)atomic_load(&v->paused_ratio_milli) / 1000.0;
+  o->graph_shadowed = atomic_load(&v->graph_shadowed);
+  o->graph_plain = atomic_load(&v->graph_plain);
+  o->graph_why = atomic_load(&v->graph_why);
+}
+
+const char *ust__graph_why_text(int why) {
+  static const char *const texts[UST__GW_COUNT] = {
+      "",
+      "a torch-op candidate: its allocations cannot be captured into a conditional body",
+      "the candidate still qualifies in its own process",
+      "this build has no CUDA conditional graph nodes",
+      "the shadow could not be captured (the log says why)",
+      "the shadow holds graph nodes a conditional body cannot hold (events, host calls, ...)",
+      "an output the comparison would have to copy (not dense), or a set comparison",
+      "the candidate failed while it was captured",
+  };
+  return why > 0 && why < UST__GW_COUNT ? texts[why] : "";
+}
+
+void ust__verify_graph_plain(ust__verify *v, int why) {
+  atomic_fetch_add_explicit(&v->graph_plain, 1, memory_order_relaxed);
+  atomic_store_explicit(&v->graph_why, why, memory_order_relaxed);
 }
 
 #ifdef UST__SHADOW_GPU
@@ -546,6 +569,7 @@ static int meta_of(const ust__cand *c, const ust__pair *p, int device, int faile
   if (p->input_arg)
     m->atol = m->rtol = 0;
   m->compared = 1;
+  m->kind = *kind;
   return 1;
 }
 
@@ -898,6 +922,35 @@ int ust__shadow_site_add(ust__shadow_pool *p, const ust__slot_route *r, const us
   *site = p->n_sites;
   pthread_mutex_unlock(&p->lock);
   return 0;
+}
+
+int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
+                             int device, void *stream, ust__cmp_stats *dev_stats, const ust__ring_dev *ring,
+                             uint32_t *site) {
+  *site = 0;
+#ifdef UST__SHADOW_GPU
+  uint32_t id = 0;
+  int rc = ust__shadow_site_add(p, r, pairs, n_pairs, device, &id);
+  if (rc != 0)
+    return rc;
+  pthread_mutex_lock(&p->lock);
+  const graph_site *g = p->sites[id - 1];
+  pthread_mutex_unlock(&p->lock);
+  rc = UST__GPU_CHECK(p->log, cudaMemsetAsync(dev_stats, 0, sizeof(ust__cmp_stats) * (size_t)n_pairs,
+                                             (cudaStream_t)stream));
+  for (int i = 0; i < n_pairs && rc == 0; i++)
+    if (g->meta[i].compared)
+      rc = ust__compare_launch(pairs[i].prod_dense, pairs[i].cand_dense, pairs[i].prod_dtype, numel_of(&pairs[i].prod),
+                               g->meta[i].kind, g->meta[i].atol, g->meta[i].rtol, &dev_stats[i], stream);
+  if (rc == 0)
+    rc = ust__ring_publish_launch(ring, id, dev_stats, (unsigned)n_pairs, stream);
+  if (rc == 0)
+    *site = id;
+  return rc;
+#else
+  (void)p, (void)r, (void)pairs, (void)n_pairs, (void)device, (void)stream, (void)dev_stats, (void)ring;
+  return ust__error(UST_EGPU, "shadow: this build has no GPU backend");
+#endif
 }
 
 typedef struct site_harvest {

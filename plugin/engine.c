@@ -116,6 +116,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&e->worker_lock);
     ust__timers_harvest(e->router.timers);
     int shadow_pending = ust__shadow_harvest(e->router.shadow);
+    ust__graphs_tick(e->router.graphs);
     load_qualified(e);
     /* a failing state file is said once, and again after it worked; it is
      * retried after 0.1 s, then twice as long each time, up to a minute */
@@ -143,9 +144,11 @@ static void *worker_main(void *arg) {
         ust__log(&e->ctx->log, UST_LOG_WARN, "periodic report: %s", ust_last_error());
       next_report = now + (uint64_t)(interval * 1e9);
     }
-    /* Device timings are polled every 2 ms; a host-only build only wakes
-     * for reports. */
-    uint64_t wait_ns = ust__timers_used(e->router.timers) || shadow_pending > 0 ? 2000000u : 100000000u;
+    /* Device timings and captured shadows' rings are polled every 2 ms; a
+     * host-only build only wakes for reports. */
+    uint64_t wait_ns = ust__timers_used(e->router.timers) || shadow_pending > 0 || ust__graphs_sites(e->router.graphs) > 0
+                           ? 2000000u
+                           : 100000000u;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t t = (uint64_t)ts.tv_nsec + wait_ns;
@@ -175,6 +178,7 @@ static void engine_free(ust__engine *e) {
   if (e == NULL)
     return;
   ust__timers_destroy(e->router.timers);
+  ust__graphs_destroy(e->router.graphs);
   ust__shadow_pool_destroy(e->router.shadow);
   HASH_CLEAR(hh, e->ops_by_name);
   HASH_CLEAR(hh, e->bindings_by_name);
@@ -348,6 +352,8 @@ static int build_router(ust__engine *e) {
   }
   if (rc == 0)
     rc = ust__shadow_pool_create(e->cfg.shadow_max_inflight, &c->log, &ust__router_sink, r, &r->shadow);
+  if (rc == 0)
+    rc = ust__graphs_create(r->shadow, &ust__router_sink, r, &c->log, &r->graphs);
   if (rc == 0)
     rc = ust__rollout_create(&c->lock, &c->log, &r->rollout);
   for (int i = 0; rc == 0 && i < e->cfg.n_ops; i++)
@@ -596,6 +602,7 @@ int ust_disable(void) {
 static void finish_disable(ust__engine *e, int *rc) {
   ust__timers_harvest_all_sync(e->router.timers);
   ust__shadow_harvest_all_sync(e->router.shadow);
+  ust__graphs_tick(e->router.graphs);
   if (e->cfg.report_path != NULL)
     *rc = ust__report_write_file(e, e->cfg.report_path);
   int rs = persist(e);
@@ -799,6 +806,7 @@ int ust_flush_sync(void) {
     return 0;
   ust__timers_harvest_all_sync(e->router.timers);
   ust__shadow_harvest_all_sync(e->router.shadow);
+  ust__graphs_tick(e->router.graphs);
   engine_unref(e);
   return 0;
 }

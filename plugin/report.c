@@ -95,6 +95,14 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(j, "bytes_copied", (double)v->bytes_copied);
   add_num(j, "overdue", (double)v->overdue);
   add_num(j, "process_passed", (double)v->proc_passed);
+  /* captured calls: whose graph holds their shadow, whose holds production alone (and why) */
+  cJSON *gr = cJSON_AddObjectToObject(j, "graph");
+  add_num(gr, "shadowed", (double)v->graph_shadowed);
+  add_num(gr, "plain", (double)v->graph_plain);
+  if (v->graph_plain > 0 && v->graph_why > 0)
+    cJSON_AddStringToObject(gr, "reason", ust__graph_why_text(v->graph_why));
+  else
+    cJSON_AddNullToObject(gr, "reason");
   if (v->paused) {
     cJSON *pz = cJSON_AddObjectToObject(j, "paused");
     cJSON_AddStringToObject(pz, "reason", "over the shadow budget");

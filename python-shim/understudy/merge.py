@@ -147,7 +147,8 @@ def merge(reports: Iterable[dict]) -> dict:
                 if "shadow" in s:
                     sh = t.setdefault("_shadow", {k: 0 for k in ADD_SHADOW} | {
                         "max_abs_err": 0.0, "max_rel_err": 0.0, "_cand": None, "rollback": None, "skipped_by": {},
-                        "aa": {"runs": 0, "mismatching": 0, "max_abs_err": 0.0, "max_rel_err": 0.0}})
+                        "aa": {"runs": 0, "mismatching": 0, "max_abs_err": 0.0, "max_rel_err": 0.0},
+                        "graph": {"shadowed": 0, "plain": 0, "reason": None}})
                     for k in ADD_SHADOW:
                         sh[k] += s["shadow"].get(k, 0)
                     for k in ("max_abs_err", "max_rel_err"):
@@ -160,6 +161,10 @@ def merge(reports: Iterable[dict]) -> dict:
                         sh["skipped_by"][k] = sh["skipped_by"].get(k, 0) + n
                     for k in ("max_abs_err", "max_rel_err"):
                         sh["aa"][k] = max(sh["aa"][k], aa.get(k, 0.0))
+                    gr = s["shadow"].get("graph") or {}
+                    for k in ("shadowed", "plain"):
+                        sh["graph"][k] += gr.get(k, 0)
+                    sh["graph"]["reason"] = sh["graph"]["reason"] or gr.get("reason")
                     ev = s["shadow"].get("rollback")
                     if ev and (sh["rollback"] is None or ev["unix_ms"] < sh["rollback"]["unix_ms"]):
                         sh["rollback"] = ev
@@ -183,7 +188,8 @@ def merge(reports: Iterable[dict]) -> dict:
                 sh = t["_shadow"]
                 s["shadow"] = {k: sh[k] for k in ADD_SHADOW} | {
                     "skipped_by": sh["skipped_by"], "max_abs_err": sh["max_abs_err"], "max_rel_err": sh["max_rel_err"],
-                    "candidate_latency_ns": _hist_json(sh["_cand"]), "aa": sh["aa"], "rollback": sh["rollback"]}
+                    "candidate_latency_ns": _hist_json(sh["_cand"]), "aa": sh["aa"], "graph": sh["graph"],
+                    "rollback": sh["rollback"]}
             if "_rollout" in t:
                 s["rollout"] = t["_rollout"]
             shapes.append(s)

@@ -38,8 +38,8 @@ TEST(gate_word_round_trips_mode_and_shares) {
   for (int m = 0; m < 4; m++)
     for (int a = 0; a < 5; a++)
       for (int b = 0; b < 5; b++) {
-        ust__gate g = {modes[m], qs[a], qs[b]};
-        ust__gate back = ust__gate_unpack(ust__gate_pack(g));
+        ust__replay_gate g = {modes[m], qs[a], qs[b]};
+        ust__replay_gate back = ust__gate_unpack(ust__gate_pack(g));
         ASSERT_INT_EQ(back.mode, g.mode);
         /* all stays all; any other share loses at most its lowest bit (2^-32) and never becomes all */
         ASSERT_TRUE(g.sample_q32 == UINT32_MAX ? back.sample_q32 == UINT32_MAX
@@ -69,30 +69,30 @@ TEST(gate_decides_each_replay_as_the_modes_decide_eager_calls) {
   const uint32_t quarter = ust__share_q32(0.25), half = ust__share_q32(0.5), tenth = ust__share_q32(0.1);
   uint64_t n = 0, served = 0;
   tally t = {0};
-  replay(ust__gate_pack((ust__gate){UST__GATE_OFF, UINT32_MAX, UINT32_MAX}), &n, &served, 1000, &t);
+  replay(ust__gate_pack((ust__replay_gate){UST__GATE_OFF, UINT32_MAX, UINT32_MAX}), &n, &served, 1000, &t);
   ASSERT_U64_EQ(t.candidate + t.verified, 0); /* off: production, nothing verified */
   t = (tally){0};
-  replay(ust__gate_pack((ust__gate){UST__GATE_SHADOW, quarter, UINT32_MAX}), &n, &served, 10000, &t);
+  replay(ust__gate_pack((ust__replay_gate){UST__GATE_SHADOW, quarter, UINT32_MAX}), &n, &served, 10000, &t);
   ASSERT_U64_EQ(t.candidate, 0);
   ASSERT_U64_EQ(t.verified_production, 2500); /* shadow: production serves, a quarter verified */
   t = (tally){0};
-  replay(ust__gate_pack((ust__gate){UST__GATE_CANARY, half, quarter}), &n, &served, 10000, &t);
+  replay(ust__gate_pack((ust__replay_gate){UST__GATE_CANARY, half, quarter}), &n, &served, 10000, &t);
   ASSERT_U64_EQ(t.candidate, 2500);          /* a quarter served by the candidate */
   ASSERT_U64_EQ(t.verified_candidate, 1250); /* half of those verified */
   ASSERT_U64_EQ(t.verified_production, 0);
   t = (tally){0};
-  replay(ust__gate_pack((ust__gate){UST__GATE_LIVE, tenth, 0}), &n, &served, 10000, &t);
+  replay(ust__gate_pack((ust__replay_gate){UST__GATE_LIVE, tenth, 0}), &n, &served, 10000, &t);
   ASSERT_U64_EQ(t.candidate, 10000);
   ASSERT_U64_EQ(t.verified_candidate, 1000);
   /* a rollback is a word written between replays: the next one is production's */
   t = (tally){0};
-  replay(ust__gate_pack((ust__gate){UST__GATE_OFF, tenth, 0}), &n, &served, 100, &t);
+  replay(ust__gate_pack((ust__replay_gate){UST__GATE_OFF, tenth, 0}), &n, &served, 100, &t);
   ASSERT_U64_EQ(t.candidate + t.verified, 0);
   /* evenly spread: each block of 40 replays of a quarter canary holds 10 served */
   uint64_t m = 0, s = 0;
   for (int w = 0; w < 50; w++) {
     tally u = {0};
-    replay(ust__gate_pack((ust__gate){UST__GATE_CANARY, 0, quarter}), &m, &s, 40, &u);
+    replay(ust__gate_pack((ust__replay_gate){UST__GATE_CANARY, 0, quarter}), &m, &s, 40, &u);
     ASSERT_U64_EQ(u.candidate, 10);
   }
 }

@@ -1,0 +1,262 @@
+"""Shadow inside CUDA graphs: verdicts that keep flowing under graph replay.
+
+An HF Llama-8B-shaped decoder (2 layers, bf16, random weights, a static KV
+cache), its RMSNorms routed through _C::rms_norm as vLLM's are, runs one
+decode step (batch --batch) captured with torch.cuda.graph twice: once
+without understudy (the plain graph), once with _C::rms_norm in shadow
+against the native CUDA candidate examples/candidates/rms_norm_cuda.cu, so
+that each captured rms_norm call carries its shadow behind conditional nodes
+(guard/graph.c). Then, in one run:
+
+1. verdicts: both graphs replayed --replays times on the same inputs, the
+   logits compared bit for bit after every replay; per route the replays
+   verified (sample 1: every captured call of every replay) and passed;
+2. rollback: a third graph captured with the candidate wrong on its last
+   element (rms_norm_cuda_wrong_tail); one replay, then the route's mode; then
+   --replays more, and the verifications they added (0: the gate closed);
+3. cost: replay time of the plain graph, of the shadowed graph with its
+   gates closed (mode observe) and open (shadow, sample 1), interleaved over
+   --rounds rounds of --batch-replays replays each, medians; beside it the
+   kernel time the open gates add per replay, from torch.profiler's records
+   of the same replays (the candidate's, the comparisons', the copies', the
+   gates' and the ring's kernels).
+
+    PYTHONPATH=python-shim python3 benchmarks/graph_shadow.py [--replays 1000] [--batch 1]
+"""
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+import types
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT / "python-shim"))
+import understudy  # noqa: E402
+from understudy import demo  # noqa: E402
+
+PREFILL = 16
+
+
+def candidate(name):
+    lib = pathlib.Path(understudy.library_path()).parent / "candidates" / f"lib{name}.so"
+    if not lib.exists():
+        sys.exit(f"{lib} was not built (./run.sh build on a machine with nvcc)")
+    return understudy.native(lib, target="_C::rms_norm")
+
+
+def config(name):
+    return {"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "candidate": candidate(name)}},
+            "report": {"interval_s": 0}}
+
+
+def build(batch):
+    """The model, and make(): a decode step over a cache of its own (the
+    cache's write position lives on the device and each replay advances
+    it), with rewind(), which puts it back where the step was captured."""
+    from transformers import StaticCache
+    demo.define_vllm_rms_norm()
+    _, _, vocab, model = demo.build_model("cuda", model="llama-8b-shaped")
+    demo.use_vllm_rms_norm(model, True)
+    tok = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
+    ids = torch.randint(1, vocab, (batch, PREFILL), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+
+    def make():
+        cache = StaticCache(config=model.config, max_cache_len=PREFILL + 512)
+        with torch.inference_mode():
+            model(ids, past_key_values=cache, cache_position=torch.arange(PREFILL, device="cuda"), use_cache=True)
+        pos = torch.tensor([PREFILL], device="cuda")
+        saved = []
+
+        def step():
+            return model(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+
+        def mark():
+            saved[:] = [(layer.cumulative_length, layer.cumulative_length.clone()) for layer in cache.layers
+                        if hasattr(layer, "cumulative_length")]
+
+        def rewind():
+            with torch.inference_mode():  # the cache's tensors are inference tensors
+                for t, v in saved:
+                    t.copy_(v)
+        return step, mark, rewind
+    return make, tok, vocab
+
+
+def capture(made, before=None):
+    """made's step captured (after a warm-up on a side stream, then
+    before()): .replay(), .out (the logits it writes), .rewind()."""
+    step, mark, rewind = made
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        mark()
+        if before is not None:
+            before()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = step()
+    return types.SimpleNamespace(replay=g.replay, out=out, rewind=rewind, graph=g)
+
+
+def settle():
+    torch.cuda.synchronize()
+    time.sleep(0.05)  # the worker's next tick writes the gates
+    understudy.flush()
+
+
+def rms_routes(rep):
+    return [s for o in rep["operators"] for s in o["shapes"] if s["op"] == "_C::rms_norm"]
+
+
+def sites(rep):
+    return sum(s["shadow"]["graph"]["shadowed"] for s in rms_routes(rep))
+
+
+def per_replay_us(g, n):
+    g.rewind()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / n
+
+
+def kernel_us(g, n):
+    """Device time per replay of every kernel, copy and memset the replays
+    ran (torch.profiler's records), by name."""
+    from torch.profiler import ProfilerActivity, profile
+    g.rewind()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            g.replay()
+        torch.cuda.synchronize()
+    by = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by[e.name] = by.get(e.name, 0.0) + e.device_time / n
+    return by
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--replays", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--batch-replays", type=int, default=200)
+    args = ap.parse_args()
+    make, tok, vocab = build(args.batch)
+    plain = capture(make())
+    understudy.enable(config("rms_norm_cuda"))
+    shadowed = capture(make())
+    settle()
+    base = {s["key"]: s["shadow"]["verified"] for s in rms_routes(understudy.report())}
+    gen = torch.Generator("cuda").manual_seed(2)
+    equal = 0
+    t0 = time.perf_counter()
+    for _ in range(args.replays):
+        # the same step on both graphs' caches, on a fresh token
+        tok.copy_(torch.randint(1, vocab, tok.shape, device="cuda", generator=gen))
+        plain.rewind()
+        plain.replay()
+        a = plain.out.clone()
+        shadowed.rewind()
+        shadowed.replay()
+        equal += bool(torch.equal(a, shadowed.out))
+    settle()
+    took = time.perf_counter() - t0
+    rep = understudy.report()
+    print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}")
+    print(f"HF Llama-8B-shaped decode step (2 layers, bf16, batch {args.batch}), captured with torch.cuda.graph; "
+          f"_C::rms_norm in shadow (native rms_norm_cuda, sample 1)")
+    print(f"\n1. verdicts: {args.replays} replays in {took:.1f} s, logits bit-equal to the plain graph's on "
+          f"{equal} of {args.replays}")
+    print(f"{'route':<44} {'sites':>5} {'verified':>9} {'x replays':>10} {'passed':>7} {'failed':>7}")
+    for s in rms_routes(rep):
+        sh = s["shadow"]
+        v = sh["verified"] - base.get(s["key"], 0)
+        n_sites = sh["graph"]["shadowed"]
+        print(f"{s['key'][:44]:<44} {n_sites:>5} {v:>9} {v / max(n_sites, 1) / args.replays:>10.3f} "
+              f"{sh['passed'] - base.get(s['key'], 0):>7} {sh['failed']:>7}")
+
+    # 3. cost (before the rollback phase: that one ends this enable)
+    def timed(mode):
+        if mode == "plain":
+            return per_replay_us(plain, args.batch_replays)
+        understudy.set_mode("rms_norm", "observe" if mode == "gates closed" else "shadow")
+        settle()
+        return per_replay_us(shadowed, args.batch_replays)
+    modes = ("plain", "gates closed", "gates open (sample 1)")
+    for m in modes:  # warm
+        timed(m)
+    times = {m: [] for m in modes}
+    for _ in range(args.rounds):
+        for m in modes:
+            times[m].append(timed(m))
+    understudy.set_mode("rms_norm", "observe")
+    settle()
+    closed = kernel_us(shadowed, 20)
+    understudy.set_mode("rms_norm", "shadow")
+    settle()
+    opened = kernel_us(shadowed, 20)
+    settle()
+    understudy.disable()
+    plain_k = kernel_us(plain, 20)
+    med = {m: statistics.median(v) for m, v in times.items()}
+    print(f"\n3. cost: replay time, median of {args.rounds} interleaved rounds of {args.batch_replays} replays; "
+          f"kernel time per replay (torch.profiler)")
+    print(f"{'graph':<24} {'us/replay':>10} {'vs plain':>9} {'added us':>9} {'kernel us':>10}")
+    ks = {"plain": sum(plain_k.values()), "gates closed": sum(closed.values()),
+          "gates open (sample 1)": sum(opened.values())}
+    for m in modes:
+        print(f"{m:<24} {med[m]:>10.2f} {med[m] / med['plain']:>9.4f} {med[m] - med['plain']:>9.2f} {ks[m]:>10.2f}")
+    added = sorted(((opened.get(k, 0) - closed.get(k, 0), k) for k in opened), reverse=True)
+    print("kernel time the open gates add per replay, by kernel:")
+    for us_, name in added:
+        if us_ > 0.05:
+            print(f"  {us_:8.2f} us  {name[:100]}")
+    print(f"  {sum(u for u, _ in added if u > 0):8.2f} us  in all; replay time added "
+          f"{med['gates open (sample 1)'] - med['gates closed']:.2f} us")
+
+    # 2. rollback: the warm-up observed (an eager shadow call would roll it
+    # back before the capture)
+    understudy.enable(config("rms_norm_cuda_wrong_tail"))
+    understudy.set_mode("rms_norm", "observe")
+    wrong = capture(make(), lambda: understudy.set_mode("rms_norm", "shadow"))
+    settle()
+    plain.rewind()
+    plain.replay()
+    a = plain.out.clone()
+    wrong.rewind()
+    wrong.replay()
+    same = torch.equal(a, wrong.out)
+    settle()
+    first = rms_routes(understudy.report())
+    for _ in range(args.replays):
+        wrong.rewind()
+        wrong.replay()
+    settle()
+    later = rms_routes(understudy.report())
+    understudy.disable()
+    print(f"\n2. rollback: a candidate wrong on its last element, captured; after one replay (logits equal to the "
+          f"plain graph's: {same}):")
+    for s, t in zip(first, later):
+        sh = s["shadow"]
+        ev = sh["rollback"] or {}
+        print(f"  {s['key']}: mode {s['mode']}, verified {sh['verified']}, failed {sh['failed']}, rollback "
+              f"{ev.get('reason')} at {ev.get('first_mismatch', {}).get('index')}; after {args.replays} more "
+              f"replays: verified {t['shadow']['verified']} (+{t['shadow']['verified'] - sh['verified']})")
+
+
+if __name__ == "__main__":
+    main()

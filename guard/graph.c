@@ -1,0 +1,436 @@
+/*
+ * guard/graph.c: shadow captured into CUDA graphs. A shadowed call captured
+ * into a graph gets, beside production's nodes, its shadow work in
+ * conditional nodes (IF) whose condition a one-thread kernel sets at each
+ * replay from the site's gate word (guard/gate.h): the copies production
+ * would overwrite before production, then the candidate on the copies, the
+ * comparisons and a publication of their statistics into the device's ring
+ * (guard/ring.h) after it. The worker judges the ring's entries as eager
+ * calls (the shadow pool's sites) and writes each site's gate from its
+ * route's mode, so that a rollback or a sample change holds from the next
+ * replay on, in every graph that holds the route's sites.
+ *
+ * Each part is captured on a stream of its own into a graph of its own
+ * first, and checked: only kernels, copies, memsets, empty nodes and child
+ * graphs of those may run in a conditional body. A part that cannot be
+ * captured, or holds anything else, leaves the call as production alone
+ * (the route's graph figures say why); nothing half-made enters the
+ * caller's graph.
+ *
+ * The device memory graphs read (gate words, counters, the rings) is kept
+ * for the life of the process: a graph may be replayed after understudy is
+ * disabled, and then reads gates that say off.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "guard/gate.h"
+#include "guard/guard.h"
+#include "guard/ring.h"
+
+#if defined(UST_GPU_CUDA)
+#define GRAPH_GPU 1
+#include "base/gpu_runtime.h"
+#endif
+
+#define GRAPH_DEVICES 64
+#define GRAPH_CHUNK 256    /* sites per device allocation */
+#define GRAPH_RING 4096u   /* entries per device */
+
+enum { SITE_BUILDING = 0, SITE_LIVE, SITE_DROPPED };
+
+typedef struct graph_site {
+  void *cookie;      /* the route */
+  int device;
+  int state;         /* SITE_* */
+  uint32_t pool_site; /* the shadow pool's site once finished */
+  _Atomic uint64_t *word;           /* the gate: host memory the device reads */
+  ust__gate_counters *counters;     /* device memory */
+  const unsigned long long *dev_word; /* the gate's device address */
+} graph_site;
+
+#ifdef GRAPH_GPU
+/* Per device, kept for the process (see above): the ring and the current
+ * chunk of gates and counters. */
+typedef struct kept_device {
+  ust__ring *ring;
+  _Atomic uint64_t *words;      /* GRAPH_CHUNK gates, host-mapped */
+  unsigned long long *dev_words; /* their device address */
+  ust__gate_counters *counters; /* GRAPH_CHUNK, device memory */
+  int used;                     /* of the current chunk */
+} kept_device;
+
+static pthread_mutex_t g_kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static kept_device g_kept[GRAPH_DEVICES];
+#endif
+
+struct ust__graphs {
+  pthread_mutex_t lock; /* the sites */
+  ust__shadow_pool *pool;
+  const ust__verdict_sink_i *sink;
+  void *sink_ctx;
+  ust__log_sink *log;
+  graph_site **sites; /* never moved once added */
+  uint32_t n_sites, cap_sites;
+  uint64_t unknown;   /* ring entries naming no site of this pool */
+};
+
+int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__log_sink *log,
+                       ust__graphs **out) {
+  *out = NULL;
+  ust__graphs *g = calloc(1, sizeof *g);
+  if (g == NULL)
+    return ust__error(UST_ENOMEM, "out of memory");
+  pthread_mutex_init(&g->lock, NULL);
+  g->pool = pool;
+  g->sink = sink;
+  g->sink_ctx = sink_ctx;
+  g->log = log;
+  *out = g;
+  return 0;
+}
+
+void ust__graphs_destroy(ust__graphs *g) {
+  if (g == NULL)
+    return;
+  ust__graphs_tick(g);
+  /* replays from now on find every gate off */
+  for (uint32_t i = 0; i < g->n_sites; i++) {
+    if (g->sites[i]->word != NULL)
+      atomic_store(g->sites[i]->word, 0);
+    free(g->sites[i]);
+  }
+  free(g->sites);
+  pthread_mutex_destroy(&g->lock);
+  free(g);
+}
+
+uint64_t ust__graphs_sites(const ust__graphs *g) {
+  return g != NULL ? __atomic_load_n(&g->n_sites, __ATOMIC_RELAXED) : 0;
+}
+
+#ifdef GRAPH_GPU
+
+/* The device's kept memory, and a gate and counters for one more site (the
+ * caller holds g_kept_lock; capture mode relaxed). */
+static int kept_site(int device, cudaStream_t side, _Atomic uint64_t **word, const unsigned long long **dev_word,
+                     ust__gate_counters **counters, ust__ring **ring) {
+  kept_device *k = &g_kept[device];
+  if (k->ring == NULL) {
+    int rc = ust__ring_create(GRAPH_RING, 1, &k->ring);
+    if (rc != 0)
+      return rc;
+  }
+  if (k->words == NULL || k->used == GRAPH_CHUNK) {
+    void *host = NULL, *dev = NULL, *counters_dev = NULL;
+    const size_t words_bytes = GRAPH_CHUNK * sizeof(uint64_t);
+    const size_t counters_bytes = GRAPH_CHUNK * sizeof(ust__gate_counters);
+    if (UST__GPU_CHECK(NULL, cudaHostAlloc(&host, words_bytes, cudaHostAllocMapped | cudaHostAllocPortable)) != 0)
+      return UST_EGPU;
+    memset(host, 0, words_bytes);
+    if (UST__GPU_CHECK(NULL, cudaHostGetDevicePointer(&dev, host, 0)) != 0 ||
+        UST__GPU_CHECK(NULL, cudaMalloc(&counters_dev, counters_bytes)) != 0) {
+      cudaFreeHost(host);
+      return UST_EGPU;
+    }
+    /* on this thread's own stream: the legacy stream could meet the capture */
+    if (UST__GPU_CHECK(NULL, cudaMemsetAsync(counters_dev, 0, counters_bytes, side)) != 0 ||
+        UST__GPU_CHECK(NULL, cudaStreamSynchronize(side)) != 0) {
+      cudaFreeHost(host);
+      cudaFree(counters_dev);
+      return UST_EGPU;
+    }
+    /* the previous chunk stays: graphs hold its addresses */
+    k->words = host;
+    k->dev_words = dev;
+    k->counters = counters_dev;
+    k->used = 0;
+  }
+  *word = &k->words[k->used];
+  *dev_word = &k->dev_words[k->used];
+  *counters = &k->counters[k->used];
+  *ring = k->ring;
+  k->used++;
+  return 0;
+}
+
+/* This thread's stream for capturing parts on device (made once, kept for
+ * the thread's life). */
+static _Thread_local cudaStream_t tl_side[GRAPH_DEVICES];
+
+int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, void *stream, ust__graph_call *c) {
+  memset(c, 0, sizeof *c);
+  c->graphs = g;
+  c->r = *r;
+  c->device = device;
+  c->stream = stream;
+  if (device < 0 || device >= GRAPH_DEVICES)
+    return ust__error(UST_EINVAL, "graph: device %d", device);
+  graph_site *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return ust__error(UST_ENOMEM, "out of memory");
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  int rc = 0;
+  if (tl_side[device] == NULL)
+    rc = UST__GPU_CHECK(NULL, cudaStreamCreateWithFlags(&tl_side[device], cudaStreamNonBlocking));
+  if (rc == 0) {
+    pthread_mutex_lock(&g_kept_lock);
+    rc = kept_site(device, tl_side[device], &s->word, &s->dev_word, &s->counters, &c->ring);
+    pthread_mutex_unlock(&g_kept_lock);
+  }
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (rc != 0) {
+    free(s);
+    return rc;
+  }
+  s->cookie = r->cookie;
+  s->device = device;
+  atomic_store(s->word, 0);
+  pthread_mutex_lock(&g->lock);
+  if (g->n_sites == g->cap_sites) {
+    const uint32_t cap = g->cap_sites ? g->cap_sites * 2 : 16;
+    graph_site **grown = cap <= UST__MAX_SITES ? realloc(g->sites, cap * sizeof *grown) : NULL;
+    if (grown == NULL) {
+      pthread_mutex_unlock(&g->lock);
+      free(s); /* its gate stays off */
+      return ust__error(UST_ENOMEM, "graph: no room for another captured call (%u kept)", (unsigned)g->n_sites);
+    }
+    g->sites = grown;
+    g->cap_sites = cap;
+  }
+  g->sites[g->n_sites] = s;
+  __atomic_store_n(&g->n_sites, g->n_sites + 1, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&g->lock);
+  c->site = s;
+  c->side = tl_side[device];
+  return 0;
+}
+
+int ust__graph_part_begin(ust__graph_call *c, void **side) {
+  *side = NULL;
+  if (c->site == NULL || c->open)
+    return ust__error(UST_EINVAL, "graph: no call, or a part is open");
+  c->mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode((enum cudaStreamCaptureMode *)&c->mode);
+  if (UST__GPU_CHECK(NULL, cudaStreamBeginCapture((cudaStream_t)c->side, cudaStreamCaptureModeRelaxed)) != 0) {
+    cudaThreadExchangeStreamCaptureMode((enum cudaStreamCaptureMode *)&c->mode);
+    return UST_EGPU;
+  }
+  c->open = 1;
+  *side = c->side;
+  return 0;
+}
+
+/* 1 when every node of graph (and of its child graphs) may run in a
+ * conditional body; else names the first that may not into why. */
+static int body_ok(cudaGraph_t graph, int depth, char *why, size_t cap) {
+  size_t n = 0;
+  if (UST__GPU_CHECK(NULL, cudaGraphGetNodes(graph, NULL, &n)) != 0) {
+    snprintf(why, cap, "its nodes could not be read");
+    return 0;
+  }
+  if (n == 0)
+    return 1;
+  cudaGraphNode_t *nodes = malloc(n * sizeof *nodes);
+  if (nodes == NULL || UST__GPU_CHECK(NULL, cudaGraphGetNodes(graph, nodes, &n)) != 0) {
+    free(nodes);
+    snprintf(why, cap, "its nodes could not be read");
+    return 0;
+  }
+  int ok = 1;
+  for (size_t i = 0; i < n && ok; i++) {
+    enum cudaGraphNodeType t;
+    if (UST__GPU_CHECK(NULL, cudaGraphNodeGetType(nodes[i], &t)) != 0) {
+      snprintf(why, cap, "a node's type could not be read");
+      ok = 0;
+    } else if (t == cudaGraphNodeTypeGraph) {
+      cudaGraph_t child;
+      ok = depth < 8 && UST__GPU_CHECK(NULL, cudaGraphChildGraphNodeGetGraph(nodes[i], &child)) == 0 &&
+           body_ok(child, depth + 1, why, cap);
+      if (!ok && why[0] == '\0')
+        snprintf(why, cap, "child graphs nested too deep");
+    } else if (t != cudaGraphNodeTypeKernel && t != cudaGraphNodeTypeMemcpy && t != cudaGraphNodeTypeMemset &&
+               t != cudaGraphNodeTypeEmpty) {
+      snprintf(why, cap, "it holds a graph node of type %d, which a conditional body cannot", (int)t);
+      ok = 0;
+    }
+  }
+  free(nodes);
+  return ok;
+}
+
+int ust__graph_part_end(ust__graph_call *c, int keep) {
+  if (!c->open)
+    return ust__error(UST_EINVAL, "graph: no part is open");
+  cudaGraph_t part = NULL;
+  int rc = UST__GPU_CHECK(NULL, cudaStreamEndCapture((cudaStream_t)c->side, &part));
+  c->open = 0;
+  if (rc != 0 || part == NULL) {
+    snprintf(c->why, sizeof c->why, "its shadow could not be captured: %s", ust_last_error());
+    keep = 0;
+    rc = rc != 0 ? rc : UST_EGPU;
+  } else if (keep && !body_ok(part, 0, c->why, sizeof c->why)) {
+    keep = 0;
+    rc = ust__error(UST_EINVAL, "graph: the shadow's part: %s", c->why);
+  }
+  if (keep) {
+    /* into the caller's capture: the condition, then the IF node holding the part */
+    enum cudaStreamCaptureStatus st;
+    cudaGraph_t graph = NULL;
+    const cudaGraphNode_t *deps = NULL;
+    const cudaGraphEdgeData *edges = NULL;
+    size_t n_deps = 0;
+    cudaGraphConditionalHandle handle;
+    struct cudaGraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    cudaGraphNode_t node, child;
+    const cudaStream_t s = (cudaStream_t)c->stream;
+    rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, NULL, NULL, NULL));
+    if (rc == 0)
+      rc = UST__GPU_CHECK(NULL, cudaGraphConditionalHandleCreate(&handle, graph, 0, cudaGraphCondAssignDefault));
+    if (rc == 0)
+      rc = ust__gate_launch(c->site->dev_word, c->site->counters, c->parts == 0, (unsigned long long)handle, c->stream);
+    if (rc == 0)
+      rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, &deps, &edges, &n_deps));
+    if (rc == 0) {
+      p.type = cudaGraphNodeTypeConditional;
+      p.conditional.handle = handle;
+      p.conditional.type = cudaGraphCondTypeIf;
+      p.conditional.size = 1;
+      rc = UST__GPU_CHECK(NULL, cudaGraphAddNode(&node, graph, deps, edges, n_deps, &p));
+    }
+    if (rc == 0)
+      rc = UST__GPU_CHECK(NULL, cudaGraphAddChildGraphNode(&child, p.conditional.phGraph_out[0], NULL, 0, part));
+    if (rc == 0)
+      rc = UST__GPU_CHECK(NULL, cudaStreamUpdateCaptureDependencies(s, &node, NULL, 1, cudaStreamSetCaptureDependencies));
+    if (rc != 0)
+      snprintf(c->why, sizeof c->why, "its condition could not be added: %s", ust_last_error());
+    else
+      c->parts++;
+  }
+  if (part != NULL)
+    cudaGraphDestroy(part);
+  cudaThreadExchangeStreamCaptureMode((enum cudaStreamCaptureMode *)&c->mode);
+  return rc;
+}
+
+int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats) {
+  if (!c->open)
+    return ust__error(UST_EINVAL, "graph: the comparison belongs in an open part");
+  const ust__ring_dev ring = ust__ring_device(c->ring);
+  int rc = ust__shadow_site_capture(c->graphs->pool, &c->r, pairs, n_pairs, UST__DEV_CUDA, c->side, dev_stats, &ring,
+                                    &c->site->pool_site);
+  if (rc != 0)
+    snprintf(c->why, sizeof c->why, "its comparison could not be captured: %s", ust_last_error());
+  return rc;
+}
+
+int ust__graph_copy(ust__graph_call *c, void *dst, const void *src, size_t bytes) {
+  if (!c->open)
+    return ust__error(UST_EINVAL, "graph: a copy outside a part");
+  int rc = UST__GPU_CHECK(NULL, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)c->side));
+  if (rc != 0)
+    snprintf(c->why, sizeof c->why, "a copy could not be captured: %s", ust_last_error());
+  return rc;
+}
+
+int ust__graph_fill(ust__graph_call *c, void *dst, int byte, size_t bytes) {
+  if (!c->open)
+    return ust__error(UST_EINVAL, "graph: a fill outside a part");
+  int rc = UST__GPU_CHECK(NULL, cudaMemsetAsync(dst, byte, bytes, (cudaStream_t)c->side));
+  if (rc != 0)
+    snprintf(c->why, sizeof c->why, "a fill could not be captured: %s", ust_last_error());
+  return rc;
+}
+
+uint64_t ust__graphs_tick(ust__graphs *g) {
+  uint64_t judged = 0;
+  for (int d = 0; d < GRAPH_DEVICES; d++) {
+    pthread_mutex_lock(&g_kept_lock);
+    ust__ring *ring = g_kept[d].ring;
+    pthread_mutex_unlock(&g_kept_lock);
+    if (ring != NULL) {
+      uint64_t unknown = 0;
+      judged += ust__shadow_sites_harvest(g->pool, ring, &unknown);
+      g->unknown += unknown;
+    }
+  }
+  pthread_mutex_lock(&g->lock);
+  for (uint32_t i = 0; i < g->n_sites; i++) {
+    graph_site *s = g->sites[i];
+    const uint64_t w = s->state == SITE_LIVE ? g->sink->gate(g->sink_ctx, s->cookie) : 0;
+    if (atomic_load_explicit(s->word, memory_order_relaxed) != w)
+      atomic_store(s->word, w);
+  }
+  pthread_mutex_unlock(&g->lock);
+  return judged;
+}
+
+#else /* no CUDA conditional nodes */
+
+int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, void *stream, ust__graph_call *c) {
+  (void)g, (void)r, (void)device, (void)stream;
+  memset(c, 0, sizeof *c);
+  return ust__error(UST_EGPU, "graph: this build has no CUDA conditional graph nodes");
+}
+
+int ust__graph_part_begin(ust__graph_call *c, void **side) {
+  (void)c;
+  *side = NULL;
+  return ust__error(UST_EGPU, "graph: this build has no CUDA conditional graph nodes");
+}
+
+int ust__graph_part_end(ust__graph_call *c, int keep) {
+  (void)c, (void)keep;
+  return ust__error(UST_EGPU, "graph: this build has no CUDA conditional graph nodes");
+}
+
+int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats) {
+  (void)c, (void)pairs, (void)n_pairs, (void)dev_stats;
+  return ust__error(UST_EGPU, "graph: this build has no CUDA conditional graph nodes");
+}
+
+int ust__graph_copy(ust__graph_call *c, void *dst, const void *src, size_t bytes) {
+  (void)c, (void)dst, (void)src, (void)bytes;
+  return ust__error(UST_EGPU, "graph: this build has no CUDA conditional graph nodes");
+}
+
+int ust__graph_fill(ust__graph_call *c, void *dst, int byte, size_t bytes) {
+  (void)c, (void)dst, (void)byte, (void)bytes;
+  return ust__error(UST_EGPU, "graph: this build has no CUDA conditional graph nodes");
+}
+
+uint64_t ust__graphs_tick(ust__graphs *g) {
+  (void)g;
+  return 0;
+}
+
+#if !defined(UST_GPU_HIP)
+int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
+                     unsigned long long handle, void *stream) {
+  (void)word, (void)counters, (void)first, (void)handle, (void)stream;
+  return ust__error(UST_EGPU, "gate: this build has no GPU backend");
+}
+#endif
+
+#endif
+
+/* The call's end: a finished call's site goes live, its gate set from its
+ * route now and kept so by the worker's ticks; any other leaves its gate
+ * off. */
+void ust__graph_call_end(ust__graph_call *c, int ok) {
+  if (c->site == NULL)
+    return;
+  ust__graphs *g = c->graphs;
+  pthread_mutex_lock(&g->lock);
+  c->site->state = ok && c->site->pool_site != 0 ? SITE_LIVE : SITE_DROPPED;
+  /* its first replays follow the route already (the worker keeps it so) */
+  if (c->site->state == SITE_LIVE)
+    atomic_store(c->site->word, g->sink->gate(g->sink_ctx, c->site->cookie));
+  pthread_mutex_unlock(&g->lock);
+  c->site = NULL;
+}

@@ -1,0 +1,150 @@
+"""Shadow captured into CUDA graphs (guard/graph.c): a shadowed route's call
+captured with torch.cuda.graph carries its shadow into the graph, behind
+conditional nodes that its gate opens for the sampled share of replays; the
+comparisons' statistics come back through the device's ring and are judged
+as eager calls' are. Ground truth: the same calls captured without
+understudy (outputs bit-equal), the share rule counted here, and the
+candidate's known wrong tail. Skipped only where torch sees no CUDA device."""
+import time
+
+import pytest
+import torch
+
+from test_shadow import _rms, candidate_op, native, rms_inputs, routes, shadow_config
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+SHAPES = ((1, 4096), (8, 4096), (3, 5, 128))
+
+
+def _capture(inputs):
+    """A graph of one _C::rms_norm call per input, into outputs it owns;
+    returns (graph, outputs)."""
+    outs = [torch.empty_like(x) for x, _ in inputs]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for o, (x, w) in zip(outs, inputs):
+            torch.ops._C.rms_norm(o, x, w, 1e-6)
+    return g, outs
+
+
+def _replays(inputs, graphs, n, seed=0):
+    """n rounds: fresh values into the inputs, then each graph replayed;
+    yields each round's outputs per graph (cloned)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for _ in range(n):
+        for x, _ in inputs:
+            x.copy_(torch.randn(x.shape, device="cuda", generator=gen, dtype=x.dtype))
+        got = []
+        for g, outs in graphs:
+            g.replay()
+            got.append([o.clone() for o in outs])
+        yield got
+
+
+def _hits(n, share):
+    """The replays among 1..n that a share verifies, by the rule of
+    base/share.h recomputed here: replay i is verified when floor(i*q) >
+    floor((i-1)*q), q the share in units of 2^-32 (all: 2^32)."""
+    q = 1 << 32 if share >= 1 else int(share * (1 << 32))
+    return sum((i * q) >> 32 > ((i - 1) * q) >> 32 for i in range(1, n + 1))
+
+
+def _settle(us):
+    torch.cuda.synchronize()
+    time.sleep(0.05)  # the worker's next tick writes the gates
+    us.flush()
+
+
+@pytest.mark.parametrize("sample", [1.0, 0.25])
+def test_captured_shadow_verifies_its_share_of_replays(us, sample):
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=SHAPES)
+    plain = _capture(inputs)  # without understudy
+    cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
+    cfg["operators"]["rms_norm"]["sample"] = sample
+    us.enable(cfg)
+    shadowed = _capture(inputs)
+    _settle(us)  # the gates open
+    n = 200
+    for a, b in _replays(inputs, [plain, shadowed], n):
+        assert all(torch.equal(p, q) for p, q in zip(a, b))
+    _settle(us)
+    rep = us.report()
+    us.disable()
+    rs = routes(rep, "_C::rms_norm")
+    assert len(rs) == len(SHAPES)
+    want = _hits(n, sample)
+    for r in rs:
+        sh = r["shadow"]
+        assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "reason": None}
+        assert (sh["verified"], sh["passed"], sh["failed"]) == (want, want, 0), sh
+        assert sh["skipped_by"]["capture"] == 0 and r["mode"] == "shadow"
+    print(f"sample {sample}: {n} replays, {want} verified per route (of {len(rs)} routes), all passed")
+
+
+def test_wrong_tail_rolls_back_at_its_first_verified_replay(us):
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((64, 1024),))
+    plain = _capture(inputs)
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda_wrong_tail")))
+    shadowed = _capture(inputs)  # no eager call first: that would roll the route back before capture
+    _settle(us)
+    rounds = _replays(inputs, [plain, shadowed], 40)
+    a, b = next(rounds)  # one replay, judged before the next
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    _settle(us)
+    first = us.report()
+    for a, b in rounds:  # the gate is closed: production alone
+        assert all(torch.equal(p, q) for p, q in zip(a, b))
+    _settle(us)
+    after = us.report()
+    us.disable()
+    (r,) = routes(first, "_C::rms_norm")
+    sh = r["shadow"]
+    assert r["mode"] == "rolled_back" and (sh["verified"], sh["failed"]) == (1, 1), sh
+    ev = sh["rollback"]
+    assert ev["reason"] == "mismatch" and ev["output"] == "out" and ev["shadow_call"] == 1
+    assert ev["first_mismatch"]["index"] == [63, 1023]
+    (later,) = routes(after, "_C::rms_norm")
+    assert later["shadow"]["verified"] == 1 and later["mode"] == "rolled_back"
+
+
+def test_mode_change_closes_and_reopens_the_gate(us):
+    """Observe closes every captured site's gate from the next replay on;
+    shadow again reopens it: the graph is not captured again."""
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
+    shadowed = _capture(inputs)
+    counts = []
+    for mode in ("shadow", "observe", "shadow"):
+        us.set_mode("rms_norm", mode)
+        _settle(us)
+        for _ in _replays(inputs, [shadowed], 30):
+            pass
+        _settle(us)
+        (r,) = routes(us.report(), "_C::rms_norm")
+        counts.append(r["shadow"]["verified"])
+    us.disable()
+    assert counts == [30, 30, 60]
+
+
+def test_torch_op_candidate_leaves_production_alone_in_the_graph(us):
+    name = candidate_op("ust_graph::rms_norm_torch", lambda out, x, w, eps: out.copy_(_rms(x, w, eps)),
+                        "_C::rms_norm")
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    plain = _capture(inputs)
+    us.enable(shadow_config("rms_norm", {"torch_op": name, "target": "_C::rms_norm"}))
+    shadowed = _capture(inputs)
+    for a, b in _replays(inputs, [plain, shadowed], 5):
+        assert all(torch.equal(p, q) for p, q in zip(a, b))
+    _settle(us)
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "_C::rms_norm")
+    sh = r["shadow"]
+    assert sh["graph"]["shadowed"] == 0 and sh["graph"]["plain"] == 1
+    assert sh["graph"]["reason"].startswith("a torch-op candidate")
+    assert sh["skipped_by"]["capture"] == 1 and sh["verified"] == 0
+
