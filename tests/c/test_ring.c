@@ -11,6 +11,7 @@
 #include "runner.h"
 
 #include "base/base.h"
+#include "guard/gate.h"
 #include "guard/guard.h"
 #include "guard/ring.h"
 #include "understudy/understudy.h"
@@ -332,4 +333,68 @@ TEST(graph_replays_are_judged_as_eager_calls) {
   ASSERT_TRUE(a.calls == 3 && b.calls == 3 && a.passed == b.passed && a.failed == b.failed && b.failed == 2);
   ust__ring_destroy(ring);
   ust__shadow_pool_destroy(pool);
+}
+
+/* ---- captured calls' sites (guard/graph.c) ---- */
+
+static int g_gate_calls;
+static uint64_t count_gate(void *ctx, void *cookie) {
+  (void)ctx, (void)cookie;
+  g_gate_calls++;
+  return ust__gate_pack((ust__replay_gate){UST__GATE_SHADOW, UINT32_MAX, 0});
+}
+static const ust__verdict_sink_i gate_sink = {log_failed, log_concluded, count_gate};
+
+TEST(graph_calls_refused_or_dropped_leave_every_gate_closed) {
+  /* Without a device (or a build without conditional nodes) a captured
+   * call's shadow is refused with a message and no site is kept; with one,
+   * a call that ends without its comparison is dropped: its site never
+   * asks the route for a gate. Either way a part cannot be ended or
+   * finished outside one, and the worker's tick judges nothing. */
+  ust__shadow_pool *pool = NULL;
+  ASSERT_INT_EQ(ust__shadow_pool_create(4, NULL, &gate_sink, NULL, &pool), 0);
+  ust__graphs *g = NULL;
+  ASSERT_INT_EQ(ust__graphs_create(pool, &gate_sink, NULL, NULL, &g), 0);
+  ust__verify v;
+  memset(&v, 0, sizeof v);
+  ust__cand cand;
+  memset(&cand, 0, sizeof cand);
+  ust__slot_route r = {&v, &v, &cand, 0, 0, 0, 0, 0};
+  ust__graph_call c;
+  g_gate_calls = 0;
+  const int rc = ust__graph_call_begin(g, &r, 0, NULL, &c);
+#if defined(UST_GPU_CUDA)
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess)
+    devices = 0;
+  cudaGetLastError();
+  ASSERT_TRUE(devices == 0 || rc == 0);
+#else
+  ASSERT_INT_EQ(rc, UST_EGPU);
+#endif
+  if (rc != 0) {
+    ASSERT_TRUE(ust_last_error()[0] != '\0' && c.site == NULL);
+    ASSERT_U64_EQ(ust__graphs_sites(g), 0);
+  } else {
+    ASSERT_U64_EQ(ust__graphs_sites(g), 1);
+    ASSERT_INT_EQ(ust__graph_part_end(&c, 1), UST_EINVAL);
+    ASSERT_INT_EQ(ust__graph_call_finish(&c, NULL, 0, NULL), UST_EINVAL);
+  }
+  ust__graph_call_end(&c, 0);
+  ASSERT_TRUE(c.site == NULL);
+  ASSERT_U64_EQ(ust__graphs_tick(g), 0);
+  ASSERT_INT_EQ(g_gate_calls, 0);
+  ust__graphs_destroy(g);
+  ust__shadow_pool_destroy(pool);
+  /* a captured call that holds production alone is counted with its reason */
+  ust__verify_graph_plain(&v, UST__GW_LAYOUT);
+  ust__verify_graph_plain(&v, UST__GW_TORCH_OP);
+  ust__verify_snap snap;
+  ust__verify_snapshot(&v, &snap);
+  ASSERT_U64_EQ(snap.graph_plain, 2);
+  ASSERT_U64_EQ(snap.graph_shadowed, 0);
+  ASSERT_INT_EQ(snap.graph_why, UST__GW_TORCH_OP);
+  ASSERT_STR_CONTAINS(ust__graph_why_text(snap.graph_why), "torch-op candidate");
+  ASSERT_STR_EQ(ust__graph_why_text(UST__GW_NONE), "");
+  ASSERT_STR_EQ(ust__graph_why_text(UST__GW_COUNT), "");
 }

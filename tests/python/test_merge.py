@@ -559,3 +559,21 @@ def test_merge_without_the_library_fails_naming_what_is_missing(tmp_path, lib):
                          capture_output=True, text=True, env=env, timeout=120)
     assert cli.returncode == 2 and not out.exists(), cli.stderr
     assert cli.stderr.startswith("understudy: merge: ") and want in cli.stderr, cli.stderr
+
+
+def test_graph_figures_add_and_keep_a_reason(us):
+    """shadow.graph: eager calls on the CPU put nothing into graphs (0, 0,
+    no reason); two processes' captured calls add, and the merged route
+    keeps a reason one of them gave."""
+    rep = real_report(us)
+    shadowed = [s for o in rep["operators"] for s in o["shapes"] if "shadow" in s]
+    assert shadowed and all(s["shadow"]["graph"] == {"shadowed": 0, "plain": 0, "reason": None} for s in shadowed)
+    a, b = copy.deepcopy(rep), copy.deepcopy(rep)
+    b["pid"] = rep["pid"] + 1
+    key = shadowed[0]["key"]
+    for r, fig in ((a, {"shadowed": 3, "plain": 0, "reason": None}),
+                   (b, {"shadowed": 2, "plain": 1, "reason": "a torch-op candidate: ..."})):
+        (s,) = [s for o in r["operators"] for s in o["shapes"] if s["key"] == key]
+        s["shadow"]["graph"] = fig
+    (m,) = [s for o in merge([a, b])["operators"] for s in o["shapes"] if s["key"] == key]
+    assert m["shadow"]["graph"] == {"shadowed": 5, "plain": 1, "reason": "a torch-op candidate: ..."}
