@@ -356,7 +356,9 @@ uint64_t ust__graphs_tick(ust__graphs *g) {
     if (ring != NULL) {
       uint64_t unknown = 0;
       judged += ust__shadow_sites_harvest(g->pool, ring, &unknown);
+      pthread_mutex_lock(&g->lock); /* the worker and a flush may tick at once */
       g->unknown += unknown;
+      pthread_mutex_unlock(&g->lock);
     }
   }
   pthread_mutex_lock(&g->lock);

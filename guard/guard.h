@@ -307,7 +307,9 @@ int ust__shadow_harvest(ust__shadow_pool *p);
 /* Calls captured into CUDA graphs. A shadowed call captured into a graph
  * runs at every replay: production, the candidate on snapshots, the
  * comparisons, and a publication of their statistics into a ring
- * (guard/ring.h) under the site ust__shadow_site_add returns (from 1). The
+ * (guard/ring.h) under the site id ust__shadow_site_add returns (never 0;
+ * an id names one site of one pool: another pool's harvest counts its
+ * entries as unknown). The
  * site keeps the call's route and its pairs' metadata (as
  * ust__shadow_finish takes them; their buffers are not read here), so that
  * each replay is judged exactly as an eager call: counted on the route, a

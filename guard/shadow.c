@@ -96,10 +96,19 @@ typedef struct graph_site {
   pair_meta meta[MAX_SLOT_PAIRS];
 } graph_site;
 
+/* A site's id: its pool's generation above its index (from 1), so that a
+ * ring entry an earlier pool's site wrote (a replay still running when
+ * understudy was disabled, harvested by the next enable's pool) is never
+ * taken for a later pool's site. */
+#define SITE_INDEX_BITS 17 /* UST__MAX_SITES fits */
+#define SITE_INDEX_MASK ((1u << SITE_INDEX_BITS) - 1u)
+static _Atomic uint32_t g_pool_generations;
+
 struct ust__shadow_pool {
   pthread_mutex_t lock; /* the free list, the pending list, the arenas, the sites */
-  graph_site **sites;   /* sites[i] is site i + 1; never moved once added */
+  graph_site **sites;   /* sites[i] is index i + 1; never moved once added */
   uint32_t n_sites, cap_sites;
+  uint32_t site_base;   /* this pool's generation, above SITE_INDEX_BITS */
   ust__log_sink *log;
   const ust__verdict_sink_i *sink;
   void *sink_ctx;
@@ -257,6 +266,9 @@ int ust__shadow_pool_create(int max_inflight, ust__log_sink *log, const ust__ver
   p->pending = calloc((size_t)max_inflight, sizeof *p->pending);
   if (p->slots == NULL || p->free_list == NULL || p->pending == NULL)
     goto oom;
+  /* generations 1 .. 2^15 - 1, then again from 1 */
+  p->site_base = (atomic_fetch_add(&g_pool_generations, 1) % ((1u << (32 - SITE_INDEX_BITS)) - 1u) + 1u)
+                 << SITE_INDEX_BITS;
   p->n_slots = p->n_free = max_inflight;
   for (int i = 0; i < max_inflight; i++) {
     p->free_list[i] = max_inflight - 1 - i;
@@ -919,7 +931,7 @@ int ust__shadow_site_add(ust__shadow_pool *p, const ust__slot_route *r, const us
     p->cap_sites = cap;
   }
   p->sites[p->n_sites++] = g;
-  *site = p->n_sites;
+  *site = p->site_base | p->n_sites;
   pthread_mutex_unlock(&p->lock);
   return 0;
 }
@@ -934,7 +946,7 @@ int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, cons
   if (rc != 0)
     return rc;
   pthread_mutex_lock(&p->lock);
-  const graph_site *g = p->sites[id - 1];
+  const graph_site *g = p->sites[(id & SITE_INDEX_MASK) - 1];
   pthread_mutex_unlock(&p->lock);
   rc = UST__GPU_CHECK(p->log, cudaMemsetAsync(dev_stats, 0, sizeof(ust__cmp_stats) * (size_t)n_pairs,
                                              (cudaStream_t)stream));
@@ -965,7 +977,9 @@ static void judge_replay(void *ctx, const ust__ring_entry *e) {
   site_harvest *h = ctx;
   ust__shadow_pool *p = h->pool;
   pthread_mutex_lock(&p->lock);
-  const graph_site *g = e->site >= 1 && e->site <= p->n_sites ? p->sites[e->site - 1] : NULL;
+  const uint32_t index = e->site & SITE_INDEX_MASK;
+  const graph_site *g =
+      (e->site & ~SITE_INDEX_MASK) == p->site_base && index >= 1 && index <= p->n_sites ? p->sites[index - 1] : NULL;
   pthread_mutex_unlock(&p->lock);
   if (g == NULL || (int)e->n_pairs != g->n_pairs) {
     h->unknown++; /* not a publication of this pool's sites */

@@ -31,6 +31,7 @@
   X(ring_on_a_gpu_carries_the_replays_of_a_captured_writer) \
   X(graph_replays_are_judged_as_eager_calls) \
   X(graph_calls_refused_or_dropped_leave_every_gate_closed) \
+  X(a_later_pool_never_judges_an_earlier_pools_replays) \
   X(share_rule_in_64_bits_is_exact_up_to_2_64) \
   X(qualifying_process_confinement_kills_signals_to_others) \
   X(gate_word_round_trips_mode_and_shares) \

@@ -294,7 +294,7 @@ TEST(graph_replays_are_judged_as_eager_calls) {
   ust__slot_route gr = {&graph_v, &graph_v, &cand, 0, 0, 0, 0, 0};
   uint32_t site = 0;
   ASSERT_INT_EQ(ust__shadow_site_add(pool, &gr, pairs[0], 2, UST__DEV_CPU, &site), 0);
-  ASSERT_INT_EQ((int)site, 1);
+  ASSERT_TRUE(site != 0);
   ust__ring *ring = NULL;
   ASSERT_INT_EQ(ust__ring_create(16, 0, &ring), 0);
   for (int k = 0; k < 3; k++) {
@@ -397,4 +397,50 @@ TEST(graph_calls_refused_or_dropped_leave_every_gate_closed) {
   ASSERT_STR_CONTAINS(ust__graph_why_text(snap.graph_why), "torch-op candidate");
   ASSERT_STR_EQ(ust__graph_why_text(UST__GW_NONE), "");
   ASSERT_STR_EQ(ust__graph_why_text(UST__GW_COUNT), "");
+}
+
+TEST(a_later_pool_never_judges_an_earlier_pools_replays) {
+  /* A replay still running when understudy was disabled publishes under a
+   * site of the pool that is gone; the next enable's pool, reading the same
+   * kept ring, counts it unknown instead of judging it as its own first
+   * site (whose route and pairs are another call's). */
+  ust__verify va, vb;
+  memset(&va, 0, sizeof va);
+  memset(&vb, 0, sizeof vb);
+  ust__cand cand;
+  memset(&cand, 0, sizeof cand);
+  cand.atol = cand.rtol = -1;
+  int64_t shape[2] = {2, 4};
+  float prod[8] = {0}, other[8] = {0};
+  other[7] = 1.0f; /* a mismatch, were it judged */
+  ust__pair pair = {.name = "out", .prod_dtype = UST__DT_F32, .cand_dtype = UST__DT_F32,
+                    .prod = cpu_f32(prod, shape), .cand = cpu_f32(other, shape),
+                    .prod_dense = prod, .cand_dense = other};
+  ust__ring *ring = NULL;
+  ASSERT_INT_EQ(ust__ring_create(16, 0, &ring), 0);
+  ust__cmp_stats st;
+  ust__compare_host(prod, other, UST__DT_F32, 8, UST__CMP_ALLCLOSE, 1e-5, 1.3e-6, &st);
+  ust__shadow_pool *a = NULL, *b = NULL;
+  ASSERT_INT_EQ(ust__shadow_pool_create(4, NULL, &log_sink, NULL, &a), 0);
+  ust__slot_route ra = {&va, &va, &cand, 0, 0, 0, 0, 0};
+  uint32_t site_a = 0, site_b = 0;
+  ASSERT_INT_EQ(ust__shadow_site_add(a, &ra, &pair, 1, UST__DEV_CPU, &site_a), 0);
+  ust__shadow_pool_destroy(a);
+  ust__ring_host_publish(ring, site_a, &st, 1); /* after its pool is gone */
+  ASSERT_INT_EQ(ust__shadow_pool_create(4, NULL, &log_sink, NULL, &b), 0);
+  ust__slot_route rb = {&vb, &vb, &cand, 0, 0, 0, 0, 0};
+  ASSERT_INT_EQ(ust__shadow_site_add(b, &rb, &pair, 1, UST__DEV_CPU, &site_b), 0);
+  ASSERT_TRUE(site_a != site_b);
+  memset(&g_log, 0, sizeof g_log);
+  uint64_t unknown = 0;
+  ASSERT_U64_EQ(ust__shadow_sites_harvest(b, ring, &unknown), 0);
+  ASSERT_U64_EQ(unknown, 1);
+  ASSERT_INT_EQ(g_log.n, 0);
+  ASSERT_U64_EQ(atomic_load(&vb.calls), 0);
+  /* its own site's entry is judged (and fails) */
+  ust__ring_host_publish(ring, site_b, &st, 1);
+  ASSERT_U64_EQ(ust__shadow_sites_harvest(b, ring, &unknown), 1);
+  ASSERT_U64_EQ(atomic_load(&vb.failed), 1);
+  ust__shadow_pool_destroy(b);
+  ust__ring_destroy(ring);
 }
