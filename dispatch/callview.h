@@ -208,6 +208,15 @@ int ust__call_graph_copy(ust__call_state *st, void *dst, const void *src, size_t
 int ust__call_graph_fill(ust__call_state *st, void *dst, int byte, size_t bytes);
 /* The shadow is dropped for why (detail: logged, may be NULL). */
 void ust__call_graph_drop(ust__call_state *st, int why, const char *detail);
+/* Around production in a captured call (end 0 before it, 1 after): its
+ * nodes, and not the shadow's, are the route's for the kernel tracer. */
+void ust__call_graph_prod(ust__call_state *st, const struct ust__call *call, int end);
+/* 1 while the call's open part still captures (the candidate did nothing
+ * that ended or invalidated it). */
+int ust__call_graph_active(const ust__call_state *st);
+/* The candidate failed (ust__fail) while captured, its part intact: a
+ * verified failure of a shadow call, with evidence; the route rolls back. */
+void ust__call_graph_failed(ust__call_state *st, int fail, const char *msg);
 
 /* ---- learned output layouts -------------------------------------------------------- */
 

@@ -365,6 +365,15 @@ static void skip_sampled(ust__route *r, int mode, const ust__policy *pol, int re
     ust__verify_skipped(&r->verify, reason);
 }
 
+/* A captured call holds production alone for why: counted; said in the log
+ * when the route's reason changes (a capture holds thousands of calls). */
+static void graph_plain(ust__route *r, int why, const char *detail) {
+  const int before = atomic_load_explicit(&r->verify.graph_why, memory_order_relaxed);
+  ust__verify_graph_plain(&r->verify, why);
+  if (before != why && detail != NULL && detail[0] != '\0')
+    ust__log(r->binding->router->log, UST_LOG_WARN, "%s: captured without its shadow: %s", r->key_str, detail);
+}
+
 /* A shadowed route's call being captured into a CUDA graph: its shadow is
  * captured with it (guard/graph.c), when its candidate can be; else the
  * call holds production alone, counted with the reason. 0 when the plan is
@@ -391,12 +400,10 @@ static int graph_shadow_begin(ust__binding *b, ust__route *r, const ust__call *c
                               atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed),
                               call_tsol_ps(r, call, st)};
   if (c == NULL || ust__graph_call_begin(g, &sr, call->device_id, call->stream, c) != 0) {
-    ust__log(b->router->log, UST_LOG_WARN, "%s: captured without its shadow: %s", r->key_str,
-             c == NULL ? "out of memory" : ust_last_error());
 #if defined(UST_GPU_CUDA)
-    ust__verify_graph_plain(&r->verify, UST__GW_CAPTURE);
+    graph_plain(r, UST__GW_CAPTURE, c == NULL ? "out of memory" : ust_last_error());
 #else
-    ust__verify_graph_plain(&r->verify, UST__GW_UNSUPPORTED);
+    graph_plain(r, UST__GW_UNSUPPORTED, ust_last_error());
 #endif
     free(c);
     memset(&st->cand, 0, sizeof st->cand);
@@ -405,6 +412,7 @@ static int graph_shadow_begin(ust__binding *b, ust__route *r, const ust__call *c
   st->graph = c;
   st->plan = UST__PLAN_SHADOW;
   st->flags = UST__DF_CAPTURED;
+  st->tsol_ps = sr.tsol_ps;
   return 0;
 }
 
@@ -417,13 +425,10 @@ static void graph_shadow_end(ust__call_state *st, int ok, int why) {
   ust__route *r = st->route;
   if (c->open)
     ust__graph_part_end(c, 0);
-  if (ok) {
+  if (ok)
     atomic_fetch_add_explicit(&r->verify.graph_shadowed, 1, memory_order_relaxed);
-  } else {
-    ust__verify_graph_plain(&r->verify, why);
-    if (c->why[0] != '\0')
-      ust__log(r->binding->router->log, UST_LOG_WARN, "%s: captured without its shadow: %s", r->key_str, c->why);
-  }
+  else
+    graph_plain(r, why, c->why);
   ust__graph_call_end(c, ok);
   free(c);
 }
@@ -491,6 +496,43 @@ int ust__call_graph_compare(ust__call_state *st, const ust__pair *pairs, int n_p
     return -1;
   graph_shadow_end(st, 1, UST__GW_NONE);
   return 0;
+}
+
+void ust__call_graph_prod(ust__call_state *st, const ust__call *call, int end) {
+  ust__route *r = st->route;
+  if (r == NULL || !(st->flags & UST__DF_CAPTURED))
+    return;
+  ust__timers *t = r->binding->router->timers;
+  if (!end) {
+    st->capture_marked = ust__timers_capture_mark(t, call->stream, &st->capture_from) == 0;
+  } else if (st->capture_marked) {
+    /* now, before the shadow's second part: production's nodes alone */
+    ust__timers_captured(t, call->stream, st->capture_from, &r->figs, st->tsol_ps);
+    st->capture_marked = 0;
+  }
+}
+
+int ust__call_graph_active(const ust__call_state *st) {
+  return st->graph != NULL && ust__graph_part_active(st->graph);
+}
+
+void ust__call_graph_failed(ust__call_state *st, int fail, const char *msg) {
+  ust__route *r = st->route;
+  if (r == NULL)
+    return;
+  /* a shadow call that failed: its own verdict, as an eager call's failure */
+  const uint64_t n = atomic_fetch_add_explicit(&r->verify.calls, 1, memory_order_relaxed) + 1;
+  atomic_fetch_add_explicit(&r->verify.verified, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->verify.failed, 1, memory_order_relaxed);
+  ust__evidence *e = calloc(1, sizeof *e);
+  if (e != NULL) {
+    static const char *const reasons[] = {"", "error", "raised", "schema", "overdue"};
+    e->shadow_call = n;
+    e->unix_ms = ust__unix_ms();
+    snprintf(e->reason, sizeof e->reason, "%s", reasons[fail > 0 && fail <= UST__FAIL_OVERDUE ? fail : 1]);
+    snprintf(e->message, sizeof e->message, "while captured into a CUDA graph: %s", msg != NULL ? msg : "");
+  }
+  ust__rollout_roll_back(&r->rollout, e);
 }
 
 /* The route's plan for one call (DESIGN.md, one call step by step):

@@ -481,8 +481,8 @@ private:
       if (!is_defined_tensor(x_.saved[i]))
         continue;
       const at::Tensor &t = x_.saved[i].toTensor();
-      if (!t.has_storage() || !t.is_non_overlapping_and_dense() || !t.is_cuda())
-        return drop(UST__GW_LAYOUT, "an argument that is not a dense CUDA tensor");
+      if (!t.has_storage() || !t.is_contiguous() || !t.is_cuda())
+        return drop(UST__GW_LAYOUT, "an argument that is not a contiguous CUDA tensor");
       if (i < 32 && ((writes >> i) & 1u))
         x_.snaps[i] = buffer_like(t);
     }
@@ -524,6 +524,12 @@ private:
   int cand_on_snaps_captured() {
     if (st_.graph == nullptr)
       return UST__EV_NO_LAYOUT; // dropped: production alone
+    for (size_t i = 0; i < n_args_; i++)
+      if (x_.snaps[i].defined() && x_.snaps[i].sizes() != x_.saved[i].toTensor().sizes()) {
+        // production resized an out= argument: its copy holds another shape
+        ust__call_graph_drop(&st_, UST__GW_LAYOUT, "production resized a written argument");
+        return UST__EV_NO_LAYOUT;
+      }
     prepare_native_on_snaps(/*captured=*/true);
     stats_ = at::empty({static_cast<int64_t>(UST__MAX_PAIRS * sizeof(ust__cmp_stats))},
                        at::TensorOptions().dtype(at::kByte).device(
@@ -545,21 +551,26 @@ private:
   // comparison and its publication captured; the part then ends into the
   // graph. A candidate that failed while captured leaves production alone.
   int compare_captured() {
-    if (fail_ != kFailNone)
+    if (fail_ != kFailNone) {
+      // a failure of the candidate's own (its part still captures: not a
+      // capture it broke) is its verdict, as for an eager call
+      if (ust__call_graph_active(&st_))
+        ust__call_graph_failed(&st_, fail_, msg_.c_str());
       return drop(UST__GW_FAILED, msg_.c_str());
+    }
     if (st_.cand.compare == UST__CMP_SET)
       return drop(UST__GW_LAYOUT, "a set comparison sorts: it would allocate inside the graph's condition");
     for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++)
       if (is_defined_tensor(x_.prod_returns[j]) && !x_.prod_returns[j].toTensor().is_contiguous())
         return drop(UST__GW_LAYOUT, "a result that is not contiguous");
-    for (size_t i = 0; i < n_args_; i++)
-      if ((x_.snaps[i].defined() || x_.cin[i].defined()) && !x_.saved[i].toTensor().is_contiguous())
-        return drop(UST__GW_LAYOUT, "an argument that is not contiguous");
     add_pairs(x_.snaps, x_.cand_returns, 0);
     if (fail_ == kFailNone)
       add_input_pairs();
-    if (fail_ != kFailNone)
+    if (fail_ != kFailNone) { // its results do not line up with production's
+      if (ust__call_graph_active(&st_))
+        ust__call_graph_failed(&st_, fail_, msg_.c_str());
       return drop(UST__GW_FAILED, msg_.c_str());
+    }
     ust__call_graph_compare(&st_, x_.pairs.data(), static_cast<int>(x_.pairs.size()), stats_.data_ptr());
     return UST__EV_OK;
   }
@@ -568,6 +579,9 @@ private:
     ust__nested nested{};
     const bool collect = ust__call_wants_nested(&st_) != 0;
     mark(kProdBegin);
+    const bool captured_prod = captured();
+    if (captured_prod)
+      ust__call_graph_prod(&st_, &call_, 0);
     try {
       NestedScope scope(collect ? &nested : nullptr);
       op_.redispatchBoxed(below_, &stack_);
@@ -575,6 +589,8 @@ private:
       prod_exc_ = std::current_exception();
       return UST__EV_RAISED;
     }
+    if (captured_prod)
+      ust__call_graph_prod(&st_, &call_, 1);
     mark(kProdEnd);
     if (collect)
       ust__call_nested_done(&st_, &nested);
@@ -727,7 +743,8 @@ private:
     // back. A call run in the qualifying process is held to the deadline
     // there, from when it was sent (not counting the wait for the call's
     // stream that comes first on a GPU).
-    if (st_.cand.deadline_ns > 0 && took > st_.cand.deadline_ns && st_.cand.proc == nullptr) {
+    // (While captured, the call only enqueued its work: not held to it.)
+    if (st_.cand.deadline_ns > 0 && took > st_.cand.deadline_ns && st_.cand.proc == nullptr && !captured()) {
       ust__call_overdue(&st_);
       if (fail_ == kFailNone || fail_ == kFailSchema) {
         fail_ = kFailOverdue;

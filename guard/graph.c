@@ -76,6 +76,8 @@ struct ust__graphs {
   graph_site **sites; /* never moved once added */
   uint32_t n_sites, cap_sites;
   uint64_t unknown;   /* ring entries naming no site of this pool */
+  uint32_t open;      /* live sites whose gate is open, at the last tick */
+  int closed;         /* understudy disabled: every gate off, nothing harvested */
 };
 
 int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__log_sink *log,
@@ -93,16 +95,35 @@ int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, 
   return 0;
 }
 
+void ust__graphs_close(ust__graphs *g) {
+  if (g == NULL)
+    return;
+  pthread_mutex_lock(&g->lock);
+  g->closed = 1;
+  g->open = 0;
+  /* replays from now on find every gate off */
+  for (uint32_t i = 0; i < g->n_sites; i++)
+    if (g->sites[i]->word != NULL)
+      atomic_store(g->sites[i]->word, 0);
+  pthread_mutex_unlock(&g->lock);
+}
+
+uint32_t ust__graphs_open(ust__graphs *g) {
+  if (g == NULL)
+    return 0;
+  pthread_mutex_lock(&g->lock);
+  const uint32_t n = g->open;
+  pthread_mutex_unlock(&g->lock);
+  return n;
+}
+
 void ust__graphs_destroy(ust__graphs *g) {
   if (g == NULL)
     return;
   ust__graphs_tick(g);
-  /* replays from now on find every gate off */
-  for (uint32_t i = 0; i < g->n_sites; i++) {
-    if (g->sites[i]->word != NULL)
-      atomic_store(g->sites[i]->word, 0);
+  ust__graphs_close(g);
+  for (uint32_t i = 0; i < g->n_sites; i++)
     free(g->sites[i]);
-  }
   free(g->sites);
   pthread_mutex_destroy(&g->lock);
   free(g);
@@ -174,14 +195,20 @@ int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, 
     return ust__error(UST_ENOMEM, "out of memory");
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
-  int rc = 0;
-  if (tl_side[device] == NULL)
+  /* made on the call's device, whichever the thread has current */
+  int current = -1;
+  int rc = UST__GPU_CHECK(NULL, cudaGetDevice(&current));
+  if (rc == 0 && current != device)
+    rc = UST__GPU_CHECK(NULL, cudaSetDevice(device));
+  if (rc == 0 && tl_side[device] == NULL)
     rc = UST__GPU_CHECK(NULL, cudaStreamCreateWithFlags(&tl_side[device], cudaStreamNonBlocking));
   if (rc == 0) {
     pthread_mutex_lock(&g_kept_lock);
     rc = kept_site(device, tl_side[device], &s->word, &s->dev_word, &s->counters, &c->ring);
     pthread_mutex_unlock(&g_kept_lock);
   }
+  if (current >= 0 && current != device)
+    cudaSetDevice(current);
   cudaThreadExchangeStreamCaptureMode(&mode);
   if (rc != 0) {
     free(s);
@@ -263,6 +290,38 @@ static int body_ok(cudaGraph_t graph, int depth, char *why, size_t cap) {
   return ok;
 }
 
+/* 1 when part instantiates as the body of an IF node of a graph of its own:
+ * what CUDA refuses in a conditional body beyond the node types (another
+ * device, pageable host memory in a copy, device-side launches) fails here,
+ * before the part enters the caller's graph, and not when the caller
+ * instantiates it. Else says why. */
+static int body_instantiates(cudaGraph_t part, char *why, size_t cap) {
+  cudaGraph_t scratch = NULL;
+  cudaGraphExec_t exec = NULL;
+  cudaGraphConditionalHandle handle;
+  struct cudaGraphNodeParams p;
+  memset(&p, 0, sizeof p);
+  cudaGraphNode_t node, child;
+  int ok = UST__GPU_CHECK(NULL, cudaGraphCreate(&scratch, 0)) == 0 &&
+           UST__GPU_CHECK(NULL, cudaGraphConditionalHandleCreate(&handle, scratch, 0, cudaGraphCondAssignDefault)) == 0;
+  if (ok) {
+    p.type = cudaGraphNodeTypeConditional;
+    p.conditional.handle = handle;
+    p.conditional.type = cudaGraphCondTypeIf;
+    p.conditional.size = 1;
+    ok = UST__GPU_CHECK(NULL, cudaGraphAddNode(&node, scratch, NULL, NULL, 0, &p)) == 0 &&
+         UST__GPU_CHECK(NULL, cudaGraphAddChildGraphNode(&child, p.conditional.phGraph_out[0], NULL, 0, part)) == 0 &&
+         UST__GPU_CHECK(NULL, cudaGraphInstantiate(&exec, scratch, 0)) == 0;
+  }
+  if (!ok)
+    snprintf(why, cap, "it cannot run in a conditional body: %s", ust_last_error());
+  if (exec != NULL)
+    cudaGraphExecDestroy(exec);
+  if (scratch != NULL)
+    cudaGraphDestroy(scratch);
+  return ok;
+}
+
 int ust__graph_part_end(ust__graph_call *c, int keep) {
   if (!c->open)
     return ust__error(UST_EINVAL, "graph: no part is open");
@@ -273,7 +332,7 @@ int ust__graph_part_end(ust__graph_call *c, int keep) {
     snprintf(c->why, sizeof c->why, "its shadow could not be captured: %s", ust_last_error());
     keep = 0;
     rc = rc != 0 ? rc : UST_EGPU;
-  } else if (keep && !body_ok(part, 0, c->why, sizeof c->why)) {
+  } else if (keep && (!body_ok(part, 0, c->why, sizeof c->why) || !body_instantiates(part, c->why, sizeof c->why))) {
     keep = 0;
     rc = ust__error(UST_EINVAL, "graph: the shadow's part: %s", c->why);
   }
@@ -290,6 +349,8 @@ int ust__graph_part_end(ust__graph_call *c, int keep) {
     cudaGraphNode_t node, child;
     const cudaStream_t s = (cudaStream_t)c->stream;
     rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, NULL, NULL, NULL));
+    if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
+      rc = ust__error(UST_EGPU, "graph: the caller's stream no longer captures");
     if (rc == 0)
       rc = UST__GPU_CHECK(NULL, cudaGraphConditionalHandleCreate(&handle, graph, 0, cudaGraphCondAssignDefault));
     if (rc == 0)
@@ -316,6 +377,12 @@ int ust__graph_part_end(ust__graph_call *c, int keep) {
     cudaGraphDestroy(part);
   cudaThreadExchangeStreamCaptureMode((enum cudaStreamCaptureMode *)&c->mode);
   return rc;
+}
+
+int ust__graph_part_active(const ust__graph_call *c) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  return c->open && UST__GPU_CHECK(NULL, cudaStreamIsCapturing((cudaStream_t)c->side, &st)) == 0 &&
+         st == cudaStreamCaptureStatusActive;
 }
 
 int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats) {
@@ -349,6 +416,13 @@ int ust__graph_fill(ust__graph_call *c, void *dst, int byte, size_t bytes) {
 
 uint64_t ust__graphs_tick(ust__graphs *g) {
   uint64_t judged = 0;
+  if (g == NULL)
+    return 0;
+  pthread_mutex_lock(&g->lock);
+  const int closed = g->closed;
+  pthread_mutex_unlock(&g->lock);
+  if (closed) /* the rings are the next enable's now */
+    return 0;
   for (int d = 0; d < GRAPH_DEVICES; d++) {
     pthread_mutex_lock(&g_kept_lock);
     ust__ring *ring = g_kept[d].ring;
@@ -362,12 +436,15 @@ uint64_t ust__graphs_tick(ust__graphs *g) {
     }
   }
   pthread_mutex_lock(&g->lock);
-  for (uint32_t i = 0; i < g->n_sites; i++) {
+  uint32_t open = 0;
+  for (uint32_t i = 0; i < g->n_sites && !g->closed; i++) {
     graph_site *s = g->sites[i];
     const uint64_t w = s->state == SITE_LIVE ? g->sink->gate(g->sink_ctx, s->cookie) : 0;
     if (atomic_load_explicit(s->word, memory_order_relaxed) != w)
       atomic_store(s->word, w);
+    open += w != 0;
   }
+  g->open = open;
   pthread_mutex_unlock(&g->lock);
   return judged;
 }
@@ -389,6 +466,11 @@ int ust__graph_part_begin(ust__graph_call *c, void **side) {
 int ust__graph_part_end(ust__graph_call *c, int keep) {
   (void)c, (void)keep;
   return ust__error(UST_EGPU, "graph: this build has no CUDA conditional graph nodes");
+}
+
+int ust__graph_part_active(const ust__graph_call *c) {
+  (void)c;
+  return 0;
 }
 
 int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats) {
@@ -431,8 +513,11 @@ void ust__graph_call_end(ust__graph_call *c, int ok) {
   pthread_mutex_lock(&g->lock);
   c->site->state = ok && c->site->pool_site != 0 ? SITE_LIVE : SITE_DROPPED;
   /* its first replays follow the route already (the worker keeps it so) */
-  if (c->site->state == SITE_LIVE)
-    atomic_store(c->site->word, g->sink->gate(g->sink_ctx, c->site->cookie));
+  if (c->site->state == SITE_LIVE && !g->closed) {
+    const uint64_t w = g->sink->gate(g->sink_ctx, c->site->cookie);
+    atomic_store(c->site->word, w);
+    g->open += w != 0;
+  }
   pthread_mutex_unlock(&g->lock);
   c->site = NULL;
 }

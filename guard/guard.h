@@ -346,12 +346,17 @@ int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, 
 /* Turns every gate off (graphs replayed later run production alone) and
  * frees the table; the device memory graphs read is kept. NULL: no-op. */
 void ust__graphs_destroy(ust__graphs *g);
+/* At disable: every gate off, and later ticks judge nothing (the rings,
+ * kept for the process, belong to the next enable's sites). NULL: no-op. */
+void ust__graphs_close(ust__graphs *g);
 /* The worker's turn: judges the replays the rings hold (as eager calls) and
  * writes each site's gate from its route (sink->gate). Returns how many
- * replays it judged. One thread at a time. */
+ * replays it judged. Thread-safe (the worker and a flush). */
 uint64_t ust__graphs_tick(ust__graphs *g);
-/* Sites made so far. */
+/* Sites made so far, and those whose gate was open at the last tick (the
+ * worker polls the rings often only while some are). */
 uint64_t ust__graphs_sites(const ust__graphs *g);
+uint32_t ust__graphs_open(ust__graphs *g);
 
 /* One shadowed call being captured. */
 struct graph_site;
@@ -379,6 +384,9 @@ int ust__graph_part_begin(ust__graph_call *c, void **side);
 /* Ends the part; keep: into the caller's graph behind its condition (else,
  * or when it cannot be, dropped: why says so). */
 int ust__graph_part_end(ust__graph_call *c, int keep);
+/* 1 while the open part's stream still captures (nothing the candidate did
+ * ended or invalidated it). */
+int ust__graph_part_active(const ust__graph_call *c);
 /* Inside the open part: the comparisons of pairs into dev_stats and their
  * publication (ust__shadow_site_capture). */
 int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats);

@@ -64,8 +64,17 @@ int ust__ring_create(uint32_t size, int on_device, ust__ring **out) {
   const unsigned long long zero = 0;
   if (rc == 0)
     rc = UST__GPU_CHECK(NULL, cudaMalloc((void **)&r->dev.counter, sizeof zero));
+  /* zeroed on a stream of its own, never the legacy one: a ring may be made
+   * while the caller's (blocking) stream captures a graph */
+  cudaStream_t s = NULL;
   if (rc == 0)
-    rc = UST__GPU_CHECK(NULL, cudaMemcpy(r->dev.counter, &zero, sizeof zero, cudaMemcpyHostToDevice));
+    rc = UST__GPU_CHECK(NULL, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (rc == 0) {
+    rc = UST__GPU_CHECK(NULL, cudaMemsetAsync(r->dev.counter, 0, sizeof zero, s));
+    if (rc == 0)
+      rc = UST__GPU_CHECK(NULL, cudaStreamSynchronize(s));
+    cudaStreamDestroy(s);
+  }
   if (rc != 0) {
     ust__ring_destroy(r);
     return rc;

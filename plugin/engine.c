@@ -144,9 +144,10 @@ static void *worker_main(void *arg) {
         ust__log(&e->ctx->log, UST_LOG_WARN, "periodic report: %s", ust_last_error());
       next_report = now + (uint64_t)(interval * 1e9);
     }
-    /* Device timings and captured shadows' rings are polled every 2 ms; a
-     * host-only build only wakes for reports. */
-    uint64_t wait_ns = ust__timers_used(e->router.timers) || shadow_pending > 0 || ust__graphs_sites(e->router.graphs) > 0
+    /* Device timings, and captured shadows' rings while a gate is open, are
+     * polled every 2 ms (a gate opens within 0.1 s of its route's change);
+     * a host-only build only wakes for reports. */
+    uint64_t wait_ns = ust__timers_used(e->router.timers) || shadow_pending > 0 || ust__graphs_open(e->router.graphs) > 0
                            ? 2000000u
                            : 100000000u;
     struct timespec ts;
@@ -603,6 +604,7 @@ static void finish_disable(ust__engine *e, int *rc) {
   ust__timers_harvest_all_sync(e->router.timers);
   ust__shadow_harvest_all_sync(e->router.shadow);
   ust__graphs_tick(e->router.graphs);
+  ust__graphs_close(e->router.graphs);
   if (e->cfg.report_path != NULL)
     *rc = ust__report_write_file(e, e->cfg.report_path);
   int rs = persist(e);
