@@ -77,8 +77,23 @@ struct ust__graphs {
   uint32_t n_sites, cap_sites;
   uint64_t unknown;   /* ring entries naming no site of this pool */
   uint32_t open;      /* live sites whose gate is open, at the last tick */
+  uint64_t lost_base; /* the kept rings' lost entries when this was made */
   int closed;         /* understudy disabled: every gate off, nothing harvested */
 };
+
+/* Entries the kept rings lost so far (overwritten before the worker read
+ * them), all devices. */
+static uint64_t kept_lost(void) {
+  uint64_t n = 0;
+#ifdef GRAPH_GPU
+  pthread_mutex_lock(&g_kept_lock);
+  for (int d = 0; d < GRAPH_DEVICES; d++)
+    if (g_kept[d].ring != NULL)
+      n += ust__ring_lost(g_kept[d].ring);
+  pthread_mutex_unlock(&g_kept_lock);
+#endif
+  return n;
+}
 
 int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__log_sink *log,
                        ust__graphs **out) {
@@ -91,8 +106,25 @@ int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, 
   g->sink = sink;
   g->sink_ctx = sink_ctx;
   g->log = log;
+  g->lost_base = kept_lost();
   *out = g;
   return 0;
+}
+
+void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f) {
+  memset(f, 0, sizeof *f);
+  if (g == NULL)
+    return;
+  pthread_mutex_lock(&g->lock);
+  f->sites = g->n_sites;
+  for (uint32_t i = 0; i < g->n_sites; i++)
+    f->live += g->sites[i]->state == SITE_LIVE;
+  f->open = g->open;
+  f->unknown = g->unknown;
+  const uint64_t base = g->lost_base;
+  pthread_mutex_unlock(&g->lock);
+  const uint64_t lost = kept_lost();
+  f->lost = lost > base ? lost - base : 0;
 }
 
 void ust__graphs_close(ust__graphs *g) {

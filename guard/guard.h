@@ -357,6 +357,15 @@ uint64_t ust__graphs_tick(ust__graphs *g);
  * worker polls the rings often only while some are). */
 uint64_t ust__graphs_sites(const ust__graphs *g);
 uint32_t ust__graphs_open(ust__graphs *g);
+/* For the report: captured calls given a site, those whose shadow is whole
+ * in their graph (live), live with an open gate at the last tick, ring
+ * entries naming no site of this enable, and entries the rings lost since
+ * this enable (overwritten before they were read: replays verified but not
+ * judged). */
+typedef struct ust__graphs_figs {
+  uint64_t sites, live, open, unknown, lost;
+} ust__graphs_figs;
+void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f);
 
 /* One shadowed call being captured. */
 struct graph_site;

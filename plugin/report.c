@@ -442,6 +442,14 @@ static cJSON *report_raw(ust__engine *e) {
   add_num(tot, "internal_errors", (double)atomic_load(&e->router.internal_errors));
   cJSON_AddItemToObject(root, "hardware", profiles_json(snaps, nr));
   cJSON_AddItemToObject(root, "timer", timer_json(e->router.timers, ust__now_ns() - e->started_ns));
+  ust__graphs_figs gf;
+  ust__graphs_figures(e->router.graphs, &gf);
+  cJSON *gr = cJSON_AddObjectToObject(root, "graphs");
+  add_num(gr, "sites", (double)gf.sites);
+  add_num(gr, "live", (double)gf.live);
+  add_num(gr, "open", (double)gf.open);
+  add_num(gr, "unknown", (double)gf.unknown);
+  add_num(gr, "lost", (double)gf.lost);
   ust__routes_snapshot_free(snaps, nr);
   return root;
 }

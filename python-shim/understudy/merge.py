@@ -210,6 +210,8 @@ def merge(reports: Iterable[dict]) -> dict:
         "histogram": first["histogram"], "operators": out_ops,
         "hardware": list({h["name"]: h for r in reports for h in r.get("hardware", [])}.values()),
         "timer": _timer_merge(reports),
+        "graphs": {k: sum((r.get("graphs") or {}).get(k, 0) for r in reports)
+                   for k in ("sites", "live", "open", "unknown", "lost")},
         "totals": {"untracked": sum(m["untracked"] for m in ops.values()),
                    "internal_errors": sum(r["totals"].get("internal_errors", 0) for r in reports)},
     }

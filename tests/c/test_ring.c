@@ -384,6 +384,11 @@ TEST(graph_calls_refused_or_dropped_leave_every_gate_closed) {
   ASSERT_TRUE(c.site == NULL);
   ASSERT_U64_EQ(ust__graphs_tick(g), 0);
   ASSERT_INT_EQ(g_gate_calls, 0);
+  ust__graphs_figs f;
+  ust__graphs_figures(g, &f);
+  ASSERT_U64_EQ(f.sites, rc == 0 ? 1 : 0);
+  ASSERT_U64_EQ(f.live + f.open + f.unknown + f.lost, 0);
+  ASSERT_INT_EQ((int)ust__graphs_open(g), 0);
   ust__graphs_destroy(g);
   ust__shadow_pool_destroy(pool);
   /* a captured call that holds production alone is counted with its reason */
