@@ -365,6 +365,18 @@ static void skip_sampled(ust__route *r, int mode, const ust__policy *pol, int re
     ust__verify_skipped(&r->verify, reason);
 }
 
+/* The evidence of a candidate's failure known on the host (fail: ust__fail;
+ * the message after prefix), or NULL out of memory. */
+static ust__evidence *failure_evidence(int fail, const char *prefix, const char *msg) {
+  ust__evidence *e = calloc(1, sizeof *e);
+  if (e != NULL) {
+    e->unix_ms = ust__unix_ms();
+    snprintf(e->reason, sizeof e->reason, "%s", ust__fail_name(fail > 0 ? fail : UST__FAIL_ERROR));
+    snprintf(e->message, sizeof e->message, "%s%s", prefix, msg != NULL ? msg : "");
+  }
+  return e;
+}
+
 /* A captured call holds production alone for why: counted; said in the log
  * when the route's reason changes (a capture holds thousands of calls). */
 static void graph_plain(ust__route *r, int why, const char *detail) {
@@ -450,8 +462,7 @@ int ust__call_graph_part_end(ust__call_state *st, int keep, int why) {
   if (c == NULL)
     return -1;
   if (ust__graph_part_end(c, keep) != 0 || !keep) {
-    graph_shadow_end(st, 0, !keep ? why : c->why[0] != '\0' && strstr(c->why, "graph node") ? UST__GW_NODES
-                                                                                            : UST__GW_CAPTURE);
+    graph_shadow_end(st, 0, keep ? c->why_code : why);
     return -1;
   }
   return 0;
@@ -464,35 +475,27 @@ void ust__call_graph_drop(ust__call_state *st, int why, const char *detail) {
   graph_shadow_end(st, 0, why);
 }
 
-int ust__call_graph_copy(ust__call_state *st, void *dst, const void *src, size_t bytes) {
-  if (st->graph == NULL)
-    return -1;
-  if (ust__graph_copy(st->graph, dst, src, bytes) != 0) {
+/* rc of a step of the call's open part: on failure its shadow is dropped. */
+static int graph_step(ust__call_state *st, int rc) {
+  if (rc != 0)
     graph_shadow_end(st, 0, UST__GW_CAPTURE);
-    return -1;
-  }
-  return 0;
+  return rc != 0 ? -1 : 0;
+}
+
+int ust__call_graph_copy(ust__call_state *st, void *dst, const void *src, size_t bytes) {
+  return st->graph == NULL ? -1 : graph_step(st, ust__graph_copy(st->graph, dst, src, bytes));
 }
 
 int ust__call_graph_fill(ust__call_state *st, void *dst, int byte, size_t bytes) {
-  if (st->graph == NULL)
-    return -1;
-  if (ust__graph_fill(st->graph, dst, byte, bytes) != 0) {
-    graph_shadow_end(st, 0, UST__GW_CAPTURE);
-    return -1;
-  }
-  return 0;
+  return st->graph == NULL ? -1 : graph_step(st, ust__graph_fill(st->graph, dst, byte, bytes));
 }
 
 int ust__call_graph_compare(ust__call_state *st, const ust__pair *pairs, int n_pairs, void *dev_stats) {
   ust__graph_call *c = st->graph;
   if (c == NULL)
     return -1;
-  if (ust__graph_call_finish(c, pairs, n_pairs, dev_stats) != 0) {
-    graph_shadow_end(st, 0, UST__GW_CAPTURE);
-    return -1;
-  }
-  if (ust__call_graph_part_end(st, 1, UST__GW_CAPTURE) != 0)
+  if (graph_step(st, ust__graph_call_finish(c, pairs, n_pairs, dev_stats)) != 0 ||
+      ust__call_graph_part_end(st, 1, UST__GW_CAPTURE) != 0)
     return -1;
   graph_shadow_end(st, 1, UST__GW_NONE);
   return 0;
@@ -524,14 +527,9 @@ void ust__call_graph_failed(ust__call_state *st, int fail, const char *msg) {
   const uint64_t n = atomic_fetch_add_explicit(&r->verify.calls, 1, memory_order_relaxed) + 1;
   atomic_fetch_add_explicit(&r->verify.verified, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&r->verify.failed, 1, memory_order_relaxed);
-  ust__evidence *e = calloc(1, sizeof *e);
-  if (e != NULL) {
-    static const char *const reasons[] = {"", "error", "raised", "schema", "overdue"};
+  ust__evidence *e = failure_evidence(fail, "while captured into a CUDA graph: ", msg);
+  if (e != NULL)
     e->shadow_call = n;
-    e->unix_ms = ust__unix_ms();
-    snprintf(e->reason, sizeof e->reason, "%s", reasons[fail > 0 && fail <= UST__FAIL_OVERDUE ? fail : 1]);
-    snprintf(e->message, sizeof e->message, "while captured into a CUDA graph: %s", msg != NULL ? msg : "");
-  }
   ust__rollout_roll_back(&r->rollout, e);
 }
 
@@ -666,9 +664,7 @@ void ust__call_mark(ust__call_state *st, int mark, const ust__call *call) {
     ust__shadow_mark(st->slot, mark, call->device, call->stream);
 }
 
-int ust__call_slot_alive(const ust__call_state *st) {
-  return st->graph != NULL || ust__shadow_alive(st->slot);
-}
+int ust__call_slot_alive(const ust__call_state *st) { return ust__shadow_alive(st->slot); }
 
 void ust__call_note_copied(ust__call_state *st, uint64_t bytes) { ust__shadow_note_copied(st->slot, bytes); }
 
@@ -699,14 +695,10 @@ void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg) {
   ust__route *r = st->route;
   if (r == NULL)
     return;
-  ust__evidence *e = calloc(1, sizeof *e);
+  ust__evidence *e = failure_evidence(fail, "", msg);
   if (e != NULL) {
-    static const char *const reasons[] = {"", "error", "raised", "schema", "overdue"};
     e->serving = 1;
     e->served_at = atomic_load(&r->rollout.served_cand);
-    e->unix_ms = ust__unix_ms();
-    snprintf(e->reason, sizeof e->reason, "%s", reasons[fail > 0 && fail <= UST__FAIL_OVERDUE ? fail : 1]);
-    snprintf(e->message, sizeof e->message, "%s", msg != NULL ? msg : "");
   }
   ust__rollout_roll_back(&r->rollout, e);
 }

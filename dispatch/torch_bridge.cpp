@@ -549,24 +549,21 @@ private:
 
   // COMPARE inside the second part: the pairs as an eager call's, their
   // comparison and its publication captured; the part then ends into the
-  // graph. A candidate that failed while captured leaves production alone.
+  // graph. A candidate that failed (an error, a raise, results that do not
+  // line up) without breaking the part's capture fails verification, as an
+  // eager call; either way production stays alone in the graph.
   int compare_captured() {
-    if (fail_ != kFailNone) {
-      // a failure of the candidate's own (its part still captures: not a
-      // capture it broke) is its verdict, as for an eager call
-      if (ust__call_graph_active(&st_))
-        ust__call_graph_failed(&st_, fail_, msg_.c_str());
-      return drop(UST__GW_FAILED, msg_.c_str());
+    if (fail_ == kFailNone) {
+      if (st_.cand.compare == UST__CMP_SET)
+        return drop(UST__GW_LAYOUT, "a set comparison sorts: it would allocate inside the graph's condition");
+      for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++)
+        if (is_defined_tensor(x_.prod_returns[j]) && !x_.prod_returns[j].toTensor().is_contiguous())
+          return drop(UST__GW_LAYOUT, "a result that is not contiguous");
+      add_pairs(x_.snaps, x_.cand_returns, 0);
+      if (fail_ == kFailNone)
+        add_input_pairs();
     }
-    if (st_.cand.compare == UST__CMP_SET)
-      return drop(UST__GW_LAYOUT, "a set comparison sorts: it would allocate inside the graph's condition");
-    for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++)
-      if (is_defined_tensor(x_.prod_returns[j]) && !x_.prod_returns[j].toTensor().is_contiguous())
-        return drop(UST__GW_LAYOUT, "a result that is not contiguous");
-    add_pairs(x_.snaps, x_.cand_returns, 0);
-    if (fail_ == kFailNone)
-      add_input_pairs();
-    if (fail_ != kFailNone) { // its results do not line up with production's
+    if (fail_ != kFailNone) {
       if (ust__call_graph_active(&st_))
         ust__call_graph_failed(&st_, fail_, msg_.c_str());
       return drop(UST__GW_FAILED, msg_.c_str());

@@ -56,7 +56,7 @@ typedef enum ust__graph_why {
   UST__GW_UNSUPPORTED, /* this build has no CUDA conditional graph nodes */
   UST__GW_CAPTURE,     /* the shadow could not be captured (the log says why) */
   UST__GW_NODES,       /* the shadow holds nodes a conditional body cannot (events, host calls, ...) */
-  UST__GW_LAYOUT,      /* an output the comparison would need a copy of (not dense), or a set comparison */
+  UST__GW_LAYOUT,      /* an argument or result not a contiguous CUDA tensor, a tensor list, resized; a set comparison */
   UST__GW_FAILED,      /* the candidate failed while it was captured */
   UST__GW_COUNT
 } ust__graph_why;

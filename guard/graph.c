@@ -44,7 +44,6 @@ enum { SITE_BUILDING = 0, SITE_LIVE, SITE_DROPPED };
 
 typedef struct graph_site {
   void *cookie;      /* the route */
-  int device;
   int state;         /* SITE_* */
   uint32_t pool_site; /* the shadow pool's site once finished */
   _Atomic uint64_t *word;           /* the gate: host memory the device reads */
@@ -72,7 +71,6 @@ struct ust__graphs {
   ust__shadow_pool *pool;
   const ust__verdict_sink_i *sink;
   void *sink_ctx;
-  ust__log_sink *log;
   graph_site **sites; /* never moved once added */
   uint32_t n_sites, cap_sites;
   uint64_t unknown;   /* ring entries naming no site of this pool */
@@ -95,8 +93,7 @@ static uint64_t kept_lost(void) {
   return n;
 }
 
-int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__log_sink *log,
-                       ust__graphs **out) {
+int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__graphs **out) {
   *out = NULL;
   ust__graphs *g = calloc(1, sizeof *g);
   if (g == NULL)
@@ -105,7 +102,6 @@ int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, 
   g->pool = pool;
   g->sink = sink;
   g->sink_ctx = sink_ctx;
-  g->log = log;
   g->lost_base = kept_lost();
   *out = g;
   return 0;
@@ -161,10 +157,6 @@ void ust__graphs_destroy(ust__graphs *g) {
   free(g);
 }
 
-uint64_t ust__graphs_sites(const ust__graphs *g) {
-  return g != NULL ? __atomic_load_n(&g->n_sites, __ATOMIC_RELAXED) : 0;
-}
-
 #ifdef GRAPH_GPU
 
 /* The device's kept memory, and a gate and counters for one more site (the
@@ -218,7 +210,6 @@ int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, 
   memset(c, 0, sizeof *c);
   c->graphs = g;
   c->r = *r;
-  c->device = device;
   c->stream = stream;
   if (device < 0 || device >= GRAPH_DEVICES)
     return ust__error(UST_EINVAL, "graph: device %d", device);
@@ -247,7 +238,6 @@ int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, 
     return rc;
   }
   s->cookie = r->cookie;
-  s->device = device;
   atomic_store(s->word, 0);
   pthread_mutex_lock(&g->lock);
   if (g->n_sites == g->cap_sites) {
@@ -261,8 +251,7 @@ int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, 
     g->sites = grown;
     g->cap_sites = cap;
   }
-  g->sites[g->n_sites] = s;
-  __atomic_store_n(&g->n_sites, g->n_sites + 1, __ATOMIC_RELAXED);
+  g->sites[g->n_sites++] = s;
   pthread_mutex_unlock(&g->lock);
   c->site = s;
   c->side = tl_side[device];
@@ -322,6 +311,23 @@ static int body_ok(cudaGraph_t graph, int depth, char *why, size_t cap) {
   return ok;
 }
 
+/* An IF node on handle into graph after deps (edges may be NULL), with
+ * part (copied) as its body. */
+static int add_if(cudaGraph_t graph, cudaGraphConditionalHandle handle, const cudaGraphNode_t *deps,
+                  const cudaGraphEdgeData *edges, size_t n_deps, cudaGraph_t part, cudaGraphNode_t *node) {
+  struct cudaGraphNodeParams p;
+  memset(&p, 0, sizeof p);
+  p.type = cudaGraphNodeTypeConditional;
+  p.conditional.handle = handle;
+  p.conditional.type = cudaGraphCondTypeIf;
+  p.conditional.size = 1;
+  cudaGraphNode_t child;
+  int rc = UST__GPU_CHECK(NULL, cudaGraphAddNode(node, graph, deps, edges, n_deps, &p));
+  if (rc == 0)
+    rc = UST__GPU_CHECK(NULL, cudaGraphAddChildGraphNode(&child, p.conditional.phGraph_out[0], NULL, 0, part));
+  return rc;
+}
+
 /* 1 when part instantiates as the body of an IF node of a graph of its own:
  * what CUDA refuses in a conditional body beyond the node types (another
  * device, pageable host memory in a copy, device-side launches) fails here,
@@ -331,20 +337,12 @@ static int body_instantiates(cudaGraph_t part, char *why, size_t cap) {
   cudaGraph_t scratch = NULL;
   cudaGraphExec_t exec = NULL;
   cudaGraphConditionalHandle handle;
-  struct cudaGraphNodeParams p;
-  memset(&p, 0, sizeof p);
-  cudaGraphNode_t node, child;
-  int ok = UST__GPU_CHECK(NULL, cudaGraphCreate(&scratch, 0)) == 0 &&
-           UST__GPU_CHECK(NULL, cudaGraphConditionalHandleCreate(&handle, scratch, 0, cudaGraphCondAssignDefault)) == 0;
-  if (ok) {
-    p.type = cudaGraphNodeTypeConditional;
-    p.conditional.handle = handle;
-    p.conditional.type = cudaGraphCondTypeIf;
-    p.conditional.size = 1;
-    ok = UST__GPU_CHECK(NULL, cudaGraphAddNode(&node, scratch, NULL, NULL, 0, &p)) == 0 &&
-         UST__GPU_CHECK(NULL, cudaGraphAddChildGraphNode(&child, p.conditional.phGraph_out[0], NULL, 0, part)) == 0 &&
-         UST__GPU_CHECK(NULL, cudaGraphInstantiate(&exec, scratch, 0)) == 0;
-  }
+  cudaGraphNode_t node;
+  const int ok =
+      UST__GPU_CHECK(NULL, cudaGraphCreate(&scratch, 0)) == 0 &&
+      UST__GPU_CHECK(NULL, cudaGraphConditionalHandleCreate(&handle, scratch, 0, cudaGraphCondAssignDefault)) == 0 &&
+      add_if(scratch, handle, NULL, NULL, 0, part, &node) == 0 &&
+      UST__GPU_CHECK(NULL, cudaGraphInstantiate(&exec, scratch, 0)) == 0;
   if (!ok)
     snprintf(why, cap, "it cannot run in a conditional body: %s", ust_last_error());
   if (exec != NULL)
@@ -360,12 +358,14 @@ int ust__graph_part_end(ust__graph_call *c, int keep) {
   cudaGraph_t part = NULL;
   int rc = UST__GPU_CHECK(NULL, cudaStreamEndCapture((cudaStream_t)c->side, &part));
   c->open = 0;
+  c->why_code = UST__GW_CAPTURE;
   if (rc != 0 || part == NULL) {
     snprintf(c->why, sizeof c->why, "its shadow could not be captured: %s", ust_last_error());
     keep = 0;
     rc = rc != 0 ? rc : UST_EGPU;
   } else if (keep && (!body_ok(part, 0, c->why, sizeof c->why) || !body_instantiates(part, c->why, sizeof c->why))) {
     keep = 0;
+    c->why_code = UST__GW_NODES;
     rc = ust__error(UST_EINVAL, "graph: the shadow's part: %s", c->why);
   }
   if (keep) {
@@ -376,9 +376,7 @@ int ust__graph_part_end(ust__graph_call *c, int keep) {
     const cudaGraphEdgeData *edges = NULL;
     size_t n_deps = 0;
     cudaGraphConditionalHandle handle;
-    struct cudaGraphNodeParams p;
-    memset(&p, 0, sizeof p);
-    cudaGraphNode_t node, child;
+    cudaGraphNode_t node;
     const cudaStream_t s = (cudaStream_t)c->stream;
     rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, NULL, NULL, NULL));
     if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
@@ -389,15 +387,8 @@ int ust__graph_part_end(ust__graph_call *c, int keep) {
       rc = ust__gate_launch(c->site->dev_word, c->site->counters, c->parts == 0, (unsigned long long)handle, c->stream);
     if (rc == 0)
       rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, &deps, &edges, &n_deps));
-    if (rc == 0) {
-      p.type = cudaGraphNodeTypeConditional;
-      p.conditional.handle = handle;
-      p.conditional.type = cudaGraphCondTypeIf;
-      p.conditional.size = 1;
-      rc = UST__GPU_CHECK(NULL, cudaGraphAddNode(&node, graph, deps, edges, n_deps, &p));
-    }
     if (rc == 0)
-      rc = UST__GPU_CHECK(NULL, cudaGraphAddChildGraphNode(&child, p.conditional.phGraph_out[0], NULL, 0, part));
+      rc = add_if(graph, handle, deps, edges, n_deps, part, &node);
     if (rc == 0)
       rc = UST__GPU_CHECK(NULL, cudaStreamUpdateCaptureDependencies(s, &node, NULL, 1, cudaStreamSetCaptureDependencies));
     if (rc != 0)
@@ -421,7 +412,7 @@ int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pai
   if (!c->open)
     return ust__error(UST_EINVAL, "graph: the comparison belongs in an open part");
   const ust__ring_dev ring = ust__ring_device(c->ring);
-  int rc = ust__shadow_site_capture(c->graphs->pool, &c->r, pairs, n_pairs, UST__DEV_CUDA, c->side, dev_stats, &ring,
+  int rc = ust__shadow_site_capture(c->graphs->pool, &c->r, pairs, n_pairs, c->side, dev_stats, &ring,
                                     &c->site->pool_site);
   if (rc != 0)
     snprintf(c->why, sizeof c->why, "its comparison could not be captured: %s", ust_last_error());
@@ -545,11 +536,8 @@ void ust__graph_call_end(ust__graph_call *c, int ok) {
   pthread_mutex_lock(&g->lock);
   c->site->state = ok && c->site->pool_site != 0 ? SITE_LIVE : SITE_DROPPED;
   /* its first replays follow the route already (the worker keeps it so) */
-  if (c->site->state == SITE_LIVE && !g->closed) {
-    const uint64_t w = g->sink->gate(g->sink_ctx, c->site->cookie);
-    atomic_store(c->site->word, w);
-    g->open += w != 0;
-  }
+  if (c->site->state == SITE_LIVE && !g->closed)
+    atomic_store(c->site->word, g->sink->gate(g->sink_ctx, c->site->cookie));
   pthread_mutex_unlock(&g->lock);
   c->site = NULL;
 }

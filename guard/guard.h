@@ -214,6 +214,8 @@ typedef enum ust__shadow_fail {
   UST__FAIL_SCHEMA, /* the candidate's results do not line up with production's */
   UST__FAIL_OVERDUE, /* the candidate's call took longer than its deadline */
 } ust__shadow_fail;
+/* The reason a failure gives in evidence: "error", "raised", "schema", "overdue". */
+const char *ust__fail_name(int fail);
 
 typedef enum ust__verdict_kind {
   UST__VERDICT_PASSED = 0,
@@ -327,22 +329,20 @@ uint64_t ust__shadow_sites_harvest(ust__shadow_pool *p, struct ust__ring *ring, 
  * device, holding no lock while it waits). */
 void ust__shadow_harvest_all_sync(ust__shadow_pool *p);
 
-/* A site (as ust__shadow_site_add) whose comparison is captured now: on
- * stream (capturing), dev_stats (n_pairs statistics, device memory that
+/* A site (as ust__shadow_site_add, for a CUDA call) whose comparison is
+ * captured now: on stream (capturing), dev_stats (n_pairs statistics, device memory that
  * lives as long as the graph) zeroed, each pair compared into it, and the
  * statistics published into ring under the site. */
 struct ust__ring_dev;
 int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
-                             int device, void *stream, ust__cmp_stats *dev_stats, const struct ust__ring_dev *ring,
-                             uint32_t *site);
+                             void *stream, ust__cmp_stats *dev_stats, const struct ust__ring_dev *ring, uint32_t *site);
 
 /* ---- shadow captured into CUDA graphs (guard/graph.c) ------------------------------ */
 
 /* The captured calls of one enable: their sites, gates and rings. */
 typedef struct ust__graphs ust__graphs;
 /* pool and sink are borrowed for its life. */
-int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__log_sink *log,
-                       ust__graphs **out);
+int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__graphs **out);
 /* Turns every gate off (graphs replayed later run production alone) and
  * frees the table; the device memory graphs read is kept. NULL: no-op. */
 void ust__graphs_destroy(ust__graphs *g);
@@ -353,9 +353,8 @@ void ust__graphs_close(ust__graphs *g);
  * writes each site's gate from its route (sink->gate). Returns how many
  * replays it judged. Thread-safe (the worker and a flush). */
 uint64_t ust__graphs_tick(ust__graphs *g);
-/* Sites made so far, and those whose gate was open at the last tick (the
- * worker polls the rings often only while some are). */
-uint64_t ust__graphs_sites(const ust__graphs *g);
+/* Live sites whose gate was open at the last tick (the worker polls the
+ * rings often only while some are). */
 uint32_t ust__graphs_open(ust__graphs *g);
 /* For the report: captured calls given a site, those whose shadow is whole
  * in their graph (live), live with an open gate at the last tick, ring
@@ -374,13 +373,13 @@ typedef struct ust__graph_call {
   struct graph_site *site;
   struct ust__ring *ring;
   ust__slot_route r;
-  int device;
   void *stream; /* the caller's capturing stream */
   void *side;   /* where this thread captures parts */
   int mode;     /* the thread's capture mode while a part is open */
   int open;     /* a part is being captured */
   int parts;    /* parts added to the caller's graph */
   char why[192]; /* what kept the call from being shadowed in its graph */
+  int why_code;  /* ust__graph_why, as ust__graph_part_end found it */
 } ust__graph_call;
 
 /* A site for a call of route r being captured on stream (device): its gate

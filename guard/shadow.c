@@ -187,7 +187,8 @@ const char *ust__graph_why_text(int why) {
       "this build has no CUDA conditional graph nodes",
       "the shadow could not be captured (the log says why)",
       "the shadow holds graph nodes a conditional body cannot hold (events, host calls, ...)",
-      "an output the comparison would have to copy (not dense), or a set comparison",
+      "an argument or result the graph cannot copy or compare (not a contiguous CUDA tensor, a tensor list, "
+      "resized by production), or a set comparison",
       "the candidate failed while it was captured",
   };
   return why > 0 && why < UST__GW_COUNT ? texts[why] : "";
@@ -503,7 +504,7 @@ static void release_after_device(shadow_slot *s, void *stream) {
   conclude(s);
 }
 
-static const char *fail_reason(int fail) {
+const char *ust__fail_name(int fail) {
   static const char *names[] = {"", "error", "raised", "schema", "overdue"};
   return names[fail >= 0 && fail <= UST__FAIL_OVERDUE ? fail : 0];
 }
@@ -597,7 +598,7 @@ void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *p
   /* A failure known on the host (an error, a raise) rolls back at once;
    * the slot still waits for the device before it is concluded. */
   if (fail != UST__FAIL_NONE)
-    report_failure(s->pool, &s->r, s->call_no, fail_reason(fail), NULL, NULL, s->msg);
+    report_failure(s->pool, &s->r, s->call_no, ust__fail_name(fail), NULL, NULL, s->msg);
   if (n_pairs > MAX_SLOT_PAIRS)
     n_pairs = MAX_SLOT_PAIRS;
   s->n_pairs = n_pairs;
@@ -726,7 +727,7 @@ static int judge(const judged *j, ust__verdict *vd) {
   char input_msg[160];
   int unverifiable = 0;
   if (j->fail != UST__FAIL_NONE) {
-    reason = fail_reason(j->fail);
+    reason = ust__fail_name(j->fail);
   } else {
     for (int i = 0; i < j->n_pairs && reason == NULL; i++) {
       const pair_meta *m = &j->meta[i];
@@ -937,12 +938,11 @@ int ust__shadow_site_add(ust__shadow_pool *p, const ust__slot_route *r, const us
 }
 
 int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
-                             int device, void *stream, ust__cmp_stats *dev_stats, const ust__ring_dev *ring,
-                             uint32_t *site) {
+                             void *stream, ust__cmp_stats *dev_stats, const ust__ring_dev *ring, uint32_t *site) {
   *site = 0;
 #ifdef UST__SHADOW_GPU
   uint32_t id = 0;
-  int rc = ust__shadow_site_add(p, r, pairs, n_pairs, device, &id);
+  int rc = ust__shadow_site_add(p, r, pairs, n_pairs, UST__DEV_CUDA, &id);
   if (rc != 0)
     return rc;
   pthread_mutex_lock(&p->lock);
@@ -960,7 +960,7 @@ int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, cons
     *site = id;
   return rc;
 #else
-  (void)p, (void)r, (void)pairs, (void)n_pairs, (void)device, (void)stream, (void)dev_stats, (void)ring;
+  (void)p, (void)r, (void)pairs, (void)n_pairs, (void)stream, (void)dev_stats, (void)ring;
   return ust__error(UST_EGPU, "shadow: this build has no GPU backend");
 #endif
 }

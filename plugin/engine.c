@@ -354,7 +354,7 @@ static int build_router(ust__engine *e) {
   if (rc == 0)
     rc = ust__shadow_pool_create(e->cfg.shadow_max_inflight, &c->log, &ust__router_sink, r, &r->shadow);
   if (rc == 0)
-    rc = ust__graphs_create(r->shadow, &ust__router_sink, r, &c->log, &r->graphs);
+    rc = ust__graphs_create(r->shadow, &ust__router_sink, r, &r->graphs);
   if (rc == 0)
     rc = ust__rollout_create(&c->lock, &c->log, &r->rollout);
   for (int i = 0; rc == 0 && i < e->cfg.n_ops; i++)

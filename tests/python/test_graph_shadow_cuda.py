@@ -5,7 +5,6 @@ comparisons' statistics come back through the device's ring and are judged
 as eager calls' are. Ground truth: the same calls captured without
 understudy (outputs bit-equal), the share rule counted here, and the
 candidate's known wrong tail. Skipped only where torch sees no CUDA device."""
-import time
 
 import pytest
 import torch
@@ -45,6 +44,10 @@ def _replays(inputs, graphs, n, seed=0):
         yield got
 
 
+def _same(a, b):
+    return all(torch.equal(p, q) for p, q in zip(a, b))
+
+
 def _hits(n, share):
     """The replays among 1..n that a share verifies, by the rule of
     base/share.h recomputed here: replay i is verified when floor(i*q) >
@@ -54,8 +57,9 @@ def _hits(n, share):
 
 
 def _settle(us):
+    """The replays so far judged, and every gate written from its route now
+    (a flush does both)."""
     torch.cuda.synchronize()
-    time.sleep(0.05)  # the worker's next tick writes the gates
     us.flush()
 
 
@@ -70,7 +74,7 @@ def test_captured_shadow_verifies_its_share_of_replays(us, sample):
     _settle(us)  # the gates open
     n = 200
     for a, b in _replays(inputs, [plain, shadowed], n):
-        assert all(torch.equal(p, q) for p, q in zip(a, b))
+        assert _same(a, b)
     _settle(us)
     rep = us.report()
     us.disable()
@@ -93,11 +97,11 @@ def test_wrong_tail_rolls_back_at_its_first_verified_replay(us):
     _settle(us)
     rounds = _replays(inputs, [plain, shadowed], 40)
     a, b = next(rounds)  # one replay, judged before the next
-    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert _same(a, b)
     _settle(us)
     first = us.report()
     for a, b in rounds:  # the gate is closed: production alone
-        assert all(torch.equal(p, q) for p, q in zip(a, b))
+        assert _same(a, b)
     _settle(us)
     after = us.report()
     us.disable()
@@ -138,7 +142,7 @@ def test_torch_op_candidate_leaves_production_alone_in_the_graph(us):
     us.enable(shadow_config("rms_norm", {"torch_op": name, "target": "_C::rms_norm"}))
     shadowed = _capture(inputs)
     for a, b in _replays(inputs, [plain, shadowed], 5):
-        assert all(torch.equal(p, q) for p, q in zip(a, b))
+        assert _same(a, b)
     _settle(us)
     rep = us.report()
     us.disable()

@@ -157,7 +157,7 @@ def test_capture_runs_production_and_replays_match(us):
     with torch.cuda.graph(g):
         torch.ops._C.rms_norm(out, x, w, 1e-6)
     out.zero_()
-    time.sleep(0.05)  # the worker's next tick opens the captured call's gate
+    # the capture opened the call's gate from its route (shadow, sample 1)
     g.replay()
     torch.cuda.synchronize()
     us.flush()
