@@ -152,3 +152,53 @@ def test_torch_op_candidate_leaves_production_alone_in_the_graph(us):
     assert sh["graph"]["reason"].startswith("a torch-op candidate")
     assert sh["skipped_by"]["capture"] == 1 and sh["verified"] == 0
 
+
+
+def test_a_candidate_failing_at_capture_rolls_back_and_production_serves(us):
+    """A weight in float32 under a bfloat16 input: production computes it,
+    the candidate refuses it (its dtypes differ). Refused while captured,
+    that is a verified failure with its evidence, as in an eager call; the
+    graph holds production alone."""
+    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.float32)
+    inputs = [(x, w)]
+    plain = _capture(inputs)
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
+    shadowed = _capture(inputs)
+    for a, b in _replays(inputs, [plain, shadowed], 10):
+        assert _same(a, b)
+    _settle(us)
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "_C::rms_norm")
+    sh = r["shadow"]
+    assert r["mode"] == "rolled_back" and (sh["verified"], sh["failed"]) == (1, 1), sh
+    assert sh["graph"] == {"shadowed": 0, "plain": 1, "reason": "the candidate failed while it was captured"}
+    ev = sh["rollback"]
+    assert ev["message"].startswith("while captured into a CUDA graph: ") and "dtype" in ev["message"], ev
+    assert rep["graphs"]["live"] == 0
+
+
+def test_disable_closes_every_gate(us):
+    """Replays after disable run production alone: the next enable harvests
+    the device's ring, where a replay of an open gate would have left an
+    entry naming no site of its own (graphs.unknown)."""
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
+    us.enable(cfg)
+    shadowed = _capture(inputs)
+    _settle(us)
+    for _ in _replays(inputs, [shadowed], 10):
+        pass
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    assert r["shadow"]["verified"] == 10
+    us.disable()
+    for _ in _replays(inputs, [shadowed], 10):
+        pass
+    torch.cuda.synchronize()
+    us.enable(cfg)
+    _settle(us)
+    figs = us.report()["graphs"]
+    us.disable()
+    assert figs == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0}, figs
