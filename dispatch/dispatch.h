@@ -511,6 +511,10 @@ typedef struct ust__route {
 
 /* The router's sink for verdicts (guard/guard.h): cookies are routes. */
 extern const ust__verdict_sink_i ust__router_sink;
+/* The gate word (guard/gate.h) of r's captured calls now: what its replays
+ * run, from its mode, shares, qualification and shadow budget; 0: production
+ * alone. The sink's gate. */
+uint64_t ust__route_gate(ust__route *r);
 
 int ust__router_init(ust__router *r, int max_routes);
 void ust__router_free(ust__router *r);

@@ -386,15 +386,17 @@ static void graph_plain(ust__route *r, int why, const char *detail) {
     ust__log(r->binding->router->log, UST_LOG_WARN, "%s: captured without its shadow: %s", r->key_str, detail);
 }
 
-/* A shadowed route's call being captured into a CUDA graph: its shadow is
- * captured with it (guard/graph.c), when its candidate can be; else the
- * call holds production alone, counted with the reason. 0 when the plan is
- * the captured shadow. */
-static int graph_shadow_begin(ust__binding *b, ust__route *r, const ust__call *call, const ust__policy *pol,
-                              ust__call_state *st) {
+/* A call of a shadow, canary or live route being captured into a CUDA
+ * graph: the candidate's side is captured with production (guard/graph.c),
+ * when its candidate can be: the gate then decides at each replay whether
+ * it runs, is verified, serves. Else the call holds production alone,
+ * counted with the reason. 0 when the plan is the captured shadow. */
+static int graph_shadow_begin(ust__binding *b, ust__route *r, int mode, const ust__call *call,
+                              const ust__policy *pol, ust__call_state *st) {
   ust__graphs *g = b->router->graphs;
-  if (g == NULL || b->cand == NULL || pol->sample_q32 == 0 ||
-      atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
+  if (g == NULL || b->cand == NULL ||
+      (mode == UST__MODE_SHADOW &&
+       (pol->sample_q32 == 0 || atomic_load_explicit(&r->verify.paused, memory_order_relaxed))))
     return -1;
   if (cand_view(b, r, call, 0, &st->cand) != 0) {
     if (b->cand->kind == UST__CAND_NATIVE && b->cand->proc != NULL)
@@ -534,8 +536,10 @@ void ust__call_graph_failed(ust__call_state *st, int fail, const char *msg) {
 }
 
 /* The route's plan for one call (DESIGN.md, one call step by step):
- * - during graph capture nothing is timed or shadowed; a live candidate is
- *   captured, everything else is production;
+ * - during graph capture nothing is timed; a shadow, canary or live route
+ *   whose candidate the graph can hold captures both arms behind a gate
+ *   (guard/graph.c); else a live candidate is captured alone, everything
+ *   else is production;
  * - shadow: production serves; sampled calls also run the candidate;
  * - canary(p): the candidate serves a p share of the calls, live all of
  *   them; a sample of those is verified against production;
@@ -564,7 +568,12 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     /* Replays do not come back here: what is captured is what they run. */
     st->capturing = 1;
     atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
-    if (mode == UST__MODE_SHADOW && graph_shadow_begin(b, r, call, pol, st) == 0)
+    /* shadow, and canary or live with a candidate the graph can hold: both
+     * arms captured, the gate choosing at each replay */
+    const int in_graph = mode == UST__MODE_SHADOW ||
+                         ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) && b->cand != NULL &&
+                          b->cand->kind == UST__CAND_NATIVE && b->cand->proc == NULL);
+    if (in_graph && graph_shadow_begin(b, r, mode, call, pol, st) == 0)
       return;
     if (b->cand != NULL)
       skip_sampled(r, mode, pol, UST__SKIP_CAPTURE);
@@ -740,8 +749,13 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
       ust__rollout_passed(&r->rollout, v->stage, !v->serving, NAN);
     return;
   }
-  if (!v->have_times)
+  if (!v->have_times) {
+    /* a replay's verdict: it qualifies the candidate to serve, but has no
+     * times to weigh a promotion with */
+    if (v->kind == UST__VERDICT_PASSED && !v->serving)
+      ust__rollout_qualify(&r->rollout);
     return;
+  }
   if (isfinite(v->aa_log_ratio))
     ust__rollout_aa(&r->rollout, v->aa_log_ratio);
   ust__figs_prod_time(&r->figs, v->prod_ns, v->tsol_ps);
@@ -755,18 +769,37 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
                         v->prod_ns > 0 && v->cand_ns > 0 ? log((double)v->cand_ns / (double)v->prod_ns) : NAN);
 }
 
-/* A shadowed route's captured calls verify their sample of replays; any
- * other mode, or a candidate over its shadow budget, runs none. */
-static uint64_t sink_gate(void *ctx, void *cookie) {
-  (void)ctx;
-  ust__route *r = cookie;
+/* A route's captured calls follow its mode at every replay, as its eager
+ * calls do: shadow verifies the sample; canary and live serve the
+ * candidate in their share of replays and verify the sample of those, once
+ * a call on copies has passed (until then every replay is verified on
+ * copies, as in shadow); a candidate over its shadow budget is verified in
+ * no replay; any other mode runs production alone. */
+uint64_t ust__route_gate(ust__route *r) {
   uint32_t canary_q32 = 0;
   const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
   const ust__policy *pol = atomic_load_explicit(&r->binding->op->policy, memory_order_acquire);
-  if (mode != UST__MODE_SHADOW || pol == NULL || atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
+  if (pol == NULL)
     return 0;
-  const ust__replay_gate g = {UST__GATE_SHADOW, pol->sample_q32, 0};
-  return ust__gate_pack(g);
+  const int paused = atomic_load_explicit(&r->verify.paused, memory_order_relaxed) != 0;
+  ust__replay_gate g = {UST__GATE_OFF, paused ? 0 : pol->sample_q32, 0};
+  if (mode == UST__MODE_SHADOW && !paused) {
+    g.mode = UST__GATE_SHADOW;
+  } else if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) && !ust__rollout_qualified(&r->rollout)) {
+    if (!paused) {
+      g.mode = UST__GATE_SHADOW;
+      g.sample_q32 = UINT32_MAX;
+    }
+  } else if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
+    g.mode = mode == UST__MODE_LIVE ? UST__GATE_LIVE : UST__GATE_CANARY;
+    g.canary_q32 = mode == UST__MODE_LIVE ? UINT32_MAX : canary_q32;
+  }
+  return g.mode == UST__GATE_OFF ? 0 : ust__gate_pack(g);
+}
+
+static uint64_t sink_gate(void *ctx, void *cookie) {
+  (void)ctx;
+  return ust__route_gate(cookie);
 }
 
 const ust__verdict_sink_i ust__router_sink = {sink_failed, sink_concluded, sink_gate};

@@ -404,7 +404,11 @@ static_assert(offsetof(ust__ring_entry, stats) == 16 && sizeof(ust__cmp_stats) %
 // One block: thread 0 takes the publication number and clears its entry's
 // sequence word; the block writes the words; thread 0 writes the sequence
 // word last, after every thread's words reached the host (system fences).
-__global__ void ring_publish(ust__ring_dev d, unsigned site, const unsigned long long *stats, unsigned n_pairs) {
+// A gate (a site's runs word) publishes only the replays it verifies.
+__global__ void ring_publish(ust__ring_dev d, unsigned site, const unsigned long long *stats, unsigned n_pairs,
+                             const unsigned long long *when) {
+  if (when != nullptr && (*(const volatile unsigned long long *)when & UST__GATE_RUN_VERIFY) == 0)
+    return; // the whole block: one value
   __shared__ unsigned long long pub;
   if (threadIdx.x == 0) {
     pub = atomicAdd(d.counter, 1ull);
@@ -424,11 +428,11 @@ __global__ void ring_publish(ust__ring_dev d, unsigned site, const unsigned long
 }
 
 extern "C" int ust__ring_publish_launch(const ust__ring_dev *d, unsigned int site, const ust__cmp_stats *dev_stats,
-                                        unsigned int n_pairs, void *stream) {
+                                        unsigned int n_pairs, const unsigned long long *when, void *stream) {
   if (n_pairs > UST__MAX_PAIRS)
     return ust__error(UST_EINVAL, "ring: %u pairs, more than an entry holds (%d)", n_pairs, UST__MAX_PAIRS);
   ring_publish<<<1, 64, 0, static_cast<cudaStream_t>(stream)>>>(
-      *d, site, reinterpret_cast<const unsigned long long *>(dev_stats), n_pairs);
+      *d, site, reinterpret_cast<const unsigned long long *>(dev_stats), n_pairs, when);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? 0 : ust__error(UST_EGPU, "ring: publish launch: %s", cudaGetErrorString(e));
 }
@@ -444,9 +448,25 @@ __global__ void gate_kernel(const volatile unsigned long long *word, ust__gate_c
     const ust__gate_choice ch = ust__gate_decide(ust__gate_unpack(*word), c->replays + 1, c->served);
     c->replays += 1;
     c->served += ch.candidate ? 1 : 0;
-    c->verify = ch.verify ? 1 : 0;
+    c->runs = ust__gate_runs(ch);
   }
-  cudaGraphSetConditional(handle, c->verify != 0 ? 1u : 0u);
+  cudaGraphSetConditional(handle, c->runs != 0 ? 1u : 0u);
+}
+
+// A copy over production's result, in the replays the candidate serves:
+// 16-byte vectors when both ends and the length allow, else bytes.
+__global__ void gate_copy(unsigned char *dst, const unsigned char *src, size_t bytes, const ust__gate_counters *c) {
+  if ((*(const volatile unsigned long long *)&c->runs & UST__GATE_RUN_SERVE) == 0)
+    return;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if ((((uintptr_t)dst | (uintptr_t)src | bytes) & 15u) == 0) {
+    for (size_t i = i0; i < bytes / 16; i += stride)
+      reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(src)[i];
+  } else {
+    for (size_t i = i0; i < bytes; i += stride)
+      dst[i] = src[i];
+  }
 }
 
 extern "C" int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
@@ -456,10 +476,28 @@ extern "C" int ust__gate_launch(const unsigned long long *word, ust__gate_counte
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? 0 : ust__error(UST_EGPU, "gate: launch: %s", cudaGetErrorString(e));
 }
+
+extern "C" int ust__gate_copy_launch(void *dst, const void *src, size_t bytes, const ust__gate_counters *counters,
+                                     void *stream) {
+  if (bytes == 0)
+    return 0;
+  const size_t units = (bytes + 15) / 16, per_block = kThreads;
+  const unsigned blocks = (unsigned)(units / per_block + 1 < 1024 ? units / per_block + 1 : 1024);
+  gate_copy<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<unsigned char *>(dst), static_cast<const unsigned char *>(src), bytes, counters);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? 0 : ust__error(UST_EGPU, "gate: copy launch: %s", cudaGetErrorString(e));
+}
 #else
 extern "C" int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
                                 unsigned long long handle, void *stream) {
   (void)word, (void)counters, (void)first, (void)handle, (void)stream;
+  return ust__error(UST_EGPU, "gate: this build's GPU runtime has no conditional graph nodes");
+}
+
+extern "C" int ust__gate_copy_launch(void *dst, const void *src, size_t bytes, const ust__gate_counters *counters,
+                                     void *stream) {
+  (void)dst, (void)src, (void)bytes, (void)counters, (void)stream;
   return ust__error(UST_EGPU, "gate: this build's GPU runtime has no conditional graph nodes");
 }
 #endif

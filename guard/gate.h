@@ -17,6 +17,7 @@
 #ifndef UST_GUARD_GATE_H
 #define UST_GUARD_GATE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/share.h"
@@ -72,24 +73,38 @@ static inline UST__HD ust__gate_choice ust__gate_decide(ust__replay_gate g, uint
   return c;
 }
 
+/* What the candidate does in one replay: nothing (0), or run on copies of
+ * the arguments and have its results compared (VERIFY), copied over
+ * production's (SERVE), or both. */
+enum { UST__GATE_RUN_VERIFY = 1, UST__GATE_RUN_SERVE = 2 };
+
+static inline UST__HD unsigned ust__gate_runs(ust__gate_choice c) {
+  return (c.verify ? UST__GATE_RUN_VERIFY : 0u) | (c.candidate ? UST__GATE_RUN_SERVE : 0u);
+}
+
 /* A captured site's state on the device: the replays it saw, how many of
- * them its candidate served, and the last replay's decision (1: verified),
- * which the site's later conditions read. Zeroed when the site is made. */
+ * them its candidate served, and the last replay's UST__GATE_RUN_* bits,
+ * which the site's later conditions, its ring writer and its copies over
+ * production's results read. Zeroed when the site is made. */
 typedef struct ust__gate_counters {
-  unsigned long long replays, served, verify, pad;
+  unsigned long long replays, served, runs, pad;
 } ust__gate_counters;
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 /* Enqueue on stream (capturable) the kernel that sets the conditional
- * handle `handle` (a cudaGraphConditionalHandle) to whether this replay is
- * verified: decided from *word (the site's gate, host memory mapped for the
- * device, read once per replay) and counters when first, else read from
- * counters->verify as the first condition of the replay left it. 0, or
- * UST_EGPU (a build without CUDA conditional nodes: always). */
+ * handle `handle` (a cudaGraphConditionalHandle) to whether the candidate
+ * runs in this replay: decided from *word (the site's gate, host memory
+ * mapped for the device, read once per replay) and counters when first,
+ * else read from counters->runs as the first condition of the replay left
+ * it. 0, or UST_EGPU (a build without CUDA conditional nodes: always). */
 int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
                      unsigned long long handle, void *stream);
+/* Enqueue on stream (capturable) a copy of bytes from src to dst (device
+ * memory) that happens only in a replay the candidate serves
+ * (counters->runs has UST__GATE_RUN_SERVE). 0, or UST_EGPU. */
+int ust__gate_copy_launch(void *dst, const void *src, size_t bytes, const ust__gate_counters *counters, void *stream);
 #ifdef __cplusplus
 }
 #endif

@@ -1,14 +1,18 @@
 /*
- * guard/graph.c: shadow captured into CUDA graphs. A shadowed call captured
- * into a graph gets, beside production's nodes, its shadow work in
- * conditional nodes (IF) whose condition a one-thread kernel sets at each
- * replay from the site's gate word (guard/gate.h): the copies production
- * would overwrite before production, then the candidate on the copies, the
- * comparisons and a publication of their statistics into the device's ring
- * (guard/ring.h) after it. The worker judges the ring's entries as eager
- * calls (the shadow pool's sites) and writes each site's gate from its
- * route's mode, so that a rollback or a sample change holds from the next
- * replay on, in every graph that holds the route's sites.
+ * guard/graph.c: the candidate captured into CUDA graphs. A call of a
+ * shadow, canary or live route captured into a graph gets, beside
+ * production's nodes, the candidate's side in conditional nodes (IF) whose
+ * condition a one-thread kernel sets at each replay from the site's gate
+ * word (guard/gate.h): the copies production would overwrite before
+ * production, then the candidate on the copies, the comparisons and a
+ * publication of their statistics into the device's ring (guard/ring.h) in
+ * the replays the gate verifies, and copies of the candidate's results over
+ * production's in the replays the candidate serves (canary, live: production
+ * still runs in those, its results overwritten). The worker judges the
+ * ring's entries as eager calls (the shadow pool's sites) and writes each
+ * site's gate from its route's mode, so that a rollback, a promotion or a
+ * share change holds from the next replay on, in every graph that holds the
+ * route's sites.
  *
  * Each part is captured on a stream of its own into a graph of its own
  * first, and checked: only kernels, copies, memsets, empty nodes and child
@@ -46,6 +50,7 @@ typedef struct graph_site {
   void *cookie;      /* the route */
   int state;         /* SITE_* */
   uint32_t pool_site; /* the shadow pool's site once finished */
+  int serves;         /* its results can be copied over production's */
   _Atomic uint64_t *word;           /* the gate: host memory the device reads */
   ust__gate_counters *counters;     /* device memory */
   const unsigned long long *dev_word; /* the gate's device address */
@@ -91,6 +96,20 @@ static uint64_t kept_lost(void) {
   pthread_mutex_unlock(&g_kept_lock);
 #endif
   return n;
+}
+
+/* A live site's gate word from its route (the caller holds g->lock): a
+ * site whose results cannot serve is verified as in shadow instead. */
+static uint64_t site_gate(ust__graphs *g, const graph_site *s) {
+  if (s->state != SITE_LIVE)
+    return 0;
+  const uint64_t w = g->sink->gate(g->sink_ctx, s->cookie);
+  ust__replay_gate gate = ust__gate_unpack(w);
+  if (s->serves || gate.mode == UST__GATE_OFF || gate.mode == UST__GATE_SHADOW)
+    return w;
+  gate.mode = UST__GATE_SHADOW;
+  gate.canary_q32 = 0;
+  return ust__gate_pack(gate);
 }
 
 int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__graphs **out) {
@@ -408,14 +427,49 @@ int ust__graph_part_active(const ust__graph_call *c) {
          st == cudaStreamCaptureStatusActive;
 }
 
+/* Bytes of a dense tensor. */
+static size_t dense_bytes(const DLTensor *t) {
+  size_t n = 1;
+  for (int d = 0; d < t->ndim; d++)
+    n *= (size_t)t->shape[d];
+  return n * (((size_t)t->dtype.bits * t->dtype.lanes + 7) / 8);
+}
+
+/* 1 when each result pair can be copied, candidate's over production's:
+ * both dense, of one dtype and shape. */
+static int pairs_serve(const ust__pair *pairs, int n_pairs) {
+  for (int i = 0; i < n_pairs; i++) {
+    const ust__pair *q = &pairs[i];
+    if (q->aa || q->input_arg)
+      continue;
+    if (q->prod_dense == NULL || q->cand_dense == NULL || q->prod_dtype != q->cand_dtype ||
+        dense_bytes(&q->prod) != dense_bytes(&q->cand))
+      return 0;
+  }
+  return 1;
+}
+
 int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats) {
   if (!c->open)
     return ust__error(UST_EINVAL, "graph: the comparison belongs in an open part");
   const ust__ring_dev ring = ust__ring_device(c->ring);
-  int rc = ust__shadow_site_capture(c->graphs->pool, &c->r, pairs, n_pairs, c->side, dev_stats, &ring,
+  ust__gate_counters *gc = c->site->counters;
+  int rc = ust__shadow_site_capture(c->graphs->pool, &c->r, pairs, n_pairs, c->side, dev_stats, &ring, &gc->runs,
                                     &c->site->pool_site);
-  if (rc != 0)
+  if (rc != 0) {
     snprintf(c->why, sizeof c->why, "its comparison could not be captured: %s", ust_last_error());
+    return rc;
+  }
+  /* after the comparisons (which read production's results), in order */
+  const int serves = pairs_serve(pairs, n_pairs);
+  for (int i = 0; i < n_pairs && serves && rc == 0; i++)
+    if (!pairs[i].aa && !pairs[i].input_arg)
+      rc = ust__gate_copy_launch((void *)pairs[i].prod_dense, pairs[i].cand_dense, dense_bytes(&pairs[i].prod), gc,
+                                 c->side);
+  if (rc != 0)
+    snprintf(c->why, sizeof c->why, "its copies over production's results could not be captured: %s",
+             ust_last_error());
+  c->site->serves = serves;
   return rc;
 }
 
@@ -462,7 +516,7 @@ uint64_t ust__graphs_tick(ust__graphs *g) {
   uint32_t open = 0;
   for (uint32_t i = 0; i < g->n_sites && !g->closed; i++) {
     graph_site *s = g->sites[i];
-    const uint64_t w = s->state == SITE_LIVE ? g->sink->gate(g->sink_ctx, s->cookie) : 0;
+    const uint64_t w = site_gate(g, s);
     if (atomic_load_explicit(s->word, memory_order_relaxed) != w)
       atomic_store(s->word, w);
     open += w != 0;
@@ -522,6 +576,11 @@ int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counter
   (void)word, (void)counters, (void)first, (void)handle, (void)stream;
   return ust__error(UST_EGPU, "gate: this build has no GPU backend");
 }
+
+int ust__gate_copy_launch(void *dst, const void *src, size_t bytes, const ust__gate_counters *counters, void *stream) {
+  (void)dst, (void)src, (void)bytes, (void)counters, (void)stream;
+  return ust__error(UST_EGPU, "gate: this build has no GPU backend");
+}
 #endif
 
 #endif
@@ -537,7 +596,7 @@ void ust__graph_call_end(ust__graph_call *c, int ok) {
   c->site->state = ok && c->site->pool_site != 0 ? SITE_LIVE : SITE_DROPPED;
   /* its first replays follow the route already (the worker keeps it so) */
   if (c->site->state == SITE_LIVE && !g->closed)
-    atomic_store(c->site->word, g->sink->gate(g->sink_ctx, c->site->cookie));
+    atomic_store(c->site->word, site_gate(g, c->site));
   pthread_mutex_unlock(&g->lock);
   c->site = NULL;
 }

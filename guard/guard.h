@@ -332,10 +332,12 @@ void ust__shadow_harvest_all_sync(ust__shadow_pool *p);
 /* A site (as ust__shadow_site_add, for a CUDA call) whose comparison is
  * captured now: on stream (capturing), dev_stats (n_pairs statistics, device memory that
  * lives as long as the graph) zeroed, each pair compared into it, and the
- * statistics published into ring under the site. */
+ * statistics published into ring under the site (when not NULL: in the
+ * replays whose gate word there says verify, ust__ring_publish_launch). */
 struct ust__ring_dev;
 int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
-                             void *stream, ust__cmp_stats *dev_stats, const struct ust__ring_dev *ring, uint32_t *site);
+                             void *stream, ust__cmp_stats *dev_stats, const struct ust__ring_dev *ring,
+                             const unsigned long long *when, uint32_t *site);
 
 /* ---- shadow captured into CUDA graphs (guard/graph.c) ------------------------------ */
 
@@ -396,7 +398,11 @@ int ust__graph_part_end(ust__graph_call *c, int keep);
  * ended or invalidated it). */
 int ust__graph_part_active(const ust__graph_call *c);
 /* Inside the open part: the comparisons of pairs into dev_stats and their
- * publication (ust__shadow_site_capture). */
+ * publication (ust__shadow_site_capture) in the replays the gate verifies;
+ * then, for the replays the candidate serves (canary, live), its results
+ * copied over production's (each pair of a result or written argument).
+ * A call whose results cannot be copied so (another dtype or shape) is
+ * only ever verified: its gate never lets the candidate serve. */
 int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats);
 /* Inside the open part: a device copy, or bytes set to byte. */
 int ust__graph_copy(ust__graph_call *c, void *dst, const void *src, size_t bytes);
@@ -490,6 +496,10 @@ void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, d
 void ust__rollout_aa(ust__route_rollout *p, double log_ratio);
 #define UST__AA_MIN 5
 #define UST__AA_KEPT 1024
+/* A pass on copies of the arguments that cannot count toward promotion (a
+ * replay's: no times): it qualifies the candidate to serve, unless the
+ * route was rolled back. */
+void ust__rollout_qualify(ust__route_rollout *p);
 /* 1 once the candidate may serve the route's calls (it qualified). */
 int ust__rollout_qualified(const ust__route_rollout *p);
 /* A call's notes from its decision (UST__NOTE_*); capturing: it was captured. */

@@ -179,11 +179,12 @@ uint64_t ust__ring_host_publish(ust__ring *r, unsigned int site, const ust__cmp_
 
 #ifndef RING_GPU
 int ust__ring_publish_launch(const ust__ring_dev *d, unsigned int site, const ust__cmp_stats *dev_stats,
-                             unsigned int n_pairs, void *stream) {
+                             unsigned int n_pairs, const unsigned long long *when, void *stream) {
   (void)d;
   (void)site;
   (void)dev_stats;
   (void)n_pairs;
+  (void)when;
   (void)stream;
   return ust__error(UST_EGPU, "ring: this build has no GPU backend");
 }

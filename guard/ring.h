@@ -79,10 +79,11 @@ uint64_t ust__ring_next(const ust__ring *r);
 uint64_t ust__ring_host_publish(ust__ring *r, unsigned int site, const ust__cmp_stats *stats, unsigned int n_pairs);
 
 /* The device's writer: enqueue on stream (capturable) the publication of
- * n_pairs statistics at dev_stats (device memory) for site. 0, or UST_EGPU
- * (a build without a GPU backend: always). */
+ * n_pairs statistics at dev_stats (device memory) for site; when not NULL,
+ * only if the device word at when has UST__GATE_RUN_VERIFY (guard/gate.h)
+ * set as it runs. 0, or UST_EGPU (a build without a GPU backend: always). */
 int ust__ring_publish_launch(const ust__ring_dev *d, unsigned int site, const ust__cmp_stats *dev_stats,
-                             unsigned int n_pairs, void *stream);
+                             unsigned int n_pairs, const unsigned long long *when, void *stream);
 
 #ifdef __cplusplus
 }

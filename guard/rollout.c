@@ -436,6 +436,14 @@ static void add_sample(ust__route_rollout *p, int max, double r) {
   p->samples[p->n_samples++] = r;
 }
 
+void ust__rollout_qualify(ust__route_rollout *p) {
+  ust__rollout *t = p->table;
+  lock(t);
+  if (ust__rollout_mode(p, NULL) != UST__MODE_ROLLED_BACK)
+    atomic_store_explicit(&p->qualified, 1, memory_order_release);
+  unlock(t);
+}
+
 void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, double log_ratio) {
   ust__rollout *t = p->table;
   lock(t);

@@ -938,7 +938,8 @@ int ust__shadow_site_add(ust__shadow_pool *p, const ust__slot_route *r, const us
 }
 
 int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
-                             void *stream, ust__cmp_stats *dev_stats, const ust__ring_dev *ring, uint32_t *site) {
+                             void *stream, ust__cmp_stats *dev_stats, const ust__ring_dev *ring,
+                             const unsigned long long *when, uint32_t *site) {
   *site = 0;
 #ifdef UST__SHADOW_GPU
   uint32_t id = 0;
@@ -955,12 +956,12 @@ int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, cons
       rc = ust__compare_launch(pairs[i].prod_dense, pairs[i].cand_dense, pairs[i].prod_dtype, numel_of(&pairs[i].prod),
                                g->meta[i].kind, g->meta[i].atol, g->meta[i].rtol, &dev_stats[i], stream);
   if (rc == 0)
-    rc = ust__ring_publish_launch(ring, id, dev_stats, (unsigned)n_pairs, stream);
+    rc = ust__ring_publish_launch(ring, id, dev_stats, (unsigned)n_pairs, when, stream);
   if (rc == 0)
     *site = id;
   return rc;
 #else
-  (void)p, (void)r, (void)pairs, (void)n_pairs, (void)stream, (void)dev_stats, (void)ring;
+  (void)p, (void)r, (void)pairs, (void)n_pairs, (void)stream, (void)dev_stats, (void)ring, (void)when;
   return ust__error(UST_EGPU, "shadow: this build has no GPU backend");
 #endif
 }

@@ -18,6 +18,10 @@
  *                             is off by at least 1 + |y|
  *   UST_EXAMPLE_WRONG_WRITES_INPUT  correct, then writes     "rms_norm_cuda_writes_input"
  *                             1234 into each row's first input element (which it may only read)
+ *   UST_EXAMPLE_WRONG_SATURATES  stores through a         "rms_norm_cuda_saturates"
+ *                             saturating conversion to [-8, 8]: right while
+ *                             every result is within it (unit-scale weights),
+ *                             wrong on rows whose results are not
  *   UST_EXAMPLE_WRONG_FAULTS  writes far past its output  "rms_norm_cuda_faults"
  *                             (an illegal address: the kernel faults, and the
  *                             CUDA context that ran it is lost for good)
@@ -60,6 +64,11 @@ typedef __nv_bfloat16 rms_bf16_t;
 #define RMS_NAME "rms_norm_cuda_writes_input"
 #define RMS_WRONG_TAIL false
 #define RMS_WRITES_INPUT true
+#elif defined(UST_EXAMPLE_WRONG_SATURATES)
+#define RMS_NAME "rms_norm_cuda_saturates"
+#define RMS_WRONG_TAIL false
+#define RMS_WRITES_INPUT false
+#define RMS_SATURATES true
 #elif defined(UST_EXAMPLE_WRONG_FAULTS)
 #define RMS_NAME "rms_norm_cuda_faults"
 #define RMS_WRONG_TAIL false
@@ -72,6 +81,9 @@ typedef __nv_bfloat16 rms_bf16_t;
 #endif
 #ifndef RMS_FAULTS
 #define RMS_FAULTS false
+#endif
+#ifndef RMS_SATURATES
+#define RMS_SATURATES false
 #endif
 
 /* Block width: enough threads for short rows, 1024 at most; a multiple of 64
@@ -148,6 +160,8 @@ __global__ void __launch_bounds__(RMS_MAX_THREADS)
     float v = normed * elem<T>::load(weight[j]);
     if (RMS_WRONG_TAIL && row == (int64_t)gridDim.x - 1 && j == n - 1)
       v = isfinite(v) ? 1.0f + 2.0f * fabsf(v) : 0.0f;
+    if (RMS_SATURATES)
+      v = fminf(fmaxf(v, -8.0f), 8.0f);
     y[j] = elem<T>::store(v);
   }
   if (RMS_WRITES_INPUT) {

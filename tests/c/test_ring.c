@@ -136,9 +136,9 @@ TEST(ring_refuses_what_it_cannot_be) {
   ASSERT_TRUE(r == NULL);
   ust__ring_dev d = {0};
 #if defined(UST_GPU_CUDA) || defined(UST_GPU_HIP)
-  ASSERT_INT_EQ(ust__ring_publish_launch(&d, 1, NULL, UST__MAX_PAIRS + 1, NULL), UST_EINVAL);
+  ASSERT_INT_EQ(ust__ring_publish_launch(&d, 1, NULL, UST__MAX_PAIRS + 1, NULL, NULL), UST_EINVAL);
 #else
-  ASSERT_INT_EQ(ust__ring_publish_launch(&d, 1, NULL, 1, NULL), UST_EGPU);
+  ASSERT_INT_EQ(ust__ring_publish_launch(&d, 1, NULL, 1, NULL, NULL), UST_EGPU);
 #endif
 }
 
@@ -172,7 +172,7 @@ TEST(ring_on_a_gpu_carries_the_replays_of_a_captured_writer) {
   cudaGraph_t g;
   cudaGraphExec_t x;
   ASSERT_INT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  ASSERT_INT_EQ(ust__ring_publish_launch(&d, 7, dev, 2, s), 0);
+  ASSERT_INT_EQ(ust__ring_publish_launch(&d, 7, dev, 2, NULL, s), 0);
   ASSERT_INT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
   ASSERT_INT_EQ(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
   for (int i = 0; i < 1000; i++)

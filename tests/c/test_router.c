@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "dispatch/dispatch.h"
+#include "guard/gate.h"
 #include "tests/c/runner.h"
 
 TEST(dim_compile_grammar) {
@@ -475,4 +476,76 @@ TEST(device_time_estimate_leaves_first_calls_out) {
   ASSERT_DBL_NEAR(ust__est_device_time(first_sum + sampled_sum, 7, 64, 4, first_sum, 3), 60 * 1000.0, 1e-9);
   ASSERT_DBL_NEAR(ust__est_device_time(3000, 2, 2, 0, 3000, 2), 3000.0, 1e-9);
   ASSERT_DBL_NEAR(ust__est_device_time(0, 0, 5, 0, 0, 0), 0.0, 0);
+}
+
+/* Replays 1..n of a site under gate word w, by the device's rule: how many
+ * the candidate served and how many were verified. */
+static void replay_counts(uint64_t w, int n, int *served, int *verified) {
+  *served = *verified = 0;
+  uint64_t s = 0;
+  for (int i = 1; i <= n; i++) {
+    const ust__gate_choice c = ust__gate_decide(ust__gate_unpack(w), (uint64_t)i, s);
+    const unsigned runs = ust__gate_runs(c);
+    s += (runs & UST__GATE_RUN_SERVE) != 0;
+    *served += (runs & UST__GATE_RUN_SERVE) != 0;
+    *verified += (runs & UST__GATE_RUN_VERIFY) != 0;
+  }
+}
+
+TEST(a_routes_gate_follows_its_mode_at_every_replay) {
+  /* sample 0.5: observe runs nothing; shadow verifies half the replays;
+   * canary 0.25 before a pass verifies every replay on copies, after it
+   * serves a quarter and verifies half of those; live serves all; a paused
+   * shadow budget leaves live serving, verifying none */
+  fixture f;
+  fixture_init(&f, 4, 0.5);
+  ust__binding b;
+  ust__binding_def d;
+  make_binding(&b, &f, &d, 0);
+  ust__cand cand;
+  memset(&cand, 0, sizeof cand);
+  cand.kind = UST__CAND_TORCH_OP;
+  strcpy(cand.id, "torch_op:test::candidate");
+  b.cand = &cand; /* modes past observe are a candidate's */
+  ust__arg args[4];
+  ust__call c;
+  make_call(&c, args, UST__DT_F32);
+  ust__route *r = serve_call(&b, &c, NULL);
+  ASSERT_TRUE(r != NULL);
+  int served, verified;
+  ASSERT_U64_EQ(ust__route_gate(r), 0);
+  ASSERT_INT_EQ(ust__rollout_set(&r->rollout, UST__MODE_SHADOW, 0, "manual", "test"), 0);
+  replay_counts(ust__route_gate(r), 1000, &served, &verified);
+  ASSERT_INT_EQ(served, 0);
+  ASSERT_INT_EQ(verified, 500);
+  ASSERT_INT_EQ(ust__rollout_set(&r->rollout, UST__MODE_CANARY, 0.25, "manual", "test"), 0);
+  ASSERT_TRUE(!ust__rollout_qualified(&r->rollout));
+  replay_counts(ust__route_gate(r), 1000, &served, &verified);
+  ASSERT_INT_EQ(served, 0);
+  ASSERT_INT_EQ(verified, 1000);
+  ust__rollout_qualify(&r->rollout);
+  replay_counts(ust__route_gate(r), 1000, &served, &verified);
+  ASSERT_INT_EQ(served, 250);
+  ASSERT_INT_EQ(verified, 125);
+  ASSERT_INT_EQ(ust__rollout_set(&r->rollout, UST__MODE_LIVE, 0, "manual", "test"), 0);
+  replay_counts(ust__route_gate(r), 1000, &served, &verified);
+  ASSERT_INT_EQ(served, 1000);
+  ASSERT_INT_EQ(verified, 500);
+  atomic_store(&r->verify.paused, 1);
+  replay_counts(ust__route_gate(r), 1000, &served, &verified);
+  ASSERT_INT_EQ(served, 1000);
+  ASSERT_INT_EQ(verified, 0);
+  ASSERT_INT_EQ(ust__rollout_set(&r->rollout, UST__MODE_SHADOW, 0, "manual", "test"), 0);
+  ASSERT_U64_EQ(ust__route_gate(r), 0);
+  atomic_store(&r->verify.paused, 0);
+  ASSERT_INT_EQ(ust__rollout_set(&r->rollout, UST__MODE_OBSERVE, 0, "manual", "test"), 0);
+  ASSERT_U64_EQ(ust__route_gate(r), 0);
+  /* rolled back from live: nothing runs, and a late pass does not qualify it again */
+  ASSERT_INT_EQ(ust__rollout_set(&r->rollout, UST__MODE_LIVE, 0, "manual", "test"), 0);
+  ASSERT_TRUE(ust__route_gate(r) != 0);
+  ust__rollout_roll_back(&r->rollout, NULL);
+  ust__rollout_qualify(&r->rollout);
+  ASSERT_TRUE(!ust__rollout_qualified(&r->rollout));
+  ASSERT_U64_EQ(ust__route_gate(r), 0);
+  fixture_free(&f);
 }

@@ -202,3 +202,101 @@ def test_disable_closes_every_gate(us):
     figs = us.report()["graphs"]
     us.disable()
     assert figs == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0}, figs
+
+
+def _hit(i, share):
+    """Replay i (from 1) is in the share, by the rule _hits counts."""
+    return _hits(i, share) > _hits(i - 1, share)
+
+
+def _served_by_candidate(a, b):
+    """A replay's outputs against production's: the candidate rounds the
+    normalised value to bfloat16 before the weight multiply, production
+    after it, so on random rows of 4096 its outputs differ from production's
+    in some elements (bit for bit) and agree within bfloat16's rounding."""
+    if _same(a, b):
+        return False
+    for p, q in zip(a, b):
+        torch.testing.assert_close(q.float(), p.float(), rtol=2e-2, atol=2e-2)
+    return True
+
+
+def _serve_config(mode, lib="rms_norm_cuda", **extra):
+    cfg = shadow_config("rms_norm", native(lib))
+    cfg["operators"]["rms_norm"].update(mode=mode, **extra)
+    return cfg
+
+
+def test_canary_serves_its_share_of_replays_and_live_every_one(us):
+    """canary 0.25: before the candidate qualifies, every replay is verified
+    on copies with production serving; the pass qualifies it, and from the
+    next replay it serves exactly the replays the share rule picks (the
+    site's replay count, from 1), each verified at sample 1; live serves
+    every replay; observe gives every replay back to production. One
+    capture throughout."""
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    plain = _capture(inputs)
+    us.enable(_serve_config("canary", canary=0.25))
+    shadowed = _capture(inputs)
+    _settle(us)
+    (a, b), = [next(_replays(inputs, [plain, shadowed], 1))]
+    assert _same(a, b)  # qualifying: production serves
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    assert (r["mode"], r["shadow"]["verified"], r["shadow"]["passed"]) == ("canary", 1, 1), r["shadow"]
+    served = [_served_by_candidate(a, b) for a, b in _replays(inputs, [plain, shadowed], 200, seed=1)]
+    want = [_hit(i, 0.25) for i in range(2, 202)]
+    assert served == want and sum(want) == 50
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    sh = r["shadow"]
+    assert (sh["verified"], sh["passed"], sh["failed"]) == (51, 51, 0), sh
+    us.set_mode("rms_norm", "live")
+    _settle(us)
+    assert all(_served_by_candidate(a, b) for a, b in _replays(inputs, [plain, shadowed], 50, seed=2))
+    us.set_mode("rms_norm", "observe")
+    _settle(us)
+    assert not any(_served_by_candidate(a, b) for a, b in _replays(inputs, [plain, shadowed], 20, seed=3))
+    _settle(us)
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "_C::rms_norm")
+    sh = r["shadow"]
+    assert (sh["verified"], sh["passed"], sh["failed"]) == (101, 101, 0), sh
+    assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "reason": None}
+    print(f"canary 0.25: {sum(served)} of 200 replays served by the candidate; live: 50 of 50; observe: 0 of 20")
+
+
+def test_a_mismatch_under_live_replays_rolls_back_from_the_next_replay(us):
+    """A candidate that saturates its results at 8 serves live replays while
+    every result is within that (weights of a quarter); weights grown 8 times
+    make its results wrong: the replay that shows it is verified (it has
+    served), the route rolls back, and the replays after serve production."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 4096, generator=g).to(device="cuda", dtype=torch.bfloat16)
+    w = (0.25 * torch.randn(4096, generator=g)).to(device="cuda", dtype=torch.bfloat16)
+    inputs = [(x, w)]
+    plain = _capture(inputs)
+    us.enable(_serve_config("live", lib="rms_norm_cuda_saturates"))
+    shadowed = _capture(inputs)
+    _settle(us)
+    for _ in _replays(inputs, [plain, shadowed], 1):
+        pass  # qualifies on copies
+    _settle(us)
+    assert all(_served_by_candidate(a, b) for a, b in _replays(inputs, [plain, shadowed], 10, seed=1))
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    assert r["mode"] == "live" and (r["shadow"]["verified"], r["shadow"]["failed"]) == (11, 0), r["shadow"]
+    w.mul_(8)
+    (a, b), = [next(_replays(inputs, [plain, shadowed], 1, seed=2))]
+    assert not _same(a, b)  # the wrong results served once
+    _settle(us)
+    after = [_same(a, b) for a, b in _replays(inputs, [plain, shadowed], 10, seed=3)]
+    _settle(us)
+    rep = us.report()
+    us.disable()
+    assert all(after)
+    (r,) = routes(rep, "_C::rms_norm")
+    sh = r["shadow"]
+    assert r["mode"] == "rolled_back" and (sh["verified"], sh["failed"]) == (12, 1), sh
+    assert sh["rollback"]["reason"] == "mismatch" and sh["rollback"]["output"] == "out"
