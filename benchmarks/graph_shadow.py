@@ -15,11 +15,16 @@ that each captured rms_norm call carries its shadow behind conditional nodes
    element (rms_norm_cuda_wrong_tail); one replay, then the route's mode; then
    --replays more, and the verifications they added (0: the gate closed);
 3. cost: replay time of the plain graph, of the shadowed graph with its
-   gates closed (mode observe) and open (shadow, sample 1), interleaved over
+   gates closed (mode observe) and open (shadow, sample 1), in canary 0.25
+   and in live (both at sample 1), interleaved over
    --rounds rounds of --batch-replays replays each, medians; beside it the
    kernel time the open gates add per replay, from torch.profiler's records
    of the same replays (the candidate's, the comparisons', the copies', the
-   gates' and the ring's kernels).
+   gates' and the ring's kernels);
+4. serving: the same graph's route set to canary 0.25, then live: the
+   calls the candidate served (at sample 1 each is verified, and only
+   those), per captured call and replay, and the logits against the plain
+   graph's (the candidate computes as vLLM's kernel does: bit-equal).
 
     PYTHONPATH=python-shim python3 benchmarks/graph_shadow.py [--replays 1000] [--batch 1]
 """
@@ -48,7 +53,7 @@ def candidate(name):
 
 
 def config(name):
-    return {"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "candidate": candidate(name)}},
+    return {"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "canary": 0.25, "candidate": candidate(name)}},
             "report": {"interval_s": 0}}
 
 
@@ -184,14 +189,44 @@ def main():
         print(f"{s['key'][:44]:<44} {n_sites:>5} {v:>9} {v / max(n_sites, 1) / args.replays:>10.3f} "
               f"{sh['passed'] - base.get(s['key'], 0):>7} {sh['failed']:>7}")
 
+    # 4. serving under replay: the same graph, its route set to canary, then
+    # live (the candidate qualified in 1). At sample 1 every replay the
+    # candidate serves is verified (and only those): the verifications count
+    # the served calls; the logits are compared with the plain graph's
+    def served(n, seed):
+        g = torch.Generator("cuda").manual_seed(seed)
+        equal = 0
+        for _ in range(n):
+            tok.copy_(torch.randint(1, vocab, tok.shape, device="cuda", generator=g))
+            plain.rewind()
+            plain.replay()
+            a = plain.out.clone()
+            shadowed.rewind()
+            shadowed.replay()
+            equal += bool(torch.equal(a, shadowed.out))
+        settle()
+        return equal
+    before = {s["key"]: dict(s["shadow"]) for s in rms_routes(understudy.report())}
+    understudy.set_mode("rms_norm", "canary")  # its share: the config's 0.25
+    settle()
+    canary_equal = served(args.replays, 3)
+    canary = rms_routes(understudy.report())
+    understudy.set_mode("rms_norm", "live")
+    settle()
+    live_equal = served(args.replays // 5, 4)
+    serving = rms_routes(understudy.report())
+
     # 3. cost (before the rollback phase: that one ends this enable)
     def timed(mode):
         if mode == "plain":
             return per_replay_us(plain, args.batch_replays)
-        understudy.set_mode("rms_norm", "observe" if mode == "gates closed" else "shadow")
+        if mode.startswith("canary"):
+            understudy.set_mode("rms_norm", "canary")  # its share: the config's 0.25
+        else:
+            understudy.set_mode("rms_norm", {"gates closed": "observe", "live (sample 1)": "live"}.get(mode, "shadow"))
         settle()
         return per_replay_us(shadowed, args.batch_replays)
-    modes = ("plain", "gates closed", "gates open (sample 1)")
+    modes = ("plain", "gates closed", "gates open (sample 1)", "canary 0.25 (sample 1)", "live (sample 1)")
     for m in modes:  # warm
         timed(m)
     times = {m: [] for m in modes}
@@ -201,6 +236,9 @@ def main():
     understudy.set_mode("rms_norm", "observe")
     settle()
     closed = kernel_us(shadowed, 20)
+    understudy.set_mode("rms_norm", "live")
+    settle()
+    live_k = kernel_us(shadowed, 20)
     understudy.set_mode("rms_norm", "shadow")
     settle()
     opened = kernel_us(shadowed, 20)
@@ -212,9 +250,10 @@ def main():
           f"kernel time per replay (torch.profiler)")
     print(f"{'graph':<24} {'us/replay':>10} {'vs plain':>9} {'added us':>9} {'kernel us':>10}")
     ks = {"plain": sum(plain_k.values()), "gates closed": sum(closed.values()),
-          "gates open (sample 1)": sum(opened.values())}
+          "gates open (sample 1)": sum(opened.values()), "live (sample 1)": sum(live_k.values())}
     for m in modes:
-        print(f"{m:<24} {med[m]:>10.2f} {med[m] / med['plain']:>9.4f} {med[m] - med['plain']:>9.2f} {ks[m]:>10.2f}")
+        k = f"{ks[m]:>10.2f}" if m in ks else f"{'':>10}"
+        print(f"{m:<24} {med[m]:>10.2f} {med[m] / med['plain']:>9.4f} {med[m] - med['plain']:>9.2f} {k}")
     added = sorted(((opened.get(k, 0) - closed.get(k, 0), k) for k in opened), reverse=True)
     print("kernel time the open gates add per replay, by kernel:")
     for us_, name in added:
@@ -222,6 +261,23 @@ def main():
             print(f"  {us_:8.2f} us  {name[:100]}")
     print(f"  {sum(u for u, _ in added if u > 0):8.2f} us  in all; replay time added "
           f"{med['gates open (sample 1)'] - med['gates closed']:.2f} us")
+    live_added = sum(v - opened.get(k, 0) for k, v in live_k.items() if v > opened.get(k, 0))
+    print(f"live adds {live_added:.2f} us of kernel time per replay over shadow (the candidate's results copied over "
+          f"production's); production's kernels still run in every replay")
+
+    print(f"\n4. serving under replay (the same graph, not captured again; sample 1: a call is verified when, and "
+          f"only when, the candidate serves it): canary 0.25 for {args.replays} replays, then live for "
+          f"{args.replays // 5}; logits bit-equal to the plain graph's on {canary_equal} of {args.replays} and "
+          f"{live_equal} of {args.replays // 5}")
+    print(f"{'route':<44} {'sites':>5} {'canary served':>14} {'x replays':>10} {'live served':>12} {'x replays':>10} "
+          f"{'failed':>7}")
+    for s, t in zip(canary, serving):
+        b = before.get(s["key"], {"verified": 0})
+        n_sites = max(s["shadow"]["graph"]["shadowed"], 1)
+        c = s["shadow"]["verified"] - b["verified"]
+        v = t["shadow"]["verified"] - s["shadow"]["verified"]
+        print(f"{s['key'][:44]:<44} {n_sites:>5} {c:>14} {c / n_sites / args.replays:>10.3f} {v:>12} "
+              f"{v / n_sites / max(args.replays // 5, 1):>10.3f} {t['shadow']['failed']:>7}")
 
     # 2. rollback: the warm-up observed (an eager shadow call would roll it
     # back before the capture)

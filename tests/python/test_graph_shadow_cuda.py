@@ -300,3 +300,61 @@ def test_a_mismatch_under_live_replays_rolls_back_from_the_next_replay(us):
     sh = r["shadow"]
     assert r["mode"] == "rolled_back" and (sh["verified"], sh["failed"]) == (12, 1), sh
     assert sh["rollback"]["reason"] == "mismatch" and sh["rollback"]["output"] == "out"
+
+
+def _fake_rms_norm():
+    """torch.compile traces _C::rms_norm with fake tensors: it writes its
+    out argument and returns nothing (registered once per process)."""
+    try:
+        torch.library.register_fake("_C::rms_norm")(lambda out, input, weight, eps: None)
+    except RuntimeError as e:  # registered by an earlier test of this process
+        if "already" not in str(e):
+            raise
+
+
+def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us):
+    """torch.compile(mode="reduce-overhead"): inductor calls _C::rms_norm
+    (a mutating custom op) from its generated code; cudagraph trees warm
+    up on the first call, record the second and replay every later one. The
+    recorded call holds its shadow: every replay verified (sample 1), the
+    outputs bit-equal to production's arithmetic run eagerly (the ground
+    truth: the op's own implementation); set live, the replays after serve
+    the candidate, not captured again."""
+    _fake_rms_norm()
+    torch._dynamo.reset()
+
+    def step(x, w):
+        out = torch.empty_like(x)
+        torch.ops._C.rms_norm(out, x, w, 1e-6)
+        return out
+
+    fn = torch.compile(step, mode="reduce-overhead")
+    (x, w), = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    n = 40
+    for _ in range(n):
+        x.copy_(torch.randn(x.shape, device="cuda", generator=gen, dtype=x.dtype))
+        assert torch.equal(fn(x, w), _rms(x, w, 1e-6))
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    sh = r["shadow"]
+    eager = r["calls"] - r["captured"]  # the warm-up's calls, shadowed eagerly
+    assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "reason": None}, (r, sh)
+    # each call ran rms_norm once: eagerly (the warm-up) or in a replay (the
+    # recording is replayed for its outputs), and each of those is verified
+    assert (sh["verified"], sh["passed"], sh["failed"]) == (n, n, 0), (eager, sh)
+    us.set_mode("rms_norm", "live")
+    _settle(us)
+    m = 20
+    for _ in range(m):
+        x.copy_(torch.randn(x.shape, device="cuda", generator=gen, dtype=x.dtype))
+        y, want = fn(x, w).clone(), _rms(x, w, 1e-6)
+        assert not torch.equal(y, want)  # the candidate's rounding
+        torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-2)
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    us.disable()
+    torch._dynamo.reset()
+    assert r["captured"] == 1 and r["shadow"]["verified"] == n + m and r["mode"] == "live", r
+    print(f"reduce-overhead: {eager} eager call(s), 1 captured, {n + m - eager} replays verified; live served {m} of {m}")
