@@ -72,6 +72,7 @@ typedef struct ust__cand_view {
   const char *torch_op_name;          /* torch op: "ns::name", for messages */
   int compare;                        /* ust__cmp_kind */
   uint32_t writes_mask;               /* arguments the op writes, by index */
+  uint32_t overwrites_mask;           /* of those, written without being read */
   int compared_returns;               /* leading returns judged; -1: all */
   uint64_t deadline_ns;               /* a call of the candidate longer than this is overdue */
 } ust__cand_view;
@@ -124,7 +125,8 @@ int ust__binding_needs_names(const struct ust__binding *b);
 /* Resolve argument names (borrowed) and which arguments the schema marks
  * written (schema_writes, by index; the operator's curated list is added).
  * Thread-safe: the first caller resolves, the others wait for it. */
-void ust__binding_resolve(struct ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes);
+void ust__binding_resolve(struct ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes,
+                          uint32_t schema_outs);
 const char *ust__binding_display(const struct ust__binding *b);
 /* The op the binding intercepts: "ns::name" and its overload ("" the default). */
 const char *ust__binding_qualname(const struct ust__binding *b);

@@ -71,6 +71,9 @@ typedef struct ust__binding_def {
   char overloads[UST__MAX_OVERLOADS][UST__NAME_MAX]; /* "" is the default overload */
   int n_writes;
   char writes[UST__MAX_WRITES][UST__NAME_MAX]; /* argument names the op writes */
+  int n_overwrites;
+  char overwrites[UST__MAX_WRITES][UST__NAME_MAX]; /* of writes: those written without being read (out
+                                                      arguments: their values before the call do not matter) */
   int n_dims;
   ust__dim_def dims[UST__MAX_DIMS];
   int compared_returns; /* the leading returns a candidate is judged on; -1: all (the rest are
@@ -475,6 +478,7 @@ typedef struct ust__binding {
   ust__router *router;           /* the engine's */
   ust__cand *cand;               /* the operator's candidate when it targets this binding */
   uint32_t writes_mask;          /* arguments the op writes (schema and curated list), by index */
+  uint32_t overwrites_mask;      /* of those, written without being read (schema out= and curated list) */
   int n_arg_names;
   char arg_names[UST__MAX_ARGS][UST__NAME_MAX]; /* the schema's, once resolved */
   ust__roofline_prog roofline;   /* compiled from def->roofline; present 0 without one */

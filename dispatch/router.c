@@ -167,7 +167,8 @@ void ust__route_key_format(const ust__binding *b, const ust__route_key *k, char 
     snprintf(buf + n, cap - n, "|%s", ust__phase_name(k->phase));
 }
 
-void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes) {
+void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes,
+                          uint32_t schema_outs) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&b->resolved, &expected, 1)) {
     while (atomic_load(&b->resolved) != 2)
@@ -186,6 +187,15 @@ void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, 
     if (i >= 0 && i < 32)
       b->writes_mask |= 1u << i;
   }
+  /* out= arguments, and those the definition says the op writes whole
+   * without reading */
+  b->overwrites_mask = schema_outs & b->writes_mask;
+  for (int w = 0; w < b->def->n_overwrites; w++) {
+    int i = ust__arg_lookup(b->def->overwrites[w], b->n_arg_names, names);
+    if (i >= 0 && i < 32)
+      b->overwrites_mask |= 1u << i;
+  }
+  b->overwrites_mask &= b->writes_mask;
   for (int d = 0; d < b->n_dims; d++) {
     if (ust__dim_resolve(&b->dims[d], nargs, names) != 0)
       ust__log(b->router->log, UST_LOG_WARN, "%s: key dimension '%s' names argument '%s', which %s does not have",
@@ -320,6 +330,7 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
   v->abi = c->abi;
   v->compare = c->compare;
   v->writes_mask = b->writes_mask;
+  v->overwrites_mask = b->overwrites_mask;
   v->compared_returns = b->def->compared_returns;
   v->deadline_ns = c->deadline_ns;
   v->torch_op_name = c->torch_op;

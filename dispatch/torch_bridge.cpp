@@ -181,14 +181,16 @@ void resolve_names(ust__binding *b, const c10::OperatorHandle &op) {
   const auto &schema_args = op.schema().arguments();
   std::vector<const char *> names;
   names.reserve(schema_args.size());
-  uint32_t writes = 0;
+  uint32_t writes = 0, outs = 0;
   for (size_t i = 0; i < schema_args.size(); i++) {
     names.push_back(schema_args[i].name().c_str());
     const auto *alias = schema_args[i].alias_info();
     if (alias != nullptr && alias->isWrite() && i < 32)
       writes |= 1u << i;
+    if (schema_args[i].is_out() && i < 32)
+      outs |= 1u << i; // an out= overload's output: written, never read
   }
-  ust__binding_resolve(b, static_cast<int>(names.size()), names.data(), writes);
+  ust__binding_resolve(b, static_cast<int>(names.size()), names.data(), writes, outs);
 }
 
 // Calls made while understudy runs its own work for a call (snapshots, the
@@ -472,9 +474,13 @@ private:
   }
 
   // Before production: buffers for every copy; the copies of what production
-  // overwrites (and inputs aliasing it) taken in a first part.
+  // writes (and inputs aliasing it) taken in a first part. An argument the
+  // op overwrites without reading needs no copy of its values before: its
+  // buffer is filled with all bits set in the second part instead, so the
+  // first is left out when nothing else needs it (one condition less).
   int snapshot_captured() {
     const uint32_t writes = st_.cand.writes_mask;
+    const uint32_t overwrites = st_.cand.overwrites_mask;
     for (size_t i = 0; i < n_args_; i++) {
       if (x_.saved[i].isTensorList())
         return drop(UST__GW_LAYOUT, "a tensor-list argument");
@@ -491,7 +497,7 @@ private:
       if (!is_defined_tensor(x_.saved[i]))
         continue;
       const at::Tensor &t = x_.saved[i].toTensor();
-      before |= x_.snaps[i].defined();
+      before |= x_.snaps[i].defined() && !overwritten(i, overwrites);
       if (x_.snaps[i].defined())
         continue;
       for (size_t j = 0; j < n_args_; j++)
@@ -510,12 +516,15 @@ private:
       return UST__EV_OK;
     for (size_t i = 0; i < n_args_; i++) {
       const at::Tensor &copy = x_.snaps[i].defined() ? x_.snaps[i] : x_.inputs[i];
-      if (copy.defined() && !graph_copy(copy, x_.saved[i].toTensor()))
+      if (copy.defined() && !(x_.snaps[i].defined() && overwritten(i, overwrites)) &&
+          !graph_copy(copy, x_.saved[i].toTensor()))
         return UST__EV_OK;
     }
     ust__call_graph_part_end(&st_, 1, UST__GW_CAPTURE);
     return UST__EV_OK;
   }
+
+  static bool overwritten(size_t i, uint32_t mask) { return i < 32 && ((mask >> i) & 1u); }
 
   // After production: the candidate's fresh outputs and the comparison's
   // statistics allocated; the second part holds its private inputs, its
@@ -543,6 +552,10 @@ private:
         return UST__EV_NO_LAYOUT;
     for (const at::Tensor &o : x_.native_outputs)
       if (ust__call_graph_fill(&st_, o.data_ptr(), 0xff, o.nbytes()) != 0)
+        return UST__EV_NO_LAYOUT;
+    for (size_t i = 0; i < n_args_; i++)
+      if (x_.snaps[i].defined() && overwritten(i, st_.cand.overwrites_mask) &&
+          ust__call_graph_fill(&st_, x_.snaps[i].data_ptr(), 0xff, x_.snaps[i].nbytes()) != 0)
         return UST__EV_NO_LAYOUT;
     return run_candidate(/*timed=*/false);
   }

@@ -99,7 +99,8 @@ static int parse_roofline(const cJSON *rl, const char *path, int bi, ust__roofli
 static int parse_binding(const cJSON *jb, const char *path, int bi, const cJSON *bucket, ust__binding_def *b) {
   char where[64];
   snprintf(where, sizeof where, "bindings[%d].", bi);
-  static const char *const keys[] = {"op", "overloads", "writes", "key", "compared_returns", "roofline", NULL};
+  static const char *const keys[] = {"op",  "overloads",        "writes",   "overwrites",
+                                     "key", "compared_returns", "roofline", NULL};
   if (!cJSON_IsObject(jb))
     return PERR("%s: 'bindings[%d]' must be an object {op, overloads, writes, key}", path, bi);
   int rc = only_keys(jb, path, where, keys);
@@ -136,6 +137,25 @@ static int parse_binding(const cJSON *jb, const char *path, int bi, const cJSON 
       if (!cJSON_IsString(it) || ust__copy_name(b->writes[b->n_writes], UST__NAME_MAX, it->valuestring) != 0)
         return PERR("%s: 'bindings[%d].writes' holds a non-string or too long name", path, bi);
       b->n_writes++;
+    }
+  }
+  const cJSON *ow = cJSON_GetObjectItemCaseSensitive(jb, "overwrites");
+  if (ow != NULL) {
+    if (!cJSON_IsArray(ow) || cJSON_GetArraySize(ow) > UST__MAX_WRITES)
+      return PERR("%s: 'bindings[%d].overwrites' must be a list of at most %d argument names", path, bi,
+                  UST__MAX_WRITES);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, ow) {
+      if (!cJSON_IsString(it) || ust__copy_name(b->overwrites[b->n_overwrites], UST__NAME_MAX, it->valuestring) != 0)
+        return PERR("%s: 'bindings[%d].overwrites' holds a non-string or too long name", path, bi);
+      int listed = 0;
+      for (int w = 0; w < b->n_writes && !listed; w++)
+        listed = strcmp(b->writes[w], it->valuestring) == 0;
+      if (!listed)
+        return PERR("%s: 'bindings[%d].overwrites' names '%s', which its 'writes' does not list (an argument the op "
+                    "overwrites is one it writes)",
+                    path, bi, it->valuestring);
+      b->n_overwrites++;
     }
   }
   b->compared_returns = -1;

@@ -136,7 +136,7 @@ static void make_binding(ust__binding *b, fixture *f, ust__binding_def *def, int
   ust__dim_compile("b[1]", &b->dims[1]);
   b->dims[0].bucket = UST__BUCKET_POW2;
   const char *names[] = {"a", "b", "k", "opt"};
-  ust__binding_resolve(b, 4, names, 0);
+  ust__binding_resolve(b, 4, names, 0, 0);
 }
 
 TEST(route_key_distinguishes) {

@@ -69,6 +69,21 @@ def test_bad_problem_file_is_refused_with_file_and_field(us, tmp_path):
     torch_still_works()
 
 
+def test_overwrites_must_name_a_written_argument(us, tmp_path):
+    pdir = tmp_path / "problems"
+    shutil.copytree(understudy.problems_dir(), pdir)
+    rms = json.loads((pdir / "rms_norm.json").read_text())
+    b = next(i for i, x in enumerate(rms["bindings"]) if x["op"] == "_C::rms_norm")
+    rms["bindings"][b]["overwrites"] = ["out", "input"]
+    (pdir / "rms_norm.json").write_text(json.dumps(rms))
+    with pytest.raises(understudy.ProblemError) as e:
+        us.enable(problems=pdir)
+    msg = str(e.value)
+    assert "rms_norm.json" in msg and f"'bindings[{b}].overwrites'" in msg and "'input'" in msg, msg
+    assert not us.is_enabled()
+    torch_still_works()
+
+
 def test_enable_twice_is_an_error_not_a_crash(us):
     us.enable({"operators": {"gemm": "observe"}})
     with pytest.raises(understudy.UnderstudyError, match="already enabled"):

@@ -358,3 +358,25 @@ def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us):
     torch._dynamo.reset()
     assert r["captured"] == 1 and r["shadow"]["verified"] == n + m and r["mode"] == "live", r
     print(f"reduce-overhead: {eager} eager call(s), 1 captured, {n + m - eager} replays verified; live served {m} of {m}")
+
+
+def test_an_out_argument_needs_no_copy_before_production(us):
+    """_C::rms_norm overwrites its out argument (problems/rms_norm.json):
+    its captured call copies nothing before production, so each replay runs
+    one gate, not two (torch.profiler's kernel records count them)."""
+    from torch.profiler import ProfilerActivity, profile
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
+    shadowed = _capture(inputs)
+    _settle(us)
+    n = 10
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in _replays(inputs, [shadowed], n):
+            pass
+        torch.cuda.synchronize()
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    us.disable()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gates = sum(name.startswith("gate_kernel") for name in names)
+    assert r["shadow"]["verified"] == n and gates == n, (gates, r["shadow"])
