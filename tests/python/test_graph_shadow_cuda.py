@@ -380,3 +380,32 @@ def test_an_out_argument_needs_no_copy_before_production(us):
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     gates = sum(name.startswith("gate_kernel") for name in names)
     assert r["shadow"]["verified"] == n and gates == n, (gates, r["shadow"])
+
+
+def test_the_kernel_tracer_beside_a_shadowed_graph_leaves_verdicts_whole(us):
+    """The kernel tracer (CUPTI) on while a shadowed call is captured and
+    replayed: every replay verified, as without it. (Its replays are not yet
+    attributed to the route by the tracer: README, "The candidate inside
+    CUDA graphs".)"""
+    from test_kernel_timer_cuda import mm_for
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    x = torch.randn(64, 64, device="cuda")
+    cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
+    cfg["operators"]["gemm"] = {"mode": "observe", "sample": 1.0}
+    cfg["timer"] = {"kind": "cupti", "budget": 0, "window_ms": 5000}
+    us.enable(cfg)
+    mm_for(x, 1.0)  # GPU calls seen: the window (5 s) opens
+    shadowed = _capture(inputs)
+    _settle(us)
+    n = 40
+    for _ in _replays(inputs, [shadowed], n):
+        pass
+    _settle(us)
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "_C::rms_norm")
+    print(f"\ntracer and captured shadow: captured {r['captured']}, replayed {r['replayed']}, "
+          f"kernel_timed {r['kernel_timed']}, verified {r['shadow']['verified']}")
+    assert rep["timer"]["kind"] == "cupti", rep["timer"]
+    assert r["captured"] == 1 and r["shadow"]["graph"]["shadowed"] == 1, r
+    assert (r["shadow"]["verified"], r["shadow"]["passed"]) == (n, n), r["shadow"]
