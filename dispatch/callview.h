@@ -122,9 +122,11 @@ void ust__hook_leave(struct ust__hook *h, unsigned ticket);
 int ust__binding_is_off(const struct ust__binding *b);
 /* 1 until the binding's argument names were resolved against a schema. */
 int ust__binding_needs_names(const struct ust__binding *b);
-/* Resolve argument names (borrowed) and which arguments the schema marks
- * written (schema_writes, by index; the operator's curated list is added).
- * Thread-safe: the first caller resolves, the others wait for it. */
+/* Resolve argument names (borrowed), which arguments the schema marks
+ * written (schema_writes, by index; the operator's curated list is added)
+ * and which are an out= overload's outputs (schema_outs: overwritten, with
+ * the list's 'overwrites'). Thread-safe: the first caller resolves, the
+ * others wait for it. */
 void ust__binding_resolve(struct ust__binding *b, int nargs, const char *const *names, uint32_t schema_writes,
                           uint32_t schema_outs);
 const char *ust__binding_display(const struct ust__binding *b);
@@ -201,9 +203,11 @@ int ust__call_graph_part_begin(ust__call_state *st, void **side);
 int ust__call_graph_part_end(ust__call_state *st, int keep, int why);
 /* Inside the open part after production: the candidate's pairs compared
  * into dev_stats (UST__MAX_PAIRS statistics of device memory the graph
- * keeps) and published; then the part is ended into the graph. 0 when the
+ * keeps) and published; then the part is ended into the graph. servable 0:
+ * the pairs leave some of the candidate's results out (returns not
+ * compared), so its replays may be verified but never served. 0 when the
  * call's shadow is whole in its graph. Ends the slot's use (as COMPARE). */
-int ust__call_graph_compare(ust__call_state *st, const ust__pair *pairs, int n_pairs, void *dev_stats);
+int ust__call_graph_compare(ust__call_state *st, const ust__pair *pairs, int n_pairs, void *dev_stats, int servable);
 /* Inside the open part: bytes copied from src to dst, or set to byte (device
  * memory). 0, or an error (the shadow is dropped). */
 int ust__call_graph_copy(ust__call_state *st, void *dst, const void *src, size_t bytes);

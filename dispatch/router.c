@@ -503,11 +503,11 @@ int ust__call_graph_fill(ust__call_state *st, void *dst, int byte, size_t bytes)
   return st->graph == NULL ? -1 : graph_step(st, ust__graph_fill(st->graph, dst, byte, bytes));
 }
 
-int ust__call_graph_compare(ust__call_state *st, const ust__pair *pairs, int n_pairs, void *dev_stats) {
+int ust__call_graph_compare(ust__call_state *st, const ust__pair *pairs, int n_pairs, void *dev_stats, int servable) {
   ust__graph_call *c = st->graph;
   if (c == NULL)
     return -1;
-  if (graph_step(st, ust__graph_call_finish(c, pairs, n_pairs, dev_stats)) != 0 ||
+  if (graph_step(st, ust__graph_call_finish(c, pairs, n_pairs, dev_stats, servable)) != 0 ||
       ust__call_graph_part_end(st, 1, UST__GW_CAPTURE) != 0)
     return -1;
   graph_shadow_end(st, 1, UST__GW_NONE);
@@ -782,10 +782,14 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
 
 /* A route's captured calls follow its mode at every replay, as its eager
  * calls do: shadow verifies the sample; canary and live serve the
- * candidate in their share of replays and verify the sample of those, once
- * a call on copies has passed (until then every replay is verified on
- * copies, as in shadow); a candidate over its shadow budget is verified in
- * no replay; any other mode runs production alone. */
+ * candidate in their share of replays and verify the sample of those
+ * (whatever the shadow budget, as eager served calls), once a call on
+ * copies has passed (until then every replay is verified on copies, as in
+ * shadow); a candidate over its shadow budget is verified in no replay it
+ * does not serve; any other mode runs production alone. strict serving
+ * waits for a call's verdict before it serves, which a replay cannot: a
+ * strict canary or live route's replays are verified as in shadow, with
+ * production serving. */
 uint64_t ust__route_gate(ust__route *r) {
   uint32_t canary_q32 = 0;
   const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
@@ -793,17 +797,17 @@ uint64_t ust__route_gate(ust__route *r) {
   if (pol == NULL)
     return 0;
   const int paused = atomic_load_explicit(&r->verify.paused, memory_order_relaxed) != 0;
-  ust__replay_gate g = {UST__GATE_OFF, paused ? 0 : pol->sample_q32, 0};
-  if (mode == UST__MODE_SHADOW && !paused) {
-    g.mode = UST__GATE_SHADOW;
-  } else if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) && !ust__rollout_qualified(&r->rollout)) {
-    if (!paused) {
-      g.mode = UST__GATE_SHADOW;
-      g.sample_q32 = UINT32_MAX;
-    }
-  } else if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
+  const int serving = mode == UST__MODE_CANARY || mode == UST__MODE_LIVE;
+  const int qualified = ust__rollout_qualified(&r->rollout);
+  ust__replay_gate g = {UST__GATE_OFF, pol->sample_q32, 0};
+  if (serving && qualified && !pol->strict) {
     g.mode = mode == UST__MODE_LIVE ? UST__GATE_LIVE : UST__GATE_CANARY;
     g.canary_q32 = mode == UST__MODE_LIVE ? UINT32_MAX : canary_q32;
+  } else if (serving && !qualified && !paused) {
+    g.mode = UST__GATE_SHADOW;
+    g.sample_q32 = UINT32_MAX;
+  } else if ((mode == UST__MODE_SHADOW || serving) && !paused) {
+    g.mode = UST__GATE_SHADOW;
   }
   return g.mode == UST__GATE_OFF ? 0 : ust__gate_pack(g);
 }

@@ -581,7 +581,12 @@ private:
         ust__call_graph_failed(&st_, fail_, msg_.c_str());
       return drop(UST__GW_FAILED, msg_.c_str());
     }
-    ust__call_graph_compare(&st_, x_.pairs.data(), static_cast<int>(x_.pairs.size()), stats_.data_ptr());
+    // served replays get the candidate's results over production's: all of
+    // them, or none (a return not compared would stay production's)
+    bool servable = true;
+    for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++)
+      servable &= !(is_defined_tensor(x_.prod_returns[j]) && !compared_return(j) && !aliases_written_arg(j));
+    ust__call_graph_compare(&st_, x_.pairs.data(), static_cast<int>(x_.pairs.size()), stats_.data_ptr(), servable);
     return UST__EV_OK;
   }
 

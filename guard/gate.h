@@ -35,8 +35,9 @@ typedef struct ust__replay_gate {
 
 /* The decision for one replay. */
 typedef struct ust__gate_choice {
-  int candidate; /* 1: the candidate's nodes serve this replay; 0: production's */
-  int verify;    /* 1: the other arm runs too and the two are compared */
+  int candidate; /* 1: the candidate's results serve this replay; 0: production's */
+  int verify;    /* 1: the two arms' results are compared (in a captured call both arms run
+                    whenever the candidate does: it serves over production's results) */
 } ust__gate_choice;
 
 #define UST__GATE_Q31_ALL 0x7fffffffu

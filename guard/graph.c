@@ -449,7 +449,8 @@ static int pairs_serve(const ust__pair *pairs, int n_pairs) {
   return 1;
 }
 
-int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats) {
+int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats,
+                           int servable) {
   if (!c->open)
     return ust__error(UST_EINVAL, "graph: the comparison belongs in an open part");
   const ust__ring_dev ring = ust__ring_device(c->ring);
@@ -461,7 +462,7 @@ int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pai
     return rc;
   }
   /* after the comparisons (which read production's results), in order */
-  const int serves = pairs_serve(pairs, n_pairs);
+  const int serves = servable && pairs_serve(pairs, n_pairs);
   for (int i = 0; i < n_pairs && serves && rc == 0; i++)
     if (!pairs[i].aa && !pairs[i].input_arg)
       rc = ust__gate_copy_launch((void *)pairs[i].prod_dense, pairs[i].cand_dense, dense_bytes(&pairs[i].prod), gc,
@@ -550,8 +551,9 @@ int ust__graph_part_active(const ust__graph_call *c) {
   return 0;
 }
 
-int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats) {
-  (void)c, (void)pairs, (void)n_pairs, (void)dev_stats;
+int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats,
+                           int servable) {
+  (void)c, (void)pairs, (void)n_pairs, (void)dev_stats, (void)servable;
   return ust__error(UST_EGPU, "graph: this build has no CUDA conditional graph nodes");
 }
 

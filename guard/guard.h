@@ -333,7 +333,8 @@ void ust__shadow_harvest_all_sync(ust__shadow_pool *p);
  * captured now: on stream (capturing), dev_stats (n_pairs statistics, device memory that
  * lives as long as the graph) zeroed, each pair compared into it, and the
  * statistics published into ring under the site (when not NULL: in the
- * replays whose gate word there says verify, ust__ring_publish_launch). */
+ * replays whose run bits there, the site's ust__gate_counters.runs, say
+ * verify: ust__ring_publish_launch). */
 struct ust__ring_dev;
 int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
                              void *stream, ust__cmp_stats *dev_stats, const struct ust__ring_dev *ring,
@@ -401,9 +402,11 @@ int ust__graph_part_active(const ust__graph_call *c);
  * publication (ust__shadow_site_capture) in the replays the gate verifies;
  * then, for the replays the candidate serves (canary, live), its results
  * copied over production's (each pair of a result or written argument).
- * A call whose results cannot be copied so (another dtype or shape) is
- * only ever verified: its gate never lets the candidate serve. */
-int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats);
+ * A call whose results cannot be copied so (another dtype or shape), or
+ * not all of them (servable 0: results left out of the pairs), is only
+ * ever verified: its gate never lets the candidate serve. */
+int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pairs, ust__cmp_stats *dev_stats,
+                           int servable);
 /* Inside the open part: a device copy, or bytes set to byte. */
 int ust__graph_copy(ust__graph_call *c, void *dst, const void *src, size_t bytes);
 int ust__graph_fill(ust__graph_call *c, void *dst, int byte, size_t bytes);

@@ -379,7 +379,7 @@ TEST(graph_calls_refused_or_dropped_leave_every_gate_closed) {
     ASSERT_TRUE(ust_last_error()[0] != '\0' && c.site == NULL);
   } else {
     ASSERT_INT_EQ(ust__graph_part_end(&c, 1), UST_EINVAL);
-    ASSERT_INT_EQ(ust__graph_call_finish(&c, NULL, 0, NULL), UST_EINVAL);
+    ASSERT_INT_EQ(ust__graph_call_finish(&c, NULL, 0, NULL, 1), UST_EINVAL);
   }
   ust__graph_call_end(&c, 0);
   ASSERT_TRUE(c.site == NULL);

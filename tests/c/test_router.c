@@ -495,8 +495,9 @@ static void replay_counts(uint64_t w, int n, int *served, int *verified) {
 TEST(a_routes_gate_follows_its_mode_at_every_replay) {
   /* sample 0.5: observe runs nothing; shadow verifies half the replays;
    * canary 0.25 before a pass verifies every replay on copies, after it
-   * serves a quarter and verifies half of those; live serves all; a paused
-   * shadow budget leaves live serving, verifying none */
+   * serves a quarter and verifies half of those; live serves all; strict
+   * live serves none (verified as in shadow); a paused shadow budget
+   * leaves live serving and verifying its sample, shadow running nothing */
   fixture f;
   fixture_init(&f, 4, 0.5);
   ust__binding b;
@@ -531,10 +532,16 @@ TEST(a_routes_gate_follows_its_mode_at_every_replay) {
   replay_counts(ust__route_gate(r), 1000, &served, &verified);
   ASSERT_INT_EQ(served, 1000);
   ASSERT_INT_EQ(verified, 500);
+  /* strict: a replay cannot wait for its verdict, so production serves */
+  f.pol.strict = 1;
+  replay_counts(ust__route_gate(r), 1000, &served, &verified);
+  ASSERT_INT_EQ(served, 0);
+  ASSERT_INT_EQ(verified, 500);
+  f.pol.strict = 0;
   atomic_store(&r->verify.paused, 1);
   replay_counts(ust__route_gate(r), 1000, &served, &verified);
   ASSERT_INT_EQ(served, 1000);
-  ASSERT_INT_EQ(verified, 0);
+  ASSERT_INT_EQ(verified, 500); /* served replays stay verified, as eager served calls */
   ASSERT_INT_EQ(ust__rollout_set(&r->rollout, UST__MODE_SHADOW, 0, "manual", "test"), 0);
   ASSERT_U64_EQ(ust__route_gate(r), 0);
   atomic_store(&r->verify.paused, 0);
