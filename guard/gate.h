@@ -63,6 +63,17 @@ static inline UST__HD ust__replay_gate ust__gate_unpack(uint64_t w) {
   return g;
 }
 
+/* w for a site whose results cannot serve: canary and live verified as in
+ * shadow (their sample), production serving; other words as they are. */
+static inline UST__HD uint64_t ust__gate_verify_only(uint64_t w) {
+  ust__replay_gate g = ust__gate_unpack(w);
+  if (g.mode != UST__GATE_CANARY && g.mode != UST__GATE_LIVE)
+    return w;
+  g.mode = UST__GATE_SHADOW;
+  g.canary_q32 = 0;
+  return ust__gate_pack(g);
+}
+
 /* The n-th replay (from 1) of a site whose candidate served `served` of
  * the replays before it. */
 static inline UST__HD ust__gate_choice ust__gate_decide(ust__replay_gate g, uint64_t n, uint64_t served) {

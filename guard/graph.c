@@ -104,12 +104,7 @@ static uint64_t site_gate(ust__graphs *g, const graph_site *s) {
   if (s->state != SITE_LIVE)
     return 0;
   const uint64_t w = g->sink->gate(g->sink_ctx, s->cookie);
-  ust__replay_gate gate = ust__gate_unpack(w);
-  if (s->serves || gate.mode == UST__GATE_OFF || gate.mode == UST__GATE_SHADOW)
-    return w;
-  gate.mode = UST__GATE_SHADOW;
-  gate.canary_q32 = 0;
-  return ust__gate_pack(gate);
+  return s->serves ? w : ust__gate_verify_only(w);
 }
 
 int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__graphs **out) {

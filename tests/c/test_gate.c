@@ -96,3 +96,21 @@ TEST(gate_decides_each_replay_as_the_modes_decide_eager_calls) {
     ASSERT_U64_EQ(u.candidate, 10);
   }
 }
+
+TEST(a_site_that_cannot_serve_is_verified_as_in_shadow) {
+  /* canary and live words for a site whose results cannot be copied over
+   * production's: its sample of replays verified, none served; shadow and
+   * off words unchanged */
+  const uint32_t quarter = ust__share_q32(0.25), half = ust__share_q32(0.5);
+  const int modes[] = {UST__GATE_CANARY, UST__GATE_LIVE};
+  for (int m = 0; m < 2; m++) {
+    uint64_t n = 0, served = 0;
+    tally t = {0};
+    replay(ust__gate_verify_only(ust__gate_pack((ust__replay_gate){modes[m], half, quarter})), &n, &served, 1000, &t);
+    ASSERT_U64_EQ(t.candidate, 0);
+    ASSERT_U64_EQ(t.verified_production, 500);
+  }
+  const uint64_t shadow = ust__gate_pack((ust__replay_gate){UST__GATE_SHADOW, half, quarter});
+  ASSERT_U64_EQ(ust__gate_verify_only(shadow), shadow);
+  ASSERT_U64_EQ(ust__gate_verify_only(0), 0);
+}

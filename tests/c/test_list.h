@@ -36,6 +36,7 @@
   X(qualifying_process_confinement_kills_signals_to_others) \
   X(gate_word_round_trips_mode_and_shares) \
   X(gate_decides_each_replay_as_the_modes_decide_eager_calls) \
+  X(a_site_that_cannot_serve_is_verified_as_in_shadow) \
   X(kernel_records_lost_or_stale_do_not_make_figures) \
   X(kernel_windows_never_reuse_a_slot_in_flight) \
   X(kernel_windows_keep_to_their_budget) \
