@@ -405,10 +405,11 @@ static void graph_plain(ust__route *r, int why, const char *detail) {
 static int graph_shadow_begin(ust__binding *b, ust__route *r, int mode, const ust__call *call,
                               const ust__policy *pol, ust__call_state *st) {
   ust__graphs *g = b->router->graphs;
-  if (g == NULL || b->cand == NULL ||
-      (mode == UST__MODE_SHADOW &&
-       (pol->sample_q32 == 0 || atomic_load_explicit(&r->verify.paused, memory_order_relaxed))))
+  if (g == NULL || b->cand == NULL)
     return -1;
+  if (mode == UST__MODE_SHADOW ? pol->sample_q32 == 0 || atomic_load_explicit(&r->verify.paused, memory_order_relaxed)
+                               : b->cand->kind != UST__CAND_NATIVE || b->cand->proc != NULL)
+    return -1; /* nothing to verify; or canary, live: the candidate is captured alone (below) */
   if (cand_view(b, r, call, 0, &st->cand) != 0) {
     if (b->cand->kind == UST__CAND_NATIVE && b->cand->proc != NULL)
       ust__verify_graph_plain(&r->verify, UST__GW_REMOTE);
@@ -462,8 +463,9 @@ int ust__call_graph_part_begin(ust__call_state *st, void **side) {
   *side = NULL;
   if (st->graph == NULL)
     return -1;
-  if (ust__graph_part_begin(st->graph, side) != 0) {
-    snprintf(((ust__graph_call *)st->graph)->why, sizeof ((ust__graph_call *)st->graph)->why, "%s", ust_last_error());
+  ust__graph_call *c = st->graph;
+  if (ust__graph_part_begin(c, side) != 0) {
+    snprintf(c->why, sizeof c->why, "%s", ust_last_error());
     graph_shadow_end(st, 0, UST__GW_CAPTURE);
     return -1;
   }
@@ -579,13 +581,9 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
     /* Replays do not come back here: what is captured is what they run. */
     st->capturing = 1;
     atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
-    /* shadow, and canary or live with a candidate the graph can hold: both
-     * arms captured, the gate choosing at each replay */
-    const int in_graph = mode == UST__MODE_SHADOW ||
-                         ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) && b->cand != NULL &&
-                          b->cand->kind == UST__CAND_NATIVE && b->cand->proc == NULL);
-    if (in_graph && graph_shadow_begin(b, r, mode, call, pol, st) == 0)
-      return;
+    if ((mode == UST__MODE_SHADOW || mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) &&
+        graph_shadow_begin(b, r, mode, call, pol, st) == 0)
+      return; /* both arms captured, the gate choosing at each replay */
     if (b->cand != NULL)
       skip_sampled(r, mode, pol, UST__SKIP_CAPTURE);
     if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && cand_view(b, r, call, 1, &st->cand) == 0) {

@@ -550,12 +550,13 @@ private:
     for (size_t i = 0; i < n_args_; i++)
       if (x_.cin[i].defined() && !graph_copy(x_.cin[i], x_.saved[i].toTensor()))
         return UST__EV_NO_LAYOUT;
+    // what the candidate writes without reading starts with all bits set
+    auto poison = [this](const at::Tensor &t) { return ust__call_graph_fill(&st_, t.data_ptr(), 0xff, t.nbytes()) == 0; };
     for (const at::Tensor &o : x_.native_outputs)
-      if (ust__call_graph_fill(&st_, o.data_ptr(), 0xff, o.nbytes()) != 0)
+      if (!poison(o))
         return UST__EV_NO_LAYOUT;
     for (size_t i = 0; i < n_args_; i++)
-      if (x_.snaps[i].defined() && overwritten(i, st_.cand.overwrites_mask) &&
-          ust__call_graph_fill(&st_, x_.snaps[i].data_ptr(), 0xff, x_.snaps[i].nbytes()) != 0)
+      if (x_.snaps[i].defined() && overwritten(i, st_.cand.overwrites_mask) && !poison(x_.snaps[i]))
         return UST__EV_NO_LAYOUT;
     return run_candidate(/*timed=*/false);
   }

@@ -86,6 +86,14 @@ typedef struct ust__pair {
   const void *prod_dense, *cand_dense;
 } ust__pair;
 
+/* Elements of a tensor (its shape's product). */
+static inline int64_t ust__dl_numel(const DLTensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++)
+    n *= t->shape[i];
+  return n;
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -424,10 +424,7 @@ int ust__graph_part_active(const ust__graph_call *c) {
 
 /* Bytes of a dense tensor. */
 static size_t dense_bytes(const DLTensor *t) {
-  size_t n = 1;
-  for (int d = 0; d < t->ndim; d++)
-    n *= (size_t)t->shape[d];
-  return n * (((size_t)t->dtype.bits * t->dtype.lanes + 7) / 8);
+  return (size_t)ust__dl_numel(t) * (((size_t)t->dtype.bits * t->dtype.lanes + 7) / 8);
 }
 
 /* 1 when each result pair can be copied, candidate's over production's:

@@ -436,19 +436,24 @@ static void add_sample(ust__route_rollout *p, int max, double r) {
   p->samples[p->n_samples++] = r;
 }
 
-void ust__rollout_qualify(ust__route_rollout *p) {
-  ust__rollout *t = p->table;
-  lock(t);
+/* A pass on copies qualifies the candidate unless the route was rolled
+ * back (the table's lock held). */
+static void qualify_locked(ust__route_rollout *p) {
   if (ust__rollout_mode(p, NULL) != UST__MODE_ROLLED_BACK)
     atomic_store_explicit(&p->qualified, 1, memory_order_release);
-  unlock(t);
+}
+
+void ust__rollout_qualify(ust__route_rollout *p) {
+  lock(p->table);
+  qualify_locked(p);
+  unlock(p->table);
 }
 
 void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, double log_ratio) {
   ust__rollout *t = p->table;
   lock(t);
-  if (on_copies && ust__rollout_mode(p, NULL) != UST__MODE_ROLLED_BACK)
-    atomic_store_explicit(&p->qualified, 1, memory_order_release);
+  if (on_copies)
+    qualify_locked(p);
   if (atomic_load(&p->transitions) != stage) {
     unlock(t); /* verified in an earlier stage */
     return;

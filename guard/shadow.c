@@ -427,13 +427,6 @@ int ust__shadow_alive(const void *slot) {
   return s != NULL && !s->aborted;
 }
 
-static int64_t numel_of(const DLTensor *t) {
-  int64_t n = 1;
-  for (int i = 0; i < t->ndim; i++)
-    n *= t->shape[i];
-  return n;
-}
-
 /* Metadata checks: what makes a comparison meaningless fails on its own. A
  * written argument keeps the caller's layout whatever the candidate does:
  * only its values are judged. */
@@ -618,7 +611,7 @@ void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *p
     int kind = 0;
     if (!meta_of(c, p, device, s->fail != UST__FAIL_NONE, m, &kind))
       continue;
-    int64_t n = numel_of(&p->prod);
+    int64_t n = ust__dl_numel(&p->prod);
     if (!gpu) {
       ust__compare_host(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol, &s->host[i]);
       continue;
@@ -953,7 +946,7 @@ int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, cons
                                              (cudaStream_t)stream));
   for (int i = 0; i < n_pairs && rc == 0; i++)
     if (g->meta[i].compared)
-      rc = ust__compare_launch(pairs[i].prod_dense, pairs[i].cand_dense, pairs[i].prod_dtype, numel_of(&pairs[i].prod),
+      rc = ust__compare_launch(pairs[i].prod_dense, pairs[i].cand_dense, pairs[i].prod_dtype, ust__dl_numel(&pairs[i].prod),
                                g->meta[i].kind, g->meta[i].atol, g->meta[i].rtol, &dev_stats[i], stream);
   if (rc == 0)
     rc = ust__ring_publish_launch(ring, id, dev_stats, (unsigned)n_pairs, when, stream);
