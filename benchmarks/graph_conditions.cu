@@ -112,12 +112,17 @@ cudaGraphNode_t add_body_kernel(cudaGraph_t g, cudaGraphNode_t dep, const Device
   return after(g, dep, reinterpret_cast<void *>(body), args, dim3(1), dim3(32));
 }
 
-cudaGraphNode_t add_if(cudaGraph_t g, cudaGraphNode_t dep, cudaGraphConditionalHandle h, const Device &d) {
+cudaGraphNodeParams if_params(cudaGraphConditionalHandle h) {
   cudaGraphNodeParams p = {};
   p.type = cudaGraphNodeTypeConditional;
   p.conditional.handle = h;
   p.conditional.type = cudaGraphCondTypeIf;
   p.conditional.size = 1;
+  return p;
+}
+
+cudaGraphNode_t add_if(cudaGraph_t g, cudaGraphNode_t dep, cudaGraphConditionalHandle h, const Device &d) {
+  cudaGraphNodeParams p = if_params(h);
   cudaGraphNode_t node;
   CHECK(cudaGraphAddNode(&node, g, dep ? &dep : nullptr, nullptr, dep ? 1 : 0, &p));
   add_body_kernel(p.conditional.phGraph_out[0], nullptr, d);
@@ -265,11 +270,7 @@ int main() {
   CHECK(cudaGraphCreate(&g, 0));
   const cudaGraphConditionalHandle h = new_handle(g);
   cudaGraphNode_t first = add_if(g, nullptr, h, d);
-  cudaGraphNodeParams p = {};
-  p.type = cudaGraphNodeTypeConditional;
-  p.conditional.handle = h;
-  p.conditional.type = cudaGraphCondTypeIf;
-  p.conditional.size = 1;
+  cudaGraphNodeParams p = if_params(h);
   cudaGraphNode_t second;
   const cudaError_t e = cudaGraphAddNode(&second, g, &first, nullptr, 1, &p);
   std::printf("two IF nodes on one condition: %s\n", e == cudaSuccess ? "accepted" : cudaGetErrorString(e));

@@ -161,19 +161,24 @@ def main():
     shadowed = capture(make())
     settle()
     base = {s["key"]: s["shadow"]["verified"] for s in rms_routes(understudy.report())}
-    gen = torch.Generator("cuda").manual_seed(2)
-    equal = 0
+
+    def replay_both(n, seed):
+        """n steps on both graphs' caches, each on a fresh token, then
+        settled: the replays whose logits were bit-equal."""
+        g = torch.Generator("cuda").manual_seed(seed)
+        equal = 0
+        for _ in range(n):
+            tok.copy_(torch.randint(1, vocab, tok.shape, device="cuda", generator=g))
+            plain.rewind()
+            plain.replay()
+            a = plain.out.clone()
+            shadowed.rewind()
+            shadowed.replay()
+            equal += bool(torch.equal(a, shadowed.out))
+        settle()
+        return equal
     t0 = time.perf_counter()
-    for _ in range(args.replays):
-        # the same step on both graphs' caches, on a fresh token
-        tok.copy_(torch.randint(1, vocab, tok.shape, device="cuda", generator=gen))
-        plain.rewind()
-        plain.replay()
-        a = plain.out.clone()
-        shadowed.rewind()
-        shadowed.replay()
-        equal += bool(torch.equal(a, shadowed.out))
-    settle()
+    equal = replay_both(args.replays, 2)
     took = time.perf_counter() - t0
     rep = understudy.report()
     print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}")
@@ -193,27 +198,14 @@ def main():
     # live (the candidate qualified in 1). At sample 1 every replay the
     # candidate serves is verified (and only those): the verifications count
     # the served calls; the logits are compared with the plain graph's
-    def served(n, seed):
-        g = torch.Generator("cuda").manual_seed(seed)
-        equal = 0
-        for _ in range(n):
-            tok.copy_(torch.randint(1, vocab, tok.shape, device="cuda", generator=g))
-            plain.rewind()
-            plain.replay()
-            a = plain.out.clone()
-            shadowed.rewind()
-            shadowed.replay()
-            equal += bool(torch.equal(a, shadowed.out))
-        settle()
-        return equal
     before = {s["key"]: dict(s["shadow"]) for s in rms_routes(understudy.report())}
     understudy.set_mode("rms_norm", "canary")  # its share: the config's 0.25
     settle()
-    canary_equal = served(args.replays, 3)
+    canary_equal = replay_both(args.replays, 3)
     canary = rms_routes(understudy.report())
     understudy.set_mode("rms_norm", "live")
     settle()
-    live_equal = served(args.replays // 5, 4)
+    live_equal = replay_both(args.replays // 5, 4)
     serving = rms_routes(understudy.report())
 
     # 3. cost (before the rollback phase: that one ends this enable)

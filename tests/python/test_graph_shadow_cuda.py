@@ -56,6 +56,20 @@ def _hits(n, share):
     return sum((i * q) >> 32 > ((i - 1) * q) >> 32 for i in range(1, n + 1))
 
 
+def _replayed_beside_plain(us, inputs, config, n):
+    """The calls captured without understudy and again under config, both
+    replayed n times with outputs bit-equal; the report after them."""
+    plain = _capture(inputs)
+    us.enable(config)
+    shadowed = _capture(inputs)
+    for a, b in _replays(inputs, [plain, shadowed], n):
+        assert _same(a, b)
+    _settle(us)
+    rep = us.report()
+    us.disable()
+    return rep
+
+
 def _settle(us):
     """The replays so far judged, and every gate written from its route now
     (a flush does both)."""
@@ -138,20 +152,12 @@ def test_torch_op_candidate_leaves_production_alone_in_the_graph(us):
     name = candidate_op("ust_graph::rms_norm_torch", lambda out, x, w, eps: out.copy_(_rms(x, w, eps)),
                         "_C::rms_norm")
     inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
-    plain = _capture(inputs)
-    us.enable(shadow_config("rms_norm", {"torch_op": name, "target": "_C::rms_norm"}))
-    shadowed = _capture(inputs)
-    for a, b in _replays(inputs, [plain, shadowed], 5):
-        assert _same(a, b)
-    _settle(us)
-    rep = us.report()
-    us.disable()
+    rep = _replayed_beside_plain(us, inputs, shadow_config("rms_norm", {"torch_op": name, "target": "_C::rms_norm"}), 5)
     (r,) = routes(rep, "_C::rms_norm")
     sh = r["shadow"]
     assert sh["graph"]["shadowed"] == 0 and sh["graph"]["plain"] == 1
     assert sh["graph"]["reason"].startswith("a torch-op candidate")
     assert sh["skipped_by"]["capture"] == 1 and sh["verified"] == 0
-
 
 
 def test_a_candidate_failing_at_capture_rolls_back_and_production_serves(us):
@@ -161,15 +167,7 @@ def test_a_candidate_failing_at_capture_rolls_back_and_production_serves(us):
     graph holds production alone."""
     x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, device="cuda", dtype=torch.float32)
-    inputs = [(x, w)]
-    plain = _capture(inputs)
-    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
-    shadowed = _capture(inputs)
-    for a, b in _replays(inputs, [plain, shadowed], 10):
-        assert _same(a, b)
-    _settle(us)
-    rep = us.report()
-    us.disable()
+    rep = _replayed_beside_plain(us, [(x, w)], shadow_config("rms_norm", native("rms_norm_cuda")), 10)
     (r,) = routes(rep, "_C::rms_norm")
     sh = r["shadow"]
     assert r["mode"] == "rolled_back" and (sh["verified"], sh["failed"]) == (1, 1), sh
