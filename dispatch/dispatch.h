@@ -261,6 +261,12 @@ void ust__kt_kernel(ust__kt *k, uint32_t corr, uint64_t node, uint64_t start, ui
 /* An executable graph known to be instantiated from graph (CUPTI's resource
  * callback): its replays follow that graph for certain. */
 void ust__kt_graph_exec(ust__kt *k, uint32_t graph, uint32_t exec);
+/* Graphs understudy made itself while graph was captured (a captured
+ * shadow's parts, its IF bodies, its check instantiation) took ids up to
+ * last: the executable graph instantiated at capture end is last + 1, not
+ * graph + 1 (seen on an H200 with CUDA 13.0). Taken as the rule of id + 1
+ * is: only for a graph captured alone. */
+void ust__kt_graph_made(ust__kt *k, uint32_t graph, uint32_t last);
 int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, uint32_t kernels, ust__figs *figs,
                        uint64_t tsol_ps);
 /* A launch API's record: a runtime or a driver launch (a runtime launch may
@@ -360,6 +366,10 @@ void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, u
  * counted (ust__kt_graph_call). Slow path: capture only. */
 int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from);
 void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs *figs, uint64_t tsol_ps);
+/* After understudy made graphs of its own while stream captures (a captured
+ * shadow's parts): the executable graph of the capture is numbered past
+ * them (ust__kt_graph_made). Slow path: capture only. */
+void ust__timers_graph_made(ust__timers *t, void *stream);
 /* Release a timer whose call raised; nothing is recorded. */
 void ust__timers_cancel(ust__timers *t, int token);
 /* Move completed timings into their figures; returns how many are still
@@ -392,6 +402,9 @@ int ust__cupti_maps_graphs(const ust__cupti *c);
  * when the tracer is off or CUPTI cannot say. */
 int ust__cupti_node_ids(ust__cupti *c, void *const *nodes, size_t n, uint64_t *ids);
 /* The nodes (ids) one captured call added, for its route's figures. */
+/* graph: the graph being captured; made: a graph understudy made after its
+ * own others (the last id it took). */
+void ust__cupti_graph_made(ust__cupti *c, void *graph, void *made);
 int ust__cupti_graph_call(ust__cupti *c, const uint64_t *ids, int n, uint32_t kernels, ust__figs *figs,
                           uint64_t tsol_ps);
 

@@ -31,6 +31,10 @@ typedef struct id_slot {
   uint32_t val, flags;
 } id_slot;
 
+/* An executable graph's flags: its graph known from the ids understudy took
+ * itself (ust__kt_graph_made), not from CUPTI's resource callback. */
+#define EXEC_INFERRED 1u
+
 /* Open addressing, linear probing; cap a power of two (0 until the first add). */
 typedef struct id_table {
   id_slot *s;
@@ -257,8 +261,31 @@ void ust__kt_graph_exec(ust__kt *k, uint32_t graph, uint32_t exec) {
     return;
   pthread_mutex_lock(&k->lock);
   id_slot *x = id_find(&k->execs, exec, 1);
-  if (x != NULL)
+  if (x != NULL) {
     x->val = graph;
+    x->flags = 0; /* certain */
+  }
+  pthread_mutex_unlock(&k->lock);
+}
+
+void ust__kt_graph_made(ust__kt *k, uint32_t graph, uint32_t last) {
+  if (graph == 0 || last == 0 || last == UINT32_MAX)
+    return;
+  pthread_mutex_lock(&k->lock);
+  /* the graph's flags: the executable graph inferred so far, which the ids
+   * taken since make wrong (it was a graph of understudy's own) */
+  id_slot *g = id_find(&k->graphs, graph, 0);
+  if (g != NULL && g->flags != last + 1) {
+    id_slot *old = g->flags != 0 ? id_find(&k->execs, g->flags, 0) : NULL;
+    if (old != NULL && old->flags == EXEC_INFERRED && old->val == graph)
+      old->val = 0;
+    id_slot *x = id_find(&k->execs, (uint64_t)last + 1, 1);
+    if (x != NULL && (x->val == 0 || x->flags == EXEC_INFERRED)) {
+      x->val = graph;
+      x->flags = EXEC_INFERRED;
+      g->flags = last + 1;
+    }
+  }
   pthread_mutex_unlock(&k->lock);
 }
 
@@ -394,11 +421,13 @@ static uint32_t replay_of(ust__kt *k, const kernel_rec *kr) {
   const uint64_t exec = kr->node >> 32;
   if (exec < 2)
     return 0;
-  /* the graph it was instantiated from: known, or else the captured graph
-   * just before it (not when that one was captured beside another) */
+  /* the graph it was instantiated from: known for certain; else the
+   * captured graph just before it, or the one whose capture made the graphs
+   * just before it (ust__kt_graph_made); not when that one was captured
+   * beside another */
   const id_slot *x = id_find(&k->execs, exec, 0);
   uint64_t graph = x != NULL ? x->val : exec - 1;
-  if (x == NULL) {
+  if (x == NULL || x->flags == EXEC_INFERRED) {
     const id_slot *g = id_find(&k->graphs, graph, 0);
     if (g == NULL || g->val != 1)
       return 0;

@@ -456,6 +456,8 @@ static void graph_shadow_end(ust__call_state *st, int ok, int why) {
   else
     graph_plain(r, why, c->why);
   ust__graph_call_end(c, ok);
+  /* its parts took graph ids: the tracer's map of the capture's replays */
+  ust__timers_graph_made(r->binding->router->timers, c->stream);
   free(c);
 }
 

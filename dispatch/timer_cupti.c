@@ -700,6 +700,13 @@ int ust__cupti_node_ids(ust__cupti *c, void *const *nodes, size_t n, uint64_t *i
   return 0;
 }
 
+void ust__cupti_graph_made(ust__cupti *c, void *graph, void *made) {
+  uint32_t g = 0, last = 0;
+  if (ust__cupti_maps_graphs(c) && c->api.graph_id != NULL && c->api.graph_id((CUgraph)graph, &g) == CUPTI_SUCCESS &&
+      c->api.graph_id((CUgraph)made, &last) == CUPTI_SUCCESS && last > g)
+    ust__kt_graph_made(c->kt, g, last);
+}
+
 int ust__cupti_graph_call(ust__cupti *c, const uint64_t *ids, int n, uint32_t kernels, ust__figs *figs,
                           uint64_t tsol_ps) {
   return c != NULL ? ust__kt_graph_call(c->kt, ids, n, kernels, figs, tsol_ps) : -1;

@@ -264,6 +264,22 @@ void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs
 #endif
 }
 
+void ust__timers_graph_made(ust__timers *t, void *stream) {
+#if defined(UST_GPU_CUDA)
+  cudaGraph_t graph, made = NULL;
+  size_t count = 0;
+  /* an empty graph made now takes the next id: the last understudy took */
+  if (!ust__cupti_maps_graphs(t->cupti) || capture_graph(t, stream, &graph, &count) != 0 ||
+      UST__GPU_CHECK(t->log, cudaGraphCreate(&made, 0)) != 0)
+    return;
+  ust__cupti_graph_made(t->cupti, graph, made);
+  cudaGraphDestroy(made);
+#else
+  (void)t;
+  (void)stream;
+#endif
+}
+
 void ust__timers_cancel(ust__timers *t, int token) {
 #if defined(UST_GPU_CUDA)
   if (token & CUPTI_TOKEN) {

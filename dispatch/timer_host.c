@@ -32,6 +32,7 @@ int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from) {
   return -1;
 }
 void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs *figs, uint64_t tsol_ps) {}
+void ust__timers_graph_made(ust__timers *t, void *stream) {}
 int ust__timers_harvest(ust__timers *t) { return 0; }
 void ust__timers_harvest_all_sync(ust__timers *t) {}
 int ust__gpu_capturing(void *stream) { return 0; }

@@ -364,6 +364,58 @@ TEST(kernel_graph_replays_missing_records_interleaved_captures_and_launches_insi
   ust__kt_destroy(k);
 }
 
+TEST(kernel_graph_replays_follow_the_graph_whose_capture_made_graphs_of_its_own) {
+  /* A captured shadow's parts take graph ids while graph 30 is captured
+   * (31..45 here): its executable graph is 46, not 31 (seen on an H200).
+   * ust__kt_graph_made says so; the rule holds only for a graph captured
+   * alone, and what CUPTI's resource callback says beats it. */
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__figs a, p, q;
+  ASSERT_INT_EQ(ust__figs_init(&a), 0);
+  ASSERT_INT_EQ(ust__figs_init(&p), 0);
+  ASSERT_INT_EQ(ust__figs_init(&q), 0);
+  const uint64_t na[] = {30ull << 32 | 0}, nb[] = {30ull << 32 | 3};
+  ASSERT_INT_EQ(ust__kt_graph_call(k, na, 1, 1, &a, 0), 0); /* production, before the first part */
+  ASSERT_INT_EQ(ust__kt_graph_call(k, nb, 1, 1, &a, 0), 0); /* after it */
+  ust__kt_graph_made(k, 30, 40);
+  ust__kt_graph_made(k, 30, 45); /* a later call's parts: the last one counts */
+  /* graphs 50 and 51 captured at once, both making graphs of their own */
+  const uint64_t p0[] = {50ull << 32 | 0}, q0[] = {51ull << 32 | 0}, p1[] = {50ull << 32 | 1};
+  ASSERT_INT_EQ(ust__kt_graph_call(k, p0, 1, 1, &p, 0), 0);
+  ASSERT_INT_EQ(ust__kt_graph_call(k, q0, 1, 1, &q, 0), 0);
+  ASSERT_INT_EQ(ust__kt_graph_call(k, p1, 1, 1, &p, 0), 0);
+  ust__kt_graph_made(k, 50, 60); /* 61 would be 50's; not followed: 51 was captured beside it */
+  ust__kt_graph_exec(k, 51, 70); /* certain */
+  ust__kt_graph_made(k, 50, 69); /* does not override it */
+  ust__kt_open(k);
+  ust__kt_launch(k, 80, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 80, 46ull << 32 | 0, 1000, 1100, "prod0");
+  ust__kt_kernel(k, 80, 46ull << 32 | 11, 1150, 1190, "candidate_in_body"); /* the exec's own body node */
+  ust__kt_kernel(k, 80, 46ull << 32 | 3, 1200, 1230, "prod1");
+  ust__kt_launch(k, 81, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 81, 41ull << 32 | 0, 2000, 2010, "after_an_earlier_part"); /* 41 is not an executable graph of 30 */
+  ust__kt_launch(k, 82, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 82, 61ull << 32 | 0, 3000, 3010, "p_or_q");
+  ust__kt_kernel(k, 82, 70ull << 32 | 0, 3100, 3120, "q");
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  ASSERT_U64_EQ(atomic_load(&a.replayed), 2); /* one launch ran both of a's calls */
+  ASSERT_U64_EQ(hist_count(&a), 2);
+  ASSERT_U64_EQ(hist_sum(&a), 100 + 30);
+  ASSERT_U64_EQ(atomic_load(&p.replayed), 0);
+  ASSERT_U64_EQ(atomic_load(&q.replayed), 1);
+  ASSERT_U64_EQ(hist_sum(&q), 20);
+  ust__kt_totals t;
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.calls_replayed, 3);
+  ASSERT_U64_EQ(t.attributed_ns, 100 + 30 + 20);
+  ust__figs_free(&a);
+  ust__figs_free(&p);
+  ust__figs_free(&q);
+  ust__kt_destroy(k);
+}
+
 TEST(kernel_launches_known_from_callbacks_join_without_external_ids) {
   /* Callbacks mode: the launch API's callback runs on the launching thread
    * and names the thread's current call; no external id is pushed. A

@@ -302,11 +302,24 @@ TEST(tracer_times_graph_replays_of_captured_calls) {
   ust__cupti_poll(r.c, 1, 1);
   ASSERT_U64_EQ(atomic_load(&r.a.replayed), 3);
   ASSERT_U64_EQ(hist_sum(&r.a), 3 * 500);
+  /* graph 30, captured with a shadow whose parts took ids up to 44 (the
+   * router's probe graph is 44): its executable graph is 45 */
+  const uint64_t g30 = 30ull << 32;
+  void *const nodes30[] = {(void *)(uintptr_t)(g30 | 2)};
+  ASSERT_INT_EQ(ust__cupti_node_ids(r.c, nodes30, 1, ids), 0);
+  ASSERT_INT_EQ(ust__cupti_graph_call(r.c, ids, 1, 1, &r.b, 0), 0);
+  ust__cupti_graph_made(r.c, (void *)(uintptr_t)30, (void *)(uintptr_t)44);
+  usleep(200000);
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
+  r.f.graph_kernel(0, 45ull << 32 | 2, "rms_norm", 70);
+  ust__cupti_poll(r.c, 1, 1);
+  ASSERT_U64_EQ(atomic_load(&r.b.replayed), 1);
+  ASSERT_U64_EQ(hist_sum(&r.b), 70);
   ust__timer_status st;
   ust__cupti_status(r.c, &st);
-  ASSERT_U64_EQ(st.totals.calls_replayed, 3);
-  ASSERT_U64_EQ(st.totals.attributed_ns, 3 * 500);
-  ASSERT_U64_EQ(st.totals.kernel_ns, 2 * 550 + 500);
+  ASSERT_U64_EQ(st.totals.calls_replayed, 4);
+  ASSERT_U64_EQ(st.totals.attributed_ns, 3 * 500 + 70);
+  ASSERT_U64_EQ(st.totals.kernel_ns, 2 * 550 + 500 + 70);
   ASSERT_STR_EQ(st.totals.names[0].name, "other_graph");
   rig_down(&r);
   /* a tracer that is off names no node: the router then maps nothing */
