@@ -418,8 +418,10 @@ __global__ void ring_publish(ust__ring_dev d, unsigned site, const unsigned long
   __syncthreads();
   volatile unsigned long long *w = d.words + (pub & (d.size - 1u)) * UST__RING_WORDS;
   const unsigned n_words = n_pairs * (unsigned)(sizeof(ust__cmp_stats) / 8);
+  // the entry's second word: site, n_pairs and the replay's run bits (ust__ring_entry)
+  const unsigned long long runs = when != nullptr ? (*(const volatile unsigned long long *)when & 0xffffull) : 0ull;
   for (unsigned k = 1 + threadIdx.x; k < UST__RING_WORDS; k += blockDim.x)
-    w[k] = k == 1 ? (unsigned long long)site | (unsigned long long)n_pairs << 32
+    w[k] = k == 1 ? (unsigned long long)site | ((unsigned long long)n_pairs | runs << 16) << 32
                   : (k - 2 < n_words ? stats[k - 2] : 0ull);
   __threadfence_system();
   __syncthreads();

@@ -155,13 +155,15 @@ uint64_t ust__ring_harvest(ust__ring *r, ust__ring_fn fn, void *ctx) {
   return delivered;
 }
 
-uint64_t ust__ring_host_publish(ust__ring *r, unsigned int site, const ust__cmp_stats *stats, unsigned int n_pairs) {
+uint64_t ust__ring_host_publish(ust__ring *r, unsigned int site, const ust__cmp_stats *stats, unsigned int n_pairs,
+                                unsigned int runs) {
   if (n_pairs > UST__MAX_PAIRS)
     n_pairs = UST__MAX_PAIRS;
   ust__ring_entry e;
   memset(&e, 0, sizeof e);
   e.site = site;
-  e.n_pairs = n_pairs;
+  e.n_pairs = (unsigned short)n_pairs;
+  e.runs = (unsigned short)runs;
   if (n_pairs > 0)
     memcpy(e.stats, stats, n_pairs * sizeof *stats);
   uint64_t buf[UST__RING_WORDS];

@@ -40,7 +40,8 @@ extern "C" {
 typedef struct ust__ring_entry {
   unsigned long long seq;  /* publication number + 1 once whole; 0 while written (or never) */
   unsigned int site;       /* the captured call it reports: the host's id for it */
-  unsigned int n_pairs;    /* stats[0 .. n_pairs) */
+  unsigned short n_pairs;  /* stats[0 .. n_pairs) */
+  unsigned short runs;     /* the replay's run bits (guard/gate.h): whether the candidate served it */
   ust__cmp_stats stats[UST__MAX_PAIRS];
 } ust__ring_entry;
 
@@ -75,8 +76,10 @@ uint64_t ust__ring_lost(const ust__ring *r);
 uint64_t ust__ring_next(const ust__ring *r);
 
 /* A host ring's writer (on_device 0): publishes site's n_pairs statistics
- * with the device's protocol; returns the publication number. */
-uint64_t ust__ring_host_publish(ust__ring *r, unsigned int site, const ust__cmp_stats *stats, unsigned int n_pairs);
+ * and a replay's run bits with the device's protocol; returns the
+ * publication number. */
+uint64_t ust__ring_host_publish(ust__ring *r, unsigned int site, const ust__cmp_stats *stats, unsigned int n_pairs,
+                                unsigned int runs);
 
 /* The device's writer: enqueue on stream (capturable) the publication of
  * n_pairs statistics at dev_stats (device memory) for site; when not NULL,

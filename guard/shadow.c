@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "guard/gate.h"
 #include "guard/guard.h"
 #include "guard/procrun.h"
 #include "guard/ring.h"
@@ -979,10 +980,13 @@ static void judge_replay(void *ctx, const ust__ring_entry *e) {
     h->unknown++; /* not a publication of this pool's sites */
     return;
   }
-  ust__verify *v = g->r.verify;
+  /* the replay's own: whether the candidate's results served it */
+  ust__slot_route r = g->r;
+  r.serving = (e->runs & UST__GATE_RUN_SERVE) != 0;
+  ust__verify *v = r.verify;
   const uint64_t call_no = atomic_fetch_add_explicit(&v->calls, 1, memory_order_relaxed) + 1;
-  ust__verdict vd = {UST__VERDICT_SKIPPED, g->r.serving, 0, 0, 0, g->r.tsol_ps, g->r.stage, g->r.remote, NAN};
-  const judged j = {p, &g->r, call_no, g->n_pairs, g->meta, e->stats, UST__FAIL_NONE, ""};
+  ust__verdict vd = {UST__VERDICT_SKIPPED, r.serving, 0, 0, 0, r.tsol_ps, r.stage, r.remote, NAN};
+  const judged j = {p, &r, call_no, g->n_pairs, g->meta, e->stats, UST__FAIL_NONE, ""};
   judge(&j, &vd);
   p->sink->concluded(p->sink_ctx, g->r.cookie, &vd);
   h->judged++;

@@ -42,13 +42,15 @@ static int stats_whole(const ust__ring_entry *e) {
 
 typedef struct seen {
   uint64_t n, last_seq, torn, out_of_order;
-  unsigned sites[64];
+  unsigned sites[64], runs[64];
 } seen;
 
 static void note(void *ctx, const ust__ring_entry *e) {
   seen *s = ctx;
-  if (s->n < 64)
+  if (s->n < 64) {
     s->sites[s->n] = e->site;
+    s->runs[s->n] = e->runs;
+  }
   s->out_of_order += e->seq <= s->last_seq;
   s->torn += !stats_whole(e);
   s->last_seq = e->seq;
@@ -58,7 +60,7 @@ static void note(void *ctx, const ust__ring_entry *e) {
 static uint64_t publish(ust__ring *r, uint64_t token, unsigned n_pairs) {
   ust__cmp_stats st[UST__MAX_PAIRS];
   stats_of(token, st, n_pairs);
-  return ust__ring_host_publish(r, (unsigned)(token & 0xffffu), st, n_pairs);
+  return ust__ring_host_publish(r, (unsigned)(token & 0xffffu), st, n_pairs, 0);
 }
 
 TEST(ring_delivers_in_order_and_counts_what_a_lap_overwrote) {
@@ -190,12 +192,77 @@ TEST(ring_on_a_gpu_carries_the_replays_of_a_captured_writer) {
   ASSERT_U64_EQ(ust__ring_harvest(r, note, &got), 1024);
   ASSERT_U64_EQ(ust__ring_lost(r), 3000 - 1024);
   ASSERT_U64_EQ(got.torn + got.out_of_order, 0);
+  /* a gated writer: it publishes in the replays its run bits verify, and
+   * the entry carries them (whether the candidate served) */
+  ust__gate_counters *gc = NULL;
+  ASSERT_INT_EQ(cudaMalloc((void **)&gc, sizeof *gc), cudaSuccess);
+  const unsigned long long runs[3] = {UST__GATE_RUN_VERIFY | UST__GATE_RUN_SERVE, UST__GATE_RUN_SERVE,
+                                      UST__GATE_RUN_VERIFY};
+  for (int i = 0; i < 3; i++) {
+    ASSERT_INT_EQ(cudaMemcpyAsync(&gc->runs, &runs[i], sizeof runs[i], cudaMemcpyHostToDevice, s), cudaSuccess);
+    ASSERT_INT_EQ(ust__ring_publish_launch(&d, 7, dev, 2, &gc->runs, s), 0);
+    ASSERT_INT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  }
+  seen gated = {0};
+  ASSERT_U64_EQ(ust__ring_harvest(r, note, &gated), 2);
+  ASSERT_TRUE(gated.sites[0] == 7 && gated.runs[0] == (UST__GATE_RUN_VERIFY | UST__GATE_RUN_SERVE));
+  ASSERT_TRUE(gated.sites[1] == 7 && gated.runs[1] == UST__GATE_RUN_VERIFY && gated.torn == 0);
+  cudaFree(gc);
   cudaGraphExecDestroy(x);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
   cudaFree(dev);
 #endif
   ust__ring_destroy(r);
+}
+
+TEST(gate_copy_copies_in_served_replays_only_at_any_alignment) {
+  /* The copy of the candidate's results over production's: only when the
+   * replay's run bits say the candidate serves; whole at any alignment of
+   * its ends and length (16-byte vectors inside, bytes at the edges). */
+#if defined(UST_GPU_CUDA)
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    return;
+  }
+  enum { N = 1 << 16 };
+  unsigned char *src = NULL, *dst = NULL;
+  ust__gate_counters *gc = NULL;
+  ASSERT_INT_EQ(cudaMalloc((void **)&src, N), cudaSuccess);
+  ASSERT_INT_EQ(cudaMalloc((void **)&dst, N), cudaSuccess);
+  ASSERT_INT_EQ(cudaMalloc((void **)&gc, sizeof *gc), cudaSuccess);
+  unsigned char *want = malloc(N), *got = malloc(N);
+  ASSERT_TRUE(want != NULL && got != NULL);
+  for (int i = 0; i < N; i++)
+    want[i] = (unsigned char)(i * 7 + 3);
+  ASSERT_INT_EQ(cudaMemcpy(src, want, N, cudaMemcpyHostToDevice), cudaSuccess);
+  /* (dst offset, src offset, bytes): aligned; the same misalignment at
+   * both ends with a ragged length; different misalignments; tiny */
+  const size_t cases[][3] = {{0, 0, 4096}, {1, 1, 40000}, {3, 5, 7777}, {16, 0, 4095}, {7, 7, 9}, {0, 0, 1}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    for (int serve = 0; serve <= 1; serve++) {
+      const unsigned long long r = serve ? UST__GATE_RUN_SERVE : UST__GATE_RUN_VERIFY;
+      ASSERT_INT_EQ(cudaMemset(dst, 0xee, N), cudaSuccess);
+      ASSERT_INT_EQ(cudaMemcpy(&gc->runs, &r, sizeof r, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_INT_EQ(ust__gate_copy_launch(dst + cases[c][0], src + cases[c][1], cases[c][2], gc, NULL), 0);
+      ASSERT_INT_EQ(cudaMemcpy(got, dst, N, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < N; i++) {
+        const int inside = serve && i >= cases[c][0] && i < cases[c][0] + cases[c][2];
+        const unsigned char expect = inside ? want[i - cases[c][0] + cases[c][1]] : 0xee;
+        if (got[i] != expect) {
+          fprintf(stderr, "case %zu serve %d: byte %zu is %u, not %u\n", c, serve, i, got[i], expect);
+          ASSERT_TRUE(0);
+        }
+      }
+    }
+  }
+  free(want);
+  free(got);
+  cudaFree(gc);
+  cudaFree(dst);
+  cudaFree(src);
+#endif
 }
 
 /* ---- replays judged as eager calls (guard/shadow.c's sites) ---- */
@@ -205,6 +272,7 @@ typedef struct judged_log {
   char reasons[8][32], outputs[8][80];
   int64_t first[8][2];
   uint64_t shadow_call[8];
+  int serving[8], failed_serving[8]; /* the verdict's and the evidence's */
   int failures;
 } judged_log;
 
@@ -219,6 +287,7 @@ static void log_failed(void *ctx, void *route, ust__evidence *ev) {
     g_log.first[g_log.failures][0] = ev->first_index[0];
     g_log.first[g_log.failures][1] = ev->first_index[1];
     g_log.shadow_call[g_log.failures] = ev->shadow_call;
+    g_log.failed_serving[g_log.failures] = ev->serving;
   }
   g_log.failures++;
   free(ev);
@@ -227,8 +296,10 @@ static void log_failed(void *ctx, void *route, ust__evidence *ev) {
 static void log_concluded(void *ctx, void *route, const ust__verdict *v) {
   (void)ctx;
   (void)route;
-  if (g_log.n < 8)
+  if (g_log.n < 8) {
     g_log.kinds[g_log.n] = v->kind;
+    g_log.serving[g_log.n] = v->serving;
+  }
   g_log.n++;
 }
 
@@ -297,16 +368,19 @@ TEST(graph_replays_are_judged_as_eager_calls) {
   ASSERT_TRUE(site != 0);
   ust__ring *ring = NULL;
   ASSERT_INT_EQ(ust__ring_create(16, 0, &ring), 0);
+  /* the first two replays served by the candidate (their gate's run bits), the third verified on copies */
+  const unsigned runs[3] = {UST__GATE_RUN_VERIFY | UST__GATE_RUN_SERVE, UST__GATE_RUN_VERIFY | UST__GATE_RUN_SERVE,
+                            UST__GATE_RUN_VERIFY};
   for (int k = 0; k < 3; k++) {
     ust__cmp_stats st[2];
     ust__compare_host(prod, cand_out[k], UST__DT_F32, 32, UST__CMP_ALLCLOSE, 1e-5, 1.3e-6, &st[0]);
     ust__compare_host(x, x_after[k], UST__DT_F32, 32, UST__CMP_EXACT, 0, 0, &st[1]);
-    ust__ring_host_publish(ring, site, st, 2);
+    ust__ring_host_publish(ring, site, st, 2, runs[k]);
   }
   ust__cmp_stats one;
   memset(&one, 0, sizeof one);
-  ust__ring_host_publish(ring, 99, &one, 1);  /* no such site */
-  ust__ring_host_publish(ring, site, &one, 1); /* not its pair count */
+  ust__ring_host_publish(ring, 99, &one, 1, 0);  /* no such site */
+  ust__ring_host_publish(ring, site, &one, 1, 0); /* not its pair count */
   uint64_t unknown = 0;
   ASSERT_U64_EQ(ust__shadow_sites_harvest(pool, ring, &unknown), 3);
   ASSERT_U64_EQ(unknown, 2);
@@ -327,6 +401,10 @@ TEST(graph_replays_are_judged_as_eager_calls) {
   ASSERT_TRUE(g_log.first[0][0] == 2 && g_log.first[0][1] == 5 && eager.first[0][0] == 2 && eager.first[0][1] == 5);
   ASSERT_STR_EQ(g_log.reasons[1], "wrote input");
   ASSERT_STR_EQ(g_log.outputs[1], "x");
+  /* whether the candidate served says each replay's entry, not the site */
+  ASSERT_TRUE(g_log.serving[0] == 1 && g_log.serving[1] == 1 && g_log.serving[2] == 0);
+  ASSERT_TRUE(g_log.failed_serving[0] == 1 && g_log.failed_serving[1] == 0);
+  ASSERT_TRUE(eager.failed_serving[0] == 0 && eager.failed_serving[1] == 0);
   ust__verify_snap a, b;
   ust__verify_snapshot(&eager_v, &a);
   ust__verify_snapshot(&graph_v, &b);
@@ -431,7 +509,7 @@ TEST(a_later_pool_never_judges_an_earlier_pools_replays) {
   uint32_t site_a = 0, site_b = 0;
   ASSERT_INT_EQ(ust__shadow_site_add(a, &ra, &pair, 1, UST__DEV_CPU, &site_a), 0);
   ust__shadow_pool_destroy(a);
-  ust__ring_host_publish(ring, site_a, &st, 1); /* after its pool is gone */
+  ust__ring_host_publish(ring, site_a, &st, 1, 0); /* after its pool is gone */
   ASSERT_INT_EQ(ust__shadow_pool_create(4, NULL, &log_sink, NULL, &b), 0);
   ust__slot_route rb = {&vb, &vb, &cand, 0, 0, 0, 0, 0};
   ASSERT_INT_EQ(ust__shadow_site_add(b, &rb, &pair, 1, UST__DEV_CPU, &site_b), 0);
@@ -443,7 +521,7 @@ TEST(a_later_pool_never_judges_an_earlier_pools_replays) {
   ASSERT_INT_EQ(g_log.n, 0);
   ASSERT_U64_EQ(atomic_load(&vb.calls), 0);
   /* its own site's entry is judged (and fails) */
-  ust__ring_host_publish(ring, site_b, &st, 1);
+  ust__ring_host_publish(ring, site_b, &st, 1, 0);
   ASSERT_U64_EQ(ust__shadow_sites_harvest(b, ring, &unknown), 1);
   ASSERT_U64_EQ(atomic_load(&vb.failed), 1);
   ust__shadow_pool_destroy(b);

@@ -124,6 +124,7 @@ def test_wrong_tail_rolls_back_at_its_first_verified_replay(us):
     assert r["mode"] == "rolled_back" and (sh["verified"], sh["failed"]) == (1, 1), sh
     ev = sh["rollback"]
     assert ev["reason"] == "mismatch" and ev["output"] == "out" and ev["shadow_call"] == 1
+    assert ev["while_serving"] is False  # shadow: production served that replay
     assert ev["first_mismatch"]["index"] == [63, 1023]
     (later,) = routes(after, "_C::rms_norm")
     assert later["shadow"]["verified"] == 1 and later["mode"] == "rolled_back"
@@ -298,6 +299,7 @@ def test_a_mismatch_under_live_replays_rolls_back_from_the_next_replay(us):
     sh = r["shadow"]
     assert r["mode"] == "rolled_back" and (sh["verified"], sh["failed"]) == (12, 1), sh
     assert sh["rollback"]["reason"] == "mismatch" and sh["rollback"]["output"] == "out"
+    assert sh["rollback"]["while_serving"] is True  # that replay's entry says the candidate served it
 
 
 def _fake_rms_norm():
