@@ -456,19 +456,24 @@ __global__ void gate_kernel(const volatile unsigned long long *word, ust__gate_c
 }
 
 // A copy over production's result, in the replays the candidate serves:
-// 16-byte vectors when both ends and the length allow, else bytes.
+// 16-byte vectors where both ends share their alignment (bytes before the
+// first aligned address and after the last whole vector), else bytes.
 __global__ void gate_copy(unsigned char *dst, const unsigned char *src, size_t bytes, const ust__gate_counters *c) {
   if ((*(const volatile unsigned long long *)&c->runs & UST__GATE_RUN_SERVE) == 0)
     return;
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   const size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if ((((uintptr_t)dst | (uintptr_t)src | bytes) & 15u) == 0) {
-    for (size_t i = i0; i < bytes / 16; i += stride)
-      reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(src)[i];
-  } else {
-    for (size_t i = i0; i < bytes; i += stride)
-      dst[i] = src[i];
-  }
+  const size_t lead = (16u - ((uintptr_t)dst & 15u)) & 15u;
+  const size_t head = (((uintptr_t)dst ^ (uintptr_t)src) & 15u) != 0 || lead > bytes ? bytes : lead;
+  const size_t vectors = (bytes - head) / 16, tail = head + vectors * 16;
+  for (size_t i = i0; i < head; i += stride)
+    dst[i] = src[i];
+  uint4 *vd = reinterpret_cast<uint4 *>(dst + head);
+  const uint4 *vs = reinterpret_cast<const uint4 *>(src + head);
+  for (size_t i = i0; i < vectors; i += stride)
+    vd[i] = vs[i];
+  for (size_t i = tail + i0; i < bytes; i += stride)
+    dst[i] = src[i];
 }
 
 extern "C" int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
