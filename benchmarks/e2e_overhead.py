@@ -8,7 +8,8 @@ observed, 1 in 16 calls sampled, events around them) or with --timer cupti
 (the kernel tracer, its windows sized to its 1 % budget), and keeps it
 enabled, as a serving process would. Rounds
 interleave them after a warm-up of both; the table prints the median wall
-time of each over the rounds, their ratio, and how many tracer windows the
+time of each over the rounds, their ratio, the range of the rounds' ratios
+(each round's observed over the plain run beside it), and how many tracer windows the
 observed process had concluded by its last round.
 
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
@@ -90,7 +91,8 @@ def measure(kids, kind, batch, tokens, layers, rounds):
             t, w = k.stdout.readline().split()
             times[name].append(float(t))
             windows = max(windows, int(w))
-    return statistics.median(times["plain"]), statistics.median(times["observed"]), windows
+    pairs = sorted(o / p for p, o in zip(times["plain"], times["observed"]))
+    return statistics.median(times["plain"]), statistics.median(times["observed"]), windows, pairs[0], pairs[-1]
 
 
 def main():
@@ -102,6 +104,8 @@ def main():
     ap.add_argument("--models", nargs="+", default=["mistral", "qwen-moe"])
     ap.add_argument("--timer", choices=["events", "cupti", "cupti-callbacks"], default=None,
                     help="the timer of the observed process (default: understudy's default)")
+    ap.add_argument("--config", default=None,
+                    help="JSON merged over the observed process's config (e.g. '{\"timer\": {\"budget\": 0.001}}')")
     ap.add_argument("--server", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.server:
@@ -112,18 +116,21 @@ def main():
     import subprocess
     timer = {"kind": "cupti", "correlation": "callbacks"} if args.timer == "cupti-callbacks" else \
         {"kind": args.timer} if args.timer else None
-    config = json.dumps({"timer": timer} if timer else {})
+    cfg = {"timer": timer} if timer else {}
+    for key, val in json.loads(args.config or "{}").items():
+        cfg[key] = {**cfg.get(key, {}), **val} if isinstance(val, dict) else val
+    config = json.dumps(cfg)
     kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
             for name, arg in (("plain", "plain"), ("observed", config))}
     print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}; "
           f"config {config}; median of {args.rounds} interleaved rounds, {args.tokens} new tokens, "
           f"{args.layers} layers")
-    print(f"{'model':<10} {'batch':>5} {'plain s':>9} {'observed s':>11} {'ratio':>7} {'windows':>8}")
+    print(f"{'model':<10} {'batch':>5} {'plain s':>9} {'observed s':>11} {'ratio':>7} {'rounds':>13} {'windows':>8}")
     for kind in args.models:
         for b in args.batch:
-            p, o, w = measure(kids, kind, b, args.tokens, args.layers, args.rounds)
-            print(f"{kind:<10} {b:>5} {p:>9.4f} {o:>11.4f} {o / p:>7.4f} {w:>8}", flush=True)
+            p, o, w, lo, hi = measure(kids, kind, b, args.tokens, args.layers, args.rounds)
+            print(f"{kind:<10} {b:>5} {p:>9.4f} {o:>11.4f} {o / p:>7.4f} {lo:>6.3f}-{hi:<6.3f} {w:>8}", flush=True)
     for k in kids.values():
         k.stdin.close()
         k.wait()
