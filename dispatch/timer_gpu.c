@@ -268,12 +268,17 @@ void ust__timers_graph_made(ust__timers *t, void *stream) {
 #if defined(UST_GPU_CUDA)
   cudaGraph_t graph, made = NULL;
   size_t count = 0;
-  /* an empty graph made now takes the next id: the last understudy took */
-  if (!ust__cupti_maps_graphs(t->cupti) || capture_graph(t, stream, &graph, &count) != 0 ||
-      UST__GPU_CHECK(t->log, cudaGraphCreate(&made, 0)) != 0)
+  /* an empty graph made now takes the next id: the last understudy took
+   * (made in relaxed capture mode, as the shadow's own graphs are) */
+  if (!ust__cupti_maps_graphs(t->cupti) || capture_graph(t, stream, &graph, &count) != 0)
     return;
-  ust__cupti_graph_made(t->cupti, graph, made);
-  cudaGraphDestroy(made);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (UST__GPU_CHECK(t->log, cudaGraphCreate(&made, 0)) == 0) {
+    ust__cupti_graph_made(t->cupti, graph, made);
+    cudaGraphDestroy(made);
+  }
+  cudaThreadExchangeStreamCaptureMode(&mode);
 #else
   (void)t;
   (void)stream;
