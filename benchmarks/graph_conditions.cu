@@ -18,6 +18,13 @@
 //                       graph (cudaGraphNodeSetEnabled)
 //   gate + IF, beside   gate + IF on a branch off the chain, joined at the
 //                       graph's end (off the critical path)
+//   gated copy + IF beside  in the chain, one kernel (8 blocks) that reads the
+//                       gate, exits when closed (else would copy what the
+//                       body reads into buffers of its own) and sets the
+//                       condition; the IF node on a branch off it, joined at
+//                       the graph's end: a body that reads only those copies
+//                       cannot race the writers after it
+//   exiting kernel      one such kernel in the chain per site, no IF (its floor)
 //
 // Then whether two IF nodes may share one condition (one gate for both).
 //
@@ -26,11 +33,15 @@
 // adds over the plain chain. Build and run (sm_90):
 //
 //     nvcc -O2 -arch=sm_90 -o graph_conditions benchmarks/graph_conditions.cu && ./graph_conditions
+//
+// With --device-words the gates are read from device memory instead of
+// host memory mapped for the device (understudy's, which the host writes).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define CHECK(x)                                                                                                     \
@@ -59,6 +70,34 @@ __global__ void gate(const volatile unsigned long long *word, cudaGraphCondition
   cudaGraphSetConditional(h, (*word & 1) ? 1u : 0u);
 }
 
+// One read of the gate per block (a read of host memory crosses the bus).
+__device__ bool block_reads(const volatile unsigned long long *word) {
+  __shared__ bool open;
+  if (threadIdx.x == 0)
+    open = (*word & 1) != 0;
+  __syncthreads();
+  return open;
+}
+
+// Closed: exit (block 0 sets the condition).
+__global__ void gated_copy(const volatile unsigned long long *word, float *dst, const float *src, int n,
+                           cudaGraphConditionalHandle h) {
+  const bool open = block_reads(word);
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    cudaGraphSetConditional(h, open ? 1u : 0u);
+  if (!open)
+    return;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
+__global__ void exiting(const volatile unsigned long long *word, float *dst, const float *src, int n) {
+  if (!block_reads(word))
+    return;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
 struct Handles {
   int n;
   cudaGraphConditionalHandle h[kMaxHandles];
@@ -70,15 +109,28 @@ __global__ void gate_all(const volatile unsigned long long *words, const Handles
     cudaGraphSetConditional(t->h[i], (words[i] & 1) ? 1u : 0u);
 }
 
-enum Variant { kPlain, kGateIfTwice, kGateIfOnce, kOneGateIf, kOneGateTwoIf, kEmpty, kDisabled, kBeside, kVariants };
+enum Variant {
+  kPlain,
+  kGateIfTwice,
+  kGateIfOnce,
+  kOneGateIf,
+  kOneGateTwoIf,
+  kEmpty,
+  kDisabled,
+  kBeside,
+  kCopyBeside,
+  kExiting,
+  kVariants
+};
 
-const char *const kNames[kVariants] = {"plain",        "gate + IF, twice", "gate + IF, once",
-                                       "one gate + IF", "one gate + 2 IF", "empty node",
-                                       "2 disabled kernels", "gate + IF, beside"};
+const char *const kNames[kVariants] = {"plain",           "gate + IF, twice",   "gate + IF, once",
+                                       "one gate + IF",   "one gate + 2 IF",    "empty node",
+                                       "2 disabled kernels", "gate + IF, beside", "gated copy + IF beside",
+                                       "exiting kernel"};
 
 struct Device {
   float *buf, *scratch;
-  unsigned long long *words; // the gates: host-mapped, all 0 (closed)
+  unsigned long long *words; // the gates, all 0 (closed): host-mapped, or device memory (--device-words)
   Handles *handles;          // device copy for gate_all
 };
 
@@ -142,6 +194,21 @@ cudaGraphConditionalHandle new_handle(cudaGraph_t g) {
   return h;
 }
 
+cudaGraphNode_t add_gated_copy(cudaGraph_t g, cudaGraphNode_t dep, int site, const Device &d,
+                               cudaGraphConditionalHandle *h) {
+  const unsigned long long *w = d.words + site;
+  float *dst = d.scratch;
+  const float *src = d.buf;
+  int n = 1024;
+  if (h == nullptr) {
+    void *args[] = {&w, &dst, &src, &n};
+    return after(g, dep, reinterpret_cast<void *>(exiting), args, dim3(8), dim3(256));
+  }
+  *h = new_handle(g);
+  void *args[] = {&w, &dst, &src, &n, h};
+  return after(g, dep, reinterpret_cast<void *>(gated_copy), args, dim3(8), dim3(256));
+}
+
 cudaGraphNode_t gated(cudaGraph_t g, cudaGraphNode_t dep, int site, const Device &d) {
   const cudaGraphConditionalHandle h = new_handle(g);
   return add_if(g, add_gate(g, dep, site, h, d), h, d);
@@ -199,6 +266,13 @@ double replay_us(Variant v, int K, int S, int reps, const Device &d, cudaStream_
       }
       if (v == kBeside)
         beside.push_back(gated(g, last, site, d));
+      if (v == kCopyBeside) {
+        cudaGraphConditionalHandle h;
+        last = add_gated_copy(g, last, site, d, &h);
+        beside.push_back(add_if(g, last, h, d));
+      }
+      if (v == kExiting)
+        last = add_gated_copy(g, last, site, d, nullptr);
     }
   }
   if (!beside.empty()) {
@@ -232,8 +306,9 @@ double replay_us(Variant v, int K, int S, int reps, const Device &d, cudaStream_
 
 } // namespace
 
-int main() {
+int main(int argc, char **argv) {
   constexpr int K = 60, S = 10, R = 2000, kRounds = 5;
+  const bool device_words = argc > 1 && std::string(argv[1]) == "--device-words";
   Device d;
   CHECK(cudaMalloc(&d.buf, kElems * sizeof(float)));
   CHECK(cudaMalloc(&d.scratch, 4096));
@@ -243,14 +318,18 @@ int main() {
   for (int i = 0; i < kMaxHandles; i++)
     host_words[i] = 0;
   CHECK(cudaHostGetDevicePointer(&d.words, host_words, 0));
+  if (device_words) {
+    CHECK(cudaMalloc(&d.words, kMaxHandles * sizeof *host_words));
+    CHECK(cudaMemset(d.words, 0, kMaxHandles * sizeof *host_words));
+  }
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   int runtime = 0;
   CHECK(cudaRuntimeGetVersion(&runtime));
-  std::printf("%s, CUDA runtime %d; a chain of %d kernels, %d sites, gates closed; %d rounds of %d replays\n",
-              prop.name, runtime, K, S, kRounds, R);
+  std::printf("%s, CUDA runtime %d; a chain of %d kernels, %d sites, gates closed (in %s memory); %d rounds of %d "
+              "replays\n", prop.name, runtime, K, S, device_words ? "device" : "host-mapped", kRounds, R);
   std::vector<std::vector<double>> us(kVariants);
   for (int round = 0; round < kRounds; round++)
     for (int v = 0; v < kVariants; v++)
@@ -260,10 +339,10 @@ int main() {
     return x[x.size() / 2];
   };
   const double plain = median(us[kPlain]);
-  std::printf("%-20s %12s %10s %14s\n", "variant", "us/replay", "vs plain", "us per site");
+  std::printf("%-24s %12s %10s %14s\n", "variant", "us/replay", "vs plain", "us per site");
   for (int v = 0; v < kVariants; v++) {
     const double m = median(us[v]);
-    std::printf("%-20s %12.2f %10.3f %14.2f\n", kNames[v], m, m / plain, (m - plain) / S);
+    std::printf("%-24s %12.2f %10.3f %14.2f\n", kNames[v], m, m / plain, (m - plain) / S);
   }
   // one condition for two IF nodes: the second node's creation answers
   cudaGraph_t g;
