@@ -2,26 +2,29 @@
 
 An HF Llama-8B-shaped decoder (2 layers, bf16, random weights, a static KV
 cache), its RMSNorms routed through _C::rms_norm as vLLM's are, runs one
-decode step (batch --batch) captured with torch.cuda.graph twice: once
-without understudy (the plain graph), once with _C::rms_norm in shadow
-against the native CUDA candidate examples/candidates/rms_norm_cuda.cu, so
-that each captured rms_norm call carries its shadow behind conditional nodes
-(guard/graph.c). Then, in one run:
+decode step (batch --batch) captured with torch.cuda.graph three times:
+without understudy (the plain graph); with _C::rms_norm in shadow against
+the native CUDA candidate examples/candidates/rms_norm_cuda.cu, so that each
+captured rms_norm call carries its shadow beside the chain (a kernel in the
+chain takes the copies it reads, its conditional node on a branch off it:
+verify-only); and with the route in canary when captured, so that each call
+holds both arms in the chain (guard/graph.c). Then, in one run:
 
-1. verdicts: both graphs replayed --replays times on the same inputs, the
-   logits compared bit for bit after every replay; per route the replays
-   verified (sample 1: every captured call of every replay) and passed;
+1. verdicts: the plain and the beside graph replayed --replays times on the
+   same inputs, the logits compared bit for bit after every replay; per
+   route the replays verified (sample 1: every captured call of every
+   replay) and passed;
 2. rollback: a third graph captured with the candidate wrong on its last
    element (rms_norm_cuda_wrong_tail); one replay, then the route's mode; then
    --replays more, and the verifications they added (0: the gate closed);
-3. cost: replay time of the plain graph, of the shadowed graph with its
-   gates closed (mode observe) and open (shadow, sample 1), in canary 0.25
-   and in live (both at sample 1), interleaved over
-   --rounds rounds of --batch-replays replays each, medians; beside it the
-   kernel time the open gates add per replay, from torch.profiler's records
-   of the same replays (the candidate's, the comparisons', the copies', the
-   gates' and the ring's kernels);
-4. serving: the same graph's route set to canary 0.25, then live: the
+3. cost: replay time of the plain graph; of the beside graph and of the
+   chain graph with their gates closed (mode observe) and open (shadow,
+   sample 1); of the chain graph in canary 0.25 and in live (both at sample
+   1); interleaved over --rounds rounds of --batch-replays replays each,
+   medians; beside it the kernel time the open gates add per replay, from
+   torch.profiler's records of the same replays (the candidate's, the
+   comparisons', the copies', the gates' and the ring's kernels);
+4. serving: the chain graph's route set to canary 0.25, then live: the
    calls the candidate served (at sample 1 each is verified, and only
    those), per captured call and replay, and the logits against the plain
    graph's (the candidate computes as vLLM's kernel does: bit-equal).
@@ -158,106 +161,108 @@ def main():
     make, tok, vocab = build(args.batch)
     plain = capture(make())
     understudy.enable(config("rms_norm_cuda"))
-    shadowed = capture(make())
+    shadowed = capture(make())  # in shadow: beside the chain
+    chained = capture(make(), lambda: understudy.set_mode("rms_norm", "canary"))  # both arms in the chain
+    understudy.set_mode("rms_norm", "shadow")
     settle()
     base = {s["key"]: s["shadow"]["verified"] for s in rms_routes(understudy.report())}
 
-    def replay_both(n, seed):
-        """n steps on both graphs' caches, each on a fresh token, then
-        settled: the replays whose logits were bit-equal."""
-        g = torch.Generator("cuda").manual_seed(seed)
+    def replay_both(g, n, seed):
+        """n steps on the plain graph's and g's caches, each on a fresh
+        token, then settled: the replays whose logits were bit-equal."""
+        gen = torch.Generator("cuda").manual_seed(seed)
         equal = 0
         for _ in range(n):
-            tok.copy_(torch.randint(1, vocab, tok.shape, device="cuda", generator=g))
+            tok.copy_(torch.randint(1, vocab, tok.shape, device="cuda", generator=gen))
             plain.rewind()
             plain.replay()
             a = plain.out.clone()
-            shadowed.rewind()
-            shadowed.replay()
-            equal += bool(torch.equal(a, shadowed.out))
+            g.rewind()
+            g.replay()
+            equal += bool(torch.equal(a, g.out))
         settle()
         return equal
     t0 = time.perf_counter()
-    equal = replay_both(args.replays, 2)
+    equal = replay_both(shadowed, args.replays, 2)
     took = time.perf_counter() - t0
     rep = understudy.report()
     print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}")
     print(f"HF Llama-8B-shaped decode step (2 layers, bf16, batch {args.batch}), captured with torch.cuda.graph; "
           f"_C::rms_norm in shadow (native rms_norm_cuda, sample 1)")
-    print(f"\n1. verdicts: {args.replays} replays in {took:.1f} s, logits bit-equal to the plain graph's on "
-          f"{equal} of {args.replays}")
+    print(f"\n1. verdicts: {args.replays} replays of the beside graph in {took:.1f} s, logits bit-equal to the plain "
+          f"graph's on {equal} of {args.replays}")
     print(f"{'route':<44} {'sites':>5} {'verified':>9} {'x replays':>10} {'passed':>7} {'failed':>7}")
     for s in rms_routes(rep):
         sh = s["shadow"]
         v = sh["verified"] - base.get(s["key"], 0)
-        n_sites = sh["graph"]["shadowed"]
+        n_sites = sh["graph"]["beside"]
         print(f"{s['key'][:44]:<44} {n_sites:>5} {v:>9} {v / max(n_sites, 1) / args.replays:>10.3f} "
               f"{sh['passed'] - base.get(s['key'], 0):>7} {sh['failed']:>7}")
 
-    # 4. serving under replay: the same graph, its route set to canary, then
+    # 4. serving under replay: the chain graph, its route set to canary, then
     # live (the candidate qualified in 1). At sample 1 every replay the
     # candidate serves is verified (and only those): the verifications count
     # the served calls; the logits are compared with the plain graph's
     before = {s["key"]: dict(s["shadow"]) for s in rms_routes(understudy.report())}
     understudy.set_mode("rms_norm", "canary")  # its share: the config's 0.25
     settle()
-    canary_equal = replay_both(args.replays, 3)
+    canary_equal = replay_both(chained, args.replays, 3)
     canary = rms_routes(understudy.report())
     understudy.set_mode("rms_norm", "live")
     settle()
-    live_equal = replay_both(args.replays // 5, 4)
+    live_equal = replay_both(chained, args.replays // 5, 4)
     serving = rms_routes(understudy.report())
 
     # 3. cost (before the rollback phase: that one ends this enable)
-    def timed(mode):
-        if mode == "plain":
-            return per_replay_us(plain, args.batch_replays)
-        if mode.startswith("canary"):
-            understudy.set_mode("rms_norm", "canary")  # its share: the config's 0.25
-        else:
-            understudy.set_mode("rms_norm", {"gates closed": "observe", "live (sample 1)": "live"}.get(mode, "shadow"))
-        settle()
-        return per_replay_us(shadowed, args.batch_replays)
-    modes = ("plain", "gates closed", "gates open (sample 1)", "canary 0.25 (sample 1)", "live (sample 1)")
-    for m in modes:  # warm
+    rows = {"plain": (plain, None), "beside, gates closed": (shadowed, "observe"),
+            "beside, gates open": (shadowed, "shadow"), "chain, gates closed": (chained, "observe"),
+            "chain, gates open": (chained, "shadow"), "chain, canary 0.25": (chained, "canary"),
+            "chain, live": (chained, "live")}
+
+    def timed(row):
+        g, mode = rows[row]
+        if mode is not None:
+            understudy.set_mode("rms_norm", mode)  # canary: its share, the config's 0.25
+            settle()
+        return per_replay_us(g, args.batch_replays)
+    for m in rows:  # warm
         timed(m)
-    times = {m: [] for m in modes}
+    times = {m: [] for m in rows}
     for _ in range(args.rounds):
-        for m in modes:
+        for m in rows:
             times[m].append(timed(m))
-    understudy.set_mode("rms_norm", "observe")
-    settle()
-    closed = kernel_us(shadowed, 20)
-    understudy.set_mode("rms_norm", "live")
-    settle()
-    live_k = kernel_us(shadowed, 20)
-    understudy.set_mode("rms_norm", "shadow")
-    settle()
-    opened = kernel_us(shadowed, 20)
+    ks = {}
+    for m in ("beside, gates closed", "beside, gates open", "chain, gates closed", "chain, gates open",
+              "chain, live"):
+        g, mode = rows[m]
+        understudy.set_mode("rms_norm", mode)
+        settle()
+        ks[m] = kernel_us(g, 20)
     settle()
     understudy.disable()
-    plain_k = kernel_us(plain, 20)
+    ks["plain"] = kernel_us(plain, 20)
     med = {m: statistics.median(v) for m, v in times.items()}
     print(f"\n3. cost: replay time, median of {args.rounds} interleaved rounds of {args.batch_replays} replays; "
           f"kernel time per replay (torch.profiler)")
     print(f"{'graph':<24} {'us/replay':>10} {'vs plain':>9} {'added us':>9} {'kernel us':>10}")
-    ks = {"plain": sum(plain_k.values()), "gates closed": sum(closed.values()),
-          "gates open (sample 1)": sum(opened.values()), "live (sample 1)": sum(live_k.values())}
-    for m in modes:
-        k = f"{ks[m]:>10.2f}" if m in ks else f"{'':>10}"
+    for m in rows:
+        k = f"{sum(ks[m].values()):>10.2f}" if m in ks else f"{'':>10}"
         print(f"{m:<24} {med[m]:>10.2f} {med[m] / med['plain']:>9.4f} {med[m] - med['plain']:>9.2f} {k}")
-    added = sorted(((opened.get(k, 0) - closed.get(k, 0), k) for k in opened), reverse=True)
-    print("kernel time the open gates add per replay, by kernel:")
-    for us_, name in added:
-        if us_ > 0.05:
-            print(f"  {us_:8.2f} us  {name[:100]}")
-    print(f"  {sum(u for u, _ in added if u > 0):8.2f} us  in all; replay time added "
-          f"{med['gates open (sample 1)'] - med['gates closed']:.2f} us")
+    for layout in ("beside", "chain"):
+        opened, closed = ks[f"{layout}, gates open"], ks[f"{layout}, gates closed"]
+        added = sorted(((opened.get(k, 0) - closed.get(k, 0), k) for k in opened), reverse=True)
+        print(f"kernel time the open gates add per replay, {layout}, by kernel:")
+        for us_, name in added:
+            if us_ > 0.05:
+                print(f"  {us_:8.2f} us  {name[:100]}")
+        print(f"  {sum(u for u, _ in added if u > 0):8.2f} us  in all; replay time added "
+              f"{med[f'{layout}, gates open'] - med[f'{layout}, gates closed']:.2f} us")
+    opened, live_k = ks["chain, gates open"], ks["chain, live"]
     live_added = sum(v - opened.get(k, 0) for k, v in live_k.items() if v > opened.get(k, 0))
     print(f"live adds {live_added:.2f} us of kernel time per replay over shadow (the candidate's results copied over "
           f"production's); production's kernels still run in every replay")
 
-    print(f"\n4. serving under replay (the same graph, not captured again; sample 1: a call is verified when, and "
+    print(f"\n4. serving under replay (the chain graph, not captured again; sample 1: a call is verified when, and "
           f"only when, the candidate serves it): canary 0.25 for {args.replays} replays, then live for "
           f"{args.replays // 5}; logits bit-equal to the plain graph's on {canary_equal} of {args.replays} and "
           f"{live_equal} of {args.replays // 5}")
@@ -265,7 +270,7 @@ def main():
           f"{'failed':>7}")
     for s, t in zip(canary, serving):
         b = before.get(s["key"], {"verified": 0})
-        n_sites = max(s["shadow"]["graph"]["shadowed"], 1)
+        n_sites = max(s["shadow"]["graph"]["shadowed"] - s["shadow"]["graph"]["beside"], 1)
         c = s["shadow"]["verified"] - b["verified"]
         v = t["shadow"]["verified"] - s["shadow"]["verified"]
         print(f"{s['key'][:44]:<44} {n_sites:>5} {c:>14} {c / n_sites / args.replays:>10.3f} {v:>12} "

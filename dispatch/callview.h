@@ -214,6 +214,21 @@ int ust__call_graph_copy(ust__call_state *st, void *dst, const void *src, size_t
 int ust__call_graph_fill(ust__call_state *st, void *dst, int byte, size_t bytes);
 /* The shadow is dropped for why (detail: logged, may be NULL). */
 void ust__call_graph_drop(ust__call_state *st, int why, const char *detail);
+/* A shadow beside the chain (a route in shadow when captured): verify-only,
+ * its copies taken in the chain by one kernel and everything else on a
+ * branch that nothing in the chain waits for, reading only memory kept for
+ * it (the buffers the bridge makes for it are never freed: the caller's
+ * allocator would hand freed memory to the nodes captured after it). 1
+ * when the call's shadow is beside the chain. */
+int ust__call_graph_beside(const ust__call_state *st);
+/* Before its first part: the call's shadow goes in the chain instead when
+ * what it would keep (an estimate, bytes) is over shadow.graph_beside_max_mb.
+ * Then each buffer it keeps: device memory kept for the process (not the
+ * caller's allocator: torch's would count it in the capture's pool), or
+ * NULL over the bound (the caller drops the shadow, UST__GW_KEPT) or
+ * without memory. */
+void ust__call_graph_beside_plan(ust__call_state *st, uint64_t bytes);
+void *ust__call_graph_alloc(ust__call_state *st, uint64_t bytes);
 /* Around production in a captured call (end 0 before it, 1 after): its
  * nodes, and not the shadow's, are the route's for the kernel tracer. */
 void ust__call_graph_prod(ust__call_state *st, const struct ust__call *call, int end);

@@ -474,6 +474,7 @@ typedef struct ust__router {
   ust__hw_ctx *hw;
   ust__log_sink *log;
   const ust__seam_i *seam;
+  uint64_t graph_beside_max; /* bytes a captured shadow beside the chain may keep (0: none beside) */
   atomic_uint_fast64_t internal_errors;
 } ust__router;
 

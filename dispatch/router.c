@@ -435,6 +435,9 @@ static int graph_shadow_begin(ust__binding *b, ust__route *r, int mode, const us
     memset(&st->cand, 0, sizeof st->cand);
     return -1;
   }
+  /* shadow's replays only verify: beside the chain, when it fits */
+  c->beside = mode == UST__MODE_SHADOW && b->router->graph_beside_max > 0;
+  c->kept_max = b->router->graph_beside_max;
   st->graph = c;
   st->plan = UST__PLAN_SHADOW;
   st->flags = UST__DF_CAPTURED;
@@ -451,9 +454,11 @@ static void graph_shadow_end(ust__call_state *st, int ok, int why) {
   ust__route *r = st->route;
   if (c->open)
     ust__graph_part_end(c, 0);
-  if (ok)
+  if (ok) {
     atomic_fetch_add_explicit(&r->verify.graph_shadowed, 1, memory_order_relaxed);
-  else
+    if (c->beside)
+      atomic_fetch_add_explicit(&r->verify.graph_beside, 1, memory_order_relaxed);
+  } else
     graph_plain(r, why, c->why);
   ust__graph_call_end(c, ok);
   /* its parts took graph ids: the tracer's map of the capture's replays */
@@ -483,6 +488,26 @@ int ust__call_graph_part_end(ust__call_state *st, int keep, int why) {
     return -1;
   }
   return 0;
+}
+
+int ust__call_graph_beside(const ust__call_state *st) {
+  const ust__graph_call *c = st->graph;
+  return c != NULL && c->beside;
+}
+
+void ust__call_graph_beside_plan(ust__call_state *st, uint64_t bytes) {
+  ust__graph_call *c = st->graph;
+  if (c != NULL && c->parts == 0 && !c->open && bytes > c->kept_max)
+    c->beside = 0;
+}
+
+void *ust__call_graph_alloc(ust__call_state *st, uint64_t bytes) {
+  ust__graph_call *c = st->graph;
+  if (c == NULL || !c->beside || c->kept + bytes > c->kept_max)
+    return NULL;
+  void *p = ust__graph_keep(c, (size_t)bytes);
+  c->kept += p != NULL ? bytes : 0;
+  return p;
 }
 
 void ust__call_graph_drop(ust__call_state *st, int why, const char *detail) {

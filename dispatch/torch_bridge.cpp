@@ -467,7 +467,22 @@ private:
     return UST__EV_OK; // production alone, as if nothing were shadowed
   }
 
-  static at::Tensor buffer_like(const at::Tensor &t) { return at::empty_strided(t.sizes(), t.strides(), t.options()); }
+  // A buffer of the captured shadow: beside the chain, kept for the
+  // process and counted against the call's bound (undefined over it).
+  // Beside the chain: memory kept for the process (a graph holding it may
+  // replay at any time; freed, the capture's allocator would hand it to the
+  // nodes captured after the call, which the shadow's branch would race).
+  at::Tensor buffer_of(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions &options) {
+    if (!ust__call_graph_beside(&st_))
+      return at::empty_strided(sizes, strides, options);
+    const uint64_t bytes = at::detail::computeStorageNbytes(sizes, strides, options.dtype().itemsize());
+    void *p = ust__call_graph_alloc(&st_, bytes);
+    return p != nullptr ? at::from_blob(p, sizes, strides, options) : at::Tensor();
+  }
+
+  at::Tensor buffer_like(const at::Tensor &t) { return buffer_of(t.sizes(), t.strides(), t.options()); }
+
+  int drop_kept() { return drop(UST__GW_KEPT, "its copies beside the chain would keep more than the bound"); }
 
   bool graph_copy(const at::Tensor &dst, const at::Tensor &src) {
     return ust__call_graph_copy(&st_, dst.data_ptr(), src.const_data_ptr(), src.nbytes()) == 0;
@@ -481,6 +496,7 @@ private:
   int snapshot_captured() {
     const uint32_t writes = st_.cand.writes_mask;
     const uint32_t overwrites = st_.cand.overwrites_mask;
+    uint64_t arg_bytes = 0;
     for (size_t i = 0; i < n_args_; i++) {
       if (x_.saved[i].isTensorList())
         return drop(UST__GW_LAYOUT, "a tensor-list argument");
@@ -489,8 +505,17 @@ private:
       const at::Tensor &t = x_.saved[i].toTensor();
       if (!t.has_storage() || !t.is_contiguous() || !t.is_cuda())
         return drop(UST__GW_LAYOUT, "an argument that is not a contiguous CUDA tensor");
-      if (i < 32 && ((writes >> i) & 1u))
-        x_.snaps[i] = buffer_like(t);
+      arg_bytes += t.nbytes();
+    }
+    // beside the chain it keeps a copy of each argument for the candidate,
+    // one for its comparison and its outputs' (about as large): else in it
+    ust__call_graph_beside_plan(&st_, 3 * arg_bytes);
+    for (size_t i = 0; i < n_args_; i++) {
+      if (!is_defined_tensor(x_.saved[i]))
+        continue;
+      const at::Tensor &t = x_.saved[i].toTensor();
+      if (i < 32 && ((writes >> i) & 1u) && !(x_.snaps[i] = buffer_like(t)).defined())
+        return drop_kept();
     }
     bool before = false;
     for (size_t i = 0; i < n_args_; i++) {
@@ -502,12 +527,13 @@ private:
         continue;
       for (size_t j = 0; j < n_args_; j++)
         if (x_.snaps[j].defined() && x_.saved[j].toTensor().is_alias_of(t)) {
-          x_.inputs[i] = buffer_like(t);
+          if (!(x_.inputs[i] = buffer_like(t)).defined())
+            return drop_kept();
           before = true;
           break;
         }
-      if (!x_.inputs[i].defined())
-        x_.cin[i] = buffer_like(t);
+      if (!x_.inputs[i].defined() && !(x_.cin[i] = buffer_like(t)).defined())
+        return drop_kept();
     }
     if (!before)
       return UST__EV_OK;
@@ -539,10 +565,17 @@ private:
         ust__call_graph_drop(&st_, UST__GW_LAYOUT, "production resized a written argument");
         return UST__EV_NO_LAYOUT;
       }
-    prepare_native_on_snaps(/*captured=*/true);
-    stats_ = at::empty({static_cast<int64_t>(UST__MAX_PAIRS * sizeof(ust__cmp_stats))},
-                       at::TensorOptions().dtype(at::kByte).device(
-                           c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(call_.device_id))));
+    if (!prepare_native_on_snaps(/*captured=*/true)) {
+      drop_kept();
+      return UST__EV_NO_LAYOUT;
+    }
+    const int64_t stats_bytes = static_cast<int64_t>(UST__MAX_PAIRS * sizeof(ust__cmp_stats));
+    stats_ = buffer_of({stats_bytes}, {1}, at::TensorOptions().dtype(at::kByte).device(
+                                              c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(call_.device_id))));
+    if (!stats_.defined()) {
+      drop_kept();
+      return UST__EV_NO_LAYOUT;
+    }
     if (ust__call_graph_part_begin(&st_, &side_) != 0) {
       side_ = nullptr;
       return UST__EV_NO_LAYOUT;
@@ -587,8 +620,36 @@ private:
     bool servable = true;
     for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++)
       servable &= !(is_defined_tensor(x_.prod_returns[j]) && !compared_return(j) && !aliases_written_arg(j));
+    if (ust__call_graph_beside(&st_) && !prod_side_kept())
+      return UST__EV_OK; // dropped: production alone
     ust__call_graph_compare(&st_, x_.pairs.data(), static_cast<int>(x_.pairs.size()), stats_.data_ptr(), servable);
     return UST__EV_OK;
+  }
+
+  // Beside the chain: production's side of each pair (its results, the
+  // inputs as they were) copied in the chain into kept buffers, which the
+  // comparisons read instead. false when the shadow was dropped.
+  bool prod_side_kept() {
+    for (ust__pair &p : x_.pairs) {
+      if (p.aa || p.prod_dense == nullptr)
+        continue;
+      const at::Tensor *found = nullptr;
+      for (const at::Tensor &d : x_.dense)
+        if (d.const_data_ptr() == p.prod_dense)
+          found = &d;
+      if (found == nullptr)
+        return drop(UST__GW_LAYOUT, "a pair understudy cannot copy beside the chain"), false;
+      const at::Tensor prod = *found;
+      at::Tensor snap = buffer_like(prod);
+      if (!snap.defined())
+        return drop_kept(), false;
+      if (!graph_copy(snap, prod))
+        return false;
+      p.prod_dense = snap.const_data_ptr();
+      x_.keep.push_back(snap);
+      fill_dl(x_.keep.back(), &p.prod, &p.prod_dtype);
+    }
+    return true;
   }
 
   int prod_on_args() {
@@ -942,7 +1003,7 @@ private:
   // snapshots in place of what production writes (and of read-only
   // arguments that alias it), and fresh outputs like production's returns
   // (poisoned now; captured: poisoned in the graph, at each verified replay).
-  void prepare_native_on_snaps(bool captured = false) {
+  bool prepare_native_on_snaps(bool captured = false) {
     call_values();
     for (size_t i = 0; i < n_args_; i++) {
       ust_value &v = x_.values[i];
@@ -961,9 +1022,12 @@ private:
         continue;
       const at::Tensor &r = x_.prod_returns[j].toTensor();
       x_.native_outputs.push_back(captured ? buffer_like(r) : poisoned_like(r));
+      if (!x_.native_outputs.back().defined())
+        return false; // beside the chain, over the bound
       x_.cand_returns[j] = x_.native_outputs.back();
     }
     set_outputs();
+    return true;
   }
 
   // Serving: the arguments are the call's own (written ones writable), the

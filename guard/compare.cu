@@ -444,25 +444,30 @@ extern "C" int ust__ring_publish_launch(const ust__ring_dev *d, unsigned int sit
 #if defined(UST_GPU_CUDA)
 // One thread: the replay's decision (first condition of the replay), then
 // the conditional node's handle set from it.
-__global__ void gate_kernel(const volatile unsigned long long *word, ust__gate_counters *c, int first,
+// The condition is set only to open it: every launch of the graph starts
+// it at its default, 0 (cudaGraphCondAssignDefault).
+__global__ void gate_kernel(const unsigned long long *word, ust__gate_counters *c, int first,
                             cudaGraphConditionalHandle handle) {
+  unsigned long long runs;
   if (first) {
-    const ust__gate_choice ch = ust__gate_decide(ust__gate_unpack(*word), c->replays + 1, c->served);
-    c->replays += 1;
-    c->served += ch.candidate ? 1 : 0;
-    c->runs = ust__gate_runs(ch);
+    // the three loads issued together (L2: the host's copy and the last replay's writes)
+    const unsigned long long w = __ldcg(word), replays = __ldcg(&c->replays), served = __ldcg(&c->served);
+    const ust__gate_choice ch = ust__gate_decide(ust__gate_unpack(w), replays + 1, served);
+    runs = ust__gate_runs(ch);
+    c->replays = replays + 1;
+    c->served = served + (ch.candidate ? 1 : 0);
+    c->runs = runs;
+  } else {
+    runs = __ldcg(&c->runs);
   }
-  cudaGraphSetConditional(handle, c->runs != 0 ? 1u : 0u);
+  if (runs != 0)
+    cudaGraphSetConditional(handle, 1u);
 }
 
-// A copy over production's result, in the replays the candidate serves:
-// 16-byte vectors where both ends share their alignment (bytes before the
-// first aligned address and after the last whole vector), else bytes.
-__global__ void gate_copy(unsigned char *dst, const unsigned char *src, size_t bytes, const ust__gate_counters *c) {
-  if ((*(const volatile unsigned long long *)&c->runs & UST__GATE_RUN_SERVE) == 0)
-    return;
-  const size_t stride = (size_t)gridDim.x * blockDim.x;
-  const size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+// A span copied by the threads of a grid: 16-byte vectors where both ends
+// share their alignment (bytes before the first aligned address and after
+// the last whole vector), else bytes.
+__device__ void copy_span(unsigned char *dst, const unsigned char *src, size_t bytes, size_t i0, size_t stride) {
   const size_t lead = (16u - ((uintptr_t)dst & 15u)) & 15u;
   const size_t head = (((uintptr_t)dst ^ (uintptr_t)src) & 15u) != 0 || lead > bytes ? bytes : lead;
   const size_t vectors = (bytes - head) / 16, tail = head + vectors * 16;
@@ -476,12 +481,84 @@ __global__ void gate_copy(unsigned char *dst, const unsigned char *src, size_t b
     dst[i] = src[i];
 }
 
+// A copy over production's result, in the replays the candidate serves.
+__global__ void gate_copy(unsigned char *dst, const unsigned char *src, size_t bytes, const ust__gate_counters *c) {
+  if ((*(const volatile unsigned long long *)&c->runs & UST__GATE_RUN_SERVE) == 0)
+    return;
+  copy_span(dst, src, bytes, (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
+}
+
+// A site's kernel in the chain (ust__gate_snap_launch). Every block reads
+// the gate and counters (device memory) at its start; when first, one block
+// commits the replay's decision and sets the condition: the only block, at
+// once (what a closed gate costs is this kernel's time), else the last to
+// finish (a ticket in counters->pad: every other block has read by then).
+__global__ void gate_snap(const unsigned long long *word, ust__gate_counters *c, int first,
+                          cudaGraphConditionalHandle handle, ust__gate_copies copies) {
+  __shared__ unsigned runs;
+  __shared__ int served_now;
+  const bool alone = gridDim.x == 1;
+  if (threadIdx.x == 0) {
+    if (first) {
+      // the three loads issued together (L2: the host's copy and the last replay's writes)
+      const unsigned long long w = __ldcg(word), replays = __ldcg(&c->replays), served = __ldcg(&c->served);
+      const ust__gate_choice ch = ust__gate_decide(ust__gate_unpack(w), replays + 1, served);
+      runs = ust__gate_runs(ch);
+      served_now = ch.candidate ? 1 : 0;
+      if (alone) {
+        c->replays = replays + 1;
+        c->served = served + served_now;
+        c->runs = runs;
+      }
+    } else {
+      runs = (unsigned)__ldcg(&c->runs);
+    }
+    // set only to open: each launch of the graph starts it at 0 (its default)
+    if ((alone || !first) && blockIdx.x == 0 && handle != 0 && (runs & UST__GATE_RUN_VERIFY))
+      cudaGraphSetConditional(handle, 1u);
+  }
+  __syncthreads();
+  if (runs & UST__GATE_RUN_VERIFY) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x, i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (int k = 0; k < copies.n; k++)
+      copy_span(static_cast<unsigned char *>(copies.c[k].dst), static_cast<const unsigned char *>(copies.c[k].src),
+                copies.c[k].bytes, i0, stride);
+  }
+  if (threadIdx.x != 0 || alone || !first)
+    return;
+  __threadfence();
+  if (atomicAdd(&c->pad, 1ull) != gridDim.x - 1)
+    return;
+  c->replays += 1;
+  c->served += served_now;
+  c->runs = runs;
+  c->pad = 0;
+  __threadfence();
+  if (handle != 0 && (runs & UST__GATE_RUN_VERIFY))
+    cudaGraphSetConditional(handle, 1u);
+}
+
 extern "C" int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
                                 unsigned long long handle, void *stream) {
   gate_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(word, counters, first,
                                                                  static_cast<cudaGraphConditionalHandle>(handle));
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? 0 : ust__error(UST_EGPU, "gate: launch: %s", cudaGetErrorString(e));
+}
+
+extern "C" int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
+                                     unsigned long long handle, const ust__gate_copies *copies, void *stream) {
+  size_t units = 0;
+  for (int k = 0; k < copies->n; k++)
+    units += (copies->c[k].bytes + 15) / 16;
+  // one block up to 256 KiB of copies (closed, it decides and exits at
+  // once); else enough for the largest copies at open gates, at most 64
+  const size_t per_block = 4 * kThreads;
+  const unsigned blocks = units <= 16384 ? 1u : (unsigned)(units / per_block + 1 < 64 ? units / per_block + 1 : 64);
+  gate_snap<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      word, counters, first, static_cast<cudaGraphConditionalHandle>(handle), *copies);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? 0 : ust__error(UST_EGPU, "gate: snapshot launch: %s", cudaGetErrorString(e));
 }
 
 extern "C" int ust__gate_copy_launch(void *dst, const void *src, size_t bytes, const ust__gate_counters *counters,
@@ -505,6 +582,12 @@ extern "C" int ust__gate_launch(const unsigned long long *word, ust__gate_counte
 extern "C" int ust__gate_copy_launch(void *dst, const void *src, size_t bytes, const ust__gate_counters *counters,
                                      void *stream) {
   (void)dst, (void)src, (void)bytes, (void)counters, (void)stream;
+  return ust__error(UST_EGPU, "gate: this build's GPU runtime has no conditional graph nodes");
+}
+
+extern "C" int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
+                                     unsigned long long handle, const ust__gate_copies *copies, void *stream) {
+  (void)word, (void)counters, (void)first, (void)handle, (void)copies, (void)stream;
   return ust__error(UST_EGPU, "gate: this build's GPU runtime has no conditional graph nodes");
 }
 #endif

@@ -117,6 +117,26 @@ int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counter
  * memory) that happens only in a replay the candidate serves
  * (counters->runs has UST__GATE_RUN_SERVE). 0, or UST_EGPU. */
 int ust__gate_copy_launch(void *dst, const void *src, size_t bytes, const ust__gate_counters *counters, void *stream);
+
+/* The copies one kernel in the chain takes in a replay the gate verifies:
+ * what a shadow beside the chain reads (guard/graph.c). */
+#define UST__GATE_MAX_COPIES 32
+typedef struct ust__gate_copies {
+  int n;
+  struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+  } c[UST__GATE_MAX_COPIES];
+} ust__gate_copies;
+
+/* Enqueue on stream (capturable) one kernel that (first) decides the
+ * replay from *word and counters or else reads counters->runs as the
+ * replay's first kernel left it; copies every span of copies when the
+ * replay verifies; and sets the conditional handle `handle` (0: none) to
+ * whether it does. *word is read from device memory. 0, or UST_EGPU. */
+int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
+                          unsigned long long handle, const ust__gate_copies *copies, void *stream);
 #ifdef __cplusplus
 }
 #endif

@@ -14,6 +14,17 @@
  * share change holds from the next replay on, in every graph that holds the
  * route's sites.
  *
+ * A call of a route in shadow when captured goes beside the chain instead
+ * (verify-only: nothing it computes is copied back): the copies its shadow
+ * reads (production's results, the inputs, what production overwrites) are
+ * taken by one kernel in the chain, which also decides the replay and
+ * exits at once when the gate is closed; the candidate, the comparisons
+ * and the publication run in an IF node on a branch off that kernel, which
+ * nothing in the chain waits for. They read and write only memory kept for
+ * the process (ust__graph_keep), so no node after them in the chain can
+ * race them. A closed gate then costs that kernel, not an IF node in the
+ * chain (benchmarks/graph_shadow.py, benchmarks/graph_conditions.cu).
+ *
  * Each part is captured on a stream of its own into a graph of its own
  * first, and checked: only kernels, copies, memsets, empty nodes and child
  * graphs of those may run in a conditional body. A part that cannot be
@@ -21,9 +32,11 @@
  * (the route's graph figures say why); nothing half-made enters the
  * caller's graph.
  *
- * The device memory graphs read (gate words, counters, the rings) is kept
- * for the life of the process: a graph may be replayed after understudy is
- * disabled, and then reads gates that say off.
+ * The device memory graphs read (gate words, counters, the rings, the
+ * copies beside the chain) is kept for the life of the process: a graph may
+ * be replayed after understudy is disabled, and then reads gates that say
+ * off. The gate words replays read are in device memory, copied from the
+ * host's when they change.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -49,11 +62,12 @@ enum { SITE_BUILDING = 0, SITE_LIVE, SITE_DROPPED };
 typedef struct graph_site {
   void *cookie;      /* the route */
   int state;         /* SITE_* */
+  int device;
   uint32_t pool_site; /* the shadow pool's site once finished */
   int serves;         /* its results can be copied over production's */
-  _Atomic uint64_t *word;           /* the gate: host memory the device reads */
+  _Atomic uint64_t *word;           /* the gate, as the host last wrote it (pinned host memory) */
   ust__gate_counters *counters;     /* device memory */
-  const unsigned long long *dev_word; /* the gate's device address */
+  unsigned long long *dev_word;     /* the gate replays read: device memory, copied from *word */
 } graph_site;
 
 #ifdef GRAPH_GPU
@@ -61,10 +75,14 @@ typedef struct graph_site {
  * chunk of gates and counters. */
 typedef struct kept_device {
   ust__ring *ring;
-  _Atomic uint64_t *words;      /* GRAPH_CHUNK gates, host-mapped */
-  unsigned long long *dev_words; /* their device address */
+  _Atomic uint64_t *words;      /* GRAPH_CHUNK gates as the host wrote them, pinned */
+  unsigned long long *dev_words; /* the same in device memory, what replays read (a read across the bus
+                                    costs a replay about 1.3 µs per gate: benchmarks/graph_conditions.cu) */
   ust__gate_counters *counters; /* GRAPH_CHUNK, device memory */
+  cudaStream_t gates;           /* where the host's gate writes are copied to the device */
   int used;                     /* of the current chunk */
+  char *arena;                  /* memory for shadows beside the chain: bump-allocated, never freed */
+  size_t arena_used, arena_size;
 } kept_device;
 
 static pthread_mutex_t g_kept_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -97,6 +115,34 @@ static uint64_t kept_lost(void) {
 #endif
   return n;
 }
+
+#ifdef GRAPH_GPU
+/* A site's gate set to w: the host's copy, then the device's, which the
+ * next replay reads (copied and waited for: gates change rarely). Relaxed
+ * capture mode: a capture of another thread stays valid. The caller holds
+ * g->lock. */
+static void set_word(graph_site *s, uint64_t w) {
+  if (atomic_load_explicit(s->word, memory_order_relaxed) == w)
+    return;
+  atomic_store(s->word, w);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current != s->device)
+    cudaSetDevice(s->device);
+  pthread_mutex_lock(&g_kept_lock);
+  cudaStream_t st = g_kept[s->device].gates;
+  pthread_mutex_unlock(&g_kept_lock);
+  if (UST__GPU_CHECK(NULL, cudaMemcpyAsync(s->dev_word, (const void *)s->word, sizeof *s->dev_word,
+                                           cudaMemcpyHostToDevice, st)) == 0)
+    UST__GPU_CHECK(NULL, cudaStreamSynchronize(st));
+  if (current >= 0 && current != s->device)
+    cudaSetDevice(current);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+}
+#else
+static void set_word(graph_site *s, uint64_t w) { atomic_store(s->word, w); }
+#endif
 
 /* A live site's gate word from its route (the caller holds g->lock): a
  * site whose results cannot serve is verified as in shadow instead. */
@@ -146,7 +192,7 @@ void ust__graphs_close(ust__graphs *g) {
   /* replays from now on find every gate off */
   for (uint32_t i = 0; i < g->n_sites; i++)
     if (g->sites[i]->word != NULL)
-      atomic_store(g->sites[i]->word, 0);
+      set_word(g->sites[i], 0);
   pthread_mutex_unlock(&g->lock);
 }
 
@@ -175,7 +221,7 @@ void ust__graphs_destroy(ust__graphs *g) {
 
 /* The device's kept memory, and a gate and counters for one more site (the
  * caller holds g_kept_lock; capture mode relaxed). */
-static int kept_site(int device, cudaStream_t side, _Atomic uint64_t **word, const unsigned long long **dev_word,
+static int kept_site(int device, cudaStream_t side, _Atomic uint64_t **word, unsigned long long **dev_word,
                      ust__gate_counters **counters, ust__ring **ring) {
   kept_device *k = &g_kept[device];
   if (k->ring == NULL) {
@@ -183,22 +229,30 @@ static int kept_site(int device, cudaStream_t side, _Atomic uint64_t **word, con
     if (rc != 0)
       return rc;
   }
+  if (k->gates == NULL && UST__GPU_CHECK(NULL, cudaStreamCreateWithFlags(&k->gates, cudaStreamNonBlocking)) != 0)
+    return UST_EGPU;
   if (k->words == NULL || k->used == GRAPH_CHUNK) {
     void *host = NULL, *dev = NULL, *counters_dev = NULL;
     const size_t words_bytes = GRAPH_CHUNK * sizeof(uint64_t);
     const size_t counters_bytes = GRAPH_CHUNK * sizeof(ust__gate_counters);
-    if (UST__GPU_CHECK(NULL, cudaHostAlloc(&host, words_bytes, cudaHostAllocMapped | cudaHostAllocPortable)) != 0)
+    if (UST__GPU_CHECK(NULL, cudaHostAlloc(&host, words_bytes, cudaHostAllocPortable)) != 0)
       return UST_EGPU;
     memset(host, 0, words_bytes);
-    if (UST__GPU_CHECK(NULL, cudaHostGetDevicePointer(&dev, host, 0)) != 0 ||
-        UST__GPU_CHECK(NULL, cudaMalloc(&counters_dev, counters_bytes)) != 0) {
+    if (UST__GPU_CHECK(NULL, cudaMalloc(&dev, words_bytes)) != 0) {
       cudaFreeHost(host);
+      return UST_EGPU;
+    }
+    if (UST__GPU_CHECK(NULL, cudaMalloc(&counters_dev, counters_bytes)) != 0) {
+      cudaFreeHost(host);
+      cudaFree(dev);
       return UST_EGPU;
     }
     /* on this thread's own stream: the legacy stream could meet the capture */
     if (UST__GPU_CHECK(NULL, cudaMemsetAsync(counters_dev, 0, counters_bytes, side)) != 0 ||
+        UST__GPU_CHECK(NULL, cudaMemsetAsync(dev, 0, words_bytes, side)) != 0 ||
         UST__GPU_CHECK(NULL, cudaStreamSynchronize(side)) != 0) {
       cudaFreeHost(host);
+      cudaFree(dev);
       cudaFree(counters_dev);
       return UST_EGPU;
     }
@@ -214,6 +268,40 @@ static int kept_site(int device, cudaStream_t side, _Atomic uint64_t **word, con
   *ring = k->ring;
   k->used++;
   return 0;
+}
+
+#define ARENA_CHUNK ((size_t)8 << 20)
+#define ARENA_ALIGN ((size_t)256)
+
+void *ust__graph_keep(ust__graph_call *c, size_t bytes) {
+  if (c->site == NULL || bytes == 0)
+    return NULL;
+  const int device = c->site->device;
+  const size_t need = (bytes + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1);
+  void *p = NULL;
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  pthread_mutex_lock(&g_kept_lock);
+  kept_device *k = &g_kept[device];
+  if (k->arena == NULL || k->arena_size - k->arena_used < need) {
+    /* a new chunk (the rest of the last one stays unused: graphs hold it) */
+    const size_t size = need > ARENA_CHUNK ? need : ARENA_CHUNK;
+    void *chunk = NULL;
+    if (UST__GPU_CHECK(NULL, cudaMalloc(&chunk, size)) == 0) {
+      k->arena = chunk;
+      k->arena_size = size;
+      k->arena_used = 0;
+    }
+  }
+  if (k->arena != NULL && k->arena_size - k->arena_used >= need) {
+    p = k->arena + k->arena_used;
+    k->arena_used += need;
+  }
+  pthread_mutex_unlock(&g_kept_lock);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (p == NULL)
+    snprintf(c->why, sizeof c->why, "no device memory for its copies beside the chain: %s", ust_last_error());
+  return p;
 }
 
 /* This thread's stream for capturing parts on device (made once, kept for
@@ -244,6 +332,7 @@ int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, 
     rc = kept_site(device, tl_side[device], &s->word, &s->dev_word, &s->counters, &c->ring);
     pthread_mutex_unlock(&g_kept_lock);
   }
+  s->device = device;
   if (current >= 0 && current != device)
     cudaSetDevice(current);
   cudaThreadExchangeStreamCaptureMode(&mode);
@@ -283,6 +372,7 @@ int ust__graph_part_begin(ust__graph_call *c, void **side) {
     return UST_EGPU;
   }
   c->open = 1;
+  c->chain.n = 0;
   *side = c->side;
   return 0;
 }
@@ -342,6 +432,40 @@ static int add_if(cudaGraph_t graph, cudaGraphConditionalHandle handle, const cu
   return rc;
 }
 
+/* A part of a call beside the chain into the caller's capture: in the
+ * chain, the kernel that decides the replay (first) or reads its decision,
+ * takes the part's copies when it verifies and sets the condition; the IF
+ * node holding the part (when it has nodes) on a branch off that kernel,
+ * which nothing in the chain waits for (the graph's launch ends when it
+ * does). The body reads only memory kept for it (the copies), so the
+ * writers after it in the chain cannot race it. */
+static int part_beside(ust__graph_call *c, cudaGraph_t part, size_t n_nodes) {
+  enum cudaStreamCaptureStatus st;
+  cudaGraph_t graph = NULL;
+  const cudaGraphNode_t *deps = NULL;
+  const cudaGraphEdgeData *edges = NULL;
+  size_t n_deps = 0;
+  cudaGraphConditionalHandle handle = 0;
+  cudaGraphNode_t node;
+  const cudaStream_t s = (cudaStream_t)c->stream;
+  int rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, NULL, NULL, NULL));
+  if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
+    rc = ust__error(UST_EGPU, "graph: the caller's stream no longer captures");
+  if (rc == 0 && n_nodes > 0)
+    rc = UST__GPU_CHECK(NULL, cudaGraphConditionalHandleCreate(&handle, graph, 0, cudaGraphCondAssignDefault));
+  if (rc == 0)
+    rc = ust__gate_snap_launch(c->site->dev_word, c->site->counters, c->parts == 0, (unsigned long long)handle,
+                               &c->chain, c->stream);
+  if (rc == 0 && n_nodes > 0)
+    rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, &deps, &edges, &n_deps));
+  if (rc == 0 && n_nodes > 0)
+    rc = add_if(graph, handle, deps, edges, n_deps, part, &node);
+  if (rc != 0)
+    snprintf(c->why, sizeof c->why, "its copies or condition could not be added: %s", ust_last_error());
+  c->chain.n = 0;
+  return rc;
+}
+
 /* 1 when part instantiates as the body of an IF node of a graph of its own:
  * what CUDA refuses in a conditional body beyond the node types (another
  * device, pageable host memory in a copy, device-side launches) fails here,
@@ -377,12 +501,22 @@ int ust__graph_part_end(ust__graph_call *c, int keep) {
     snprintf(c->why, sizeof c->why, "its shadow could not be captured: %s", ust_last_error());
     keep = 0;
     rc = rc != 0 ? rc : UST_EGPU;
-  } else if (keep && (!body_ok(part, 0, c->why, sizeof c->why) || !body_instantiates(part, c->why, sizeof c->why))) {
+  }
+  size_t n_nodes = 0;
+  if (keep && UST__GPU_CHECK(NULL, cudaGraphGetNodes(part, NULL, &n_nodes)) != 0) {
+    snprintf(c->why, sizeof c->why, "its shadow's nodes could not be read: %s", ust_last_error());
+    keep = 0;
+    rc = UST_EGPU;
+  } else if (keep && (n_nodes > 0 || !c->beside) &&
+             (!body_ok(part, 0, c->why, sizeof c->why) || !body_instantiates(part, c->why, sizeof c->why))) {
     keep = 0;
     c->why_code = UST__GW_NODES;
     rc = ust__error(UST_EINVAL, "graph: the shadow's part: %s", c->why);
   }
-  if (keep) {
+  if (keep && c->beside) {
+    rc = part_beside(c, part, n_nodes);
+    c->parts += rc == 0;
+  } else if (keep) {
     /* into the caller's capture: the condition, then the IF node holding the part */
     enum cudaStreamCaptureStatus st;
     cudaGraph_t graph = NULL;
@@ -453,8 +587,9 @@ int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pai
     snprintf(c->why, sizeof c->why, "its comparison could not be captured: %s", ust_last_error());
     return rc;
   }
-  /* after the comparisons (which read production's results), in order */
-  const int serves = servable && pairs_serve(pairs, n_pairs);
+  /* after the comparisons (which read production's results), in order;
+   * beside the chain, never (verify-only) */
+  const int serves = !c->beside && servable && pairs_serve(pairs, n_pairs);
   for (int i = 0; i < n_pairs && serves && rc == 0; i++)
     if (!pairs[i].aa && !pairs[i].input_arg)
       rc = ust__gate_copy_launch((void *)pairs[i].prod_dense, pairs[i].cand_dense, dense_bytes(&pairs[i].prod), gc,
@@ -469,6 +604,18 @@ int ust__graph_call_finish(ust__graph_call *c, const ust__pair *pairs, int n_pai
 int ust__graph_copy(ust__graph_call *c, void *dst, const void *src, size_t bytes) {
   if (!c->open)
     return ust__error(UST_EINVAL, "graph: a copy outside a part");
+  if (c->beside) {
+    /* taken in the chain, by the part's kernel there */
+    if (c->chain.n == UST__GATE_MAX_COPIES) {
+      snprintf(c->why, sizeof c->why, "more than %d copies in one part beside the chain", UST__GATE_MAX_COPIES);
+      return ust__error(UST_EINVAL, "graph: %s", c->why);
+    }
+    c->chain.c[c->chain.n].dst = dst;
+    c->chain.c[c->chain.n].src = src;
+    c->chain.c[c->chain.n].bytes = bytes;
+    c->chain.n++;
+    return 0;
+  }
   int rc = UST__GPU_CHECK(NULL, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)c->side));
   if (rc != 0)
     snprintf(c->why, sizeof c->why, "a copy could not be captured: %s", ust_last_error());
@@ -510,8 +657,7 @@ uint64_t ust__graphs_tick(ust__graphs *g) {
   for (uint32_t i = 0; i < g->n_sites && !g->closed; i++) {
     graph_site *s = g->sites[i];
     const uint64_t w = site_gate(g, s);
-    if (atomic_load_explicit(s->word, memory_order_relaxed) != w)
-      atomic_store(s->word, w);
+    set_word(s, w);
     open += w != 0;
   }
   g->open = open;
@@ -554,6 +700,11 @@ int ust__graph_copy(ust__graph_call *c, void *dst, const void *src, size_t bytes
   return ust__error(UST_EGPU, "graph: this build has no CUDA conditional graph nodes");
 }
 
+void *ust__graph_keep(ust__graph_call *c, size_t bytes) {
+  (void)c, (void)bytes;
+  return NULL;
+}
+
 int ust__graph_fill(ust__graph_call *c, void *dst, int byte, size_t bytes) {
   (void)c, (void)dst, (void)byte, (void)bytes;
   return ust__error(UST_EGPU, "graph: this build has no CUDA conditional graph nodes");
@@ -575,6 +726,12 @@ int ust__gate_copy_launch(void *dst, const void *src, size_t bytes, const ust__g
   (void)dst, (void)src, (void)bytes, (void)counters, (void)stream;
   return ust__error(UST_EGPU, "gate: this build has no GPU backend");
 }
+
+int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
+                          unsigned long long handle, const ust__gate_copies *copies, void *stream) {
+  (void)word, (void)counters, (void)first, (void)handle, (void)copies, (void)stream;
+  return ust__error(UST_EGPU, "gate: this build has no GPU backend");
+}
 #endif
 
 #endif
@@ -590,7 +747,7 @@ void ust__graph_call_end(ust__graph_call *c, int ok) {
   c->site->state = ok && c->site->pool_site != 0 ? SITE_LIVE : SITE_DROPPED;
   /* its first replays follow the route already (the worker keeps it so) */
   if (c->site->state == SITE_LIVE && !g->closed)
-    atomic_store(c->site->word, site_gate(g, c->site));
+    set_word(c->site, site_gate(g, c->site));
   pthread_mutex_unlock(&g->lock);
   c->site = NULL;
 }

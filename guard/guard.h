@@ -29,6 +29,7 @@
 #include "base/base.h"
 #include "guard/compare.h"
 #include "guard/decision.h"
+#include "guard/gate.h"
 #include "scorer/scorer.h"
 
 struct ust_candidate;
@@ -146,6 +147,7 @@ typedef struct ust__verify {
   atomic_uint_fast64_t paused_ratio_milli; /* its median over production's when it stopped, x1000 */
   atomic_uint_fast64_t graph_shadowed; /* captured calls whose graph holds their shadow (guard/graph.c) */
   atomic_uint_fast64_t graph_plain;    /* captured calls whose graph holds production alone */
+  atomic_uint_fast64_t graph_beside;   /* of the shadowed: verify-only, beside the chain (guard/graph.c) */
   atomic_int graph_why;                /* why the last of those did (ust__graph_why) */
 } ust__verify;
 
@@ -160,7 +162,7 @@ typedef struct ust__verify_snap {
   uint64_t bytes_copied, overdue, proc_passed;
   int paused;
   double paused_ratio;
-  uint64_t graph_shadowed, graph_plain;
+  uint64_t graph_shadowed, graph_plain, graph_beside;
   int graph_why;
 } ust__verify_snap;
 
@@ -381,6 +383,9 @@ typedef struct ust__graph_call {
   int mode;     /* the thread's capture mode while a part is open */
   int open;     /* a part is being captured */
   int parts;    /* parts added to the caller's graph */
+  int beside;   /* verify-only, its body beside the chain (ust__graph_call_begin) */
+  uint64_t kept, kept_max; /* bytes kept for its body beside the chain, and the bound */
+  ust__gate_copies chain;  /* beside: the open part's copies, for its kernel in the chain */
   char why[192]; /* what kept the call from being shadowed in its graph */
   int why_code;  /* ust__graph_why, as ust__graph_part_end found it */
 } ust__graph_call;
@@ -397,6 +402,10 @@ int ust__graph_part_begin(ust__graph_call *c, void **side);
 int ust__graph_part_end(ust__graph_call *c, int keep);
 /* 1 while the open part's stream still captures (nothing the candidate did
  * ended or invalidated it). */
+/* Device memory for a call beside the chain, on its device: kept for the
+ * process (a graph holding it may replay at any time). NULL when there is
+ * none (why says so). */
+void *ust__graph_keep(ust__graph_call *c, size_t bytes);
 int ust__graph_part_active(const ust__graph_call *c);
 /* Inside the open part: the comparisons of pairs into dev_stats and their
  * publication (ust__shadow_site_capture) in the replays the gate verifies;

@@ -177,6 +177,7 @@ void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->paused_ratio = (double)atomic_load(&v->paused_ratio_milli) / 1000.0;
   o->graph_shadowed = atomic_load(&v->graph_shadowed);
   o->graph_plain = atomic_load(&v->graph_plain);
+  o->graph_beside = atomic_load(&v->graph_beside);
   o->graph_why = atomic_load(&v->graph_why);
 }
 
@@ -191,6 +192,7 @@ const char *ust__graph_why_text(int why) {
       "an argument or result the graph cannot copy or compare (not a contiguous CUDA tensor, a tensor list, "
       "resized by production), or a set comparison",
       "the candidate failed while it was captured",
+      "its copies beside the chain would keep more memory than shadow.graph_beside_max_mb allows",
   };
   return why > 0 && why < UST__GW_COUNT ? texts[why] : "";
 }

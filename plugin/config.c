@@ -648,11 +648,15 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
   }
   const cJSON *shadow = cJSON_GetObjectItemCaseSensitive(root, "shadow");
   if (shadow != NULL) {
-    static const char *const skeys[] = {"max_inflight", NULL};
+    static const char *const skeys[] = {"max_inflight", "graph_beside_max_mb", NULL};
     if ((rc = section(shadow, "shadow", skeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "max_inflight")) != NULL) {
       if ((rc = parse_int(v, "shadow.max_inflight", 1, 4096, &cfg->shadow_max_inflight)) != 0)
+        return rc;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_beside_max_mb")) != NULL) {
+      if ((rc = parse_int(v, "shadow.graph_beside_max_mb", 0, 65536, &cfg->shadow_graph_beside_mb)) != 0)
         return rc;
     }
   }
@@ -730,6 +734,7 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->default_sample = 1.0 / 16;
   cfg->max_routes = 4096;
   cfg->shadow_max_inflight = 64;
+  cfg->shadow_graph_beside_mb = 16;
   cfg->disable_timeout_s = 30;
   /* events by default: once CUPTI traced API calls, every later launch of
    * the process stays slower (see README, "Kernel-level timing") */

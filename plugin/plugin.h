@@ -132,6 +132,7 @@ typedef struct ust__config {
   double default_sample;
   int max_routes;
   int shadow_max_inflight;   /* shadow calls whose comparison is pending, at most */
+  int shadow_graph_beside_mb; /* what a captured shadow beside the chain may keep, MiB (0: none beside) */
   double disable_timeout_s;  /* disable returns after this long even while calls are inside candidates */
   char *hardware_dir;        /* owned, NULL: <problems_dir>/hardware */
   char *hardware_profile;    /* owned, NULL: picked by device name (none for CPUs) */

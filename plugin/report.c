@@ -99,6 +99,7 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   cJSON *gr = cJSON_AddObjectToObject(j, "graph");
   add_num(gr, "shadowed", (double)v->graph_shadowed);
   add_num(gr, "plain", (double)v->graph_plain);
+  add_num(gr, "beside", (double)v->graph_beside);
   if (v->graph_plain > 0 && v->graph_why > 0)
     cJSON_AddStringToObject(gr, "reason", ust__graph_why_text(v->graph_why));
   else

@@ -94,19 +94,23 @@ TEST(compare_integers_exactly) {
 
 TEST(config_candidate_fields) {
   ust__config c;
-  const char *ok = "{\"shadow\": {\"max_inflight\": 8}, \"operators\": {\"rms_norm\": {\"mode\": \"shadow\","
+  const char *ok = "{\"shadow\": {\"max_inflight\": 8, \"graph_beside_max_mb\": 0}, \"operators\": {\"rms_norm\": {\"mode\": \"shadow\","
                    " \"candidate\": {\"native\": \"x.so\", \"sha256\": \"" "ABCDEF0123456789abcdef0123456789"
                    "abcdef0123456789abcdef0123456789\", \"target\": \"_C::rms_norm\"},"
                    " \"guard\": {\"compare\": \"exact\", \"atol\": 0.5, \"aa_sample\": 0.25}},"
                    " \"gemm\": {\"mode\": \"observe\", \"candidate\": {\"torch_op\": \"ns::mm.out\"}}}}";
   ASSERT_INT_EQ(ust__config_parse(ok, &c), 0);
   ASSERT_INT_EQ(c.shadow_max_inflight, 8);
+  ASSERT_INT_EQ(c.shadow_graph_beside_mb, 0);
   ASSERT_INT_EQ(c.ops[0].mode, UST__MODE_SHADOW);
   ASSERT_INT_EQ(c.ops[0].cand.kind, UST__CAND_NATIVE);
   ASSERT_TRUE(strcmp(c.ops[0].cand.sha256, "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789") == 0);
   ASSERT_INT_EQ(c.ops[0].compare, UST__CMP_EXACT);
   ASSERT_TRUE(c.ops[0].atol == 0.5 && c.ops[0].rtol < 0 && c.ops[0].aa_sample == 0.25);
   ASSERT_INT_EQ(c.ops[1].cand.kind, UST__CAND_TORCH_OP);
+  ust__config_free(&c);
+  ASSERT_INT_EQ(ust__config_parse("{}", &c), 0);
+  ASSERT_INT_EQ(c.shadow_graph_beside_mb, 16);
   ust__config_free(&c);
 
   struct {
@@ -123,6 +127,7 @@ TEST(config_candidate_fields) {
       {"{\"operators\": {\"r\": {\"guard\": {\"atol\": -1}}}}", "'operators.r.guard.atol' must be a number >= 0"},
       {"{\"operators\": {\"r\": {\"guard\": {\"aa_sample\": 2}}}}", "'operators.r.guard.aa_sample'"},
       {"{\"shadow\": {\"max_inflight\": 0}}", "'shadow.max_inflight' must be an integer"},
+      {"{\"shadow\": {\"graph_beside_max_mb\": -1}}", "'shadow.graph_beside_max_mb' must be an integer"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ASSERT_INT_EQ(ust__config_parse(bad[i].json, &c), UST_ECONFIG);

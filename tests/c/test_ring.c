@@ -216,6 +216,71 @@ TEST(ring_on_a_gpu_carries_the_replays_of_a_captured_writer) {
   ust__ring_destroy(r);
 }
 
+TEST(gate_snap_decides_each_replay_and_copies_when_it_verifies) {
+  /* The kernel in the chain of a shadow beside it: as the replay's first
+   * kernel it decides from the gate word (device memory) and the counters,
+   * counts the replay and leaves its run bits; it copies its spans only when
+   * the replay verifies. One block (small copies) and many (over 256 KiB,
+   * the last block committing): the decisions are ust__gate_decide's,
+   * counted here. */
+#if defined(UST_GPU_CUDA)
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    return;
+  }
+  const size_t sizes[2] = {4096 + 3, (size_t)1 << 20};
+  for (int big = 0; big <= 1; big++) {
+    const size_t n = sizes[big];
+    unsigned char *src = NULL, *dst = NULL;
+    unsigned long long *word = NULL;
+    ust__gate_counters *gc = NULL;
+    ASSERT_INT_EQ(cudaMalloc((void **)&src, n), cudaSuccess);
+    ASSERT_INT_EQ(cudaMalloc((void **)&dst, n), cudaSuccess);
+    ASSERT_INT_EQ(cudaMalloc((void **)&word, sizeof *word), cudaSuccess);
+    ASSERT_INT_EQ(cudaMalloc((void **)&gc, sizeof *gc), cudaSuccess);
+    ASSERT_INT_EQ(cudaMemset(gc, 0, sizeof *gc), cudaSuccess);
+    ASSERT_INT_EQ(cudaMemset(src, 0x5a, n), cudaSuccess);
+    const ust__replay_gate g = {UST__GATE_SHADOW, 0x80000000u, 0}; /* half the replays: the even ones */
+    const unsigned long long w = ust__gate_pack(g);
+    ASSERT_INT_EQ(cudaMemcpy(word, &w, sizeof w, cudaMemcpyHostToDevice), cudaSuccess);
+    ust__gate_copies copies = {.n = 1};
+    copies.c[0].dst = dst + 1; /* misaligned ends: the byte edges too */
+    copies.c[0].src = src + 1;
+    copies.c[0].bytes = n - 2;
+    unsigned char *got = malloc(n);
+    ASSERT_TRUE(got != NULL);
+    uint64_t verified = 0;
+    for (uint64_t i = 1; i <= 9; i++) {
+      ASSERT_INT_EQ(cudaMemset(dst, 0, n), cudaSuccess);
+      ASSERT_INT_EQ(ust__gate_snap_launch(word, gc, 1, 0, &copies, NULL), 0);
+      ASSERT_INT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ust__gate_counters host;
+      ASSERT_INT_EQ(cudaMemcpy(&host, gc, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_INT_EQ(cudaMemcpy(got, dst, n, cudaMemcpyDeviceToHost), cudaSuccess);
+      const ust__gate_choice ch = ust__gate_decide(ust__gate_unpack(w), i, 0);
+      ASSERT_U64_EQ(host.replays, i);
+      ASSERT_U64_EQ(host.runs, ust__gate_runs(ch));
+      ASSERT_U64_EQ(host.pad, 0);
+      verified += ch.verify;
+      ASSERT_TRUE(got[0] == 0 && got[n - 1] == 0);
+      ASSERT_TRUE(got[1] == (ch.verify ? 0x5a : 0) && got[n - 2] == (ch.verify ? 0x5a : 0) &&
+                  got[n / 2] == (ch.verify ? 0x5a : 0));
+      /* a later kernel of the same replay reads the decision, decides nothing */
+      ASSERT_INT_EQ(ust__gate_snap_launch(word, gc, 0, 0, &copies, NULL), 0);
+      ASSERT_INT_EQ(cudaMemcpy(&host, gc, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_U64_EQ(host.replays, i);
+    }
+    ASSERT_U64_EQ(verified, 4); /* replays 2, 4, 6, 8 */
+    free(got);
+    cudaFree(gc);
+    cudaFree(word);
+    cudaFree(dst);
+    cudaFree(src);
+  }
+#endif
+}
+
 TEST(gate_copy_copies_in_served_replays_only_at_any_alignment) {
   /* The copy of the candidate's results over production's: only when the
    * replay's run bits say the candidate serves; whole at any alignment of

@@ -97,7 +97,7 @@ def test_captured_shadow_verifies_its_share_of_replays(us, sample):
     want = _hits(n, sample)
     for r in rs:
         sh = r["shadow"]
-        assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "reason": None}
+        assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": 1, "reason": None}
         assert (sh["verified"], sh["passed"], sh["failed"]) == (want, want, 0), sh
         assert sh["skipped_by"]["capture"] == 0 and r["mode"] == "shadow"
     print(f"sample {sample}: {n} replays, {want} verified per route (of {len(rs)} routes), all passed")
@@ -172,7 +172,8 @@ def test_a_candidate_failing_at_capture_rolls_back_and_production_serves(us):
     (r,) = routes(rep, "_C::rms_norm")
     sh = r["shadow"]
     assert r["mode"] == "rolled_back" and (sh["verified"], sh["failed"]) == (1, 1), sh
-    assert sh["graph"] == {"shadowed": 0, "plain": 1, "reason": "the candidate failed while it was captured"}
+    assert sh["graph"] == {"shadowed": 0, "plain": 1, "beside": 0,
+                           "reason": "the candidate failed while it was captured"}
     ev = sh["rollback"]
     assert ev["message"].startswith("while captured into a CUDA graph: ") and "dtype" in ev["message"], ev
     assert rep["graphs"]["live"] == 0
@@ -226,6 +227,37 @@ def _serve_config(mode, lib="rms_norm_cuda", **extra):
     return cfg
 
 
+def test_a_shadow_captured_beside_the_chain_only_verifies(us):
+    """A route in shadow when captured gets its shadow beside the chain
+    (graph.beside): every replay verified, as in the chain; set live, its
+    replays are still verified but production serves them (outputs
+    bit-equal to a graph captured without understudy). A call whose copies
+    would keep more than shadow.graph_beside_max_mb (1 here) is captured
+    in the chain instead and, set live, serves the candidate."""
+    # M=8 would keep about 0.4 MiB, M=256 about 6 MiB
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096), (256, 4096)))
+    plain = _capture(inputs)
+    cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
+    cfg["shadow"] = {"graph_beside_max_mb": 1}
+    us.enable(cfg)
+    shadowed = _capture(inputs)
+    for a, b in _replays(inputs, [plain, shadowed], 20):
+        assert _same(a, b)
+    _settle(us)
+    rs = {r["dims"]["M"]: r for r in routes(us.report(), "_C::rms_norm")}
+    assert rs[8]["shadow"]["graph"]["beside"] == 1 and rs[256]["shadow"]["graph"]["beside"] == 0, rs
+    assert all(r["shadow"]["graph"]["shadowed"] == 1 and r["shadow"]["verified"] == 20 for r in rs.values()), rs
+    us.set_mode("rms_norm", "live")
+    _settle(us)
+    rounds = list(_replays(inputs, [plain, shadowed], 10, seed=1))
+    _settle(us)
+    rs = {r["dims"]["M"]: r for r in routes(us.report(), "_C::rms_norm")}
+    us.disable()
+    assert all(torch.equal(a[0], b[0]) for a, b in rounds)  # beside: production served
+    assert all(_served_by_candidate([a[1]], [b[1]]) for a, b in rounds)  # in the chain: the candidate
+    assert all((r["shadow"]["verified"], r["shadow"]["failed"]) == (30, 0) for r in rs.values()), rs
+
+
 def test_canary_serves_its_share_of_replays_and_live_every_one(us):
     """canary 0.25: before the candidate qualifies, every replay is verified
     on copies with production serving; the pass qualifies it, and from the
@@ -262,7 +294,7 @@ def test_canary_serves_its_share_of_replays_and_live_every_one(us):
     (r,) = routes(rep, "_C::rms_norm")
     sh = r["shadow"]
     assert (sh["verified"], sh["passed"], sh["failed"]) == (101, 101, 0), sh
-    assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "reason": None}
+    assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": 0, "reason": None}
     print(f"canary 0.25: {sum(served)} of 200 replays served by the candidate; live: 50 of 50; observe: 0 of 20")
 
 
@@ -312,14 +344,17 @@ def _fake_rms_norm():
             raise
 
 
-def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us):
+@pytest.mark.parametrize("beside_mb", [16, 0])
+def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us, beside_mb):
     """torch.compile(mode="reduce-overhead"): inductor calls _C::rms_norm
     (a mutating custom op) from its generated code; cudagraph trees warm
     up on the first call, record the second and replay every later one. The
     recorded call holds its shadow: every replay verified (sample 1), the
     outputs bit-equal to production's arithmetic run eagerly (the ground
-    truth: the op's own implementation); set live, the replays after serve
-    the candidate, not captured again."""
+    truth: the op's own implementation). Set live, the replays after are
+    verified and, with the shadow in the chain (graph_beside_max_mb 0),
+    served by the candidate, not captured again; beside the chain (the
+    default for a route in shadow) production serves them (verify-only)."""
     _fake_rms_norm()
     torch._dynamo.reset()
 
@@ -330,7 +365,9 @@ def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us):
 
     fn = torch.compile(step, mode="reduce-overhead")
     (x, w), = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
-    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
+    cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
+    cfg["shadow"] = {"graph_beside_max_mb": beside_mb}
+    us.enable(cfg)
     gen = torch.Generator(device="cuda").manual_seed(0)
     n = 40
     for _ in range(n):
@@ -340,7 +377,8 @@ def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us):
     (r,) = routes(us.report(), "_C::rms_norm")
     sh = r["shadow"]
     eager = r["calls"] - r["captured"]  # the warm-up's calls, shadowed eagerly
-    assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "reason": None}, (r, sh)
+    beside = 1 if beside_mb else 0
+    assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": beside, "reason": None}, (r, sh)
     # each call ran rms_norm once: eagerly (the warm-up) or in a replay (the
     # recording is replayed for its outputs), and each of those is verified
     assert (sh["verified"], sh["passed"], sh["failed"]) == (n, n, 0), (eager, sh)
@@ -350,20 +388,25 @@ def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us):
     for _ in range(m):
         x.copy_(torch.randn(x.shape, device="cuda", generator=gen, dtype=x.dtype))
         y, want = fn(x, w).clone(), _rms(x, w, 1e-6)
-        assert not torch.equal(y, want)  # the candidate's rounding
-        torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-2)
+        if beside:
+            assert torch.equal(y, want)  # verify-only: production's
+        else:
+            assert not torch.equal(y, want)  # the candidate's rounding
+            torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-2)
     _settle(us)
     (r,) = routes(us.report(), "_C::rms_norm")
     us.disable()
     torch._dynamo.reset()
     assert r["captured"] == 1 and r["shadow"]["verified"] == n + m and r["mode"] == "live", r
-    print(f"reduce-overhead: {eager} eager call(s), 1 captured, {n + m - eager} replays verified; live served {m} of {m}")
+    print(f"reduce-overhead ({'beside' if beside else 'chain'}): {eager} eager call(s), 1 captured, "
+          f"{n + m - eager} replays verified; live served {0 if beside else m} of {m}")
 
 
 def test_an_out_argument_needs_no_copy_before_production(us):
     """_C::rms_norm overwrites its out argument (problems/rms_norm.json):
     its captured call copies nothing before production, so each replay runs
-    one gate, not two (torch.profiler's kernel records count them)."""
+    one gate kernel in the chain, not two (torch.profiler's kernel records
+    count them: the shadow beside the chain's gate_snap)."""
     from torch.profiler import ProfilerActivity, profile
     inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
     us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
@@ -378,7 +421,7 @@ def test_an_out_argument_needs_no_copy_before_production(us):
     (r,) = routes(us.report(), "_C::rms_norm")
     us.disable()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    gates = sum(name.startswith("gate_kernel") for name in names)
+    gates = sum(name.startswith(("gate_kernel", "gate_snap")) for name in names)
     assert r["shadow"]["verified"] == n and gates == n, (gates, r["shadow"])
 
 

@@ -567,12 +567,13 @@ def test_graph_figures_add_and_keep_a_reason(us):
     keeps a reason one of them gave."""
     rep = real_report(us)
     shadowed = [s for o in rep["operators"] for s in o["shapes"] if "shadow" in s]
-    assert shadowed and all(s["shadow"]["graph"] == {"shadowed": 0, "plain": 0, "reason": None} for s in shadowed)
+    assert shadowed and all(s["shadow"]["graph"] == {"shadowed": 0, "plain": 0, "beside": 0, "reason": None}
+                            for s in shadowed)
     a, b = copy.deepcopy(rep), copy.deepcopy(rep)
     b["pid"] = rep["pid"] + 1
     key = shadowed[0]["key"]
-    for r, fig in ((a, {"shadowed": 3, "plain": 0, "reason": None}),
-                   (b, {"shadowed": 2, "plain": 1, "reason": "a torch-op candidate: ..."})):
+    for r, fig in ((a, {"shadowed": 3, "plain": 0, "beside": 2, "reason": None}),
+                   (b, {"shadowed": 2, "plain": 1, "beside": 1, "reason": "a torch-op candidate: ..."})):
         (s,) = [s for o in r["operators"] for s in o["shapes"] if s["key"] == key]
         s["shadow"]["graph"] = fig
     # nothing captured here: no site, no ring entry
@@ -581,5 +582,5 @@ def test_graph_figures_add_and_keep_a_reason(us):
     b["graphs"] = {"sites": 3, "live": 2, "open": 0, "unknown": 1, "lost": 0}
     merged = merge([a, b])
     (m,) = [s for o in merged["operators"] for s in o["shapes"] if s["key"] == key]
-    assert m["shadow"]["graph"] == {"shadowed": 5, "plain": 1, "reason": "a torch-op candidate: ..."}
+    assert m["shadow"]["graph"] == {"shadowed": 5, "plain": 1, "beside": 3, "reason": "a torch-op candidate: ..."}
     assert merged["graphs"] == {"sites": 7, "live": 5, "open": 3, "unknown": 1, "lost": 2}
