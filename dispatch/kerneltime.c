@@ -415,24 +415,29 @@ static uint32_t window_calls(ust__kt *k) {
   return n < UST__KT_MAX_CALLS ? n : UST__KT_MAX_CALLS;
 }
 
-/* The captured call (index + 1) a replayed kernel ran for, or 0. Called
- * with the lock held. */
-static uint32_t replay_of(ust__kt *k, const kernel_rec *kr) {
-  const uint64_t exec = kr->node >> 32;
+/* The captured graph an executable graph was instantiated from (one a
+ * bound op was captured in), or 0: known for certain; else the captured
+ * graph just before it, or the one whose capture made the graphs just
+ * before it (ust__kt_graph_made); not when that one was captured beside
+ * another. Called with the lock held. */
+static uint64_t exec_graph(ust__kt *k, uint64_t exec) {
   if (exec < 2)
     return 0;
-  /* the graph it was instantiated from: known for certain; else the
-   * captured graph just before it, or the one whose capture made the graphs
-   * just before it (ust__kt_graph_made); not when that one was captured
-   * beside another */
   const id_slot *x = id_find(&k->execs, exec, 0);
-  uint64_t graph = x != NULL ? x->val : exec - 1;
+  const uint64_t graph = x != NULL ? x->val : exec - 1;
   if (x == NULL || x->flags == EXEC_INFERRED) {
     const id_slot *g = id_find(&k->graphs, graph, 0);
     if (g == NULL || g->val != 1)
       return 0;
   }
-  const id_slot *e = id_find(&k->nodes, graph << 32 | (kr->node & 0xffffffffu), 0);
+  return graph;
+}
+
+/* The captured call (index + 1) a replayed kernel ran for, or 0. Called
+ * with the lock held. */
+static uint32_t replay_of(ust__kt *k, const kernel_rec *kr) {
+  const uint64_t graph = exec_graph(k, kr->node >> 32);
+  const id_slot *e = graph != 0 ? id_find(&k->nodes, graph << 32 | (kr->node & 0xffffffffu), 0) : NULL;
   return e != NULL ? e->val : 0;
 }
 
@@ -551,6 +556,12 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
      * be inside a call of the window, whose time then includes it (as a
      * bound op called inside another adds to its parent) */
     const uint32_t cap = replay_of(k, kr);
+    if (kr->node != 0 && cap == 0 && exec_graph(k, kr->node >> 32) == 0) {
+      /* run by a graph no bound op was seen captured into: captured before
+       * enable(), without bound ops, or beside another capture */
+      t->graph_unknown++;
+      t->graph_unknown_ns += ns;
+    }
     int grouped = 0;
     if (cap != 0 && (replays != NULL || (replays = malloc((size_t)k->n_kernels * sizeof *replays)) != NULL)) {
       replays[n_replays++] = (replay_rec){kr->corr, cap, kr->start, kr->end, ns};

@@ -293,6 +293,10 @@ TEST(kernel_graph_replays_are_their_captured_calls) {
   ASSERT_STR_EQ(t.names[0].name, "unbound_node");
   ASSERT_U64_EQ(t.names[0].ns, 2 * 70);
   ASSERT_INT_EQ(t.n_names, 3); /* with other_graph and not_a_replay_id */
+  /* graph 8's unbound node ran in a graph a bound op was captured into;
+   * 11 and 7 are no executable graph of one */
+  ASSERT_U64_EQ(t.graph_unknown, 2);
+  ASSERT_U64_EQ(t.graph_unknown_ns, 20 + 20);
   ust__figs_free(&a);
   ust__figs_free(&b);
   ust__figs_free(&e);

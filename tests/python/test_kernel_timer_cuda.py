@@ -148,6 +148,38 @@ def test_a_window_never_makes_a_call_wait_for_the_device(us):
     assert s["calls"] == 11 and s["kernel_timed"] + s["timing_dropped"] == 10, s
 
 
+def test_a_graph_captured_before_enable_is_reported_as_unknown(us):
+    """A graph captured before understudy was enabled ran no dispatcher
+    code it saw: its replays count no call of any route, and the tracer
+    reports their kernels as graph_unknown_kernels (graphs no bound op was
+    seen captured into), never attributed. Ground truth: the test's replay
+    count (each replay runs the same kernels)."""
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64, 64, device="cuda")
+    mm_calls(a, b, 5)  # cuBLAS initialised before capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.mm(a, b)
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
+               "timer": dict(ALWAYS, window_ms=5000)})
+    mm_for(x, 1.0)  # GPU calls seen: the window (5 s) opens
+    replays = 20
+    for _ in range(replays):
+        g.replay()
+    torch.cuda.synchronize()
+    rep = us.report()
+    us.disable()
+    tm = rep["timer"]
+    s = route(rep, "aten::mm", M=2048, N=2048, K=2048)
+    print(f"\ngraph captured before enable: {replays} replays, graph_unknown_kernels {tm['graph_unknown_kernels']}, "
+          f"graph_unknown_ns {tm['graph_unknown_ns']}, route {s and (s['captured'], s['replayed'])}")
+    assert s is None or (s["calls"], s["captured"], s["replayed"]) == (0, 0, 0), s
+    n = tm["graph_unknown_kernels"]
+    assert n >= replays and n % replays == 0, tm
+    assert tm["graph_unknown_ns"] > 0 and tm["calls_replayed"] == 0, tm
+
+
 def test_graph_replays_are_counted_and_timed_by_their_kernels(us):
     """Two mm calls captured into a CUDA graph (torch.cuda.graph), replayed
     R times inside a window: every replay of each is a replayed call of the
