@@ -556,3 +556,34 @@ TEST(a_routes_gate_follows_its_mode_at_every_replay) {
   ASSERT_U64_EQ(ust__route_gate(r), 0);
   fixture_free(&f);
 }
+
+TEST(a_captured_shadow_goes_beside_the_chain_within_its_bound) {
+  /* A call beside the chain keeps device memory for its shadow, up to its
+   * route's bound: the plan made before its first part puts a call that
+   * would keep more in the chain; each buffer over the bound is refused
+   * (NULL) without asking for memory; after the first part the plan stays. */
+  ust__graph_call c;
+  memset(&c, 0, sizeof c);
+  c.beside = 1;
+  c.kept_max = 1u << 20;
+  ust__call_state st;
+  memset(&st, 0, sizeof st);
+  st.graph = &c;
+  ASSERT_INT_EQ(ust__call_graph_beside(&st), 1);
+  ust__call_graph_beside_plan(&st, 1u << 19);
+  ASSERT_INT_EQ(ust__call_graph_beside(&st), 1);
+  ASSERT_TRUE(ust__call_graph_alloc(&st, (1u << 20) + 1) == NULL);
+  ASSERT_U64_EQ(c.kept, 0);
+  /* no device here (or no site): no memory, nothing counted */
+  ASSERT_TRUE(ust__call_graph_alloc(&st, 4096) == NULL);
+  ASSERT_U64_EQ(c.kept, 0);
+  ust__call_graph_beside_plan(&st, (1u << 20) + 1);
+  ASSERT_INT_EQ(ust__call_graph_beside(&st), 0);
+  ASSERT_TRUE(ust__call_graph_alloc(&st, 16) == NULL); /* in the chain: the caller's allocator */
+  c.beside = 1;
+  c.parts = 1;
+  ust__call_graph_beside_plan(&st, (uint64_t)1 << 40);
+  ASSERT_INT_EQ(ust__call_graph_beside(&st), 1);
+  st.graph = NULL;
+  ASSERT_INT_EQ(ust__call_graph_beside(&st), 0);
+}
