@@ -503,9 +503,14 @@ void ust__call_graph_beside_plan(ust__call_state *st, uint64_t bytes) {
 
 void *ust__call_graph_alloc(ust__call_state *st, uint64_t bytes) {
   ust__graph_call *c = st->graph;
-  if (c == NULL || !c->beside || c->kept + bytes > c->kept_max)
+  if (c == NULL || !c->beside)
     return NULL;
-  void *p = ust__graph_keep(c, (size_t)bytes);
+  if (c->kept + bytes > c->kept_max) {
+    ust__error(UST_EINVAL, "its copies beside the chain would keep more than %llu bytes (shadow.graph_beside_max_mb)",
+               (unsigned long long)c->kept_max);
+    return NULL;
+  }
+  void *p = ust__graph_keep(c, (size_t)bytes); /* NULL: the error says why */
   c->kept += p != NULL ? bytes : 0;
   return p;
 }

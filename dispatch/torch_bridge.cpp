@@ -482,7 +482,7 @@ private:
 
   at::Tensor buffer_like(const at::Tensor &t) { return buffer_of(t.sizes(), t.strides(), t.options()); }
 
-  int drop_kept() { return drop(UST__GW_KEPT, "its copies beside the chain would keep more than the bound"); }
+  int drop_kept() { return drop(UST__GW_KEPT, ust_last_error()); }
 
   bool graph_copy(const at::Tensor &dst, const at::Tensor &src) {
     return ust__call_graph_copy(&st_, dst.data_ptr(), src.const_data_ptr(), src.nbytes()) == 0;

@@ -58,7 +58,7 @@ typedef enum ust__graph_why {
   UST__GW_NODES,       /* the shadow holds nodes a conditional body cannot (events, host calls, ...) */
   UST__GW_LAYOUT,      /* an argument or result not a contiguous CUDA tensor, a tensor list, resized; a set comparison */
   UST__GW_FAILED,      /* the candidate failed while it was captured */
-  UST__GW_KEPT,        /* a shadow beside the chain would keep more memory than the bound */
+  UST__GW_KEPT,        /* a shadow beside the chain does not fit: over its bound, or no device memory */
   UST__GW_COUNT
 } ust__graph_why;
 

@@ -299,8 +299,10 @@ void *ust__graph_keep(ust__graph_call *c, size_t bytes) {
   }
   pthread_mutex_unlock(&g_kept_lock);
   cudaThreadExchangeStreamCaptureMode(&mode);
-  if (p == NULL)
+  if (p == NULL) {
     snprintf(c->why, sizeof c->why, "no device memory for its copies beside the chain: %s", ust_last_error());
+    ust__error(UST_EGPU, "%s", c->why);
+  }
   return p;
 }
 

@@ -192,7 +192,7 @@ const char *ust__graph_why_text(int why) {
       "an argument or result the graph cannot copy or compare (not a contiguous CUDA tensor, a tensor list, "
       "resized by production), or a set comparison",
       "the candidate failed while it was captured",
-      "its copies beside the chain would keep more memory than shadow.graph_beside_max_mb allows",
+      "its copies beside the chain do not fit: over shadow.graph_beside_max_mb, or no device memory (the log says which)",
   };
   return why > 0 && why < UST__GW_COUNT ? texts[why] : "";
 }

@@ -574,6 +574,7 @@ TEST(a_captured_shadow_goes_beside_the_chain_within_its_bound) {
   ASSERT_INT_EQ(ust__call_graph_beside(&st), 1);
   ASSERT_TRUE(ust__call_graph_alloc(&st, (1u << 20) + 1) == NULL);
   ASSERT_U64_EQ(c.kept, 0);
+  ASSERT_STR_CONTAINS(ust_last_error(), "more than 1048576 bytes (shadow.graph_beside_max_mb)");
   /* no device here (or no site): no memory, nothing counted */
   ASSERT_TRUE(ust__call_graph_alloc(&st, 4096) == NULL);
   ASSERT_U64_EQ(c.kept, 0);
