@@ -434,14 +434,15 @@ static int add_if(cudaGraph_t graph, cudaGraphConditionalHandle handle, const cu
   return rc;
 }
 
-/* A part of a call beside the chain into the caller's capture: in the
- * chain, the kernel that decides the replay (first) or reads its decision,
- * takes the part's copies when it verifies and sets the condition; the IF
- * node holding the part (when it has nodes) on a branch off that kernel,
- * which nothing in the chain waits for (the graph's launch ends when it
- * does). The body reads only memory kept for it (the copies), so the
- * writers after it in the chain cannot race it. */
-static int part_beside(ust__graph_call *c, cudaGraph_t part, size_t n_nodes) {
+/* The part into the caller's capture. In the chain: a gate kernel sets the
+ * condition, then the IF node holding the part, which the caller's next
+ * work waits for. Beside the chain: the kernel that decides the replay
+ * (first) or reads its decision, takes the part's copies when it verifies
+ * and sets the condition; the IF node holding the part (when it has nodes)
+ * on a branch off that kernel, which nothing in the chain waits for (the
+ * graph's launch ends when it does). The body reads only memory kept for
+ * it (the copies), so the writers after it in the chain cannot race it. */
+static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_nodes) {
   enum cudaStreamCaptureStatus st;
   cudaGraph_t graph = NULL;
   const cudaGraphNode_t *deps = NULL;
@@ -450,18 +451,23 @@ static int part_beside(ust__graph_call *c, cudaGraph_t part, size_t n_nodes) {
   cudaGraphConditionalHandle handle = 0;
   cudaGraphNode_t node;
   const cudaStream_t s = (cudaStream_t)c->stream;
+  const int has_if = !c->beside || n_nodes > 0;
   int rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, NULL, NULL, NULL));
   if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
     rc = ust__error(UST_EGPU, "graph: the caller's stream no longer captures");
-  if (rc == 0 && n_nodes > 0)
+  if (rc == 0 && has_if)
     rc = UST__GPU_CHECK(NULL, cudaGraphConditionalHandleCreate(&handle, graph, 0, cudaGraphCondAssignDefault));
   if (rc == 0)
-    rc = ust__gate_snap_launch(c->site->dev_word, c->site->counters, c->parts == 0, (unsigned long long)handle,
-                               &c->chain, c->stream);
-  if (rc == 0 && n_nodes > 0)
+    rc = c->beside ? ust__gate_snap_launch(c->site->dev_word, c->site->counters, c->parts == 0,
+                                           (unsigned long long)handle, &c->chain, c->stream)
+                   : ust__gate_launch(c->site->dev_word, c->site->counters, c->parts == 0, (unsigned long long)handle,
+                                      c->stream);
+  if (rc == 0 && has_if)
     rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, &deps, &edges, &n_deps));
-  if (rc == 0 && n_nodes > 0)
+  if (rc == 0 && has_if)
     rc = add_if(graph, handle, deps, edges, n_deps, part, &node);
+  if (rc == 0 && !c->beside)
+    rc = UST__GPU_CHECK(NULL, cudaStreamUpdateCaptureDependencies(s, &node, NULL, 1, cudaStreamSetCaptureDependencies));
   if (rc != 0)
     snprintf(c->why, sizeof c->why, "its copies or condition could not be added: %s", ust_last_error());
   c->chain.n = 0;
@@ -515,36 +521,9 @@ int ust__graph_part_end(ust__graph_call *c, int keep) {
     c->why_code = UST__GW_NODES;
     rc = ust__error(UST_EINVAL, "graph: the shadow's part: %s", c->why);
   }
-  if (keep && c->beside) {
-    rc = part_beside(c, part, n_nodes);
+  if (keep) {
+    rc = part_into_capture(c, part, n_nodes);
     c->parts += rc == 0;
-  } else if (keep) {
-    /* into the caller's capture: the condition, then the IF node holding the part */
-    enum cudaStreamCaptureStatus st;
-    cudaGraph_t graph = NULL;
-    const cudaGraphNode_t *deps = NULL;
-    const cudaGraphEdgeData *edges = NULL;
-    size_t n_deps = 0;
-    cudaGraphConditionalHandle handle;
-    cudaGraphNode_t node;
-    const cudaStream_t s = (cudaStream_t)c->stream;
-    rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, NULL, NULL, NULL));
-    if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
-      rc = ust__error(UST_EGPU, "graph: the caller's stream no longer captures");
-    if (rc == 0)
-      rc = UST__GPU_CHECK(NULL, cudaGraphConditionalHandleCreate(&handle, graph, 0, cudaGraphCondAssignDefault));
-    if (rc == 0)
-      rc = ust__gate_launch(c->site->dev_word, c->site->counters, c->parts == 0, (unsigned long long)handle, c->stream);
-    if (rc == 0)
-      rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, &deps, &edges, &n_deps));
-    if (rc == 0)
-      rc = add_if(graph, handle, deps, edges, n_deps, part, &node);
-    if (rc == 0)
-      rc = UST__GPU_CHECK(NULL, cudaStreamUpdateCaptureDependencies(s, &node, NULL, 1, cudaStreamSetCaptureDependencies));
-    if (rc != 0)
-      snprintf(c->why, sizeof c->why, "its condition could not be added: %s", ust_last_error());
-    else
-      c->parts++;
   }
   if (part != NULL)
     cudaGraphDestroy(part);
