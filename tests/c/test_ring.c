@@ -40,6 +40,17 @@ static int stats_whole(const ust__ring_entry *e) {
   return e->site == (unsigned)(token & 0xffffu) && memcmp(want, e->stats, e->n_pairs * sizeof want[0]) == 0;
 }
 
+#if defined(UST_GPU_CUDA)
+/* CUDA devices this process sees (0 without a driver or a device). */
+static int gpu_devices(void) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess)
+    devices = 0;
+  cudaGetLastError();
+  return devices;
+}
+#endif
+
 typedef struct seen {
   uint64_t n, last_seq, torn, out_of_order;
   unsigned sites[64], runs[64];
@@ -150,11 +161,7 @@ TEST(ring_on_a_gpu_carries_the_replays_of_a_captured_writer) {
   ust__ring *r = NULL;
   int rc = ust__ring_create(1024, 1, &r);
 #if defined(UST_GPU_CUDA)
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess)
-    devices = 0;
-  cudaGetLastError();
-  ASSERT_TRUE(devices == 0 || rc == 0); /* where there is a GPU, the ring is made on it */
+  ASSERT_TRUE(gpu_devices() == 0 || rc == 0); /* where there is a GPU, the ring is made on it */
 #endif
   if (rc != 0) {
     ASSERT_TRUE(r == NULL && ust_last_error()[0] != '\0');
@@ -224,11 +231,8 @@ TEST(gate_snap_decides_each_replay_and_copies_when_it_verifies) {
    * the last block committing): the decisions are ust__gate_decide's,
    * counted here. */
 #if defined(UST_GPU_CUDA)
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
+  if (gpu_devices() == 0)
     return;
-  }
   const size_t sizes[2] = {4096 + 3, (size_t)1 << 20};
   for (int big = 0; big <= 1; big++) {
     const size_t n = sizes[big];
@@ -286,11 +290,8 @@ TEST(gate_copy_copies_in_served_replays_only_at_any_alignment) {
    * replay's run bits say the candidate serves; whole at any alignment of
    * its ends and length (16-byte vectors inside, bytes at the edges). */
 #if defined(UST_GPU_CUDA)
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
+  if (gpu_devices() == 0)
     return;
-  }
   enum { N = 1 << 16 };
   unsigned char *src = NULL, *dst = NULL;
   ust__gate_counters *gc = NULL;
@@ -507,11 +508,7 @@ TEST(graph_calls_refused_or_dropped_leave_every_gate_closed) {
   g_gate_calls = 0;
   const int rc = ust__graph_call_begin(g, &r, 0, NULL, &c);
 #if defined(UST_GPU_CUDA)
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess)
-    devices = 0;
-  cudaGetLastError();
-  ASSERT_TRUE(devices == 0 || rc == 0);
+  ASSERT_TRUE(gpu_devices() == 0 || rc == 0);
 #else
   ASSERT_INT_EQ(rc, UST_EGPU);
 #endif
