@@ -148,6 +148,22 @@ def test_a_window_never_makes_a_call_wait_for_the_device(us):
     assert s["calls"] == 11 and s["kernel_timed"] + s["timing_dropped"] == 10, s
 
 
+def _replayed_in_a_window(us, x, graph, replays):
+    """mm observed, every call timed, the tracer's window (5 s) opened by
+    calls on x; then graph() (captured now, or before enable) replayed
+    inside it; the report after them."""
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
+               "timer": dict(ALWAYS, window_ms=5000)})
+    mm_for(x, 1.0)  # GPU calls seen: the window (5 s) opens
+    g = graph()
+    for _ in range(replays):
+        g.replay()
+    torch.cuda.synchronize()
+    rep = us.report()
+    us.disable()
+    return rep
+
+
 def test_a_graph_captured_before_enable_is_reported_as_unknown(us):
     """A graph captured before understudy was enabled ran no dispatcher
     code it saw: its replays count no call of any route, and the tracer
@@ -161,15 +177,8 @@ def test_a_graph_captured_before_enable_is_reported_as_unknown(us):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         torch.mm(a, b)
-    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
-               "timer": dict(ALWAYS, window_ms=5000)})
-    mm_for(x, 1.0)  # GPU calls seen: the window (5 s) opens
     replays = 20
-    for _ in range(replays):
-        g.replay()
-    torch.cuda.synchronize()
-    rep = us.report()
-    us.disable()
+    rep = _replayed_in_a_window(us, x, lambda: g, replays)
     tm = rep["timer"]
     s = route(rep, "aten::mm", M=2048, N=2048, K=2048)
     print(f"\ngraph captured before enable: {replays} replays, graph_unknown_kernels {tm['graph_unknown_kernels']}, "
@@ -190,19 +199,14 @@ def test_graph_replays_are_counted_and_timed_by_their_kernels(us):
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(64, 64, device="cuda")
     mm_calls(a, b, 5)  # cuBLAS initialised before capture
-    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
-               "timer": dict(ALWAYS, window_ms=5000)})
-    mm_for(x, 1.0)  # GPU calls seen: the window (5 s) opens
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        c = torch.mm(a, b).relu()
-        torch.mm(c, b)
+    def capture():
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            c = torch.mm(a, b).relu()
+            torch.mm(c, b)
+        return g
     replays = 40
-    for _ in range(replays):
-        g.replay()
-    torch.cuda.synchronize()
-    rep = us.report()
-    us.disable()
+    rep = _replayed_in_a_window(us, x, capture, replays)
     tm = rep["timer"]
     s = route(rep, "aten::mm", M=2048, N=2048, K=2048)
     print(f"\ngraph: captured {s['captured']}, eager {s['eager']}, replayed {s['replayed']}, "
