@@ -25,17 +25,26 @@
 //                       the graph's end: a body that reads only those copies
 //                       cannot race the writers after it
 //   exiting kernel      one such kernel in the chain per site, no IF (its floor)
+//   exiting kernel + device launch  the same kernel, which launches the body
+//                       (a graph instantiated for device launch, one per
+//                       site) fire-and-forget when the gate is open: the
+//                       caller's graph stays one chain, nothing beside it
 //
 // Then whether two IF nodes may share one condition (one gate for both).
 //
 // Each variant: instantiated, warmed, then R launches timed with events;
 // rounds interleave the variants. Prints µs per replay and what each site
-// adds over the plain chain. Build and run (sm_90):
+// adds over the plain chain. Build and run (sm_90; relocatable device code
+// and the device runtime, for the device-side graph launch):
 //
-//     nvcc -O2 -arch=sm_90 -o graph_conditions benchmarks/graph_conditions.cu && ./graph_conditions
+//     nvcc -O2 -arch=sm_90 -rdc=true -o graph_conditions benchmarks/graph_conditions.cu -lcudadevrt
+//     ./graph_conditions [--device-words] [--open]
 //
 // With --device-words the gates are read from device memory instead of
 // host memory mapped for the device (understudy's, which the host writes).
+// With --open every gate is open: each body runs at each replay (it adds
+// one to a counter, checked against the replays after the run), which
+// prices running the gated work rather than skipping it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -64,7 +73,10 @@ __global__ void production(float *p, int n) {
     p[i] = p[i] * 0.999f + 1.0f;
 }
 
-__global__ void body(float *p) { p[threadIdx.x] += 1.0f; }
+__global__ void body(float *p) {
+  if (threadIdx.x == 0)
+    atomicAdd(p, 1.0f);
+}
 
 __global__ void gate(const volatile unsigned long long *word, cudaGraphConditionalHandle h) {
   cudaGraphSetConditional(h, (*word & 1) ? 1u : 0u);
@@ -98,6 +110,26 @@ __global__ void exiting(const volatile unsigned long long *word, float *dst, con
     dst[i] = src[i];
 }
 
+// The same, launching the body fire-and-forget when open: the block that
+// finishes last (a ticket), so the body reads every block's copies.
+__global__ void exiting_launch(const volatile unsigned long long *word, float *dst, const float *src, int n,
+                               cudaGraphExec_t body_exec, unsigned *ticket, unsigned *refused) {
+  if (!block_reads(word))
+    return;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    dst[i] = src[i];
+  __syncthreads();
+  if (threadIdx.x != 0)
+    return;
+  __threadfence();
+  if (atomicAdd(ticket, 1u) != gridDim.x - 1)
+    return;
+  *ticket = 0;
+  __threadfence();
+  if (cudaGraphLaunch(body_exec, cudaStreamGraphFireAndForget) != cudaSuccess)
+    atomicAdd(refused, 1u);
+}
+
 struct Handles {
   int n;
   cudaGraphConditionalHandle h[kMaxHandles];
@@ -120,18 +152,21 @@ enum Variant {
   kBeside,
   kCopyBeside,
   kExiting,
+  kExitingLaunch,
   kVariants
 };
 
 const char *const kNames[kVariants] = {"plain",           "gate + IF, twice",   "gate + IF, once",
                                        "one gate + IF",   "one gate + 2 IF",    "empty node",
                                        "2 disabled kernels", "gate + IF, beside", "gated copy + IF beside",
-                                       "exiting kernel"};
+                                       "exiting kernel",  "exiting + device launch"};
 
 struct Device {
   float *buf, *scratch;
   unsigned long long *words; // the gates, all 0 (closed): host-mapped, or device memory (--device-words)
   Handles *handles;          // device copy for gate_all
+  unsigned *tickets;         // per site, for exiting_launch
+  unsigned *refused;         // device launches refused
 };
 
 // Kernel parameters are copied when a node is added: locals suffice.
@@ -209,6 +244,29 @@ cudaGraphNode_t add_gated_copy(cudaGraph_t g, cudaGraphNode_t dep, int site, con
   return after(g, dep, reinterpret_cast<void *>(gated_copy), args, dim3(8), dim3(256));
 }
 
+// A body graph instantiated for launch from the device, uploaded.
+cudaGraphExec_t device_body(const Device &d, cudaStream_t stream) {
+  cudaGraph_t g;
+  CHECK(cudaGraphCreate(&g, 0));
+  add_body_kernel(g, nullptr, d);
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, g, cudaGraphInstantiateFlagDeviceLaunch));
+  CHECK(cudaGraphUpload(exec, stream));
+  CHECK(cudaGraphDestroy(g));
+  return exec;
+}
+
+cudaGraphNode_t add_exiting_launch(cudaGraph_t g, cudaGraphNode_t dep, int site, const Device &d,
+                                   cudaGraphExec_t body_exec) {
+  const unsigned long long *w = d.words + site;
+  float *dst = d.scratch + 64;
+  const float *src = d.buf;
+  int n = 1024;
+  unsigned *ticket = d.tickets + site, *refused = d.refused;
+  void *args[] = {&w, &dst, &src, &n, &body_exec, &ticket, &refused};
+  return after(g, dep, reinterpret_cast<void *>(exiting_launch), args, dim3(8), dim3(256));
+}
+
 cudaGraphNode_t gated(cudaGraph_t g, cudaGraphNode_t dep, int site, const Device &d) {
   const cudaGraphConditionalHandle h = new_handle(g);
   return add_if(g, add_gate(g, dep, site, h, d), h, d);
@@ -219,6 +277,7 @@ double replay_us(Variant v, int K, int S, int reps, const Device &d, cudaStream_
   CHECK(cudaGraphCreate(&g, 0));
   cudaGraphNode_t last = nullptr;
   std::vector<cudaGraphNode_t> disabled, beside;
+  std::vector<cudaGraphExec_t> bodies;
   Handles tab = {};
   if (v == kOneGateIf || v == kOneGateTwoIf) {
     tab.n = v == kOneGateTwoIf ? 2 * S : S;
@@ -273,6 +332,10 @@ double replay_us(Variant v, int K, int S, int reps, const Device &d, cudaStream_
       }
       if (v == kExiting)
         last = add_gated_copy(g, last, site, d, nullptr);
+      if (v == kExitingLaunch) {
+        bodies.push_back(device_body(d, stream));
+        last = add_exiting_launch(g, last, site, d, bodies.back());
+      }
     }
   }
   if (!beside.empty()) {
@@ -301,6 +364,8 @@ double replay_us(Variant v, int K, int S, int reps, const Device &d, cudaStream_
   CHECK(cudaEventDestroy(b));
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(g));
+  for (cudaGraphExec_t b : bodies)
+    CHECK(cudaGraphExecDestroy(b));
   return ms * 1e3 / reps;
 }
 
@@ -308,19 +373,27 @@ double replay_us(Variant v, int K, int S, int reps, const Device &d, cudaStream_
 
 int main(int argc, char **argv) {
   constexpr int K = 60, S = 10, R = 2000, kRounds = 5;
-  const bool device_words = argc > 1 && std::string(argv[1]) == "--device-words";
+  bool device_words = false, open = false;
+  for (int i = 1; i < argc; i++) {
+    device_words |= std::string(argv[i]) == "--device-words";
+    open |= std::string(argv[i]) == "--open";
+  }
   Device d;
   CHECK(cudaMalloc(&d.buf, kElems * sizeof(float)));
   CHECK(cudaMalloc(&d.scratch, 4096));
   CHECK(cudaMalloc(&d.handles, sizeof(Handles)));
+  CHECK(cudaMalloc(&d.tickets, kMaxHandles * sizeof(unsigned)));
+  CHECK(cudaMemset(d.tickets, 0, kMaxHandles * sizeof(unsigned)));
+  CHECK(cudaMalloc(&d.refused, sizeof(unsigned)));
+  CHECK(cudaMemset(d.refused, 0, sizeof(unsigned)));
   unsigned long long *host_words;
   CHECK(cudaHostAlloc(&host_words, kMaxHandles * sizeof *host_words, cudaHostAllocMapped));
   for (int i = 0; i < kMaxHandles; i++)
-    host_words[i] = 0;
+    host_words[i] = open ? 1 : 0;
   CHECK(cudaHostGetDevicePointer(&d.words, host_words, 0));
   if (device_words) {
     CHECK(cudaMalloc(&d.words, kMaxHandles * sizeof *host_words));
-    CHECK(cudaMemset(d.words, 0, kMaxHandles * sizeof *host_words));
+    CHECK(cudaMemcpy(d.words, host_words, kMaxHandles * sizeof *host_words, cudaMemcpyHostToDevice));
   }
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -328,12 +401,20 @@ int main(int argc, char **argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   int runtime = 0;
   CHECK(cudaRuntimeGetVersion(&runtime));
-  std::printf("%s, CUDA runtime %d; a chain of %d kernels, %d sites, gates closed (in %s memory); %d rounds of %d "
-              "replays\n", prop.name, runtime, K, S, device_words ? "device" : "host-mapped", kRounds, R);
+  std::printf("%s, CUDA runtime %d; a chain of %d kernels, %d sites, gates %s (in %s memory); %d rounds of %d "
+              "replays\n", prop.name, runtime, K, S, open ? "open" : "closed", device_words ? "device" : "host-mapped", kRounds, R);
   std::vector<std::vector<double>> us(kVariants);
+  float runs_launched = 0; // the device-launched bodies' count, over every launch of that variant
   for (int round = 0; round < kRounds; round++)
-    for (int v = 0; v < kVariants; v++)
+    for (int v = 0; v < kVariants; v++) {
+      CHECK(cudaMemset(d.scratch, 0, 4096));
       us[v].push_back(replay_us(static_cast<Variant>(v), K, S, R, d, stream));
+      if (v == kExitingLaunch) {
+        float ran = 0;
+        CHECK(cudaMemcpy(&ran, d.scratch, sizeof ran, cudaMemcpyDeviceToHost));
+        runs_launched += ran;
+      }
+    }
   auto median = [](std::vector<double> x) {
     std::sort(x.begin(), x.end());
     return x[x.size() / 2];
@@ -344,6 +425,11 @@ int main(int argc, char **argv) {
     const double m = median(us[v]);
     std::printf("%-24s %12.2f %10.3f %14.2f\n", kNames[v], m, m / plain, (m - plain) / S);
   }
+  unsigned refused = 0;
+  CHECK(cudaMemcpy(&refused, d.refused, sizeof refused, cudaMemcpyDeviceToHost));
+  std::printf("device-launched bodies that ran: %.0f of %lld expected (%s); launches refused: %u\n", runs_launched,
+              open ? (long long)kRounds * (R + 50) * S : 0LL, open ? "every site, every launch" : "none: closed",
+              refused);
   // one condition for two IF nodes: the second node's creation answers
   cudaGraph_t g;
   CHECK(cudaGraphCreate(&g, 0));
