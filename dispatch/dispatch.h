@@ -477,6 +477,7 @@ typedef struct ust__router {
   ust__log_sink *log;
   const ust__seam_i *seam;
   uint64_t graph_beside_max; /* bytes a captured shadow beside the chain may keep (0: none beside) */
+  int graph_beside_launch;   /* its body launched from the device where CUDA takes it (else an IF node) */
   atomic_uint_fast64_t internal_errors;
 } ust__router;
 

@@ -488,13 +488,36 @@ __global__ void gate_copy(unsigned char *dst, const unsigned char *src, size_t b
   copy_span(dst, src, bytes, (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
 }
 
+// The body of a shadow beside the chain, started from the device
+// (fire-and-forget: it runs beside the rest of the caller's graph, whose
+// launch ends when it does). A launch the device refuses (more than it
+// takes in one launch of the caller's graph) is counted, its replay left
+// unverified. A build without relocatable device code cannot launch: every
+// attempt counts as refused (graph.c does not ask such a build to).
+__device__ void start_body(cudaGraphExec_t body, ust__gate_counters *c) {
+#if defined(__CUDACC_RDC__)
+  if (cudaGraphLaunch(body, cudaStreamGraphFireAndForget) == cudaSuccess)
+    return;
+#else
+  (void)body;
+#endif
+  atomicAdd(&c->refused, 1ull);
+}
+
 // A site's kernel in the chain (ust__gate_snap_launch). Every block reads
 // the gate and counters (device memory) at its start; when first, one block
-// commits the replay's decision and sets the condition: the only block, at
-// once (what a closed gate costs is this kernel's time), else the last to
-// finish (a ticket in counters->pad: every other block has read by then).
+// commits the replay's decision (the only block, at once: what a closed
+// gate costs is this kernel's time; else the last to finish, a ticket in
+// counters->pad: every other block has read by then). In a replay that
+// verifies, the copies, then the body: an IF node's condition set to open
+// (each launch of the graph resets it to 0), by block 0 at once (the node
+// runs after the kernel); or the body launched from the device by the
+// block that finishes last, once every block's copies are visible. Two
+// kernels: only the one that launches refers to the device runtime (a
+// kernel that does may be launched only from a graph).
+template <bool kLaunch>
 __global__ void gate_snap(const unsigned long long *word, ust__gate_counters *c, int first,
-                          cudaGraphConditionalHandle handle, ust__gate_copies copies) {
+                          cudaGraphConditionalHandle handle, cudaGraphExec_t body, ust__gate_copies copies) {
   __shared__ unsigned runs;
   __shared__ int served_now;
   const bool alone = gridDim.x == 1;
@@ -513,29 +536,56 @@ __global__ void gate_snap(const unsigned long long *word, ust__gate_counters *c,
     } else {
       runs = (unsigned)__ldcg(&c->runs);
     }
-    // set only to open: each launch of the graph starts it at 0 (its default)
-    if ((alone || !first) && blockIdx.x == 0 && handle != 0 && (runs & UST__GATE_RUN_VERIFY))
+    if (!kLaunch && (alone || !first) && blockIdx.x == 0 && handle != 0 && (runs & UST__GATE_RUN_VERIFY))
       cudaGraphSetConditional(handle, 1u);
   }
   __syncthreads();
-  if (runs & UST__GATE_RUN_VERIFY) {
+  const bool verify = (runs & UST__GATE_RUN_VERIFY) != 0, launch = kLaunch && verify;
+  if (verify) {
     const size_t stride = (size_t)gridDim.x * blockDim.x, i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (int k = 0; k < copies.n; k++)
       copy_span(static_cast<unsigned char *>(copies.c[k].dst), static_cast<const unsigned char *>(copies.c[k].src),
                 copies.c[k].bytes, i0, stride);
   }
-  if (threadIdx.x != 0 || alone || !first)
+  if (alone) {
+    if (launch) {
+      __syncthreads(); // the block's copies made
+      if (threadIdx.x == 0) {
+        __threadfence();
+        start_body(body, c);
+      }
+    }
+    return;
+  }
+  if (!first && !launch)
+    return;
+  __syncthreads();
+  if (threadIdx.x != 0)
     return;
   __threadfence();
   if (atomicAdd(&c->pad, 1ull) != gridDim.x - 1)
     return;
-  c->replays += 1;
-  c->served += served_now;
-  c->runs = runs;
+  if (first) {
+    c->replays += 1;
+    c->served += served_now;
+    c->runs = runs;
+  }
   c->pad = 0;
   __threadfence();
-  if (handle != 0 && (runs & UST__GATE_RUN_VERIFY))
+  if (launch) {
+    if constexpr (kLaunch)
+      start_body(body, c);
+  } else if (handle != 0 && verify) {
     cudaGraphSetConditional(handle, 1u);
+  }
+}
+
+extern "C" int ust__gate_device_launch(void) {
+#if defined(__CUDACC_RDC__)
+  return 1;
+#else
+  return 0;
+#endif
 }
 
 extern "C" int ust__gate_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
@@ -547,7 +597,8 @@ extern "C" int ust__gate_launch(const unsigned long long *word, ust__gate_counte
 }
 
 extern "C" int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
-                                     unsigned long long handle, const ust__gate_copies *copies, void *stream) {
+                                     unsigned long long handle, void *body, const ust__gate_copies *copies,
+                                     void *stream) {
   size_t units = 0;
   for (int k = 0; k < copies->n; k++)
     units += (copies->c[k].bytes + 15) / 16;
@@ -555,8 +606,12 @@ extern "C" int ust__gate_snap_launch(const unsigned long long *word, ust__gate_c
   // once); else enough for the largest copies at open gates, at most 64
   const size_t per_block = 4 * kThreads;
   const unsigned blocks = units <= 16384 ? 1u : (unsigned)(units / per_block + 1 < 64 ? units / per_block + 1 : 64);
-  gate_snap<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      word, counters, first, static_cast<cudaGraphConditionalHandle>(handle), *copies);
+  const auto h = static_cast<cudaGraphConditionalHandle>(handle);
+  const auto b = static_cast<cudaGraphExec_t>(body);
+  if (body != nullptr)
+    gate_snap<true><<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(word, counters, first, h, b, *copies);
+  else
+    gate_snap<false><<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(word, counters, first, h, b, *copies);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? 0 : ust__error(UST_EGPU, "gate: snapshot launch: %s", cudaGetErrorString(e));
 }
@@ -586,8 +641,11 @@ extern "C" int ust__gate_copy_launch(void *dst, const void *src, size_t bytes, c
 }
 
 extern "C" int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
-                                     unsigned long long handle, const ust__gate_copies *copies, void *stream) {
-  (void)word, (void)counters, (void)first, (void)handle, (void)copies, (void)stream;
+                                     unsigned long long handle, void *body, const ust__gate_copies *copies,
+                                     void *stream) {
+  (void)word, (void)counters, (void)first, (void)handle, (void)body, (void)copies, (void)stream;
   return ust__error(UST_EGPU, "gate: this build's GPU runtime has no conditional graph nodes");
 }
+
+extern "C" int ust__gate_device_launch(void) { return 0; }
 #endif

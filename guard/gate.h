@@ -97,9 +97,11 @@ static inline UST__HD unsigned ust__gate_runs(ust__gate_choice c) {
 /* A captured site's state on the device: the replays it saw, how many of
  * them its candidate served, and the last replay's UST__GATE_RUN_* bits,
  * which the site's later conditions, its ring writer and its copies over
- * production's results read. Zeroed when the site is made. */
+ * production's results read; the launches of its body the device refused
+ * (a shadow beside the chain started from the device). Zeroed when the
+ * site is made. */
 typedef struct ust__gate_counters {
-  unsigned long long replays, served, runs, pad;
+  unsigned long long replays, served, runs, pad, refused;
 } ust__gate_counters;
 
 #ifdef __cplusplus
@@ -133,10 +135,16 @@ typedef struct ust__gate_copies {
 /* Enqueue on stream (capturable) one kernel that (first) decides the
  * replay from *word and counters or else reads counters->runs as the
  * replay's first kernel left it; copies every span of copies when the
- * replay verifies; and sets the conditional handle `handle` (0: none) to
- * whether it does. *word is read from device memory. 0, or UST_EGPU. */
+ * replay verifies; and then starts the body: body (a cudaGraphExec_t
+ * instantiated for device launch and uploaded), launched from the device
+ * fire-and-forget once the copies are made, or when body is NULL the
+ * conditional handle `handle` (0: none) set to open. *word is read from
+ * device memory. 0, or UST_EGPU. */
 int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
-                          unsigned long long handle, const ust__gate_copies *copies, void *stream);
+                          unsigned long long handle, void *body, const ust__gate_copies *copies, void *stream);
+/* 1 when this build's gate kernel can launch a graph from the device
+ * (CUDA, relocatable device code and the device runtime linked). */
+int ust__gate_device_launch(void);
 #ifdef __cplusplus
 }
 #endif

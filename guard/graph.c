@@ -58,6 +58,7 @@
 #define GRAPH_RING 4096u   /* entries per device */
 
 enum { SITE_BUILDING = 0, SITE_LIVE, SITE_DROPPED };
+#define SITE_BODIES 4 /* parts of one call started from the device; more go in IF nodes */
 
 typedef struct graph_site {
   void *cookie;      /* the route */
@@ -68,6 +69,9 @@ typedef struct graph_site {
   _Atomic uint64_t *word;           /* the gate, as the host last wrote it (pinned host memory) */
   ust__gate_counters *counters;     /* device memory */
   unsigned long long *dev_word;     /* the gate replays read: device memory, copied from *word */
+  void *bodies[SITE_BODIES];        /* beside the chain, started from the device: the parts' executable
+                                       graphs, kept for the process (see above) */
+  int n_bodies;
 } graph_site;
 
 #ifdef GRAPH_GPU
@@ -117,14 +121,10 @@ static uint64_t kept_lost(void) {
 }
 
 #ifdef GRAPH_GPU
-/* A site's gate set to w: the host's copy, then the device's, which the
- * next replay reads (copied and waited for: gates change rarely). Relaxed
- * capture mode: a capture of another thread stays valid. The caller holds
- * g->lock. */
-static void set_word(graph_site *s, uint64_t w) {
-  if (atomic_load_explicit(s->word, memory_order_relaxed) == w)
-    return;
-  atomic_store(s->word, w);
+/* bytes between a site's device memory and the host's, on its device's
+ * gate stream, waited for. Relaxed capture mode: a capture of another
+ * thread stays valid. 0, or UST_EGPU. */
+static int site_copy(const graph_site *s, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
   int current = -1;
@@ -133,12 +133,23 @@ static void set_word(graph_site *s, uint64_t w) {
   pthread_mutex_lock(&g_kept_lock);
   cudaStream_t st = g_kept[s->device].gates;
   pthread_mutex_unlock(&g_kept_lock);
-  if (UST__GPU_CHECK(NULL, cudaMemcpyAsync(s->dev_word, (const void *)s->word, sizeof *s->dev_word,
-                                           cudaMemcpyHostToDevice, st)) == 0)
-    UST__GPU_CHECK(NULL, cudaStreamSynchronize(st));
+  int rc = UST__GPU_CHECK(NULL, cudaMemcpyAsync(dst, src, bytes, kind, st));
+  if (rc == 0)
+    rc = UST__GPU_CHECK(NULL, cudaStreamSynchronize(st));
   if (current >= 0 && current != s->device)
     cudaSetDevice(current);
   cudaThreadExchangeStreamCaptureMode(&mode);
+  return rc;
+}
+
+/* A site's gate set to w: the host's copy, then the device's, which the
+ * next replay reads (copied and waited for: gates change rarely). The
+ * caller holds g->lock. */
+static void set_word(graph_site *s, uint64_t w) {
+  if (atomic_load_explicit(s->word, memory_order_relaxed) == w)
+    return;
+  atomic_store(s->word, w);
+  site_copy(s, s->dev_word, (const void *)s->word, sizeof *s->dev_word, cudaMemcpyHostToDevice);
 }
 #else
 static void set_word(graph_site *s, uint64_t w) { atomic_store(s->word, w); }
@@ -151,6 +162,19 @@ static uint64_t site_gate(ust__graphs *g, const graph_site *s) {
     return 0;
   const uint64_t w = g->sink->gate(g->sink_ctx, s->cookie);
   return s->serves ? w : ust__gate_verify_only(w);
+}
+
+/* The launches of s's bodies the device refused so far (read from its
+ * counters; 0 when it has none, or they cannot be read). */
+static uint64_t site_refused(const graph_site *s) {
+  unsigned long long n = 0;
+#ifdef GRAPH_GPU
+  if (s->n_bodies > 0 && site_copy(s, &n, &s->counters->refused, sizeof n, cudaMemcpyDeviceToHost) != 0)
+    n = 0;
+#else
+  (void)s;
+#endif
+  return n;
 }
 
 int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, void *sink_ctx, ust__graphs **out) {
@@ -173,8 +197,11 @@ void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f) {
     return;
   pthread_mutex_lock(&g->lock);
   f->sites = g->n_sites;
-  for (uint32_t i = 0; i < g->n_sites; i++)
+  for (uint32_t i = 0; i < g->n_sites; i++) {
     f->live += g->sites[i]->state == SITE_LIVE;
+    f->launched += g->sites[i]->state == SITE_LIVE && g->sites[i]->n_bodies > 0;
+    f->refused += site_refused(g->sites[i]);
+  }
   f->open = g->open;
   f->unknown = g->unknown;
   const uint64_t base = g->lost_base;
@@ -434,14 +461,30 @@ static int add_if(cudaGraph_t graph, cudaGraphConditionalHandle handle, const cu
   return rc;
 }
 
+/* part instantiated for launch from the device and uploaded, kept for the
+ * process; NULL when CUDA refuses it (its IF node serves then). */
+static void *device_body(cudaGraph_t part, cudaStream_t side) {
+  cudaGraphExec_t exec = NULL;
+  if (UST__GPU_CHECK(NULL, cudaGraphInstantiateWithFlags(&exec, part, cudaGraphInstantiateFlagDeviceLaunch)) != 0)
+    return NULL;
+  if (UST__GPU_CHECK(NULL, cudaGraphUpload(exec, side)) != 0 || UST__GPU_CHECK(NULL, cudaStreamSynchronize(side)) != 0) {
+    cudaGraphExecDestroy(exec);
+    return NULL;
+  }
+  return exec;
+}
+
 /* The part into the caller's capture. In the chain: a gate kernel sets the
  * condition, then the IF node holding the part, which the caller's next
  * work waits for. Beside the chain: the kernel that decides the replay
  * (first) or reads its decision, takes the part's copies when it verifies
- * and sets the condition; the IF node holding the part (when it has nodes)
- * on a branch off that kernel, which nothing in the chain waits for (the
- * graph's launch ends when it does). The body reads only memory kept for
- * it (the copies), so the writers after it in the chain cannot race it. */
+ * and starts the part (when it has nodes): launched from the device
+ * (shadow.graph_beside_launch "device", where CUDA takes the part as a
+ * device graph), so that the caller's graph stays one chain; else an IF
+ * node on a branch off that kernel, whose condition it sets. Nothing in the
+ * chain waits for either (the graph's launch ends when the part does). The
+ * part reads only memory kept for it (the copies), so the writers after it
+ * in the chain cannot race it. */
 static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_nodes) {
   enum cudaStreamCaptureStatus st;
   cudaGraph_t graph = NULL;
@@ -451,15 +494,20 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
   cudaGraphConditionalHandle handle = 0;
   cudaGraphNode_t node;
   const cudaStream_t s = (cudaStream_t)c->stream;
-  const int has_if = !c->beside || n_nodes > 0;
+  graph_site *site = c->site;
+  void *body = NULL;
+  if (c->beside && n_nodes > 0 && c->launch && ust__gate_device_launch() && site->n_bodies < SITE_BODIES &&
+      (body = device_body(part, (cudaStream_t)c->side)) != NULL)
+    site->bodies[site->n_bodies++] = body;
+  const int has_if = !c->beside || (n_nodes > 0 && body == NULL);
   int rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, NULL, NULL, NULL));
   if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
     rc = ust__error(UST_EGPU, "graph: the caller's stream no longer captures");
   if (rc == 0 && has_if)
     rc = UST__GPU_CHECK(NULL, cudaGraphConditionalHandleCreate(&handle, graph, 0, cudaGraphCondAssignDefault));
   if (rc == 0)
-    rc = c->beside ? ust__gate_snap_launch(c->site->dev_word, c->site->counters, c->parts == 0,
-                                           (unsigned long long)handle, &c->chain, c->stream)
+    rc = c->beside ? ust__gate_snap_launch(site->dev_word, site->counters, c->parts == 0, (unsigned long long)handle,
+                                           body, &c->chain, c->stream)
                    : ust__gate_launch(c->site->dev_word, c->site->counters, c->parts == 0, (unsigned long long)handle,
                                       c->stream);
   if (rc == 0 && has_if)
@@ -709,10 +757,12 @@ int ust__gate_copy_launch(void *dst, const void *src, size_t bytes, const ust__g
 }
 
 int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *counters, int first,
-                          unsigned long long handle, const ust__gate_copies *copies, void *stream) {
-  (void)word, (void)counters, (void)first, (void)handle, (void)copies, (void)stream;
+                          unsigned long long handle, void *body, const ust__gate_copies *copies, void *stream) {
+  (void)word, (void)counters, (void)first, (void)handle, (void)body, (void)copies, (void)stream;
   return ust__error(UST_EGPU, "gate: this build has no GPU backend");
 }
+
+int ust__gate_device_launch(void) { return 0; }
 #endif
 
 #endif

@@ -368,6 +368,8 @@ uint32_t ust__graphs_open(ust__graphs *g);
  * judged). */
 typedef struct ust__graphs_figs {
   uint64_t sites, live, open, unknown, lost;
+  uint64_t launched; /* live sites beside the chain whose shadow the device launches */
+  uint64_t refused;  /* launches of those the device refused (replays left unverified) */
 } ust__graphs_figs;
 void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f);
 
@@ -384,6 +386,7 @@ typedef struct ust__graph_call {
   int open;     /* a part is being captured */
   int parts;    /* parts added to the caller's graph */
   int beside;   /* verify-only, its body beside the chain (ust__graph_call_begin) */
+  int launch;   /* beside: its body launched from the device where CUDA takes it (else an IF node) */
   uint64_t kept, kept_max; /* bytes kept for its body beside the chain, and the bound */
   ust__gate_copies chain;  /* beside: the open part's copies, for its kernel in the chain */
   char why[192]; /* what kept the call from being shadowed in its graph */

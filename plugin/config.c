@@ -648,7 +648,7 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
   }
   const cJSON *shadow = cJSON_GetObjectItemCaseSensitive(root, "shadow");
   if (shadow != NULL) {
-    static const char *const skeys[] = {"max_inflight", "graph_beside_max_mb", NULL};
+    static const char *const skeys[] = {"max_inflight", "graph_beside_max_mb", "graph_beside_launch", NULL};
     if ((rc = section(shadow, "shadow", skeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "max_inflight")) != NULL) {
@@ -658,6 +658,14 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
     if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_beside_max_mb")) != NULL) {
       if ((rc = parse_int(v, "shadow.graph_beside_max_mb", 0, 65536, &cfg->shadow_graph_beside_mb)) != 0)
         return rc;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_beside_launch")) != NULL) {
+      if (cJSON_IsString(v) && strcmp(v->valuestring, "device") == 0)
+        cfg->shadow_graph_beside_launch = 1;
+      else if (cJSON_IsString(v) && strcmp(v->valuestring, "conditional") == 0)
+        cfg->shadow_graph_beside_launch = 0;
+      else
+        return ust__error(UST_ECONFIG, "config: 'shadow.graph_beside_launch' must be one of device, conditional");
     }
   }
   const cJSON *timer = cJSON_GetObjectItemCaseSensitive(root, "timer");
@@ -700,6 +708,12 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
         (rc = parse_string(v, "timer.cupti_path", &cfg->cupti_path)) != 0)
       return rc;
   }
+  /* CUPTI's kernel tracing fails every launch of a graph that holds a
+   * kernel able to launch graphs from the device ("unspecified launch
+   * failure", the context lost; CUDA 13.0 on an H200, torch's profiler) */
+  if (cfg->shadow_graph_beside_launch && cfg->timer_kind != UST__TIMER_EVENTS)
+    return ust__error(UST_ECONFIG, "config: 'shadow.graph_beside_launch' device needs 'timer.kind' events: CUPTI's "
+                                   "kernel tracing fails graphs whose kernels launch graphs from the device");
   const cJSON *defaults = cJSON_GetObjectItemCaseSensitive(root, "defaults");
   if (defaults != NULL) {
     static const char *const dkeys[] = {"mode", "sample", NULL};
@@ -735,6 +749,7 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->max_routes = 4096;
   cfg->shadow_max_inflight = 64;
   cfg->shadow_graph_beside_mb = 16;
+  cfg->shadow_graph_beside_launch = 0; /* an IF node: "device" fails under CUPTI's tracing (above) */
   cfg->disable_timeout_s = 30;
   /* events by default: once CUPTI traced API calls, every later launch of
    * the process stays slower (see README, "Kernel-level timing") */

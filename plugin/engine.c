@@ -340,6 +340,7 @@ static int build_router(ust__engine *e) {
   e->hw.log = &c->log;
   int rc = ust__router_init(r, e->cfg.max_routes);
   r->graph_beside_max = (uint64_t)e->cfg.shadow_graph_beside_mb << 20;
+  r->graph_beside_launch = e->cfg.shadow_graph_beside_launch;
   if (rc == 0) {
     const ust__timer_opts topts = {
         .kind = e->cfg.timer_kind,

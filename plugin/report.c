@@ -453,6 +453,8 @@ static cJSON *report_raw(ust__engine *e) {
   add_num(gr, "open", (double)gf.open);
   add_num(gr, "unknown", (double)gf.unknown);
   add_num(gr, "lost", (double)gf.lost);
+  add_num(gr, "launched", (double)gf.launched);
+  add_num(gr, "refused", (double)gf.refused);
   ust__routes_snapshot_free(snaps, nr);
   return root;
 }

@@ -94,7 +94,8 @@ TEST(compare_integers_exactly) {
 
 TEST(config_candidate_fields) {
   ust__config c;
-  const char *ok = "{\"shadow\": {\"max_inflight\": 8, \"graph_beside_max_mb\": 0}, \"operators\": {\"rms_norm\": {\"mode\": \"shadow\","
+  const char *ok = "{\"shadow\": {\"max_inflight\": 8, \"graph_beside_max_mb\": 0, \"graph_beside_launch\": "
+                   "\"conditional\"}, \"operators\": {\"rms_norm\": {\"mode\": \"shadow\","
                    " \"candidate\": {\"native\": \"x.so\", \"sha256\": \"" "ABCDEF0123456789abcdef0123456789"
                    "abcdef0123456789abcdef0123456789\", \"target\": \"_C::rms_norm\"},"
                    " \"guard\": {\"compare\": \"exact\", \"atol\": 0.5, \"aa_sample\": 0.25}},"
@@ -102,6 +103,7 @@ TEST(config_candidate_fields) {
   ASSERT_INT_EQ(ust__config_parse(ok, &c), 0);
   ASSERT_INT_EQ(c.shadow_max_inflight, 8);
   ASSERT_INT_EQ(c.shadow_graph_beside_mb, 0);
+  ASSERT_INT_EQ(c.shadow_graph_beside_launch, 0);
   ASSERT_INT_EQ(c.ops[0].mode, UST__MODE_SHADOW);
   ASSERT_INT_EQ(c.ops[0].cand.kind, UST__CAND_NATIVE);
   ASSERT_TRUE(strcmp(c.ops[0].cand.sha256, "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789") == 0);
@@ -111,6 +113,10 @@ TEST(config_candidate_fields) {
   ust__config_free(&c);
   ASSERT_INT_EQ(ust__config_parse("{}", &c), 0);
   ASSERT_INT_EQ(c.shadow_graph_beside_mb, 16);
+  ASSERT_INT_EQ(c.shadow_graph_beside_launch, 0); /* an IF node */
+  ust__config_free(&c);
+  ASSERT_INT_EQ(ust__config_parse("{\"shadow\": {\"graph_beside_launch\": \"device\"}}", &c), 0);
+  ASSERT_INT_EQ(c.shadow_graph_beside_launch, 1);
   ust__config_free(&c);
 
   struct {
@@ -128,6 +134,12 @@ TEST(config_candidate_fields) {
       {"{\"operators\": {\"r\": {\"guard\": {\"aa_sample\": 2}}}}", "'operators.r.guard.aa_sample'"},
       {"{\"shadow\": {\"max_inflight\": 0}}", "'shadow.max_inflight' must be an integer"},
       {"{\"shadow\": {\"graph_beside_max_mb\": -1}}", "'shadow.graph_beside_max_mb' must be an integer"},
+      {"{\"shadow\": {\"graph_beside_launch\": \"host\"}}", "'shadow.graph_beside_launch' must be one of device, conditional"},
+      {"{\"shadow\": {\"graph_beside_launch\": 1}}", "'shadow.graph_beside_launch' must be one of device, conditional"},
+      {"{\"shadow\": {\"graph_beside_launch\": \"device\"}, \"timer\": {\"kind\": \"cupti\"}}",
+       "'shadow.graph_beside_launch' device needs 'timer.kind' events"},
+      {"{\"timer\": {\"kind\": \"auto\"}, \"shadow\": {\"graph_beside_launch\": \"device\"}}",
+       "'shadow.graph_beside_launch' device needs 'timer.kind' events"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ASSERT_INT_EQ(ust__config_parse(bad[i].json, &c), UST_ECONFIG);

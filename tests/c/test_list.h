@@ -30,6 +30,7 @@
   X(ring_refuses_what_it_cannot_be) \
   X(ring_on_a_gpu_carries_the_replays_of_a_captured_writer) \
   X(gate_snap_decides_each_replay_and_copies_when_it_verifies) \
+  X(gate_snap_launches_its_body_from_the_device_once_the_copies_are_made) \
   X(gate_copy_copies_in_served_replays_only_at_any_alignment) \
   X(graph_replays_are_judged_as_eager_calls) \
   X(graph_calls_refused_or_dropped_leave_every_gate_closed) \

@@ -257,7 +257,10 @@ TEST(gate_snap_decides_each_replay_and_copies_when_it_verifies) {
     uint64_t verified = 0;
     for (uint64_t i = 1; i <= 9; i++) {
       ASSERT_INT_EQ(cudaMemset(dst, 0, n), cudaSuccess);
-      ASSERT_INT_EQ(ust__gate_snap_launch(word, gc, 1, 0, &copies, NULL), 0);
+      const int launched = ust__gate_snap_launch(word, gc, 1, 0, NULL, &copies, NULL);
+      if (launched != 0)
+        fprintf(stderr, "  %s\n", ust_last_error());
+      ASSERT_INT_EQ(launched, 0);
       ASSERT_INT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       ust__gate_counters host;
       ASSERT_INT_EQ(cudaMemcpy(&host, gc, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -271,7 +274,7 @@ TEST(gate_snap_decides_each_replay_and_copies_when_it_verifies) {
       ASSERT_TRUE(got[1] == (ch.verify ? 0x5a : 0) && got[n - 2] == (ch.verify ? 0x5a : 0) &&
                   got[n / 2] == (ch.verify ? 0x5a : 0));
       /* a later kernel of the same replay reads the decision, decides nothing */
-      ASSERT_INT_EQ(ust__gate_snap_launch(word, gc, 0, 0, &copies, NULL), 0);
+      ASSERT_INT_EQ(ust__gate_snap_launch(word, gc, 0, 0, NULL, &copies, NULL), 0);
       ASSERT_INT_EQ(cudaMemcpy(&host, gc, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
       ASSERT_U64_EQ(host.replays, i);
     }
@@ -279,6 +282,100 @@ TEST(gate_snap_decides_each_replay_and_copies_when_it_verifies) {
     free(got);
     cudaFree(gc);
     cudaFree(word);
+    cudaFree(dst);
+    cudaFree(src);
+  }
+#endif
+}
+
+TEST(gate_snap_launches_its_body_from_the_device_once_the_copies_are_made) {
+  /* A shadow beside the chain started from the device: the kernel in a
+   * captured graph, replayed; its body (a graph instantiated for device
+   * launch: a copy of what the kernel copied into a mirror) runs in the
+   * replays that verify, and only after every block's copies are made (the
+   * mirror is whole, one block or 64). The graph's launch ends with it. */
+#if defined(UST_GPU_CUDA)
+  if (gpu_devices() == 0)
+    return;
+  if (!ust__gate_device_launch()) {
+    fprintf(stderr, "  (this build cannot launch graphs from the device)\n");
+    ASSERT_TRUE(0);
+  }
+  const size_t sizes[2] = {4096 + 3, (size_t)1 << 20};
+  for (int big = 0; big <= 1; big++) {
+    const size_t n = sizes[big];
+    unsigned char *src = NULL, *dst = NULL, *mirror = NULL;
+    unsigned long long *word = NULL;
+    ust__gate_counters *gc = NULL;
+    ASSERT_INT_EQ(cudaMalloc((void **)&src, n), cudaSuccess);
+    ASSERT_INT_EQ(cudaMalloc((void **)&dst, n), cudaSuccess);
+    ASSERT_INT_EQ(cudaMalloc((void **)&mirror, n), cudaSuccess);
+    ASSERT_INT_EQ(cudaMalloc((void **)&word, sizeof *word), cudaSuccess);
+    ASSERT_INT_EQ(cudaMalloc((void **)&gc, sizeof *gc), cudaSuccess);
+    ASSERT_INT_EQ(cudaMemset(gc, 0, sizeof *gc), cudaSuccess);
+    unsigned char *want = malloc(n), *got = malloc(n);
+    ASSERT_TRUE(want != NULL && got != NULL);
+    for (size_t i = 0; i < n; i++)
+      want[i] = (unsigned char)(i * 13 + 1);
+    ASSERT_INT_EQ(cudaMemcpy(src, want, n, cudaMemcpyHostToDevice), cudaSuccess);
+    const ust__replay_gate g = {UST__GATE_SHADOW, 0x80000000u, 0}; /* the even replays */
+    const unsigned long long w = ust__gate_pack(g);
+    ASSERT_INT_EQ(cudaMemcpy(word, &w, sizeof w, cudaMemcpyHostToDevice), cudaSuccess);
+    /* the body: the mirror copied from what the kernel copied */
+    cudaGraph_t body_graph = NULL;
+    cudaGraphExec_t body = NULL;
+    cudaGraphNode_t node;
+    ASSERT_INT_EQ(cudaGraphCreate(&body_graph, 0), cudaSuccess);
+    ASSERT_INT_EQ(cudaGraphAddMemcpyNode1D(&node, body_graph, NULL, 0, mirror, dst, n, cudaMemcpyDeviceToDevice),
+                  cudaSuccess);
+    ASSERT_INT_EQ(cudaGraphInstantiateWithFlags(&body, body_graph, cudaGraphInstantiateFlagDeviceLaunch),
+                  cudaSuccess);
+    cudaStream_t s;
+    ASSERT_INT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_INT_EQ(cudaGraphUpload(body, s), cudaSuccess);
+    ust__gate_copies copies = {.n = 1};
+    copies.c[0].dst = dst;
+    copies.c[0].src = src;
+    copies.c[0].bytes = n;
+    cudaGraph_t caller = NULL;
+    cudaGraphExec_t replay = NULL;
+    ASSERT_INT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ASSERT_INT_EQ(ust__gate_snap_launch(word, gc, 1, 0, body, &copies, s), 0);
+    ASSERT_INT_EQ(cudaStreamEndCapture(s, &caller), cudaSuccess);
+    ASSERT_INT_EQ(cudaGraphInstantiate(&replay, caller, 0), cudaSuccess);
+    uint64_t ran = 0;
+    for (uint64_t i = 1; i <= 9; i++) {
+      ASSERT_INT_EQ(cudaMemset(dst, 0, n), cudaSuccess);
+      ASSERT_INT_EQ(cudaMemset(mirror, 0, n), cudaSuccess);
+      ASSERT_INT_EQ(cudaGraphLaunch(replay, s), cudaSuccess);
+      ASSERT_INT_EQ(cudaStreamSynchronize(s), cudaSuccess); /* the body included */
+      ASSERT_INT_EQ(cudaMemcpy(got, mirror, n, cudaMemcpyDeviceToHost), cudaSuccess);
+      const ust__gate_choice ch = ust__gate_decide(ust__gate_unpack(w), i, 0);
+      if (ch.verify) {
+        ran++;
+        ASSERT_TRUE(memcmp(got, want, n) == 0);
+      } else {
+        size_t nonzero = 0;
+        for (size_t k = 0; k < n; k++)
+          nonzero += got[k] != 0;
+        ASSERT_U64_EQ(nonzero, 0);
+      }
+    }
+    ust__gate_counters host;
+    ASSERT_INT_EQ(cudaMemcpy(&host, gc, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_U64_EQ(host.replays, 9);
+    ASSERT_U64_EQ(host.refused, 0);
+    ASSERT_U64_EQ(ran, 4); /* replays 2, 4, 6, 8 */
+    cudaGraphExecDestroy(replay);
+    cudaGraphDestroy(caller);
+    cudaGraphExecDestroy(body);
+    cudaGraphDestroy(body_graph);
+    cudaStreamDestroy(s);
+    free(want);
+    free(got);
+    cudaFree(gc);
+    cudaFree(word);
+    cudaFree(mirror);
     cudaFree(dst);
     cudaFree(src);
   }

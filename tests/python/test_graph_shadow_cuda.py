@@ -77,12 +77,15 @@ def _settle(us):
     us.flush()
 
 
-@pytest.mark.parametrize("sample", [1.0, 0.25])
-def test_captured_shadow_verifies_its_share_of_replays(us, sample):
+@pytest.mark.parametrize("sample,launch", [(1.0, "conditional"), (1.0, "device"), (0.25, "device")])
+def test_captured_shadow_verifies_its_share_of_replays(us, sample, launch):
+    """Beside the chain, each call's shadow started by its kernel in the
+    chain: through an IF node (the default), or launched from the device."""
     inputs = rms_inputs("cuda", torch.bfloat16, shapes=SHAPES)
     plain = _capture(inputs)  # without understudy
     cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
     cfg["operators"]["rms_norm"]["sample"] = sample
+    cfg["shadow"] = {"graph_beside_launch": launch}
     us.enable(cfg)
     shadowed = _capture(inputs)
     _settle(us)  # the gates open
@@ -100,7 +103,9 @@ def test_captured_shadow_verifies_its_share_of_replays(us, sample):
         assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": 1, "reason": None}
         assert (sh["verified"], sh["passed"], sh["failed"]) == (want, want, 0), sh
         assert sh["skipped_by"]["capture"] == 0 and r["mode"] == "shadow"
-    print(f"sample {sample}: {n} replays, {want} verified per route (of {len(rs)} routes), all passed")
+    assert rep["graphs"]["launched"] == (len(SHAPES) if launch == "device" else 0), rep["graphs"]
+    assert rep["graphs"]["refused"] == 0
+    print(f"sample {sample}, {launch}: {n} replays, {want} verified per route (of {len(rs)} routes), all passed")
 
 
 def test_wrong_tail_rolls_back_at_its_first_verified_replay(us):
@@ -201,7 +206,7 @@ def test_disable_closes_every_gate(us):
     _settle(us)
     figs = us.report()["graphs"]
     us.disable()
-    assert figs == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0}, figs
+    assert figs == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0, "launched": 0, "refused": 0}, figs
 
 
 def _hit(i, share):
@@ -421,7 +426,7 @@ def test_an_out_argument_needs_no_copy_before_production(us):
     (r,) = routes(us.report(), "_C::rms_norm")
     us.disable()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    gates = sum(name.startswith(("gate_kernel", "gate_snap")) for name in names)
+    gates = sum(name.removeprefix("void ").startswith(("gate_kernel", "gate_snap")) for name in names)
     assert r["shadow"]["verified"] == n and gates == n, (gates, r["shadow"])
 
 
