@@ -58,7 +58,6 @@
 #define GRAPH_RING 4096u   /* entries per device */
 
 enum { SITE_BUILDING = 0, SITE_LIVE, SITE_DROPPED };
-#define SITE_BODIES 4 /* parts of one call started from the device; more go in IF nodes */
 
 typedef struct graph_site {
   void *cookie;      /* the route */
@@ -69,9 +68,8 @@ typedef struct graph_site {
   _Atomic uint64_t *word;           /* the gate, as the host last wrote it (pinned host memory) */
   ust__gate_counters *counters;     /* device memory */
   unsigned long long *dev_word;     /* the gate replays read: device memory, copied from *word */
-  void *bodies[SITE_BODIES];        /* beside the chain, started from the device: the parts' executable
-                                       graphs, kept for the process (see above) */
-  int n_bodies;
+  int launched;                     /* parts beside the chain started from the device (their executable
+                                       graphs are kept for the process: replays may launch them) */
 } graph_site;
 
 #ifdef GRAPH_GPU
@@ -169,7 +167,7 @@ static uint64_t site_gate(ust__graphs *g, const graph_site *s) {
 static uint64_t site_refused(const graph_site *s) {
   unsigned long long n = 0;
 #ifdef GRAPH_GPU
-  if (s->n_bodies > 0 && site_copy(s, &n, &s->counters->refused, sizeof n, cudaMemcpyDeviceToHost) != 0)
+  if (s->launched > 0 && site_copy(s, &n, &s->counters->refused, sizeof n, cudaMemcpyDeviceToHost) != 0)
     n = 0;
 #else
   (void)s;
@@ -199,7 +197,7 @@ void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f) {
   f->sites = g->n_sites;
   for (uint32_t i = 0; i < g->n_sites; i++) {
     f->live += g->sites[i]->state == SITE_LIVE;
-    f->launched += g->sites[i]->state == SITE_LIVE && g->sites[i]->n_bodies > 0;
+    f->launched += g->sites[i]->state == SITE_LIVE && g->sites[i]->launched > 0;
     f->refused += site_refused(g->sites[i]);
   }
   f->open = g->open;
@@ -461,8 +459,10 @@ static int add_if(cudaGraph_t graph, cudaGraphConditionalHandle handle, const cu
   return rc;
 }
 
-/* part instantiated for launch from the device and uploaded, kept for the
- * process; NULL when CUDA refuses it (its IF node serves then). */
+/* part instantiated for launch from the device and uploaded; never
+ * destroyed (the caller's graph holds its handle and may replay at any
+ * time, as with the rest of the kept memory). NULL when CUDA refuses it
+ * (its IF node serves then). */
 static void *device_body(cudaGraph_t part, cudaStream_t side) {
   cudaGraphExec_t exec = NULL;
   if (UST__GPU_CHECK(NULL, cudaGraphInstantiateWithFlags(&exec, part, cudaGraphInstantiateFlagDeviceLaunch)) != 0)
@@ -496,9 +496,9 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
   const cudaStream_t s = (cudaStream_t)c->stream;
   graph_site *site = c->site;
   void *body = NULL;
-  if (c->beside && n_nodes > 0 && c->launch && ust__gate_device_launch() && site->n_bodies < SITE_BODIES &&
+  if (c->beside && n_nodes > 0 && c->launch && ust__gate_device_launch() &&
       (body = device_body(part, (cudaStream_t)c->side)) != NULL)
-    site->bodies[site->n_bodies++] = body;
+    site->launched++;
   const int has_if = !c->beside || (n_nodes > 0 && body == NULL);
   int rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, NULL, NULL, NULL));
   if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
@@ -508,7 +508,7 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
   if (rc == 0)
     rc = c->beside ? ust__gate_snap_launch(site->dev_word, site->counters, c->parts == 0, (unsigned long long)handle,
                                            body, &c->chain, c->stream)
-                   : ust__gate_launch(c->site->dev_word, c->site->counters, c->parts == 0, (unsigned long long)handle,
+                   : ust__gate_launch(site->dev_word, site->counters, c->parts == 0, (unsigned long long)handle,
                                       c->stream);
   if (rc == 0 && has_if)
     rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, &deps, &edges, &n_deps));
