@@ -442,6 +442,25 @@ extern "C" int ust__ring_publish_launch(const ust__ring_dev *d, unsigned int sit
 // ---- the per-replay condition of a captured shadow (guard/gate.h) ----------------------
 
 #if defined(UST_GPU_CUDA)
+// A replay's decision, from the gate word and the site's counters as the
+// last replay left them: the counters it leaves (commit_replay writes them).
+struct replay_decision {
+  unsigned long long replays, served, runs;
+};
+
+__device__ replay_decision decide_replay(const unsigned long long *word, const ust__gate_counters *c) {
+  // the three loads issued together (L2: the host's copy and the last replay's writes)
+  const unsigned long long w = __ldcg(word), replays = __ldcg(&c->replays), served = __ldcg(&c->served);
+  const ust__gate_choice ch = ust__gate_decide(ust__gate_unpack(w), replays + 1, served);
+  return {replays + 1, served + (ch.candidate ? 1 : 0), ust__gate_runs(ch)};
+}
+
+__device__ void commit_replay(ust__gate_counters *c, const replay_decision &d) {
+  c->replays = d.replays;
+  c->served = d.served;
+  c->runs = d.runs;
+}
+
 // One thread: the replay's decision (first condition of the replay), then
 // the conditional node's handle set from it.
 // The condition is set only to open it: every launch of the graph starts
@@ -450,13 +469,9 @@ __global__ void gate_kernel(const unsigned long long *word, ust__gate_counters *
                             cudaGraphConditionalHandle handle) {
   unsigned long long runs;
   if (first) {
-    // the three loads issued together (L2: the host's copy and the last replay's writes)
-    const unsigned long long w = __ldcg(word), replays = __ldcg(&c->replays), served = __ldcg(&c->served);
-    const ust__gate_choice ch = ust__gate_decide(ust__gate_unpack(w), replays + 1, served);
-    runs = ust__gate_runs(ch);
-    c->replays = replays + 1;
-    c->served = served + (ch.candidate ? 1 : 0);
-    c->runs = runs;
+    const replay_decision d = decide_replay(word, c);
+    commit_replay(c, d);
+    runs = d.runs;
   } else {
     runs = __ldcg(&c->runs);
   }
@@ -508,7 +523,8 @@ __device__ void start_body(cudaGraphExec_t body, ust__gate_counters *c) {
 // the gate and counters (device memory) at its start; when first, one block
 // commits the replay's decision (the only block, at once: what a closed
 // gate costs is this kernel's time; else the last to finish, a ticket in
-// counters->pad: every other block has read by then). In a replay that
+// counters->pad: every other block has read by then; each block's thread 0
+// made the same decision from the same loads). In a replay that
 // verifies, the copies, then the body: an IF node's condition set to open
 // (each launch of the graph resets it to 0), by block 0 at once (the node
 // runs after the kernel); or the body launched from the device by the
@@ -519,20 +535,14 @@ template <bool kLaunch>
 __global__ void gate_snap(const unsigned long long *word, ust__gate_counters *c, int first,
                           cudaGraphConditionalHandle handle, cudaGraphExec_t body, ust__gate_copies copies) {
   __shared__ unsigned runs;
-  __shared__ int served_now;
   const bool alone = gridDim.x == 1;
+  replay_decision d{};
   if (threadIdx.x == 0) {
     if (first) {
-      // the three loads issued together (L2: the host's copy and the last replay's writes)
-      const unsigned long long w = __ldcg(word), replays = __ldcg(&c->replays), served = __ldcg(&c->served);
-      const ust__gate_choice ch = ust__gate_decide(ust__gate_unpack(w), replays + 1, served);
-      runs = ust__gate_runs(ch);
-      served_now = ch.candidate ? 1 : 0;
-      if (alone) {
-        c->replays = replays + 1;
-        c->served = served + served_now;
-        c->runs = runs;
-      }
+      d = decide_replay(word, c);
+      runs = (unsigned)d.runs;
+      if (alone)
+        commit_replay(c, d);
     } else {
       runs = (unsigned)__ldcg(&c->runs);
     }
@@ -565,11 +575,8 @@ __global__ void gate_snap(const unsigned long long *word, ust__gate_counters *c,
   __threadfence();
   if (atomicAdd(&c->pad, 1ull) != gridDim.x - 1)
     return;
-  if (first) {
-    c->replays += 1;
-    c->served += served_now;
-    c->runs = runs;
-  }
+  if (first)
+    commit_replay(c, d);
   c->pad = 0;
   __threadfence();
   if (launch) {
