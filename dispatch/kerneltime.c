@@ -433,10 +433,9 @@ static uint64_t exec_graph(ust__kt *k, uint64_t exec) {
   return graph;
 }
 
-/* The captured call (index + 1) a replayed kernel ran for, or 0. Called
- * with the lock held. */
-static uint32_t replay_of(ust__kt *k, const kernel_rec *kr) {
-  const uint64_t graph = exec_graph(k, kr->node >> 32);
+/* The captured call (index + 1) a kernel of captured graph `graph`
+ * (exec_graph) ran for, or 0. Called with the lock held. */
+static uint32_t replay_of(ust__kt *k, uint64_t graph, const kernel_rec *kr) {
   const id_slot *e = graph != 0 ? id_find(&k->nodes, graph << 32 | (kr->node & 0xffffffffu), 0) : NULL;
   return e != NULL ? e->val : 0;
 }
@@ -555,8 +554,9 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     /* a replayed node is its captured call's; the graph launch may itself
      * be inside a call of the window, whose time then includes it (as a
      * bound op called inside another adds to its parent) */
-    const uint32_t cap = replay_of(k, kr);
-    if (kr->node != 0 && cap == 0 && exec_graph(k, kr->node >> 32) == 0) {
+    const uint64_t graph = kr->node != 0 ? exec_graph(k, kr->node >> 32) : 0;
+    const uint32_t cap = replay_of(k, graph, kr);
+    if (kr->node != 0 && graph == 0) {
       /* run by a graph no bound op was seen captured into: captured before
        * enable(), without bound ops, or beside another capture */
       t->graph_unknown++;
