@@ -61,6 +61,19 @@ static int parse_int(const cJSON *v, const char *path, int lo, int hi, int *out)
   return 0;
 }
 
+/* One of names (NULL-terminated): its index into *out. */
+static int parse_choice(const cJSON *v, const char *path, const char *const *names, int *out) {
+  for (int i = 0; names[i] != NULL && cJSON_IsString(v); i++)
+    if (strcmp(v->valuestring, names[i]) == 0) {
+      *out = i;
+      return 0;
+    }
+  char list[128] = "";
+  for (int i = 0; names[i] != NULL; i++)
+    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
+  return ust__error(UST_ECONFIG, "config: '%s' must be one of %s", path, list);
+}
+
 static int parse_mode(const cJSON *v, const char *path, int *mode) {
   if (!cJSON_IsString(v))
     return ust__error(UST_ECONFIG, "config: '%s' must be a string (off, observe, shadow, canary, live)", path);
@@ -659,14 +672,10 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
       if ((rc = parse_int(v, "shadow.graph_beside_max_mb", 0, 65536, &cfg->shadow_graph_beside_mb)) != 0)
         return rc;
     }
-    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_beside_launch")) != NULL) {
-      if (cJSON_IsString(v) && strcmp(v->valuestring, "device") == 0)
-        cfg->shadow_graph_beside_launch = 1;
-      else if (cJSON_IsString(v) && strcmp(v->valuestring, "conditional") == 0)
-        cfg->shadow_graph_beside_launch = 0;
-      else
-        return ust__error(UST_ECONFIG, "config: 'shadow.graph_beside_launch' must be one of device, conditional");
-    }
+    static const char *const launches[] = {"conditional", "device", NULL}; /* shadow_graph_beside_launch */
+    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_beside_launch")) != NULL &&
+        (rc = parse_choice(v, "shadow.graph_beside_launch", launches, &cfg->shadow_graph_beside_launch)) != 0)
+      return rc;
   }
   const cJSON *timer = cJSON_GetObjectItemCaseSensitive(root, "timer");
   if (timer != NULL) {
@@ -674,15 +683,10 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
                                         "correlation", NULL};
     if ((rc = section(timer, "timer", tkeys)) != 0)
       return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "kind")) != NULL) {
-      static const char *const kinds[] = {"auto", "cupti", "events"};
-      cfg->timer_kind = -1;
-      for (int i = 0; i < 3 && cJSON_IsString(v); i++)
-        if (strcmp(v->valuestring, kinds[i]) == 0)
-          cfg->timer_kind = i;
-      if (cfg->timer_kind < 0)
-        return ust__error(UST_ECONFIG, "config: 'timer.kind' must be one of auto, cupti, events");
-    }
+    static const char *const kinds[] = {"auto", "cupti", "events", NULL}; /* UST__TIMER_* */
+    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "kind")) != NULL &&
+        (rc = parse_choice(v, "timer.kind", kinds, &cfg->timer_kind)) != 0)
+      return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(timer, "window_ms")) != NULL) {
       if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 1 || v->valuedouble > 600000)
         return ust__error(UST_ECONFIG, "config: 'timer.window_ms' must be a number of milliseconds in [1, 600000]");
@@ -699,11 +703,10 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
         return ust__error(UST_ECONFIG, "config: 'timer.launch_cost_us' must be a number of microseconds in [0, 1000]");
       cfg->timer_launch_cost_us = v->valuedouble;
     }
-    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "correlation")) != NULL) {
-      if (!cJSON_IsString(v) || (strcmp(v->valuestring, "records") != 0 && strcmp(v->valuestring, "callbacks") != 0))
-        return ust__error(UST_ECONFIG, "config: 'timer.correlation' must be one of records, callbacks");
-      cfg->timer_callbacks = strcmp(v->valuestring, "callbacks") == 0;
-    }
+    static const char *const correlations[] = {"records", "callbacks", NULL}; /* timer_callbacks */
+    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "correlation")) != NULL &&
+        (rc = parse_choice(v, "timer.correlation", correlations, &cfg->timer_callbacks)) != 0)
+      return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(timer, "cupti_path")) != NULL &&
         (rc = parse_string(v, "timer.cupti_path", &cfg->cupti_path)) != 0)
       return rc;
