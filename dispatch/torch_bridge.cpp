@@ -467,11 +467,11 @@ private:
     return UST__EV_OK; // production alone, as if nothing were shadowed
   }
 
-  // A buffer of the captured shadow: beside the chain, kept for the
-  // process and counted against the call's bound (undefined over it).
-  // Beside the chain: memory kept for the process (a graph holding it may
-  // replay at any time; freed, the capture's allocator would hand it to the
-  // nodes captured after the call, which the shadow's branch would race).
+  // A buffer of the captured shadow. Beside the chain: memory kept for the
+  // process and counted against the call's bound (undefined over it): a
+  // graph holding it may replay at any time, and freed, the capture's
+  // allocator would hand it to the nodes captured after the call, which
+  // the shadow's branch would race.
   at::Tensor buffer_of(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions &options) {
     if (!ust__call_graph_beside(&st_))
       return at::empty_strided(sizes, strides, options);

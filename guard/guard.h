@@ -405,11 +405,11 @@ int ust__graph_part_begin(ust__graph_call *c, void **side);
 int ust__graph_part_end(ust__graph_call *c, int keep);
 /* 1 while the open part's stream still captures (nothing the candidate did
  * ended or invalidated it). */
+int ust__graph_part_active(const ust__graph_call *c);
 /* Device memory for a call beside the chain, on its device: kept for the
  * process (a graph holding it may replay at any time). NULL when there is
  * none (why says so). */
 void *ust__graph_keep(ust__graph_call *c, size_t bytes);
-int ust__graph_part_active(const ust__graph_call *c);
 /* Inside the open part: the comparisons of pairs into dev_stats and their
  * publication (ust__shadow_site_capture) in the replays the gate verifies;
  * then, for the replays the candidate serves (canary, live), its results
