@@ -60,12 +60,9 @@ def candidate(name):
     return understudy.native(lib, target="_C::rms_norm")
 
 
-BESIDE_LAUNCH = "conditional"
-
-
-def config(name):
+def config(name, launch):
     return {"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "canary": 0.25, "candidate": candidate(name)}},
-            "shadow": {"graph_beside_launch": BESIDE_LAUNCH}, "report": {"interval_s": 0}}
+            "shadow": {"graph_beside_launch": launch}, "report": {"interval_s": 0}}
 
 
 def build(batch):
@@ -159,6 +156,24 @@ def kernel_us(g, n):
     return by
 
 
+def print_kernel_breakdown(ks, med):
+    """The kernel time open gates add per replay, by kernel, for each
+    layout; and what live adds over shadow (torch.profiler's records)."""
+    for layout in ("beside", "chain"):
+        opened, closed = ks[f"{layout}, gates open"], ks[f"{layout}, gates closed"]
+        added = sorted(((opened.get(k, 0) - closed.get(k, 0), k) for k in opened), reverse=True)
+        print(f"kernel time the open gates add per replay, {layout}, by kernel:")
+        for us_, name in added:
+            if us_ > 0.05:
+                print(f"  {us_:8.2f} us  {name[:100]}")
+        print(f"  {sum(u for u, _ in added if u > 0):8.2f} us  in all; replay time added "
+              f"{med[f'{layout}, gates open'] - med[f'{layout}, gates closed']:.2f} us")
+    opened, live_k = ks["chain, gates open"], ks["chain, live"]
+    live_added = sum(v - opened.get(k, 0) for k, v in live_k.items() if v > opened.get(k, 0))
+    print(f"live adds {live_added:.2f} us of kernel time per replay over shadow (the candidate's results copied "
+          f"over production's); production's kernels still run in every replay")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--replays", type=int, default=1000)
@@ -168,11 +183,9 @@ def main():
     ap.add_argument("--beside-launch", choices=["device", "conditional"], default="conditional",
                     help="how a shadow beside the chain starts (shadow.graph_beside_launch)")
     args = ap.parse_args()
-    global BESIDE_LAUNCH
-    BESIDE_LAUNCH = args.beside_launch
     make, tok, vocab = build(args.batch)
     plain = capture(make())
-    understudy.enable(config("rms_norm_cuda"))
+    understudy.enable(config("rms_norm_cuda", args.beside_launch))
     shadowed = capture(make())  # in shadow: beside the chain
     chained = capture(make(), lambda: understudy.set_mode("rms_norm", "canary"))  # both arms in the chain
     understudy.set_mode("rms_norm", "shadow")
@@ -201,7 +214,7 @@ def main():
     print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}")
     print(f"HF Llama-8B-shaped decode step (2 layers, bf16, batch {args.batch}), captured with torch.cuda.graph; "
           f"_C::rms_norm in shadow (native rms_norm_cuda, sample 1); beside the chain, started by "
-          f"{'a launch from the device' if BESIDE_LAUNCH == 'device' else 'an IF node'} "
+          f"{'a launch from the device' if args.beside_launch == 'device' else 'an IF node'} "
           f"(graphs: launched {rep['graphs']['launched']}, refused {rep['graphs']['refused']})")
     print(f"\n1. verdicts: {args.replays} replays of the beside graph in {took:.1f} s, logits bit-equal to the plain "
           f"graph's on {equal} of {args.replays}")
@@ -245,16 +258,17 @@ def main():
     for _ in range(args.rounds):
         for m in rows:
             times[m].append(timed(m))
-    ks = {}
     # torch.profiler's kernel tracing fails every launch of a graph holding a
     # kernel that launches graphs from the device (the context is lost)
-    profiled = BESIDE_LAUNCH != "device"
-    for m in ("beside, gates closed", "beside, gates open", "chain, gates closed", "chain, gates open",
-              "chain, live") if profiled else ():
-        g, mode = rows[m]
-        understudy.set_mode("rms_norm", mode)
-        settle()
-        ks[m] = kernel_us(g, 20)
+    profiled = args.beside_launch != "device"
+    ks = {}
+    if profiled:
+        for m in ("beside, gates closed", "beside, gates open", "chain, gates closed", "chain, gates open",
+                  "chain, live"):
+            g, mode = rows[m]
+            understudy.set_mode("rms_norm", mode)
+            settle()
+            ks[m] = kernel_us(g, 20)
     settle()
     understudy.disable()
     if profiled:
@@ -266,23 +280,11 @@ def main():
     for m in rows:
         k = f"{sum(ks[m].values()):>10.2f}" if m in ks else f"{'':>10}"
         print(f"{m:<24} {med[m]:>10.2f} {med[m] / med['plain']:>9.4f} {med[m] - med['plain']:>9.2f} {k}")
-    if not profiled:
+    if profiled:
+        print_kernel_breakdown(ks, med)
+    else:
         print("kernel time: not taken (CUPTI's kernel tracing fails a graph whose kernels launch graphs from the "
               "device)")
-    for layout in ("beside", "chain") if profiled else ():
-        opened, closed = ks[f"{layout}, gates open"], ks[f"{layout}, gates closed"]
-        added = sorted(((opened.get(k, 0) - closed.get(k, 0), k) for k in opened), reverse=True)
-        print(f"kernel time the open gates add per replay, {layout}, by kernel:")
-        for us_, name in added:
-            if us_ > 0.05:
-                print(f"  {us_:8.2f} us  {name[:100]}")
-        print(f"  {sum(u for u, _ in added if u > 0):8.2f} us  in all; replay time added "
-              f"{med[f'{layout}, gates open'] - med[f'{layout}, gates closed']:.2f} us")
-    if profiled:
-        opened, live_k = ks["chain, gates open"], ks["chain, live"]
-        live_added = sum(v - opened.get(k, 0) for k, v in live_k.items() if v > opened.get(k, 0))
-        print(f"live adds {live_added:.2f} us of kernel time per replay over shadow (the candidate's results copied "
-              f"over production's); production's kernels still run in every replay")
 
     print(f"\n4. serving under replay (the chain graph, not captured again; sample 1: a call is verified when, and "
           f"only when, the candidate serves it): canary 0.25 for {args.replays} replays, then live for "
@@ -300,7 +302,7 @@ def main():
 
     # 2. rollback: the warm-up observed (an eager shadow call would roll it
     # back before the capture)
-    understudy.enable(config("rms_norm_cuda_wrong_tail"))
+    understudy.enable(config("rms_norm_cuda_wrong_tail", args.beside_launch))
     understudy.set_mode("rms_norm", "observe")
     wrong = capture(make(), lambda: understudy.set_mode("rms_norm", "shadow"))
     settle()
