@@ -80,6 +80,7 @@ static int persist(ust__engine *e) {
 }
 
 static void finish_disable(ust__engine *e, int *rc);
+static void watch_exit(void);
 
 /* Candidates that qualified in their own process on a route: loaded here. */
 static void load_qualified(ust__engine *e) {
@@ -147,9 +148,11 @@ static void *worker_main(void *arg) {
     /* Device timings, and captured shadows' rings while a gate is open, are
      * polled every 2 ms (a gate opens within 0.1 s of its route's change);
      * a host-only build only wakes for reports. */
-    uint64_t wait_ns = ust__timers_used(e->router.timers) || shadow_pending > 0 || ust__graphs_open(e->router.graphs) > 0
-                           ? 2000000u
-                           : 100000000u;
+    const int polling = ust__timers_used(e->router.timers) || shadow_pending > 0 || ust__graphs_open(e->router.graphs) > 0;
+    const uint64_t wait_ns = polling ? 2000000u : 100000000u;
+    static pthread_once_t device_exits = PTHREAD_ONCE_INIT; /* after the CUDA runtime's own (see stop_worker_at_exit) */
+    if (polling)
+      pthread_once(&device_exits, watch_exit);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t t = (uint64_t)ts.tv_nsec + wait_ns;
@@ -162,6 +165,8 @@ static void *worker_main(void *arg) {
       usleep(1000); /* waiting for the calls disable could not wait for */
   }
   const int reaping = e->reaping;
+  e->worker_done = 1;
+  pthread_cond_broadcast(&e->worker_cond);
   pthread_mutex_unlock(&e->worker_lock);
   if (reaping) {
     /* the last calls left: what disable left to do (this thread is detached) */
@@ -484,6 +489,52 @@ static void child_after_fork(void) {
 
 static void watch_forks(void) { pthread_atfork(NULL, NULL, child_after_fork); }
 
+/* ---- process exit ----------------------------------------------------------------- */
+
+/* A process that exits with understudy enabled tears down what the worker
+ * uses (the CUDA runtime, the driver's state, torch's statics) while the
+ * worker may still be polling events or reading rings in it. At exit the
+ * worker is stopped first: exit runs
+ * atexit handlers in reverse order of registration, before the libraries'
+ * destructors, and this one is registered at the first enable and again once
+ * the worker first saw the device used (after the CUDA runtime registered
+ * its own). Nothing is freed and no report is written (the Python side's
+ * exit handler writes the final one where one was asked for); calls still
+ * made pass through as before, their figures left unharvested. A worker
+ * that does not stop within a second is left running. */
+static void stop_worker_at_exit(void) {
+  ust__ctx *c = ust__ctx_get();
+  if (pthread_mutex_trylock(&c->life) != 0)
+    return; /* an enable or a disable is under way on another thread */
+  pthread_mutex_lock(&c->lock);
+  ust__engine *e = c->engine;
+  pthread_mutex_unlock(&c->lock);
+  int joined = 0;
+  if (e != NULL) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 1;
+    pthread_mutex_lock(&e->worker_lock);
+    if (e->worker_started && !e->reaping) {
+      e->worker_stop = 1;
+      pthread_cond_broadcast(&e->worker_cond);
+      while (!e->worker_done && pthread_cond_timedwait(&e->worker_cond, &e->worker_lock, &ts) == 0) {
+      }
+      joined = e->worker_done;
+      if (joined)
+        e->worker_started = 0; /* a disable after this joins nothing */
+    }
+    pthread_mutex_unlock(&e->worker_lock);
+    if (joined) {
+      pthread_join(e->worker, NULL);
+      ust__log(&c->log, UST_LOG_INFO, "process exit: the worker stopped (understudy was still enabled)");
+    }
+  }
+  pthread_mutex_unlock(&c->life);
+}
+
+static void watch_exit(void) { atexit(stop_worker_at_exit); }
+
 /* ---- the API ---------------------------------------------------------------------- */
 
 int ust_enable(const char *config_json, const char *problems_dir) {
@@ -491,8 +542,9 @@ int ust_enable(const char *config_json, const char *problems_dir) {
   if (ust__in_intercepted_call())
     return ust__error(UST_ESTATE, "enable: called from inside an intercepted call");
   ust__ctx *c = ust__ctx_get();
-  static pthread_once_t forks = PTHREAD_ONCE_INIT;
+  static pthread_once_t forks = PTHREAD_ONCE_INIT, exits = PTHREAD_ONCE_INIT;
   pthread_once(&forks, watch_forks);
+  pthread_once(&exits, watch_exit);
   pthread_mutex_lock(&c->life);
   if (c->seam == NULL)
     c->seam = ust__seam();

@@ -60,6 +60,7 @@ typedef struct ust__engine {
   pthread_mutex_t worker_lock;
   pthread_cond_t worker_cond;
   int worker_stop;
+  int worker_done;             /* the worker left its loop (said under worker_lock, on worker_cond) */
   int reaping;                 /* disable timed out: the worker finishes it once the calls of reap_epoch left */
   unsigned reap_epoch;
 

@@ -291,6 +291,24 @@ def sigterm_child(tmp_path, mode):
     return p, marker
 
 
+def test_a_process_that_exits_enabled_stops_the_worker_first(tmp_path):
+    """A script that enables understudy and exits without disable(): at exit
+    the worker thread is stopped before the libraries it uses are torn down
+    (it says so at log level info), and the process exits 0 with the calls
+    it made counted."""
+    p = run_py(["""
+        import understudy
+        understudy.enable({"operators": {"gemm": "observe", "silu": "observe"}, "log_level": "info",
+                           "defaults": {"sample": 1.0}})
+    """, CALLS, """
+        got = {s["op"]: s["calls"] for o in understudy.report()["operators"] for s in o["shapes"]}
+        print(got)
+    """], child_env(tmp_path, hook=False))
+    assert p.returncode == 0, p.stderr
+    assert eval(p.stdout.strip().splitlines()[-1]) == EXPECTED
+    assert p.stderr.count("process exit: the worker stopped") == 1, p.stderr
+
+
 def test_sigterm_default_action_writes_the_report_and_dies_of_sigterm(tmp_path):
     """The host had no handler: the final report is written and the process
     still dies of SIGTERM (-15), as it would have without understudy."""

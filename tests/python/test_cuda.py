@@ -207,3 +207,31 @@ def test_shadow_marks_follow_the_tensors_device_not_the_threads(us):
     for r in rs:
         sh = r["shadow"]
         assert (sh["calls"], sh["verified"], sh["passed"], sh["skipped"]) == (3, 3, 3, 0), sh
+
+
+_EXIT_ENABLED = """
+import sys, torch, understudy
+understudy.enable({"operators": {"gemm": "observe"}, "defaults": {"sample": 1.0}, "log_level": "info"})
+a = torch.randn(64, 64, device="cuda")
+for _ in range(int(sys.argv[1])):
+    a = torch.mm(a, a).tanh_()
+print("made")
+"""
+
+
+def test_a_process_that_exits_while_its_calls_are_timed_exits_cleanly():
+    """Processes that exit with understudy enabled while the worker is still
+    harvesting event timings of the calls just made (every call timed, the
+    last ones still queued on the device): each exits 0, its worker stopped
+    before the CUDA runtime's teardown (said at log level info)."""
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    env = {k: v for k, v in os.environ.items() if k != "UNDERSTUDY_CONFIG"}
+    env["PYTHONPATH"] = str(ROOT / "python-shim")
+    for n in (200, 2000, 5000, 2000, 200):
+        p = subprocess.run([sys.executable, "-c", _EXIT_ENABLED, str(n)], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0 and p.stdout.strip() == "made", (n, p.returncode, p.stderr[-2000:])
+        assert "process exit: the worker stopped" in p.stderr, p.stderr[-2000:]
