@@ -29,12 +29,20 @@ holds both arms in the chain (guard/graph.c). Then, in one run:
    those), per captured call and replay, and the logits against the plain
    graph's (the candidate computes as vLLM's kernel does: bit-equal).
 
+With --capture compile the step is torch.compile(mode="reduce-overhead")'s
+instead (a static cache, as HF's compiled decoding uses): its cudagraph trees
+run the first call eagerly, record the second and replay every later one;
+each graph above is a compiled step recorded in the same state, and every
+"replay" is a call of the compiled step. A recording runs its graph once, so
+in 2 the rollback comes at the recording, the graph's first replay.
+
 With --beside-launch device (shadow.graph_beside_launch) the shadow beside
 the chain is launched from the device by its kernel in the chain instead of
 an IF node on a branch; torch.profiler cannot trace such a graph, so the
 kernel times of 3 are left out.
 
     PYTHONPATH=python-shim python3 benchmarks/graph_shadow.py [--replays 1000] [--batch 1] [--beside-launch device]
+        [--capture compile]
 """
 import argparse
 import pathlib
@@ -71,6 +79,11 @@ def build(batch):
     it), with rewind(), which puts it back where the step was captured."""
     from transformers import StaticCache
     demo.define_vllm_rms_norm()
+    try:  # what torch.compile traces: _C::rms_norm writes its result, returns nothing
+        torch.library.register_fake("_C::rms_norm")(lambda result, input, weight, epsilon: None)
+    except RuntimeError as e:  # vLLM's own registration
+        if "already" not in str(e):
+            raise
     _, _, vocab, model = demo.build_model("cuda", model="llama-8b-shaped")
     demo.use_vllm_rms_norm(model, True)
     tok = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
@@ -117,6 +130,39 @@ def capture(made, before=None):
         with torch.cuda.graph(g):
             out = step()
     return types.SimpleNamespace(replay=g.replay, out=out, rewind=rewind, graph=g)
+
+
+_recorded = []
+
+
+def record(made, before=None):
+    """made's step under torch.compile(mode="reduce-overhead"): the first
+    call compiles it and runs eagerly, the second (after before()) records
+    its CUDA graph and runs it, every later call replays it. The same
+    namespace as capture's; .replay() is one call of the compiled step."""
+    step, mark, rewind = made
+    # dynamo keeps compiled code per code object, and every step's differs
+    # from the others' only in its cache: on one code object the second step
+    # would run the first one's compiled code and recording
+    own = step.__code__.replace(co_name=f"step_{len(_recorded)}")
+    _recorded.append(own)
+    fn = torch.compile(types.FunctionType(own, step.__globals__, own.co_name, step.__defaults__, step.__closure__),
+                       mode="reduce-overhead")
+    g = types.SimpleNamespace(rewind=rewind, out=None)
+
+    def replay():
+        torch.compiler.cudagraph_mark_step_begin()  # the last call's outputs are dead: no new recording
+        with torch.inference_mode():  # as when compiled: no recompilation
+            g.out = fn()
+    g.replay = replay
+    replay()
+    torch.cuda.synchronize()
+    mark()
+    if before is not None:
+        before()
+    replay()
+    torch.cuda.synchronize()
+    return g
 
 
 def settle():
@@ -182,12 +228,15 @@ def main():
     ap.add_argument("--batch-replays", type=int, default=200)
     ap.add_argument("--beside-launch", choices=["device", "conditional"], default="conditional",
                     help="how a shadow beside the chain starts (shadow.graph_beside_launch)")
+    ap.add_argument("--capture", choices=["graph", "compile"], default="graph",
+                    help="the step captured with torch.cuda.graph, or torch.compile(mode=\"reduce-overhead\")'s")
     args = ap.parse_args()
+    grab = record if args.capture == "compile" else capture
     make, tok, vocab = build(args.batch)
-    plain = capture(make())
+    plain = grab(make())
     understudy.enable(config("rms_norm_cuda", args.beside_launch))
-    shadowed = capture(make())  # in shadow: beside the chain
-    chained = capture(make(), lambda: understudy.set_mode("rms_norm", "canary"))  # both arms in the chain
+    shadowed = grab(make())  # in shadow: beside the chain
+    chained = grab(make(), lambda: understudy.set_mode("rms_norm", "canary"))  # both arms in the chain
     understudy.set_mode("rms_norm", "shadow")
     settle()
     base = {s["key"]: s["shadow"]["verified"] for s in rms_routes(understudy.report())}
@@ -212,7 +261,8 @@ def main():
     took = time.perf_counter() - t0
     rep = understudy.report()
     print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}")
-    print(f"HF Llama-8B-shaped decode step (2 layers, bf16, batch {args.batch}), captured with torch.cuda.graph; "
+    how = "torch.compile(mode=\"reduce-overhead\")" if args.capture == "compile" else "torch.cuda.graph"
+    print(f"HF Llama-8B-shaped decode step (2 layers, bf16, batch {args.batch}, static cache), captured with {how}; "
           f"_C::rms_norm in shadow (native rms_norm_cuda, sample 1); beside the chain, started by "
           f"{'a launch from the device' if args.beside_launch == 'device' else 'an IF node'} "
           f"(graphs: launched {rep['graphs']['launched']}, refused {rep['graphs']['refused']})")
@@ -304,7 +354,7 @@ def main():
     # back before the capture)
     understudy.enable(config("rms_norm_cuda_wrong_tail", args.beside_launch))
     understudy.set_mode("rms_norm", "observe")
-    wrong = capture(make(), lambda: understudy.set_mode("rms_norm", "shadow"))
+    wrong = grab(make(), lambda: understudy.set_mode("rms_norm", "shadow"))
     settle()
     plain.rewind()
     plain.replay()
