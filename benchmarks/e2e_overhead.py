@@ -12,7 +12,22 @@ time of each over the rounds, their ratio, the range of the rounds' ratios
 (each round's observed over the plain run beside it), and how many tracer windows the
 observed process had concluded by its last round.
 
+Processes taking turns resolve only what the machine's drift between rounds
+leaves (on a shared machine, rounds of one run differ by 10 % and more).
+--paired measures in one process instead, step against step: the decoder
+decodes --tokens steps by hand (a forward and the argmax of its logits,
+synchronised), understudy enabled as above, every operator's mode switched
+between steps (untimed) so that consecutive steps run observe, off, off,
+observe, ...; each pair of neighbouring steps gives a difference, taken
+moments apart on the same cache lengths. The table prints the median step
+with every mode off, the median difference (observe minus off) with a 95 %
+interval of that median (order statistics of the differences), their
+ratio, and the intercepted calls per step. Off still passes each call
+through understudy's interceptor; what that costs over plain torch per
+call is benchmarks/overhead.py's "mode off" row.
+
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
+    PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8]
 """
 import argparse
 import json
@@ -95,6 +110,65 @@ def measure(kids, kind, batch, tokens, layers, rounds):
     return statistics.median(times["plain"]), statistics.median(times["observed"]), windows, pairs[0], pairs[-1]
 
 
+def median_interval(xs):
+    """The median of xs and a 95 % interval of it from order statistics
+    (the ranks a binomial(n, 1/2) puts 1.96 standard deviations either side
+    of n/2)."""
+    xs = sorted(xs)
+    n = len(xs)
+    half = 0.98 * n ** 0.5
+    lo, hi = max(int(n / 2 - half), 0), min(int(n / 2 + half + 1), n - 1)
+    return statistics.median(xs), xs[lo], xs[hi]
+
+
+def paired(kind, batch, tokens, layers, rounds, config, modes):
+    """Neighbouring decode steps with every operator in modes[0] and in
+    modes[1] (see the module's doc): (median step in modes[1], the
+    differences, intercepted calls per step where they are counted: not
+    with the mode off)."""
+    model = build(kind, layers)
+    ids = torch.randint(1, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    understudy.enable(config)
+    ops = [o["name"] for o in understudy.report()["operators"] if o["bindings"]]
+
+    def set_all(mode):
+        for name in ops:
+            understudy.set_mode(name, mode)
+
+    def calls():  # not counted with the mode off
+        return sum(o["calls"] for o in understudy.report()["operators"])
+    base, diffs, steps_calls = [], [], []
+    first, second = modes
+    plan = [(first, second, second, first)[i % 4] for i in range(tokens)]
+    counted = sum(m != "off" for m in plan)
+    for r in range(rounds + 1):  # round 0: warm-up
+        times = []
+        with torch.inference_mode():
+            out = model(ids, use_cache=True)
+            cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            before = calls()
+            for i, mode in enumerate(plan):
+                if i % 2 == 1:  # where the plan changes mode (also when both are one mode)
+                    set_all(mode)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                out = model(nxt, past_key_values=cache, use_cache=True)
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            steps_calls.append((calls() - before) / max(counted, 1))
+        if r == 0:
+            continue
+        for i in range(0, tokens - 1, 2):
+            a, b = (times[i], times[i + 1]) if i % 4 == 0 else (times[i + 1], times[i])
+            diffs.append(a - b)
+            base.append(b)
+    understudy.disable()
+    del model
+    torch.cuda.empty_cache()
+    return statistics.median(base), diffs, statistics.median(steps_calls[1:])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
@@ -106,6 +180,10 @@ def main():
                     help="the timer of the observed process (default: understudy's default)")
     ap.add_argument("--config", default=None,
                     help="JSON merged over the observed process's config (e.g. '{\"timer\": {\"budget\": 0.001}}')")
+    ap.add_argument("--paired", action="store_true",
+                    help="in one process, neighbouring decode steps observed and with every mode off")
+    ap.add_argument("--modes", nargs=2, default=["observe", "off"], metavar=("A", "B"),
+                    help="--paired: the two modes compared (observe observe: the method's own bias)")
     ap.add_argument("--server", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.server:
@@ -120,6 +198,20 @@ def main():
     for key, val in json.loads(args.config or "{}").items():
         cfg[key] = {**cfg.get(key, {}), **val} if isinstance(val, dict) else val
     config = json.dumps(cfg)
+    if args.paired:
+        print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}; "
+              f"config {config}; {args.rounds} runs of {args.tokens} decode steps after a warm-up run, "
+              f"{args.layers} layers; neighbouring steps paired")
+        first, second = args.modes
+        print(f"{'model':<10} {'batch':>5} {'step, ' + second:>14} {'pairs':>6} {first + ' - ' + second:>18} "
+              f"{'95 % interval':>18} {'ratio':>7} {'calls/step':>10}")
+        for kind in args.models:
+            for b in args.batch:
+                base, diffs, per_step = paired(kind, b, args.tokens, args.layers, args.rounds, config, args.modes)
+                med, lo, hi = median_interval(diffs)
+                print(f"{kind:<10} {b:>5} {base * 1e3:>12.3f}ms {len(diffs):>6} {med * 1e6:>15.2f} us "
+                      f"{lo * 1e6:>7.2f} .. {hi * 1e6:>6.2f} us {1 + med / base:>7.4f} {per_step:>10.1f}", flush=True)
+        return
     kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
             for name, arg in (("plain", "plain"), ("observed", config))}
