@@ -17,7 +17,14 @@ tracer (CUPTI, once it traced, stays attached to its process). Rounds interleave
 variants; the table reports medians over rounds with the difference and
 ratio to plain.
 
-    PYTHONPATH=python-shim python3 benchmarks/overhead.py [--calls N] [--rounds R]
+A call measured back to back with its like finds understudy's code and
+data in the core's caches; a call in a model comes after other work has
+evicted them. --cold MB writes MB megabytes of host memory before every
+call (untimed; each call timed on its own), so that each call pays the
+misses of the path it takes (with a few hundred --calls: each write takes
+milliseconds).
+
+    PYTHONPATH=python-shim python3 benchmarks/overhead.py [--calls N] [--rounds R] [--cold MB]
 """
 import argparse
 import statistics
@@ -64,19 +71,29 @@ class PassThrough(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def per_call_us(fn, a, b, calls, device):
+def per_call_us(fn, a, b, calls, device, junk=None):
+    """Host µs per call of fn(a, b); with junk (a host tensor), junk is
+    written before each call, untimed, and each call timed on its own."""
     if device == "cuda":
         torch.cuda.synchronize()
-    t0 = time.perf_counter_ns()
-    for _ in range(calls):
-        fn(a, b)
-    t1 = time.perf_counter_ns()
+    if junk is None:
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn(a, b)
+        took = time.perf_counter_ns() - t0
+    else:
+        took = 0
+        for _ in range(calls):
+            junk.add_(1.0)
+            t0 = time.perf_counter_ns()
+            fn(a, b)
+            took += time.perf_counter_ns() - t0
     if device == "cuda":
         torch.cuda.synchronize()  # outside the timed region: host cost only
-    return (t1 - t0) / calls / 1e3
+    return took / calls / 1e3
 
 
-def server(kind, device, calls, cpu):
+def server(kind, device, calls, cpu, cold_mb):
     """Measures one variant per line read: its name in, a figure out. Both
     servers run on the same core (one at a time), so neither measures a
     colder or slower core than the other."""
@@ -90,13 +107,14 @@ def server(kind, device, calls, cpu):
         understudy.enable({"operators": {"gemm": "off"}})  # registers the interceptor once
         understudy.disable()
     a, b = torch.randn(16, 16, device=device), torch.randn(16, 16, device=device)
+    junk = torch.zeros(int(cold_mb * 2 ** 20) // 4) if cold_mb > 0 else None
     with torch.inference_mode():
         for line in sys.stdin:
             _, cfg = VARIANTS[line.strip()]
             if cfg == "mode":
                 with PassThrough():
-                    per_call_us(torch.mm, a, b, calls // 10, device)
-                    print(per_call_us(torch.mm, a, b, calls, device), flush=True)
+                    per_call_us(torch.mm, a, b, calls // 10, device, junk)
+                    print(per_call_us(torch.mm, a, b, calls, device, junk), flush=True)
                 continue
             if cfg is not None:
                 understudy.enable(cfg)
@@ -106,18 +124,18 @@ def server(kind, device, calls, cpu):
                     torch.cuda.synchronize()
                     time.sleep(0.25)  # the tracer's first window opens (worker poll: 0.1 s)
             try:
-                per_call_us(torch.mm, a, b, calls // 10, device)  # warm-up
-                print(per_call_us(torch.mm, a, b, calls, device), flush=True)
+                per_call_us(torch.mm, a, b, calls // 10, device, junk)  # warm-up
+                print(per_call_us(torch.mm, a, b, calls, device, junk), flush=True)
             finally:
                 if cfg is not None:
                     understudy.disable()
 
 
-def run(device, calls, rounds, wanted):
+def run(device, calls, rounds, wanted, cold_mb):
     import os
     cpu = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
     kids = {kind: subprocess.Popen([sys.executable, "-X", "faulthandler", __file__, "--server", kind, device, "--calls", str(calls),
-                                    "--cpu", str(cpu)],
+                                    "--cpu", str(cpu), "--cold", str(cold_mb)],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for kind in ("plain", "understudy", "tracer", "tracer_cb") if kind in wanted}
     variants = {name: v for name, v in VARIANTS.items() if v[0] in kids}
@@ -149,16 +167,19 @@ def main():
     ap.add_argument("--devices", nargs="+", default=None, help="cpu, cuda (default: every one present)")
     ap.add_argument("--server", nargs=2, metavar=("KIND", "DEVICE"), help=argparse.SUPPRESS)
     ap.add_argument("--cpu", type=int, default=-1, help=argparse.SUPPRESS)
+    ap.add_argument("--cold", type=float, default=0,
+                    help="megabytes of host memory written before every call (0: calls back to back)")
     args = ap.parse_args()
     if args.server:
-        server(args.server[0], args.server[1], args.calls, args.cpu)
+        server(args.server[0], args.server[1], args.calls, args.cpu, args.cold)
         return
     devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
     for d in devices:
-        rows += run(d, args.calls, args.rounds, set(args.kids) | {"plain"})
+        rows += run(d, args.calls, args.rounds, set(args.kids) | {"plain"}, args.cold)
     dev_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    print(f"torch.mm 16x16 fp32, host time per call; median of {args.rounds} rounds x {args.calls} calls; "
+    cold = f"{args.cold:g} MB of host memory written before each call" if args.cold > 0 else "calls back to back"
+    print(f"torch.mm 16x16 fp32, host time per call ({cold}); median of {args.rounds} rounds x {args.calls} calls; "
           f"torch {torch.__version__}; {dev_name}")
     print(f"{'device':<6} {'variant':<32} {'us/call':>9} {'+us':>8} {'ratio':>7}")
     for d, name, med, delta, ratio in rows:
