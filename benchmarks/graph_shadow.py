@@ -90,6 +90,7 @@ def build(batch):
     ids = torch.randint(1, vocab, (batch, PREFILL), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
 
     def make():
+        tok.zero_()  # every cache's warm-up steps write the same token's keys and values
         cache = StaticCache(config=model.config, max_cache_len=PREFILL + 512)
         with torch.inference_mode():
             model(ids, past_key_values=cache, cache_position=torch.arange(PREFILL, device="cuda"), use_cache=True)
