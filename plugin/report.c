@@ -607,8 +607,19 @@ int ust__report_derive(cJSON *root) {
       /* a replayed call is timed and runs without a dispatcher call: the
        * estimate counts it beside the calls (scaled to the whole time) */
       const double replayed = num(sh, "replayed") * replay_scale;
-      const double est = ust__est_device_time(num(lat, "sum"), timed, num(sh, "calls") + replayed,
-                                              num(sh, "captured"), num(sh, "first_time_ns"), num(sh, "first_timed"));
+      double est = ust__est_device_time(num(lat, "sum"), timed, num(sh, "calls") + replayed, num(sh, "captured"),
+                                        num(sh, "first_time_ns"), num(sh, "first_timed"));
+      /* the calls the candidate served (canary, live) ran its kernels, not
+       * production's: they count at the candidate's mean time (its timed
+       * runs, verified calls and shadow runs), or production's while it has
+       * none */
+      const double served = num(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "rollout"),
+                                                                  "served"), "candidate");
+      const cJSON *clat = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "shadow"),
+                                                           "candidate_latency_ns");
+      const double eligible = num(sh, "calls") + replayed - num(sh, "captured");
+      if (served > 0 && eligible >= served && num(clat, "count") > 0)
+        est = est * (eligible - served) / eligible + served * num(clat, "sum") / num(clat, "count");
       if (replayed > 0)
         set_num(sh, "replayed_est", replayed);
       /* a route's calls: eager (dispatched and run), captured into a graph

@@ -546,3 +546,43 @@ def test_set_mode_errors_name_what_is_wrong(us, problems):
         understudy.set_mode("scale", "live")
     with pytest.raises(understudy.UnderstudyError, match="no candidate targeting it"):
         understudy.set_mode(key="ust_rollout::scale|cpu|f32|M=1,N=1", mode="canary", canary=0.5)
+
+
+SLOW_SPENT = []
+
+
+def _slow_candidate(x):
+    """The candidate that takes 2 ms a call (production: microseconds); the
+    time it really spent is the test's own record."""
+    import time
+    t0 = time.perf_counter_ns()
+    time.sleep(0.002)
+    y = candidate_value(x)
+    SLOW_SPENT.append(time.perf_counter_ns() - t0)
+    return y
+
+
+def test_a_live_routes_device_time_counts_its_candidates_time(us, problems):
+    """A live route's served calls ran the candidate, not production: the
+    route's device time (est_device_time_ns, which the operators' weights
+    share) counts them at the candidate's time. Ground truth: the time the
+    candidate spent inside its calls, by its own clock; production, the
+    route's only other arm, runs in microseconds."""
+    SLOW_SPENT.clear()
+    slow = candidate_op("ust_rollout_slow::scale", _slow_candidate, "ust_rollout::scale")
+    us.enable({"operators": {"scale": {"mode": "live", "sample": 0.25,
+                                       "candidate": {"torch_op": slow, "target": "ust_rollout::scale"}}},
+               "report": {"interval_s": 0}}, problems=problems)
+    x = torch.randn(8, 64)
+    n = 40
+    calls(n, x)
+    understudy.flush()
+    r = route(us.report())
+    served = r["rollout"]["served"]["candidate"]
+    assert served == n - 1, r["rollout"]  # the first call qualified it on copies, production serving
+    assert len(SLOW_SPENT) == n  # each call ran it once: served, or on copies
+    spent_per_call = sum(SLOW_SPENT) / len(SLOW_SPENT)
+    prod_per_call = r["latency_ns"]["sum"] / r["latency_ns"]["count"]
+    assert prod_per_call < spent_per_call / 10, (prod_per_call, spent_per_call)
+    want = served * spent_per_call + (n - served) * prod_per_call
+    assert want * 0.8 < r["est_device_time_ns"] < want * 1.25, (r["est_device_time_ns"], want)
