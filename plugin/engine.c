@@ -494,14 +494,17 @@ static void watch_forks(void) { pthread_atfork(NULL, NULL, child_after_fork); }
 /* A process that exits with understudy enabled tears down what the worker
  * uses (the CUDA runtime, the driver's state, torch's statics) while the
  * worker may still be polling events or reading rings in it. At exit the
- * worker is stopped first: exit runs
- * atexit handlers in reverse order of registration, before the libraries'
- * destructors, and this one is registered at the first enable and again once
- * the worker first saw the device used (after the CUDA runtime registered
- * its own). Nothing is freed and no report is written (the Python side's
- * exit handler writes the final one where one was asked for); calls still
- * made pass through as before, their figures left unharvested. A worker
- * that does not stop within a second is left running. */
+ * worker is stopped first: exit runs atexit handlers in reverse order of
+ * registration, before the libraries' destructors, and this one is
+ * registered at the first enable and again when the worker first finds the
+ * device used (within 0.1 s of it; after the CUDA runtime's own handlers,
+ * which it registers when first used). Nothing is freed and no report is
+ * written (the Python side's exit handler writes the final one where one
+ * was asked for); calls still made pass through as before, their figures
+ * left unharvested. A worker that does not stop within a second is left
+ * running; exit called on the worker itself waits for nothing. What it says
+ * goes straight to stderr: the host's log callback may be gone by now (a
+ * Python one is), or be the very frame that called exit. */
 static void stop_worker_at_exit(void) {
   ust__ctx *c = ust__ctx_get();
   if (pthread_mutex_trylock(&c->life) != 0)
@@ -515,7 +518,7 @@ static void stop_worker_at_exit(void) {
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_sec += 1;
     pthread_mutex_lock(&e->worker_lock);
-    if (e->worker_started && !e->reaping) {
+    if (e->worker_started && !pthread_equal(pthread_self(), e->worker)) {
       e->worker_stop = 1;
       pthread_cond_broadcast(&e->worker_cond);
       while (!e->worker_done && pthread_cond_timedwait(&e->worker_cond, &e->worker_lock, &ts) == 0) {
@@ -527,7 +530,9 @@ static void stop_worker_at_exit(void) {
     pthread_mutex_unlock(&e->worker_lock);
     if (joined) {
       pthread_join(e->worker, NULL);
-      ust__log(&c->log, UST_LOG_INFO, "process exit: the worker stopped (understudy was still enabled)");
+      static const char said[] = "understudy: process exit: the worker stopped (understudy was still enabled)\n";
+      if (atomic_load(&c->log.max_level) >= UST_LOG_INFO)
+        (void)!write(STDERR_FILENO, said, sizeof said - 1);
     }
   }
   pthread_mutex_unlock(&c->life);
@@ -638,8 +643,13 @@ int ust_disable(void) {
     pthread_mutex_unlock(&c->life);
     return rc;
   }
-  while (!ust__gate_drained(&c->gate, old)) /* no worker to hand it to: cannot happen once enabled */
-    usleep(50);
+  if (!ust__gate_drained(&c->gate, old)) {
+    /* no worker to hand the rest to: it was stopped at process exit */
+    rc = ust__error(UST_ETIMEDOUT, "disable: intercepted calls had not returned after %g s, and the process is "
+                    "exiting: understudy is left as it is", e->cfg.disable_timeout_s);
+    pthread_mutex_unlock(&c->life);
+    return rc;
+  }
   pthread_mutex_lock(&e->worker_lock);
   e->worker_stop = 1;
   pthread_cond_signal(&e->worker_cond);

@@ -309,6 +309,27 @@ def test_a_process_that_exits_enabled_stops_the_worker_first(tmp_path):
     assert p.stderr.count("process exit: the worker stopped") == 1, p.stderr
 
 
+def test_an_exit_with_a_python_log_callback_does_not_call_it_late(tmp_path):
+    """A host that takes understudy's log through a callback (here a ctypes
+    one, as a Python host would) and exits enabled: the exit handler runs
+    after Python has shut down, so it must not call back into Python; what it
+    says goes to stderr, and the process exits 0."""
+    p = run_py(["""
+        import ctypes, understudy
+        lib = understudy._load()
+        CB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+        got = []
+        cb = CB(lambda level, msg, user: got.append(msg))
+        lib.ust_set_log(cb, None, 2)  # info
+        understudy.enable({"operators": {"gemm": "observe", "silu": "observe"}, "log_level": "info"})
+    """, CALLS, """
+        print(len(got) > 0)
+    """], child_env(tmp_path, hook=False))
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    assert p.stdout.strip() == "True"  # the callback had the enable's own lines
+    assert p.stderr.count("process exit: the worker stopped") == 1, p.stderr
+
+
 def test_sigterm_default_action_writes_the_report_and_dies_of_sigterm(tmp_path):
     """The host had no handler: the final report is written and the process
     still dies of SIGTERM (-15), as it would have without understudy."""
