@@ -544,6 +544,12 @@ static int derive_hist(cJSON *lat, double *p50) {
   return 0;
 }
 
+/* The calls of a route that its candidate served (rollout.served.candidate). */
+static double served_by_candidate(const cJSON *shape) {
+  return num(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(shape, "rollout"), "served"),
+             "candidate");
+}
+
 static int phase_index(const cJSON *shape) {
   const cJSON *p = cJSON_GetObjectItemCaseSensitive(shape, "phase");
   if (cJSON_IsString(p))
@@ -613,10 +619,12 @@ int ust__report_derive(cJSON *root) {
        * production's: they count at the candidate's mean time (its timed
        * runs, verified calls and shadow runs), or production's while it has
        * none */
-      const double served = num(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "rollout"),
-                                                                  "served"), "candidate");
-      const cJSON *clat = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "shadow"),
-                                                           "candidate_latency_ns");
+      const double served = served_by_candidate(sh);
+      cJSON *clat = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "shadow"),
+                                                     "candidate_latency_ns");
+      double cp50 = 0;
+      if ((rc = derive_hist(clat, &cp50)) != 0) /* its count: a merged report carries the buckets only */
+        return rc;
       const double eligible = num(sh, "calls") + replayed - num(sh, "captured");
       if (served > 0 && eligible >= served && num(clat, "count") > 0)
         est = est * (eligible - served) / eligible + served * num(clat, "sum") / num(clat, "count");
@@ -947,8 +955,14 @@ static cJSON *window_doc(const cJSON *now, const cJSON *base) {
       if (ws == NULL)
         goto oom;
       cJSON_AddItemToArray(shapes, ws);
-      /* a route's verdicts and timeline are the totals' business */
+      /* a route's verdicts and timeline are the totals' business; the calls
+       * the candidate served in the interval stay (the device-time estimate
+       * counts them at its time) */
+      const double served = served_by_candidate(sh) - served_by_candidate(bsh);
       cJSON_DeleteItemFromObjectCaseSensitive(ws, "rollout");
+      cJSON *wserved = cJSON_AddObjectToObject(cJSON_AddObjectToObject(ws, "rollout"), "served");
+      if (wserved == NULL || add_num(wserved, "candidate", served) == NULL)
+        goto oom;
       sub_fields(ws, bsh, shape_keys);
       if (sub_hist(cJSON_GetObjectItemCaseSensitive(ws, "latency_ns"),
                    cJSON_GetObjectItemCaseSensitive(bsh, "latency_ns")) != 0)
