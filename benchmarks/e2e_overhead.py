@@ -31,6 +31,7 @@ call is benchmarks/overhead.py's "mode off" row.
 """
 import argparse
 import json
+import math
 import pathlib
 import statistics
 import sys
@@ -116,8 +117,9 @@ def median_interval(xs):
     of n/2)."""
     xs = sorted(xs)
     n = len(xs)
-    half = 0.98 * n ** 0.5
-    lo, hi = max(int(n / 2 - half), 0), min(int(n / 2 + half + 1), n - 1)
+    half = 0.98 * n ** 0.5  # 1.96 standard deviations of binomial(n, 1/2)
+    mid = (n - 1) / 2  # the median's rank, from 0
+    lo, hi = max(math.floor(mid - half), 0), min(math.ceil(mid + half), n - 1)
     return statistics.median(xs), xs[lo], xs[hi]
 
 
@@ -139,13 +141,17 @@ def paired(kind, batch, tokens, layers, rounds, config, modes):
         return sum(o["calls"] for o in understudy.report()["operators"])
     base, diffs, steps_calls = [], [], []
     first, second = modes
-    plan = [(first, second, second, first)[i % 4] for i in range(tokens)]
-    counted = sum(m != "off" for m in plan)
     for r in range(rounds + 1):  # round 0: warm-up
+        # ABBA..., and BAAB... in every other round: the step after the
+        # prefill (and the trend of a round) fall to both modes alike
+        a_, b_ = (first, second) if r % 2 == 0 else (second, first)
+        plan = [(a_, b_, b_, a_)[i % 4] for i in range(tokens)]
+        counted = sum(m != "off" for m in plan)
         times = []
         with torch.inference_mode():
             out = model(ids, use_cache=True)
             cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            set_all(plan[0])  # a round of a length not a multiple of 4 ends in the other mode
             before = calls()
             for i, mode in enumerate(plan):
                 if i % 2 == 1:  # where the plan changes mode (also when both are one mode)
@@ -160,7 +166,10 @@ def paired(kind, batch, tokens, layers, rounds, config, modes):
         if r == 0:
             continue
         for i in range(0, tokens - 1, 2):
-            a, b = (times[i], times[i + 1]) if i % 4 == 0 else (times[i + 1], times[i])
+            # the step of modes[0] in this pair: by position, so that a mode
+            # against itself is paired both ways too
+            at = i if (i % 4 == 0) == (r % 2 == 0) else i + 1
+            a, b = times[at], times[2 * i + 1 - at]
             diffs.append(a - b)
             base.append(b)
     understudy.disable()

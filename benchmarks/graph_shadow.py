@@ -371,8 +371,9 @@ def main():
     settle()
     later = rms_routes(understudy.report())
     understudy.disable()
-    print(f"\n2. rollback: a candidate wrong on its last element, captured; after one replay (logits equal to the "
-          f"plain graph's: {same}):")
+    recorded = " (the recording, which ran it, and one call)" if args.capture == "compile" else ""
+    print(f"\n2. rollback: a candidate wrong on its last element, captured; after one replay{recorded} (logits equal "
+          f"to the plain graph's: {same}):")
     for s, t in zip(first, later):
         sh = s["shadow"]
         ev = sh["rollback"] or {}
