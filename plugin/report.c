@@ -622,8 +622,9 @@ int ust__report_derive(cJSON *root) {
       const double served = served_by_candidate(sh);
       cJSON *clat = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "shadow"),
                                                      "candidate_latency_ns");
-      double cp50 = 0;
-      if ((rc = derive_hist(clat, &cp50)) != 0) /* its count: a merged report carries the buckets only */
+      double cp50 = 0; /* the candidate's quantiles and count, read by the second pass and below (a merged
+                        * report carries the buckets only) */
+      if ((rc = derive_hist(clat, &cp50)) != 0)
         return rc;
       const double eligible = num(sh, "calls") + replayed - num(sh, "captured");
       if (served > 0 && eligible >= served && num(clat, "count") > 0)
@@ -663,8 +664,7 @@ int ust__report_derive(cJSON *root) {
       cJSON *shadow = cJSON_GetObjectItemCaseSensitive(sh, "shadow");
       double cp50 = 0;
       if (cJSON_IsObject(shadow)) {
-        if ((rc = derive_hist(cJSON_GetObjectItemCaseSensitive(shadow, "candidate_latency_ns"), &cp50)) != 0)
-          goto out;
+        cp50 = num(cJSON_GetObjectItemCaseSensitive(shadow, "candidate_latency_ns"), "p50"); /* derived above */
         if (p50 > 0 && cp50 > 0)
           set_num(shadow, "speedup", p50 / cp50);
         else
