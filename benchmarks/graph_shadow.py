@@ -45,6 +45,7 @@ kernel times of 3 are left out.
         [--capture compile]
 """
 import argparse
+import itertools
 import pathlib
 import statistics
 import sys
@@ -78,12 +79,7 @@ def build(batch):
     cache's write position lives on the device and each replay advances
     it), with rewind(), which puts it back where the step was captured."""
     from transformers import StaticCache
-    demo.define_vllm_rms_norm()
-    try:  # what torch.compile traces: _C::rms_norm writes its result, returns nothing
-        torch.library.register_fake("_C::rms_norm")(lambda result, input, weight, epsilon: None)
-    except RuntimeError as e:  # vLLM's own registration
-        if "already" not in str(e):
-            raise
+    demo.define_vllm_rms_norm()  # with what torch.compile traces (vLLM registers its own)
     _, _, vocab, model = demo.build_model("cuda", model="llama-8b-shaped")
     demo.use_vllm_rms_norm(model, True)
     tok = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
@@ -133,7 +129,7 @@ def capture(made, before=None):
     return types.SimpleNamespace(replay=g.replay, out=out, rewind=rewind, graph=g)
 
 
-_recorded = []
+_recorded = itertools.count()  # names the steps' code objects
 
 
 def record(made, before=None):
@@ -145,8 +141,7 @@ def record(made, before=None):
     # dynamo keeps compiled code per code object, and every step's differs
     # from the others' only in its cache: on one code object the second step
     # would run the first one's compiled code and recording
-    own = step.__code__.replace(co_name=f"step_{len(_recorded)}")
-    _recorded.append(own)
+    own = step.__code__.replace(co_name=f"step_{next(_recorded)}")
     fn = torch.compile(types.FunctionType(own, step.__globals__, own.co_name, step.__defaults__, step.__closure__),
                        mode="reduce-overhead")
     g = types.SimpleNamespace(rewind=rewind, out=None)

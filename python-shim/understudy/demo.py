@@ -46,6 +46,8 @@ def define_vllm_rms_norm() -> bool:
         pass
     _vllm_lib = torch.library.Library("_C", "FRAGMENT")
     _vllm_lib.define("rms_norm(Tensor(a!) result, Tensor input, Tensor weight, float epsilon) -> ()")
+    # what torch.compile traces (as vLLM registers its own): writes result, returns nothing
+    torch.library.register_fake("_C::rms_norm", lib=_vllm_lib)(lambda result, input, weight, epsilon: None)
 
     def impl(result, input, weight, epsilon):
         xf = input.float()
