@@ -17,14 +17,15 @@ leaves (on a shared machine, rounds of one run differ by 10 % and more).
 --paired measures in one process instead, step against step: the decoder
 decodes --tokens steps by hand (a forward and the argmax of its logits,
 synchronised), understudy enabled as above, every operator's mode switched
-between steps (untimed) so that consecutive steps run observe, off, off,
-observe, ...; each pair of neighbouring steps gives a difference, taken
-moments apart on the same cache lengths. The table prints the median step
-with every mode off, the median difference (observe minus off) with a 95 %
-interval of that median (order statistics of the differences), their
-ratio, and the intercepted calls per step. Off still passes each call
-through understudy's interceptor; what that costs over plain torch per
-call is benchmarks/overhead.py's "mode off" row.
+between steps (untimed) so that consecutive steps run --modes A, B, B, A,
+... (B, A, A, B, ... in every other run); each pair of neighbouring steps
+gives a difference, taken moments apart on the same cache lengths. The
+table prints the median step in B, the median difference (A minus B;
+observe minus off by default, observe minus observe for the method's own
+bias) with a 95 % interval of that median (order statistics of the
+differences), their ratio, and the intercepted calls per step. Off still
+passes each call through understudy's interceptor; what that costs over
+plain torch per call is benchmarks/overhead.py's "mode off" row.
 
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8]
