@@ -95,11 +95,12 @@ typedef enum ust__dim_kind {
 } ust__dim_kind;
 
 typedef struct ust__dim_prog {
+  /* what a call's evaluation reads first, in one line; the name after */
   int kind;
   int dim;                    /* UST__DIM_SIZE: index, negative from the end */
-  char arg[UST__NAME_MAX];
   int arg_index;              /* resolved against the schema; -1 if absent */
   int bucket;
+  char arg[UST__NAME_MAX];
 } ust__dim_prog;
 
 /* Compile a dimension expression; on error returns UST_EPROBLEM with a
@@ -482,18 +483,19 @@ typedef struct ust__router {
 } ust__router;
 
 typedef struct ust__binding {
+  /* read on every intercepted call: together, ahead of the names */
   int index;
+  int n_dims;
   ust__operator *op;
+  ust__router *router;           /* the engine's */
+  ust__cand *cand;               /* the operator's candidate when it targets this binding */
+  atomic_int resolved;           /* 0 new, 1 resolving, 2 done */
+  ust__dim_prog dims[UST__MAX_DIMS];
   char qualname[UST__QUALNAME_MAX]; /* "aten::mm" */
   char overload[UST__NAME_MAX];     /* "" or "out" */
   char display[UST__DISPLAY_MAX];   /* "aten::mm.out" */
-  int n_dims;
-  ust__dim_prog dims[UST__MAX_DIMS];
   const ust__binding_def *def;
-  atomic_int resolved;           /* 0 new, 1 resolving, 2 done */
   atomic_uint_fast64_t untracked; /* calls not tracked: route table full */
-  ust__router *router;           /* the engine's */
-  ust__cand *cand;               /* the operator's candidate when it targets this binding */
   uint32_t writes_mask;          /* arguments the op writes (schema and curated list), by index */
   uint32_t overwrites_mask;      /* of those, written without being read (schema out= and curated list) */
   int n_arg_names;
@@ -516,13 +518,14 @@ typedef struct ust__route_key {
 } ust__route_key;
 
 typedef struct ust__route {
-  ust__route_key key;
+  /* what every call reads (the key's match, its mode, its count) first */
   uint64_t hash;
   ust__binding *binding;
-  char key_str[UST__KEY_MAX];   /* as the report spells it */
+  ust__route_key key;
+  ust__route_rollout rollout;   /* guard/ */
   ust__figs figs;               /* scorer/ */
   ust__verify verify;           /* guard/ */
-  ust__route_rollout rollout;   /* guard/ */
+  char key_str[UST__KEY_MAX];   /* as the report spells it */
   /* the router's own: sampling counters and learned layouts */
   atomic_uint_fast64_t shadow_seen; /* calls considered for shadowing */
   atomic_uint_fast64_t canary_seen; /* canary: calls considered for the candidate */

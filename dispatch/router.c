@@ -151,8 +151,18 @@ void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__rout
   for (int i = 0; i < call->nargs && key->n_dtypes < UST__MAX_KEY_TENSORS; i++)
     if (call->args[i].kind == UST__ARG_TENSOR || call->args[i].kind == UST__ARG_TENSORLIST)
       key->dtypes[key->n_dtypes++] = (uint8_t)call->args[i].dtype;
-  for (int d = 0; d < b->n_dims; d++)
-    key->dims[d] = ust__dim_bucket(b->dims[d].bucket, ust__dim_eval(&b->dims[d], call));
+  for (int d = 0; d < b->n_dims; d++) {
+    const ust__dim_prog *p = &b->dims[d];
+    int64_t v = -1;
+    const ust__arg *a = p->arg_index >= 0 && p->arg_index < call->nargs ? &call->args[p->arg_index] : NULL;
+    if (p->kind == UST__DIM_SIZE && a != NULL && a->kind == UST__ARG_TENSOR) { /* most dimensions: a size */
+      const int i = p->dim < 0 ? a->t.ndim + p->dim : p->dim;
+      v = i >= 0 && i < a->t.ndim ? a->t.shape[i] : -1;
+    } else {
+      v = ust__dim_eval(p, call);
+    }
+    key->dims[d] = p->bucket == UST__BUCKET_POW2 ? ust__dim_bucket(p->bucket, v) : v;
+  }
 }
 
 void ust__route_key_format(const ust__binding *b, const ust__route_key *k, char *buf, size_t cap) {
@@ -610,7 +620,12 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
   uint32_t canary_q32 = 0;
   const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
-  if (call->device == UST__DEV_CUDA && ust__gpu_capturing(call->stream)) {
+  /* CUDA refuses to capture torch's default stream (the legacy one, NULL):
+   * a call on it that only observes skips the question (a driver call, cold
+   * on every call of a model); the timer asks before it records there. */
+  const int legacy = call->device == UST__DEV_CUDA && call->stream == NULL;
+  if (call->device == UST__DEV_CUDA && (!legacy || (mode != UST__MODE_OBSERVE && mode != UST__MODE_OFF)) &&
+      ust__gpu_capturing(call->stream)) {
     /* Replays do not come back here: what is captured is what they run. */
     st->capturing = 1;
     atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
@@ -676,7 +691,7 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;
     st->t0_ns = ust__now_ns();
-  } else {
+  } else if (!legacy || !ust__gpu_capturing(NULL)) { /* an error there: another thread captures */
     st->gpu_slot = ust__timers_begin(b->router->timers, call->device_id, call->stream);
     if (st->gpu_slot >= 0)
       st->timing = 2;

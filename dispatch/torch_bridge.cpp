@@ -88,7 +88,7 @@ DLDevice dl_device(bool cuda, int index) {
 // copy-on-write materialisation); writable snapshots are understudy's own.
 void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
   const DTypeInfo d = dtype_of(t.scalar_type());
-  std::memset(dl, 0, sizeof *dl);
+  dl->byte_offset = 0;
   dl->data = t.has_storage() ? const_cast<void *>(t.const_data_ptr()) : nullptr;
   dl->device = dl_device(t.is_cuda(), t.is_cuda() ? t.get_device() : 0);
   dl->ndim = static_cast<int32_t>(t.dim());
@@ -1346,7 +1346,7 @@ public:
     CallScope nested;
     ust__arg args[kMaxArgs];
     ust__call call;
-    ust__call_state st{};
+    ust__call_state st; // ust__call_begin fills it, before anything reads it
     bool tracked = false;
     try {
       if (ust__binding_needs_names(b))
