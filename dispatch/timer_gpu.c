@@ -327,38 +327,44 @@ static void conclude(ust__timers *t, int token, cudaError_t q) {
   give_back(t, token);
 }
 
-/* Take the pending timers out under the lock (sync: all of them; else the
- * completed ones), conclude them outside it. */
+/* Take a batch of the pending timers (the oldest) out under the lock, ask
+ * the device about them outside it (sync: wait for each; else query),
+ * conclude the completed ones and put the others back ahead of what was
+ * queued meanwhile. A serving thread that times a call takes the same lock
+ * (a free timer, a queued one): it never waits for a driver call. */
 static int harvest(ust__timers *t, int sync) {
   if (!ust__timers_used(t))
     return 0;
+  pthread_mutex_lock(&t->lock);
+  const int queued = t->n_pending;
+  pthread_mutex_unlock(&t->lock);
+  if (queued == 0)
+    return 0;
   enum cudaStreamCaptureMode mode = relax_capture_mode();
-  int taken[256];
-  cudaError_t status[256];
+  int taken[256], back[256];
   int left = 0;
   for (;;) {
-    int n = 0, kept = 0;
     pthread_mutex_lock(&t->lock);
-    for (int i = 0; i < t->n_pending; i++) {
-      const int token = t->pending[i];
-      cudaError_t q = cudaErrorNotReady;
-      if (n < 256)
-        q = sync ? cudaSuccess : cudaEventQuery(t->pools[token >> 20].timers[token & 0xfffff].stop);
-      if (q == cudaErrorNotReady) {
-        t->pending[kept++] = token;
-        continue;
-      }
-      status[n] = q;
-      taken[n++] = token;
-    }
-    t->n_pending = kept;
-    left = kept;
+    const int n = t->n_pending < 256 ? t->n_pending : 256;
+    memcpy(taken, t->pending, (size_t)n * sizeof *taken);
+    memmove(t->pending, t->pending + n, (size_t)(t->n_pending - n) * sizeof *t->pending);
+    t->n_pending -= n;
     pthread_mutex_unlock(&t->lock);
+    int kept = 0;
     for (int i = 0; i < n; i++) {
-      if (sync)
-        status[i] = cudaEventSynchronize(t->pools[taken[i] >> 20].timers[taken[i] & 0xfffff].stop);
-      conclude(t, taken[i], status[i]);
+      cudaEvent_t stop = t->pools[taken[i] >> 20].timers[taken[i] & 0xfffff].stop;
+      const cudaError_t q = sync ? cudaEventSynchronize(stop) : cudaEventQuery(stop);
+      if (q == cudaErrorNotReady)
+        back[kept++] = taken[i];
+      else
+        conclude(t, taken[i], q);
     }
+    pthread_mutex_lock(&t->lock);
+    memmove(t->pending + kept, t->pending, (size_t)t->n_pending * sizeof *t->pending);
+    memcpy(t->pending, back, (size_t)kept * sizeof *back);
+    t->n_pending += kept;
+    left = t->n_pending;
+    pthread_mutex_unlock(&t->lock);
     if (!sync || n < 256)
       break;
   }
