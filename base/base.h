@@ -25,6 +25,12 @@ extern _Thread_local int ust__hash_oom;
 #define uthash_nonfatal_oom(obj) (ust__hash_oom = 1)
 #include <uthash.h>
 
+/* What every intercepted call runs is grouped (GCC's .text.hot, across the
+ * units) so that a call whose lines were evicted misses on few of them; what
+ * only some calls run is kept out of those functions' bodies. */
+#define UST__HOT __attribute__((hot))
+#define UST__NOINLINE __attribute__((noinline))
+
 /* ---- errors ---------------------------------------------------------------- */
 
 /* Set the calling thread's last error and return err (so callers write

@@ -84,7 +84,7 @@ static ust__route *route_new(ust__router *router, const ust__route_key *key, uin
   return r;
 }
 
-ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b) {
+UST__HOT ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b) {
   ust__route_table *t = &router->routes;
   uint64_t h = key_hash(key);
   uint32_t mask = t->cap - 1;
@@ -143,7 +143,7 @@ const char *ust__phase_name(int phase) {
   return phase >= 0 && phase <= UST_PHASE_DECODE ? names[phase] : "unknown";
 }
 
-void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key) {
+UST__HOT void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key) {
   memset(key, 0, sizeof *key);
   key->binding = (uint16_t)b->index;
   key->phase = (uint8_t)tl_phase;
@@ -591,6 +591,82 @@ void ust__call_graph_failed(ust__call_state *st, int fail, const char *msg) {
   ust__rollout_roll_back(&r->rollout, e);
 }
 
+/* The parts of ust__call_begin that an observed call does not run, each
+ * out of its body so that the observed path stays a few lines of code: */
+
+/* a call made while its stream captures a graph. Replays do not come back
+ * here: what is captured is what they run. */
+static UST__NOINLINE void begin_captured(ust__binding *b, ust__route *r, int mode, const ust__call *call,
+                                         const ust__policy *pol, ust__call_state *st) {
+  st->capturing = 1;
+  atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
+  if ((mode == UST__MODE_SHADOW || mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) &&
+      graph_shadow_begin(b, r, mode, call, pol, st) == 0)
+    return; /* both arms captured, the gate choosing at each replay */
+  if (b->cand != NULL)
+    skip_sampled(r, mode, pol, UST__SKIP_CAPTURE);
+  if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && cand_view(b, r, call, 1, &st->cand) == 0) {
+    st->plan = UST__PLAN_SERVE;
+    st->flags = UST__DF_NO_SNAPSHOTS;
+  } else if (mode != UST__MODE_OFF && ust__timers_capture_mark(b->router->timers, call->stream, &st->capture_from) == 0) {
+    /* production's nodes: their replays are this route's calls */
+    st->capture_marked = 1;
+    st->tsol_ps = call_tsol_ps(r, call, st);
+  }
+}
+
+/* a route with a candidate (shadow, canary, live): 1 when the call's plan
+ * is set, 0 when it is observed as any other (sampled for timing) */
+static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mode, uint32_t canary_q32,
+                                         const ust__call *call, const ust__policy *pol, ust__call_state *st) {
+  if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) &&
+      (!ust__rollout_qualified(&r->rollout) || !ready_here(b->cand, r))) {
+    /* Before its first served call the candidate qualifies on copies of the
+     * arguments, as in shadow: every call is shadowed until one passes. */
+    if (atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
+      ust__verify_skipped(&r->verify, UST__SKIP_BUDGET);
+    else if (cand_view(b, r, call, 0, &st->cand) == 0 &&
+             (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL, st)) != NULL) {
+      st->plan = UST__PLAN_SHADOW;
+      return 1;
+    }
+  } else if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
+    uint64_t c = atomic_fetch_add_explicit(&r->canary_seen, 1, memory_order_relaxed) + 1;
+    if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, r, call, 1, &st->cand) == 0) {
+      st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1, 0, st);
+      st->plan = st->slot != NULL ? UST__PLAN_SERVE_VERIFIED : UST__PLAN_SERVE;
+      /* a host comparison concludes at once; a device one waits only when strict */
+      if (st->slot != NULL && (call->device != UST__DEV_CUDA || pol->strict))
+        st->flags = UST__DF_WAIT_VERDICT;
+      return 1;
+    }
+  } else if (mode == UST__MODE_SHADOW && atomic_load_explicit(&r->verify.paused, memory_order_relaxed)) {
+    skip_sampled(r, mode, pol, UST__SKIP_BUDGET);
+  } else if (mode == UST__MODE_SHADOW && cand_view(b, r, call, 0, &st->cand) == 0) {
+    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL, st)) != NULL) {
+      st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself */
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* a call chosen to be timed: its floor, and its timer started */
+static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust__call *call, int legacy,
+                                       ust__call_state *st) {
+  st->tsol_ps = call_tsol_ps(r, call, st);
+  if (call->device == UST__DEV_CPU) {
+    st->timing = 1;
+    st->t0_ns = ust__now_ns();
+  } else if (!legacy || !ust__gpu_capturing(NULL)) { /* an error there: another thread captures */
+    st->gpu_slot = ust__timers_begin(b->router->timers, call->device_id, call->stream);
+    if (st->gpu_slot >= 0)
+      st->timing = 2;
+    else
+      atomic_fetch_add_explicit(&r->figs.timing_dropped, 1, memory_order_relaxed);
+  }
+}
+
 /* The route's plan for one call (DESIGN.md, one call step by step):
  * - during graph capture nothing is timed; a shadow, canary or live route
  *   whose candidate the graph can hold captures both arms behind a gate
@@ -602,7 +678,7 @@ void ust__call_graph_failed(ust__call_state *st, int fail, const char *msg) {
  * - otherwise production serves, a sample timed (and the first
  *   UST__FIRST_TIMED calls of every key, so that no key seen is without a
  *   latency, whatever the sampling; sample 0 times none). */
-void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st) {
+UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st) {
   memset(st, 0, sizeof *st);
   st->plan = UST__PLAN_PASS;
   if (call->device == UST__DEV_OTHER)
@@ -626,55 +702,13 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   const int legacy = call->device == UST__DEV_CUDA && call->stream == NULL;
   if (call->device == UST__DEV_CUDA && (!legacy || (mode != UST__MODE_OBSERVE && mode != UST__MODE_OFF)) &&
       ust__gpu_capturing(call->stream)) {
-    /* Replays do not come back here: what is captured is what they run. */
-    st->capturing = 1;
-    atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
-    if ((mode == UST__MODE_SHADOW || mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) &&
-        graph_shadow_begin(b, r, mode, call, pol, st) == 0)
-      return; /* both arms captured, the gate choosing at each replay */
-    if (b->cand != NULL)
-      skip_sampled(r, mode, pol, UST__SKIP_CAPTURE);
-    if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && cand_view(b, r, call, 1, &st->cand) == 0) {
-      st->plan = UST__PLAN_SERVE;
-      st->flags = UST__DF_NO_SNAPSHOTS;
-    } else if (mode != UST__MODE_OFF && ust__timers_capture_mark(b->router->timers, call->stream, &st->capture_from) == 0) {
-      /* production's nodes: their replays are this route's calls */
-      st->capture_marked = 1;
-      st->tsol_ps = call_tsol_ps(r, call, st);
-    }
+    begin_captured(b, r, mode, call, pol, st);
     return;
   }
   if (mode == UST__MODE_OFF)
     return;
-  if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) &&
-      (!ust__rollout_qualified(&r->rollout) || !ready_here(b->cand, r))) {
-    /* Before its first served call the candidate qualifies on copies of the
-     * arguments, as in shadow: every call is shadowed until one passes. */
-    if (atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
-      ust__verify_skipped(&r->verify, UST__SKIP_BUDGET);
-    else if (cand_view(b, r, call, 0, &st->cand) == 0 &&
-             (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL, st)) != NULL) {
-      st->plan = UST__PLAN_SHADOW;
-      return;
-    }
-  } else if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
-    uint64_t c = atomic_fetch_add_explicit(&r->canary_seen, 1, memory_order_relaxed) + 1;
-    if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, r, call, 1, &st->cand) == 0) {
-      st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1, 0, st);
-      st->plan = st->slot != NULL ? UST__PLAN_SERVE_VERIFIED : UST__PLAN_SERVE;
-      /* a host comparison concludes at once; a device one waits only when strict */
-      if (st->slot != NULL && (call->device != UST__DEV_CUDA || pol->strict))
-        st->flags = UST__DF_WAIT_VERDICT;
-      return;
-    }
-  } else if (mode == UST__MODE_SHADOW && atomic_load_explicit(&r->verify.paused, memory_order_relaxed)) {
-    skip_sampled(r, mode, pol, UST__SKIP_BUDGET);
-  } else if (mode == UST__MODE_SHADOW && cand_view(b, r, call, 0, &st->cand) == 0) {
-    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL, st)) != NULL) {
-      st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself */
-      return;
-    }
-  }
+  if (mode != UST__MODE_OBSERVE && begin_candidate(b, r, mode, canary_q32, call, pol, st))
+    return;
   if (pol->sample_q32 == 0)
     return;
   const int sampled = ust__sampled(n, pol->sample_q32);
@@ -687,20 +721,10 @@ void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st
   if (tracing != UST__TRACING_WINDOW && !early && (!sampled || tracing == UST__TRACING_BETWEEN))
     return;
   st->first = early && (!sampled || tracing == UST__TRACING_BETWEEN); /* timed for being one of the key's first calls */
-  st->tsol_ps = call_tsol_ps(r, call, st);
-  if (call->device == UST__DEV_CPU) {
-    st->timing = 1;
-    st->t0_ns = ust__now_ns();
-  } else if (!legacy || !ust__gpu_capturing(NULL)) { /* an error there: another thread captures */
-    st->gpu_slot = ust__timers_begin(b->router->timers, call->device_id, call->stream);
-    if (st->gpu_slot >= 0)
-      st->timing = 2;
-    else
-      atomic_fetch_add_explicit(&r->figs.timing_dropped, 1, memory_order_relaxed);
-  }
+  begin_timing(b, r, call, legacy, st);
 }
 
-void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decision *d) {
+UST__HOT void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decision *d) {
   ust__route *r = st->route;
   if (r == NULL)
     return;
@@ -989,7 +1013,7 @@ int ust__in_intercepted_call(void) { return tl_depth > 0; }
  * consistent): a call that read a binding before disable detached it is
  * counted in an epoch disable waits for, and one counted too late to be
  * waited for reads NULL. */
-ust__binding *ust__hook_enter(ust__hook *h, unsigned *ticket) {
+UST__HOT ust__binding *ust__hook_enter(ust__hook *h, unsigned *ticket) {
   tl_depth++;
   const unsigned e = atomic_load_explicit(&h->gate->epoch, memory_order_seq_cst) & 1u;
   atomic_fetch_add_explicit(&h->gate->inflight[e], 1, memory_order_seq_cst);
@@ -997,7 +1021,7 @@ ust__binding *ust__hook_enter(ust__hook *h, unsigned *ticket) {
   return atomic_load_explicit(&h->binding, memory_order_seq_cst);
 }
 
-void ust__hook_leave(ust__hook *h, unsigned ticket) {
+UST__HOT void ust__hook_leave(ust__hook *h, unsigned ticket) {
   atomic_fetch_sub_explicit(&h->gate->inflight[ticket & 1u], 1, memory_order_release);
   tl_depth--;
 }
@@ -1015,11 +1039,11 @@ int ust__gate_drained(ust__gate *g, unsigned old) {
   return atomic_load_explicit(&g->inflight[old & 1u], memory_order_acquire) == 0;
 }
 
-int ust__binding_is_off(const ust__binding *b) {
+UST__HOT int ust__binding_is_off(const ust__binding *b) {
   return atomic_load_explicit(&((ust__operator *)b->op)->policy, memory_order_acquire)->mode == UST__MODE_OFF;
 }
 
-int ust__binding_needs_names(const ust__binding *b) {
+UST__HOT int ust__binding_needs_names(const ust__binding *b) {
   return atomic_load_explicit(&((ust__binding *)b)->resolved, memory_order_acquire) != 2;
 }
 

@@ -157,7 +157,7 @@ static void give_back(ust__timers *t, int token) {
   pthread_mutex_unlock(&t->lock);
 }
 
-int ust__timers_tracing(const ust__timers *t) {
+UST__HOT int ust__timers_tracing(const ust__timers *t) {
 #if defined(UST_GPU_CUDA)
   return ust__cupti_tracing(t->cupti);
 #else

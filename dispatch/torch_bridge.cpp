@@ -86,7 +86,7 @@ DLDevice dl_device(bool cuda, int index) {
 // A borrowed DLPack view of t (its sizes and strides live in the TensorImpl,
 // valid while t is). The data pointer is read-only access to torch (no
 // copy-on-write materialisation); writable snapshots are understudy's own.
-void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
+[[gnu::hot]] void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
   const DTypeInfo d = dtype_of(t.scalar_type());
   dl->byte_offset = 0;
   dl->data = t.has_storage() ? const_cast<void *>(t.const_data_ptr()) : nullptr;
@@ -101,7 +101,7 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
 
 // A defined tensor argument (or a list's first): the call's device when it
 // has none yet; viewed as kind when on the CPU or CUDA and strided.
-bool view_tensor(const at::Tensor &t, int kind, ust__arg *a, ust__call *call) {
+[[gnu::hot]] bool view_tensor(const at::Tensor &t, int kind, ust__arg *a, ust__call *call) {
   const c10::Device dev = t.device();
   const int devkind = dev.is_cpu() ? UST__DEV_CPU : dev.is_cuda() ? UST__DEV_CUDA : UST__DEV_OTHER;
   if (call->device < 0) {
@@ -117,7 +117,7 @@ bool view_tensor(const at::Tensor &t, int kind, ust__arg *a, ust__call *call) {
 
 // Fills the view from the arguments on top of the stack. Returns false when
 // the call touches no tensor understudy counts (meta, fake, sparse, ...).
-bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args, ust__call *call) {
+[[gnu::hot]] bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args, ust__call *call) {
   const size_t n_schema = op.schema().arguments().size();
   const size_t n = std::min<size_t>(n_schema, kMaxArgs);
   const c10::IValue *ivs = stack.data() + (stack.size() - n_schema);
@@ -1307,7 +1307,7 @@ public:
 };
 
 // A bound call inside an outer one whose floor may come from its callees.
-void note_nested(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__binding *b) {
+[[gnu::noinline]] void note_nested(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__binding *b) {
   try {
     if (ust__binding_needs_names(b))
       resolve_names(b, op);
@@ -1323,11 +1323,23 @@ void note_nested(const c10::OperatorHandle &op, const torch::jit::Stack &stack, 
   }
 }
 
+// A call whose plan runs more than production (a shadow, a candidate that
+// serves): its buffers and steps, out of the interceptor's common path.
+[[gnu::noinline]] void run_plan(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack *stack,
+                                ust__binding *b, const ust__call &call, ust__call_state &st, ust__decision &d,
+                                int step) {
+  CallRun run(op, below, *stack, b, call, st);
+  while (step != UST__STEP_DONE)
+    step = ust__decision_next(&d, run.perform(step));
+  ust__call_end(&call, &st, &d);
+  run.finish(d.outcome);
+}
+
 class Interceptor final : public c10::OperatorKernel {
 public:
   explicit Interceptor(ust__hook *h) : hook_(h) {}
 
-  void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
+  [[gnu::hot]] void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
     HookScope scope(hook_);
     const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
                                                                c10::DispatchKey::BackendSelect);
@@ -1385,11 +1397,7 @@ public:
       ust__call_end(&call, &st, &d);
       return;
     }
-    CallRun run(op, below, *stack, b, call, st);
-    while (step != UST__STEP_DONE)
-      step = ust__decision_next(&d, run.perform(step));
-    ust__call_end(&call, &st, &d);
-    run.finish(d.outcome);
+    run_plan(op, below, stack, b, call, st, d, step);
   }
 
 private:

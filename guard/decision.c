@@ -2,6 +2,7 @@
  * the bridge performs. Every transition is in ust__decision_next. */
 #include <string.h>
 
+#include "base/base.h"
 #include "guard/decision.h"
 
 #define MAX_STEPS 16
@@ -52,7 +53,7 @@ static int copy_back_then(ust__decision *d, int outcome) {
   return abandon_then(d, UST__STEP_COPY_BACK);
 }
 
-int ust__decision_start(ust__decision *d, int plan, int flags) {
+UST__HOT int ust__decision_start(ust__decision *d, int plan, int flags) {
   memset(d, 0, sizeof *d);
   d->plan = plan >= 0 && plan < UST__PLAN_COUNT ? plan : UST__PLAN_PASS;
   d->flags = flags;
@@ -82,7 +83,7 @@ static int valid(int step, int ev) {
   }
 }
 
-int ust__decision_next(ust__decision *d, int ev) {
+UST__HOT int ust__decision_next(ust__decision *d, int ev) {
   const int step = d->at;
   if (step == UST__STEP_DONE)
     return UST__STEP_DONE;

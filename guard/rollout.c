@@ -95,7 +95,7 @@ static double share_of(uint32_t q) { return q == UINT32_MAX ? 1.0 : (double)q / 
 
 static uint64_t pack(int mode, double canary) { return (uint64_t)(mode + 1) | (uint64_t)ust__share_q32(canary) << 32; }
 
-int ust__rollout_mode(const ust__route_rollout *p, uint32_t *canary_q32) {
+UST__HOT int ust__rollout_mode(const ust__route_rollout *p, uint32_t *canary_q32) {
   uint64_t v = atomic_load_explicit(&((ust__route_rollout *)p)->word, memory_order_acquire);
   int mode;
   uint32_t q;
@@ -524,7 +524,7 @@ void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, d
   unlock(t);
 }
 
-void ust__rollout_served(ust__route_rollout *p, int notes, int capturing) {
+UST__HOT void ust__rollout_served(ust__route_rollout *p, int notes, int capturing) {
   if (notes & UST__NOTE_SERVED_CANDIDATE) /* a capture serves nothing itself: its replays do */
     atomic_fetch_add_explicit(capturing ? &p->captured_cand : &p->served_cand, 1, memory_order_relaxed);
   if (notes & UST__NOTE_VERIFIED_SERVING)
