@@ -48,6 +48,8 @@ struct ust__timers {
   device_pool pools[MAX_DEVICES];
   int *pending; /* queued timers as (device << 20 | index) */
   int n_pending;
+  int n_asked;          /* taken out of pending by a harvest, not yet concluded or put back */
+  pthread_cond_t asked; /* signalled when a harvest's batch is settled */
   atomic_int used;
 #if defined(UST_GPU_CUDA)
   ust__cupti *cupti;
@@ -72,6 +74,7 @@ int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_si
     return ust__error(UST_ENOMEM, "out of memory for GPU timers");
   }
   pthread_mutex_init(&t->lock, NULL);
+  pthread_cond_init(&t->asked, NULL);
   t->log = log;
   t->pool_size = max_pending;
 #if defined(UST_GPU_CUDA)
@@ -331,12 +334,14 @@ static void conclude(ust__timers *t, int token, cudaError_t q) {
  * the device about them outside it (sync: wait for each; else query),
  * conclude the completed ones and put the others back ahead of what was
  * queued meanwhile. A serving thread that times a call takes the same lock
- * (a free timer, a queued one): it never waits for a driver call. */
+ * (a free timer, a queued one): it never waits for a driver call. A sync
+ * harvest (a flush) first waits for a batch another harvest holds, so that
+ * every timing queued before it is concluded when it returns. */
 static int harvest(ust__timers *t, int sync) {
   if (!ust__timers_used(t))
     return 0;
   pthread_mutex_lock(&t->lock);
-  const int queued = t->n_pending;
+  const int queued = t->n_pending + t->n_asked;
   pthread_mutex_unlock(&t->lock);
   if (queued == 0)
     return 0;
@@ -345,10 +350,13 @@ static int harvest(ust__timers *t, int sync) {
   int left = 0;
   for (;;) {
     pthread_mutex_lock(&t->lock);
+    while (sync && t->n_asked > 0)
+      pthread_cond_wait(&t->asked, &t->lock); /* another harvest's batch: concluded, or back in pending */
     const int n = t->n_pending < 256 ? t->n_pending : 256;
     memcpy(taken, t->pending, (size_t)n * sizeof *taken);
     memmove(t->pending, t->pending + n, (size_t)(t->n_pending - n) * sizeof *t->pending);
     t->n_pending -= n;
+    t->n_asked += n;
     pthread_mutex_unlock(&t->lock);
     int kept = 0;
     for (int i = 0; i < n; i++) {
@@ -363,6 +371,9 @@ static int harvest(ust__timers *t, int sync) {
     memmove(t->pending + kept, t->pending, (size_t)t->n_pending * sizeof *t->pending);
     memcpy(t->pending, back, (size_t)kept * sizeof *back);
     t->n_pending += kept;
+    t->n_asked -= n;
+    if (n > 0)
+      pthread_cond_broadcast(&t->asked);
     left = t->n_pending;
     pthread_mutex_unlock(&t->lock);
     if (!sync || n < 256)
@@ -414,5 +425,6 @@ void ust__timers_destroy(ust__timers *t) {
   }
   free(t->pending);
   pthread_mutex_destroy(&t->lock);
+  pthread_cond_destroy(&t->asked);
   free(t);
 }
