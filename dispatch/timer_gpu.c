@@ -6,7 +6,7 @@
  * harvest polls the stop events (cudaEventQuery never blocks) and moves
  * elapsed times into the route's figures. Nothing here synchronises the
  * serving stream; the lock guards the free and pending lists only and is
- * never held while the device is waited for.
+ * never held while the device is asked (queried or waited for).
  *
  * On CUDA, a kernel tracer (timer_cupti.c) takes over inside its windows:
  * a call begun while one is open is timed by its kernels (token with
@@ -23,6 +23,7 @@
 
 #include "base/gpu_runtime.h"
 #include "dispatch/dispatch.h"
+#include "dispatch/timer_queue.h"
 
 #define MAX_DEVICES 64
 #define CUPTI_TOKEN (1 << 30) /* a token of the kernel tracer's: its call slot below */
@@ -46,10 +47,7 @@ struct ust__timers {
   ust__log_sink *log;
   int pool_size;
   device_pool pools[MAX_DEVICES];
-  int *pending; /* queued timers as (device << 20 | index) */
-  int n_pending;
-  int n_asked;          /* taken out of pending by a harvest, not yet concluded or put back */
-  pthread_cond_t asked; /* signalled when a harvest's batch is settled */
+  ust__tqueue pending; /* queued timers as (device << 20 | index), under lock */
   atomic_int used;
 #if defined(UST_GPU_CUDA)
   ust__cupti *cupti;
@@ -68,13 +66,15 @@ static void restore_capture_mode(enum cudaStreamCaptureMode mode) { cudaThreadEx
 int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_sink *log, ust__timers **out) {
   ust__timers *t = calloc(1, sizeof *t);
   *out = t;
-  if (t == NULL || (t->pending = calloc((size_t)max_pending * MAX_DEVICES, sizeof *t->pending)) == NULL) {
+  if (t == NULL)
+    return ust__error(UST_ENOMEM, "out of memory for GPU timers");
+  pthread_mutex_init(&t->lock, NULL);
+  if (ust__tqueue_init(&t->pending, &t->lock, max_pending * MAX_DEVICES) != 0) {
+    pthread_mutex_destroy(&t->lock);
     free(t);
     *out = NULL;
-    return ust__error(UST_ENOMEM, "out of memory for GPU timers");
+    return UST_ENOMEM;
   }
-  pthread_mutex_init(&t->lock, NULL);
-  pthread_cond_init(&t->asked, NULL);
   t->log = log;
   t->pool_size = max_pending;
 #if defined(UST_GPU_CUDA)
@@ -313,9 +313,7 @@ void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, u
     give_back(t, token);
     return;
   }
-  pthread_mutex_lock(&t->lock);
-  t->pending[t->n_pending++] = token;
-  pthread_mutex_unlock(&t->lock);
+  ust__tqueue_push(&t->pending, token);
 }
 
 /* A completed (or failed) timer into its figures, and back to its pool. */
@@ -330,34 +328,20 @@ static void conclude(ust__timers *t, int token, cudaError_t q) {
   give_back(t, token);
 }
 
-/* Take a batch of the pending timers (the oldest) out under the lock, ask
- * the device about them outside it (sync: wait for each; else query),
- * conclude the completed ones and put the others back ahead of what was
- * queued meanwhile. A serving thread that times a call takes the same lock
- * (a free timer, a queued one): it never waits for a driver call. A sync
- * harvest (a flush) first waits for a batch another harvest holds, so that
- * every timing queued before it is concluded when it returns. */
+/* Take a batch of the pending timers (the oldest) out of the queue, ask the
+ * device about them outside the lock (sync: wait for each; else query),
+ * conclude the completed ones and put the others back (dispatch/timer_queue.h).
+ * A serving thread that times a call takes the same lock (a free timer, a
+ * queued one): it never waits for a driver call. A sync harvest (a flush)
+ * first waits for a batch another harvest holds. */
 static int harvest(ust__timers *t, int sync) {
-  if (!ust__timers_used(t))
-    return 0;
-  pthread_mutex_lock(&t->lock);
-  const int queued = t->n_pending + t->n_asked;
-  pthread_mutex_unlock(&t->lock);
-  if (queued == 0)
+  if (!ust__timers_used(t) || ust__tqueue_busy(&t->pending) == 0)
     return 0;
   enum cudaStreamCaptureMode mode = relax_capture_mode();
   int taken[256], back[256];
   int left = 0;
   for (;;) {
-    pthread_mutex_lock(&t->lock);
-    while (sync && t->n_asked > 0)
-      pthread_cond_wait(&t->asked, &t->lock); /* another harvest's batch: concluded, or back in pending */
-    const int n = t->n_pending < 256 ? t->n_pending : 256;
-    memcpy(taken, t->pending, (size_t)n * sizeof *taken);
-    memmove(t->pending, t->pending + n, (size_t)(t->n_pending - n) * sizeof *t->pending);
-    t->n_pending -= n;
-    t->n_asked += n;
-    pthread_mutex_unlock(&t->lock);
+    const int n = ust__tqueue_take(&t->pending, taken, 256, sync);
     int kept = 0;
     for (int i = 0; i < n; i++) {
       cudaEvent_t stop = t->pools[taken[i] >> 20].timers[taken[i] & 0xfffff].stop;
@@ -367,15 +351,7 @@ static int harvest(ust__timers *t, int sync) {
       else
         conclude(t, taken[i], q);
     }
-    pthread_mutex_lock(&t->lock);
-    memmove(t->pending + kept, t->pending, (size_t)t->n_pending * sizeof *t->pending);
-    memcpy(t->pending, back, (size_t)kept * sizeof *back);
-    t->n_pending += kept;
-    t->n_asked -= n;
-    if (n > 0)
-      pthread_cond_broadcast(&t->asked);
-    left = t->n_pending;
-    pthread_mutex_unlock(&t->lock);
+    left = ust__tqueue_settle(&t->pending, n, back, kept);
     if (!sync || n < 256)
       break;
   }
@@ -423,8 +399,7 @@ void ust__timers_destroy(ust__timers *t) {
     free(p->timers);
     free(p->free_list);
   }
-  free(t->pending);
+  ust__tqueue_free(&t->pending);
   pthread_mutex_destroy(&t->lock);
-  pthread_cond_destroy(&t->asked);
   free(t);
 }

@@ -28,6 +28,8 @@
   X(ring_delivers_in_order_and_counts_what_a_lap_overwrote) \
   X(ring_never_hands_out_an_entry_torn_by_a_concurrent_writer) \
   X(ring_refuses_what_it_cannot_be) \
+  X(timer_queue_hands_out_the_oldest_and_takes_back_what_was_not_ready) \
+  X(timer_queue_flush_waits_for_a_batch_another_harvest_holds) \
   X(ring_on_a_gpu_carries_the_replays_of_a_captured_writer) \
   X(gate_snap_decides_each_replay_and_copies_when_it_verifies) \
   X(gate_snap_launches_its_body_from_the_device_once_the_copies_are_made) \
