@@ -51,8 +51,10 @@ int ust__tqueue_take(ust__tqueue *q, int *out, int max, int after_held) {
 
 int ust__tqueue_settle(ust__tqueue *q, int taken, const int *back, int kept) {
   pthread_mutex_lock(q->lock);
-  memmove(q->items + kept, q->items, (size_t)q->n * sizeof *q->items);
-  memcpy(q->items, back, (size_t)kept * sizeof *back);
+  if (kept > 0) {
+    memmove(q->items + kept, q->items, (size_t)q->n * sizeof *q->items);
+    memcpy(q->items, back, (size_t)kept * sizeof *back);
+  }
   q->n += kept;
   q->held -= taken;
   if (taken > 0)
