@@ -102,10 +102,7 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
     return 0;
   switch (p->kind) {
   case UST__DIM_SIZE: {
-    if (!is_tensor(a))
-      return -1;
-    int d = p->dim < 0 ? a->t.ndim + p->dim : p->dim;
-    return d >= 0 && d < a->t.ndim ? a->t.shape[d] : -1;
+    return is_tensor(a) ? ust__dim_size(a, p->dim) : -1;
   }
   case UST__DIM_ROWS:
   case UST__DIM_NUMEL:

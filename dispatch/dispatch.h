@@ -113,6 +113,12 @@ int ust__dim_resolve(ust__dim_prog *p, int nargs, const char *const *names);
 /* Evaluate against a call; -1 when the argument is missing or None. */
 int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call);
 int64_t ust__dim_bucket(int bucket, int64_t v);
+/* A tensor's size at dim (negative from the end); -1 past its rank. Inline:
+ * every key dimension that is a size reads it on every call. */
+static inline int64_t ust__dim_size(const ust__arg *a, int dim) {
+  const int d = dim < 0 ? a->t.ndim + dim : dim;
+  return d >= 0 && d < a->t.ndim ? a->t.shape[d] : -1;
+}
 
 /* ---- a binding's roofline, compiled (dispatch/roofcall.c) --------------------------- */
 

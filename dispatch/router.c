@@ -153,14 +153,10 @@ UST__HOT void ust__route_key_make(const ust__binding *b, const ust__call *call, 
       key->dtypes[key->n_dtypes++] = (uint8_t)call->args[i].dtype;
   for (int d = 0; d < b->n_dims; d++) {
     const ust__dim_prog *p = &b->dims[d];
-    int64_t v = -1;
     const ust__arg *a = p->arg_index >= 0 && p->arg_index < call->nargs ? &call->args[p->arg_index] : NULL;
-    if (p->kind == UST__DIM_SIZE && a != NULL && a->kind == UST__ARG_TENSOR) { /* most dimensions: a size */
-      const int i = p->dim < 0 ? a->t.ndim + p->dim : p->dim;
-      v = i >= 0 && i < a->t.ndim ? a->t.shape[i] : -1;
-    } else {
-      v = ust__dim_eval(p, call);
-    }
+    /* most dimensions are a tensor's size: read in place, without the evaluator's call */
+    const int64_t v = p->kind == UST__DIM_SIZE && a != NULL && a->kind == UST__ARG_TENSOR ? ust__dim_size(a, p->dim)
+                                                                                          : ust__dim_eval(p, call);
     key->dims[d] = p->bucket == UST__BUCKET_POW2 ? ust__dim_bucket(p->bucket, v) : v;
   }
 }
