@@ -730,7 +730,8 @@ UST__HOT void ust__call_end(const ust__call *call, ust__call_state *st, const us
   }
   if (d->notes & UST__NOTE_INTERNAL)
     ust__call_internal_error(r->binding);
-  graph_shadow_end(st, 0, UST__GW_CAPTURE); /* a captured shadow the decision did not take to its comparison */
+  if (st->graph != NULL) /* a captured shadow the decision did not take to its comparison */
+    graph_shadow_end(st, 0, UST__GW_CAPTURE);
   ust__rollout_served(&r->rollout, d->notes, st->capturing);
   if (st->capture_marked && d->outcome == UST__OUT_PRODUCTION)
     ust__timers_captured(r->binding->router->timers, call->stream, st->capture_from, &r->figs, st->tsol_ps);
