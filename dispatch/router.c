@@ -84,12 +84,26 @@ static ust__route *route_new(ust__router *router, const ust__route_key *key, uin
   return r;
 }
 
-UST__HOT ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b) {
+static inline int key_equal(const ust__route_key *a, const ust__route_key *b) {
+  const unsigned char *p = (const unsigned char *)a, *q = (const unsigned char *)b;
+  uint64_t diff = 0;
+  for (size_t i = 0; i < sizeof *a; i += 8) {
+    uint64_t x, y;
+    memcpy(&x, p + i, 8);
+    memcpy(&y, q + i, 8);
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+/* A key not in the table at probe: its route made and published there, or
+ * the one another thread published first (then the probe goes on). */
+static UST__NOINLINE ust__route *routes_add(ust__router *router, const ust__route_key *key, uint64_t h,
+                                            ust__binding *b, uint32_t probe) {
   ust__route_table *t = &router->routes;
-  uint64_t h = key_hash(key);
-  uint32_t mask = t->cap - 1;
+  const uint32_t mask = t->cap - 1;
   ust__route *fresh = NULL;
-  for (uint32_t probe = 0; probe < t->cap; probe++) {
+  for (; probe < t->cap; probe++) {
     uint32_t i = (uint32_t)(h + probe) & mask;
     ust__route *r = atomic_load_explicit(&t->slots[i], memory_order_acquire);
     if (r == NULL) {
@@ -111,7 +125,7 @@ UST__HOT ust__route *ust__routes_get(ust__router *router, const ust__route_key *
       }
       r = expected; /* another thread filled this slot first */
     }
-    if (r->hash == h && memcmp(&r->key, key, sizeof *key) == 0) {
+    if (r->hash == h && key_equal(&r->key, key)) {
       if (fresh != NULL) {
         route_free(fresh);
         atomic_fetch_sub(&t->count, 1);
@@ -122,6 +136,22 @@ UST__HOT ust__route *ust__routes_get(ust__router *router, const ust__route_key *
   if (fresh != NULL) {
     route_free(fresh);
     atomic_fetch_sub(&t->count, 1);
+  }
+  return NULL;
+}
+
+/* The route of key: found by probing from its hash (every call but a key's
+ * first), else added. */
+UST__HOT ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b) {
+  ust__route_table *t = &router->routes;
+  const uint64_t h = key_hash(key);
+  const uint32_t mask = t->cap - 1;
+  for (uint32_t probe = 0; probe < t->cap; probe++) {
+    ust__route *r = atomic_load_explicit(&t->slots[(uint32_t)(h + probe) & mask], memory_order_acquire);
+    if (r == NULL)
+      return routes_add(router, key, h, b, probe);
+    if (r->hash == h && key_equal(&r->key, key))
+      return r;
   }
   return NULL;
 }

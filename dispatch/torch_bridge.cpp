@@ -52,7 +52,7 @@ struct DTypeInfo {
   DLDataType dl;
 };
 
-DTypeInfo dtype_of(c10::ScalarType s) {
+constexpr DTypeInfo dtype_of(c10::ScalarType s) {
   using S = c10::ScalarType;
   switch (s) {
   case S::Half: return {UST__DT_F16, {kDLFloat, 16, 1}};
@@ -75,6 +75,23 @@ DTypeInfo dtype_of(c10::ScalarType s) {
   }
 }
 
+// dtype_of as a table, read by every intercepted call: one load where the
+// switch was a jump through a table of code.
+constexpr int kScalarTypes = static_cast<int>(c10::ScalarType::NumOptions);
+struct DTypeTable {
+  DTypeInfo of[kScalarTypes + 1]; // the last: every type past the table
+  constexpr DTypeTable() : of{} {
+    for (int i = 0; i <= kScalarTypes; i++)
+      of[i] = dtype_of(static_cast<c10::ScalarType>(i));
+  }
+};
+constexpr DTypeTable kDTypes;
+
+inline DTypeInfo dtype_info(c10::ScalarType s) {
+  const auto i = static_cast<unsigned>(s);
+  return kDTypes.of[i < static_cast<unsigned>(kScalarTypes) ? i : kScalarTypes];
+}
+
 DLDevice dl_device(bool cuda, int index) {
 #if defined(UST_GPU_HIP)
   return DLDevice{cuda ? kDLROCM : kDLCPU, cuda ? index : 0};
@@ -83,20 +100,32 @@ DLDevice dl_device(bool cuda, int index) {
 #endif
 }
 
-// A borrowed DLPack view of t (its sizes and strides live in the TensorImpl,
-// valid while t is). The data pointer is read-only access to torch (no
-// copy-on-write materialisation); writable snapshots are understudy's own.
-[[gnu::hot]] void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
-  const DTypeInfo d = dtype_of(t.scalar_type());
+// A borrowed DLPack view of t's metadata (its sizes and strides live in the
+// TensorImpl, valid while t is), on dev; its data pointer is left NULL: an
+// observed call never reads it (fill_data does, for a plan that runs more).
+[[gnu::hot]] inline void view_meta(const at::Tensor &t, DLDevice dev, DLTensor *dl, int *dtype_id) {
+  const DTypeInfo d = dtype_info(t.scalar_type());
+  dl->data = nullptr;
   dl->byte_offset = 0;
-  dl->data = t.has_storage() ? const_cast<void *>(t.const_data_ptr()) : nullptr;
-  dl->device = dl_device(t.is_cuda(), t.is_cuda() ? t.get_device() : 0);
+  dl->device = dev;
   dl->ndim = static_cast<int32_t>(t.dim());
   dl->dtype = d.dl;
   dl->shape = const_cast<int64_t *>(t.sizes().data());
   dl->strides = const_cast<int64_t *>(t.strides().data());
+  *dtype_id = d.id;
+}
+
+// The data pointer as a view reads it: read-only access to torch (no
+// copy-on-write materialisation); writable snapshots are understudy's own.
+void *data_of(const at::Tensor &t) { return t.has_storage() ? const_cast<void *>(t.const_data_ptr()) : nullptr; }
+
+// A whole borrowed DLPack view of t.
+void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
+  int id = UST__DT_OTHER;
+  view_meta(t, dl_device(t.is_cuda(), t.is_cuda() ? t.get_device() : 0), dl, &id);
+  dl->data = data_of(t);
   if (dtype_id != nullptr)
-    *dtype_id = d.id;
+    *dtype_id = id;
 }
 
 // A defined tensor argument (or a list's first): the call's device when it
@@ -111,7 +140,7 @@ DLDevice dl_device(bool cuda, int index) {
   if (devkind == UST__DEV_OTHER || t.layout() != c10::kStrided)
     return false;
   a->kind = kind;
-  fill_dl(t, &a->t, &a->dtype);
+  view_meta(t, dl_device(devkind == UST__DEV_CUDA, devkind == UST__DEV_CUDA ? dev.index() : 0), &a->t, &a->dtype);
   return true;
 }
 
@@ -175,6 +204,19 @@ DLDevice dl_device(bool cuda, int index) {
     call->stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle();
   }
   return true;
+}
+
+// The data pointers of the view build_view filled from the same stack: what
+// a plan that runs more than production (a candidate, snapshots) reads.
+void fill_data(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args, int nargs) {
+  const c10::IValue *ivs = stack.data() + (stack.size() - op.schema().arguments().size());
+  for (int i = 0; i < nargs; i++) {
+    ust__arg &a = args[i];
+    if (a.kind == UST__ARG_TENSOR)
+      a.t.data = data_of(ivs[i].toTensor());
+    else if (a.kind == UST__ARG_TENSORLIST)
+      a.t.data = data_of(ivs[i].toTensorList().get(0));
+  }
 }
 
 void resolve_names(ust__binding *b, const c10::OperatorHandle &op) {
@@ -1324,10 +1366,12 @@ public:
 }
 
 // A call whose plan runs more than production (a shadow, a candidate that
-// serves): its buffers and steps, out of the interceptor's common path.
+// serves): its buffers and steps, out of the interceptor's common path;
+// the view's data pointers read first.
 [[gnu::noinline]] void run_plan(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack *stack,
-                                ust__binding *b, const ust__call &call, ust__call_state &st, ust__decision &d,
-                                int step) {
+                                ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
+                                ust__decision &d, int step) {
+  fill_data(op, *stack, args, call.nargs);
   CallRun run(op, below, *stack, b, call, st);
   while (step != UST__STEP_DONE)
     step = ust__decision_next(&d, run.perform(step));
@@ -1375,8 +1419,7 @@ public:
       return;
     }
     ust__decision d;
-    int step = ust__decision_start(&d, st.plan, st.flags);
-    if (st.plan == UST__PLAN_PASS) { // the common path, without a run's buffers
+    if (st.plan == UST__PLAN_PASS) { // the common path, without a run's buffers or the machine's steps
       try {
         if (st.nested_ok && ust__call_wants_nested(&st)) {
           ust__nested callees{};
@@ -1389,15 +1432,15 @@ public:
           op.redispatchBoxed(below, stack);
         }
       } catch (...) {
-        ust__decision_next(&d, UST__EV_RAISED);
+        ust__decision_passed(&d, 1);
         ust__call_end(&call, &st, &d);
         throw;
       }
-      ust__decision_next(&d, UST__EV_OK);
+      ust__decision_passed(&d, 0);
       ust__call_end(&call, &st, &d);
       return;
     }
-    run_plan(op, below, stack, b, call, st, d, step);
+    run_plan(op, below, stack, b, args, call, st, d, ust__decision_start(&d, st.plan, st.flags));
   }
 
 private:

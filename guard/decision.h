@@ -126,6 +126,17 @@ int ust__decision_start(ust__decision *d, int plan, int flags);
  * taken as UST__EV_INTERNAL. */
 int ust__decision_next(ust__decision *d, int event);
 
+/* The PASS plan's end without its steps: production ran once on the
+ * caller's arguments and returned (raised 0) or raised. d is left exactly
+ * as ust__decision_start(d, UST__PLAN_PASS, 0) followed by one
+ * ust__decision_next (UST__EV_OK or UST__EV_RAISED) leaves it; the common
+ * path of an intercepted call runs this instead of the machine. */
+static inline void ust__decision_passed(ust__decision *d, int raised) {
+  const ust__decision ended = {UST__PLAN_PASS, 0, UST__STEP_DONE, raised ? UST__OUT_RAISE : UST__OUT_PRODUCTION,
+                               0, 0, 0, 0, 0, 0, 0, 0, 1};
+  *d = ended;
+}
+
 const char *ust__step_name(int step);
 const char *ust__event_name(int event);
 const char *ust__outcome_name(int outcome);

@@ -200,3 +200,18 @@ TEST(decision_named_paths) {
   ASSERT_INT_EQ(run(UST__PLAN_SERVE, UST__DF_NO_SNAPSHOTS, ok, 1, s), UST__OUT_CANDIDATE);
   ASSERT_INT_EQ(s[0], UST__STEP_CAND_ON_ARGS);
 }
+
+/* The common path's shortcut (ust__decision_passed) leaves what the machine
+ * leaves for a plain call, field for field. */
+TEST(decision_passed_is_the_machines_plain_call) {
+  for (int raised = 0; raised < 2; raised++) {
+    ust__decision machine, shortcut;
+    memset(&machine, 0x5a, sizeof machine);
+    memset(&shortcut, 0x5a, sizeof shortcut);
+    ASSERT_INT_EQ(ust__decision_start(&machine, UST__PLAN_PASS, 0), UST__STEP_PROD_ON_ARGS);
+    ASSERT_INT_EQ(ust__decision_next(&machine, raised ? UST__EV_RAISED : UST__EV_OK), UST__STEP_DONE);
+    ust__decision_passed(&shortcut, raised);
+    ASSERT_INT_EQ(shortcut.outcome, raised ? UST__OUT_RAISE : UST__OUT_PRODUCTION);
+    ASSERT_TRUE(memcmp(&machine, &shortcut, sizeof machine) == 0);
+  }
+}
