@@ -56,6 +56,7 @@ typedef struct ust__call {
   int device;           /* ust__device of the first tensor argument (a list's first tensor) */
   int device_id;
   void *stream;         /* native stream (cudaStream_t / hipStream_t); NULL on the host */
+  int phase;            /* ust_phase of the calling thread */
 } ust__call;
 
 struct ust__binding;
@@ -110,12 +111,25 @@ typedef struct ust__nested {
 
 /* ---- bindings -------------------------------------------------------------------- */
 
+/* What understudy keeps per thread about the calls it intercepts, in one
+ * thread-local block: the bridge finds it once per call (each thread-local
+ * variable of a dlopen'ed library is a call into the dynamic loader). */
+typedef struct ust__thread {
+  int depth;      /* intercepted calls in flight (ust__hook_enter .. ust__hook_leave) */
+  int call_depth; /* tracked calls in progress: a bound op one calls is part of it, not counted again */
+  int own_work;   /* understudy's own torch work in progress (snapshots, the candidate): passed through */
+  int phase;      /* ust_set_phase */
+  ust__nested *nested; /* while an outer call's production runs: where its bound callees' floors are summed */
+} ust__thread;
+
+ust__thread *ust__thread_state(void);
+
 /* Enter an intercepted call through its hook: the binding the enabled engine
  * has for the op, or NULL (understudy is disabled, or does not bind the op
  * now). Either way the call is counted in flight until ust__hook_leave with
  * the same ticket, and the binding stays valid until then. Lock-free. */
-struct ust__binding *ust__hook_enter(struct ust__hook *h, unsigned *ticket);
-void ust__hook_leave(struct ust__hook *h, unsigned ticket);
+struct ust__binding *ust__hook_enter(struct ust__hook *h, ust__thread *t, unsigned *ticket);
+void ust__hook_leave(struct ust__hook *h, ust__thread *t, unsigned ticket);
 
 /* 1 when the binding's operator is in mode off: the bridge then passes the
  * call through without building a view. */

@@ -130,10 +130,3 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
   }
   return -1;
 }
-
-int64_t ust__dim_bucket(int bucket, int64_t v) {
-  if (bucket != UST__BUCKET_POW2 || v <= 1)
-    return v;
-  uint64_t u = (uint64_t)v - 1;
-  return (int64_t)(1ull << (64 - __builtin_clzll(u)));
-}

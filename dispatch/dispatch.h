@@ -112,7 +112,14 @@ int ust__arg_lookup(const char *name, int nargs, const char *const *names);
 int ust__dim_resolve(ust__dim_prog *p, int nargs, const char *const *names);
 /* Evaluate against a call; -1 when the argument is missing or None. */
 int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call);
-int64_t ust__dim_bucket(int bucket, int64_t v);
+/* v in its bucket: UST__BUCKET_POW2 rounds up to a power of two (v > 1);
+ * inline, as it runs on every call of a bucketed key. */
+static inline int64_t ust__dim_bucket(int bucket, int64_t v) {
+  if (bucket != UST__BUCKET_POW2 || v <= 1)
+    return v;
+  const uint64_t u = (uint64_t)v - 1;
+  return (int64_t)(1ull << (64 - __builtin_clzll(u)));
+}
 /* A tensor's size at dim (negative from the end); -1 past its rank. Inline:
  * every key dimension that is a size reads it on every call. */
 static inline int64_t ust__dim_size(const ust__arg *a, int dim) {

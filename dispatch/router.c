@@ -156,17 +156,21 @@ UST__HOT ust__route *ust__routes_get(ust__router *router, const ust__route_key *
   return NULL;
 }
 
-static _Thread_local int tl_phase;
+/* The calling thread's block (dispatch/callview.h): one thread-local
+ * variable, so that a call reads the dynamic loader's table once. */
+static _Thread_local ust__thread tl_thread;
+
+UST__HOT ust__thread *ust__thread_state(void) { return &tl_thread; }
 
 int ust_set_phase(int phase) {
   if (phase < UST_PHASE_UNKNOWN || phase > UST_PHASE_DECODE)
     return ust__error(UST_EINVAL, "set_phase: %d is not a phase (0 unknown, 1 prefill, 2 decode)", phase);
-  int prev = tl_phase;
-  tl_phase = phase;
+  int prev = tl_thread.phase;
+  tl_thread.phase = phase;
   return prev;
 }
 
-int ust__thread_phase(void) { return tl_phase; }
+int ust__thread_phase(void) { return tl_thread.phase; }
 
 const char *ust__phase_name(int phase) {
   static const char *names[] = {"unknown", "prefill", "decode"};
@@ -176,7 +180,7 @@ const char *ust__phase_name(int phase) {
 UST__HOT void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key) {
   memset(key, 0, sizeof *key);
   key->binding = (uint16_t)b->index;
-  key->phase = (uint8_t)tl_phase;
+  key->phase = (uint8_t)call->phase;
   key->device = (uint8_t)call->device;
   for (int i = 0; i < call->nargs && key->n_dtypes < UST__MAX_KEY_TENSORS; i++)
     if (call->args[i].kind == UST__ARG_TENSOR || call->args[i].kind == UST__ARG_TENSORLIST)
@@ -1032,31 +1036,29 @@ __attribute__((weak)) const ust__seam_i *ust__seam(void) { return NULL; }
 
 /* ---- the bridge's accessors ---------------------------------------------------------- */
 
-static _Thread_local int tl_depth;
-
-int ust__in_intercepted_call(void) { return tl_depth > 0; }
+int ust__in_intercepted_call(void) { return tl_thread.depth > 0; }
 
 /* The count is taken before the binding is read (both sequentially
  * consistent): a call that read a binding before disable detached it is
  * counted in an epoch disable waits for, and one counted too late to be
  * waited for reads NULL. */
-UST__HOT ust__binding *ust__hook_enter(ust__hook *h, unsigned *ticket) {
-  tl_depth++;
+UST__HOT ust__binding *ust__hook_enter(ust__hook *h, ust__thread *t, unsigned *ticket) {
+  t->depth++;
   const unsigned e = atomic_load_explicit(&h->gate->epoch, memory_order_seq_cst) & 1u;
   atomic_fetch_add_explicit(&h->gate->inflight[e], 1, memory_order_seq_cst);
   *ticket = e;
   return atomic_load_explicit(&h->binding, memory_order_seq_cst);
 }
 
-UST__HOT void ust__hook_leave(ust__hook *h, unsigned ticket) {
+UST__HOT void ust__hook_leave(ust__hook *h, ust__thread *t, unsigned ticket) {
   atomic_fetch_sub_explicit(&h->gate->inflight[ticket & 1u], 1, memory_order_release);
-  tl_depth--;
+  t->depth--;
 }
 
 void ust__gate_after_fork(ust__gate *g) {
   /* only the forking thread came along: only its own calls are in flight */
   const unsigned e = atomic_load(&g->epoch) & 1u;
-  atomic_store(&g->inflight[e], tl_depth);
+  atomic_store(&g->inflight[e], tl_thread.depth);
   atomic_store(&g->inflight[e ^ 1u], 0);
 }
 

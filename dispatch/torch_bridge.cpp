@@ -144,9 +144,11 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
   return true;
 }
 
-// Fills the view from the arguments on top of the stack. Returns false when
-// the call touches no tensor understudy counts (meta, fake, sparse, ...).
-[[gnu::hot]] bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args, ust__call *call) {
+// Fills the view from the arguments on top of the stack, for a call made in
+// phase (the thread's ust_phase). Returns false when the call touches no
+// tensor understudy counts (meta, fake, sparse, ...).
+[[gnu::hot]] bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args, ust__call *call,
+                             int phase) {
   const size_t n_schema = op.schema().arguments().size();
   const size_t n = std::min<size_t>(n_schema, kMaxArgs);
   const c10::IValue *ivs = stack.data() + (stack.size() - n_schema);
@@ -156,6 +158,7 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
   call->device = -1;
   call->device_id = 0;
   call->stream = nullptr;
+  call->phase = phase;
   for (size_t i = 0; i < n; i++) {
     const c10::IValue &iv = ivs[i];
     ust__arg &a = args[i];
@@ -235,45 +238,51 @@ void resolve_names(ust__binding *b, const c10::OperatorHandle &op) {
   ust__binding_resolve(b, static_cast<int>(names.size()), names.data(), writes, outs);
 }
 
-// Calls made while understudy runs its own work for a call (snapshots, the
-// candidate, its own use of aten ops) pass through the interceptors
-// untouched: they are not live traffic, and a candidate built from the op it
-// stands in for must not shadow itself.
-thread_local int tl_own_work = 0;
-
-// Calls a bound op makes to other bound ops while it runs (a framework's
-// attention wrapper calling its flash kernel, SDPA's math path calling bmm)
-// are part of the outer call: counting them again would count their device
-// time twice in the operators' weights. They pass through untouched.
-thread_local int tl_call_depth = 0;
-
-// While an outer call's production runs and its floor may come from the
-// bound ops it calls: where their floors are summed (ust__nested). Only the
-// outer call's direct bound callees count (a counted one runs at depth 2).
-thread_local ust__nested *tl_nested = nullptr;
-
+// The thread's block (ust__thread, dispatch/callview.h), read once by each
+// intercepted call:
+// - own_work: calls made while understudy runs its own work for a call
+//   (snapshots, the candidate, its own use of aten ops) pass through the
+//   interceptors untouched: they are not live traffic, and a candidate built
+//   from the op it stands in for must not shadow itself;
+// - call_depth: calls a bound op makes to other bound ops while it runs (a
+//   framework's attention wrapper calling its flash kernel, SDPA's math path
+//   calling bmm) are part of the outer call: counting them again would count
+//   their device time twice in the operators' weights. They pass through;
+// - nested: while an outer call's production runs and its floor may come
+//   from the bound ops it calls, where their floors are summed (ust__nested).
+//   Only the outer call's direct bound callees count (a counted one runs at
+//   depth 2).
 struct NestedScope {
-  explicit NestedScope(ust__nested *acc) : prev_(tl_nested) { tl_nested = acc; }
-  ~NestedScope() { tl_nested = prev_; }
+  NestedScope(ust__thread *t, ust__nested *acc) : t_(t), prev_(t->nested) { t->nested = acc; }
+  ~NestedScope() { t_->nested = prev_; }
   NestedScope(const NestedScope &) = delete;
   NestedScope &operator=(const NestedScope &) = delete;
 
 private:
+  ust__thread *t_;
   ust__nested *prev_;
 };
 
 struct CallScope {
-  CallScope() { tl_call_depth++; }
-  ~CallScope() { tl_call_depth--; }
+  explicit CallScope(ust__thread *t) : t_(t) { t->call_depth++; }
+  ~CallScope() { t_->call_depth--; }
   CallScope(const CallScope &) = delete;
   CallScope &operator=(const CallScope &) = delete;
+
+private:
+  ust__thread *t_;
 };
 
 struct OwnWork {
-  OwnWork() { tl_own_work++; }
-  ~OwnWork() { tl_own_work--; }
+  OwnWork() : t_(ust__thread_state()) { t_->own_work++; }
+  ~OwnWork() { t_->own_work--; }
   OwnWork(const OwnWork &) = delete;
   OwnWork &operator=(const OwnWork &) = delete;
+
+private:
+  ust__thread *t_;
+
+public:
   at::AutoDispatchBelowADInplaceOrView below_autograd;
 };
 
@@ -702,7 +711,7 @@ private:
     if (captured_prod)
       ust__call_graph_prod(&st_, &call_, 0);
     try {
-      NestedScope scope(collect ? &nested : nullptr);
+      NestedScope scope(ust__thread_state(), collect ? &nested : nullptr);
       op_.redispatchBoxed(below_, &stack_);
     } catch (...) {
       prod_exc_ = std::current_exception();
@@ -735,7 +744,7 @@ private:
     const bool collect = ust__call_wants_nested(&st_) != 0;
     mark(kProdBegin);
     try {
-      NestedScope nscope(collect ? &nested : nullptr);
+      NestedScope nscope(ust__thread_state(), collect ? &nested : nullptr);
       OwnWork scope; // production's own nested calls are part of it, not traffic
       op_.redispatchBoxed(below_, &x_.side);
     } catch (...) {
@@ -1335,13 +1344,14 @@ private:
 };
 
 struct HookScope {
-  explicit HookScope(ust__hook *h) : h_(h), binding(ust__hook_enter(h, &ticket_)) {}
-  ~HookScope() { ust__hook_leave(h_, ticket_); }
+  HookScope(ust__hook *h, ust__thread *t) : h_(h), t_(t), binding(ust__hook_enter(h, t, &ticket_)) {}
+  ~HookScope() { ust__hook_leave(h_, t_, ticket_); }
   HookScope(const HookScope &) = delete;
   HookScope &operator=(const HookScope &) = delete;
 
 private:
   ust__hook *h_;
+  ust__thread *t_;
   unsigned ticket_ = 0;
 
 public:
@@ -1349,19 +1359,20 @@ public:
 };
 
 // A bound call inside an outer one whose floor may come from its callees.
-[[gnu::noinline]] void note_nested(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__binding *b) {
+[[gnu::noinline]] void note_nested(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__binding *b,
+                                   ust__thread *t) {
   try {
     if (ust__binding_needs_names(b))
       resolve_names(b, op);
     ust__arg args[kMaxArgs];
     ust__call call;
-    if (build_view(op, stack, args, &call))
-      ust__binding_nested_floor(b, &call, tl_nested);
+    if (build_view(op, stack, args, &call, t->phase))
+      ust__binding_nested_floor(b, &call, t->nested);
     else
-      tl_nested->n++, tl_nested->unscored++;
+      t->nested->n++, t->nested->unscored++;
   } catch (...) {
-    tl_nested->n++;
-    tl_nested->unscored++;
+    t->nested->n++;
+    t->nested->unscored++;
   }
 }
 
@@ -1384,22 +1395,23 @@ public:
   explicit Interceptor(ust__hook *h) : hook_(h) {}
 
   [[gnu::hot]] void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
-    HookScope scope(hook_);
+    ust__thread *const th = ust__thread_state();
+    HookScope scope(hook_, th);
     const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
                                                                c10::DispatchKey::BackendSelect);
     ust__binding *b = scope.binding;
-    if (b != nullptr && tl_nested != nullptr && tl_call_depth == 1) {
+    if (b != nullptr && th->nested != nullptr && th->call_depth == 1) {
       // a bound op the outer call runs: its floor counts toward the outer's
-      note_nested(op, *stack, b);
-      CallScope deeper; // its own callees are not the outer's direct ones
+      note_nested(op, *stack, b, th);
+      CallScope deeper(th); // its own callees are not the outer's direct ones
       op.redispatchBoxed(below, stack);
       return;
     }
-    if (b == nullptr || tl_own_work > 0 || tl_call_depth > 0 || ust__binding_is_off(b)) {
+    if (b == nullptr || th->own_work > 0 || th->call_depth > 0 || ust__binding_is_off(b)) {
       op.redispatchBoxed(below, stack);
       return;
     }
-    CallScope nested;
+    CallScope nested(th);
     ust__arg args[kMaxArgs];
     ust__call call;
     ust__call_state st; // ust__call_begin fills it, before anything reads it
@@ -1407,7 +1419,7 @@ public:
     try {
       if (ust__binding_needs_names(b))
         resolve_names(b, op);
-      tracked = build_view(op, *stack, args, &call);
+      tracked = build_view(op, *stack, args, &call, th->phase);
       if (tracked)
         ust__call_begin(b, &call, &st);
     } catch (...) {
@@ -1424,7 +1436,7 @@ public:
         if (st.nested_ok && ust__call_wants_nested(&st)) {
           ust__nested callees{};
           {
-            NestedScope nscope(&callees);
+            NestedScope nscope(th, &callees);
             op.redispatchBoxed(below, stack);
           }
           ust__call_nested_done(&st, &callees);
