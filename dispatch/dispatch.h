@@ -484,6 +484,7 @@ typedef struct ust__route_table {
 typedef struct ust__router {
   ust__route_table routes;
   ust__timers *timers;
+  int tracer; /* the timers may trace kernels (not "events"): else no call asks whether a window is open */
   ust__shadow_pool *shadow;
   ust__graphs *graphs; /* shadow captured into CUDA graphs */
   ust__rollout *rollout;

@@ -747,7 +747,8 @@ UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_
    * between windows, while the tracer is the timer, only the key's first
    * calls are (by events, kept apart), so that the sampled figures are all
    * kernel time */
-  const int tracing = call->device == UST__DEV_CUDA ? ust__timers_tracing(b->router->timers) : UST__TRACING_OFF;
+  const int tracing = call->device == UST__DEV_CUDA && b->router->tracer ? ust__timers_tracing(b->router->timers)
+                                                                         : UST__TRACING_OFF;
   if (tracing != UST__TRACING_WINDOW && !early && (!sampled || tracing == UST__TRACING_BETWEEN))
     return;
   st->first = early && (!sampled || tracing == UST__TRACING_BETWEEN); /* timed for being one of the key's first calls */
