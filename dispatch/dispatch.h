@@ -364,6 +364,10 @@ int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_si
  * by events), in a window (every call, by its kernels). Relaxed: a hint. */
 enum { UST__TRACING_OFF = 0, UST__TRACING_BETWEEN = 1, UST__TRACING_WINDOW = 2 };
 int ust__timers_tracing(const ust__timers *t);
+/* 1 when the timers hold a kernel tracer that can open windows (CUPTI asked
+ * for and loaded); fixed once they are made: 0 means ust__timers_tracing
+ * answers UST__TRACING_OFF for their whole life. */
+int ust__timers_may_trace(const ust__timers *t);
 /* Where the timer stands (thread-safe). */
 void ust__timers_status(ust__timers *t, ust__timer_status *out);
 /* Waits for every pending timing (synchronises). NULL: no-op. */
@@ -406,6 +410,9 @@ void ust__cupti_destroy(ust__cupti *c);
 int ust__cupti_poll(ust__cupti *c, int used, int sync);
 /* UST__TRACING_*; relaxed. */
 int ust__cupti_tracing(const ust__cupti *c);
+/* 1 when the tracer is on (CUPTI asked for and loaded); never changes after
+ * create: a tracer that is off stays off. */
+int ust__cupti_present(const ust__cupti *c);
 /* A call slot with its id pushed, or -1; ended by ust__cupti_end (figs NULL:
  * the call is not timed) on the same thread. */
 int ust__cupti_begin(ust__cupti *c);
@@ -484,7 +491,7 @@ typedef struct ust__route_table {
 typedef struct ust__router {
   ust__route_table routes;
   ust__timers *timers;
-  int tracer; /* the timers may trace kernels (not "events"): else no call asks whether a window is open */
+  int tracer; /* ust__timers_may_trace: else no call asks the timers whether a window is open */
   ust__shadow_pool *shadow;
   ust__graphs *graphs; /* shadow captured into CUDA graphs */
   ust__rollout *rollout;

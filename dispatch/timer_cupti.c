@@ -664,6 +664,8 @@ int ust__cupti_tracing(const ust__cupti *c) {
   return ust__kt_window_open(c->kt) ? UST__TRACING_WINDOW : UST__TRACING_BETWEEN;
 }
 
+int ust__cupti_present(const ust__cupti *c) { return c != NULL && c->state != ST_OFF; }
+
 int ust__cupti_begin(ust__cupti *c) {
   uint64_t ext = 0;
   const int slot = ust__kt_begin(c->kt, &ext);

@@ -168,6 +168,15 @@ UST__HOT int ust__timers_tracing(const ust__timers *t) {
 #endif
 }
 
+int ust__timers_may_trace(const ust__timers *t) {
+#if defined(UST_GPU_CUDA)
+  return ust__cupti_present(t->cupti);
+#else
+  (void)t;
+  return 0;
+#endif
+}
+
 void ust__timers_status(ust__timers *t, ust__timer_status *out) {
 #if defined(UST_GPU_CUDA)
   ust__cupti_status(t->cupti, out);

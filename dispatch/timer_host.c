@@ -20,6 +20,7 @@ int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_si
 void ust__timers_destroy(ust__timers *t) { free(t); }
 int ust__timers_used(const ust__timers *t) { return 0; }
 int ust__timers_tracing(const ust__timers *t) { return UST__TRACING_OFF; }
+int ust__timers_may_trace(const ust__timers *t) { return 0; }
 void ust__timers_status(ust__timers *t, ust__timer_status *out) {
   memset(out, 0, sizeof *out);
   out->kind = "host";

@@ -357,7 +357,8 @@ static int build_router(ust__engine *e) {
         .profiler_active = c->seam != NULL ? c->seam->profiler_active : NULL,
     };
     rc = ust__timers_create(1024, &topts, &c->log, &r->timers);
-    r->tracer = e->cfg.timer_kind != UST__TIMER_EVENTS;
+    if (rc == 0)
+      r->tracer = ust__timers_may_trace(r->timers);
   }
   if (rc == 0)
     rc = ust__shadow_pool_create(e->cfg.shadow_max_inflight, &c->log, &ust__router_sink, r, &r->shadow);

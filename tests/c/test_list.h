@@ -11,7 +11,8 @@
   X(tracer_drops_calls_whose_kernels_never_came)                      \
   X(tracer_buffers_outlive_the_tracer_they_were_handed_out_for)      \
   X(tracer_times_graph_replays_of_captured_calls)                     \
-  X(tracer_grows_its_buffers_and_cuts_a_crowded_window)
+  X(tracer_grows_its_buffers_and_cuts_a_crowded_window)              \
+  X(tracer_is_present_only_when_cupti_was_asked_for_and_loaded)
 #else
 #define UST_TEST_LIST_TRACER(X)
 #endif

@@ -39,6 +39,7 @@ static ust__cupti *tracer(int callbacks, fake *f) {
                              .profiler_active = profiler_active, .callbacks = callbacks};
   ust__cupti *c = NULL;
   ASSERT_INT_EQ(ust__cupti_create(&o, NULL, &c), 0);
+  ASSERT_INT_EQ(ust__cupti_present(c), 1);
   void *h = dlopen(UST_FAKE_CUPTI, RTLD_NOW | RTLD_NOLOAD);
   ASSERT_TRUE(h != NULL);
   *(void **)&f->reset = dlsym(h, "fake_cupti_reset");
@@ -329,6 +330,24 @@ TEST(tracer_times_graph_replays_of_captured_calls) {
   ASSERT_INT_EQ(ust__cupti_maps_graphs(c), 0);
   ASSERT_INT_EQ(ust__cupti_node_ids(c, nodes, 2, ids), -1);
   ust__cupti_destroy(c);
+}
+
+/* Whether a tracer can ever open a window is known when it is made, and
+ * stays: the router asks it only then (ust__timers_may_trace). */
+TEST(tracer_is_present_only_when_cupti_was_asked_for_and_loaded) {
+  ust__cupti *c = NULL;
+  const ust__timer_opts events = {.kind = UST__TIMER_EVENTS, .cupti_path = UST_FAKE_CUPTI};
+  ASSERT_INT_EQ(ust__cupti_create(&events, NULL, &c), 0);
+  ASSERT_INT_EQ(ust__cupti_present(c), 0);
+  ASSERT_INT_EQ(ust__cupti_poll(c, 1, 0), 0); /* asked to open a window: stays off */
+  ASSERT_INT_EQ(ust__cupti_present(c), 0);
+  ASSERT_INT_EQ(ust__cupti_tracing(c), UST__TRACING_OFF);
+  ust__cupti_destroy(c);
+  const ust__timer_opts autokind = {.kind = UST__TIMER_AUTO, .cupti_path = UST_FAKE_CUPTI, .window_ns = 50000000};
+  ASSERT_INT_EQ(ust__cupti_create(&autokind, NULL, &c), 0);
+  ASSERT_INT_EQ(ust__cupti_present(c), 1);
+  ust__cupti_destroy(c);
+  ASSERT_INT_EQ(ust__cupti_present(NULL), 0);
 }
 
 TEST(tracer_grows_its_buffers_and_cuts_a_crowded_window) {
