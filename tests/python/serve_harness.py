@@ -255,8 +255,11 @@ def report_ops(rep):
         for s in op["shapes"]:
             row = out[s["op"]]
             row["calls"] += int(s["calls"])
+            sh = s.get("shadow") or {}
             for k in ("calls", "passed", "failed", "skipped", "unverifiable"):
-                row["shadow"][k] += int((s.get("shadow") or {}).get(k, 0) or 0)
+                row["shadow"][k] += int(sh.get(k, 0) or 0)
+            for k, v in (sh.get("skipped_by") or {}).items():
+                row["shadow"]["skipped_by_" + k] += int(v or 0)
     return dict(out)
 
 
@@ -265,9 +268,12 @@ def report_ops(rep):
 def understudy_config(work, metrics_port, *, silu_sample=1.0, more_operators=None):
     """Observe the GEMMs and attention; shadow aten::silu with the torch-op
     candidate of serve_candidates.py (on every call by default); the final
-    report in work; metrics from an endpoint of its own."""
+    report in work; metrics from an endpoint of its own. The candidate is
+    Python: on a small shape under a sanitizer its median can pass the
+    default shadow budget (25x production's), which would stop shadowing
+    that key, so the budget is lifted (the budget has tests of its own)."""
     ops = {"gemm": "observe", "sdpa": "observe",
-           "silu": {"mode": "shadow", "sample": silu_sample,
+           "silu": {"mode": "shadow", "sample": silu_sample, "guard": {"max_slowdown": 1e9},
                     "candidate": {"torch_op": "understudy_serve::silu_sigmoid", "target": "aten::silu"}}}
     ops.update(more_operators or {})
     # top_keys above the keys a run makes: every key keeps a series of its own, so the sums over series stay
@@ -478,9 +484,13 @@ def check_report(rep, responses, *, layers, vocab_size, continuous_batching, sil
     figures["shadow"] = dict(sh)
     want(sh["passed"] > 0, "no shadow call of the candidate passed")
     want(sh["failed"] == 0, f"{sh['failed']} shadow calls failed")
-    want(sh["passed"] + sh["skipped"] + sh["unverifiable"] == sh["calls"], f"shadow outcomes do not add up: {dict(sh)}")
+    # a call that took a slot ends verified, unverifiable or skipped for an error; the other skips took none
+    want(sh["passed"] + sh["failed"] + sh["unverifiable"] + sh["skipped_by_error"] == sh["calls"],
+         f"shadow outcomes do not add up: {dict(sh)}")
+    want(sh["skipped"] == sum(v for k, v in sh.items() if k.startswith("skipped_by_")),
+         f"skips without a reason: {dict(sh)}")
     if silu_sample >= 1.0:
-        want(sh["calls"] == silu["calls"], f"sample 1.0 shadowed {sh['calls']} of {silu['calls']} silu calls")
+        want(sh["calls"] == silu["calls"], f"sample 1.0 shadowed {sh['calls']} of {silu['calls']} silu calls: {dict(sh)}")
     t = rep["totals"]
     want(t["rollbacks"] == 0 and t["failed"] == 0, f"rollbacks {t['rollbacks']}, failed {t['failed']}")
     want(t["internal_errors"] == 0, f"{t['internal_errors']} internal errors")
