@@ -200,7 +200,7 @@ const ust__hw_profile *ust__hw_for_call(ust__hw_ctx *hw, const ust__call *call);
 typedef struct ust__kt_call {
   ust__figs *figs;      /* the route's figures; set at the call's end */
   uint64_t tsol_ps;
-  int first;            /* one of its key's first calls */
+  int kind;             /* why it was timed (UST__TIMED_*) */
   int parent;           /* the slot of the call it is nested in, or -1 */
   atomic_int ended;     /* 1 returned (time it), 2 raised or served by a candidate (do not) */
   /* joined at conclusion */
@@ -248,7 +248,7 @@ void ust__kt_open(ust__kt *k);
  * slot left); *ext receives the external id to push. The slot must be
  * ended (ust__kt_end or ust__kt_cancel) on the same thread. */
 int ust__kt_begin(ust__kt *k, uint64_t *ext);
-void ust__kt_end(ust__kt *k, int slot, ust__figs *figs, uint64_t tsol_ps, int first);
+void ust__kt_end(ust__kt *k, int slot, ust__figs *figs, uint64_t tsol_ps, int kind);
 void ust__kt_cancel(ust__kt *k, int slot);
 /* 1 while a window is open (relaxed: a hint for the router). */
 int ust__kt_window_open(const ust__kt *k);
@@ -378,7 +378,7 @@ int ust__timers_used(const ust__timers *t);
 int ust__timers_begin(ust__timers *t, int device_id, void *stream);
 /* Record the end event and queue the timing for figs, with the call's
  * roofline floor (0: unknown). */
-void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int first);
+void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind);
 /* Graph capture, with the kernel tracer on: before a captured call, the
  * index its first node will take in the graph stream captures into (0 if
  * noted, -1 if not: no tracer, no CUPTI node ids, an error); after it, the
@@ -416,7 +416,7 @@ int ust__cupti_present(const ust__cupti *c);
 /* A call slot with its id pushed, or -1; ended by ust__cupti_end (figs NULL:
  * the call is not timed) on the same thread. */
 int ust__cupti_begin(ust__cupti *c);
-void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int first);
+void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int kind);
 void ust__cupti_status(ust__cupti *c, ust__timer_status *out);
 /* 1 when captured calls can be mapped to their graph nodes (the tracer is
  * on and CUPTI names nodes). */

@@ -193,11 +193,11 @@ static void end_slot(ust__kt *k, int slot, int how) {
   atomic_fetch_sub(&k->inflight, 1);
 }
 
-void ust__kt_end(ust__kt *k, int slot, ust__figs *figs, uint64_t tsol_ps, int first) {
+void ust__kt_end(ust__kt *k, int slot, ust__figs *figs, uint64_t tsol_ps, int kind) {
   ust__kt_call *c = &k->calls[slot];
   c->figs = figs;
   c->tsol_ps = tsol_ps;
-  c->first = first;
+  c->kind = kind;
   end_slot(k, slot, 1);
 }
 
@@ -628,7 +628,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     }
     t->calls_timed++;
     const uint64_t span = (uint64_t)((double)(c->end - c->start) * ns_per_tick + 0.5);
-    ust__figs_kernel_time(c->figs, c->sum_ns, span, c->tsol_ps, c->first);
+    ust__figs_kernel_time(c->figs, c->sum_ns, span, c->tsol_ps, c->kind);
   }
   free(complete);
   if (n_replays > 0)

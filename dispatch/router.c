@@ -741,7 +741,10 @@ UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_
     return;
   if (pol->sample_q32 == 0)
     return;
-  const int sampled = ust__sampled(n, pol->sample_q32);
+  /* a key past its first steady_after calls is sampled at the steady share:
+   * its times are a stratum of their own (ust__est_device_time) */
+  const int steady = n > pol->steady_after;
+  const int sampled = ust__sampled(n, steady ? pol->steady_q32 : pol->sample_q32);
   const int early = n <= UST__FIRST_TIMED;
   /* inside a kernel-tracing window every CUDA call is timed by its kernels;
    * between windows, while the tracer is the timer, only the key's first
@@ -751,7 +754,10 @@ UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_
                                                                          : UST__TRACING_OFF;
   if (tracing != UST__TRACING_WINDOW && !early && (!sampled || tracing == UST__TRACING_BETWEEN))
     return;
-  st->first = early && (!sampled || tracing == UST__TRACING_BETWEEN); /* timed for being one of the key's first calls */
+  if (early && (!sampled || tracing == UST__TRACING_BETWEEN))
+    st->timed_kind = UST__TIMED_FIRST; /* timed for being one of the key's first calls */
+  else if (steady && tracing != UST__TRACING_WINDOW)
+    st->timed_kind = UST__TIMED_STEADY;
   begin_timing(b, r, call, legacy, st);
 }
 
@@ -772,11 +778,11 @@ UST__HOT void ust__call_end(const ust__call *call, ust__call_state *st, const us
     ust__timers_captured(r->binding->router->timers, call->stream, st->capture_from, &r->figs, st->tsol_ps);
   if (st->timing == 2) {
     if (d->outcome == UST__OUT_PRODUCTION)
-      ust__timers_end(r->binding->router->timers, st->gpu_slot, call->stream, &r->figs, st->tsol_ps, st->first);
+      ust__timers_end(r->binding->router->timers, st->gpu_slot, call->stream, &r->figs, st->tsol_ps, st->timed_kind);
     else
       ust__timers_cancel(r->binding->router->timers, st->gpu_slot);
   } else if (st->timing == 1 && d->outcome == UST__OUT_PRODUCTION) {
-    (st->first ? ust__figs_first_time : ust__figs_prod_time)(&r->figs, ust__now_ns() - st->t0_ns, st->tsol_ps);
+    ust__figs_timed(&r->figs, ust__now_ns() - st->t0_ns, st->tsol_ps, st->timed_kind);
   }
   st->timing = 0;
 }
@@ -857,7 +863,7 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
      * candidate's is the wire's, not its kernel's: neither scored nor held
      * against the budget */
     if (v->have_times)
-      ust__figs_prod_time(&r->figs, v->prod_ns, v->tsol_ps);
+      ust__figs_timed(&r->figs, v->prod_ns, v->tsol_ps, UST__TIMED_SAMPLED);
     if (v->kind == UST__VERDICT_PASSED)
       ust__rollout_passed(&r->rollout, v->stage, !v->serving, NAN);
     return;
@@ -871,7 +877,7 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
   }
   if (isfinite(v->aa_log_ratio))
     ust__rollout_aa(&r->rollout, v->aa_log_ratio);
-  ust__figs_prod_time(&r->figs, v->prod_ns, v->tsol_ps);
+  ust__figs_timed(&r->figs, v->prod_ns, v->tsol_ps, UST__TIMED_SAMPLED);
   ust__figs_cand_time(&r->figs, v->cand_ns, v->tsol_ps, v->kind == UST__VERDICT_PASSED);
   if (r->binding->cand != NULL && ust__verify_budget(&r->verify, &r->figs, r->binding->cand->max_slowdown))
     ust__log(router->log, UST_LOG_WARN, "%s: shadowing stopped: the candidate's median is %.1fx production's, over "

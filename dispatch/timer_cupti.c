@@ -680,11 +680,11 @@ int ust__cupti_begin(ust__cupti *c) {
   return slot;
 }
 
-void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int first) {
+void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int kind) {
   if (!atomic_load_explicit(&c->by_callbacks, memory_order_relaxed))
     c->api.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, NULL);
   if (figs != NULL)
-    ust__kt_end(c->kt, slot, figs, tsol_ps, first);
+    ust__kt_end(c->kt, slot, figs, tsol_ps, kind);
   else
     ust__kt_cancel(c->kt, slot);
 }

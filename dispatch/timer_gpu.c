@@ -33,7 +33,7 @@ typedef struct timer {
   int device; /* -1 until its events exist */
   ust__figs *figs;
   uint64_t tsol_ps;
-  int first; /* one of its key's first calls (ust__figs_first_time) */
+  int kind; /* why it was timed (UST__TIMED_*) */
 } timer;
 
 typedef struct device_pool {
@@ -307,17 +307,17 @@ void ust__timers_cancel(ust__timers *t, int token) {
   give_back(t, token);
 }
 
-void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int first) {
+void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind) {
 #if defined(UST_GPU_CUDA)
   if (token & CUPTI_TOKEN) {
-    ust__cupti_end(t->cupti, token & ~CUPTI_TOKEN, figs, tsol_ps, first);
+    ust__cupti_end(t->cupti, token & ~CUPTI_TOKEN, figs, tsol_ps, kind);
     return;
   }
 #endif
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   s->figs = figs;
   s->tsol_ps = tsol_ps;
-  s->first = first;
+  s->kind = kind;
   if (UST__GPU_CHECK(t->log, cudaEventRecord(s->stop, (cudaStream_t)stream)) != 0) {
     give_back(t, token);
     return;
@@ -330,7 +330,7 @@ static void conclude(ust__timers *t, int token, cudaError_t q) {
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   float ms = 0;
   if (q == cudaSuccess && UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, s->start, s->stop)) == 0)
-    (s->first ? ust__figs_first_time : ust__figs_prod_time)(s->figs, (uint64_t)((double)ms * 1e6 + 0.5), s->tsol_ps);
+    ust__figs_timed(s->figs, (uint64_t)((double)ms * 1e6 + 0.5), s->tsol_ps, s->kind);
   else
     atomic_fetch_add_explicit(&s->figs->timing_dropped, 1, memory_order_relaxed);
   s->figs = NULL;

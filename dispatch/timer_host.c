@@ -26,7 +26,7 @@ void ust__timers_status(ust__timers *t, ust__timer_status *out) {
   out->kind = "host";
 }
 int ust__timers_begin(ust__timers *t, int device_id, void *stream) { return -1; }
-void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int first) {}
+void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind) {}
 void ust__timers_cancel(ust__timers *t, int token) {}
 int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from) {
   *from = 0;

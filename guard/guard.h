@@ -77,6 +77,11 @@ typedef struct ust__policy {
   int mode;            /* ust__mode */
   double sample;       /* measured share of calls (timed; shadowed; verified of the candidate's) */
   uint32_t sample_q32;
+  /* the share of a key's calls timed once it has had steady_after calls
+   * (UINT64_MAX: the share never changes); shadowing keeps sample */
+  double sample_steady;
+  uint32_t steady_q32;
+  uint64_t steady_after;
   double canary;       /* the candidate's share of calls in canary mode */
   uint32_t canary_q32;
   int strict;          /* canary/live: verify before serving (synchronises) */

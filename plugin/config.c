@@ -189,6 +189,18 @@ static int parse_sample(const cJSON *v, const char *path, double *sample) {
   return 0;
 }
 
+/* "sample_steady" of the section at path: a share no greater than the
+ * section's sample. */
+static int parse_steady(const cJSON *v, const char *path, double sample, double *steady) {
+  char sub[UST__NAME_MAX + 48];
+  snprintf(sub, sizeof sub, "%s.sample_steady", path);
+  int rc = parse_sample(v, sub, steady);
+  if (rc == 0 && *steady > sample)
+    rc = ust__error(UST_ECONFIG, "config: '%s' (%g) must not be above '%s.sample' (%g): it is the share once a key "
+                    "is steady", sub, *steady, path, sample);
+  return rc;
+}
+
 static int parse_string(const cJSON *v, const char *path, char **out) {
   if (!cJSON_IsString(v) || v->valuestring[0] == '\0')
     return ust__error(UST_ECONFIG, "config: '%s' must be a non-empty string", path);
@@ -486,6 +498,8 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
       return ust__error(UST_ENOMEM, "config: out of memory");
     oc->mode = cfg->default_mode;
     oc->sample = cfg->default_sample;
+    oc->sample_steady = cfg->default_sample_steady;
+    oc->steady_after = cfg->steady_after;
     oc->canary = 0.1;
     oc->promotion.min_verified = 100;
     oc->promotion.min_speedup = 1.0;
@@ -502,8 +516,8 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
     if (cJSON_IsString(it)) {
       rc = parse_mode(it, path, &oc->mode);
     } else if (cJSON_IsObject(it)) {
-      static const char *const keys[] = {"mode", "sample", "candidate", "guard", "canary", "strict", "promotion",
-                                         "routes", NULL};
+      static const char *const keys[] = {"mode", "sample", "sample_steady", "candidate", "guard", "canary", "strict",
+                                         "promotion", "routes", NULL};
       rc = check_keys(it, path, keys);
       const cJSON *v;
       char sub[UST__NAME_MAX + 48];
@@ -514,7 +528,10 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
       if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "sample")) != NULL) {
         snprintf(sub, sizeof sub, "%s.sample", path);
         rc = parse_sample(v, sub, &oc->sample);
+        oc->sample_steady = oc->sample; /* a share asked for holds for every call, unless sample_steady says */
       }
+      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "sample_steady")) != NULL)
+        rc = parse_steady(v, path, oc->sample, &oc->sample_steady);
       if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "candidate")) != NULL) {
         snprintf(sub, sizeof sub, "%s.candidate", path);
         rc = parse_candidate(v, sub, &oc->cand);
@@ -719,7 +736,7 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
                                    "kernel tracing fails graphs whose kernels launch graphs from the device");
   const cJSON *defaults = cJSON_GetObjectItemCaseSensitive(root, "defaults");
   if (defaults != NULL) {
-    static const char *const dkeys[] = {"mode", "sample", NULL};
+    static const char *const dkeys[] = {"mode", "sample", "sample_steady", "steady_after", NULL};
     if ((rc = section(defaults, "defaults", dkeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "mode")) != NULL &&
@@ -728,9 +745,20 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
     if (cfg->default_mode >= UST__MODE_SHADOW)
       return ust__error(UST_ECONFIG, "config: 'defaults.mode' cannot be %s: it needs a candidate, named per "
                                      "operator in 'operators.NAME.candidate'", ust__mode_name(cfg->default_mode));
-    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "sample")) != NULL &&
-        (rc = parse_sample(v, "defaults.sample", &cfg->default_sample)) != 0)
+    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "sample")) != NULL) {
+      if ((rc = parse_sample(v, "defaults.sample", &cfg->default_sample)) != 0)
+        return rc;
+      cfg->default_sample_steady = cfg->default_sample; /* as for an operator's sample */
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "sample_steady")) != NULL &&
+        (rc = parse_steady(v, "defaults", cfg->default_sample, &cfg->default_sample_steady)) != 0)
       return rc;
+    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "steady_after")) != NULL) {
+      if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 1e15 ||
+          v->valuedouble != floor(v->valuedouble))
+        return ust__error(UST_ECONFIG, "config: 'defaults.steady_after' must be a whole number of calls in [0, 1e15]");
+      cfg->steady_after = (uint64_t)v->valuedouble;
+    }
   }
   const cJSON *metrics = cJSON_GetObjectItemCaseSensitive(root, "metrics");
   if (metrics != NULL && (rc = parse_metrics(metrics)) != 0)
@@ -749,6 +777,9 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->log_level = UST_LOG_WARN;
   cfg->default_mode = UST__MODE_OBSERVE;
   cfg->default_sample = 1.0 / 16;
+  /* once a key has had 4096 calls (about 256 of them timed), 1 in 256 */
+  cfg->default_sample_steady = 1.0 / 256;
+  cfg->steady_after = 4096;
   cfg->max_routes = 4096;
   cfg->shadow_max_inflight = 64;
   cfg->shadow_graph_beside_mb = 16;

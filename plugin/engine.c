@@ -47,6 +47,11 @@ static const ust__policy *policy_new(ust__engine *e, const ust__policy *p) {
     return NULL;
   n->policy = *p;
   n->policy.sample_q32 = ust__share_q32(p->sample);
+  n->policy.steady_q32 = ust__share_q32(p->sample_steady);
+  if (n->policy.steady_q32 >= n->policy.sample_q32) { /* one share throughout */
+    n->policy.steady_q32 = n->policy.sample_q32;
+    n->policy.steady_after = UINT64_MAX;
+  }
   n->policy.canary_q32 = ust__share_q32(p->canary);
   n->next = e->policies;
   e->policies = n;
@@ -58,6 +63,8 @@ static ust__policy policy_of(const ust__op_config *oc) {
   memset(&p, 0, sizeof p);
   p.mode = oc->mode;
   p.sample = oc->sample;
+  p.sample_steady = oc->sample_steady;
+  p.steady_after = oc->steady_after;
   p.canary = oc->canary;
   p.strict = oc->strict;
   p.promotion = oc->promotion;
@@ -234,6 +241,8 @@ static int build_operators(ust__engine *e) {
       memset(&pol, 0, sizeof pol);
       pol.mode = c->default_mode;
       pol.sample = c->default_sample;
+      pol.sample_steady = c->default_sample_steady;
+      pol.steady_after = c->steady_after;
     } else {
       pol = policy_of(&c->ops[i]);
     }

@@ -77,6 +77,8 @@ typedef struct ust__op_config {
   char name[UST__NAME_MAX];
   int mode;
   double sample;
+  double sample_steady; /* the timed share once a key has had steady_after calls (<= sample) */
+  uint64_t steady_after;
   double canary;     /* fraction of calls the candidate serves in canary mode */
   int strict;        /* canary/live: verify before serving (synchronises) */
   ust__promotion promotion;
@@ -130,6 +132,8 @@ typedef struct ust__config {
   int log_level;
   int default_mode;
   double default_sample;
+  double default_sample_steady; /* < 0: the default sample's */
+  uint64_t steady_after;
   int max_routes;
   int shadow_max_inflight;   /* shadow calls whose comparison is pending, at most */
   int shadow_graph_beside_mb; /* what a captured shadow beside the chain may keep, MiB (0: none beside) */

@@ -236,6 +236,12 @@ static cJSON *shape_json(const ust__route_snap *s) {
   /* of the timed calls, the key's first ones (timed whatever the sampling) */
   add_num(js, "first_timed", (double)s->figs.first_timed);
   add_num(js, "first_time_ns", (double)s->figs.first_time_ns);
+  /* of the timed calls, those sampled at the steady share, and the calls past
+   * the key's first steady_after (the ones the steady share sampled) */
+  const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
+  add_num(js, "steady_timed", (double)s->figs.steady_timed);
+  add_num(js, "steady_time_ns", (double)s->figs.steady_time_ns);
+  add_num(js, "steady_calls", s->figs.calls > pol->steady_after ? (double)(s->figs.calls - pol->steady_after) : 0.0);
   add_num(js, "kernel_timed", (double)s->figs.kernel_timed);
   add_num(js, "kernel_span_ns", (double)s->figs.kernel_span_ns);
   add_num(js, "replayed", (double)s->figs.replayed);
@@ -404,6 +410,10 @@ static cJSON *report_raw(ust__engine *e) {
     const ust__policy *pol = atomic_load(&((ust__engine_op *)eo)->op.policy);
     cJSON_AddStringToObject(jo, "mode", ust__mode_name(pol->mode));
     add_num(jo, "sample", pol->sample);
+    if (pol->steady_after != UINT64_MAX) { /* the share once a key is steady */
+      add_num(jo, "sample_steady", pol->sample_steady);
+      add_num(jo, "steady_after", (double)pol->steady_after);
+    }
     cJSON_AddStringToObject(jo, "definition", eo->problem->path);
     if (eo->op.cand != NULL)
       cJSON_AddItemToObject(jo, "candidate", candidate_json(&eo->candidate));
@@ -613,8 +623,11 @@ int ust__report_derive(cJSON *root) {
       /* a replayed call is timed and runs without a dispatcher call: the
        * estimate counts it beside the calls (scaled to the whole time) */
       const double replayed = num(sh, "replayed") * replay_scale;
-      double est = ust__est_device_time(num(lat, "sum"), timed, num(sh, "calls") + replayed, num(sh, "captured"),
-                                        num(sh, "first_time_ns"), num(sh, "first_timed"));
+      const ust__est_in in = {.timed = timed, .timed_sum_ns = num(lat, "sum"), .first_timed = num(sh, "first_timed"),
+                              .first_sum_ns = num(sh, "first_time_ns"), .steady_timed = num(sh, "steady_timed"),
+                              .steady_sum_ns = num(sh, "steady_time_ns"), .calls = num(sh, "calls") + replayed,
+                              .captured = num(sh, "captured"), .steady_calls = num(sh, "steady_calls")};
+      double est = ust__est_device_time(&in);
       /* the calls the candidate served (canary, live) ran its kernels, not
        * production's: they count at the candidate's mean time (its timed
        * runs, verified calls and shadow runs), or production's while it has
@@ -917,7 +930,8 @@ static int count_shapes(const cJSON *doc) {
  * a report of its own: shape keys without a call in between are left out. */
 static cJSON *window_doc(const cJSON *now, const cJSON *base) {
   static const char *const shape_keys[] = {"calls", "captured", "timing_dropped", "first_timed", "first_time_ns",
-                                            "kernel_timed", "kernel_span_ns", "replayed", NULL};
+                                            "steady_timed", "steady_time_ns", "steady_calls", "kernel_timed",
+                                            "kernel_span_ns", "replayed", NULL};
   static const char *const roof_keys[] = {"calls", "unscored", "scored_by_callees", "tsol_ns_sum", "time_ns_sum",
                                           "candidate_calls", "candidate_tsol_ns_sum", "candidate_time_ns_sum",
                                           "work_calls", "flops_sum", "bytes_sum", NULL};

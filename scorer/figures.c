@@ -30,19 +30,20 @@ static void roof_add(ust__roof_sums *r, uint64_t tsol_ps, uint64_t ns) {
   atomic_fetch_add_explicit(&r->time_ns, ns, memory_order_relaxed);
 }
 
-void ust__figs_prod_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps) {
+void ust__figs_timed(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int kind) {
   ust__hist_record(&f->hist, ns);
   roof_add(&f->prod, tsol_ps, ns);
+  if (kind == UST__TIMED_FIRST) {
+    atomic_fetch_add_explicit(&f->first_time_ns, ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&f->first_timed, 1, memory_order_relaxed);
+  } else if (kind == UST__TIMED_STEADY) {
+    atomic_fetch_add_explicit(&f->steady_time_ns, ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&f->steady_timed, 1, memory_order_relaxed);
+  }
 }
 
-void ust__figs_first_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps) {
-  ust__figs_prod_time(f, ns, tsol_ps);
-  atomic_fetch_add_explicit(&f->first_time_ns, ns, memory_order_relaxed);
-  atomic_fetch_add_explicit(&f->first_timed, 1, memory_order_relaxed);
-}
-
-void ust__figs_kernel_time(ust__figs *f, uint64_t sum_ns, uint64_t span_ns, uint64_t tsol_ps, int first) {
-  (first ? ust__figs_first_time : ust__figs_prod_time)(f, sum_ns, tsol_ps);
+void ust__figs_kernel_time(ust__figs *f, uint64_t sum_ns, uint64_t span_ns, uint64_t tsol_ps, int kind) {
+  ust__figs_timed(f, sum_ns, tsol_ps, kind);
   atomic_fetch_add_explicit(&f->kernel_span_ns, span_ns, memory_order_relaxed);
   atomic_fetch_add_explicit(&f->kernel_timed, 1, memory_order_relaxed);
 }
@@ -151,6 +152,8 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->timing_dropped = atomic_load(&f->timing_dropped);
   out->first_timed = atomic_load(&f->first_timed);
   out->first_time_ns = atomic_load(&f->first_time_ns);
+  out->steady_timed = atomic_load(&f->steady_timed);
+  out->steady_time_ns = atomic_load(&f->steady_time_ns);
   out->kernel_timed = atomic_load(&f->kernel_timed);
   out->kernel_span_ns = atomic_load(&f->kernel_span_ns);
   out->replayed = atomic_load(&f->replayed);
@@ -175,13 +178,20 @@ void ust__figs_snap_free(ust__figs_snap *s) {
   ust__hist_sparse_free(&s->cand_hist);
 }
 
-double ust__est_device_time(double timed_sum_ns, double timed, double calls, double captured, double first_sum_ns,
-                            double first_timed) {
-  const double eligible = calls > captured ? calls - captured : 0;
-  const double sampled = timed - first_timed, sampled_sum = timed_sum_ns - first_sum_ns;
-  if (sampled > 0 && sampled_sum >= 0)
-    return sampled_sum * eligible / sampled;
-  return timed > 0 ? timed_sum_ns * eligible / timed : 0.0;
+double ust__est_device_time(const ust__est_in *in) {
+  const double eligible = in->calls > in->captured ? in->calls - in->captured : 0;
+  const double late = in->steady_calls < eligible ? (in->steady_calls > 0 ? in->steady_calls : 0) : eligible;
+  const double n_early = in->timed - in->first_timed - in->steady_timed;
+  const double s_early = in->timed_sum_ns - in->first_sum_ns - in->steady_sum_ns;
+  double early_mean = n_early > 0 && s_early >= 0 ? s_early / n_early : -1;
+  double late_mean = in->steady_timed > 0 ? in->steady_sum_ns / in->steady_timed : -1;
+  if (early_mean < 0 && late_mean < 0)
+    return in->timed > 0 ? in->timed_sum_ns * eligible / in->timed : 0.0;
+  if (early_mean < 0)
+    early_mean = late_mean;
+  if (late_mean < 0)
+    late_mean = early_mean;
+  return early_mean * (eligible - late) + late_mean * late;
 }
 
 double ust__route_s(double tsol_sum_ns, double scored_calls, double p50_ns) {

@@ -161,6 +161,9 @@ typedef struct ust__figs {
    * so that a slow first call (a kernel compiled, a plan tuned) does not
    * stand for the sampled ones in the device-time estimate */
   atomic_uint_fast64_t first_timed, first_time_ns;
+  /* of the timed calls, those sampled at the steady share (after the key's
+   * first steady_after calls): a stratum of its own in the estimate */
+  atomic_uint_fast64_t steady_timed, steady_time_ns;
   /* of the timed calls, those timed by their kernels (a kernel tracer: the
    * sum of their kernels' durations), and the sum of those kernels' spans
    * (first start to last end); the others were timed by events or the host
@@ -181,16 +184,21 @@ typedef struct ust__figs {
   _Atomic uint64_t flops_bits, bytes_bits;
 } ust__figs;
 
+/* Why a call was timed: the stratum its time belongs to in the estimate. */
+enum {
+  UST__TIMED_SAMPLED = 0, /* sampled at the key's share (or inside a tracer's window, or shadowed) */
+  UST__TIMED_FIRST,       /* one of the key's first calls, timed whatever the sampling */
+  UST__TIMED_STEADY,      /* sampled at the steady share, after the key's first steady_after calls */
+};
+
 int ust__figs_init(ust__figs *f);
 void ust__figs_free(ust__figs *f);
-/* One timed run of production (or of the candidate) with its floor (0:
- * unknown): the histogram, and the roofline sums when the floor is known. */
-void ust__figs_prod_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps);
-/* The same for one of a key's first calls (timed whatever the sampling). */
-void ust__figs_first_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps);
+/* One timed run of production with its floor (0: unknown): the histogram,
+ * and the roofline sums when the floor is known; kind: UST__TIMED_*. */
+void ust__figs_timed(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int kind);
 /* One call timed by its kernels: their summed durations (the call's time)
  * and their span. */
-void ust__figs_kernel_time(ust__figs *f, uint64_t sum_ns, uint64_t span_ns, uint64_t tsol_ps, int first);
+void ust__figs_kernel_time(ust__figs *f, uint64_t sum_ns, uint64_t span_ns, uint64_t tsol_ps, int kind);
 void ust__figs_cand_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int passed);
 /* The profile a scored call ran on; stored only when it changes. */
 void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw);
@@ -223,6 +231,7 @@ typedef struct ust__roof_snap {
 typedef struct ust__figs_snap {
   uint64_t captured, timing_dropped, calls, unscored, nested_scored;
   uint64_t first_timed, first_time_ns;
+  uint64_t steady_timed, steady_time_ns;
   uint64_t kernel_timed, kernel_span_ns, replayed;
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
@@ -241,12 +250,22 @@ void ust__figs_snap_free(ust__figs_snap *s);
  * derived ones; a report built in-process and a merge of many reports derive
  * them by the same functions (plugin/report.c, ust_report_derive). */
 
-/* Device time of a route: the timed sum scaled to the calls that ran outside
- * graph capture (calls - captured), when only a sample was timed. */
-/* A key's device time: the mean of its sampled timed calls (or, when none was
- * sampled, of its first calls) times its calls outside graph capture. */
-double ust__est_device_time(double timed_sum_ns, double timed, double calls, double captured, double first_sum_ns,
-                            double first_timed);
+/* A key's timed calls by stratum (sums in ns), and its calls. */
+typedef struct ust__est_in {
+  double timed, timed_sum_ns;       /* every timed call (the histogram) */
+  double first_timed, first_sum_ns; /* of those, the key's first calls */
+  double steady_timed, steady_sum_ns; /* of those, sampled at the steady share */
+  double calls, captured;           /* every call; those made during graph capture (not timed) */
+  double steady_calls;              /* calls past the key's first steady_after (the steady share's) */
+} ust__est_in;
+
+/* A key's device time: each sampling stratum's mean times its calls outside
+ * graph capture (the calls before steady_after at the mean of the calls
+ * sampled there, the later ones at the steady samples' mean; captured calls
+ * are taken from the early stratum first). A stratum no sample reached takes
+ * the other's mean; a key no sample reached at all, its first calls' mean
+ * (they are often slower: a kernel compiled, a plan tuned). */
+double ust__est_device_time(const ust__est_in *in);
 /* S of a route: the mean T_SOL of its scored calls over the median measured
  * time; -1 when unknown (nothing scored, or no median). */
 double ust__route_s(double tsol_sum_ns, double scored_calls, double p50_ns);

@@ -24,7 +24,9 @@
   X(route_table_threads)          \
   X(sampling_exact_fraction)      \
   X(a_new_key_is_timed_whatever_the_sampling) \
+  X(a_steady_key_is_sampled_at_the_steady_share) \
   X(device_time_estimate_leaves_first_calls_out) \
+  X(device_time_estimate_weighs_each_sampling_stratum) \
   X(kernel_records_join_calls_in_any_order) \
   X(ring_delivers_in_order_and_counts_what_a_lap_overwrote) \
   X(ring_never_hands_out_an_entry_torn_by_a_concurrent_writer) \

@@ -111,6 +111,8 @@ static void fixture_init(fixture *f, int max_routes, double sample) {
   f->pol.mode = UST__MODE_OBSERVE;
   f->pol.sample = sample;
   f->pol.sample_q32 = ust__share_q32(sample);
+  f->pol.steady_q32 = f->pol.sample_q32; /* one share throughout, as the engine makes it without a steady share */
+  f->pol.steady_after = UINT64_MAX;
   strcpy(f->op.name, "test");
   atomic_init(&f->op.policy, &f->pol);
 }
@@ -240,25 +242,36 @@ TEST(route_table_threads) {
   fixture_free(&f);
 }
 
+/* One f32 key of a binding of f's operator, and its calls. */
+typedef struct one_key {
+  ust__binding b;
+  ust__binding_def d;
+  ust__arg args[4];
+  ust__call c;
+} one_key;
+
+/* n calls of k's key, each observed (plan PASS); the key's route. */
+static ust__route *serve_key(fixture *f, one_key *k, int n) {
+  make_binding(&k->b, f, &k->d, 0);
+  make_call(&k->c, k->args, UST__DT_F32);
+  ust__route *r = NULL;
+  for (int i = 0; i < n; i++) {
+    int plan;
+    r = serve_call(&k->b, &k->c, &plan);
+    ASSERT_INT_EQ(plan, UST__PLAN_PASS);
+  }
+  ASSERT_TRUE(r != NULL);
+  return r;
+}
+
 TEST(sampling_exact_fraction) {
   /* Through the public path: a CPU call with sample 0.25 times exactly a
    * quarter of the calls, and the key's first UST__FIRST_TIMED calls (of
    * which call 4, the first sampled one, is not). */
   fixture f;
   fixture_init(&f, 4, 0.25);
-  ust__binding b;
-  ust__binding_def d;
-  make_binding(&b, &f, &d, 0);
-  ust__arg args[4];
-  ust__call c;
-  make_call(&c, args, UST__DT_F32);
-  ust__route *r = NULL;
-  for (int i = 0; i < 1000; i++) {
-    int plan;
-    r = serve_call(&b, &c, &plan);
-    ASSERT_INT_EQ(plan, UST__PLAN_PASS);
-  }
-  ASSERT_TRUE(r != NULL);
+  one_key k;
+  ust__route *r = serve_key(&f, &k, 1000);
   ASSERT_U64_EQ(atomic_load(&r->figs.calls), 1000);
   ASSERT_U64_EQ(atomic_load(&r->figs.hist.count), 250 + UST__FIRST_TIMED);
   fixture_free(&f);
@@ -283,6 +296,23 @@ TEST(a_new_key_is_timed_whatever_the_sampling) {
     ASSERT_TRUE(r != NULL);
     ASSERT_U64_EQ(atomic_load(&r->figs.hist.count), k == 0 ? 2 : UST__FIRST_TIMED + 1);
   }
+  fixture_free(&f);
+}
+
+TEST(a_steady_key_is_sampled_at_the_steady_share) {
+  /* 1 in 16 for a key's first 4,096 calls, 1 in 256 after: of 10,000 calls,
+   * 3 first + 256 + 23 are timed, the 23 kept apart as the steady stratum. */
+  fixture f;
+  fixture_init(&f, 4, 1.0 / 16);
+  f.pol.sample_steady = 1.0 / 256;
+  f.pol.steady_q32 = ust__share_q32(f.pol.sample_steady);
+  f.pol.steady_after = 4096;
+  one_key k;
+  ust__route *r = serve_key(&f, &k, 10000);
+  ASSERT_U64_EQ(atomic_load(&r->figs.hist.count), UST__FIRST_TIMED + 256 + 23);
+  ASSERT_U64_EQ(atomic_load(&r->figs.first_timed), UST__FIRST_TIMED);
+  ASSERT_U64_EQ(atomic_load(&r->figs.steady_timed), 23);
+  ASSERT_TRUE(atomic_load(&r->figs.steady_time_ns) > 0);
   fixture_free(&f);
 }
 
@@ -467,15 +497,49 @@ TEST(control_plane_stress) {
   fixture_free(&f);
 }
 
+/* The estimate's inputs for timed calls of which `first` were a key's first
+ * and `steady` at the steady share. */
+static ust__est_in est_in(double timed, double sum, double first, double first_sum, double steady, double steady_sum,
+                          double calls, double captured, double steady_calls) {
+  return (ust__est_in){.timed = timed, .timed_sum_ns = sum, .first_timed = first, .first_sum_ns = first_sum,
+                       .steady_timed = steady, .steady_sum_ns = steady_sum, .calls = calls, .captured = captured,
+                       .steady_calls = steady_calls};
+}
+
 TEST(device_time_estimate_leaves_first_calls_out) {
   /* A key's first 3 calls are timed whatever the sampling; the first took
    * 1 s (a kernel compiled), the others 1 us. Its 64 calls are estimated
    * from the 4 sampled ones alone; a key no sample reached, from its first. */
   const double first_sum = 1e9 + 2 * 1000, sampled_sum = 4 * 1000;
-  ASSERT_DBL_NEAR(ust__est_device_time(first_sum + sampled_sum, 7, 64, 0, first_sum, 3), 64 * 1000.0, 1e-9);
-  ASSERT_DBL_NEAR(ust__est_device_time(first_sum + sampled_sum, 7, 64, 4, first_sum, 3), 60 * 1000.0, 1e-9);
-  ASSERT_DBL_NEAR(ust__est_device_time(3000, 2, 2, 0, 3000, 2), 3000.0, 1e-9);
-  ASSERT_DBL_NEAR(ust__est_device_time(0, 0, 5, 0, 0, 0), 0.0, 0);
+  ust__est_in in = est_in(7, first_sum + sampled_sum, 3, first_sum, 0, 0, 64, 0, 0);
+  ASSERT_DBL_NEAR(ust__est_device_time(&in), 64 * 1000.0, 1e-9);
+  in.captured = 4;
+  ASSERT_DBL_NEAR(ust__est_device_time(&in), 60 * 1000.0, 1e-9);
+  in = est_in(2, 3000, 2, 3000, 0, 0, 2, 0, 0);
+  ASSERT_DBL_NEAR(ust__est_device_time(&in), 3000.0, 1e-9);
+  in = est_in(0, 0, 0, 0, 0, 0, 5, 0, 0);
+  ASSERT_DBL_NEAR(ust__est_device_time(&in), 0.0, 0);
+}
+
+TEST(device_time_estimate_weighs_each_sampling_stratum) {
+  /* 10,000 calls; the first 4,096 sampled 1 in 16 (256 at 2 us, besides
+   * 3 first calls of 1 s), the 5,904 after 1 in 256 (23 at 1 us). Each
+   * stratum counts at its own mean: a mean over all 279 samples would give
+   * the early calls' time to the late ones (19.2 ms instead of 14.1 ms). */
+  const double first_sum = 3e9, early_sum = 256 * 2000.0, late_sum = 23 * 1000.0;
+  ust__est_in in = est_in(3 + 256 + 23, first_sum + early_sum + late_sum, 3, first_sum, 23, late_sum, 10000, 0, 5904);
+  ASSERT_DBL_NEAR(ust__est_device_time(&in), 4096 * 2000.0 + 5904 * 1000.0, 1e-6);
+  /* captured calls are not timed: taken from the early stratum first */
+  in.captured = 96;
+  ASSERT_DBL_NEAR(ust__est_device_time(&in), 4000 * 2000.0 + 5904 * 1000.0, 1e-6);
+  in.captured = 6000;
+  ASSERT_DBL_NEAR(ust__est_device_time(&in), 4000 * 1000.0, 1e-6);
+  /* past steady_after, before the first steady sample: the early mean for all */
+  in = est_in(3 + 256, first_sum + early_sum, 3, first_sum, 0, 0, 4100, 0, 4);
+  ASSERT_DBL_NEAR(ust__est_device_time(&in), 4100 * 2000.0, 1e-6);
+  /* a key steady from its first call (steady_after 0): the steady mean for all */
+  in = est_in(3 + 23, first_sum + late_sum, 3, first_sum, 23, late_sum, 5904, 0, 5904);
+  ASSERT_DBL_NEAR(ust__est_device_time(&in), 5904 * 1000.0, 1e-6);
 }
 
 /* Replays 1..n of a site under gate word w, by the device's rule: how many

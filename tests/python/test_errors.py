@@ -23,6 +23,10 @@ def torch_still_works():
 @pytest.mark.parametrize("config, needle", [
     ({"operators": {"gemm": {"mode": "obsrve"}}}, "'operators.gemm.mode' is 'obsrve'"),
     ({"operators": {"gemm": {"sample": 1.5}}}, "'operators.gemm.sample' must be a number in [0, 1]"),
+    ({"operators": {"gemm": {"sample": 0.01, "sample_steady": 0.1}}},
+     "'operators.gemm.sample_steady' (0.1) must not be above 'operators.gemm.sample' (0.01)"),
+    ({"defaults": {"sample_steady": 0.5}}, "'defaults.sample_steady' (0.5) must not be above 'defaults.sample' (0.0625)"),
+    ({"defaults": {"steady_after": 1.5}}, "'defaults.steady_after' must be a whole number of calls in [0, 1e15]"),
     ({"operators": {"nosuchop": "observe"}}, "'operators.nosuchop': no operator named 'nosuchop'"),
     ({"reprot": {}}, "unknown field 'reprot'"),
     ({"timer": {"kind": "nvtx"}}, "'timer.kind' must be one of auto, cupti, events"),

@@ -78,6 +78,46 @@ def test_default_sampling_times_one_call_in_16(us):
     assert few["calls"] == few["timed"] == 2 and few["latency_ns"]["p50"] > 0 and few["est_device_time_ns"] > 0
 
 
+def test_a_steady_key_is_sampled_less_and_estimated_by_stratum(us):
+    """By default a key's first 4,096 calls are sampled 1 in 16 and the later
+    ones 1 in 256. Its first 4,096 calls hold 400 us, the next 5,904 20 us:
+    timed are 3 first + 256 + 23 steady calls, and the device time counts
+    each stratum at its own mean. It lies between the held times and the
+    test's clock around every call; a mean over all 282 timed calls would
+    give the late calls the early ones' time (about 3.7 s against 1.9 s)."""
+    from conftest import clocked, held_for
+    from test_shadow import rms_inputs
+    us.enable({"operators": {"rms_norm": "observe"}})
+    ((x, w),) = rms_inputs(shapes=((4, 64),))
+    o = torch.empty_like(x)
+    wall = 0
+    for n, ns in ((4096, 400_000), (5904, 20_000)):
+        with held_for(ns):
+            for _ in range(n):
+                wall += clocked(torch.ops._C.rms_norm, o, x, w, 1e-6)
+    (op,) = [o for o in us.report()["operators"] if o["name"] == "rms_norm"]
+    assert (op["sample"], op["sample_steady"], op["steady_after"]) == (1 / 16, 1 / 256, 4096)
+    (s,) = op["shapes"]
+    assert (s["calls"], s["timed"], s["first_timed"], s["steady_timed"]) == (10000, 3 + 256 + 23, 3, 23)
+    assert s["steady_calls"] == 10000 - 4096
+    assert s["steady_time_ns"] >= 23 * 20_000
+    held = 4096 * 400_000 + 5904 * 20_000
+    assert held <= s["est_device_time_ns"] <= wall, (held, s["est_device_time_ns"], wall)
+
+
+def test_a_share_asked_for_holds_for_every_call(us):
+    """An operator's own sample, without a sample_steady, is the share of all
+    its calls: 10,000 calls at 1 in 16 time 625 of them and the first 3."""
+    us.enable({"operators": {"gemm": {"sample": 1 / 16}}})
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    for _ in range(10000):
+        torch.mm(a, b)
+    (op,) = us.report()["operators"]
+    assert "sample_steady" not in op
+    (s,) = op["shapes"]
+    assert (s["calls"], s["timed"], s["steady_timed"], s["steady_calls"]) == (10000, 625 + 3, 0, 0)
+
+
 def test_shape_keys_and_bucketing(us):
     us.enable({"operators": {"gemm": "observe"}})
     a = torch.randn(5, 7)
