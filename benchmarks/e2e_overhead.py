@@ -26,9 +26,13 @@ bias) with a 95 % interval of that median (order statistics of the
 differences), their ratio, and the intercepted calls per step. Off still
 passes each call through understudy's interceptor; what that costs over
 plain torch per call is benchmarks/overhead.py's "mode off" row.
+--steady first decodes observed until every key the decode calls is past
+its operator's steady_after (defaults: 4,096 calls, after which 1 call in
+256 is timed instead of 1 in 16): the state of a process that has served a
+while; the table says how many warm-up steps that took.
 
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
-    PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8]
+    PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8] [--steady]
 """
 import argparse
 import json
@@ -124,11 +128,51 @@ def median_interval(xs):
     return statistics.median(xs), xs[lo], xs[hi]
 
 
-def paired(kind, batch, tokens, layers, rounds, config, modes):
+def decode(model, ids, plan, on_step=None):
+    """A prefill of ids, then one greedy decode step per mode in plan
+    (on_step(i, mode) before step i): each step's wall time, synchronised."""
+    times = []
+    with torch.inference_mode():
+        out = model(ids, use_cache=True)
+        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        for i, mode in enumerate(plan):
+            if on_step is not None:
+                on_step(i, mode)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def key_calls():
+    """{shape key: (calls, its operator's steady_after or None)}."""
+    return {s["key"]: (s["calls"], o.get("steady_after")) for o in understudy.report()["operators"]
+            for s in o["shapes"]}
+
+
+def warm_to_steady(model, ids, tokens):
+    """Decode observed, --tokens steps a run, until every key that a run's
+    decode steps call (at least once a step: not the prefill's) is past its
+    operator's steady_after; the decode steps it took."""
+    steps = 0
+    while steps < 200_000:
+        before = key_calls()
+        decode(model, ids, ["observe"] * tokens)
+        steps += tokens
+        grown = [(n, after) for k, (n, after) in key_calls().items() if n - before.get(k, (0, None))[0] >= tokens]
+        if all(after is None or n > after for n, after in grown):
+            break
+    return steps
+
+
+def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False):
     """Neighbouring decode steps with every operator in modes[0] and in
     modes[1] (see the module's doc): (median step in modes[1], the
     differences, intercepted calls per step where they are counted: not
-    with the mode off)."""
+    with the mode off, the warm-up steps --steady took)."""
     model = build(kind, layers)
     ids = torch.randint(1, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     understudy.enable(config)
@@ -140,6 +184,7 @@ def paired(kind, batch, tokens, layers, rounds, config, modes):
 
     def calls():  # not counted with the mode off
         return sum(o["calls"] for o in understudy.report()["operators"])
+    warm = warm_to_steady(model, ids, tokens) if steady else 0
     base, diffs, steps_calls = [], [], []
     first, second = modes
     for r in range(rounds + 1):  # round 0: warm-up
@@ -148,22 +193,11 @@ def paired(kind, batch, tokens, layers, rounds, config, modes):
         a_, b_ = (first, second) if r % 2 == 0 else (second, first)
         plan = [(a_, b_, b_, a_)[i % 4] for i in range(tokens)]
         counted = sum(m != "off" for m in plan)
-        times = []
-        with torch.inference_mode():
-            out = model(ids, use_cache=True)
-            cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-            set_all(plan[0])  # a round of a length not a multiple of 4 ends in the other mode
-            before = calls()
-            for i, mode in enumerate(plan):
-                if i % 2 == 1:  # where the plan changes mode (also when both are one mode)
-                    set_all(mode)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                out = model(nxt, past_key_values=cache, use_cache=True)
-                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-                torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
-            steps_calls.append((calls() - before) / max(counted, 1))
+        set_all(plan[0])  # a round of a length not a multiple of 4 ends in the other mode
+        before = calls()
+        # where the plan changes mode (also when both are one mode)
+        times = decode(model, ids, plan, lambda i, mode: set_all(mode) if i % 2 == 1 else None)
+        steps_calls.append((calls() - before) / max(counted, 1))
         if r == 0:
             continue
         for i in range(0, tokens - 1, 2):
@@ -176,7 +210,7 @@ def paired(kind, batch, tokens, layers, rounds, config, modes):
     understudy.disable()
     del model
     torch.cuda.empty_cache()
-    return statistics.median(base), diffs, statistics.median(steps_calls[1:])
+    return statistics.median(base), diffs, statistics.median(steps_calls[1:]), warm
 
 
 def main():
@@ -194,6 +228,8 @@ def main():
                     help="in one process, neighbouring decode steps observed and with every mode off")
     ap.add_argument("--modes", nargs=2, default=["observe", "off"], metavar=("A", "B"),
                     help="--paired: the two modes compared (observe observe: the method's own bias)")
+    ap.add_argument("--steady", action="store_true",
+                    help="--paired: first decode observed until every decode key is past its steady_after")
     ap.add_argument("--server", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.server:
@@ -211,16 +247,19 @@ def main():
     if args.paired:
         print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}; "
               f"config {config}; {args.rounds} runs of {args.tokens} decode steps after a warm-up run, "
-              f"{args.layers} layers; neighbouring steps paired")
+              f"{args.layers} layers; neighbouring steps paired"
+              + ("; after decoding observed until every decode key is steady" if args.steady else ""))
         first, second = args.modes
         print(f"{'model':<10} {'batch':>5} {'step, ' + second:>14} {'pairs':>6} {first + ' - ' + second:>18} "
-              f"{'95 % interval':>18} {'ratio':>7} {'calls/step':>10}")
+              f"{'95 % interval':>18} {'ratio':>7} {'calls/step':>10} {'warm-up':>8}")
         for kind in args.models:
             for b in args.batch:
-                base, diffs, per_step = paired(kind, b, args.tokens, args.layers, args.rounds, config, args.modes)
+                base, diffs, per_step, warm = paired(kind, b, args.tokens, args.layers, args.rounds, config,
+                                                     args.modes, args.steady)
                 med, lo, hi = median_interval(diffs)
                 print(f"{kind:<10} {b:>5} {base * 1e3:>12.3f}ms {len(diffs):>6} {med * 1e6:>15.2f} us "
-                      f"{lo * 1e6:>7.2f} .. {hi * 1e6:>6.2f} us {1 + med / base:>7.4f} {per_step:>10.1f}", flush=True)
+                      f"{lo * 1e6:>7.2f} .. {hi * 1e6:>6.2f} us {1 + med / base:>7.4f} {per_step:>10.1f} "
+                      f"{warm:>8}", flush=True)
         return
     kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
