@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 VARIANTS = {  # name -> understudy config
     "off": {"operators": {"gemm": "off"}},
     "none": {"operators": {"gemm": {"mode": "observe", "sample": 0}}},
-    "observe": {"operators": {"gemm": "observe"}},
+    "observe": {"operators": {"gemm": {"mode": "observe", "sample": 1 / 16}}},
 }
 LABELS = {"off": "mode off",
           "none": "observe, none timed", "observe": "observe, 1 in 16 timed"}

@@ -43,7 +43,9 @@ VARIANTS = {  # name -> (child, understudy config or None)
     "understudy disabled": ("understudy", None),
     "understudy, mode off": ("understudy", {"operators": {"gemm": "off"}}),
     "understudy, observe, none timed": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 0}}}),
-    "understudy, observe 1/16": ("understudy", {"operators": {"gemm": "observe"}}),
+    "understudy, observe 1/16": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 1 / 16}}}),
+    # the defaults: 1 in 16 for a key's first 4,096 calls, 1 in 256 after
+    "understudy, observe, defaults": ("understudy", {"operators": {"gemm": "observe"}}),
     "understudy, observe all": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 1.0}}}),
     # the kernel tracer (timer.kind "cupti"), in a process of its own: once
     # CUPTI traced API calls, every later launch of the process stays slower.
