@@ -11,6 +11,7 @@
  */
 #include <math.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,14 +54,21 @@ void ust__router_free(ust__router *r) {
 }
 
 /* Keys are zero-filled (padding included), so they hash and compare as
- * words; this runs on every observed call. */
-static uint64_t key_hash(const ust__route_key *k) {
-  _Static_assert(sizeof(ust__route_key) % 8 == 0, "route keys hash as whole words");
+ * words; this runs on every observed call. A binding's keys differ only in
+ * their header and its own dimensions (the others stay zero), and keys of
+ * two bindings differ in the header: those words are the key. */
+static inline size_t key_words(const ust__binding *b) {
+  _Static_assert(sizeof(ust__route_key) % 8 == 0 && offsetof(ust__route_key, dims) % 8 == 0,
+                 "route keys hash as whole words");
+  return offsetof(ust__route_key, dims) / 8 + (size_t)b->n_dims;
+}
+
+static uint64_t key_hash(const ust__route_key *k, size_t words) {
   const unsigned char *p = (const unsigned char *)k;
   uint64_t h = 0x9e3779b97f4a7c15ull;
-  for (size_t i = 0; i < sizeof *k; i += 8) {
+  for (size_t i = 0; i < words; i++) {
     uint64_t w;
-    memcpy(&w, p + i, 8);
+    memcpy(&w, p + 8 * i, 8);
     h = (h ^ w) * 0xff51afd7ed558ccdull;
     h ^= h >> 32;
   }
@@ -84,13 +92,13 @@ static ust__route *route_new(ust__router *router, const ust__route_key *key, uin
   return r;
 }
 
-static inline int key_equal(const ust__route_key *a, const ust__route_key *b) {
+static inline int key_equal(const ust__route_key *a, const ust__route_key *b, size_t words) {
   const unsigned char *p = (const unsigned char *)a, *q = (const unsigned char *)b;
   uint64_t diff = 0;
-  for (size_t i = 0; i < sizeof *a; i += 8) {
+  for (size_t i = 0; i < words; i++) {
     uint64_t x, y;
-    memcpy(&x, p + i, 8);
-    memcpy(&y, q + i, 8);
+    memcpy(&x, p + 8 * i, 8);
+    memcpy(&y, q + 8 * i, 8);
     diff |= x ^ y;
   }
   return diff == 0;
@@ -125,7 +133,7 @@ static UST__NOINLINE ust__route *routes_add(ust__router *router, const ust__rout
       }
       r = expected; /* another thread filled this slot first */
     }
-    if (r->hash == h && key_equal(&r->key, key)) {
+    if (r->hash == h && key_equal(&r->key, key, key_words(b))) {
       if (fresh != NULL) {
         route_free(fresh);
         atomic_fetch_sub(&t->count, 1);
@@ -144,13 +152,14 @@ static UST__NOINLINE ust__route *routes_add(ust__router *router, const ust__rout
  * first), else added. */
 UST__HOT ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b) {
   ust__route_table *t = &router->routes;
-  const uint64_t h = key_hash(key);
+  const size_t words = key_words(b);
+  const uint64_t h = key_hash(key, words);
   const uint32_t mask = t->cap - 1;
   for (uint32_t probe = 0; probe < t->cap; probe++) {
     ust__route *r = atomic_load_explicit(&t->slots[(uint32_t)(h + probe) & mask], memory_order_acquire);
     if (r == NULL)
       return routes_add(router, key, h, b, probe);
-    if (r->hash == h && key_equal(&r->key, key))
+    if (r->hash == h && key_equal(&r->key, key, words))
       return r;
   }
   return NULL;
