@@ -128,13 +128,16 @@ def median_interval(xs):
     return statistics.median(xs), xs[lo], xs[hi]
 
 
-def decode(model, ids, plan, on_step=None):
-    """A prefill of ids, then one greedy decode step per mode in plan
-    (on_step(i, mode) before step i): each step's wall time, synchronised."""
+def decode(model, ids, plan, on_step=None, after_prefill=None):
+    """A prefill of ids (then after_prefill()), then one greedy decode step
+    per mode in plan (on_step(i, mode) before step i): each step's wall
+    time, synchronised."""
     times = []
     with torch.inference_mode():
         out = model(ids, use_cache=True)
         cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        if after_prefill is not None:
+            after_prefill()
         for i, mode in enumerate(plan):
             if on_step is not None:
                 on_step(i, mode)
@@ -193,11 +196,14 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False):
         a_, b_ = (first, second) if r % 2 == 0 else (second, first)
         plan = [(a_, b_, b_, a_)[i % 4] for i in range(tokens)]
         counted = sum(m != "off" for m in plan)
-        set_all(plan[0])  # a round of a length not a multiple of 4 ends in the other mode
-        before = calls()
+        before = []
+
+        def prefilled(plan=plan, before=before):
+            set_all(plan[0])  # a round of a length not a multiple of 4 ends in the other mode
+            before.append(calls())
         # where the plan changes mode (also when both are one mode)
-        times = decode(model, ids, plan, lambda i, mode: set_all(mode) if i % 2 == 1 else None)
-        steps_calls.append((calls() - before) / max(counted, 1))
+        times = decode(model, ids, plan, lambda i, mode: set_all(mode) if i % 2 == 1 else None, prefilled)
+        steps_calls.append((calls() - before[0]) / max(counted, 1))
         if r == 0:
             continue
         for i in range(0, tokens - 1, 2):

@@ -132,7 +132,7 @@ typedef struct ust__config {
   int log_level;
   int default_mode;
   double default_sample;
-  double default_sample_steady; /* < 0: the default sample's */
+  double default_sample_steady; /* the timed share once a key has had steady_after calls */
   uint64_t steady_after;
   int max_routes;
   int shadow_max_inflight;   /* shadow calls whose comparison is pending, at most */

@@ -236,12 +236,14 @@ static cJSON *shape_json(const ust__route_snap *s) {
   /* of the timed calls, the key's first ones (timed whatever the sampling) */
   add_num(js, "first_timed", (double)s->figs.first_timed);
   add_num(js, "first_time_ns", (double)s->figs.first_time_ns);
-  /* of the timed calls, those sampled at the steady share, and the calls past
-   * the key's first steady_after (the ones the steady share sampled) */
+  /* the calls after the key's first steady_after, outside graph capture, and
+   * those of them timed: the estimate's late stratum (steady_after is not
+   * reloaded, so the current policy's is the one the calls saw) */
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
+  const uint64_t late = s->figs.calls > pol->steady_after ? s->figs.calls - pol->steady_after : 0;
   add_num(js, "steady_timed", (double)s->figs.steady_timed);
   add_num(js, "steady_time_ns", (double)s->figs.steady_time_ns);
-  add_num(js, "steady_calls", s->figs.calls > pol->steady_after ? (double)(s->figs.calls - pol->steady_after) : 0.0);
+  add_num(js, "steady_calls", late > s->figs.late_captured ? (double)(late - s->figs.late_captured) : 0.0);
   add_num(js, "kernel_timed", (double)s->figs.kernel_timed);
   add_num(js, "kernel_span_ns", (double)s->figs.kernel_span_ns);
   add_num(js, "replayed", (double)s->figs.replayed);

@@ -154,6 +154,7 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->first_time_ns = atomic_load(&f->first_time_ns);
   out->steady_timed = atomic_load(&f->steady_timed);
   out->steady_time_ns = atomic_load(&f->steady_time_ns);
+  out->late_captured = atomic_load(&f->late_captured);
   out->kernel_timed = atomic_load(&f->kernel_timed);
   out->kernel_span_ns = atomic_load(&f->kernel_span_ns);
   out->replayed = atomic_load(&f->replayed);

@@ -161,9 +161,10 @@ typedef struct ust__figs {
    * so that a slow first call (a kernel compiled, a plan tuned) does not
    * stand for the sampled ones in the device-time estimate */
   atomic_uint_fast64_t first_timed, first_time_ns;
-  /* of the timed calls, those sampled at the steady share (after the key's
-   * first steady_after calls): a stratum of its own in the estimate */
-  atomic_uint_fast64_t steady_timed, steady_time_ns;
+  /* of the timed calls, those after the key's first steady_after calls
+   * (sampled at the steady share, shadowed, verified): the estimate's late
+   * stratum; and of the captured calls, those after the first steady_after */
+  atomic_uint_fast64_t steady_timed, steady_time_ns, late_captured;
   /* of the timed calls, those timed by their kernels (a kernel tracer: the
    * sum of their kernels' durations), and the sum of those kernels' spans
    * (first start to last end); the others were timed by events or the host
@@ -188,7 +189,7 @@ typedef struct ust__figs {
 enum {
   UST__TIMED_SAMPLED = 0, /* sampled at the key's share (or inside a tracer's window, or shadowed) */
   UST__TIMED_FIRST,       /* one of the key's first calls, timed whatever the sampling */
-  UST__TIMED_STEADY,      /* sampled at the steady share, after the key's first steady_after calls */
+  UST__TIMED_STEADY,      /* a call after the key's first steady_after (sampled at the steady share, or shadowed) */
 };
 
 int ust__figs_init(ust__figs *f);
@@ -231,7 +232,7 @@ typedef struct ust__roof_snap {
 typedef struct ust__figs_snap {
   uint64_t captured, timing_dropped, calls, unscored, nested_scored;
   uint64_t first_timed, first_time_ns;
-  uint64_t steady_timed, steady_time_ns;
+  uint64_t steady_timed, steady_time_ns, late_captured;
   uint64_t kernel_timed, kernel_span_ns, replayed;
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
@@ -254,15 +255,15 @@ void ust__figs_snap_free(ust__figs_snap *s);
 typedef struct ust__est_in {
   double timed, timed_sum_ns;       /* every timed call (the histogram) */
   double first_timed, first_sum_ns; /* of those, the key's first calls */
-  double steady_timed, steady_sum_ns; /* of those, sampled at the steady share */
+  double steady_timed, steady_sum_ns; /* of those, calls after the key's first steady_after */
   double calls, captured;           /* every call; those made during graph capture (not timed) */
-  double steady_calls;              /* calls past the key's first steady_after (the steady share's) */
+  double steady_calls;              /* calls after the key's first steady_after, outside graph capture */
 } ust__est_in;
 
-/* A key's device time: each sampling stratum's mean times its calls outside
- * graph capture (the calls before steady_after at the mean of the calls
- * sampled there, the later ones at the steady samples' mean; captured calls
- * are taken from the early stratum first). A stratum no sample reached takes
+/* A key's device time: each stratum's mean times its calls outside graph
+ * capture: the calls after the key's first steady_after (steady_calls) at the
+ * mean of those timed there, the others (graph replays among them) at the
+ * mean of the sampled ones before. A stratum no sample reached takes
  * the other's mean; a key no sample reached at all, its first calls' mean
  * (they are often slower: a kernel compiled, a plan tuned). */
 double ust__est_device_time(const ust__est_in *in);

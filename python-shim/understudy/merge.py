@@ -197,6 +197,9 @@ def merge(reports: Iterable[dict]) -> dict:
         o = {"name": name, "mode": m["modes"].pop() if len(m["modes"]) == 1 else "mixed",
              "sample": m["src"].get("sample"), "definition": m["src"].get("definition"), "bindings": m["bindings"],
              "untracked": m["untracked"]}
+        for k in ("sample_steady", "steady_after"):  # the first report's, as its sample
+            if k in m["src"]:
+                o[k] = m["src"][k]
         if m["candidate"] is not None:
             o["candidate"] = m["candidate"]
         o["shapes"] = shapes

@@ -487,8 +487,6 @@ def check_report(rep, responses, *, layers, vocab_size, continuous_batching, sil
     # a call that took a slot ends verified, unverifiable or skipped for an error; the other skips took none
     want(sh["passed"] + sh["failed"] + sh["unverifiable"] + sh["skipped_by_error"] == sh["calls"],
          f"shadow outcomes do not add up: {dict(sh)}")
-    want(sh["skipped"] == sum(v for k, v in sh.items() if k.startswith("skipped_by_")),
-         f"skips without a reason: {dict(sh)}")
     if silu_sample >= 1.0:
         want(sh["calls"] == silu["calls"], f"sample 1.0 shadowed {sh['calls']} of {silu['calls']} silu calls: {dict(sh)}")
     t = rep["totals"]
