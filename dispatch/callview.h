@@ -88,8 +88,10 @@ typedef struct ust__call_state {
   int capture_marked;    /* the graph's nodes were noted before the call (the kernel tracer maps them) */
   uint32_t capture_from; /* the index its first node will take in the graph */
   int timing;    /* PASS: 0 none, 1 host clock, 2 device timer */
-  int timed_kind; /* why it is timed (UST__TIMED_*: sampled, a first call, late) */
-  int late;       /* the call came after its key's first steady_after (the estimate's late stratum) */
+  /* the estimate's stratum of the call's time (UST__TIMED_*): STEADY after its
+   * key's first steady_after calls, else SAMPLED; FIRST once it is timed for
+   * being one of the key's first calls (the last thing call_begin decides) */
+  int timed_kind;
   int gpu_slot;
   uint64_t t0_ns;
   uint64_t tsol_ps; /* the call's roofline floor, when timed and known */

@@ -411,7 +411,7 @@ static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, at
   ust__slot_route sr = {r, &r->verify, b->cand, serving, remote,
                         atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
                         atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed), call_tsol_ps(r, call, st),
-                        st->late};
+                        st->timed_kind};
   return ust__shadow_acquire(b->router->shadow, &sr);
 }
 
@@ -640,7 +640,7 @@ static UST__NOINLINE void begin_captured(ust__binding *b, ust__route *r, int mod
                                          const ust__policy *pol, ust__call_state *st) {
   st->capturing = 1;
   atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
-  if (st->late)
+  if (st->timed_kind == UST__TIMED_STEADY)
     atomic_fetch_add_explicit(&r->figs.late_captured, 1, memory_order_relaxed);
   if ((mode == UST__MODE_SHADOW || mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) &&
       graph_shadow_begin(b, r, mode, call, pol, st) == 0)
@@ -738,7 +738,8 @@ UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
   /* past its first steady_after calls a key is sampled at the steady share,
    * and whatever times it is the estimate's late stratum (ust__est_device_time) */
-  st->late = n > pol->steady_after;
+  const int late = n > pol->steady_after;
+  st->timed_kind = late ? UST__TIMED_STEADY : UST__TIMED_SAMPLED;
   uint32_t canary_q32 = 0;
   const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
   /* CUDA refuses to capture torch's default stream (the legacy one, NULL):
@@ -756,7 +757,7 @@ UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_
     return;
   if (pol->sample_q32 == 0)
     return;
-  const int sampled = ust__sampled(n, st->late ? pol->steady_q32 : pol->sample_q32);
+  const int sampled = ust__sampled(n, late ? pol->steady_q32 : pol->sample_q32);
   const int early = n <= UST__FIRST_TIMED;
   /* inside a kernel-tracing window every CUDA call is timed by its kernels;
    * between windows, while the tracer is the timer, only the key's first
@@ -768,8 +769,6 @@ UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_
     return;
   if (early && (!sampled || tracing == UST__TRACING_BETWEEN))
     st->timed_kind = UST__TIMED_FIRST; /* timed for being one of the key's first calls */
-  else if (st->late)
-    st->timed_kind = UST__TIMED_STEADY;
   begin_timing(b, r, call, legacy, st);
 }
 
@@ -875,7 +874,7 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
      * candidate's is the wire's, not its kernel's: neither scored nor held
      * against the budget */
     if (v->have_times)
-      ust__figs_timed(&r->figs, v->prod_ns, v->tsol_ps, v->late ? UST__TIMED_STEADY : UST__TIMED_SAMPLED);
+      ust__figs_timed(&r->figs, v->prod_ns, v->tsol_ps, v->timed_kind);
     if (v->kind == UST__VERDICT_PASSED)
       ust__rollout_passed(&r->rollout, v->stage, !v->serving, NAN);
     return;
@@ -889,7 +888,7 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
   }
   if (isfinite(v->aa_log_ratio))
     ust__rollout_aa(&r->rollout, v->aa_log_ratio);
-  ust__figs_timed(&r->figs, v->prod_ns, v->tsol_ps, v->late ? UST__TIMED_STEADY : UST__TIMED_SAMPLED);
+  ust__figs_timed(&r->figs, v->prod_ns, v->tsol_ps, v->timed_kind);
   ust__figs_cand_time(&r->figs, v->cand_ns, v->tsol_ps, v->kind == UST__VERDICT_PASSED);
   if (r->binding->cand != NULL && ust__verify_budget(&r->verify, &r->figs, r->binding->cand->max_slowdown))
     ust__log(router->log, UST_LOG_WARN, "%s: shadowing stopped: the candidate's median is %.1fx production's, over "

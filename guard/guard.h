@@ -241,7 +241,7 @@ typedef struct ust__verdict {
   uint64_t stage;            /* the route's transitions when the call began */
   int remote;                /* the candidate ran in its qualifying process: its time is not its kernel's */
   double aa_log_ratio;       /* an A/A check's ln(T_production again / T_production); NAN: none */
-  int late;                  /* the call came after its key's first steady_after */
+  int timed_kind;            /* the estimate's stratum of production's time (UST__TIMED_*) */
 } ust__verdict;
 
 /* Where verdicts go: implemented by the router, which owns the routes the
@@ -277,7 +277,7 @@ typedef struct ust__slot_route {
   uint64_t served_at;  /* the route's served calls now */
   uint64_t stage;      /* the route's transitions now */
   uint64_t tsol_ps;    /* the call's floor; 0 unknown */
-  int late;            /* the call came after its key's first steady_after (the estimate's late stratum) */
+  int timed_kind;      /* the estimate's stratum of the call (UST__TIMED_*: sampled or steady) */
 } ust__slot_route;
 
 /* Take a slot for a call; NULL when max_inflight are in use (the skip is

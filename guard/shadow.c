@@ -326,7 +326,7 @@ static void enqueue_pending(shadow_slot *s) {
 static void retire_unfenced(shadow_slot *s) {
   tell(s);
   ust__verify_skipped(s->r.verify, UST__SKIP_ERROR);
-  ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN, s->r.late};
+  ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN, s->r.timed_kind};
   s->pool->sink->concluded(s->pool->sink_ctx, s->r.cookie, &v);
   ust__log(s->pool->log, UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
 }
@@ -776,8 +776,8 @@ static int judge(const judged *j, ust__verdict *vd) {
 static void conclude(shadow_slot *s) {
   ust__verify *v = s->r.verify;
   atomic_fetch_add_explicit(&v->bytes_copied, s->copied, memory_order_relaxed);
-  ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0,           0,         0, s->r.tsol_ps,
-                     s->r.stage,           s->r.remote,  NAN, s->r.late};
+  ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN,
+                     s->r.timed_kind};
   const ust__cmp_stats *stats = s->host;
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu && s->pinned != NULL)
@@ -988,7 +988,7 @@ static void judge_replay(void *ctx, const ust__ring_entry *e) {
   r.serving = (e->runs & UST__GATE_RUN_SERVE) != 0;
   ust__verify *v = r.verify;
   const uint64_t call_no = atomic_fetch_add_explicit(&v->calls, 1, memory_order_relaxed) + 1;
-  ust__verdict vd = {UST__VERDICT_SKIPPED, r.serving, 0, 0, 0, r.tsol_ps, r.stage, r.remote, NAN, r.late};
+  ust__verdict vd = {UST__VERDICT_SKIPPED, r.serving, 0, 0, 0, r.tsol_ps, r.stage, r.remote, NAN, r.timed_kind};
   const judged j = {p, &r, call_no, g->n_pairs, g->meta, e->stats, UST__FAIL_NONE, ""};
   judge(&j, &vd);
   p->sink->concluded(p->sink_ctx, g->r.cookie, &vd);

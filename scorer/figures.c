@@ -181,7 +181,7 @@ void ust__figs_snap_free(ust__figs_snap *s) {
 
 double ust__est_device_time(const ust__est_in *in) {
   const double eligible = in->calls > in->captured ? in->calls - in->captured : 0;
-  const double late = in->steady_calls < eligible ? (in->steady_calls > 0 ? in->steady_calls : 0) : eligible;
+  const double late = fmin(fmax(in->steady_calls, 0), eligible);
   const double n_early = in->timed - in->first_timed - in->steady_timed;
   const double s_early = in->timed_sum_ns - in->first_sum_ns - in->steady_sum_ns;
   double early_mean = n_early > 0 && s_early >= 0 ? s_early / n_early : -1;
