@@ -1,9 +1,11 @@
 // The dispatcher seam: the only C++ in understudy.
 //
-// For every bound op and overload, a boxed functor is registered at the
-// BackendSelect dispatch key, once for the life of the process; it calls
-// through its hook (dispatch/dispatch.h), which names the enabled engine's
-// binding, or none. For a bound call it builds the C view of the call
+// For every bound op and overload, a functor is registered at the
+// BackendSelect dispatch key, once for the life of the process: typed
+// (unboxed) for functional aten ops of a C++ signature it knows (mm, addmm,
+// silu: no stack built per call, production redispatched unboxed), boxed
+// for every other op. It calls through its hook (dispatch/dispatch.h), which
+// names the enabled engine's binding, or none. For a bound call it builds the C view of the call
 // (DLTensor arguments, scalars, the device's current native stream), asks
 // the router for a plan, and performs the steps of the serving decision
 // (guard/decision.h): snapshots, production (redispatched below
@@ -13,6 +15,7 @@
 // would without understudy.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/op_registration/infer_schema.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -144,6 +147,96 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
   return true;
 }
 
+// The head of a call's view: n arguments in args, made in phase (the
+// thread's ust_phase); view_arg fills each argument, view_end the rest.
+[[gnu::hot]] inline void view_begin(ust__call *call, ust__arg *args, size_t n, int phase) {
+  call->size = sizeof *call;
+  call->nargs = static_cast<int>(n);
+  call->args = args;
+  call->device = -1;
+  call->device_id = 0;
+  call->stream = nullptr;
+  call->phase = phase;
+}
+
+// One argument as a boxed call holds it.
+[[gnu::hot]] inline void view_arg(const c10::IValue &iv, ust__arg &a, ust__call *call) {
+  a.kind = UST__ARG_OTHER;
+  if (iv.isTensor()) {
+    const at::Tensor &t = iv.toTensor();
+    if (!t.defined())
+      a.kind = UST__ARG_NONE;
+    else
+      view_tensor(t, UST__ARG_TENSOR, &a, call);
+  } else if (iv.isInt()) {
+    a.kind = UST__ARG_INT;
+    a.i = iv.toInt();
+  } else if (iv.isSymInt()) {
+    if (auto v = iv.toSymInt().maybe_as_int()) {
+      a.kind = UST__ARG_INT;
+      a.i = *v;
+    }
+  } else if (iv.isBool()) {
+    a.kind = UST__ARG_BOOL;
+    a.i = iv.toBool() ? 1 : 0;
+  } else if (iv.isDouble()) {
+    a.kind = UST__ARG_DOUBLE;
+    a.f = iv.toDouble();
+  } else if (iv.isIntList()) {
+    a.kind = UST__ARG_INTLIST;
+    const auto list = iv.toIntList();
+    a.i = static_cast<int64_t>(list.size());
+    for (size_t k = 0; k < list.size() && k < UST__MAX_LIST; k++)
+      a.list[k] = list.get(k);
+  } else if (iv.isTensorList()) {
+    // Collectives take their tensors as a list (c10d::allreduce_): the
+    // first tensor stands for the list's device, dtype and shape.
+    const auto list = iv.toTensorList();
+    const at::Tensor first = list.size() > 0 ? list.get(0) : at::Tensor();
+    if (first.defined() && view_tensor(first, UST__ARG_TENSORLIST, &a, call))
+      a.i = static_cast<int64_t>(list.size());
+  } else if (iv.isNone()) {
+    a.kind = UST__ARG_NONE;
+  }
+}
+
+// The same arguments as a typed (unboxed) call passes them: each read as its
+// boxed form would be (a Scalar as the int, float or bool it holds).
+[[gnu::hot]] inline void view_arg(const at::Tensor &t, ust__arg &a, ust__call *call) {
+  a.kind = UST__ARG_OTHER;
+  if (!t.defined())
+    a.kind = UST__ARG_NONE;
+  else
+    view_tensor(t, UST__ARG_TENSOR, &a, call);
+}
+
+inline void view_arg(const c10::Scalar &v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_OTHER;
+  if (v.isSymbolic())
+    return;
+  if (v.isBoolean()) {
+    a.kind = UST__ARG_BOOL;
+    a.i = v.toBool() ? 1 : 0;
+  } else if (v.isFloatingPoint()) {
+    a.kind = UST__ARG_DOUBLE;
+    a.f = v.toDouble();
+  } else if (v.isIntegral(false)) {
+    a.kind = UST__ARG_INT;
+    a.i = v.toLong();
+  }
+}
+
+// Whether the call's device can be counted; its current stream when CUDA.
+[[gnu::hot]] inline bool view_end(ust__call *call) {
+  if (call->device < 0 || call->device == UST__DEV_OTHER)
+    return false;
+  if (call->device == UST__DEV_CUDA) {
+    const c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call->device_id));
+    call->stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle();
+  }
+  return true;
+}
+
 // Fills the view from the arguments on top of the stack, for a call made in
 // phase (the thread's ust_phase). Returns false when the call touches no
 // tensor understudy counts (meta, fake, sparse, ...).
@@ -152,61 +245,10 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
   const size_t n_schema = op.schema().arguments().size();
   const size_t n = std::min<size_t>(n_schema, kMaxArgs);
   const c10::IValue *ivs = stack.data() + (stack.size() - n_schema);
-  call->size = sizeof *call;
-  call->nargs = static_cast<int>(n);
-  call->args = args;
-  call->device = -1;
-  call->device_id = 0;
-  call->stream = nullptr;
-  call->phase = phase;
-  for (size_t i = 0; i < n; i++) {
-    const c10::IValue &iv = ivs[i];
-    ust__arg &a = args[i];
-    a.kind = UST__ARG_OTHER;
-    if (iv.isTensor()) {
-      const at::Tensor &t = iv.toTensor();
-      if (!t.defined())
-        a.kind = UST__ARG_NONE;
-      else
-        view_tensor(t, UST__ARG_TENSOR, &a, call);
-    } else if (iv.isInt()) {
-      a.kind = UST__ARG_INT;
-      a.i = iv.toInt();
-    } else if (iv.isSymInt()) {
-      if (auto v = iv.toSymInt().maybe_as_int()) {
-        a.kind = UST__ARG_INT;
-        a.i = *v;
-      }
-    } else if (iv.isBool()) {
-      a.kind = UST__ARG_BOOL;
-      a.i = iv.toBool() ? 1 : 0;
-    } else if (iv.isDouble()) {
-      a.kind = UST__ARG_DOUBLE;
-      a.f = iv.toDouble();
-    } else if (iv.isIntList()) {
-      a.kind = UST__ARG_INTLIST;
-      const auto list = iv.toIntList();
-      a.i = static_cast<int64_t>(list.size());
-      for (size_t k = 0; k < list.size() && k < UST__MAX_LIST; k++)
-        a.list[k] = list.get(k);
-    } else if (iv.isTensorList()) {
-      // Collectives take their tensors as a list (c10d::allreduce_): the
-      // first tensor stands for the list's device, dtype and shape.
-      const auto list = iv.toTensorList();
-      const at::Tensor first = list.size() > 0 ? list.get(0) : at::Tensor();
-      if (first.defined() && view_tensor(first, UST__ARG_TENSORLIST, &a, call))
-        a.i = static_cast<int64_t>(list.size());
-    } else if (iv.isNone()) {
-      a.kind = UST__ARG_NONE;
-    }
-  }
-  if (call->device < 0 || call->device == UST__DEV_OTHER)
-    return false;
-  if (call->device == UST__DEV_CUDA) {
-    const c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call->device_id));
-    call->stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle();
-  }
-  return true;
+  view_begin(call, args, n, phase);
+  for (size_t i = 0; i < n; i++)
+    view_arg(ivs[i], args[i], call);
+  return view_end(call);
 }
 
 // The data pointers of the view build_view filled from the same stack: what
@@ -1359,14 +1401,14 @@ public:
 };
 
 // A bound call inside an outer one whose floor may come from its callees.
-[[gnu::noinline]] void note_nested(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__binding *b,
-                                   ust__thread *t) {
+template <class Source>
+[[gnu::noinline]] void note_nested(const c10::OperatorHandle &op, Source &src, ust__binding *b, ust__thread *t) {
   try {
     if (ust__binding_needs_names(b))
       resolve_names(b, op);
     ust__arg args[kMaxArgs];
     ust__call call;
-    if (build_view(op, stack, args, &call, t->phase))
+    if (src.view(args, &call, t->phase))
       ust__binding_nested_floor(b, &call, t->nested);
     else
       t->nested->n++, t->nested->unscored++;
@@ -1390,74 +1432,198 @@ public:
   run.finish(d.outcome);
 }
 
+// An intercepted call, whatever its source (Boxed, Typed below): the thread
+// and hook checks, the view, the router's plan, production redispatched
+// below BackendSelect, the plan's steps.
+template <class Source>
+[[gnu::hot]] inline void intercept(ust__hook *hook, const c10::OperatorHandle &op, c10::DispatchKeySet ks, Source &src) {
+  ust__thread *const th = ust__thread_state();
+  HookScope scope(hook, th);
+  const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
+                                                             c10::DispatchKey::BackendSelect);
+  ust__binding *b = scope.binding;
+  if (b != nullptr && th->nested != nullptr && th->call_depth == 1) {
+    // a bound op the outer call runs: its floor counts toward the outer's
+    note_nested(op, src, b, th);
+    CallScope deeper(th); // its own callees are not the outer's direct ones
+    src.pass(below);
+    return;
+  }
+  if (b == nullptr || th->own_work > 0 || th->call_depth > 0 || ust__binding_is_off(b)) {
+    src.pass(below);
+    return;
+  }
+  CallScope nested(th);
+  ust__arg args[kMaxArgs];
+  ust__call call;
+  ust__call_state st; // ust__call_begin fills it, before anything reads it
+  bool tracked = false;
+  try {
+    if (ust__binding_needs_names(b))
+      resolve_names(b, op);
+    tracked = src.view(args, &call, th->phase);
+    if (tracked)
+      ust__call_begin(b, &call, &st);
+  } catch (...) {
+    ust__call_internal_error(b);
+    tracked = false;
+  }
+  if (!tracked) {
+    src.pass(below);
+    return;
+  }
+  ust__decision d;
+  if (st.plan == UST__PLAN_PASS) { // the common path, without a run's buffers or the machine's steps
+    try {
+      if (st.nested_ok && ust__call_wants_nested(&st)) {
+        ust__nested callees{};
+        {
+          NestedScope nscope(th, &callees);
+          src.pass(below);
+        }
+        ust__call_nested_done(&st, &callees);
+      } else {
+        src.pass(below);
+      }
+    } catch (...) {
+      ust__decision_passed(&d, 1);
+      ust__call_end(&call, &st, &d);
+      throw;
+    }
+    ust__decision_passed(&d, 0);
+    ust__call_end(&call, &st, &d);
+    return;
+  }
+  src.plan(below, b, args, call, st, d, ust__decision_start(&d, st.plan, st.flags));
+}
+
+// A boxed call: its arguments, and then its results, on the stack.
+struct Boxed {
+  const c10::OperatorHandle &op;
+  torch::jit::Stack *stack;
+
+  bool view(ust__arg *args, ust__call *call, int phase) { return build_view(op, *stack, args, call, phase); }
+  void pass(c10::DispatchKeySet below) { op.redispatchBoxed(below, stack); }
+  void plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
+            ust__decision &d, int step) {
+    run_plan(op, below, stack, b, args, call, st, d, step);
+  }
+};
+
+// A typed call of an op whose C++ signature is Ret(Args...): its arguments
+// as the caller passed them, production redispatched without boxing them; a
+// plan that runs more than production boxes them for run_plan and takes its
+// result back off the stack.
+template <class Ret, class... Args>
+struct Typed {
+  const c10::TypedOperatorHandle<Ret(Args...)> &op;
+  std::tuple<Args...> in;
+  std::optional<Ret> out;
+
+  bool view(ust__arg *args, ust__call *call, int phase) {
+    view_begin(call, args, sizeof...(Args), phase);
+    std::apply([&](const auto &...a) {
+      size_t i = 0;
+      (view_arg(a, args[i++], call), ...);
+    }, in);
+    return view_end(call);
+  }
+  void pass(c10::DispatchKeySet below) {
+    out.emplace(std::apply([&](Args... a) { return op.redispatch(below, std::forward<Args>(a)...); }, in));
+  }
+  void plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
+            ust__decision &d, int step) {
+    torch::jit::Stack stack;
+    stack.reserve(sizeof...(Args));
+    std::apply([&](const auto &...a) { (torch::jit::push(stack, a), ...); }, in);
+    run_plan(op, below, &stack, b, args, call, st, d, step);
+    out.emplace(c10::impl::PopResult<Ret>::call(stack));
+  }
+};
+
 class Interceptor final : public c10::OperatorKernel {
 public:
   explicit Interceptor(ust__hook *h) : hook_(h) {}
 
   [[gnu::hot]] void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
-    ust__thread *const th = ust__thread_state();
-    HookScope scope(hook_, th);
-    const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
-                                                               c10::DispatchKey::BackendSelect);
-    ust__binding *b = scope.binding;
-    if (b != nullptr && th->nested != nullptr && th->call_depth == 1) {
-      // a bound op the outer call runs: its floor counts toward the outer's
-      note_nested(op, *stack, b, th);
-      CallScope deeper(th); // its own callees are not the outer's direct ones
-      op.redispatchBoxed(below, stack);
-      return;
-    }
-    if (b == nullptr || th->own_work > 0 || th->call_depth > 0 || ust__binding_is_off(b)) {
-      op.redispatchBoxed(below, stack);
-      return;
-    }
-    CallScope nested(th);
-    ust__arg args[kMaxArgs];
-    ust__call call;
-    ust__call_state st; // ust__call_begin fills it, before anything reads it
-    bool tracked = false;
-    try {
-      if (ust__binding_needs_names(b))
-        resolve_names(b, op);
-      tracked = build_view(op, *stack, args, &call, th->phase);
-      if (tracked)
-        ust__call_begin(b, &call, &st);
-    } catch (...) {
-      ust__call_internal_error(b);
-      tracked = false;
-    }
-    if (!tracked) {
-      op.redispatchBoxed(below, stack);
-      return;
-    }
-    ust__decision d;
-    if (st.plan == UST__PLAN_PASS) { // the common path, without a run's buffers or the machine's steps
-      try {
-        if (st.nested_ok && ust__call_wants_nested(&st)) {
-          ust__nested callees{};
-          {
-            NestedScope nscope(th, &callees);
-            op.redispatchBoxed(below, stack);
-          }
-          ust__call_nested_done(&st, &callees);
-        } else {
-          op.redispatchBoxed(below, stack);
-        }
-      } catch (...) {
-        ust__decision_passed(&d, 1);
-        ust__call_end(&call, &st, &d);
-        throw;
-      }
-      ust__decision_passed(&d, 0);
-      ust__call_end(&call, &st, &d);
-      return;
-    }
-    run_plan(op, below, stack, b, args, call, st, d, ust__decision_start(&d, st.plan, st.flags));
+    Boxed src{op, stack};
+    intercept(hook_, op, ks, src);
   }
 
 private:
   ust__hook *hook_;
 };
+
+// The interceptor of an op whose C++ signature is Ret(Args...), called
+// unboxed by typed callers (torch's own C++ and Python bindings) and through
+// the boxed wrapper torch makes for boxed ones.
+template <class Sig> class TypedInterceptor;
+template <class Ret, class... Args>
+class TypedInterceptor<Ret(Args...)> final : public c10::OperatorKernel {
+public:
+  TypedInterceptor(ust__hook *h, c10::TypedOperatorHandle<Ret(Args...)> op) : hook_(h), op_(op) {}
+
+  [[gnu::hot]] Ret operator()(c10::DispatchKeySet ks, Args... args) {
+    Typed<Ret, Args...> src{op_, std::tuple<Args...>(args...), std::nullopt};
+    intercept(hook_, op_, ks, src);
+    return std::move(*src.out);
+  }
+
+private:
+  ust__hook *hook_;
+  c10::TypedOperatorHandle<Ret(Args...)> op_;
+};
+
+// The C++ signatures an op may be intercepted by without boxing: the
+// functional ops serving traffic calls most (matmuls, activations). An op
+// takes the first its schema matches exactly (torch checks the C++
+// signature against its other kernels'), else the boxed interceptor.
+template <class... Sigs> struct SigList {};
+using TypedSigs = SigList<at::Tensor(const at::Tensor &), at::Tensor(const at::Tensor &, const at::Tensor &),
+                          at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &, const c10::Scalar &,
+                                     const c10::Scalar &)>;
+
+// Whether a schema is functional: no argument or return aliased or written.
+bool functional(const c10::FunctionSchema &schema) {
+  for (const auto &a : schema.arguments())
+    if (a.alias_info() != nullptr)
+      return false;
+  for (const auto &r : schema.returns())
+    if (r.alias_info() != nullptr)
+      return false;
+  return !schema.is_vararg() && !schema.is_varret();
+}
+
+template <class Sig>
+bool register_typed(ust__hook *hook, const c10::OperatorHandle &op, const char *display) {
+  auto inferred = std::make_unique<c10::FunctionSchema>(c10::inferFunctionSchemaFlattenedReturns<Sig>());
+  if (c10::findSchemaDifferences(*inferred, op.schema()).has_value())
+    return false;
+  try {
+    auto kernel = c10::KernelFunction::makeFromUnboxedFunctor<false, TypedInterceptor<Sig>>(
+        std::make_unique<TypedInterceptor<Sig>>(hook, op.typed<Sig>()));
+    // Kept for the life of the process: the kernel is never deregistered.
+    new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().registerImpl(
+        op.operator_name(), c10::DispatchKey::BackendSelect, std::move(kernel), c10::impl::CppSignature::make<Sig>(),
+        std::move(inferred), std::string("understudy interceptor for ") + display));
+    return true;
+  } catch (...) { // torch refused the signature (its kernels take another): the boxed interceptor instead
+    return false;
+  }
+}
+
+template <class... Sigs>
+bool register_first(ust__hook *hook, const c10::OperatorHandle &op, const char *display, SigList<Sigs...>) {
+  return (register_typed<Sigs>(hook, op, display) || ...);
+}
+
+// Registers op's typed interceptor when an aten op's schema is functional and
+// matches one of TypedSigs; false when none does (then the boxed one).
+bool try_typed(ust__hook *hook, const c10::OperatorHandle &op, const char *display) {
+  if (op.operator_name().name.rfind("aten::", 0) != 0 || !functional(op.schema()))
+    return false;
+  return register_first(hook, op, display, TypedSigs{});
+}
 
 int register_hook(ust__hook *hook, const char *qualname, const char *overload, const char *display) {
   try {
@@ -1468,6 +1634,8 @@ int register_hook(ust__hook *hook, const char *qualname, const char *overload, c
         return ust__error(UST_ETORCH,
                           "%s already has a BackendSelect kernel; intercepting it would bypass that kernel",
                           display);
+      if (try_typed(hook, *existing, display))
+        return 0;
     }
     auto kernel = c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Interceptor>(hook));
     // Kept for the life of the process: the kernel is never deregistered.

@@ -272,6 +272,50 @@ def test_disable_leaves_a_pass_through_interceptor(us):
         us.report()
 
 
+def typed_and_boxed_calls(a, b, c, boxed):
+    """mm, addmm (int and float Scalars) and silu, through torch's typed C++
+    entry points or boxed, as torch.ops' overloads call an op."""
+    mm, addmm, silu = ((torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.silu.default)
+                       if boxed else (torch.mm, torch.addmm, torch.nn.functional.silu))
+    return [mm(a, b), addmm(c, a, b, beta=2, alpha=0.5), addmm(c, a, b), silu(a), silu(b), mm(b, a)]
+
+
+def test_typed_ops_are_intercepted_unboxed_and_boxed_callers_count_the_same(us):
+    """Functional aten ops of a C++ signature understudy knows (mm, addmm,
+    silu) are intercepted without boxing; a boxed caller reaches the same
+    interceptor through torch's wrapper. Either way every call is counted
+    once (a dispatch mode counts them apart), keyed alike, and
+    results are production's; ops of another signature (an in-place silu_,
+    an out= overload) keep the boxed interceptor."""
+    torch.manual_seed(0)
+    a, b, c = torch.randn(6, 6), torch.randn(6, 6), torch.randn(6)
+    want = typed_and_boxed_calls(a, b, c, boxed=False)
+    with DispatchCounter() as truth:
+        typed_and_boxed_calls(a, b, c, boxed=False)
+    reports = {}
+    for boxed in (False, True):
+        us.enable({"defaults": {"sample": 1.0}})
+        got = typed_and_boxed_calls(a, b, c, boxed)
+        reports[boxed] = us.report()
+        us.disable()
+        assert all(torch.equal(x, y) for x, y in zip(got, want))
+    for op in ("aten::mm", "aten::addmm", "aten::silu"):
+        (line,) = interceptors(op)
+        assert "unboxed" in line, line
+    for op in ("aten::silu_", "aten::mm.out", "aten::addmm.out"):
+        (line,) = interceptors(op)
+        assert "unboxed" not in line, line
+    expected = {op: n for op, n in truth.counts.items() if op in ("aten::mm", "aten::addmm", "aten::silu")}
+    assert expected == {"aten::mm": 2, "aten::addmm": 2, "aten::silu": 2}
+    keyed = {}
+    for boxed, rep in reports.items():
+        assert rep["totals"]["internal_errors"] == 0
+        assert {op: n for op, n in bound_ops(rep).items() if n} == expected
+        keyed[boxed] = {s["key"]: (s["calls"], s["timed"], s["dims"], s["dtypes"]) for op in rep["operators"]
+                        for s in op["shapes"]}
+    assert keyed[False] == keyed[True] and len(keyed[False]) == 3
+
+
 _nest_lib = torch.library.Library("ust_nest", "DEF")
 _nest_lib.define("outer(Tensor a, Tensor b) -> Tensor")
 _nest_lib.impl("outer", lambda a, b: torch.mm(a, b) * 2, "CPU")
