@@ -5,17 +5,22 @@ between two intercepted calls; its cost is then its cache misses more than
 its instructions. This counts both, deterministically, under Valgrind's
 Callgrind with its cache model (32 KiB L1 instruction and 48 KiB L1 data
 caches, a 4 MiB last level): a child process makes 16x16 CPU torch.mm calls,
-each after writing 8 MB of host memory (more than the last level), and
-Callgrind counts inside understudy's interceptor only, the call it passes
-on to torch left out (collection toggled off around the redispatch): the
-view of the arguments, the route's key and lookup, the decision, the
-counters. Each variant runs twice, with --calls and with twice as many;
+each after writing 8 MB of host memory (more than the last level). With
+--scope op (the default) Callgrind counts the whole call from torch's entry
+point (at::_ops::mm::call), only the arithmetic left out (collection toggled
+off around structured_mm_out_cpu::impl): the dispatcher, torch boxing the
+call when the interceptor is boxed, understudy's view, key, lookup,
+decision and counters, the result's allocation; plain torch (understudy not
+loaded) is the baseline. --scope interceptor counts inside a boxed
+interceptor only, the call it passes on left out (a typed interceptor
+redispatches inline, so there its count would hold the kernel too).
+Each variant runs twice, with --calls and with twice as many;
 the difference divided by --calls is the cost of one cold call, without
 the warm-up and one-time costs (a route's creation). The table prints, per
 call, instructions (Ir) and last-level misses on code (ILmr) and data (DLmr
 reads, DLmw writes).
 
-    PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100] [--variants off none observe]
+    PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100] [--scope op|interceptor] [--variants plain off none observe]
 
 Needs valgrind (Debian's package) and takes minutes: torch's import runs
 under Callgrind too. UNDERSTUDY_LIB selects the library measured.
@@ -29,12 +34,13 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-VARIANTS = {  # name -> understudy config
+VARIANTS = {  # name -> understudy config (None: understudy not loaded)
+    "plain": None,
     "off": {"operators": {"gemm": "off"}},
     "none": {"operators": {"gemm": {"mode": "observe", "sample": 0}}},
     "observe": {"operators": {"gemm": {"mode": "observe", "sample": 1 / 16}}},
 }
-LABELS = {"off": "mode off",
+LABELS = {"plain": "plain torch", "off": "mode off",
           "none": "observe, none timed", "observe": "observe, 1 in 16 timed"}
 EVENTS = ("Ir", "ILmr", "DLmr", "DLmw")
 SCRUB_MB = 8
@@ -44,8 +50,9 @@ def child(variant, calls):
     import torch
     torch.set_num_threads(1)
     sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
-    import understudy
-    understudy.enable(VARIANTS[variant])
+    if VARIANTS[variant] is not None:
+        import understudy
+        understudy.enable(VARIANTS[variant])
     a, b = torch.randn(16, 16), torch.randn(16, 16)
     junk = torch.zeros(SCRUB_MB * 2 ** 20 // 4)
     with torch.inference_mode():
@@ -70,11 +77,21 @@ def totals(path):
     return {e: got.get(e, 0) for e in EVENTS}
 
 
-def measure(variant, calls, workdir):
+# Where Callgrind counts: understudy's interceptor, the call it passes on
+# left out (a boxed interceptor's redispatch; a typed one redispatches
+# inline, so its count holds the kernel too); or the whole torch.mm from
+# torch's entry point, its arithmetic left out (torch boxing the call for a
+# boxed interceptor counted; plain torch its baseline).
+SCOPES = {
+    "interceptor": ["*Interceptor::operator()*", "c10::OperatorHandle::redispatchBoxed*"],
+    "op": ["at::_ops::mm::call*", "at::native::structured_mm_out_cpu::impl*"],
+}
+
+
+def measure(variant, calls, workdir, scope):
     out = os.path.join(workdir, f"cg.{variant}.{calls}")
     cmd = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--I1=32768,8,64", "--D1=49152,12,64",
-           "--LL=4194304,16,64", "--toggle-collect=*Interceptor::operator()*",
-           "--toggle-collect=c10::OperatorHandle::redispatchBoxed*", f"--callgrind-out-file={out}",
+           "--LL=4194304,16,64", *(f"--toggle-collect={f}" for f in SCOPES[scope]), f"--callgrind-out-file={out}",
            sys.executable, __file__, "--child", variant, "--calls", str(calls)]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0 or not os.path.exists(out):
@@ -85,7 +102,9 @@ def measure(variant, calls, workdir):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=100)
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
+                    help="default: every variant the scope can count (plain torch only with --scope op)")
+    ap.add_argument("--scope", choices=list(SCOPES), default="op")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -93,15 +112,19 @@ def main():
         return
     if shutil.which("valgrind") is None:
         sys.exit("footprint.py needs valgrind (apt-get install valgrind)")
-    variants = list(dict.fromkeys(args.variants))
+    variants = list(dict.fromkeys(args.variants or [v for v in VARIANTS if args.scope == "op" or v != "plain"]))
+    if args.scope == "interceptor" and "plain" in variants:
+        sys.exit("footprint.py: plain torch has no interceptor to count (--scope op counts it)")
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        jobs = {(v, n): pool.submit(measure, v, n, workdir) for v in variants for n in (args.calls, 2 * args.calls)}
+        jobs = {(v, n): pool.submit(measure, v, n, workdir, args.scope) for v in variants for n in (args.calls, 2 * args.calls)}
         per_call = {}
         for v in variants:
             lo, hi = jobs[(v, args.calls)].result(), jobs[(v, 2 * args.calls)].result()
             per_call[v] = {e: (hi[e] - lo[e]) / args.calls for e in EVENTS}
     import torch
-    print(f"torch {torch.__version__}; understudy's interceptor around a 16x16 CPU torch.mm (the mm left out), "
+    what = ("understudy's interceptor around a 16x16 CPU torch.mm (the call it passes on left out)"
+            if args.scope == "interceptor" else "a 16x16 CPU torch.mm from at::_ops::mm::call (its arithmetic left out)")
+    print(f"torch {torch.__version__}; {what}, "
           f"each call after {SCRUB_MB} MB written; Callgrind, L1 32 KiB code + 48 KiB data, last level 4 MiB; "
           f"per cold call, from {args.calls} and {2 * args.calls} calls")
     print(f"{'variant':<26}" + "".join(f"{e:>9}" for e in EVENTS))
