@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -220,8 +221,8 @@ inline void view_arg(const c10::Scalar &v, ust__arg &a, ust__call *) {
   } else if (v.isFloatingPoint()) {
     a.kind = UST__ARG_DOUBLE;
     a.f = v.toDouble();
-  } else if (v.isIntegral(false)) {
-    a.kind = UST__ARG_INT;
+  } else if (v.isIntegral(false) && !(v.isUnsigned() && v.toUInt64() > INT64_MAX)) {
+    a.kind = UST__ARG_INT; // an unsigned value past int64 stays OTHER, as its IValue (UInt) does
     a.i = v.toLong();
   }
 }
@@ -1516,6 +1517,7 @@ struct Boxed {
 // result back off the stack.
 template <class Ret, class... Args>
 struct Typed {
+  static_assert(std::is_same_v<Ret, at::Tensor>, "TypedSigs return one tensor");
   const c10::TypedOperatorHandle<Ret(Args...)> &op;
   std::tuple<Args...> in;
   std::optional<Ret> out;
@@ -1537,7 +1539,14 @@ struct Typed {
     stack.reserve(sizeof...(Args));
     std::apply([&](const auto &...a) { (torch::jit::push(stack, a), ...); }, in);
     run_plan(op, below, &stack, b, args, call, st, d, step);
-    out.emplace(c10::impl::PopResult<Ret>::call(stack));
+    if (stack.size() == 1 && stack.back().isTensor()) {
+      out.emplace(std::move(stack.back()).toTensor());
+      return;
+    }
+    // no result of production's type (cannot happen by the decision's rules):
+    // counted, and production answers the caller
+    ust__call_internal_error(b);
+    pass(below);
   }
 };
 

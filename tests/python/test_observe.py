@@ -273,11 +273,12 @@ def test_disable_leaves_a_pass_through_interceptor(us):
 
 
 def typed_and_boxed_calls(a, b, c, boxed):
-    """mm, addmm (int and float Scalars) and silu, through torch's typed C++
+    """mm, addmm (int, float and unsigned Scalars) and silu, through torch's typed C++
     entry points or boxed, as torch.ops' overloads call an op."""
     mm, addmm, silu = ((torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.silu.default)
                        if boxed else (torch.mm, torch.addmm, torch.nn.functional.silu))
-    return [mm(a, b), addmm(c, a, b, beta=2, alpha=0.5), addmm(c, a, b), silu(a), silu(b), mm(b, a)]
+    return [mm(a, b), addmm(c, a, b, beta=2, alpha=0.5), addmm(c, a, b), silu(a), silu(b), mm(b, a),
+            addmm(c, a, b, beta=2 ** 63)]  # an unsigned Scalar past int64
 
 
 def test_typed_ops_are_intercepted_unboxed_and_boxed_callers_count_the_same(us):
@@ -306,7 +307,7 @@ def test_typed_ops_are_intercepted_unboxed_and_boxed_callers_count_the_same(us):
         (line,) = interceptors(op)
         assert "unboxed" not in line, line
     expected = {op: n for op, n in truth.counts.items() if op in ("aten::mm", "aten::addmm", "aten::silu")}
-    assert expected == {"aten::mm": 2, "aten::addmm": 2, "aten::silu": 2}
+    assert expected == {"aten::mm": 2, "aten::addmm": 3, "aten::silu": 2}
     keyed = {}
     for boxed, rep in reports.items():
         assert rep["totals"]["internal_errors"] == 0
