@@ -5,11 +5,11 @@
 // (unboxed) for functional aten ops of a C++ signature it knows (mm, addmm,
 // silu: no stack built per call, production redispatched unboxed), boxed
 // for every other op. It calls through its hook (dispatch/dispatch.h), which
-// names the enabled engine's binding, or none. For a bound call it builds the C view of the call
-// (DLTensor arguments, scalars, the device's current native stream), asks
-// the router for a plan, and performs the steps of the serving decision
-// (guard/decision.h): snapshots, production (redispatched below
-// BackendSelect), the candidate, the comparison, restoring. It decides
+// names the enabled engine's binding, or none. For a bound call it builds
+// the C view of the call (DLTensor arguments, scalars, the device's current
+// native stream), asks the router for a plan, and performs the steps of the
+// serving decision (guard/decision.h): snapshots, production (redispatched
+// below BackendSelect), the candidate, the comparison, restoring. It decides
 // nothing itself. Every exception of understudy's own is caught here and
 // turned into an event; production's exceptions reach the caller as they
 // would without understudy.
@@ -26,7 +26,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
-#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -160,15 +159,20 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
   call->phase = phase;
 }
 
+// One argument as a typed (unboxed) call passes a tensor.
+[[gnu::hot]] inline void view_arg(const at::Tensor &t, ust__arg &a, ust__call *call) {
+  a.kind = UST__ARG_OTHER;
+  if (!t.defined())
+    a.kind = UST__ARG_NONE;
+  else
+    view_tensor(t, UST__ARG_TENSOR, &a, call);
+}
+
 // One argument as a boxed call holds it.
 [[gnu::hot]] inline void view_arg(const c10::IValue &iv, ust__arg &a, ust__call *call) {
   a.kind = UST__ARG_OTHER;
   if (iv.isTensor()) {
-    const at::Tensor &t = iv.toTensor();
-    if (!t.defined())
-      a.kind = UST__ARG_NONE;
-    else
-      view_tensor(t, UST__ARG_TENSOR, &a, call);
+    view_arg(iv.toTensor(), a, call);
   } else if (iv.isInt()) {
     a.kind = UST__ARG_INT;
     a.i = iv.toInt();
@@ -201,31 +205,9 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
   }
 }
 
-// The same arguments as a typed (unboxed) call passes them: each read as its
-// boxed form would be (a Scalar as the int, float or bool it holds).
-[[gnu::hot]] inline void view_arg(const at::Tensor &t, ust__arg &a, ust__call *call) {
-  a.kind = UST__ARG_OTHER;
-  if (!t.defined())
-    a.kind = UST__ARG_NONE;
-  else
-    view_tensor(t, UST__ARG_TENSOR, &a, call);
-}
-
-inline void view_arg(const c10::Scalar &v, ust__arg &a, ust__call *) {
-  a.kind = UST__ARG_OTHER;
-  if (v.isSymbolic())
-    return;
-  if (v.isBoolean()) {
-    a.kind = UST__ARG_BOOL;
-    a.i = v.toBool() ? 1 : 0;
-  } else if (v.isFloatingPoint()) {
-    a.kind = UST__ARG_DOUBLE;
-    a.f = v.toDouble();
-  } else if (v.isIntegral(false) && !(v.isUnsigned() && v.toUInt64() > INT64_MAX)) {
-    a.kind = UST__ARG_INT; // an unsigned value past int64 stays OTHER, as its IValue (UInt) does
-    a.i = v.toLong();
-  }
-}
+// A typed call's Scalar: viewed as the IValue boxing it would make (an int,
+// a float, a bool; a complex or an unsigned value past int64 stays OTHER).
+inline void view_arg(const c10::Scalar &v, ust__arg &a, ust__call *call) { view_arg(c10::IValue(v), a, call); }
 
 // Whether the call's device can be counted; its current stream when CUDA.
 [[gnu::hot]] inline bool view_end(ust__call *call) {
