@@ -5,22 +5,21 @@ between two intercepted calls; its cost is then its cache misses more than
 its instructions. This counts both, deterministically, under Valgrind's
 Callgrind with its cache model (32 KiB L1 instruction and 48 KiB L1 data
 caches, a 4 MiB last level): a child process makes 16x16 CPU torch.mm calls,
-each after writing 8 MB of host memory (more than the last level). With
---scope op (the default) Callgrind counts the whole call from torch's entry
-point (at::_ops::mm::call), only the arithmetic left out (collection toggled
-off around structured_mm_out_cpu::impl): the dispatcher, torch boxing the
-call when the interceptor is boxed, understudy's view, key, lookup,
-decision and counters, the result's allocation; plain torch (understudy not
-loaded) is the baseline. --scope interceptor counts inside a boxed
-interceptor only, the call it passes on left out (a typed interceptor
-redispatches inline, so there its count would hold the kernel too).
+each after writing 8 MB of host memory (more than the last level), and
+Callgrind counts the whole call from torch's entry point
+(at::_ops::mm::call), only the arithmetic left out (collection toggled off
+around structured_mm_out_cpu::impl): the dispatcher, torch boxing the call
+when the interceptor is boxed, understudy's view, key, lookup, decision and
+counters, the result's allocation; plain torch (understudy not loaded) is
+the baseline. (A typed interceptor calls production inline, so no toggle
+inside understudy's code would leave production out.)
 Each variant runs twice, with --calls and with twice as many;
 the difference divided by --calls is the cost of one cold call, without
 the warm-up and one-time costs (a route's creation). The table prints, per
 call, instructions (Ir) and last-level misses on code (ILmr) and data (DLmr
 reads, DLmw writes).
 
-    PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100] [--scope op|interceptor] [--variants plain off none observe]
+    PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100] [--variants plain off none observe]
 
 Needs valgrind (Debian's package) and takes minutes: torch's import runs
 under Callgrind too. UNDERSTUDY_LIB selects the library measured.
@@ -77,21 +76,14 @@ def totals(path):
     return {e: got.get(e, 0) for e in EVENTS}
 
 
-# Where Callgrind counts: understudy's interceptor, the call it passes on
-# left out (a boxed interceptor's redispatch; a typed one redispatches
-# inline, so its count holds the kernel too); or the whole torch.mm from
-# torch's entry point, its arithmetic left out (torch boxing the call for a
-# boxed interceptor counted; plain torch its baseline).
-SCOPES = {
-    "interceptor": ["*Interceptor::operator()*", "c10::OperatorHandle::redispatchBoxed*"],
-    "op": ["at::_ops::mm::call*", "at::native::structured_mm_out_cpu::impl*"],
-}
+# Collection toggles: on at torch's entry point, off around the arithmetic.
+TOGGLES = ["at::_ops::mm::call*", "at::native::structured_mm_out_cpu::impl*"]
 
 
-def measure(variant, calls, workdir, scope):
+def measure(variant, calls, workdir):
     out = os.path.join(workdir, f"cg.{variant}.{calls}")
     cmd = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--I1=32768,8,64", "--D1=49152,12,64",
-           "--LL=4194304,16,64", *(f"--toggle-collect={f}" for f in SCOPES[scope]), f"--callgrind-out-file={out}",
+           "--LL=4194304,16,64", *(f"--toggle-collect={f}" for f in TOGGLES), f"--callgrind-out-file={out}",
            sys.executable, __file__, "--child", variant, "--calls", str(calls)]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0 or not os.path.exists(out):
@@ -102,9 +94,7 @@ def measure(variant, calls, workdir, scope):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=100)
-    ap.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
-                    help="default: every variant the scope can count (plain torch only with --scope op)")
-    ap.add_argument("--scope", choices=list(SCOPES), default="op")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -112,19 +102,15 @@ def main():
         return
     if shutil.which("valgrind") is None:
         sys.exit("footprint.py needs valgrind (apt-get install valgrind)")
-    variants = list(dict.fromkeys(args.variants or [v for v in VARIANTS if args.scope == "op" or v != "plain"]))
-    if args.scope == "interceptor" and "plain" in variants:
-        sys.exit("footprint.py: plain torch has no interceptor to count (--scope op counts it)")
+    variants = list(dict.fromkeys(args.variants))
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        jobs = {(v, n): pool.submit(measure, v, n, workdir, args.scope) for v in variants for n in (args.calls, 2 * args.calls)}
+        jobs = {(v, n): pool.submit(measure, v, n, workdir) for v in variants for n in (args.calls, 2 * args.calls)}
         per_call = {}
         for v in variants:
             lo, hi = jobs[(v, args.calls)].result(), jobs[(v, 2 * args.calls)].result()
             per_call[v] = {e: (hi[e] - lo[e]) / args.calls for e in EVENTS}
     import torch
-    what = ("understudy's interceptor around a 16x16 CPU torch.mm (the call it passes on left out)"
-            if args.scope == "interceptor" else "a 16x16 CPU torch.mm from at::_ops::mm::call (its arithmetic left out)")
-    print(f"torch {torch.__version__}; {what}, "
+    print(f"torch {torch.__version__}; a 16x16 CPU torch.mm from at::_ops::mm::call (its arithmetic left out), "
           f"each call after {SCRUB_MB} MB written; Callgrind, L1 32 KiB code + 48 KiB data, last level 4 MiB; "
           f"per cold call, from {args.calls} and {2 * args.calls} calls")
     print(f"{'variant':<26}" + "".join(f"{e:>9}" for e in EVENTS))
