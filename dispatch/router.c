@@ -638,6 +638,7 @@ void ust__call_graph_failed(ust__call_state *st, int fail, const char *msg) {
  * here: what is captured is what they run. */
 static UST__NOINLINE void begin_captured(ust__binding *b, ust__route *r, int mode, const ust__call *call,
                                          const ust__policy *pol, ust__call_state *st) {
+  st->nested_ok = nested_ok(b);
   st->capturing = 1;
   atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
   if (st->timed_kind == UST__TIMED_STEADY)
@@ -661,6 +662,7 @@ static UST__NOINLINE void begin_captured(ust__binding *b, ust__route *r, int mod
  * is set, 0 when it is observed as any other (sampled for timing) */
 static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mode, uint32_t canary_q32,
                                          const ust__call *call, const ust__policy *pol, ust__call_state *st) {
+  st->nested_ok = nested_ok(b);
   if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) &&
       (!ust__rollout_qualified(&r->rollout) || !ready_here(b->cand, r))) {
     /* Before its first served call the candidate qualifies on copies of the
@@ -696,6 +698,7 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
 /* a call chosen to be timed: its floor, and its timer started */
 static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust__call *call, int legacy,
                                        ust__call_state *st) {
+  st->nested_ok = nested_ok(b);
   st->tsol_ps = call_tsol_ps(r, call, st);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;
@@ -733,7 +736,6 @@ UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_
     return;
   }
   st->route = r;
-  st->nested_ok = nested_ok(b);
   uint64_t n = atomic_fetch_add_explicit(&r->figs.calls, 1, memory_order_relaxed) + 1;
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
   /* past its first steady_after calls a key is sampled at the steady share,

@@ -1473,6 +1473,8 @@ template <class Source>
       ust__call_end(&call, &st, &d);
       throw;
     }
+    if (ust__call_passed_quietly(&st))
+      return;
     ust__decision_passed(&d, 0);
     ust__call_end(&call, &st, &d);
     return;
