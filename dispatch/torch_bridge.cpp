@@ -1389,7 +1389,7 @@ template <class Source>
   try {
     if (ust__binding_needs_names(b))
       resolve_names(b, op);
-    ust__arg args[kMaxArgs];
+    ust__arg args[Source::kArgs];
     ust__call call;
     if (src.view(args, &call, t->phase))
       ust__binding_nested_floor(b, &call, t->nested);
@@ -1437,7 +1437,7 @@ template <class Source>
     return;
   }
   CallScope nested(th);
-  ust__arg args[kMaxArgs];
+  ust__arg args[Source::kArgs];
   ust__call call;
   ust__call_state st; // ust__call_begin fills it, before anything reads it
   bool tracked = false;
@@ -1484,6 +1484,7 @@ template <class Source>
 
 // A boxed call: its arguments, and then its results, on the stack.
 struct Boxed {
+  static constexpr size_t kArgs = kMaxArgs; // the view's room: the schema's first kMaxArgs arguments
   const c10::OperatorHandle &op;
   torch::jit::Stack *stack;
 
@@ -1502,6 +1503,9 @@ struct Boxed {
 template <class Ret, class... Args>
 struct Typed {
   static_assert(std::is_same_v<Ret, at::Tensor>, "TypedSigs return one tensor");
+  // the view's room: its own arguments (a call's frame as deep as the op's
+  // arity, not a boxed call's)
+  static constexpr size_t kArgs = sizeof...(Args);
   const c10::TypedOperatorHandle<Ret(Args...)> &op;
   std::tuple<Args...> in;
   std::optional<Ret> out;
