@@ -43,7 +43,11 @@ extern "C" int ust__error(int err, const char *fmt, ...);
 
 namespace {
 
-constexpr int kMaxArgs = 32;
+// The arguments a boxed call's view holds: the schema's first kMaxArgs; an
+// op known at registration to take at most kFewArgs (every aten op that
+// serving calls) gets an interceptor whose view has room for those only, and
+// a frame as deep.
+constexpr size_t kMaxArgs = 32, kFewArgs = 12;
 // ust__cand_kind and ust__shadow_fail (guard/guard.h, C only)
 constexpr int kNative = 1, kTorchOp = 2;
 constexpr int kFailNone = 0, kFailError = 1, kFailRaised = 2, kFailSchema = 3, kFailOverdue = 4;
@@ -220,13 +224,13 @@ inline void view_arg(const c10::Scalar &v, ust__arg &a, ust__call *call) { view_
   return true;
 }
 
-// Fills the view from the arguments on top of the stack, for a call made in
-// phase (the thread's ust_phase). Returns false when the call touches no
+// Fills the view (room for that many arguments in args) from the arguments
+// on top of the stack, for a call made in phase (the thread's ust_phase). Returns false when the call touches no
 // tensor understudy counts (meta, fake, sparse, ...).
-[[gnu::hot]] bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args, ust__call *call,
-                             int phase) {
+[[gnu::hot]] bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args,
+                             size_t room, ust__call *call, int phase) {
   const size_t n_schema = op.schema().arguments().size();
-  const size_t n = std::min<size_t>(n_schema, kMaxArgs);
+  const size_t n = std::min(n_schema, room);
   const c10::IValue *ivs = stack.data() + (stack.size() - n_schema);
   view_begin(call, args, n, phase);
   for (size_t i = 0; i < n; i++)
@@ -1483,12 +1487,12 @@ template <class Source>
 }
 
 // A boxed call: its arguments, and then its results, on the stack.
-struct Boxed {
-  static constexpr size_t kArgs = kMaxArgs; // the view's room: the schema's first kMaxArgs arguments
+template <size_t Room> struct Boxed {
+  static constexpr size_t kArgs = Room; // the view's room: the schema's first Room arguments
   const c10::OperatorHandle &op;
   torch::jit::Stack *stack;
 
-  bool view(ust__arg *args, ust__call *call, int phase) { return build_view(op, *stack, args, call, phase); }
+  bool view(ust__arg *args, ust__call *call, int phase) { return build_view(op, *stack, args, Room, call, phase); }
   void pass(c10::DispatchKeySet below) { op.redispatchBoxed(below, stack); }
   void plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
             ust__decision &d, int step) {
@@ -1538,12 +1542,12 @@ struct Typed {
   }
 };
 
-class Interceptor final : public c10::OperatorKernel {
+template <size_t Room> class Interceptor final : public c10::OperatorKernel {
 public:
   explicit Interceptor(ust__hook *h) : hook_(h) {}
 
   [[gnu::hot]] void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
-    Boxed src{op, stack};
+    Boxed<Room> src{op, stack};
     intercept(hook_, op, ks, src);
   }
 
@@ -1626,7 +1630,8 @@ int register_hook(ust__hook *hook, const char *qualname, const char *overload, c
   try {
     c10::OperatorName name(qualname, overload);
     auto &dispatcher = c10::Dispatcher::singleton();
-    if (auto existing = dispatcher.findOp(name)) {
+    const auto existing = dispatcher.findOp(name);
+    if (existing) {
       if (existing->hasKernelForDispatchKey(c10::DispatchKey::BackendSelect))
         return ust__error(UST_ETORCH,
                           "%s already has a BackendSelect kernel; intercepting it would bypass that kernel",
@@ -1634,7 +1639,10 @@ int register_hook(ust__hook *hook, const char *qualname, const char *overload, c
       if (try_typed(hook, *existing, display))
         return 0;
     }
-    auto kernel = c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Interceptor>(hook));
+    // an op not defined yet may take any number of arguments
+    auto kernel = existing && existing->schema().arguments().size() <= kFewArgs
+                      ? c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Interceptor<kFewArgs>>(hook))
+                      : c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Interceptor<kMaxArgs>>(hook));
     // Kept for the life of the process: the kernel is never deregistered.
     new c10::RegistrationHandleRAII(dispatcher.registerImpl(name, c10::DispatchKey::BackendSelect, std::move(kernel),
                                                             std::nullopt, nullptr,

@@ -363,3 +363,53 @@ def test_a_slow_first_call_does_not_stand_for_the_sampled_ones(us):
     assert s["first_time_ns"] >= 50e6 + 2 * 100e3
     # 64 calls of 0.1 ms and a little: not the 50 ms first call spread over them
     assert 64 * 100e3 <= s["est_device_time_ns"] < 64 * 1e6
+
+
+def _wide_schema(name, n_ints):
+    ints = ", ".join(f"int x{i}" for i in range(1, n_ints + 1))
+    return f"{name}(Tensor a, {ints}, Tensor b) -> Tensor"
+
+
+_wide_lib = torch.library.Library("ust_wide", "DEF")
+for _name, _n in (("few", 10), ("many", 18)):  # 12 and 20 arguments
+    _wide_lib.define(_wide_schema(_name, _n))
+    _wide_lib.impl(_name, lambda a, *rest: a + rest[-1].sum(), "CPU")
+
+
+def test_a_boxed_view_holds_every_argument_of_short_and_long_schemas(us, tmp_path):
+    """Boxed interceptors hold room in their view for the arguments the op
+    takes: an op of at most 12 arguments known when understudy binds it gets
+    that room, a longer one 32, and one defined only after understudy was
+    enabled 32 (its schema unknown then). The key reads the last arguments
+    of each: nothing is cut off, whichever room the op got."""
+    import json
+    import shutil
+
+    from conftest import ROOT
+    d = tmp_path / "problems"
+    d.mkdir()
+    shutil.copy(ROOT / "problems" / "gemm.json", d)
+    for name, n in (("few", 10), ("many", 18), ("late", 12)):
+        (d / f"wide_{name}.json").write_text(json.dumps({
+            "schema_version": 1, "operator": f"wide_{name}",
+            "bindings": [{"op": f"ust_wide::{name}", "key": {"B": "b[0]", "X": f"x{n}"}}]}))
+    us.enable({"operators": {f"wide_{name}": "observe" for name in ("few", "many", "late")}}, problems=d)
+    if not hasattr(torch.ops.ust_wide, "late"):  # once per process, after the interceptor was registered
+        _wide_lib.define(_wide_schema("late", 12))  # 14 arguments
+        _wide_lib.impl("late", lambda a, *rest: a + rest[-1].sum(), "CPU")
+    a = torch.randn(4)
+    calls = {"few": 10, "many": 18, "late": 12}
+    with DispatchCounter() as truth:
+        for name, n in calls.items():
+            for rows in (3, 5):
+                out = getattr(torch.ops.ust_wide, name)(a, *range(101, 101 + n), torch.ones(rows, 2))
+                assert torch.equal(out, a + 2 * rows)
+    rep = us.report()
+    assert rep["totals"]["internal_errors"] == 0
+    assert bound_ops(rep) == {f"ust_wide::{name}": truth.counts[f"ust_wide::{name}"] for name in calls} \
+        == {f"ust_wide::{name}": 2 for name in calls}
+    for name, n in calls.items():
+        (op,) = [o for o in rep["operators"] if o["name"] == f"wide_{name}"]
+        assert sorted((s["dims"]["B"], s["dims"]["X"]) for s in op["shapes"]) == [(3, 100 + n), (5, 100 + n)]
+        (line,) = interceptors(f"ust_wide::{name}")
+        assert "unboxed" not in line, line
