@@ -53,9 +53,11 @@ def test_cupti_times_calls_by_their_kernels(us, correlation):
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     mm_calls(a, b, 20)
+    # one window (5 s) for every call: it opens within the worker's idle poll
+    # (0.1 s) once a GPU call was seen; a shorter one could close before the
+    # 200 calls and the next open after them
     us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
-               "timer": dict(ALWAYS, correlation=correlation)})
-    time.sleep(0.3)  # the first window opens once a GPU call was seen
+               "timer": dict(ALWAYS, correlation=correlation, window_ms=5000)})
     with us.phase("decode"):  # the calls' and their kernels' phase
         mm_calls(a, b, 3)
         time.sleep(0.3)
