@@ -503,14 +503,25 @@ typedef struct ust__router {
   atomic_uint_fast64_t internal_errors;
 } ust__router;
 
+/* A key dimension as every call reads it, four in a word
+ * (ust__binding_keys_set copies them from the programs). */
+typedef struct ust__dim_key {
+  int8_t kind;      /* UST__DIM_SIZE: a tensor's size, read in place; -1: the program's evaluator */
+  int8_t dim;       /* UST__DIM_SIZE: index, negative from the end */
+  int8_t arg_index; /* UST__DIM_SIZE: the tensor's argument, -1 until resolved */
+  int8_t bucket;
+} ust__dim_key;
+
 typedef struct ust__binding {
-  /* read on every intercepted call: together, ahead of the names */
-  int index;
+  /* read on every intercepted call: together, in its first cache line (the
+   * engine allocates bindings aligned to one), ahead of the names */
+  _Alignas(64) int index;
   int n_dims;
   ust__operator *op;
   ust__router *router;           /* the engine's */
-  ust__cand *cand;               /* the operator's candidate when it targets this binding */
   atomic_int resolved;           /* 0 new, 1 resolving, 2 done */
+  ust__dim_key keys[UST__MAX_DIMS]; /* dims[] as the call's key reads them */
+  ust__cand *cand;               /* the operator's candidate when it targets this binding */
   ust__dim_prog dims[UST__MAX_DIMS];
   char qualname[UST__QUALNAME_MAX]; /* "aten::mm" */
   char overload[UST__NAME_MAX];     /* "" or "out" */
@@ -572,6 +583,9 @@ const char *ust__phase_name(int phase);
 int ust__thread_phase(void);
 /* Build the key of a call. */
 void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key);
+/* Copy b's dimension programs into the keys every call reads: once they are
+ * compiled, and again once they are resolved against a schema. */
+void ust__binding_keys_set(ust__binding *b);
 /* "aten::mm|cpu|f32,f32|M=128,K=64,N=64" into buf. */
 void ust__route_key_format(const ust__binding *b, const ust__route_key *k, char *buf, size_t cap);
 /* A hash of a call's tensor sizes, strides, dtypes and scalar values: calls

@@ -195,12 +195,23 @@ UST__HOT void ust__route_key_make(const ust__binding *b, const ust__call *call, 
     if (call->args[i].kind == UST__ARG_TENSOR || call->args[i].kind == UST__ARG_TENSORLIST)
       key->dtypes[key->n_dtypes++] = (uint8_t)call->args[i].dtype;
   for (int d = 0; d < b->n_dims; d++) {
-    const ust__dim_prog *p = &b->dims[d];
-    const ust__arg *a = p->arg_index >= 0 && p->arg_index < call->nargs ? &call->args[p->arg_index] : NULL;
+    const ust__dim_key k = b->keys[d];
+    const ust__arg *a = k.arg_index >= 0 && k.arg_index < call->nargs ? &call->args[k.arg_index] : NULL;
     /* most dimensions are a tensor's size: read in place, without the evaluator's call */
-    const int64_t v = p->kind == UST__DIM_SIZE && a != NULL && a->kind == UST__ARG_TENSOR ? ust__dim_size(a, p->dim)
-                                                                                          : ust__dim_eval(p, call);
-    key->dims[d] = p->bucket == UST__BUCKET_POW2 ? ust__dim_bucket(p->bucket, v) : v;
+    const int64_t v = k.kind == UST__DIM_SIZE && a != NULL && a->kind == UST__ARG_TENSOR
+                          ? ust__dim_size(a, k.dim)
+                          : ust__dim_eval(&b->dims[d], call);
+    key->dims[d] = k.bucket == UST__BUCKET_POW2 ? ust__dim_bucket(k.bucket, v) : v;
+  }
+}
+
+void ust__binding_keys_set(ust__binding *b) {
+  for (int d = 0; d < b->n_dims; d++) {
+    const ust__dim_prog *p = &b->dims[d];
+    /* a size of an argument past the word's range reads through the evaluator */
+    const int sized = p->kind == UST__DIM_SIZE && p->arg_index <= INT8_MAX;
+    b->keys[d] = (ust__dim_key){(int8_t)(sized ? UST__DIM_SIZE : -1), (int8_t)p->dim,
+                                (int8_t)(sized ? p->arg_index : -1), (int8_t)p->bucket};
   }
 }
 
@@ -250,6 +261,7 @@ void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, 
       ust__log(b->router->log, UST_LOG_WARN, "%s: key dimension '%s' names argument '%s', which %s does not have",
                b->op->def_path, b->def->dims[d].name, b->dims[d].arg, b->display);
   }
+  ust__binding_keys_set(b);
   atomic_store(&b->resolved, 2);
 }
 

@@ -265,8 +265,10 @@ static int build_operators(ust__engine *e) {
   }
   if (nb > 65535)
     return ust__error(UST_ECONFIG, "config: %d dispatcher bindings; at most 65535 are supported", nb);
-  if ((e->bindings = calloc(nb > 0 ? (size_t)nb : 1, sizeof *e->bindings)) == NULL)
+  const size_t n_alloc = nb > 0 ? (size_t)nb : 1;
+  if ((e->bindings = aligned_alloc(_Alignof(ust__binding), n_alloc * sizeof *e->bindings)) == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
+  memset(e->bindings, 0, n_alloc * sizeof *e->bindings);
   for (int i = 0; i < n; i++) {
     ust__engine_op *eo = &e->ops[i];
     const ust__problem *p = eo->problem;
@@ -299,6 +301,7 @@ static int build_operators(ust__engine *e) {
             return ust__error(UST_EPROBLEM, "%s: %s", p->path, ust_last_error());
           b->dims[d].bucket = def->dims[d].bucket;
         }
+        ust__binding_keys_set(b);
         char where[UST__DISPLAY_MAX + 300];
         snprintf(where, sizeof where, "%s (%s)", p->path, b->display);
         e->n_bindings++;
