@@ -97,8 +97,7 @@ typedef struct ust__call_state {
   uint64_t tsol_ps; /* the call's roofline floor, when timed and known */
   int verdict;      /* after ust__call_want_verdict: -1 pending, then 1 failed, 0 not */
   ust__cand_view cand;
-  int nested_ok;    /* its floor may come from the bound ops it calls (its own roofline is absent or an estimate);
-                     * settled for a call that is timed, shadowed or captured, else 0 */
+  int nested_ok;    /* its floor may come from the bound ops it calls (its own roofline is absent or an estimate) */
   double own_flops, own_bytes; /* its own roofline's W and Q, noted once the call's floor is settled */
   void *graph;      /* shadow captured into the call's CUDA graph (plan SHADOW, flag UST__DF_CAPTURED) */
 } ust__call_state;
@@ -163,11 +162,6 @@ void ust__call_begin(struct ust__binding *b, const ust__call *call, ust__call_st
 /* After the decision finished (d: its notes and outcome; raised: production
  * raised): timings, served counts, internal errors. */
 void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decision *d);
-/* 1 when a call that production served as planned (UST__PLAN_PASS, nothing
- * raised) left ust__call_end nothing to do: untimed, nothing captured. */
-static inline int ust__call_passed_quietly(const ust__call_state *st) {
-  return st->timing == 0 && st->graph == NULL && !st->capture_marked;
-}
 
 /* Steps of the decision that the C core performs for the bridge. */
 void ust__call_mark(ust__call_state *st, int mark, const ust__call *call); /* ust__shadow_point */

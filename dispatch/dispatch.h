@@ -521,6 +521,7 @@ typedef struct ust__binding {
   ust__router *router;           /* the engine's */
   atomic_int resolved;           /* 0 new, 1 resolving, 2 done */
   ust__dim_key keys[UST__MAX_DIMS]; /* dims[] as the call's key reads them */
+  int nested_ok;                 /* its calls may be floored by the bound ops they call (set once resolved) */
   ust__cand *cand;               /* the operator's candidate when it targets this binding */
   ust__dim_prog dims[UST__MAX_DIMS];
   char qualname[UST__QUALNAME_MAX]; /* "aten::mm" */

@@ -201,7 +201,7 @@ UST__HOT void ust__route_key_make(const ust__binding *b, const ust__call *call, 
     const int64_t v = k.kind == UST__DIM_SIZE && a != NULL && a->kind == UST__ARG_TENSOR
                           ? ust__dim_size(a, k.dim)
                           : ust__dim_eval(&b->dims[d], call);
-    key->dims[d] = k.bucket == UST__BUCKET_POW2 ? ust__dim_bucket(k.bucket, v) : v;
+    key->dims[d] = ust__dim_bucket(k.bucket, v);
   }
 }
 
@@ -262,6 +262,9 @@ void ust__binding_resolve(ust__binding *b, int nargs, const char *const *names, 
                b->op->def_path, b->def->dims[d].name, b->dims[d].arg, b->display);
   }
   ust__binding_keys_set(b);
+  /* its calls may be floored by the bound ops they call: its own roofline
+   * is absent (or was dropped just now for a missing argument) or an estimate */
+  b->nested_ok = !b->roofline.present || b->def->roofline.estimate[0] != '\0';
   atomic_store(&b->resolved, 2);
 }
 
@@ -293,9 +296,6 @@ static int binding_floor(const ust__binding *b, const ust__call *call, const ust
   return 0;
 }
 
-/* 1 when a binding's calls may be floored by the bound ops they call: its
- * own roofline is absent or an estimate. */
-static int nested_ok(const ust__binding *b) { return !b->roofline.present || b->def->roofline.estimate[0] != '\0'; }
 
 /* The call's own floor in ps (0: unknown). Its work is noted now, or, for a
  * call whose floor may still come from its nested ops, kept in st for
@@ -650,7 +650,6 @@ void ust__call_graph_failed(ust__call_state *st, int fail, const char *msg) {
  * here: what is captured is what they run. */
 static UST__NOINLINE void begin_captured(ust__binding *b, ust__route *r, int mode, const ust__call *call,
                                          const ust__policy *pol, ust__call_state *st) {
-  st->nested_ok = nested_ok(b);
   st->capturing = 1;
   atomic_fetch_add_explicit(&r->figs.captured, 1, memory_order_relaxed);
   if (st->timed_kind == UST__TIMED_STEADY)
@@ -674,7 +673,6 @@ static UST__NOINLINE void begin_captured(ust__binding *b, ust__route *r, int mod
  * is set, 0 when it is observed as any other (sampled for timing) */
 static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mode, uint32_t canary_q32,
                                          const ust__call *call, const ust__policy *pol, ust__call_state *st) {
-  st->nested_ok = nested_ok(b);
   if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) &&
       (!ust__rollout_qualified(&r->rollout) || !ready_here(b->cand, r))) {
     /* Before its first served call the candidate qualifies on copies of the
@@ -710,7 +708,6 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
 /* a call chosen to be timed: its floor, and its timer started */
 static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust__call *call, int legacy,
                                        ust__call_state *st) {
-  st->nested_ok = nested_ok(b);
   st->tsol_ps = call_tsol_ps(r, call, st);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;
@@ -748,6 +745,7 @@ UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_
     return;
   }
   st->route = r;
+  st->nested_ok = b->nested_ok;
   uint64_t n = atomic_fetch_add_explicit(&r->figs.calls, 1, memory_order_relaxed) + 1;
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
   /* past its first steady_after calls a key is sampled at the steady share,
@@ -798,7 +796,8 @@ UST__HOT void ust__call_end(const ust__call *call, ust__call_state *st, const us
     ust__call_internal_error(r->binding);
   if (st->graph != NULL) /* a captured shadow the decision did not take to its comparison */
     graph_shadow_end(st, 0, UST__GW_CAPTURE);
-  ust__rollout_served(&r->rollout, d->notes, st->capturing);
+  if (d->notes != 0)
+    ust__rollout_served(&r->rollout, d->notes, st->capturing);
   if (st->capture_marked && d->outcome == UST__OUT_PRODUCTION)
     ust__timers_captured(r->binding->router->timers, call->stream, st->capture_from, &r->figs, st->tsol_ps);
   if (st->timing == 2) {

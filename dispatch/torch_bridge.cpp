@@ -225,8 +225,9 @@ inline void view_arg(const c10::Scalar &v, ust__arg &a, ust__call *call) { view_
 }
 
 // Fills the view (room for that many arguments in args) from the arguments
-// on top of the stack, for a call made in phase (the thread's ust_phase). Returns false when the call touches no
-// tensor understudy counts (meta, fake, sparse, ...).
+// on top of the stack, for a call made in phase (the thread's ust_phase).
+// Returns false when the call touches no tensor understudy counts (meta,
+// fake, sparse, ...).
 [[gnu::hot]] bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args,
                              size_t room, ust__call *call, int phase) {
   const size_t n_schema = op.schema().arguments().size();
@@ -1477,8 +1478,6 @@ template <class Source>
       ust__call_end(&call, &st, &d);
       throw;
     }
-    if (ust__call_passed_quietly(&st))
-      return;
     ust__decision_passed(&d, 0);
     ust__call_end(&call, &st, &d);
     return;
