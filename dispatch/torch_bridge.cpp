@@ -393,6 +393,10 @@ public:
         n_args_(op.schema().arguments().size()), n_returns_(op.schema().returns().size()),
         serving_(st.plan == UST__PLAN_SERVE || st.plan == UST__PLAN_SERVE_VERIFIED) {
     x_.clear();
+    // room for production's returns, so that taking them cannot fail once
+    // production has run (a step that allocates fails before its work)
+    x_.prod_returns.reserve(n_returns_);
+    stack.reserve(stack.size() - n_args_ + n_returns_); // and for them on the caller's stack
     x_.saved.assign(stack.end() - static_cast<std::ptrdiff_t>(n_args_), stack.end());
     x_.snaps.resize(n_args_);
     x_.aa_snaps.resize(n_args_);
@@ -753,12 +757,11 @@ private:
     if (collect)
       ust__call_nested_done(&st_, &nested);
     if (st_.plan != UST__PLAN_PASS) {
+      x_.prod_returns.assign(stack_.end() - static_cast<std::ptrdiff_t>(n_returns_), stack_.end()); // in its room
       try {
-        x_.prod_returns.assign(stack_.end() - static_cast<std::ptrdiff_t>(n_returns_), stack_.end());
         OwnWork scope;
         learn_layout();
       } catch (...) {
-        // the candidate's side notices the missing returns
       }
     }
     return UST__EV_OK;
@@ -785,8 +788,8 @@ private:
     if (collect)
       ust__call_nested_done(&st_, &nested);
     prod_on_snaps_ = true;
+    x_.prod_returns.assign(x_.side.begin(), x_.side.end()); // in its room: what the caller receives
     try {
-      x_.prod_returns.assign(x_.side.begin(), x_.side.end());
       OwnWork scope;
       learn_layout();
     } catch (...) {
@@ -1409,15 +1412,59 @@ template <class Source>
 // A call whose plan runs more than production (a shadow, a candidate that
 // serves): its buffers and steps, out of the interceptor's common path;
 // the view's data pointers read first.
-[[gnu::noinline]] void run_plan(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack *stack,
+// false, with nothing run or ended, when the run could not be set up (its
+// buffers could not be allocated).
+[[gnu::noinline]] bool run_plan(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack *stack,
                                 ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
                                 ust__decision &d, int step) {
-  fill_data(op, *stack, args, call.nargs);
-  CallRun run(op, below, *stack, b, call, st);
+  std::optional<CallRun> run;
+  try {
+    fill_data(op, *stack, args, call.nargs);
+    run.emplace(op, below, *stack, b, call, st);
+  } catch (...) {
+    return false;
+  }
   while (step != UST__STEP_DONE)
-    step = ust__decision_next(&d, run.perform(step));
+    step = ust__decision_next(&d, run->perform(step));
   ust__call_end(&call, &st, &d);
-  run.finish(d.outcome);
+  run->finish(d.outcome);
+  return true;
+}
+
+// Production alone on a tracked call, ended as the PASS plan ends it: its
+// nested floor collected where the call wants it.
+template <class Source>
+[[gnu::always_inline]] inline void serve_passed(Source &src, c10::DispatchKeySet below, ust__thread *th, const ust__call &call,
+                         ust__call_state &st, ust__decision &d) {
+  try {
+    if (st.nested_ok && ust__call_wants_nested(&st)) {
+      ust__nested callees{};
+      {
+        NestedScope nscope(th, &callees);
+        src.pass(below);
+      }
+      ust__call_nested_done(&st, &callees);
+    } else {
+      src.pass(below);
+    }
+  } catch (...) {
+    ust__decision_passed(&d, 1);
+    ust__call_end(&call, &st, &d);
+    throw;
+  }
+  ust__decision_passed(&d, 0);
+  ust__call_end(&call, &st, &d);
+}
+
+// A call whose plan's run could not be set up: understudy's error, counted;
+// the candidate's side given up (its slot, a captured part) and production
+// serves the call as a passed one.
+template <class Source>
+[[gnu::noinline, gnu::cold]] void plan_not_run(Source &src, c10::DispatchKeySet below, ust__binding *b, ust__thread *th,
+                                               const ust__call &call, ust__call_state &st, ust__decision &d) {
+  ust__call_internal_error(b);
+  ust__call_abandon(&st, &call);
+  serve_passed(src, below, th, call, st, d);
 }
 
 // An intercepted call, whatever its source (Boxed, Typed below): the thread
@@ -1462,27 +1509,11 @@ template <class Source>
   }
   ust__decision d;
   if (st.plan == UST__PLAN_PASS) { // the common path, without a run's buffers or the machine's steps
-    try {
-      if (st.nested_ok && ust__call_wants_nested(&st)) {
-        ust__nested callees{};
-        {
-          NestedScope nscope(th, &callees);
-          src.pass(below);
-        }
-        ust__call_nested_done(&st, &callees);
-      } else {
-        src.pass(below);
-      }
-    } catch (...) {
-      ust__decision_passed(&d, 1);
-      ust__call_end(&call, &st, &d);
-      throw;
-    }
-    ust__decision_passed(&d, 0);
-    ust__call_end(&call, &st, &d);
+    serve_passed(src, below, th, call, st, d);
     return;
   }
-  src.plan(below, b, args, call, st, d, ust__decision_start(&d, st.plan, st.flags));
+  if (!src.plan(below, b, args, call, st, d, ust__decision_start(&d, st.plan, st.flags)))
+    plan_not_run(src, below, b, th, call, st, d);
 }
 
 // A boxed call: its arguments, and then its results, on the stack.
@@ -1493,9 +1524,9 @@ template <size_t Room> struct Boxed {
 
   bool view(ust__arg *args, ust__call *call, int phase) { return build_view(op, *stack, args, Room, call, phase); }
   void pass(c10::DispatchKeySet below) { op.redispatchBoxed(below, stack); }
-  void plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
+  bool plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
             ust__decision &d, int step) {
-    run_plan(op, below, stack, b, args, call, st, d, step);
+    return run_plan(op, below, stack, b, args, call, st, d, step);
   }
 };
 
@@ -1524,20 +1555,26 @@ struct Typed {
   void pass(c10::DispatchKeySet below) {
     out.emplace(std::apply([&](Args... a) { return op.redispatch(below, std::forward<Args>(a)...); }, in));
   }
-  void plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
+  bool plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
             ust__decision &d, int step) {
     torch::jit::Stack stack;
-    stack.reserve(sizeof...(Args));
-    std::apply([&](const auto &...a) { (torch::jit::push(stack, a), ...); }, in);
-    run_plan(op, below, &stack, b, args, call, st, d, step);
+    try {
+      stack.reserve(sizeof...(Args));
+      std::apply([&](const auto &...a) { (torch::jit::push(stack, a), ...); }, in);
+    } catch (...) {
+      return false;
+    }
+    if (!run_plan(op, below, &stack, b, args, call, st, d, step))
+      return false;
     if (stack.size() == 1 && stack.back().isTensor()) {
       out.emplace(std::move(stack.back()).toTensor());
-      return;
+      return true;
     }
     // no result of production's type (cannot happen by the decision's rules):
     // counted, and production answers the caller
     ust__call_internal_error(b);
     pass(below);
+    return true;
   }
 };
 

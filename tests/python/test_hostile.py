@@ -720,3 +720,110 @@ def test_a_candidate_writing_a_tensor_list_it_reads_never_touches_the_callers(us
     ev = route["shadow"]["rollback"]
     assert route["mode"] == "rolled_back" and ev["reason"] == "wrote input" and ev["output"] == "tensors", ev
     assert route["shadow"]["bytes_copied"] >= x.nbytes + y.nbytes
+
+
+_OOM_SWEEP = r"""
+import ctypes, os, sys, torch, torch.nn.functional as F
+import understudy
+fail = ctypes.CDLL(os.environ["UST_FAIL_NEW"])
+cands = os.environ["UST_CANDIDATES"]
+lib = torch.library.Library("_C", "FRAGMENT")
+lib.define("rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float eps) -> ()")
+
+def rms(out, x, w, eps):
+    out.copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
+
+lib.impl("rms_norm", rms, "CPU")
+lib.impl("rms_norm", rms, "CUDA")
+mode, dev = sys.argv[1], sys.argv[2]
+
+def entry(lib):
+    return {"mode": mode, "sample": 1.0, "candidate": understudy.native(os.path.join(cands, lib))}
+
+ops = {"rms_norm": entry(f"librms_norm_{dev}.so")}
+if dev == "cpu":  # a typed op beside the boxed one
+    ops["silu"] = entry("libsilu_cpu.so")
+understudy.enable({"operators": ops, "report": {"interval_s": 0}})
+g = torch.Generator().manual_seed(0)
+w = torch.randn(128, generator=g).to(dev)
+
+def silu(n):  # (result, production's result without understudy)
+    x = torch.randn(n, 128, generator=g)
+    return F.silu(x), x * torch.sigmoid(x)
+
+def rms_norm(n):
+    x = torch.randn(n, 128, generator=g).to(dev)
+    out, want = torch.empty_like(x), torch.empty_like(x)
+    torch.ops._C.rms_norm(out, x, w, 1e-6)
+    rms(want, x, w, 1e-6)
+    return out, want
+
+for name, call in (("silu", silu), ("rms_norm", rms_norm)) if dev == "cpu" else (("rms_norm", rms_norm),):
+    for fresh in (False, True):  # the same key each time, or a key's first call
+        injected = 0
+        for k in range(1000):
+            assert fail.fail_new_arm(k) == 0, "libunderstudy.so is not mapped"
+            try:
+                got, want = call(1 + k if fresh else 4)
+            except Exception as e:
+                raise SystemExit(f"{name}: allocation {k} failed: the call raised {type(e).__name__}: {e}")
+            seen = fail.fail_new_seen()
+            fail.fail_new_arm(-1)
+            if not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
+                raise SystemExit(f"{name}: allocation {k} failed: wrong result")
+            if seen <= k:
+                break
+            injected += 1
+        print(f"{name} {'first' if fresh else 'same'}: {injected} allocations failed in turn")
+understudy.flush()
+rep = understudy.report()
+print("internal_errors", rep["totals"]["internal_errors"], "failed", fail.fail_new_failed())
+for _ in range(3):  # undisturbed again: verified as before
+    for name, call in (("silu", silu), ("rms_norm", rms_norm)) if dev == "cpu" else (("rms_norm", rms_norm),):
+        call(4)
+understudy.flush()
+for s in (s for o in understudy.report()["operators"] for s in o["shapes"] if s["key"].endswith("M=4,N=128")):
+    print("route", s["op"], s["mode"], s["shadow"]["verified"], s["shadow"]["failed"])
+understudy.disable()
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("mode", ["shadow", "live"])
+def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, device):
+    """An out-of-memory sweep of the seam (libuv's kind): in a process of its
+    own, operator new called from libunderstudy.so fails (std::bad_alloc) at
+    its first, second, ... allocation of one call, for a boxed op (_C::rms_norm)
+    and on the CPU a typed one (silu), on a key seen before and on a key's
+    first call. Every such call returns the op's result (to the candidates'
+    tolerance: live, a verified candidate serves) without raising; each
+    failure is counted as understudy's internal error; and the routes are
+    verified as before once memory is back."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("operator new is AddressSanitizer's in this process, not the sweep's")
+    import subprocess
+    import sys
+    fail_new = understudy.library_path().parent / "libust_fail_new.so"
+    if not fail_new.exists():
+        pytest.fail(f"{fail_new} was not built; run ./run.sh build")
+    script = tmp_path / "sweep.py"
+    script.write_text(_OOM_SWEEP)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"), UST_FAIL_NEW=str(fail_new),
+               UST_CANDIDATES=str(candidate_dir()),
+               LD_PRELOAD=" ".join(p for p in (os.environ.get("LD_PRELOAD"), str(fail_new)) if p))
+    p = subprocess.run([sys.executable, str(script), mode, device], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    injected = {ln.split(":")[0]: int(ln.split(": ")[1].split()[0]) for ln in lines if "allocations failed" in ln}
+    ops = {"_C::rms_norm"} | ({"aten::silu"} if device == "cpu" else set())
+    assert set(injected) == {f"{op.split(':')[-1]} {k}" for op in ops for k in ("same", "first")}, p.stdout
+    assert all(n > 0 for n in injected.values()), p.stdout  # the sweep reached the call path
+    (totals,) = [ln.split() for ln in lines if ln.startswith("internal_errors")]
+    assert int(totals[1]) == int(totals[3]) == sum(injected.values()), p.stdout
+    routes = [ln.split() for ln in lines if ln.startswith("route")]
+    assert {r[1] for r in routes} == ops, p.stdout
+    for r in routes:
+        assert r[2] == mode and int(r[3]) >= 3 and int(r[4]) == 0, p.stdout

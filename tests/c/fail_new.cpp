@@ -1,0 +1,85 @@
+// An LD_PRELOAD library for out-of-memory sweeps of the torch seam
+// (tests/python/test_hostile.py): once armed, the n-th operator new called
+// from libunderstudy.so's own code throws std::bad_alloc, as an exhausted
+// heap would; every other allocation is the process's usual one.
+//
+//   fail_new_arm(n)   fail the allocation after the next n from the library
+//                     (n < 0: disarm); -1 when no libunderstudy.so is mapped
+//   fail_new_seen()   allocations from the library since the last arm
+//   fail_new_failed() allocations failed since the process started
+//   fail_new_failed_at() the last failed one's return address, as an offset
+//                     into libunderstudy.so (addr2line -f -e it)
+#include <link.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace {
+
+std::atomic<long> g_countdown{-1}; // allocations to let through before failing one; -1: disarmed
+std::atomic<long> g_seen{0};
+std::atomic<long> g_failed{0};
+std::atomic<uintptr_t> g_failed_at{0}; // the library's offset of the last failed allocation's call
+std::atomic<uintptr_t> g_lo{0}, g_hi{0}; // the library's executable segment
+std::atomic<uintptr_t> g_base{0};          // where the library is loaded
+
+int find_library(struct dl_phdr_info *info, size_t, void *) {
+  if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, "libunderstudy") == nullptr)
+    return 0;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+    if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X)) {
+      g_base = info->dlpi_addr;
+      g_lo = info->dlpi_addr + ph.p_vaddr;
+      g_hi = info->dlpi_addr + ph.p_vaddr + ph.p_memsz;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+void *allocate(std::size_t n, void *caller) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(caller);
+  if (g_countdown.load(std::memory_order_relaxed) >= 0 && at >= g_lo.load() && at < g_hi.load()) {
+    g_seen.fetch_add(1);
+    if (g_countdown.fetch_sub(1) == 0) {
+      g_failed.fetch_add(1);
+      g_failed_at = at - g_base.load();
+      throw std::bad_alloc();
+    }
+  }
+  void *p = std::malloc(n != 0 ? n : 1);
+  if (p == nullptr)
+    throw std::bad_alloc();
+  return p;
+}
+
+} // namespace
+
+extern "C" __attribute__((visibility("default"))) int fail_new_arm(long n) {
+  if (g_hi.load() == 0)
+    dl_iterate_phdr(find_library, nullptr);
+  if (g_hi.load() == 0)
+    return -1;
+  g_seen = 0;
+  g_countdown = n < 0 ? -1 : n;
+  return 0;
+}
+
+extern "C" __attribute__((visibility("default"))) long fail_new_seen(void) { return g_seen.load(); }
+extern "C" __attribute__((visibility("default"))) long fail_new_failed(void) { return g_failed.load(); }
+extern "C" __attribute__((visibility("default"))) unsigned long fail_new_failed_at(void) { return g_failed_at.load(); }
+
+__attribute__((visibility("default"))) void *operator new(std::size_t n) {
+  return allocate(n, __builtin_return_address(0));
+}
+__attribute__((visibility("default"))) void *operator new[](std::size_t n) {
+  return allocate(n, __builtin_return_address(0));
+}
+__attribute__((visibility("default"))) void operator delete(void *p) noexcept { std::free(p); }
+__attribute__((visibility("default"))) void operator delete[](void *p) noexcept { std::free(p); }
+__attribute__((visibility("default"))) void operator delete(void *p, std::size_t) noexcept { std::free(p); }
+__attribute__((visibility("default"))) void operator delete[](void *p, std::size_t) noexcept { std::free(p); }
