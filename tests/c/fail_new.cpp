@@ -9,6 +9,9 @@
 //   fail_new_failed() allocations failed since the process started
 //   fail_new_failed_at() the last failed one's return address, as an offset
 //                     into libunderstudy.so (addr2line -f -e it)
+//   fail_new_through() every operator new of the process that came here (0:
+//                     the library was not preloaded)
+//   fail_new_library() the path of the libunderstudy.so it watches
 #include <link.h>
 
 #include <atomic>
@@ -25,10 +28,14 @@ std::atomic<long> g_failed{0};
 std::atomic<uintptr_t> g_failed_at{0}; // the library's offset of the last failed allocation's call
 std::atomic<uintptr_t> g_lo{0}, g_hi{0}; // the library's executable segment
 std::atomic<uintptr_t> g_base{0};          // where the library is loaded
+const char *g_name = "";                   // its path, as the loader has it
+std::atomic<long> g_through{0};            // every operator new that came here
 
 int find_library(struct dl_phdr_info *info, size_t, void *) {
-  if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, "libunderstudy") == nullptr)
+  const char *name = info->dlpi_name != nullptr ? std::strrchr(info->dlpi_name, '/') : nullptr;
+  if (name == nullptr || std::strcmp(name + 1, "libunderstudy.so") != 0)
     return 0;
+  g_name = info->dlpi_name;
   for (int i = 0; i < info->dlpi_phnum; i++) {
     const ElfW(Phdr) &ph = info->dlpi_phdr[i];
     if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X)) {
@@ -43,6 +50,7 @@ int find_library(struct dl_phdr_info *info, size_t, void *) {
 
 void *allocate(std::size_t n, void *caller) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(caller);
+  g_through.fetch_add(1, std::memory_order_relaxed);
   if (g_countdown.load(std::memory_order_relaxed) >= 0 && at >= g_lo.load() && at < g_hi.load()) {
     g_seen.fetch_add(1);
     if (g_countdown.fetch_sub(1) == 0) {
@@ -72,6 +80,8 @@ extern "C" __attribute__((visibility("default"))) int fail_new_arm(long n) {
 extern "C" __attribute__((visibility("default"))) long fail_new_seen(void) { return g_seen.load(); }
 extern "C" __attribute__((visibility("default"))) long fail_new_failed(void) { return g_failed.load(); }
 extern "C" __attribute__((visibility("default"))) unsigned long fail_new_failed_at(void) { return g_failed_at.load(); }
+extern "C" __attribute__((visibility("default"))) long fail_new_through(void) { return g_through.load(); }
+extern "C" __attribute__((visibility("default"))) const char *fail_new_library(void) { return g_name; }
 
 __attribute__((visibility("default"))) void *operator new(std::size_t n) {
   return allocate(n, __builtin_return_address(0));

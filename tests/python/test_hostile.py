@@ -726,6 +726,7 @@ _OOM_SWEEP = r"""
 import ctypes, os, sys, torch, torch.nn.functional as F
 import understudy
 fail = ctypes.CDLL(os.environ["UST_FAIL_NEW"])
+fail.fail_new_library.restype = ctypes.c_char_p
 cands = os.environ["UST_CANDIDATES"]
 lib = torch.library.Library("_C", "FRAGMENT")
 lib.define("rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float eps) -> ()")
@@ -744,6 +745,8 @@ ops = {"rms_norm": entry(f"librms_norm_{dev}.so")}
 if dev == "cpu":  # a typed op beside the boxed one
     ops["silu"] = entry("libsilu_cpu.so")
 understudy.enable({"operators": ops, "report": {"interval_s": 0}})
+assert fail.fail_new_arm(-1) == 0, "libunderstudy.so is not mapped"
+print("preload:", fail.fail_new_through(), "allocations through it; watching", fail.fail_new_library().decode())
 g = torch.Generator().manual_seed(0)
 w = torch.randn(128, generator=g).to(dev)
 
@@ -805,9 +808,14 @@ def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, d
         pytest.skip("operator new is AddressSanitizer's in this process, not the sweep's")
     import subprocess
     import sys
-    fail_new = understudy.library_path().parent / "libust_fail_new.so"
+    lib = understudy.library_path()
+    fail_new = lib.parent / "libust_fail_new.so"
     if not fail_new.exists():
         pytest.fail(f"{fail_new} was not built; run ./run.sh build")
+    imports = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True, check=True)
+    if "_Znwm" not in imports.stdout:
+        pytest.skip(f"{lib.name} was linked with its C++ runtime inside (a toolchain with a static libstdc++ only): "
+                    "no operator new of the process reaches its allocations")
     script = tmp_path / "sweep.py"
     script.write_text(_OOM_SWEEP)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"), UST_FAIL_NEW=str(fail_new),
@@ -817,6 +825,8 @@ def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, d
                        env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
+    (through,) = [int(ln.split()[1]) for ln in lines if ln.startswith("preload:")]
+    assert through > 0, "operator new did not come to the preloaded library:\n" + p.stdout + p.stderr
     injected = {ln.split(":")[0]: int(ln.split(": ")[1].split()[0]) for ln in lines if "allocations failed" in ln}
     ops = {"_C::rms_norm"} | ({"aten::silu"} if device == "cpu" else set())
     assert set(injected) == {f"{op.split(':')[-1]} {k}" for op in ops for k in ("same", "first")}, p.stdout
