@@ -1013,8 +1013,10 @@ void ust__call_learn_layout(const ust__call_state *st, const ust__call *call, co
   if (r == NULL || sig == 0 || l->n_returns < 0 || l->n_returns > UST__MAX_RETURNS)
     return;
   ust__layout *copy = malloc(sizeof *copy);
-  if (copy == NULL)
+  if (copy == NULL) {
+    ust__call_internal_error(r->binding); /* not learned: served calls without verification fall to production */
     return;
+  }
   *copy = *l;
   copy->sig = sig;
   for (int i = 0; i < UST__MAX_LAYOUTS; i++) {

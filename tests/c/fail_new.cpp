@@ -1,17 +1,22 @@
 // An LD_PRELOAD library for out-of-memory sweeps of the torch seam
-// (tests/python/test_hostile.py): once armed, the n-th operator new called
-// from libunderstudy.so's own code throws std::bad_alloc, as an exhausted
-// heap would; every other allocation is the process's usual one.
+// (tests/python/test_hostile.py): once armed, the n-th allocation that
+// libunderstudy.so's own code makes fails as on an exhausted heap: operator
+// new throws std::bad_alloc, malloc, calloc, realloc, aligned_alloc and
+// posix_memalign return ENOMEM. Every other allocation is glibc's. A library
+// whose toolchain linked the C++ runtime into it (its own operator new) is
+// swept through that operator new's malloc.
 //
-//   fail_new_arm(n)   fail the allocation after the next n from the library
-//                     (n < 0: disarm); -1 when no libunderstudy.so is mapped
-//   fail_new_seen()   allocations from the library since the last arm
-//   fail_new_failed() allocations failed since the process started
+//   fail_new_arm(n)      fail the allocation after the next n from the
+//                        library (n < 0: disarm); -1 when no libunderstudy.so
+//                        is mapped
+//   fail_new_seen()      allocations from the library since the last arm
+//   fail_new_failed()    allocations failed since the process started
 //   fail_new_failed_at() the last failed one's return address, as an offset
-//                     into libunderstudy.so (addr2line -f -e it)
-//   fail_new_through() every operator new of the process that came here (0:
-//                     the library was not preloaded)
-//   fail_new_library() the path of the libunderstudy.so it watches
+//                        into libunderstudy.so (addr2line -f -e it)
+//   fail_new_through()   allocations of the process that came here (0: the
+//                        library was not preloaded)
+//   fail_new_library()   the path of the libunderstudy.so it watches
+#include <errno.h>
 #include <link.h>
 
 #include <atomic>
@@ -19,6 +24,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+
+extern "C" {
+void *__libc_malloc(size_t n);
+void *__libc_calloc(size_t n, size_t size);
+void *__libc_realloc(void *p, size_t n);
+void *__libc_memalign(size_t align, size_t n);
+}
 
 namespace {
 
@@ -29,7 +41,7 @@ std::atomic<uintptr_t> g_failed_at{0}; // the library's offset of the last faile
 std::atomic<uintptr_t> g_lo{0}, g_hi{0}; // the library's executable segment
 std::atomic<uintptr_t> g_base{0};          // where the library is loaded
 const char *g_name = "";                   // its path, as the loader has it
-std::atomic<long> g_through{0};            // every operator new that came here
+std::atomic<long> g_through{0};
 
 int find_library(struct dl_phdr_info *info, size_t, void *) {
   const char *name = info->dlpi_name != nullptr ? std::strrchr(info->dlpi_name, '/') : nullptr;
@@ -48,18 +60,24 @@ int find_library(struct dl_phdr_info *info, size_t, void *) {
   return 0;
 }
 
-void *allocate(std::size_t n, void *caller) {
-  const uintptr_t at = reinterpret_cast<uintptr_t>(caller);
+// Whether the allocation called from caller fails.
+bool fails(void *caller) {
   g_through.fetch_add(1, std::memory_order_relaxed);
-  if (g_countdown.load(std::memory_order_relaxed) >= 0 && at >= g_lo.load() && at < g_hi.load()) {
-    g_seen.fetch_add(1);
-    if (g_countdown.fetch_sub(1) == 0) {
-      g_failed.fetch_add(1);
-      g_failed_at = at - g_base.load();
-      throw std::bad_alloc();
-    }
-  }
-  void *p = std::malloc(n != 0 ? n : 1);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(caller);
+  if (g_countdown.load(std::memory_order_relaxed) < 0 || at < g_lo.load() || at >= g_hi.load())
+    return false;
+  g_seen.fetch_add(1);
+  if (g_countdown.fetch_sub(1) != 0)
+    return false;
+  g_failed.fetch_add(1);
+  g_failed_at = at - g_base.load();
+  return true;
+}
+
+void *allocate(std::size_t n, void *caller) {
+  if (fails(caller))
+    throw std::bad_alloc();
+  void *p = __libc_malloc(n != 0 ? n : 1);
   if (p == nullptr)
     throw std::bad_alloc();
   return p;
@@ -67,7 +85,9 @@ void *allocate(std::size_t n, void *caller) {
 
 } // namespace
 
-extern "C" __attribute__((visibility("default"))) int fail_new_arm(long n) {
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+EXPORT int fail_new_arm(long n) {
   if (g_hi.load() == 0)
     dl_iterate_phdr(find_library, nullptr);
   if (g_hi.load() == 0)
@@ -77,11 +97,55 @@ extern "C" __attribute__((visibility("default"))) int fail_new_arm(long n) {
   return 0;
 }
 
-extern "C" __attribute__((visibility("default"))) long fail_new_seen(void) { return g_seen.load(); }
-extern "C" __attribute__((visibility("default"))) long fail_new_failed(void) { return g_failed.load(); }
-extern "C" __attribute__((visibility("default"))) unsigned long fail_new_failed_at(void) { return g_failed_at.load(); }
-extern "C" __attribute__((visibility("default"))) long fail_new_through(void) { return g_through.load(); }
-extern "C" __attribute__((visibility("default"))) const char *fail_new_library(void) { return g_name; }
+EXPORT long fail_new_seen(void) { return g_seen.load(); }
+EXPORT long fail_new_failed(void) { return g_failed.load(); }
+EXPORT unsigned long fail_new_failed_at(void) { return g_failed_at.load(); }
+EXPORT long fail_new_through(void) { return g_through.load(); }
+EXPORT const char *fail_new_library(void) { return g_name; }
+
+EXPORT void *malloc(size_t n) {
+  if (fails(__builtin_return_address(0))) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  return __libc_malloc(n);
+}
+
+EXPORT void *calloc(size_t n, size_t size) {
+  if (fails(__builtin_return_address(0))) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  return __libc_calloc(n, size);
+}
+
+EXPORT void *realloc(void *p, size_t n) {
+  if (n != 0 && fails(__builtin_return_address(0))) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  return __libc_realloc(p, n);
+}
+
+EXPORT void *aligned_alloc(size_t align, size_t n) {
+  if (fails(__builtin_return_address(0))) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  return __libc_memalign(align, n);
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t n) {
+  if (fails(__builtin_return_address(0)))
+    return ENOMEM;
+  if (align < sizeof(void *) || (align & (align - 1)) != 0)
+    return EINVAL;
+  void *p = __libc_memalign(align, n);
+  if (p == nullptr)
+    return ENOMEM;
+  *out = p;
+  return 0;
+}
 
 __attribute__((visibility("default"))) void *operator new(std::size_t n) {
   return allocate(n, __builtin_return_address(0));
