@@ -109,16 +109,19 @@ typedef struct key_seen {
   UT_hash_handle hh;
 } key_seen;
 
-/* A key given twice in one object, anywhere in the tree, or NULL. Linear:
- * each object's keys go through a hash set. */
+/* What duplicate_key returns when memory ran out before it could tell. */
+static const char no_memory[] = "";
+
+/* A key given twice in one object, anywhere in the tree, NULL when none is,
+ * or no_memory. Linear: each object's keys go through a hash set. */
 static const char *duplicate_key(const cJSON *node) {
   for (; node != NULL; node = node->next) {
     if (cJSON_IsObject(node) && node->child != NULL) {
       int n = cJSON_GetArraySize(node);
       key_seen *seen = NULL, *marks = calloc((size_t)n, sizeof *marks);
-      const char *dup = NULL;
+      const char *dup = marks == NULL ? no_memory : NULL;
       int i = 0;
-      for (const cJSON *it = node->child; it != NULL && dup == NULL && marks != NULL; it = it->next, i++) {
+      for (const cJSON *it = node->child; it != NULL && dup == NULL; it = it->next, i++) {
         key_seen *found = NULL;
         HASH_FIND_STR(seen, it->string, found);
         if (found != NULL) {
@@ -128,6 +131,8 @@ static const char *duplicate_key(const cJSON *node) {
         marks[i].key = it->string;
         ust__hash_oom = 0;
         HASH_ADD_KEYPTR(hh, seen, marks[i].key, strlen(marks[i].key), &marks[i]);
+        if (ust__hash_oom)
+          dup = no_memory;
       }
       HASH_CLEAR(hh, seen);
       free(marks);
@@ -164,6 +169,11 @@ cJSON *ust__json_parse(const char *text, const char *what, int kind) {
     return NULL;
   }
   const char *dup = duplicate_key(root);
+  if (dup == no_memory) {
+    ust__error(UST_ENOMEM, "%s: out of memory checking its keys", what);
+    cJSON_Delete(root);
+    return NULL;
+  }
   if (dup != NULL) {
     ust__error(kind, "%s: the key '%s' appears twice in one object (which one holds is ambiguous)", what, dup);
     cJSON_Delete(root);

@@ -223,7 +223,10 @@ int ust__problem_parse(const char *text, const char *path, ust__problem *p) {
       rc = PERR("%s: 'description' must be a string", path);
       goto out;
     }
-    p->description = ust__strdup(v->valuestring);
+    if ((p->description = ust__strdup(v->valuestring)) == NULL) {
+      rc = PERR("%s: out of memory", path);
+      goto out;
+    }
   }
   /* "atrex": how shape keys map onto Atrex-Bench kwargs; read by the Python
    * exporter, only its type is checked here. */
@@ -296,7 +299,8 @@ int ust__problem_parse(const char *text, const char *path, ust__problem *p) {
       }
     }
   }
-  p->path = ust__strdup(path);
+  if ((p->path = ust__strdup(path)) == NULL)
+    rc = PERR("%s: out of memory", path);
 out:
   cJSON_Delete(root);
   if (rc != 0)

@@ -793,6 +793,29 @@ understudy.disable()
 """
 
 
+def _sweep(tmp_path, script_text, *argv):
+    """Runs script_text in a process of its own with tests/c/fail_new.cpp's
+    library preloaded; its completed process, checked to have run and to
+    have had its allocations pass through the preloaded library."""
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("malloc and operator new are AddressSanitizer's in this process, not the sweep's")
+    import subprocess
+    import sys
+    fail_new = understudy.library_path().parent / "libust_fail_new.so"
+    if not fail_new.exists():
+        pytest.fail(f"{fail_new} was not built; run ./run.sh build")
+    script = tmp_path / "sweep.py"
+    script.write_text(script_text)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"), UST_FAIL_NEW=str(fail_new),
+               UST_CANDIDATES=str(candidate_dir()),
+               LD_PRELOAD=" ".join(p for p in (os.environ.get("LD_PRELOAD"), str(fail_new)) if p))
+    p = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (through,) = [int(ln.split()[1]) for ln in p.stdout.splitlines() if ln.startswith("preload:")]
+    assert through > 0, "allocations did not come to the preloaded library:\n" + p.stdout + p.stderr
+    return p
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("mode", ["shadow", "live"])
 def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, device):
@@ -808,25 +831,8 @@ def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, d
     once memory is back."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    if "asan" in os.environ.get("LD_PRELOAD", ""):
-        pytest.skip("malloc and operator new are AddressSanitizer's in this process, not the sweep's")
-    import subprocess
-    import sys
-    lib = understudy.library_path()
-    fail_new = lib.parent / "libust_fail_new.so"
-    if not fail_new.exists():
-        pytest.fail(f"{fail_new} was not built; run ./run.sh build")
-    script = tmp_path / "sweep.py"
-    script.write_text(_OOM_SWEEP)
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"), UST_FAIL_NEW=str(fail_new),
-               UST_CANDIDATES=str(candidate_dir()),
-               LD_PRELOAD=" ".join(p for p in (os.environ.get("LD_PRELOAD"), str(fail_new)) if p))
-    p = subprocess.run([sys.executable, str(script), mode, device], capture_output=True, text=True, timeout=300,
-                       env=env)
-    assert p.returncode == 0, p.stdout + p.stderr
+    p = _sweep(tmp_path, _OOM_SWEEP, mode, device)
     lines = p.stdout.splitlines()
-    (through,) = [int(ln.split()[1]) for ln in lines if ln.startswith("preload:")]
-    assert through > 0, "operator new did not come to the preloaded library:\n" + p.stdout + p.stderr
     injected = {ln.split(":")[0]: int(ln.split(": ")[1].split()[0]) for ln in lines if "allocations failed" in ln}
     ops = {"_C::rms_norm"} | ({"aten::silu"} if device == "cpu" else set())
     assert set(injected) == {f"{op.split(':')[-1]} {k}" for op in ops for k in ("same", "first")}, p.stdout
@@ -841,3 +847,65 @@ def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, d
     assert {r[1] for r in routes} == ops, p.stdout
     for r in routes:
         assert r[2] == mode and int(r[3]) >= 3 and int(r[4]) == 0, p.stdout
+
+
+_ENABLE_SWEEP = r"""
+import ctypes, os, torch, torch.nn.functional as F
+import understudy
+fail = ctypes.CDLL(os.environ["UST_FAIL_NEW"])
+cand = understudy.native(os.path.join(os.environ["UST_CANDIDATES"], "libsilu_cpu.so"))
+cfg = {"operators": {"silu": {"mode": "shadow", "sample": 1.0, "candidate": cand}, "gemm": "observe"},
+       "report": {"interval_s": 0}}
+understudy.enable(cfg)  # the interceptors registered, for the life of the process
+understudy.disable()
+print("preload:", fail.fail_new_through())
+x = torch.randn(8, 16)
+want = F.silu(x)
+errors, enabled = {}, 0
+for k in range(100000):
+    assert fail.fail_new_arm(k) == 0
+    try:
+        understudy.enable(cfg)
+        enabled += 1
+    except understudy.UnderstudyError as e:
+        # the error says what ran out
+        if "out of memory" not in str(e):
+            raise SystemExit(f"allocation {k} failed: enable said {e!r}")
+        errors[str(e).split(":")[0]] = errors.get(str(e).split(":")[0], 0) + 1
+    seen = fail.fail_new_seen()
+    fail.fail_new_arm(-1)
+    if not torch.allclose(F.silu(x), want, rtol=1e-5, atol=1e-5):
+        raise SystemExit(f"allocation {k} failed: a wrong silu after it")
+    if understudy.is_enabled():
+        # enabled whole: the config's operators as it says, the call shadowed
+        understudy.flush()
+        rep = understudy.report()
+        ops = {o["name"]: o for o in rep["operators"]}
+        if ops["silu"]["mode"] != "shadow" or "candidate" not in ops["silu"] or ops["gemm"]["mode"] != "observe":
+            raise SystemExit(f"allocation {k} failed: enabled as {[(o['name'], o['mode']) for o in rep['operators']]}")
+        if not all(o.get("definition", "").endswith(".json") for o in rep["operators"]):
+            raise SystemExit(f"allocation {k} failed: definitions {[o.get('definition') for o in rep['operators']]}")
+        (r,) = [s for s in ops["silu"]["shapes"]]
+        if r["calls"] != 1 or r["shadow"]["verified"] + r["shadow"]["skipped"] != 1:
+            raise SystemExit(f"allocation {k} failed: the call after it {r['calls']} calls, {r['shadow']}")
+        understudy.disable()
+    if seen <= k:
+        break
+print("sweep", k, "allocations; enabled", enabled, "times; errors", sum(errors.values()))
+print(sorted(errors.items(), key=lambda t: -t[1])[:8])
+"""
+
+
+def test_enable_whose_allocations_fail_fails_by_name_or_enables_whole(tmp_path):
+    """The same sweep over enable() (config, operator definitions, hardware
+    profiles, the engine; the interceptors registered by an enable before):
+    each of its allocations fails in turn. Every attempt either raises
+    understudy's error saying what ran out of memory, leaving torch as it
+    was (silu gives its result), or enables whole: the config's operators
+    in their modes with their definitions' files, silu's next call counted
+    and shadowed."""
+    p = _sweep(tmp_path, _ENABLE_SWEEP)
+    (sweep,) = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("sweep")]
+    allocations, enabled, errors = int(sweep[1]), int(sweep[4]), int(sweep[7])
+    assert allocations > 500 and errors > 500, p.stdout  # it reached the parsers and the engine
+    assert enabled + errors == allocations + 1, p.stdout
