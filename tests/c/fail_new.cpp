@@ -1,6 +1,7 @@
 // An LD_PRELOAD library for out-of-memory sweeps of the torch seam
 // (tests/python/test_hostile.py): once armed, the n-th allocation that
-// libunderstudy.so's own code makes fails as on an exhausted heap: operator
+// libunderstudy.so's own code makes on the arming thread (not its worker's,
+// whose timing would make a sweep uneven) fails as on an exhausted heap: operator
 // new throws std::bad_alloc, malloc, calloc, realloc, aligned_alloc and
 // posix_memalign return ENOMEM. Every other allocation is glibc's. A library
 // whose toolchain linked the C++ runtime into it (its own operator new) is
@@ -18,6 +19,7 @@
 //   fail_new_library()   the path of the libunderstudy.so it watches
 #include <errno.h>
 #include <link.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cstdint>
@@ -42,6 +44,7 @@ std::atomic<uintptr_t> g_lo{0}, g_hi{0}; // the library's executable segment
 std::atomic<uintptr_t> g_base{0};          // where the library is loaded
 const char *g_name = "";                   // its path, as the loader has it
 std::atomic<long> g_through{0};
+pthread_t g_thread;                        // the arming thread
 
 int find_library(struct dl_phdr_info *info, size_t, void *) {
   const char *name = info->dlpi_name != nullptr ? std::strrchr(info->dlpi_name, '/') : nullptr;
@@ -64,7 +67,8 @@ int find_library(struct dl_phdr_info *info, size_t, void *) {
 bool fails(void *caller) {
   g_through.fetch_add(1, std::memory_order_relaxed);
   const uintptr_t at = reinterpret_cast<uintptr_t>(caller);
-  if (g_countdown.load(std::memory_order_relaxed) < 0 || at < g_lo.load() || at >= g_hi.load())
+  if (g_countdown.load(std::memory_order_acquire) < 0 || at < g_lo.load() || at >= g_hi.load() ||
+      !pthread_equal(pthread_self(), g_thread))
     return false;
   g_seen.fetch_add(1);
   if (g_countdown.fetch_sub(1) != 0)
@@ -93,7 +97,8 @@ EXPORT int fail_new_arm(long n) {
   if (g_hi.load() == 0)
     return -1;
   g_seen = 0;
-  g_countdown = n < 0 ? -1 : n;
+  g_thread = pthread_self();
+  g_countdown.store(n < 0 ? -1 : n, std::memory_order_release);
   return 0;
 }
 
