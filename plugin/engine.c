@@ -800,33 +800,42 @@ int ust_reload(const char *config_json) {
     rc = ust__error(UST_ENOMEM, "reload: out of memory");
   else
     rc = ust__config_reload_check(running, config_json);
+  /* the running config's routes, against which a reload's are changes (a
+   * route rolled back or promoted since keeps its mode unless the reload
+   * asks for another): without them the reload is refused, not applied as
+   * if every route had changed */
+  memset(&prev, 0, sizeof prev);
   if (rc == 0 && ust__config_parse(running, &prev) != 0)
-    memset(&prev, 0, sizeof prev);
+    rc = ust__error(UST_ENOMEM, "reload: out of memory reading the running config");
   free(running);
-  /* policies first, under the lock; then per-key modes where they changed:
-   * a route rolled back or promoted since keeps its mode unless the reload
-   * asks for another */
+  /* everything it needs allocated before anything changes: the config's
+   * text and the operators' policies; then policies published under the
+   * lock, then per-key modes where they changed */
+  char *copy = NULL;
+  const ust__policy **pubs = NULL;
+  if (rc == 0 && ((copy = ust__strdup(config_json != NULL ? config_json : "")) == NULL ||
+                  (pubs = calloc((size_t)next.n_ops + 1, sizeof *pubs)) == NULL))
+    rc = ust__error(UST_ENOMEM, "reload: out of memory");
   pthread_mutex_lock(&c->lock);
+  for (int i = 0; rc == 0 && i < next.n_ops; i++) {
+    ust__policy p = policy_of(&next.ops[i]);
+    if ((pubs[i] = policy_new(e, &p)) == NULL) /* kept with the engine's until it ends */
+      rc = ust__error(UST_ENOMEM, "reload: out of memory");
+  }
   for (int i = 0; rc == 0 && i < next.n_ops; i++) {
     ust__engine_op *eo = NULL;
     HASH_FIND_STR(e->ops_by_name, next.ops[i].name, eo);
-    if (eo == NULL)
-      continue;
-    ust__policy p = policy_of(&next.ops[i]);
-    const ust__policy *pub = policy_new(e, &p);
-    if (pub == NULL)
-      rc = ust__error(UST_ENOMEM, "reload: out of memory");
-    else
-      atomic_store(&eo->op.policy, pub);
+    if (eo != NULL)
+      atomic_store(&eo->op.policy, pubs[i]);
   }
   if (rc == 0) {
-    char *copy = ust__strdup(config_json != NULL ? config_json : "");
-    if (copy != NULL) {
-      free(e->config_json);
-      e->config_json = copy;
-    }
+    free(e->config_json);
+    e->config_json = copy;
+    copy = NULL;
   }
   pthread_mutex_unlock(&c->lock);
+  free(copy);
+  free(pubs);
   for (int i = 0; rc == 0 && i < next.n_ops; i++) {
     ust__engine_op *eo = NULL;
     HASH_FIND_STR(e->ops_by_name, next.ops[i].name, eo);
@@ -840,10 +849,9 @@ int ust_reload(const char *config_json) {
         ust__log(&c->log, UST_LOG_WARN, "reload: %s", ust_last_error());
     }
   }
-  if (rc == 0) {
-    ust__config_free(&prev);
+  ust__config_free(&prev);
+  if (rc == 0)
     ust__clear_error();
-  }
   pthread_mutex_unlock(&c->reload);
   engine_unref(e);
   ust__config_free(&next);

@@ -909,3 +909,67 @@ def test_enable_whose_allocations_fail_fails_by_name_or_enables_whole(tmp_path):
     allocations, enabled, errors = int(sweep[1]), int(sweep[4]), int(sweep[7])
     assert allocations > 500 and errors > 500, p.stdout  # it reached the parsers and the engine
     assert enabled + errors == allocations + 1, p.stdout
+
+
+_RELOAD_SWEEP = r"""
+import ctypes, os, torch, torch.nn.functional as F
+import understudy
+fail = ctypes.CDLL(os.environ["UST_FAIL_NEW"])
+cand = understudy.native(os.path.join(os.environ["UST_CANDIDATES"], "libsilu_cpu.so"))
+x = torch.randn(8, 16)
+key = "aten::silu|cpu|f32|M=8,N=16"
+
+def config(silu, gemm):
+    return {"operators": {"silu": {"mode": silu, "sample": 1.0, "candidate": cand, "routes": {key: "shadow"}},
+                          "gemm": gemm}, "report": {"interval_s": 0}}
+
+before, after = config("shadow", "observe"), config("observe", "off")
+understudy.enable(before)
+F.silu(x)
+understudy.set_mode(key=key, mode="off")  # by hand since: a reload leaves it unless it asks for another
+
+def state():
+    rep = understudy.report()
+    ops = {o["name"]: o for o in rep["operators"]}
+    (r,) = [s for s in ops["silu"]["shapes"] if s["key"] == key]
+    return ops["silu"]["mode"], ops["gemm"]["mode"], r["mode"]
+
+print("preload:", fail.fail_new_through())
+applied = refused = 0
+for k in range(100000):
+    assert fail.fail_new_arm(k) == 0
+    try:
+        understudy.reload(after)
+        ok = True
+    except understudy.UnderstudyError as e:
+        if "out of memory" not in str(e):
+            raise SystemExit(f"allocation {k} failed: reload said {e!r}")
+        ok = False
+    seen = fail.fail_new_seen()
+    fail.fail_new_arm(-1)
+    got, want = state(), ("observe", "off", "off") if ok else ("shadow", "observe", "off")
+    if got != want:
+        raise SystemExit(f"allocation {k} failed: reload {'applied' if ok else 'refused'}, modes {got}")
+    applied, refused = applied + ok, refused + (not ok)
+    understudy.reload(before)
+    if state() != ("shadow", "observe", "off"):
+        raise SystemExit(f"allocation {k} failed: reloaded back, modes {state()}")
+    if seen <= k:
+        break
+print("sweep", k, "allocations; applied", applied, "times; refused", refused)
+understudy.disable()
+"""
+
+
+def test_a_reload_whose_allocations_fail_is_refused_whole_or_applied_whole(tmp_path):
+    """The sweep over reload(): a config changing both operators' modes and
+    naming a route whose mode was since set by hand. Each attempt raises
+    understudy's error saying what ran out and changes nothing, or applies
+    whole; the route set by hand keeps its mode either way (a reload that
+    could not read the running config's routes used to apply it as if every
+    route had changed, and one that failed between operators left the first
+    changed)."""
+    p = _sweep(tmp_path, _RELOAD_SWEEP)
+    (sweep,) = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("sweep")]
+    allocations, applied, refused = int(sweep[1]), int(sweep[4]), int(sweep[7])
+    assert allocations > 20 and refused == allocations and applied == 1, p.stdout
