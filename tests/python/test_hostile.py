@@ -973,3 +973,55 @@ def test_a_reload_whose_allocations_fail_is_refused_whole_or_applied_whole(tmp_p
     (sweep,) = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("sweep")]
     allocations, applied, refused = int(sweep[1]), int(sweep[4]), int(sweep[7])
     assert allocations > 20 and refused == allocations and applied == 1, p.stdout
+
+
+_DISABLE_SWEEP = r"""
+import ctypes, json, os, sys, torch, torch.nn.functional as F
+import understudy
+fail = ctypes.CDLL(os.environ["UST_FAIL_NEW"])
+d = sys.argv[1]
+cand = understudy.native(os.path.join(os.environ["UST_CANDIDATES"], "libsilu_cpu.so"))
+report, state = os.path.join(d, "report.json"), os.path.join(d, "state.json")
+cfg = {"operators": {"silu": {"mode": "shadow", "sample": 1.0, "candidate": cand}, "gemm": "observe"},
+       "report": {"interval_s": 0, "path": report}, "state": {"path": state}}
+x = torch.randn(8, 16)
+understudy.enable(cfg)
+F.silu(x)
+understudy.disable()  # the files a failing disable must leave whole
+print("preload:", fail.fail_new_through())
+errors = 0
+for k in range(100000):
+    understudy.enable(cfg)
+    F.silu(x), torch.mm(x, x.t())
+    understudy.set_mode(key="aten::silu|cpu|f32|M=8,N=16", mode="observe")  # a state to save
+    assert fail.fail_new_arm(k) == 0
+    try:
+        understudy.disable()
+    except understudy.UnderstudyError as e:
+        if "out of memory" not in str(e):
+            raise SystemExit(f"allocation {k} failed: disable said {e!r}")
+        errors += 1
+    seen = fail.fail_new_seen()
+    fail.fail_new_arm(-1)
+    if understudy.is_enabled():
+        raise SystemExit(f"allocation {k} failed: still enabled after disable")
+    for path in (report, state):  # whole, the last written or the one before
+        json.load(open(path))
+    if sorted(os.listdir(d)) != ["report.json", "state.json"]:
+        raise SystemExit(f"allocation {k} failed: left {sorted(os.listdir(d))}")
+    if seen <= k:
+        break
+print("sweep", k, "allocations; errors", errors)
+"""
+
+
+def test_a_disable_whose_allocations_fail_still_disables_and_leaves_files_whole(tmp_path):
+    """The sweep over disable() with a report and a state file configured:
+    each attempt disables (raising understudy's error saying what ran out
+    when the final report or state could not be written), and both files
+    stay whole JSON with no temporary file beside them."""
+    (tmp_path / "files").mkdir()
+    p = _sweep(tmp_path, _DISABLE_SWEEP, str(tmp_path / "files"))
+    (sweep,) = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("sweep")]
+    allocations, errors = int(sweep[1]), int(sweep[4])
+    assert allocations > 10 and errors == allocations, p.stdout
