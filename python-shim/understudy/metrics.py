@@ -244,6 +244,8 @@ class UnderstudyCollector:
                 rest = list(self._report_families(rep))
             except UnderstudyError as e:  # not enabled: the counters so far, not a fault
                 rep, self.last_error = None, str(e)
+                if e.name != "UST_ESTATE":  # enabled, and the report could not be read (out of memory)
+                    self._errors += 1
             except Exception as e:  # noqa: BLE001 - a scrape must not fail the host's /metrics
                 rep, self.last_error = None, f"{type(e).__name__}: {e}"
                 self._errors += 1

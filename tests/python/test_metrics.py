@@ -328,6 +328,31 @@ def test_while_disabled_enabled_is_zero(us):
     assert not pick(smp, "understudy_calls_total")
 
 
+def test_a_report_that_cannot_be_read_counts_an_error_and_not_enabled_does_not():
+    """A scrape whose report fails (understudy enabled, the report out of
+    memory) says enabled 0 and counts an error, keeping the message; one
+    while understudy is not enabled counts none."""
+    import prometheus_client as prom
+    from understudy import UnderstudyError
+    raised = {}
+
+    def source():
+        raise raised["e"]
+    collector = understudy.metrics.UnderstudyCollector(source)
+    registry = prom.CollectorRegistry()
+    registry.register(collector)
+    errors = []
+    for e in (UnderstudyError(-6, "UST_ESTATE", "report: understudy is not enabled"),
+              UnderstudyError(-4, "UST_ENOMEM", "report: out of memory"),
+              UnderstudyError(-6, "UST_ESTATE", "report: understudy is not enabled")):
+        raised["e"] = e
+        smp = samples(prom.generate_latest(registry).decode())
+        assert one(smp, "understudy_enabled") == 0
+        errors.append(one(smp, "understudy_metrics_errors_total"))
+        assert collector.last_error == str(e)
+    assert errors == [0, 1, 1]
+
+
 # ---- the config's "metrics" section --------------------------------------------------
 
 @pytest.mark.parametrize("section, message", [
