@@ -989,6 +989,25 @@ understudy.enable(cfg)
 F.silu(x)
 understudy.disable()  # the files a failing disable must leave whole
 print("preload:", fail.fail_new_through())
+understudy.enable(cfg)
+F.silu(x)
+for name, read in (("report", understudy.report), ("write_report", understudy.write_report)):
+    failed = 0
+    for k in range(100000):
+        assert fail.fail_new_arm(k) == 0
+        try:
+            read()
+        except understudy.UnderstudyError as e:
+            if "report: out of memory" not in str(e):
+                raise SystemExit(f"{name}: allocation {k} failed: it said {e!r}")
+            failed += 1
+        seen = fail.fail_new_seen()
+        fail.fail_new_arm(-1)
+        json.load(open(report))
+        if seen <= k:
+            break
+    print(name, k, "allocations; errors", failed)
+understudy.disable()
 errors = 0
 for k in range(100000):
     understudy.enable(cfg)
@@ -1016,12 +1035,14 @@ print("sweep", k, "allocations; errors", errors)
 
 
 def test_a_disable_whose_allocations_fail_still_disables_and_leaves_files_whole(tmp_path):
-    """The sweep over disable() with a report and a state file configured:
-    each attempt disables (raising understudy's error saying what ran out
+    """The sweep over report() and write_report() (each allocation failed
+    raises "report: out of memory", the file on disk stays whole), then over
+    disable() with a report and a state file configured: each attempt disables (raising understudy's error saying what ran out
     when the final report or state could not be written), and both files
     stay whole JSON with no temporary file beside them."""
     (tmp_path / "files").mkdir()
     p = _sweep(tmp_path, _DISABLE_SWEEP, str(tmp_path / "files"))
-    (sweep,) = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("sweep")]
-    allocations, errors = int(sweep[1]), int(sweep[4])
-    assert allocations > 10 and errors == allocations, p.stdout
+    for name in ("report", "write_report", "sweep"):
+        (sweep,) = [ln.split() for ln in p.stdout.splitlines() if ln.startswith(name + " ")]
+        allocations, errors = int(sweep[1]), int(sweep[4])
+        assert allocations > 10 and errors == allocations, p.stdout
