@@ -1434,8 +1434,8 @@ template <class Source>
 // Production alone on a tracked call, ended as the PASS plan ends it: its
 // nested floor collected where the call wants it.
 template <class Source>
-[[gnu::always_inline]] inline void serve_passed(Source &src, c10::DispatchKeySet below, ust__thread *th, const ust__call &call,
-                         ust__call_state &st, ust__decision &d) {
+[[gnu::always_inline]] inline void serve_passed(Source &src, c10::DispatchKeySet below, ust__thread *th,
+                                                const ust__call &call, ust__call_state &st, ust__decision &d) {
   try {
     if (st.nested_ok && ust__call_wants_nested(&st)) {
       ust__nested callees{};

@@ -812,20 +812,22 @@ int ust_reload(const char *config_json) {
    * text and the operators' policies; then policies published under the
    * lock, then per-key modes where they changed */
   char *copy = NULL;
-  const ust__policy **pubs = NULL;
+  const ust__policy **pubs = NULL; /* per operator of next; NULL: not the engine's */
   if (rc == 0 && ((copy = ust__strdup(config_json != NULL ? config_json : "")) == NULL ||
                   (pubs = calloc((size_t)next.n_ops + 1, sizeof *pubs)) == NULL))
     rc = ust__error(UST_ENOMEM, "reload: out of memory");
   pthread_mutex_lock(&c->lock);
   for (int i = 0; rc == 0 && i < next.n_ops; i++) {
+    ust__engine_op *eo = NULL;
+    HASH_FIND_STR(e->ops_by_name, next.ops[i].name, eo);
     ust__policy p = policy_of(&next.ops[i]);
-    if ((pubs[i] = policy_new(e, &p)) == NULL) /* kept with the engine's until it ends */
+    if (eo != NULL && (pubs[i] = policy_new(e, &p)) == NULL) /* kept with the engine's until it ends */
       rc = ust__error(UST_ENOMEM, "reload: out of memory");
   }
   for (int i = 0; rc == 0 && i < next.n_ops; i++) {
     ust__engine_op *eo = NULL;
     HASH_FIND_STR(e->ops_by_name, next.ops[i].name, eo);
-    if (eo != NULL)
+    if (pubs[i] != NULL)
       atomic_store(&eo->op.policy, pubs[i]);
   }
   if (rc == 0) {

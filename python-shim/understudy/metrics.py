@@ -242,7 +242,7 @@ class UnderstudyCollector:
                 rep = self.source()
                 shown = self._fold(rep)
                 rest = list(self._report_families(rep))
-            except UnderstudyError as e:  # not enabled: the counters so far, not a fault
+            except UnderstudyError as e:  # the counters so far; not enabled is not a fault
                 rep, self.last_error = None, str(e)
                 if e.name != "UST_ESTATE":  # enabled, and the report could not be read (out of memory)
                     self._errors += 1

@@ -16,7 +16,6 @@
 //                        into libunderstudy.so (addr2line -f -e it)
 //   fail_new_through()   allocations of the process that came here (0: the
 //                        library was not preloaded)
-//   fail_new_library()   the path of the libunderstudy.so it watches
 #include <errno.h>
 #include <link.h>
 #include <pthread.h>
@@ -42,7 +41,6 @@ std::atomic<long> g_failed{0};
 std::atomic<uintptr_t> g_failed_at{0}; // the library's offset of the last failed allocation's call
 std::atomic<uintptr_t> g_lo{0}, g_hi{0}; // the library's executable segment
 std::atomic<uintptr_t> g_base{0};          // where the library is loaded
-const char *g_name = "";                   // its path, as the loader has it
 std::atomic<long> g_through{0};
 pthread_t g_thread;                        // the arming thread
 
@@ -50,7 +48,6 @@ int find_library(struct dl_phdr_info *info, size_t, void *) {
   const char *name = info->dlpi_name != nullptr ? std::strrchr(info->dlpi_name, '/') : nullptr;
   if (name == nullptr || std::strcmp(name + 1, "libunderstudy.so") != 0)
     return 0;
-  g_name = info->dlpi_name;
   for (int i = 0; i < info->dlpi_phnum; i++) {
     const ElfW(Phdr) &ph = info->dlpi_phdr[i];
     if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X)) {
@@ -106,7 +103,6 @@ EXPORT long fail_new_seen(void) { return g_seen.load(); }
 EXPORT long fail_new_failed(void) { return g_failed.load(); }
 EXPORT unsigned long fail_new_failed_at(void) { return g_failed_at.load(); }
 EXPORT long fail_new_through(void) { return g_through.load(); }
-EXPORT const char *fail_new_library(void) { return g_name; }
 
 EXPORT void *malloc(size_t n) {
   if (fails(__builtin_return_address(0))) {

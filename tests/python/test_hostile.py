@@ -723,10 +723,9 @@ def test_a_candidate_writing_a_tensor_list_it_reads_never_touches_the_callers(us
 
 
 _OOM_SWEEP = r"""
-import ctypes, os, sys, torch, torch.nn.functional as F
+import os, sys, torch, torch.nn.functional as F
 import understudy
-fail = ctypes.CDLL(os.environ["UST_FAIL_NEW"])
-fail.fail_new_library.restype = ctypes.c_char_p
+from oom_sweep import fail, sweep
 cands = os.environ["UST_CANDIDATES"]
 lib = torch.library.Library("_C", "FRAGMENT")
 lib.define("rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float eps) -> ()")
@@ -745,8 +744,6 @@ ops = {"rms_norm": entry(f"librms_norm_{dev}.so")}
 if dev == "cpu":  # a typed op beside the boxed one
     ops["silu"] = entry("libsilu_cpu.so")
 understudy.enable({"operators": ops, "report": {"interval_s": 0}})
-assert fail.fail_new_arm(-1) == 0, "libunderstudy.so is not mapped"
-print("preload:", fail.fail_new_through(), "allocations through it; watching", fail.fail_new_library().decode())
 g = torch.Generator().manual_seed(0)
 w = torch.randn(128, generator=g).to(dev)
 
@@ -761,30 +758,21 @@ def rms_norm(n):
     rms(want, x, w, 1e-6)
     return out, want
 
-for name, call in (("silu", silu), ("rms_norm", rms_norm)) if dev == "cpu" else (("rms_norm", rms_norm),):
+def right(k, got_want):
+    assert torch.allclose(*got_want, rtol=1e-5, atol=1e-5), "a wrong result"
+
+calls = (("silu", silu), ("rms_norm", rms_norm)) if dev == "cpu" else (("rms_norm", rms_norm),)
+for name, call in calls:
     call(4), call(4)  # the key the sweep calls again, its route made
-    for fresh in (False, True):  # the same key each time, or a key's first call
-        injected = 0
-        for k in range(1000):
-            assert fail.fail_new_arm(k) == 0, "libunderstudy.so is not mapped"
-            try:
-                got, want = call(1 + k if fresh else 4)
-            except Exception as e:
-                raise SystemExit(f"{name}: allocation {k} failed: the call raised {type(e).__name__}: {e}")
-            seen = fail.fail_new_seen()
-            fail.fail_new_arm(-1)
-            if not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
-                raise SystemExit(f"{name}: allocation {k} failed: wrong result")
-            if seen <= k:
-                break
-            injected += 1
-        print(f"{name} {'first' if fresh else 'same'}: {injected} allocations failed in turn")
+    failed = sweep(name, lambda k: call(4), right)  # a key seen before
+    print(f"{name} same: {len(failed)} allocations failed in turn")
+    failed = sweep(name, lambda k: call(1 + k), right)  # a key's first call
+    print(f"{name} first: {len(failed)} allocations failed in turn")
 understudy.flush()
-rep = understudy.report()
-print("internal_errors", rep["totals"]["internal_errors"], "failed", fail.fail_new_failed(),
-      "untracked", rep["totals"]["untracked"])
+totals = understudy.report()["totals"]
+print("internal_errors", totals["internal_errors"], "untracked", totals["untracked"])
 for _ in range(3):  # undisturbed again: verified as before
-    for name, call in (("silu", silu), ("rms_norm", rms_norm)) if dev == "cpu" else (("rms_norm", rms_norm),):
+    for name, call in calls:
         call(4)
 understudy.flush()
 for s in (s for o in understudy.report()["operators"] for s in o["shapes"] if s["key"].endswith("M=4,N=128")):
@@ -794,9 +782,9 @@ understudy.disable()
 
 
 def _sweep(tmp_path, script_text, *argv):
-    """Runs script_text in a process of its own with tests/c/fail_new.cpp's
-    library preloaded; its completed process, checked to have run and to
-    have had its allocations pass through the preloaded library."""
+    """Runs script_text (on oom_sweep.py) in a process of its own with
+    tests/c/fail_new.cpp's library preloaded; its completed process, checked
+    to have ended well."""
     if "asan" in os.environ.get("LD_PRELOAD", ""):
         pytest.skip("malloc and operator new are AddressSanitizer's in this process, not the sweep's")
     import subprocess
@@ -806,14 +794,18 @@ def _sweep(tmp_path, script_text, *argv):
         pytest.fail(f"{fail_new} was not built; run ./run.sh build")
     script = tmp_path / "sweep.py"
     script.write_text(script_text)
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"), UST_FAIL_NEW=str(fail_new),
-               UST_CANDIDATES=str(candidate_dir()),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python-shim"), str(ROOT / "tests" / "python")]),
+               UST_FAIL_NEW=str(fail_new), UST_CANDIDATES=str(candidate_dir()),
                LD_PRELOAD=" ".join(p for p in (os.environ.get("LD_PRELOAD"), str(fail_new)) if p))
     p = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
-    (through,) = [int(ln.split()[1]) for ln in p.stdout.splitlines() if ln.startswith("preload:")]
-    assert through > 0, "allocations did not come to the preloaded library:\n" + p.stdout + p.stderr
     return p
+
+
+def _counts(p, word):
+    """The integers of the line of p's output that starts with word."""
+    (line,) = [ln.split() for ln in p.stdout.splitlines() if ln.startswith(word + " ")]
+    return [int(v) for v in line if v.isdigit()]
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -822,13 +814,13 @@ def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, d
     """An out-of-memory sweep of the seam (libuv's kind): in a process of its
     own, the allocations libunderstudy.so's code makes in one call (operator
     new: std::bad_alloc; malloc and kin: NULL) fail, the first, then the
-    second, ..., for a boxed op (_C::rms_norm)
-    and on the CPU a typed one (silu), on a key seen before and on a key's
-    first call. Every such call returns the op's result (to the candidates'
-    tolerance: live, a verified candidate serves) without raising; each
-    failure is counted, as understudy's internal error or (a route that could
-    not be made) an untracked call; and the routes are verified as before
-    once memory is back."""
+    second, ..., for a boxed op (_C::rms_norm) and on the CPU a typed one
+    (silu), on a key seen before and on a key's first call. Every such call
+    returns the op's result (to the candidates' tolerance: live, a verified
+    candidate serves) without raising; each failure is counted, as
+    understudy's internal error or (a route that could not be made) an
+    untracked call; and the routes are verified as before once memory is
+    back."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     p = _sweep(tmp_path, _OOM_SWEEP, mode, device)
@@ -837,12 +829,10 @@ def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, d
     ops = {"_C::rms_norm"} | ({"aten::silu"} if device == "cpu" else set())
     assert set(injected) == {f"{op.split(':')[-1]} {k}" for op in ops for k in ("same", "first")}, p.stdout
     assert all(n > 0 for n in injected.values()), p.stdout  # the sweep reached the call path
-    (totals,) = [ln.split() for ln in lines if ln.startswith("internal_errors")]
-    internal, failed, untracked = int(totals[1]), int(totals[3]), int(totals[5])
+    internal, untracked = _counts(p, "internal_errors")
     # each failure accounted for: understudy's error, or a call without a
     # route (its route could not be made; production served it untracked)
-    assert failed == sum(injected.values()) == internal + untracked, p.stdout
-    assert internal > 0 and untracked > 0, p.stdout
+    assert sum(injected.values()) == internal + untracked and internal > 0 and untracked > 0, p.stdout
     routes = [ln.split() for ln in lines if ln.startswith("route")]
     assert {r[1] for r in routes} == ops, p.stdout
     for r in routes:
@@ -850,49 +840,33 @@ def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, d
 
 
 _ENABLE_SWEEP = r"""
-import ctypes, os, torch, torch.nn.functional as F
+import os, torch, torch.nn.functional as F
 import understudy
-fail = ctypes.CDLL(os.environ["UST_FAIL_NEW"])
+from oom_sweep import refused, sweep
 cand = understudy.native(os.path.join(os.environ["UST_CANDIDATES"], "libsilu_cpu.so"))
 cfg = {"operators": {"silu": {"mode": "shadow", "sample": 1.0, "candidate": cand}, "gemm": "observe"},
        "report": {"interval_s": 0}}
 understudy.enable(cfg)  # the interceptors registered, for the life of the process
 understudy.disable()
-print("preload:", fail.fail_new_through())
 x = torch.randn(8, 16)
 want = F.silu(x)
-errors, enabled = {}, 0
-for k in range(100000):
-    assert fail.fail_new_arm(k) == 0
-    try:
-        understudy.enable(cfg)
-        enabled += 1
-    except understudy.UnderstudyError as e:
-        # the error says what ran out
-        if "out of memory" not in str(e):
-            raise SystemExit(f"allocation {k} failed: enable said {e!r}")
-        errors[str(e).split(":")[0]] = errors.get(str(e).split(":")[0], 0) + 1
-    seen = fail.fail_new_seen()
-    fail.fail_new_arm(-1)
-    if not torch.allclose(F.silu(x), want, rtol=1e-5, atol=1e-5):
-        raise SystemExit(f"allocation {k} failed: a wrong silu after it")
-    if understudy.is_enabled():
-        # enabled whole: the config's operators as it says, the call shadowed
+
+def enabled_whole(k, was_refused):
+    assert torch.allclose(F.silu(x), want, rtol=1e-5, atol=1e-5), "a wrong silu after it"
+    assert understudy.is_enabled() != was_refused, "enabled after its error" if was_refused else "not enabled"
+    if not was_refused:  # the config's operators as it says, the next call shadowed
         understudy.flush()
-        rep = understudy.report()
-        ops = {o["name"]: o for o in rep["operators"]}
-        if ops["silu"]["mode"] != "shadow" or "candidate" not in ops["silu"] or ops["gemm"]["mode"] != "observe":
-            raise SystemExit(f"allocation {k} failed: enabled as {[(o['name'], o['mode']) for o in rep['operators']]}")
-        if not all(o.get("definition", "").endswith(".json") for o in rep["operators"]):
-            raise SystemExit(f"allocation {k} failed: definitions {[o.get('definition') for o in rep['operators']]}")
-        (r,) = [s for s in ops["silu"]["shapes"]]
-        if r["calls"] != 1 or r["shadow"]["verified"] + r["shadow"]["skipped"] != 1:
-            raise SystemExit(f"allocation {k} failed: the call after it {r['calls']} calls, {r['shadow']}")
+        ops = {o["name"]: o for o in understudy.report()["operators"]}
+        assert ops["silu"]["mode"] == "shadow" and "candidate" in ops["silu"] and ops["gemm"]["mode"] == "observe", \
+            f"enabled as {[(o['name'], o['mode']) for o in ops.values()]}"
+        assert all(o.get("definition", "").endswith(".json") for o in ops.values()), \
+            f"definitions {[o.get('definition') for o in ops.values()]}"
+        (r,) = ops["silu"]["shapes"]
+        assert r["calls"] == 1 and r["shadow"]["verified"] + r["shadow"]["skipped"] == 1, f"the call after it: {r}"
         understudy.disable()
-    if seen <= k:
-        break
-print("sweep", k, "allocations; enabled", enabled, "times; errors", sum(errors.values()))
-print(sorted(errors.items(), key=lambda t: -t[1])[:8])
+
+runs = sweep("enable", lambda k: refused(lambda: understudy.enable(cfg)), enabled_whole)
+print("sweep", len(runs), "allocations; errors", sum(runs))
 """
 
 
@@ -904,17 +878,14 @@ def test_enable_whose_allocations_fail_fails_by_name_or_enables_whole(tmp_path):
     was (silu gives its result), or enables whole: the config's operators
     in their modes with their definitions' files, silu's next call counted
     and shadowed."""
-    p = _sweep(tmp_path, _ENABLE_SWEEP)
-    (sweep,) = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("sweep")]
-    allocations, enabled, errors = int(sweep[1]), int(sweep[4]), int(sweep[7])
-    assert allocations > 500 and errors > 500, p.stdout  # it reached the parsers and the engine
-    assert enabled + errors == allocations + 1, p.stdout
+    allocations, errors = _counts(_sweep(tmp_path, _ENABLE_SWEEP), "sweep")
+    assert allocations > 500 and errors > 500  # it reached the parsers and the engine
 
 
 _RELOAD_SWEEP = r"""
-import ctypes, os, torch, torch.nn.functional as F
+import os, torch, torch.nn.functional as F
 import understudy
-fail = ctypes.CDLL(os.environ["UST_FAIL_NEW"])
+from oom_sweep import refused, sweep
 cand = understudy.native(os.path.join(os.environ["UST_CANDIDATES"], "libsilu_cpu.so"))
 x = torch.randn(8, 16)
 key = "aten::silu|cpu|f32|M=8,N=16"
@@ -928,35 +899,20 @@ understudy.enable(before)
 F.silu(x)
 understudy.set_mode(key=key, mode="off")  # by hand since: a reload leaves it unless it asks for another
 
-def state():
-    rep = understudy.report()
-    ops = {o["name"]: o for o in rep["operators"]}
+def modes():
+    ops = {o["name"]: o for o in understudy.report()["operators"]}
     (r,) = [s for s in ops["silu"]["shapes"] if s["key"] == key]
     return ops["silu"]["mode"], ops["gemm"]["mode"], r["mode"]
 
-print("preload:", fail.fail_new_through())
-applied = refused = 0
-for k in range(100000):
-    assert fail.fail_new_arm(k) == 0
-    try:
-        understudy.reload(after)
-        ok = True
-    except understudy.UnderstudyError as e:
-        if "out of memory" not in str(e):
-            raise SystemExit(f"allocation {k} failed: reload said {e!r}")
-        ok = False
-    seen = fail.fail_new_seen()
-    fail.fail_new_arm(-1)
-    got, want = state(), ("observe", "off", "off") if ok else ("shadow", "observe", "off")
-    if got != want:
-        raise SystemExit(f"allocation {k} failed: reload {'applied' if ok else 'refused'}, modes {got}")
-    applied, refused = applied + ok, refused + (not ok)
+def whole(k, was_refused):
+    got = modes()
+    assert got == (("shadow", "observe", "off") if was_refused else ("observe", "off", "off")), \
+        f"reload {'refused' if was_refused else 'applied'}, modes {got}"
     understudy.reload(before)
-    if state() != ("shadow", "observe", "off"):
-        raise SystemExit(f"allocation {k} failed: reloaded back, modes {state()}")
-    if seen <= k:
-        break
-print("sweep", k, "allocations; applied", applied, "times; refused", refused)
+    assert modes() == ("shadow", "observe", "off"), f"reloaded back, modes {modes()}"
+
+runs = sweep("reload", lambda k: refused(lambda: understudy.reload(after)), whole)
+print("sweep", len(runs), "allocations; refused", sum(runs))
 understudy.disable()
 """
 
@@ -969,16 +925,14 @@ def test_a_reload_whose_allocations_fail_is_refused_whole_or_applied_whole(tmp_p
     could not read the running config's routes used to apply it as if every
     route had changed, and one that failed between operators left the first
     changed)."""
-    p = _sweep(tmp_path, _RELOAD_SWEEP)
-    (sweep,) = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("sweep")]
-    allocations, applied, refused = int(sweep[1]), int(sweep[4]), int(sweep[7])
-    assert allocations > 20 and refused == allocations and applied == 1, p.stdout
+    allocations, refused = _counts(_sweep(tmp_path, _RELOAD_SWEEP), "sweep")
+    assert allocations > 20 and refused == allocations
 
 
 _DISABLE_SWEEP = r"""
-import ctypes, json, os, sys, torch, torch.nn.functional as F
+import json, os, sys, torch, torch.nn.functional as F
 import understudy
-fail = ctypes.CDLL(os.environ["UST_FAIL_NEW"])
+from oom_sweep import refused, sweep
 d = sys.argv[1]
 cand = understudy.native(os.path.join(os.environ["UST_CANDIDATES"], "libsilu_cpu.so"))
 report, state = os.path.join(d, "report.json"), os.path.join(d, "state.json")
@@ -987,62 +941,44 @@ cfg = {"operators": {"silu": {"mode": "shadow", "sample": 1.0, "candidate": cand
 x = torch.randn(8, 16)
 understudy.enable(cfg)
 F.silu(x)
+understudy.set_mode(key="aten::silu|cpu|f32|M=8,N=16", mode="observe")  # a state to save
 understudy.disable()  # the files a failing disable must leave whole
-print("preload:", fail.fail_new_through())
+
+def files_whole(k, was_refused):
+    for path in (report, state):  # whole, the last written or the one before
+        json.load(open(path))
+    assert sorted(os.listdir(d)) == ["report.json", "state.json"], f"left {sorted(os.listdir(d))}"
+
 understudy.enable(cfg)
 F.silu(x)
 for name, read in (("report", understudy.report), ("write_report", understudy.write_report)):
-    failed = 0
-    for k in range(100000):
-        assert fail.fail_new_arm(k) == 0
-        try:
-            read()
-        except understudy.UnderstudyError as e:
-            if "report: out of memory" not in str(e):
-                raise SystemExit(f"{name}: allocation {k} failed: it said {e!r}")
-            failed += 1
-        seen = fail.fail_new_seen()
-        fail.fail_new_arm(-1)
-        json.load(open(report))
-        if seen <= k:
-            break
-    print(name, k, "allocations; errors", failed)
+    runs = sweep(name, lambda k: refused(read), files_whole)
+    print(name, len(runs), "allocations; errors", sum(runs))
 understudy.disable()
-errors = 0
-for k in range(100000):
+
+def enabled():
     understudy.enable(cfg)
     F.silu(x), torch.mm(x, x.t())
     understudy.set_mode(key="aten::silu|cpu|f32|M=8,N=16", mode="observe")  # a state to save
-    assert fail.fail_new_arm(k) == 0
-    try:
-        understudy.disable()
-    except understudy.UnderstudyError as e:
-        if "out of memory" not in str(e):
-            raise SystemExit(f"allocation {k} failed: disable said {e!r}")
-        errors += 1
-    seen = fail.fail_new_seen()
-    fail.fail_new_arm(-1)
-    if understudy.is_enabled():
-        raise SystemExit(f"allocation {k} failed: still enabled after disable")
-    for path in (report, state):  # whole, the last written or the one before
-        json.load(open(path))
-    if sorted(os.listdir(d)) != ["report.json", "state.json"]:
-        raise SystemExit(f"allocation {k} failed: left {sorted(os.listdir(d))}")
-    if seen <= k:
-        break
-print("sweep", k, "allocations; errors", errors)
+
+def disabled(k, was_refused):
+    assert not understudy.is_enabled(), "still enabled after disable"
+    files_whole(k, was_refused)
+
+runs = sweep("disable", lambda k: refused(understudy.disable), disabled, before=enabled)
+print("disable", len(runs), "allocations; errors", sum(runs))
 """
 
 
 def test_a_disable_whose_allocations_fail_still_disables_and_leaves_files_whole(tmp_path):
     """The sweep over report() and write_report() (each allocation failed
     raises "report: out of memory", the file on disk stays whole), then over
-    disable() with a report and a state file configured: each attempt disables (raising understudy's error saying what ran out
-    when the final report or state could not be written), and both files
-    stay whole JSON with no temporary file beside them."""
+    disable() with a report and a state file configured: each attempt
+    disables (raising understudy's error saying what ran out when the final
+    report or state could not be written), and both files stay whole JSON
+    with no temporary file beside them."""
     (tmp_path / "files").mkdir()
     p = _sweep(tmp_path, _DISABLE_SWEEP, str(tmp_path / "files"))
-    for name in ("report", "write_report", "sweep"):
-        (sweep,) = [ln.split() for ln in p.stdout.splitlines() if ln.startswith(name + " ")]
-        allocations, errors = int(sweep[1]), int(sweep[4])
-        assert allocations > 10 and errors == allocations, p.stdout
+    for name in ("report", "write_report", "disable"):
+        allocations, errors = _counts(p, name)
+        assert allocations > 5 and errors == allocations, p.stdout
