@@ -606,7 +606,7 @@ typedef struct ust__route_snap {
   ust__figs_snap figs;
 } ust__route_snap;
 
-/* Every route now (routes added meanwhile are left for the next one): a new
+/* Every route made before the call, and those made meanwhile that it finds: a new
  * array of *n (free with ust__routes_snapshot_free). Never blocks a serving
  * thread: routes are read racily, rows of the rollout table briefly. */
 int ust__routes_snapshot(ust__router *r, ust__route_snap **out, int *n);

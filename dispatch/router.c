@@ -1033,17 +1033,29 @@ void ust__call_learn_layout(const ust__call_state *st, const ust__call *call, co
 
 int ust__routes_snapshot(ust__router *router, ust__route_snap **out, int *n_out) {
   ust__route_table *t = &router->routes;
-  const uint32_t n_alloc = atomic_load(&t->count) + 1;
+  /* routes made meanwhile land in any slot: the array grows to hold each
+   * one found, so none made before the snapshot is left out */
+  uint32_t n_alloc = atomic_load(&t->count) + 1;
   ust__route_snap *s = calloc(n_alloc, sizeof *s);
   *out = s;
   *n_out = 0;
   if (s == NULL)
     return ust__error(UST_ENOMEM, "report: out of memory");
   int n = 0, rc = 0;
-  for (uint32_t i = 0; i < t->cap && n < (int)n_alloc && rc == 0; i++) {
+  for (uint32_t i = 0; i < t->cap && rc == 0; i++) {
     ust__route *r = atomic_load_explicit(&t->slots[i], memory_order_acquire);
     if (r == NULL)
       continue;
+    if ((uint32_t)n == n_alloc) {
+      ust__route_snap *more = realloc(s, 2 * (size_t)n_alloc * sizeof *s);
+      if (more == NULL) {
+        rc = ust__error(UST_ENOMEM, "report: out of memory");
+        break;
+      }
+      memset(more + n_alloc, 0, (size_t)n_alloc * sizeof *s);
+      *out = s = more;
+      n_alloc *= 2;
+    }
     ust__route_snap *x = &s[n++];
     memcpy(x->key, r->key_str, sizeof x->key);
     x->binding = r->binding;

@@ -22,6 +22,7 @@
   X(route_key_distinguishes)      \
   X(route_table_full)             \
   X(route_table_threads)          \
+  X(a_snapshot_holds_every_route_made_before_it) \
   X(sampling_exact_fraction)      \
   X(a_new_key_is_timed_whatever_the_sampling) \
   X(a_steady_key_is_sampled_at_the_steady_share) \

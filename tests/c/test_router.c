@@ -242,6 +242,58 @@ TEST(route_table_threads) {
   fixture_free(&f);
 }
 
+typedef struct inserting {
+  fixture *f;
+  ust__binding *b;
+  int n;
+  atomic_int made; /* keys 0 .. made-1 have routes */
+} inserting;
+
+static void *insert_keys(void *p) {
+  inserting *a = p;
+  for (int i = 0; i < a->n; i++) {
+    ust__route_key k;
+    memset(&k, 0, sizeof k);
+    k.dims[0] = i;
+    ASSERT_TRUE(ust__routes_get(&a->f->r, &k, a->b) != NULL);
+    atomic_store(&a->made, i + 1);
+  }
+  return NULL;
+}
+
+/* A report taken while new keys arrive holds every route made before it
+ * began (a route is never left out of one report and back in the next). */
+TEST(a_snapshot_holds_every_route_made_before_it) {
+  enum { N = 4000 };
+  fixture f;
+  fixture_init(&f, N, 0.0625);
+  ust__binding b;
+  ust__binding_def d;
+  make_binding(&b, &f, &d, 0);
+  inserting a = {.f = &f, .b = &b, .n = N};
+  pthread_t th;
+  pthread_create(&th, NULL, insert_keys, &a);
+  static unsigned char held[N];
+  int snapshots = 0, missed = 0;
+  for (int before = 0; before < N; snapshots++) {
+    before = atomic_load(&a.made);
+    ust__route_snap *snaps = NULL;
+    int n = 0;
+    ASSERT_INT_EQ(ust__routes_snapshot(&f.r, &snaps, &n), 0);
+    memset(held, 0, sizeof held);
+    for (int i = 0; i < n; i++)
+      held[snaps[i].k.dims[0]] = 1;
+    ust__routes_snapshot_free(snaps, n);
+    for (int i = 0; i < before; i++)
+      missed += !held[i];
+  }
+  pthread_join(th, NULL);
+  printf("%d snapshots while %d keys arrived: %d routes made before a snapshot missing from it\n", snapshots, N,
+         missed);
+  ASSERT_INT_EQ(missed, 0);
+  fixture_free(&f);
+}
+
 /* One f32 key of a binding of f's operator, and its calls. */
 typedef struct one_key {
   ust__binding b;

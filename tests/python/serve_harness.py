@@ -527,12 +527,16 @@ def check_metrics(run):
     if int(sum(v for k, v in passed.items() if k[1] == "passed")) != rep_passed:
         problems.append(f"shadow passed in the metrics {passed} != the report's {rep_passed}")
     total = sum(want.values())
-    during, prev = [], 0
-    for t, text in run["scrapes"]:
-        n = int(sum(metric_sums(text, "understudy_calls_total").values()))
+    during, prev, prev_series = [], 0, {}
+    for i, (t, text) in enumerate(run["scrapes"]):
+        series = metric_sums(text, "understudy_calls_total", by=("operator", "key", "phase"))
+        n = int(sum(series.values()))
         if n < prev:
-            problems.append(f"understudy_calls_total went down: {prev} -> {n}")
-        prev = n
+            gone = {k: v for k, v in prev_series.items() if k not in series}
+            fell = {k: (v, series[k]) for k, v in prev_series.items() if k in series and series[k] < v}
+            problems.append(f"understudy_calls_total went down at scrape {i} of {len(run['scrapes'])}: "
+                            f"{prev} -> {n}; series gone {gone}, series that fell {fell}")
+        prev, prev_series = n, series
         if run["traffic_start"] <= t <= run["traffic_end"] and 0 < n < total:
             during.append(n)
     if not during:
