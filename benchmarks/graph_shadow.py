@@ -36,13 +36,19 @@ each graph above is a compiled step recorded in the same state, and every
 "replay" is a call of the compiled step. A recording runs its graph once, so
 in 2 the rollback comes at the recording, the graph's first replay.
 
+With --gate device (shadow.graph_gate) every replay of the beside graph is
+decided on the device by its kernels in the chain; by default (replay) the
+host decides before each replay, through the package's hook on
+torch.cuda.CUDAGraph.replay, and enables those kernels only in the replays
+that verify.
+
 With --beside-launch device (shadow.graph_beside_launch) the shadow beside
 the chain is launched from the device by its kernel in the chain instead of
 an IF node on a branch; torch.profiler cannot trace such a graph, so the
 kernel times of 3 are left out.
 
     PYTHONPATH=python-shim python3 benchmarks/graph_shadow.py [--replays 1000] [--batch 1] [--beside-launch device]
-        [--capture compile]
+        [--capture compile] [--gate device]
 """
 import argparse
 import itertools
@@ -69,9 +75,9 @@ def candidate(name):
     return understudy.native(lib, target="_C::rms_norm")
 
 
-def config(name, launch):
+def config(name, launch, gate):
     return {"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "canary": 0.25, "candidate": candidate(name)}},
-            "shadow": {"graph_beside_launch": launch}, "report": {"interval_s": 0}}
+            "shadow": {"graph_beside_launch": launch, "graph_gate": gate}, "report": {"interval_s": 0}}
 
 
 def build(batch):
@@ -224,13 +230,15 @@ def main():
     ap.add_argument("--batch-replays", type=int, default=200)
     ap.add_argument("--beside-launch", choices=["device", "conditional"], default="conditional",
                     help="how a shadow beside the chain starts (shadow.graph_beside_launch)")
+    ap.add_argument("--gate", choices=["replay", "device"], default="replay",
+                    help="who decides a replay beside the chain (shadow.graph_gate)")
     ap.add_argument("--capture", choices=["graph", "compile"], default="graph",
                     help="the step captured with torch.cuda.graph, or torch.compile(mode=\"reduce-overhead\")'s")
     args = ap.parse_args()
     grab = record if args.capture == "compile" else capture
     make, tok, vocab = build(args.batch)
     plain = grab(make())
-    understudy.enable(config("rms_norm_cuda", args.beside_launch))
+    understudy.enable(config("rms_norm_cuda", args.beside_launch, args.gate))
     shadowed = grab(make())  # in shadow: beside the chain
     chained = grab(make(), lambda: understudy.set_mode("rms_norm", "canary"))  # both arms in the chain
     understudy.set_mode("rms_norm", "shadow")
@@ -261,7 +269,10 @@ def main():
     print(f"HF Llama-8B-shaped decode step (2 layers, bf16, batch {args.batch}, static cache), captured with {how}; "
           f"_C::rms_norm in shadow (native rms_norm_cuda, sample 1); beside the chain, started by "
           f"{'a launch from the device' if args.beside_launch == 'device' else 'an IF node'} "
-          f"(graphs: launched {rep['graphs']['launched']}, refused {rep['graphs']['refused']})")
+          f"(graphs: launched {rep['graphs']['launched']}, refused {rep['graphs']['refused']}); its replays gated "
+          f"{'from the host' if args.gate == 'replay' else 'on the device'} (graphs: gated "
+          f"{rep['graphs']['gated']}, gated_replays {rep['graphs']['gated_replays']}, "
+          f"gate_failed {rep['graphs']['gate_failed']})")
     print(f"\n1. verdicts: {args.replays} replays of the beside graph in {took:.1f} s, logits bit-equal to the plain "
           f"graph's on {equal} of {args.replays}")
     print(f"{'route':<44} {'sites':>5} {'verified':>9} {'x replays':>10} {'passed':>7} {'failed':>7}")
@@ -348,7 +359,7 @@ def main():
 
     # 2. rollback: the warm-up observed (an eager shadow call would roll it
     # back before the capture)
-    understudy.enable(config("rms_norm_cuda_wrong_tail", args.beside_launch))
+    understudy.enable(config("rms_norm_cuda_wrong_tail", args.beside_launch, args.gate))
     understudy.set_mode("rms_norm", "observe")
     wrong = grab(make(), lambda: understudy.set_mode("rms_norm", "shadow"))
     settle()

@@ -85,6 +85,24 @@ static inline UST__HD ust__gate_choice ust__gate_decide(ust__replay_gate g, uint
   return c;
 }
 
+/* A site beside the chain (verify-only) whose replays the host gates: the
+ * host decides the n-th replay (from 1) by the rule above from its own
+ * count, and enables the site's kernels in the chain only for a replay that
+ * verifies (disabled, a kernel costs the replay almost nothing); the word
+ * the kernels read meanwhile verifies every replay they run in. */
+static inline UST__HD int ust__gate_host_verify(uint64_t w, uint64_t n) {
+  return ust__gate_decide(ust__gate_unpack(ust__gate_verify_only(w)), n, 0).verify;
+}
+
+static inline UST__HD uint64_t ust__gate_host_word(uint64_t w) {
+  ust__replay_gate g = ust__gate_unpack(ust__gate_verify_only(w));
+  if (g.mode != UST__GATE_SHADOW || g.sample_q32 == 0)
+    return 0;
+  g.sample_q32 = UINT32_MAX;
+  g.canary_q32 = 0;
+  return ust__gate_pack(g);
+}
+
 /* What the candidate does in one replay: nothing (0), or run on copies of
  * the arguments and have its results compared (VERIFY), copied over
  * production's (SERVE), or both. */

@@ -56,6 +56,7 @@
 #define GRAPH_DEVICES 64
 #define GRAPH_CHUNK 256    /* sites per device allocation */
 #define GRAPH_RING 4096u   /* entries per device */
+#define GRAPH_SITE_NODES 4 /* kernels in the chain per site the host can gate */
 
 enum { SITE_BUILDING = 0, SITE_LIVE, SITE_DROPPED };
 
@@ -70,6 +71,13 @@ typedef struct graph_site {
   unsigned long long *dev_word;     /* the gate replays read: device memory, copied from *word */
   int launched;                     /* parts beside the chain started from the device (their executable
                                        graphs are kept for the process: replays may launch them) */
+  /* beside the chain: what gating its replays from the host needs */
+  void *graph;                      /* the caller's graph (cudaGraph_t) it was captured into */
+  unsigned long long capture;       /* that capture's id */
+  void *nodes[GRAPH_SITE_NODES];    /* its kernels in the chain, nodes of that graph */
+  int n_nodes;                      /* -1: one could not be told apart, or more than fit: device-gated only */
+  int gated;                        /* bindings that gate it from the host (g->lock) */
+  uint64_t dev_last;                /* what *dev_word was last set to (g->lock) */
 } graph_site;
 
 #ifdef GRAPH_GPU
@@ -102,7 +110,27 @@ struct ust__graphs {
   uint32_t open;      /* live sites whose gate is open, at the last tick */
   uint64_t lost_base; /* the kept rings' lost entries when this was made */
   int closed;         /* understudy disabled: every gate off, nothing harvested */
+  /* executable graphs whose replays the host gates (ust__graphs_bind) */
+  pthread_mutex_t bind_lock; /* taken before lock where both are */
+  struct exec_bind *binds;
+  uint32_t n_binds, cap_binds;
+  uint64_t gated_replays; /* replays the host gated */
+  uint64_t gate_failed;   /* executable graphs given back to the device's decision: a node would not change */
 };
+
+/* One site in one executable graph gated from the host: its count of
+ * replays and whether its kernels are enabled there now. */
+typedef struct exec_site {
+  graph_site *site;
+  uint64_t n;
+  int on;
+} exec_site;
+
+typedef struct exec_bind {
+  void *exec; /* cudaGraphExec_t */
+  exec_site *sites;
+  uint32_t n;
+} exec_bind;
 
 /* Entries the kept rings lost so far (overwritten before the worker read
  * them), all devices. */
@@ -141,13 +169,14 @@ static int site_copy(const graph_site *s, void *dst, const void *src, size_t byt
 }
 
 /* A site's gate set to w: the host's copy, then the device's, which the
- * next replay reads (copied and waited for: gates change rarely). The
- * caller holds g->lock. */
+ * next replay reads (copied and waited for: gates change rarely); a site
+ * the host gates gets the word its kernels read then (ust__gate_host_word).
+ * The caller holds g->lock. */
 static void set_word(graph_site *s, uint64_t w) {
-  if (atomic_load_explicit(s->word, memory_order_relaxed) == w)
-    return;
   atomic_store(s->word, w);
-  site_copy(s, s->dev_word, (const void *)s->word, sizeof *s->dev_word, cudaMemcpyHostToDevice);
+  const unsigned long long d = s->gated > 0 ? ust__gate_host_word(w) : w;
+  if (d != s->dev_last && site_copy(s, s->dev_word, &d, sizeof d, cudaMemcpyHostToDevice) == 0)
+    s->dev_last = d;
 }
 #else
 static void set_word(graph_site *s, uint64_t w) { atomic_store(s->word, w); }
@@ -181,6 +210,7 @@ int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, 
   if (g == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
   pthread_mutex_init(&g->lock, NULL);
+  pthread_mutex_init(&g->bind_lock, NULL);
   g->pool = pool;
   g->sink = sink;
   g->sink_ctx = sink_ctx;
@@ -198,12 +228,17 @@ void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f) {
   for (uint32_t i = 0; i < g->n_sites; i++) {
     f->live += g->sites[i]->state == SITE_LIVE;
     f->launched += g->sites[i]->state == SITE_LIVE && g->sites[i]->launched > 0;
+    f->gated += g->sites[i]->state == SITE_LIVE && g->sites[i]->gated > 0;
     f->refused += site_refused(g->sites[i]);
   }
   f->open = g->open;
   f->unknown = g->unknown;
   const uint64_t base = g->lost_base;
   pthread_mutex_unlock(&g->lock);
+  pthread_mutex_lock(&g->bind_lock);
+  f->gated_replays = g->gated_replays;
+  f->gate_failed = g->gate_failed;
+  pthread_mutex_unlock(&g->bind_lock);
   const uint64_t lost = kept_lost();
   f->lost = lost > base ? lost - base : 0;
 }
@@ -235,9 +270,13 @@ void ust__graphs_destroy(ust__graphs *g) {
     return;
   ust__graphs_tick(g);
   ust__graphs_close(g);
+  for (uint32_t i = 0; i < g->n_binds; i++)
+    free(g->binds[i].sites);
+  free(g->binds);
   for (uint32_t i = 0; i < g->n_sites; i++)
     free(g->sites[i]);
   free(g->sites);
+  pthread_mutex_destroy(&g->bind_lock);
   pthread_mutex_destroy(&g->lock);
   free(g);
 }
@@ -500,7 +539,8 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
       (body = device_body(part, (cudaStream_t)c->side)) != NULL)
     site->launched++;
   const int has_if = !c->beside || (n_nodes > 0 && body == NULL);
-  int rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, NULL, NULL, NULL));
+  unsigned long long capture = 0;
+  int rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, &capture, &graph, NULL, NULL, NULL));
   if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
     rc = ust__error(UST_EGPU, "graph: the caller's stream no longer captures");
   if (rc == 0 && has_if)
@@ -510,8 +550,19 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
                                            body, &c->chain, c->stream)
                    : ust__gate_launch(site->dev_word, site->counters, c->parts == 0, (unsigned long long)handle,
                                       c->stream);
-  if (rc == 0 && has_if)
+  if (rc == 0 && (has_if || c->beside))
     rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, &deps, &edges, &n_deps));
+  if (rc == 0 && c->beside) {
+    /* the kernel just captured: the node the host enables in the replays that verify */
+    if (n_deps == 1 && site->n_nodes >= 0 && site->n_nodes < GRAPH_SITE_NODES &&
+        (site->graph == NULL || site->graph == graph)) {
+      site->nodes[site->n_nodes++] = deps[0];
+      site->graph = graph;
+      site->capture = capture;
+    } else {
+      site->n_nodes = -1;
+    }
+  }
   if (rc == 0 && has_if)
     rc = add_if(graph, handle, deps, edges, n_deps, part, &node);
   if (rc == 0 && !c->beside)
@@ -694,6 +745,145 @@ uint64_t ust__graphs_tick(ust__graphs *g) {
   return judged;
 }
 
+/* ---- replays gated from the host ------------------------------------------------------ */
+
+/* The sites of graph an executable graph of it can gate from the host: live,
+ * beside the chain, their kernels known, and of the latest capture into
+ * that graph (an older site naming the same address was in a graph since
+ * destroyed). The caller holds g->lock. */
+static int bindable(const ust__graphs *g, const graph_site *s, const void *graph, unsigned long long latest) {
+  (void)g;
+  return s->state == SITE_LIVE && s->graph == graph && s->capture == latest && s->n_nodes > 0;
+}
+
+static unsigned long long latest_capture(const ust__graphs *g, const void *graph) {
+  unsigned long long latest = 0;
+  for (uint32_t i = 0; i < g->n_sites; i++)
+    if (g->sites[i]->state == SITE_LIVE && g->sites[i]->graph == graph && g->sites[i]->capture > latest)
+      latest = g->sites[i]->capture;
+  return latest;
+}
+
+/* Enables or disables a site's kernels in exec. 0, or UST_EGPU. */
+static int site_enable(void *exec, const graph_site *s, int on) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  int rc = 0;
+  for (int k = 0; k < s->n_nodes && rc == 0; k++)
+    rc = UST__GPU_CHECK(NULL, cudaGraphNodeSetEnabled((cudaGraphExec_t)exec, (cudaGraphNode_t)s->nodes[k],
+                                                      on ? 1u : 0u));
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return rc;
+}
+
+/* Drops binding i: its sites go back to deciding on the device. The caller
+ * holds g->bind_lock and g->lock. */
+static void unbind_at(ust__graphs *g, uint32_t i) {
+  exec_bind *b = &g->binds[i];
+  for (uint32_t k = 0; k < b->n; k++) {
+    graph_site *s = b->sites[k].site;
+    s->gated--;
+    if (!g->closed)
+      set_word(s, atomic_load(s->word));
+  }
+  free(b->sites);
+  g->binds[i] = g->binds[--g->n_binds];
+}
+
+static exec_bind *find_bind(ust__graphs *g, const void *exec, uint32_t *at) {
+  for (uint32_t i = 0; i < g->n_binds; i++)
+    if (g->binds[i].exec == exec) {
+      if (at != NULL)
+        *at = i;
+      return &g->binds[i];
+    }
+  return NULL;
+}
+
+int ust__graphs_bind(ust__graphs *g, void *graph, void *exec) {
+  if (g == NULL || graph == NULL || exec == NULL)
+    return 0;
+  pthread_mutex_lock(&g->bind_lock);
+  pthread_mutex_lock(&g->lock);
+  uint32_t at;
+  if (find_bind(g, exec, &at) != NULL) /* an executable graph made again at the address of one gone */
+    unbind_at(g, at);
+  const unsigned long long latest = latest_capture(g, graph);
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < g->n_sites && !g->closed; i++)
+    n += bindable(g, g->sites[i], graph, latest);
+  int rc = 0;
+  exec_site *sites = NULL;
+  if (n > 0 && g->n_binds == g->cap_binds) {
+    const uint32_t cap = g->cap_binds ? g->cap_binds * 2 : 8;
+    exec_bind *grown = realloc(g->binds, cap * sizeof *grown);
+    if (grown == NULL)
+      rc = ust__error(UST_ENOMEM, "graph: out of memory");
+    else {
+      g->binds = grown;
+      g->cap_binds = cap;
+    }
+  }
+  if (n > 0 && rc == 0 && (sites = calloc(n, sizeof *sites)) == NULL)
+    rc = ust__error(UST_ENOMEM, "graph: out of memory");
+  if (n > 0 && rc == 0) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < g->n_sites && k < n; i++)
+      if (bindable(g, g->sites[i], graph, latest)) {
+        graph_site *s = g->sites[i];
+        sites[k++] = (exec_site){s, 0, 1}; /* instantiated enabled */
+        s->gated++;
+        set_word(s, atomic_load(s->word));
+      }
+    g->binds[g->n_binds++] = (exec_bind){exec, sites, n};
+  }
+  pthread_mutex_unlock(&g->lock);
+  pthread_mutex_unlock(&g->bind_lock);
+  return rc != 0 ? rc : (int)n;
+}
+
+void ust__graphs_unbind(ust__graphs *g, void *exec) {
+  if (g == NULL || exec == NULL)
+    return;
+  pthread_mutex_lock(&g->bind_lock);
+  pthread_mutex_lock(&g->lock);
+  uint32_t at;
+  if (find_bind(g, exec, &at) != NULL)
+    unbind_at(g, at);
+  pthread_mutex_unlock(&g->lock);
+  pthread_mutex_unlock(&g->bind_lock);
+}
+
+void ust__graphs_replay(ust__graphs *g, void *exec) {
+  if (g == NULL || exec == NULL)
+    return;
+  pthread_mutex_lock(&g->bind_lock);
+  uint32_t at;
+  exec_bind *b = find_bind(g, exec, &at);
+  int failed = 0;
+  if (b != NULL) {
+    g->gated_replays++;
+    for (uint32_t k = 0; k < b->n && !failed; k++) {
+      exec_site *es = &b->sites[k];
+      const int on = ust__gate_host_verify(atomic_load(es->site->word), ++es->n);
+      if (on != es->on) {
+        failed = site_enable(exec, es->site, on) != 0;
+        es->on = on;
+      }
+    }
+  }
+  if (failed) {
+    /* back to the device's decision, every kernel enabled (counted: graphs.gate_failed) */
+    g->gate_failed++;
+    for (uint32_t k = 0; k < b->n; k++)
+      site_enable(exec, b->sites[k].site, 1);
+    pthread_mutex_lock(&g->lock);
+    unbind_at(g, at);
+    pthread_mutex_unlock(&g->lock);
+  }
+  pthread_mutex_unlock(&g->bind_lock);
+}
+
 #else /* no CUDA conditional nodes */
 
 int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, void *stream, ust__graph_call *c) {
@@ -763,6 +953,15 @@ int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *co
 }
 
 int ust__gate_device_launch(void) { return 0; }
+
+int ust__graphs_bind(ust__graphs *g, void *graph, void *exec) {
+  (void)g, (void)graph, (void)exec;
+  return 0;
+}
+
+void ust__graphs_unbind(ust__graphs *g, void *exec) { (void)g, (void)exec; }
+
+void ust__graphs_replay(ust__graphs *g, void *exec) { (void)g, (void)exec; }
 #endif
 
 #endif

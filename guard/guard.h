@@ -377,8 +377,26 @@ typedef struct ust__graphs_figs {
   uint64_t sites, live, open, unknown, lost;
   uint64_t launched; /* live sites beside the chain whose shadow the device launches */
   uint64_t refused;  /* launches of those the device refused (replays left unverified) */
+  uint64_t gated;         /* live sites whose replays the host gates (ust__graphs_bind) */
+  uint64_t gated_replays; /* replays of executable graphs the host gated */
+  uint64_t gate_failed;   /* executable graphs given back to the device's decision (a node would not change) */
 } ust__graphs_figs;
 void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f);
+
+/* Replays gated from the host (sites beside the chain, in a graph its
+ * owner keeps alive: its nodes are what is enabled): where the host sees a
+ * graph's replays (the Python package's hook on torch.cuda.CUDAGraph),
+ * each replay enables the kernels of only the sites it verifies
+ * (ust__gate_host_verify), and the kernels verify whenever they run. Any
+ * thread; never blocks on the worker.
+ *   bind: exec (instantiated from graph, which stays alive while exec is
+ *         bound) gated from now on; the number of sites, 0 (none: nothing
+ *         changes), or an error;
+ *   replay: before a replay of exec (nothing for one not bound);
+ *   unbind: exec gone or made again: its sites decide on the device. */
+int ust__graphs_bind(ust__graphs *g, void *graph, void *exec);
+void ust__graphs_replay(ust__graphs *g, void *exec);
+void ust__graphs_unbind(ust__graphs *g, void *exec);
 
 /* One shadowed call being captured. */
 struct graph_site;

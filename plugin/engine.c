@@ -889,6 +889,40 @@ int ust_report_json(char **out) {
   return *out == NULL ? ust__error(UST_ENOMEM, "report: out of memory") : 0;
 }
 
+/* The enabled engine with a reference taken, or NULL; no error set (the
+ * replay hooks ask at every replay, enabled or not). */
+static ust__engine *engine_peek(void) {
+  ust__ctx *c = ust__ctx_get();
+  pthread_mutex_lock(&c->lock);
+  ust__engine *e = c->engine;
+  if (e != NULL)
+    atomic_fetch_add(&e->refs, 1);
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+int ust_graph_bind(void *graph, void *exec) {
+  ust__clear_error();
+  ust__engine *e = engine_peek();
+  const int n = e != NULL && e->cfg.shadow_graph_gate_replay ? ust__graphs_bind(e->router.graphs, graph, exec) : 0;
+  engine_unref(e);
+  return n;
+}
+
+void ust_graph_replay(void *exec) {
+  ust__engine *e = engine_peek();
+  if (e != NULL)
+    ust__graphs_replay(e->router.graphs, exec);
+  engine_unref(e);
+}
+
+void ust_graph_unbind(void *exec) {
+  ust__engine *e = engine_peek();
+  if (e != NULL)
+    ust__graphs_unbind(e->router.graphs, exec);
+  engine_unref(e);
+}
+
 int ust_flush_sync(void) {
   ust__clear_error();
   ust__engine *e = engine_ref(ust__ctx_get(), "flush");

@@ -467,6 +467,9 @@ static cJSON *report_raw(ust__engine *e) {
   add_num(gr, "lost", (double)gf.lost);
   add_num(gr, "launched", (double)gf.launched);
   add_num(gr, "refused", (double)gf.refused);
+  add_num(gr, "gated", (double)gf.gated);
+  add_num(gr, "gated_replays", (double)gf.gated_replays);
+  add_num(gr, "gate_failed", (double)gf.gate_failed);
   ust__routes_snapshot_free(snaps, nr);
   return root;
 }

@@ -189,6 +189,25 @@ typedef enum ust_phase {
  * forward step. */
 UST_API int ust_set_phase(int phase);
 
+/* ---- CUDA graphs' replays --------------------------------------------------- */
+
+/* For whoever instantiates and replays a CUDA graph (the Python package
+ * does it for torch.cuda.CUDAGraph): a shadow captured beside the chain
+ * then runs its kernel in the chain only in the replays it verifies,
+ * instead of that kernel deciding on the device at every replay. graph is
+ * a cudaGraph_t the caller keeps alive while exec, a cudaGraphExec_t
+ * instantiated from it, is bound (its nodes are what is enabled). Never
+ * fail the caller: without an enabled understudy (or with
+ * shadow.graph_gate "device"), or for a graph without such a shadow, they
+ * do nothing.
+ *   ust_graph_bind: exec's replays gated from now on; the number of shadows
+ *     gated (0: none), or an error;
+ *   ust_graph_replay: call before each replay of exec;
+ *   ust_graph_unbind: exec is being destroyed or made again. */
+UST_API int ust_graph_bind(void *graph, void *exec);
+UST_API void ust_graph_replay(void *exec);
+UST_API void ust_graph_unbind(void *exec);
+
 /* ---- the guard's comparison, for tools and tests ------------------------ */
 
 typedef enum ust_compare_kind {

@@ -115,6 +115,11 @@ def _load():
             lib.ust_report_derive.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_expand_path.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_free.argtypes = [ctypes.c_void_p]
+            lib.ust_graph_bind.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            lib.ust_graph_replay.argtypes = [ctypes.c_void_p]
+            lib.ust_graph_replay.restype = None
+            lib.ust_graph_unbind.argtypes = [ctypes.c_void_p]
+            lib.ust_graph_unbind.restype = None
             for fn in ("ust_last_error", "ust_err_name", "ust_version", "ust_torch_version", "ust_strerror"):
                 getattr(lib, fn).restype = ctypes.c_char_p
             lib.ust_err_name.argtypes = [ctypes.c_int]
@@ -219,6 +224,8 @@ def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLi
     global _enabled_with
     _enabled_with = config if config is not None else os.environ.get("UNDERSTUDY_CONFIG")
     metrics._on_enable(text)  # the config's "metrics" section; warns, never raises
+    graphs.set_keep(graphs.wants_keep(text))  # graphs made from now on kept, so their replays can be gated
+    graphs.install(lib)  # replays of torch's CUDA graphs gated from the host (never raises)
 
 
 _enabled_with: ConfigLike = None
@@ -229,6 +236,7 @@ def disable() -> None:
     if _lib is None:
         return
     metrics._on_disable()  # a multiprocess export writes its last figures while the report is there
+    graphs.set_keep(False)
     _check(_lib.ust_disable())
 
 
@@ -363,6 +371,6 @@ def write_report(path: Optional[Union[str, os.PathLike]] = None) -> None:
 
 
 from .candidates import compare, native, register_candidate, sha256_of  # noqa: E402
-from . import metrics  # noqa: E402
+from . import graphs, metrics  # noqa: E402
 from .metrics import metrics_text, serve_metrics  # noqa: E402
 from .activation import activate  # noqa: E402

@@ -215,7 +215,8 @@ def merge(reports: Iterable[dict]) -> dict:
         "hardware": list({h["name"]: h for r in reports for h in r.get("hardware", [])}.values()),
         "timer": _timer_merge(reports),
         "graphs": {k: sum((r.get("graphs") or {}).get(k, 0) for r in reports)
-                   for k in ("sites", "live", "open", "unknown", "lost", "launched", "refused")},
+                   for k in ("sites", "live", "open", "unknown", "lost", "launched", "refused", "gated",
+                             "gated_replays", "gate_failed")},
         "totals": {"untracked": sum(m["untracked"] for m in ops.values()),
                    "internal_errors": sum(r["totals"].get("internal_errors", 0) for r in reports)},
     }

@@ -114,9 +114,13 @@ TEST(config_candidate_fields) {
   ASSERT_INT_EQ(ust__config_parse("{}", &c), 0);
   ASSERT_INT_EQ(c.shadow_graph_beside_mb, 16);
   ASSERT_INT_EQ(c.shadow_graph_beside_launch, 0); /* an IF node */
+  ASSERT_INT_EQ(c.shadow_graph_gate_replay, 1);     /* the host gates the replays it sees */
   ust__config_free(&c);
-  ASSERT_INT_EQ(ust__config_parse("{\"shadow\": {\"graph_beside_launch\": \"device\"}}", &c), 0);
+  ASSERT_INT_EQ(ust__config_parse("{\"shadow\": {\"graph_beside_launch\": \"device\", \"graph_gate\": \"device\"}}",
+                                  &c),
+                0);
   ASSERT_INT_EQ(c.shadow_graph_beside_launch, 1);
+  ASSERT_INT_EQ(c.shadow_graph_gate_replay, 0);
   ust__config_free(&c);
 
   struct {
@@ -136,6 +140,7 @@ TEST(config_candidate_fields) {
       {"{\"shadow\": {\"graph_beside_max_mb\": -1}}", "'shadow.graph_beside_max_mb' must be an integer"},
       {"{\"shadow\": {\"graph_beside_launch\": \"host\"}}", "'shadow.graph_beside_launch' must be one of conditional, device"},
       {"{\"shadow\": {\"graph_beside_launch\": 1}}", "'shadow.graph_beside_launch' must be one of conditional, device"},
+      {"{\"shadow\": {\"graph_gate\": \"host\"}}", "'shadow.graph_gate' must be one of device, replay"},
       {"{\"shadow\": {\"graph_beside_launch\": \"device\"}, \"timer\": {\"kind\": \"cupti\"}}",
        "'shadow.graph_beside_launch' device needs 'timer.kind' events"},
       {"{\"timer\": {\"kind\": \"auto\"}, \"shadow\": {\"graph_beside_launch\": \"device\"}}",

@@ -608,6 +608,57 @@ static void replay_counts(uint64_t w, int n, int *served, int *verified) {
   }
 }
 
+/* n replays of a site beside the chain gated from the host: the host
+ * enables the site's kernels only in the replays it verifies; enabled, the
+ * kernels decide from the word they read (ust__gate_host_word) and their
+ * own count of the replays they ran in. Counts the replays verified, those
+ * the kernels ran in without verifying, and the times the host changed the
+ * kernels' state. */
+static void host_gated(uint64_t w, int n, int *verified, int *idle_runs, int *changes) {
+  *verified = *idle_runs = *changes = 0;
+  int on = 1; /* instantiated enabled */
+  uint64_t dev_n = 0;
+  for (int i = 1; i <= n; i++) {
+    const int want = ust__gate_host_verify(w, (uint64_t)i);
+    *changes += want != on;
+    on = want;
+    if (!on)
+      continue;
+    const ust__gate_choice c = ust__gate_decide(ust__gate_unpack(ust__gate_host_word(w)), ++dev_n, 0);
+    *verified += c.verify;
+    *idle_runs += !c.verify;
+  }
+}
+
+TEST(a_replay_gated_from_the_host_verifies_what_the_device_would) {
+  const double shares[] = {1.0, 0.5, 0.25, 1.0 / 16, 0.001, 0.0};
+  for (size_t k = 0; k < sizeof shares / sizeof shares[0]; k++) {
+    const uint32_t q = ust__share_q32(shares[k]);
+    /* shadow, and canary as a site beside the chain sees it (verify-only) */
+    const uint64_t words[] = {ust__gate_pack((ust__replay_gate){UST__GATE_SHADOW, q, 0}),
+                              ust__gate_pack((ust__replay_gate){UST__GATE_CANARY, q, ust__share_q32(0.25)})};
+    for (int j = 0; j < 2; j++) {
+      int served, device_verified, verified, idle, changes;
+      replay_counts(ust__gate_verify_only(words[j]), 4096, &served, &device_verified);
+      host_gated(words[j], 4096, &verified, &idle, &changes);
+      printf("share %.4f %s: the device verifies %d of 4096 replays, the host-gated site %d (kernels run "
+             "idle %d times, %d changes of state)\n",
+             shares[k], j ? "canary" : "shadow", device_verified, verified, idle, changes);
+      ASSERT_INT_EQ(served, 0);
+      ASSERT_INT_EQ(verified, device_verified);
+      ASSERT_INT_EQ(idle, 0);
+      ASSERT_TRUE(changes <= 2 * verified + 1);
+    }
+  }
+  /* off (observe, rolled back, understudy disabled): the kernels never run */
+  int verified, idle, changes;
+  host_gated(0, 100, &verified, &idle, &changes);
+  ASSERT_INT_EQ(verified + idle, 0);
+  ASSERT_INT_EQ(changes, 1);
+  ASSERT_U64_EQ(ust__gate_host_word(0), 0);
+  ASSERT_U64_EQ(ust__gate_host_word(ust__gate_pack((ust__replay_gate){UST__GATE_SHADOW, 0, 0})), 0);
+}
+
 TEST(a_routes_gate_follows_its_mode_at_every_replay) {
   /* sample 0.5: observe runs nothing; shadow verifies half the replays;
    * canary 0.25 before a pass verifies every replay on copies, after it

@@ -105,6 +105,7 @@ def test_captured_shadow_verifies_its_share_of_replays(us, sample, launch):
         assert sh["skipped_by"]["capture"] == 0 and r["mode"] == "shadow"
     assert rep["graphs"]["launched"] == (len(SHAPES) if launch == "device" else 0), rep["graphs"]
     assert rep["graphs"]["refused"] == 0
+    assert (rep["graphs"]["gated"], rep["graphs"]["gated_replays"]) == (len(SHAPES), n), rep["graphs"]
     print(f"sample {sample}, {launch}: {n} replays, {want} verified per route (of {len(rs)} routes), all passed")
 
 
@@ -206,7 +207,108 @@ def test_disable_closes_every_gate(us):
     _settle(us)
     figs = us.report()["graphs"]
     us.disable()
-    assert figs == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0, "launched": 0, "refused": 0}, figs
+    assert figs == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0, "launched": 0, "refused": 0,
+                    "gated": 0, "gated_replays": 0, "gate_failed": 0}, figs
+
+
+def _gate_kernel_runs(inputs, graphs, n):
+    """n rounds of _replays under torch.profiler: the runs of the sites'
+    kernels in the chain (gate_snap) its records name, and whether every
+    round's outputs were bit-equal between the graphs."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        equal = all(_same(*r) if len(r) == 2 else True for r in _replays(inputs, graphs, n))
+        torch.cuda.synchronize()
+    runs = sum(e.count for e in prof.key_averages() if "gate_snap" in e.key)
+    return runs, equal
+
+
+@pytest.mark.parametrize("gate", ["replay", "device"])
+def test_replays_gated_from_the_host_run_the_kernel_in_the_chain_only_to_verify(us, gate):
+    """shadow.graph_gate replay (the default): before each replay of a
+    torch.cuda.CUDAGraph the host enables a site's kernel in the chain only
+    when the replay verifies (torch.profiler counts that kernel's runs:
+    sample 0.25, 64 replays, 3 sites: 3 x 16 runs, against 3 x 64 when the
+    device decides), and the replays verified are the same share."""
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=SHAPES)
+    plain = _capture(inputs)
+    cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
+    cfg["operators"]["rms_norm"]["sample"] = 0.25
+    cfg["shadow"] = {"graph_gate": gate}
+    us.enable(cfg)
+    shadowed = _capture(inputs)
+    _settle(us)
+    n = 64
+    runs, equal = _gate_kernel_runs(inputs, [plain, shadowed], n)
+    _settle(us)
+    rep = us.report()
+    us.disable()
+    want = _hits(n, 0.25)
+    rs = routes(rep, "_C::rms_norm")
+    assert equal and len(rs) == len(SHAPES)
+    for r in rs:
+        assert r["shadow"]["graph"]["beside"] == 1 and (r["shadow"]["verified"], r["shadow"]["failed"]) == (want, 0)
+    figs = rep["graphs"]
+    if gate == "replay":
+        assert (figs["gated"], figs["gated_replays"], figs["gate_failed"]) == (len(SHAPES), n, 0), figs
+        assert runs == len(SHAPES) * want, runs
+    else:
+        assert (figs["gated"], figs["gated_replays"]) == (0, 0), figs
+        assert runs == len(SHAPES) * n, runs
+    print(f"graph_gate {gate}: {n} replays, the kernels in the chain ran {runs} times, {want} verified per route")
+
+
+def _capture_one(inputs, **kw):
+    outs = [torch.empty_like(x) for x, _ in inputs]
+    g = torch.cuda.CUDAGraph(**kw)
+    with torch.cuda.graph(g):
+        for o, (x, w) in zip(outs, inputs):
+            torch.ops._C.rms_norm(o, x, w, 1e-6)
+    return g, outs
+
+
+def test_graphs_are_kept_while_a_candidate_is_configured(us):
+    """Observe only: graphs made meanwhile are torch's own (not kept, no raw
+    graph). A candidate configured: a graph made without keep_graph is kept
+    (its raw graph answers) and instantiated at capture_end, as torch would
+    have; after disable, graphs are torch's own again."""
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    us.enable({"operators": {"rms_norm": {"mode": "observe"}}})
+    g, _ = _capture_one(inputs)
+    with pytest.raises(RuntimeError):
+        g.raw_cuda_graph()
+    us.disable()
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
+    g, _ = _capture_one(inputs)
+    assert g.raw_cuda_graph() and g.raw_cuda_graph_exec()
+    g.replay()
+    torch.cuda.synchronize()
+    _settle(us)
+    assert us.report()["graphs"]["gated"] == 1
+    us.disable()
+    g, _ = _capture_one(inputs)
+    with pytest.raises(RuntimeError):
+        g.raw_cuda_graph()
+
+
+def test_a_graph_its_owner_keeps_is_gated_once_its_owner_instantiates_it(us):
+    """CUDAGraph(keep_graph=True): capture_end leaves it uninstantiated, as
+    its owner asked; gated from its owner's instantiate() on."""
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
+    cfg["operators"]["rms_norm"]["sample"] = 0.5
+    us.enable(cfg)
+    g, outs = _capture_one(inputs, keep_graph=True)
+    assert us.report()["graphs"]["gated"] == 0  # left to its owner to instantiate
+    g.instantiate()
+    _settle(us)
+    runs, _ = _gate_kernel_runs(inputs, [(g, outs)], 20)
+    _settle(us)
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "_C::rms_norm")
+    assert r["shadow"]["verified"] == 10 and runs == 10, (r["shadow"], runs)
+    assert (rep["graphs"]["gated"], rep["graphs"]["gated_replays"]) == (1, 20), rep["graphs"]
 
 
 def _hit(i, share):

@@ -1,0 +1,157 @@
+"""Replays of torch.cuda.CUDAGraph gated from the host.
+
+A shadow captured beside the chain (README, "The candidate inside CUDA
+graphs") leaves one kernel per captured call in the graph, which decides at
+every replay, on the device, whether the replay verifies. Where torch's graph
+object is replayed from Python (torch.cuda.graph, make_graphed_callables,
+torch.compile's CUDA graph trees, vLLM, SGLang), these hooks let the host take
+that decision instead, before each replay: the library enables those kernels
+only in the replays that verify, and disabled they cost a replay almost
+nothing.
+
+Enabling a node needs the graph the executable graph was made from, which
+torch destroys once it instantiated it unless the graph object was made with
+keep_graph=True. So while understudy is enabled with a candidate configured
+(and shadow.graph_gate is not "device"), a graph object made without
+keep_graph is made with it, and instantiated at capture_end, as torch would
+have done: its graph then lives as long as the object (host memory), and
+raw_cuda_graph() answers. A graph whose owner asked for keep_graph=True is
+left to its owner to instantiate.
+
+install() wraps __init__, capture_end, instantiate, replay and reset of
+torch.cuda.CUDAGraph once per process; set_keep() says whether graphs made
+from now on are kept. The hooks never raise on understudy's account: a
+failure leaves the graph as torch made it, its replays decided on the device.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+
+_installed = False
+_keep = False  # graphs made from now on are kept for gating
+_install_lock = threading.Lock()
+
+
+def wants_keep(config_text: str) -> bool:
+    """Whether an enable with this config keeps the graphs made meanwhile:
+    an operator names a candidate (only a candidate's shadow goes into a
+    graph) and shadow.graph_gate is not "device"."""
+    try:
+        cfg = json.loads(config_text) if config_text else {}
+        if not isinstance(cfg, dict):
+            return False
+        shadow = cfg.get("shadow")
+        if isinstance(shadow, dict) and shadow.get("graph_gate") == "device":
+            return False
+        ops = cfg.get("operators")
+        return isinstance(ops, dict) and any(isinstance(o, dict) and "candidate" in o for o in ops.values())
+    except (ValueError, TypeError, RecursionError):
+        return False
+
+
+def set_keep(keep: bool) -> None:
+    global _keep
+    _keep = bool(keep)
+
+
+def _unbind(graph, lib) -> None:
+    """The graph's executable no longer gated (made again, or reset)."""
+    fin = graph.__dict__.pop("_understudy_unbind", None)
+    graph.__dict__.pop("_understudy_exec", None)
+    if fin is not None:
+        fin()  # once: ust_graph_unbind(exec)
+
+
+def _bind(graph, lib) -> None:
+    """After an instantiation: the executable gated from the host when its
+    graph holds such a shadow."""
+    try:
+        handle = graph.raw_cuda_graph()  # only a kept graph has one
+        exec_ = graph.raw_cuda_graph_exec()  # only an instantiated one has one
+    except Exception:  # noqa: BLE001 - nothing understudy can gate
+        return
+    try:
+        _unbind(graph, lib)
+        if handle and exec_ and lib.ust_graph_bind(handle, exec_) > 0:
+            graph._understudy_exec = exec_
+            graph._understudy_unbind = weakref.finalize(graph, lib.ust_graph_unbind, exec_)
+    except Exception:  # noqa: BLE001 - the graph stays as torch made it
+        pass
+
+
+def install(lib) -> bool:
+    """Wraps torch.cuda.CUDAGraph (once per process). False where this
+    torch has no graph object with raw handles and keep_graph (then every
+    replay is decided on the device)."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return True
+        try:
+            import torch
+            cls = torch.cuda.CUDAGraph
+        except (ImportError, AttributeError):
+            return False
+        names = ("__init__", "capture_end", "instantiate", "replay", "reset")
+        if not all(hasattr(cls, n) for n in names + ("raw_cuda_graph", "raw_cuda_graph_exec")):
+            return False
+        init, capture_end, instantiate, replay, reset = (getattr(cls, n) for n in names)
+        gate = lib.ust_graph_replay
+
+        def _init(self, *args, **kwargs):
+            owner_keeps = kwargs.get("keep_graph", args[0] if args else False)
+            if _keep and not owner_keeps and len(args) + len(kwargs) <= 1:
+                try:
+                    init(self, True)
+                    self._understudy_instantiates = True
+                    return
+                except TypeError:  # a constructor without keep_graph: as its owner asked
+                    pass
+            init(self, *args, **kwargs)
+
+        def _capture_end(self):
+            capture_end(self)
+            if self.__dict__.get("_understudy_instantiates"):
+                instantiate(self)  # where torch would have
+            _bind(self, lib)
+
+        def _instantiate(self):
+            instantiate(self)
+            _bind(self, lib)
+
+        def _replay(self):
+            exec_ = self.__dict__.get("_understudy_exec")
+            if exec_ is not None:
+                gate(exec_)
+            replay(self)
+
+        def _reset(self):
+            try:
+                _unbind(self, lib)
+            except Exception:  # noqa: BLE001 - reset as torch does, whatever understudy says
+                pass
+            reset(self)
+
+        new = (_init, _capture_end, _instantiate, _replay, _reset)
+        for fn, old in zip(new, (init, capture_end, instantiate, replay, reset)):
+            fn.__name__, fn.__qualname__, fn.__doc__ = old.__name__, getattr(old, "__qualname__", old.__name__), \
+                old.__doc__
+            fn.__wrapped__ = old
+        had = {n: cls.__dict__.get(n) for n in names}
+        try:
+            for name, fn in zip(names, new):
+                setattr(cls, name, fn)
+        except (AttributeError, TypeError):  # a class that takes no attributes: replays decide on the device
+            for name, old in had.items():
+                try:
+                    if old is None:
+                        cls.__dict__.get(name) is not None and delattr(cls, name)
+                    else:
+                        setattr(cls, name, old)
+                except (AttributeError, TypeError):
+                    pass
+            return False
+        _installed = True
+        return True
