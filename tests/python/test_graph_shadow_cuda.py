@@ -293,7 +293,10 @@ def test_graphs_are_kept_while_a_candidate_is_configured(us):
 
 def test_a_graph_its_owner_keeps_is_gated_once_its_owner_instantiates_it(us):
     """CUDAGraph(keep_graph=True): capture_end leaves it uninstantiated, as
-    its owner asked; gated from its owner's instantiate() on."""
+    its owner asked; gated from its owner's instantiate() on. Instantiated
+    again, the new executable is gated in the old one's place (its own
+    count of replays: the share rule from its first replay); reset, none
+    is."""
     inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
     cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
     cfg["operators"]["rms_norm"]["sample"] = 0.5
@@ -305,10 +308,20 @@ def test_a_graph_its_owner_keeps_is_gated_once_its_owner_instantiates_it(us):
     runs, _ = _gate_kernel_runs(inputs, [(g, outs)], 20)
     _settle(us)
     rep = us.report()
+    g.instantiate()  # again: a new executable graph
+    again, _ = _gate_kernel_runs(inputs, [(g, outs)], 7)
+    _settle(us)
+    rep2 = us.report()
+    g.reset()
+    rep3 = us.report()
     us.disable()
     (r,) = routes(rep, "_C::rms_norm")
     assert r["shadow"]["verified"] == 10 and runs == 10, (r["shadow"], runs)
     assert (rep["graphs"]["gated"], rep["graphs"]["gated_replays"]) == (1, 20), rep["graphs"]
+    (r2,) = routes(rep2, "_C::rms_norm")
+    assert again == _hits(7, 0.5) == 3 and r2["shadow"]["verified"] == 13, (again, r2["shadow"])
+    assert (rep2["graphs"]["gated"], rep2["graphs"]["gated_replays"]) == (1, 27), rep2["graphs"]
+    assert rep3["graphs"]["gated"] == 0, rep3["graphs"]
 
 
 def _hit(i, share):
