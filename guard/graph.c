@@ -953,6 +953,7 @@ int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *co
 }
 
 int ust__gate_device_launch(void) { return 0; }
+#endif
 
 int ust__graphs_bind(ust__graphs *g, void *graph, void *exec) {
   (void)g, (void)graph, (void)exec;
@@ -962,7 +963,6 @@ int ust__graphs_bind(ust__graphs *g, void *graph, void *exec) {
 void ust__graphs_unbind(ust__graphs *g, void *exec) { (void)g, (void)exec; }
 
 void ust__graphs_replay(ust__graphs *g, void *exec) { (void)g, (void)exec; }
-#endif
 
 #endif
 
