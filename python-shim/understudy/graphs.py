@@ -11,7 +11,7 @@ nothing.
 
 Enabling a node needs the graph the executable graph was made from, which
 torch destroys once it instantiated it unless the graph object was made with
-keep_graph=True. So while understudy is enabled with a candidate configured
+keep_graph=True. So while understudy is enabled with a native candidate configured
 (and shadow.graph_gate is not "device"), a graph object made without
 keep_graph is made with it, and instantiated at capture_end, as torch would
 have done: its graph then lives as long as the object (host memory), and
@@ -36,8 +36,8 @@ _install_lock = threading.Lock()
 
 def wants_keep(config_text: str) -> bool:
     """Whether an enable with this config keeps the graphs made meanwhile:
-    an operator names a candidate (only a candidate's shadow goes into a
-    graph) and shadow.graph_gate is not "device"."""
+    an operator names a native candidate (only a native candidate's shadow
+    goes into a graph) and shadow.graph_gate is not "device"."""
     try:
         cfg = json.loads(config_text) if config_text else {}
         if not isinstance(cfg, dict):
@@ -46,7 +46,8 @@ def wants_keep(config_text: str) -> bool:
         if isinstance(shadow, dict) and shadow.get("graph_gate") == "device":
             return False
         ops = cfg.get("operators")
-        return isinstance(ops, dict) and any(isinstance(o, dict) and "candidate" in o for o in ops.values())
+        return isinstance(ops, dict) and any(isinstance(o, dict) and isinstance(o.get("candidate"), dict) and
+                                             "native" in o["candidate"] for o in ops.values())
     except (ValueError, TypeError, RecursionError):
         return False
 

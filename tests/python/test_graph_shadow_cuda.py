@@ -267,7 +267,7 @@ def _capture_one(inputs, **kw):
     return g, outs
 
 
-def test_graphs_are_kept_while_a_candidate_is_configured(us):
+def test_graphs_are_kept_while_a_native_candidate_is_configured(us):
     """Observe only: graphs made meanwhile are torch's own (not kept, no raw
     graph). A candidate configured: a graph made without keep_graph is kept
     (its raw graph answers) and instantiated at capture_end, as torch would
