@@ -748,12 +748,14 @@ uint64_t ust__graphs_tick(ust__graphs *g) {
 /* ---- replays gated from the host ------------------------------------------------------ */
 
 /* The sites of graph an executable graph of it can gate from the host: live,
- * beside the chain, their kernels known, and of the latest capture into
- * that graph (an older site naming the same address was in a graph since
- * destroyed). The caller holds g->lock. */
+ * beside the chain, their kernels known, of the latest capture into that
+ * graph (an older site naming the same address was in a graph since
+ * destroyed), and gated by no other executable graph (the word its kernels
+ * read is the site's: another executable of the graph would read it too).
+ * The caller holds g->lock. */
 static int bindable(const ust__graphs *g, const graph_site *s, const void *graph, unsigned long long latest) {
   (void)g;
-  return s->state == SITE_LIVE && s->graph == graph && s->capture == latest && s->n_nodes > 0;
+  return s->state == SITE_LIVE && s->graph == graph && s->capture == latest && s->n_nodes > 0 && s->gated == 0;
 }
 
 static unsigned long long latest_capture(const ust__graphs *g, const void *graph) {
@@ -831,7 +833,7 @@ int ust__graphs_bind(ust__graphs *g, void *graph, void *exec) {
     for (uint32_t i = 0; i < g->n_sites && k < n; i++)
       if (bindable(g, g->sites[i], graph, latest)) {
         graph_site *s = g->sites[i];
-        sites[k++] = (exec_site){s, 0, 1}; /* instantiated enabled */
+        sites[k++] = (exec_site){s, 0, -1}; /* its nodes' state unknown: set at the first replay */
         s->gated++;
         set_word(s, atomic_load(s->word));
       }
@@ -850,6 +852,29 @@ void ust__graphs_unbind(ust__graphs *g, void *exec) {
   uint32_t at;
   if (find_bind(g, exec, &at) != NULL)
     unbind_at(g, at);
+  pthread_mutex_unlock(&g->lock);
+  pthread_mutex_unlock(&g->bind_lock);
+}
+
+void ust__graphs_forget(ust__graphs *g, void *graph) {
+  if (g == NULL || graph == NULL)
+    return;
+  pthread_mutex_lock(&g->bind_lock);
+  pthread_mutex_lock(&g->lock);
+  for (uint32_t i = 0; i < g->n_binds;) {
+    int holds = 0;
+    for (uint32_t k = 0; k < g->binds[i].n && !holds; k++)
+      holds = g->binds[i].sites[k].site->graph == graph;
+    if (holds)
+      unbind_at(g, i); /* moves the last binding into i */
+    else
+      i++;
+  }
+  for (uint32_t i = 0; i < g->n_sites; i++)
+    if (g->sites[i]->graph == graph) {
+      g->sites[i]->graph = NULL; /* its nodes went with the graph */
+      g->sites[i]->n_nodes = -1;
+    }
   pthread_mutex_unlock(&g->lock);
   pthread_mutex_unlock(&g->bind_lock);
 }
@@ -961,6 +986,8 @@ int ust__graphs_bind(ust__graphs *g, void *graph, void *exec) {
 }
 
 void ust__graphs_unbind(ust__graphs *g, void *exec) { (void)g, (void)exec; }
+
+void ust__graphs_forget(ust__graphs *g, void *graph) { (void)g, (void)graph; }
 
 void ust__graphs_replay(ust__graphs *g, void *exec) { (void)g, (void)exec; }
 

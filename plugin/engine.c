@@ -923,6 +923,13 @@ void ust_graph_unbind(void *exec) {
   engine_unref(e);
 }
 
+void ust_graph_forget(void *graph) {
+  ust__engine *e = engine_peek();
+  if (e != NULL)
+    ust__graphs_forget(e->router.graphs, graph);
+  engine_unref(e);
+}
+
 int ust_flush_sync(void) {
   ust__clear_error();
   ust__engine *e = engine_ref(ust__ctx_get(), "flush");

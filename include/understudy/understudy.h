@@ -203,10 +203,13 @@ UST_API int ust_set_phase(int phase);
  *   ust_graph_bind: exec's replays gated from now on; the number of shadows
  *     gated (0: none), or an error;
  *   ust_graph_replay: call before each replay of exec;
- *   ust_graph_unbind: exec is being destroyed or made again. */
+ *   ust_graph_unbind: exec is being destroyed or made again;
+ *   ust_graph_forget: graph is being destroyed (a new one may get its
+ *     address: the old one's shadows are never bound to it). */
 UST_API int ust_graph_bind(void *graph, void *exec);
 UST_API void ust_graph_replay(void *exec);
 UST_API void ust_graph_unbind(void *exec);
+UST_API void ust_graph_forget(void *graph);
 
 /* ---- the guard's comparison, for tools and tests ------------------------ */
 

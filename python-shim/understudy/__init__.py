@@ -120,6 +120,8 @@ def _load():
             lib.ust_graph_replay.restype = None
             lib.ust_graph_unbind.argtypes = [ctypes.c_void_p]
             lib.ust_graph_unbind.restype = None
+            lib.ust_graph_forget.argtypes = [ctypes.c_void_p]
+            lib.ust_graph_forget.restype = None
             for fn in ("ust_last_error", "ust_err_name", "ust_version", "ust_torch_version", "ust_strerror"):
                 getattr(lib, fn).restype = ctypes.c_char_p
             lib.ust_err_name.argtypes = [ctypes.c_int]

@@ -58,26 +58,38 @@ def set_keep(keep: bool) -> None:
 
 
 def _unbind(graph, lib) -> None:
-    """The graph's executable no longer gated (made again, or reset)."""
+    """The graph's executable no longer gated (about to be made again, or
+    reset)."""
     fin = graph.__dict__.pop("_understudy_unbind", None)
     graph.__dict__.pop("_understudy_exec", None)
     if fin is not None:
         fin()  # once: ust_graph_unbind(exec)
 
 
+def _forget(graph) -> None:
+    """The graph's captured graph about to be destroyed (reset): its shadows
+    are never bound to another graph made at its address."""
+    fin = graph.__dict__.pop("_understudy_forget", None)
+    if fin is not None:
+        fin()  # once: ust_graph_forget(graph)
+
+
 def _bind(graph, lib) -> None:
     """After an instantiation: the executable gated from the host when its
-    graph holds such a shadow."""
+    graph holds such a shadow; the graph forgotten when the object goes."""
     try:
         handle = graph.raw_cuda_graph()  # only a kept graph has one
         exec_ = graph.raw_cuda_graph_exec()  # only an instantiated one has one
     except Exception:  # noqa: BLE001 - nothing understudy can gate
         return
     try:
+        if handle and "_understudy_forget" not in graph.__dict__:
+            graph._understudy_forget = weakref.finalize(graph, lib.ust_graph_forget, handle)
         _unbind(graph, lib)
         if handle and exec_ and lib.ust_graph_bind(handle, exec_) > 0:
+            fin = weakref.finalize(graph, lib.ust_graph_unbind, exec_)
+            graph._understudy_unbind = fin
             graph._understudy_exec = exec_
-            graph._understudy_unbind = weakref.finalize(graph, lib.ust_graph_unbind, exec_)
     except Exception:  # noqa: BLE001 - the graph stays as torch made it
         pass
 
@@ -103,7 +115,8 @@ def install(lib) -> bool:
 
         def _init(self, *args, **kwargs):
             owner_keeps = kwargs.get("keep_graph", args[0] if args else False)
-            if _keep and not owner_keeps and len(args) + len(kwargs) <= 1:
+            if _keep and not owner_keeps and len(args) <= 1 and set(kwargs) <= {"keep_graph"} and \
+                    len(args) + len(kwargs) <= 1:
                 try:
                     init(self, True)
                     self._understudy_instantiates = True
@@ -119,6 +132,10 @@ def install(lib) -> bool:
             _bind(self, lib)
 
         def _instantiate(self):
+            try:
+                _unbind(self, lib)  # torch destroys the executable it replaces
+            except Exception:  # noqa: BLE001
+                pass
             instantiate(self)
             _bind(self, lib)
 
@@ -131,6 +148,7 @@ def install(lib) -> bool:
         def _reset(self):
             try:
                 _unbind(self, lib)
+                _forget(self)
             except Exception:  # noqa: BLE001 - reset as torch does, whatever understudy says
                 pass
             reset(self)

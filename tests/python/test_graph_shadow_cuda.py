@@ -291,6 +291,41 @@ def test_graphs_are_kept_while_a_native_candidate_is_configured(us):
         g.raw_cuda_graph()
 
 
+def test_a_graph_captured_again_after_reset_gates_only_its_own_shadows(us):
+    """reset() forgets the captured graph: captured again in observe (no
+    shadow), the object's new graph, which may get the old one's address,
+    gates nothing and replays production alone; in shadow again, its own
+    new shadow is gated."""
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
+    outs = [torch.empty_like(x) for x, _ in inputs]
+    g = torch.cuda.CUDAGraph()
+
+    def capture():
+        with torch.cuda.graph(g):
+            for o, (x, w) in zip(outs, inputs):
+                torch.ops._C.rms_norm(o, x, w, 1e-6)
+    capture()
+    _settle(us)
+    assert us.report()["graphs"]["gated"] == 1
+    g.reset()
+    us.set_mode("rms_norm", "observe")
+    capture()
+    runs, _ = _gate_kernel_runs(inputs, [(g, outs)], 5)
+    _settle(us)
+    figs = us.report()["graphs"]
+    assert runs == 0 and figs["gated"] == 0, (runs, figs)
+    g.reset()
+    us.set_mode("rms_norm", "shadow")
+    capture()
+    _settle(us)
+    runs, _ = _gate_kernel_runs(inputs, [(g, outs)], 5)
+    _settle(us)
+    figs = us.report()["graphs"]
+    us.disable()
+    assert runs == 5 and figs["gated"] == 1 and figs["gate_failed"] == 0, (runs, figs)
+
+
 def test_a_graph_its_owner_keeps_is_gated_once_its_owner_instantiates_it(us):
     """CUDAGraph(keep_graph=True): capture_end leaves it uninstantiated, as
     its owner asked; gated from its owner's instantiate() on. Instantiated
