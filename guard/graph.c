@@ -747,23 +747,14 @@ uint64_t ust__graphs_tick(ust__graphs *g) {
 
 /* ---- replays gated from the host ------------------------------------------------------ */
 
-/* The sites of graph an executable graph of it can gate from the host: live,
- * beside the chain, their kernels known, of the latest capture into that
- * graph (an older site naming the same address was in a graph since
- * destroyed), and gated by no other executable graph (the word its kernels
- * read is the site's: another executable of the graph would read it too).
- * The caller holds g->lock. */
-static int bindable(const ust__graphs *g, const graph_site *s, const void *graph, unsigned long long latest) {
-  (void)g;
-  return s->state == SITE_LIVE && s->graph == graph && s->capture == latest && s->n_nodes > 0 && s->gated == 0;
-}
-
-static unsigned long long latest_capture(const ust__graphs *g, const void *graph) {
-  unsigned long long latest = 0;
-  for (uint32_t i = 0; i < g->n_sites; i++)
-    if (g->sites[i]->state == SITE_LIVE && g->sites[i]->graph == graph && g->sites[i]->capture > latest)
-      latest = g->sites[i]->capture;
-  return latest;
+/* The sites an executable graph of one capture can gate from the host:
+ * live, beside the chain, their kernels known, of that capture (its id is
+ * unique in the process: a site of a graph since destroyed, whose address
+ * the new graph may have, is of another), and gated by no other executable
+ * graph (the word its kernels read is the site's: another executable of
+ * the graph would read it too). The caller holds g->lock. */
+static int bindable(const graph_site *s, const void *graph, unsigned long long capture) {
+  return s->state == SITE_LIVE && s->graph == graph && s->capture == capture && s->n_nodes > 0 && s->gated == 0;
 }
 
 /* Enables or disables a site's kernels in exec. 0, or UST_EGPU. */
@@ -802,18 +793,27 @@ static exec_bind *find_bind(ust__graphs *g, const void *exec, uint32_t *at) {
   return NULL;
 }
 
-int ust__graphs_bind(ust__graphs *g, void *graph, void *exec) {
-  if (g == NULL || graph == NULL || exec == NULL)
+unsigned long long ust__graph_capture_id(void *stream) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  if (cudaStreamGetCaptureInfo((cudaStream_t)stream, &st, &id, NULL, NULL, NULL, NULL) != cudaSuccess) {
+    cudaGetLastError(); /* not this thread's error to keep */
+    return 0;
+  }
+  return st == cudaStreamCaptureStatusActive ? id : 0;
+}
+
+int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, void *exec) {
+  if (g == NULL || graph == NULL || capture == 0 || exec == NULL)
     return 0;
   pthread_mutex_lock(&g->bind_lock);
   pthread_mutex_lock(&g->lock);
   uint32_t at;
   if (find_bind(g, exec, &at) != NULL) /* an executable graph made again at the address of one gone */
     unbind_at(g, at);
-  const unsigned long long latest = latest_capture(g, graph);
   uint32_t n = 0;
   for (uint32_t i = 0; i < g->n_sites && !g->closed; i++)
-    n += bindable(g, g->sites[i], graph, latest);
+    n += bindable(g->sites[i], graph, capture);
   int rc = 0;
   exec_site *sites = NULL;
   if (n > 0 && g->n_binds == g->cap_binds) {
@@ -831,7 +831,7 @@ int ust__graphs_bind(ust__graphs *g, void *graph, void *exec) {
   if (n > 0 && rc == 0) {
     uint32_t k = 0;
     for (uint32_t i = 0; i < g->n_sites && k < n; i++)
-      if (bindable(g, g->sites[i], graph, latest)) {
+      if (bindable(g->sites[i], graph, capture)) {
         graph_site *s = g->sites[i];
         sites[k++] = (exec_site){s, 0, -1}; /* its nodes' state unknown: set at the first replay */
         s->gated++;
@@ -852,29 +852,6 @@ void ust__graphs_unbind(ust__graphs *g, void *exec) {
   uint32_t at;
   if (find_bind(g, exec, &at) != NULL)
     unbind_at(g, at);
-  pthread_mutex_unlock(&g->lock);
-  pthread_mutex_unlock(&g->bind_lock);
-}
-
-void ust__graphs_forget(ust__graphs *g, void *graph) {
-  if (g == NULL || graph == NULL)
-    return;
-  pthread_mutex_lock(&g->bind_lock);
-  pthread_mutex_lock(&g->lock);
-  for (uint32_t i = 0; i < g->n_binds;) {
-    int holds = 0;
-    for (uint32_t k = 0; k < g->binds[i].n && !holds; k++)
-      holds = g->binds[i].sites[k].site->graph == graph;
-    if (holds)
-      unbind_at(g, i); /* moves the last binding into i */
-    else
-      i++;
-  }
-  for (uint32_t i = 0; i < g->n_sites; i++)
-    if (g->sites[i]->graph == graph) {
-      g->sites[i]->graph = NULL; /* its nodes went with the graph */
-      g->sites[i]->n_nodes = -1;
-    }
   pthread_mutex_unlock(&g->lock);
   pthread_mutex_unlock(&g->bind_lock);
 }
@@ -980,14 +957,18 @@ int ust__gate_snap_launch(const unsigned long long *word, ust__gate_counters *co
 int ust__gate_device_launch(void) { return 0; }
 #endif
 
-int ust__graphs_bind(ust__graphs *g, void *graph, void *exec) {
-  (void)g, (void)graph, (void)exec;
+int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, void *exec) {
+  (void)g, (void)graph, (void)capture, (void)exec;
+  return 0;
+}
+
+unsigned long long ust__graph_capture_id(void *stream) {
+  (void)stream;
   return 0;
 }
 
 void ust__graphs_unbind(ust__graphs *g, void *exec) { (void)g, (void)exec; }
 
-void ust__graphs_forget(ust__graphs *g, void *graph) { (void)g, (void)graph; }
 
 void ust__graphs_replay(ust__graphs *g, void *exec) { (void)g, (void)exec; }
 

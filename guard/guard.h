@@ -388,20 +388,19 @@ void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f);
  * graph's replays (the Python package's hook on torch.cuda.CUDAGraph),
  * each replay enables the kernels of only the sites it verifies
  * (ust__gate_host_verify), and the kernels verify whenever they run. Any
- * thread; a replay waits only while a bind, unbind or forget runs (they
- * may wait for the worker's gate writes).
- *   bind: exec (instantiated from graph, which stays alive while exec is
- *         bound) gated from now on; the number of sites, 0 (none: nothing
- *         changes; a site another executable gates is not gated again), or
- *         an error;
+ * thread; a replay waits only while a bind or unbind runs (they may wait
+ * for the worker's gate writes).
+ *   capture_id: the id of the capture stream is in now, 0 when none;
+ *   bind: exec, instantiated from graph, which capture made and which
+ *         stays alive while exec is bound, gated from now on; the number
+ *         of sites, 0 (none: nothing changes; a site another executable
+ *         gates is not gated again), or an error;
  *   replay: before a replay of exec (nothing for one not bound);
- *   unbind: exec gone or made again: its sites decide on the device;
- *   forget: graph destroyed (or about to be): its sites are never bound
- *         again (a new graph may get its address). */
-int ust__graphs_bind(ust__graphs *g, void *graph, void *exec);
+ *   unbind: exec gone or made again: its sites decide on the device. */
+unsigned long long ust__graph_capture_id(void *stream);
+int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, void *exec);
 void ust__graphs_replay(ust__graphs *g, void *exec);
 void ust__graphs_unbind(ust__graphs *g, void *exec);
-void ust__graphs_forget(ust__graphs *g, void *graph);
 
 /* One shadowed call being captured. */
 struct graph_site;

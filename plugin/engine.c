@@ -19,14 +19,21 @@ ust__ctx *ust__ctx_get(void);
 
 static void engine_free(ust__engine *e);
 
-/* The enabled engine with a reference taken, or NULL (error set, naming
- * what). Takes the lock for changes briefly. */
-static ust__engine *engine_ref(ust__ctx *c, const char *what) {
+/* The enabled engine with a reference taken, or NULL; no error set (the
+ * replay hooks ask at every replay, enabled or not). Takes the lock for
+ * changes briefly. */
+static ust__engine *engine_peek(ust__ctx *c) {
   pthread_mutex_lock(&c->lock);
   ust__engine *e = c->engine;
   if (e != NULL)
     atomic_fetch_add(&e->refs, 1);
   pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+/* engine_peek's, or NULL with the error set, naming what. */
+static ust__engine *engine_ref(ust__ctx *c, const char *what) {
+  ust__engine *e = engine_peek(c);
   if (e == NULL)
     ust__error(UST_ESTATE, "%s: understudy is not enabled", what);
   return e;
@@ -889,44 +896,29 @@ int ust_report_json(char **out) {
   return *out == NULL ? ust__error(UST_ENOMEM, "report: out of memory") : 0;
 }
 
-/* The enabled engine with a reference taken, or NULL; no error set (the
- * replay hooks ask at every replay, enabled or not). */
-static ust__engine *engine_peek(void) {
-  ust__ctx *c = ust__ctx_get();
-  pthread_mutex_lock(&c->lock);
-  ust__engine *e = c->engine;
-  if (e != NULL)
-    atomic_fetch_add(&e->refs, 1);
-  pthread_mutex_unlock(&c->lock);
-  return e;
-}
+unsigned long long ust_graph_capture_id(void *stream) { return ust__graph_capture_id(stream); }
 
-int ust_graph_bind(void *graph, void *exec) {
+int ust_graph_bind(void *graph, unsigned long long capture, void *exec) {
   ust__clear_error();
-  ust__engine *e = engine_peek();
-  const int n = e != NULL && e->cfg.shadow_graph_gate_replay ? ust__graphs_bind(e->router.graphs, graph, exec) : 0;
+  ust__engine *e = engine_peek(ust__ctx_get());
+  const int n = e != NULL && e->cfg.shadow_graph_gate_replay
+                    ? ust__graphs_bind(e->router.graphs, graph, capture, exec)
+                    : 0;
   engine_unref(e);
   return n;
 }
 
 void ust_graph_replay(void *exec) {
-  ust__engine *e = engine_peek();
+  ust__engine *e = engine_peek(ust__ctx_get());
   if (e != NULL)
     ust__graphs_replay(e->router.graphs, exec);
   engine_unref(e);
 }
 
 void ust_graph_unbind(void *exec) {
-  ust__engine *e = engine_peek();
+  ust__engine *e = engine_peek(ust__ctx_get());
   if (e != NULL)
     ust__graphs_unbind(e->router.graphs, exec);
-  engine_unref(e);
-}
-
-void ust_graph_forget(void *graph) {
-  ust__engine *e = engine_peek();
-  if (e != NULL)
-    ust__graphs_forget(e->router.graphs, graph);
   engine_unref(e);
 }
 

@@ -200,16 +200,17 @@ UST_API int ust_set_phase(int phase);
  * fail the caller: without an enabled understudy (or with
  * shadow.graph_gate "device"), or for a graph without such a shadow, they
  * do nothing.
- *   ust_graph_bind: exec's replays gated from now on; the number of shadows
- *     gated (0: none), or an error;
+ *   ust_graph_capture_id: the id of the capture stream (a cudaStream_t) is
+ *     in now, 0 when none: ask once the capture has begun;
+ *   ust_graph_bind: exec's replays gated from now on (capture: the id of
+ *     the capture that made graph); the number of shadows gated (0: none),
+ *     or an error;
  *   ust_graph_replay: call before each replay of exec;
- *   ust_graph_unbind: exec is being destroyed or made again;
- *   ust_graph_forget: graph is being destroyed (a new one may get its
- *     address: the old one's shadows are never bound to it). */
-UST_API int ust_graph_bind(void *graph, void *exec);
+ *   ust_graph_unbind: exec is being destroyed or made again. */
+UST_API unsigned long long ust_graph_capture_id(void *stream);
+UST_API int ust_graph_bind(void *graph, unsigned long long capture, void *exec);
 UST_API void ust_graph_replay(void *exec);
 UST_API void ust_graph_unbind(void *exec);
-UST_API void ust_graph_forget(void *graph);
 
 /* ---- the guard's comparison, for tools and tests ------------------------ */
 

@@ -115,13 +115,13 @@ def _load():
             lib.ust_report_derive.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_expand_path.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_free.argtypes = [ctypes.c_void_p]
-            lib.ust_graph_bind.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            lib.ust_graph_capture_id.argtypes = [ctypes.c_void_p]
+            lib.ust_graph_capture_id.restype = ctypes.c_ulonglong
+            lib.ust_graph_bind.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p]
             lib.ust_graph_replay.argtypes = [ctypes.c_void_p]
             lib.ust_graph_replay.restype = None
             lib.ust_graph_unbind.argtypes = [ctypes.c_void_p]
             lib.ust_graph_unbind.restype = None
-            lib.ust_graph_forget.argtypes = [ctypes.c_void_p]
-            lib.ust_graph_forget.restype = None
             for fn in ("ust_last_error", "ust_err_name", "ust_version", "ust_torch_version", "ust_strerror"):
                 getattr(lib, fn).restype = ctypes.c_char_p
             lib.ust_err_name.argtypes = [ctypes.c_int]

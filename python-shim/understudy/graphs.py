@@ -18,8 +18,8 @@ have done: its graph then lives as long as the object (host memory), and
 raw_cuda_graph() answers. A graph whose owner asked for keep_graph=True is
 left to its owner to instantiate.
 
-install() wraps __init__, capture_end, instantiate, replay and reset of
-torch.cuda.CUDAGraph once per process; set_keep() says whether graphs made
+install() wraps __init__, capture_begin, capture_end, instantiate, replay and
+reset of torch.cuda.CUDAGraph once per process; set_keep() says whether graphs made
 from now on are kept. The hooks never raise on understudy's account: a
 failure leaves the graph as torch made it, its replays decided on the device.
 """
@@ -66,27 +66,19 @@ def _unbind(graph, lib) -> None:
         fin()  # once: ust_graph_unbind(exec)
 
 
-def _forget(graph) -> None:
-    """The graph's captured graph about to be destroyed (reset): its shadows
-    are never bound to another graph made at its address."""
-    fin = graph.__dict__.pop("_understudy_forget", None)
-    if fin is not None:
-        fin()  # once: ust_graph_forget(graph)
-
-
 def _bind(graph, lib) -> None:
     """After an instantiation: the executable gated from the host when its
-    graph holds such a shadow; the graph forgotten when the object goes."""
+    graph holds such a shadow (of the capture that made it: a shadow of a
+    graph since destroyed at the same address is of another)."""
     try:
         handle = graph.raw_cuda_graph()  # only a kept graph has one
         exec_ = graph.raw_cuda_graph_exec()  # only an instantiated one has one
     except Exception:  # noqa: BLE001 - nothing understudy can gate
         return
     try:
-        if handle and "_understudy_forget" not in graph.__dict__:
-            graph._understudy_forget = weakref.finalize(graph, lib.ust_graph_forget, handle)
         _unbind(graph, lib)
-        if handle and exec_ and lib.ust_graph_bind(handle, exec_) > 0:
+        capture = graph.__dict__.get("_understudy_capture", 0)
+        if handle and exec_ and capture and lib.ust_graph_bind(handle, capture, exec_) > 0:
             fin = weakref.finalize(graph, lib.ust_graph_unbind, exec_)
             graph._understudy_unbind = fin
             graph._understudy_exec = exec_
@@ -107,16 +99,15 @@ def install(lib) -> bool:
             cls = torch.cuda.CUDAGraph
         except (ImportError, AttributeError):
             return False
-        names = ("__init__", "capture_end", "instantiate", "replay", "reset")
+        names = ("__init__", "capture_begin", "capture_end", "instantiate", "replay", "reset")
         if not all(hasattr(cls, n) for n in names + ("raw_cuda_graph", "raw_cuda_graph_exec")):
             return False
-        init, capture_end, instantiate, replay, reset = (getattr(cls, n) for n in names)
+        init, capture_begin, capture_end, instantiate, replay, reset = (getattr(cls, n) for n in names)
         gate = lib.ust_graph_replay
 
         def _init(self, *args, **kwargs):
             owner_keeps = kwargs.get("keep_graph", args[0] if args else False)
-            if _keep and not owner_keeps and len(args) <= 1 and set(kwargs) <= {"keep_graph"} and \
-                    len(args) + len(kwargs) <= 1:
+            if _keep and not owner_keeps and len(args) + len(kwargs) <= 1 and set(kwargs) <= {"keep_graph"}:
                 try:
                     init(self, True)
                     self._understudy_instantiates = True
@@ -124,6 +115,13 @@ def install(lib) -> bool:
                 except TypeError:  # a constructor without keep_graph: as its owner asked
                     pass
             init(self, *args, **kwargs)
+
+        def _capture_begin(self, *args, **kwargs):
+            capture_begin(self, *args, **kwargs)
+            try:  # the capture's id, which the shadows captured in it carry
+                self._understudy_capture = lib.ust_graph_capture_id(torch.cuda.current_stream().cuda_stream)
+            except Exception:  # noqa: BLE001 - nothing of it gated
+                self._understudy_capture = 0
 
         def _capture_end(self):
             capture_end(self)
@@ -148,29 +146,16 @@ def install(lib) -> bool:
         def _reset(self):
             try:
                 _unbind(self, lib)
-                _forget(self)
             except Exception:  # noqa: BLE001 - reset as torch does, whatever understudy says
                 pass
             reset(self)
 
-        new = (_init, _capture_end, _instantiate, _replay, _reset)
-        for fn, old in zip(new, (init, capture_end, instantiate, replay, reset)):
+        new = (_init, _capture_begin, _capture_end, _instantiate, _replay, _reset)
+        for fn, old in zip(new, (init, capture_begin, capture_end, instantiate, replay, reset)):
             fn.__name__, fn.__qualname__, fn.__doc__ = old.__name__, getattr(old, "__qualname__", old.__name__), \
                 old.__doc__
             fn.__wrapped__ = old
-        had = {n: cls.__dict__.get(n) for n in names}
-        try:
-            for name, fn in zip(names, new):
-                setattr(cls, name, fn)
-        except (AttributeError, TypeError):  # a class that takes no attributes: replays decide on the device
-            for name, old in had.items():
-                try:
-                    if old is None:
-                        cls.__dict__.get(name) is not None and delattr(cls, name)
-                    else:
-                        setattr(cls, name, old)
-                except (AttributeError, TypeError):
-                    pass
-            return False
+        for name, fn in zip(names, new):  # a Python class: setting its attributes does not fail
+            setattr(cls, name, fn)
         _installed = True
         return True

@@ -292,10 +292,10 @@ def test_graphs_are_kept_while_a_native_candidate_is_configured(us):
 
 
 def test_a_graph_captured_again_after_reset_gates_only_its_own_shadows(us):
-    """reset() forgets the captured graph: captured again in observe (no
-    shadow), the object's new graph, which may get the old one's address,
-    gates nothing and replays production alone; in shadow again, its own
-    new shadow is gated."""
+    """Captured again in observe (no shadow) after reset(), the object's new
+    graph, which may get the old one's address, gates nothing (the old
+    shadows are of another capture) and replays production alone; in
+    shadow again, its own new shadow is gated."""
     inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
     us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
     outs = [torch.empty_like(x) for x, _ in inputs]
