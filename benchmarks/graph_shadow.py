@@ -42,10 +42,12 @@ host decides before each replay, through the package's hook on
 torch.cuda.CUDAGraph.replay, and enables those kernels only in the replays
 that verify.
 
-With --beside-launch device (shadow.graph_beside_launch) the shadow beside
-the chain is launched from the device by its kernel in the chain instead of
-an IF node on a branch; torch.profiler cannot trace such a graph, so the
-kernel times of 3 are left out.
+Gated from the host, the shadow beside the chain is not in the graph: the
+host starts it, as a graph of its own, behind each replay that verifies
+(graphs.hosted, host_starts). Decided on the device, with --beside-launch
+device (shadow.graph_beside_launch) it is launched from the device by its
+kernel in the chain instead of an IF node on a branch; torch.profiler
+cannot trace such a graph, so the kernel times of 3 are left out.
 
     PYTHONPATH=python-shim python3 benchmarks/graph_shadow.py [--replays 1000] [--batch 1] [--beside-launch device]
         [--capture compile] [--gate device]
@@ -172,6 +174,13 @@ def settle():
     understudy.flush()  # judges the replays so far and writes every gate from its route
 
 
+def started_by(graphs):
+    """How the report says the shadows beside the chain start."""
+    if graphs["hosted"]:
+        return "the host, behind the replays that verify"
+    return "a launch from the device" if graphs["launched"] else "an IF node"
+
+
 def rms_routes(rep):
     return [s for o in rep["operators"] for s in o["shapes"] if s["op"] == "_C::rms_norm"]
 
@@ -268,11 +277,11 @@ def main():
     how = "torch.compile(mode=\"reduce-overhead\")" if args.capture == "compile" else "torch.cuda.graph"
     print(f"HF Llama-8B-shaped decode step (2 layers, bf16, batch {args.batch}, static cache), captured with {how}; "
           f"_C::rms_norm in shadow (native rms_norm_cuda, sample 1); beside the chain, started by "
-          f"{'a launch from the device' if args.beside_launch == 'device' else 'an IF node'} "
-          f"(graphs: launched {rep['graphs']['launched']}, refused {rep['graphs']['refused']}); its replays gated "
+          f"{started_by(rep['graphs'])} (graphs: hosted {rep['graphs']['hosted']}, launched "
+          f"{rep['graphs']['launched']}, refused {rep['graphs']['refused']}); its replays gated "
           f"{'from the host' if args.gate == 'replay' else 'on the device'} (graphs: gated "
           f"{rep['graphs']['gated']}, gated_replays {rep['graphs']['gated_replays']}, "
-          f"gate_failed {rep['graphs']['gate_failed']})")
+          f"gate_failed {rep['graphs']['gate_failed']}, host_starts {rep['graphs']['host_starts']})")
     print(f"\n1. verdicts: {args.replays} replays of the beside graph in {took:.1f} s, logits bit-equal to the plain "
           f"graph's on {equal} of {args.replays}")
     print(f"{'route':<44} {'sites':>5} {'verified':>9} {'x replays':>10} {'passed':>7} {'failed':>7}")
@@ -317,7 +326,7 @@ def main():
             times[m].append(timed(m))
     # torch.profiler's kernel tracing fails every launch of a graph holding a
     # kernel that launches graphs from the device (the context is lost)
-    profiled = args.beside_launch != "device"
+    profiled = rep["graphs"]["launched"] == 0
     ks = {}
     if profiled:
         for m in ("beside, gates closed", "beside, gates open", "chain, gates closed", "chain, gates open",

@@ -23,7 +23,13 @@
  * nothing in the chain waits for. They read and write only memory kept for
  * the process (ust__graph_keep), so no node after them in the chain can
  * race them. A closed gate then costs that kernel, not an IF node in the
- * chain (benchmarks/graph_shadow.py, benchmarks/graph_conditions.cu).
+ * chain (benchmarks/graph_shadow.py, benchmarks/graph_conditions.cu). In a
+ * capture whose replays the host sees and gates (ust__graphs_capture_hosted:
+ * the Python package's torch.cuda.CUDAGraph), there is no IF node either:
+ * the part is an executable graph of its own, which the host starts behind
+ * each replay that verifies, on a stream of the binding's, and the next
+ * replay that takes the copies again waits for it; a closed gate then costs
+ * only that kernel, disabled.
  *
  * Each part is captured on a stream of its own into a graph of its own
  * first, and checked: only kernels, copies, memsets, empty nodes and child
@@ -57,6 +63,7 @@
 #define GRAPH_CHUNK 256    /* sites per device allocation */
 #define GRAPH_RING 4096u   /* entries per device */
 #define GRAPH_SITE_NODES 4 /* kernels in the chain per site the host can gate */
+#define GRAPH_HOSTED 64    /* captures marked as gated from the host, newest kept */
 
 enum { SITE_BUILDING = 0, SITE_LIVE, SITE_DROPPED };
 
@@ -78,6 +85,10 @@ typedef struct graph_site {
   int n_nodes;                      /* -1: one could not be told apart, or more than fit: device-gated only */
   int gated;                        /* bindings that gate it from the host (g->lock) */
   uint64_t dev_last;                /* what *dev_word was last set to (g->lock) */
+  /* of a capture the host gates (ust__graphs_capture_hosted): its parts' bodies, started by the host */
+  int hosted;                       /* some part's body is in bodies: its gate stays closed unless gated */
+  void *bodies[GRAPH_SITE_NODES];   /* per kernel in the chain: its body's executable graph (kept for the
+                                       process), or NULL (none, or an IF node after that kernel) */
 } graph_site;
 
 #ifdef GRAPH_GPU
@@ -116,6 +127,9 @@ struct ust__graphs {
   uint32_t n_binds, cap_binds;
   uint64_t gated_replays; /* replays the host gated */
   uint64_t gate_failed;   /* executable graphs given back to the device's decision: a node would not change */
+  uint64_t host_starts;   /* bodies of hosted sites the host started (per site and replay) */
+  unsigned long long hosted[GRAPH_HOSTED]; /* ids of captures the host gates (lock), a ring */
+  uint32_t n_hosted;
 };
 
 /* One site in one executable graph gated from the host: its count of
@@ -130,7 +144,35 @@ typedef struct exec_bind {
   void *exec; /* cudaGraphExec_t */
   exec_site *sites;
   uint32_t n;
+  /* where it holds hosted sites: their bodies start on side, behind the
+   * replay (replayed: recorded on the replay's stream), and done says when
+   * the last started ones finished */
+  void *side, *replayed, *done; /* cudaStream_t, cudaEvent_t */
+  int pending;                  /* done was recorded */
+  uint32_t starts;              /* sites the current replay verifies whose bodies start after it */
 } exec_bind;
+
+/* A binding's own memory, and its stream and events where it made them,
+ * once the bodies it started are done (the copies they read are its
+ * sites', which a binding made next may have taken again at its first
+ * replay). */
+static void bind_release(exec_bind *b) {
+#ifdef GRAPH_GPU
+  if (b->side != NULL) {
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (b->pending)
+      cudaEventSynchronize((cudaEvent_t)b->done);
+    if (b->replayed != NULL)
+      cudaEventDestroy((cudaEvent_t)b->replayed);
+    if (b->done != NULL)
+      cudaEventDestroy((cudaEvent_t)b->done);
+    cudaStreamDestroy((cudaStream_t)b->side);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+  }
+#endif
+  free(b->sites);
+}
 
 /* Entries the kept rings lost so far (overwritten before the worker read
  * them), all devices. */
@@ -147,34 +189,53 @@ static uint64_t kept_lost(void) {
 }
 
 #ifdef GRAPH_GPU
+/* The thread on device in relaxed capture mode (a capture of another
+ * thread stays valid), and back as it was. */
+typedef struct on_device {
+  enum cudaStreamCaptureMode mode;
+  int current, device;
+} on_device;
+
+static int device_enter(on_device *o, int device) {
+  o->mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&o->mode);
+  o->device = device;
+  o->current = -1;
+  int rc = UST__GPU_CHECK(NULL, cudaGetDevice(&o->current));
+  if (rc == 0 && o->current != device)
+    rc = UST__GPU_CHECK(NULL, cudaSetDevice(device));
+  return rc;
+}
+
+static void device_leave(on_device *o) {
+  if (o->current >= 0 && o->current != o->device)
+    cudaSetDevice(o->current);
+  cudaThreadExchangeStreamCaptureMode(&o->mode);
+}
+
 /* bytes between a site's device memory and the host's, on its device's
- * gate stream, waited for. Relaxed capture mode: a capture of another
- * thread stays valid. 0, or UST_EGPU. */
+ * gate stream, waited for. 0, or UST_EGPU. */
 static int site_copy(const graph_site *s, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
-  int current = -1;
-  if (cudaGetDevice(&current) == cudaSuccess && current != s->device)
-    cudaSetDevice(s->device);
+  on_device o;
+  device_enter(&o, s->device); /* where it cannot, the copy fails and says so */
   pthread_mutex_lock(&g_kept_lock);
   cudaStream_t st = g_kept[s->device].gates;
   pthread_mutex_unlock(&g_kept_lock);
   int rc = UST__GPU_CHECK(NULL, cudaMemcpyAsync(dst, src, bytes, kind, st));
   if (rc == 0)
     rc = UST__GPU_CHECK(NULL, cudaStreamSynchronize(st));
-  if (current >= 0 && current != s->device)
-    cudaSetDevice(current);
-  cudaThreadExchangeStreamCaptureMode(&mode);
+  device_leave(&o);
   return rc;
 }
 
 /* A site's gate set to w: the host's copy, then the device's, which the
  * next replay reads (copied and waited for: gates change rarely); a site
- * the host gates gets the word its kernels read then (ust__gate_host_word).
+ * the host gates gets the word its kernels read then (ust__gate_host_word);
+ * a hosted one not gated, a closed gate (nothing would start its body).
  * The caller holds g->lock. */
 static void set_word(graph_site *s, uint64_t w) {
   atomic_store(s->word, w);
-  const unsigned long long d = s->gated > 0 ? ust__gate_host_word(w) : w;
+  const unsigned long long d = s->gated > 0 ? ust__gate_host_word(w) : s->hosted ? 0 : w;
   if (d != s->dev_last && site_copy(s, s->dev_word, &d, sizeof d, cudaMemcpyHostToDevice) == 0)
     s->dev_last = d;
 }
@@ -229,6 +290,7 @@ void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f) {
     f->live += g->sites[i]->state == SITE_LIVE;
     f->launched += g->sites[i]->state == SITE_LIVE && g->sites[i]->launched > 0;
     f->gated += g->sites[i]->state == SITE_LIVE && g->sites[i]->gated > 0;
+    f->hosted += g->sites[i]->state == SITE_LIVE && g->sites[i]->hosted;
     f->refused += site_refused(g->sites[i]);
   }
   f->open = g->open;
@@ -238,6 +300,7 @@ void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f) {
   pthread_mutex_lock(&g->bind_lock);
   f->gated_replays = g->gated_replays;
   f->gate_failed = g->gate_failed;
+  f->host_starts = g->host_starts;
   pthread_mutex_unlock(&g->bind_lock);
   const uint64_t lost = kept_lost();
   f->lost = lost > base ? lost - base : 0;
@@ -271,7 +334,7 @@ void ust__graphs_destroy(ust__graphs *g) {
   ust__graphs_tick(g);
   ust__graphs_close(g);
   for (uint32_t i = 0; i < g->n_binds; i++)
-    free(g->binds[i].sites);
+    bind_release(&g->binds[i]);
   free(g->binds);
   for (uint32_t i = 0; i < g->n_sites; i++)
     free(g->sites[i]);
@@ -384,13 +447,9 @@ int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, 
   graph_site *s = calloc(1, sizeof *s);
   if (s == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
   /* made on the call's device, whichever the thread has current */
-  int current = -1;
-  int rc = UST__GPU_CHECK(NULL, cudaGetDevice(&current));
-  if (rc == 0 && current != device)
-    rc = UST__GPU_CHECK(NULL, cudaSetDevice(device));
+  on_device o;
+  int rc = device_enter(&o, device);
   if (rc == 0 && tl_side[device] == NULL)
     rc = UST__GPU_CHECK(NULL, cudaStreamCreateWithFlags(&tl_side[device], cudaStreamNonBlocking));
   if (rc == 0) {
@@ -399,9 +458,7 @@ int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, 
     pthread_mutex_unlock(&g_kept_lock);
   }
   s->device = device;
-  if (current >= 0 && current != device)
-    cudaSetDevice(current);
-  cudaThreadExchangeStreamCaptureMode(&mode);
+  device_leave(&o);
   if (rc != 0) {
     free(s);
     return rc;
@@ -498,13 +555,13 @@ static int add_if(cudaGraph_t graph, cudaGraphConditionalHandle handle, const cu
   return rc;
 }
 
-/* part instantiated for launch from the device and uploaded; never
- * destroyed (the caller's graph holds its handle and may replay at any
- * time, as with the rest of the kept memory). NULL when CUDA refuses it
- * (its IF node serves then). */
-static void *device_body(cudaGraph_t part, cudaStream_t side) {
+/* part instantiated (flags: for launch from the device, or 0: from the
+ * host) and uploaded; never destroyed (the caller's graph holds its handle,
+ * or its site does, and may replay at any time, as with the rest of the
+ * kept memory). NULL when CUDA refuses it (its IF node serves then). */
+static void *body_exec(cudaGraph_t part, cudaStream_t side, unsigned long long flags) {
   cudaGraphExec_t exec = NULL;
-  if (UST__GPU_CHECK(NULL, cudaGraphInstantiateWithFlags(&exec, part, cudaGraphInstantiateFlagDeviceLaunch)) != 0)
+  if (UST__GPU_CHECK(NULL, cudaGraphInstantiateWithFlags(&exec, part, flags)) != 0)
     return NULL;
   if (UST__GPU_CHECK(NULL, cudaGraphUpload(exec, side)) != 0 || UST__GPU_CHECK(NULL, cudaStreamSynchronize(side)) != 0) {
     cudaGraphExecDestroy(exec);
@@ -513,17 +570,28 @@ static void *device_body(cudaGraph_t part, cudaStream_t side) {
   return exec;
 }
 
+/* 1 when capture is one the host gates (g->hosted). */
+static int capture_hosted(ust__graphs *g, unsigned long long capture) {
+  int found = 0;
+  pthread_mutex_lock(&g->lock);
+  for (uint32_t i = 0; i < GRAPH_HOSTED && i < g->n_hosted && !found; i++)
+    found = g->hosted[i] == capture;
+  pthread_mutex_unlock(&g->lock);
+  return found;
+}
+
 /* The part into the caller's capture. In the chain: a gate kernel sets the
  * condition, then the IF node holding the part, which the caller's next
  * work waits for. Beside the chain: the kernel that decides the replay
  * (first) or reads its decision, takes the part's copies when it verifies
- * and starts the part (when it has nodes): launched from the device
- * (shadow.graph_beside_launch "device", where CUDA takes the part as a
- * device graph), so that the caller's graph stays one chain; else an IF
- * node on a branch off that kernel, whose condition it sets. Nothing in the
- * chain waits for either (the graph's launch ends when the part does). The
- * part reads only memory kept for it (the copies), so the writers after it
- * in the chain cannot race it. */
+ * and starts the part (when it has nodes): in a capture the host gates
+ * (ust__graphs_capture_hosted), the host starts it, as a graph of its own,
+ * after each replay that verifies, so that the caller's graph holds only
+ * that kernel; else launched from the device (shadow.graph_beside_launch
+ * "device", where CUDA takes the part as a device graph); else an IF node
+ * on a branch off that kernel, whose condition it sets. Nothing in the
+ * chain waits for any of them. The part reads only memory kept for it (the
+ * copies), so the writers after it in the chain cannot race it. */
 static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_nodes) {
   enum cudaStreamCaptureStatus st;
   cudaGraph_t graph = NULL;
@@ -534,15 +602,20 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
   cudaGraphNode_t node;
   const cudaStream_t s = (cudaStream_t)c->stream;
   graph_site *site = c->site;
-  void *body = NULL;
-  if (c->beside && n_nodes > 0 && c->launch && ust__gate_device_launch() &&
-      (body = device_body(part, (cudaStream_t)c->side)) != NULL)
-    site->launched++;
-  const int has_if = !c->beside || (n_nodes > 0 && body == NULL);
+  void *body = NULL, *hosted = NULL;
   unsigned long long capture = 0;
   int rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, &capture, &graph, NULL, NULL, NULL));
   if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
     rc = ust__error(UST_EGPU, "graph: the caller's stream no longer captures");
+  /* its kernel in the chain must be one the host can tell apart (below) */
+  const int can_gate = site->n_nodes >= 0 && site->n_nodes < GRAPH_SITE_NODES &&
+                       (site->graph == NULL || site->graph == graph);
+  if (rc == 0 && c->beside && n_nodes > 0 && can_gate && capture_hosted(c->graphs, capture))
+    hosted = body_exec(part, (cudaStream_t)c->side, 0);
+  if (rc == 0 && c->beside && n_nodes > 0 && hosted == NULL && c->launch && ust__gate_device_launch() &&
+      (body = body_exec(part, (cudaStream_t)c->side, cudaGraphInstantiateFlagDeviceLaunch)) != NULL)
+    site->launched++;
+  const int has_if = !c->beside || (n_nodes > 0 && body == NULL && hosted == NULL);
   if (rc == 0 && has_if)
     rc = UST__GPU_CHECK(NULL, cudaGraphConditionalHandleCreate(&handle, graph, 0, cudaGraphCondAssignDefault));
   if (rc == 0)
@@ -554,15 +627,21 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
     rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, &deps, &edges, &n_deps));
   if (rc == 0 && c->beside) {
     /* the kernel just captured: the node the host enables in the replays that verify */
-    if (n_deps == 1 && site->n_nodes >= 0 && site->n_nodes < GRAPH_SITE_NODES &&
-        (site->graph == NULL || site->graph == graph)) {
+    if (n_deps == 1 && can_gate) {
+      site->bodies[site->n_nodes] = hosted;
       site->nodes[site->n_nodes++] = deps[0];
       site->graph = graph;
       site->capture = capture;
+      site->hosted |= hosted != NULL;
+      hosted = NULL;
     } else {
       site->n_nodes = -1;
+      if (hosted != NULL || site->hosted)
+        rc = ust__error(UST_EGPU, "graph: a shadow the host starts, its kernel in the chain not told apart");
     }
   }
+  if (hosted != NULL)
+    cudaGraphExecDestroy((cudaGraphExec_t)hosted);
   if (rc == 0 && has_if)
     rc = add_if(graph, handle, deps, edges, n_deps, part, &node);
   if (rc == 0 && !c->beside)
@@ -779,7 +858,7 @@ static void unbind_at(ust__graphs *g, uint32_t i) {
     if (!g->closed)
       set_word(s, atomic_load(s->word));
   }
-  free(b->sites);
+  bind_release(b);
   g->binds[i] = g->binds[--g->n_binds];
 }
 
@@ -803,6 +882,33 @@ unsigned long long ust__graph_capture_id(void *stream) {
   return st == cudaStreamCaptureStatusActive ? id : 0;
 }
 
+unsigned long long ust__graphs_capture_hosted(ust__graphs *g, void *stream) {
+  const unsigned long long id = ust__graph_capture_id(stream);
+  if (g != NULL && id != 0) {
+    pthread_mutex_lock(&g->lock);
+    g->hosted[g->n_hosted++ % GRAPH_HOSTED] = id;
+    pthread_mutex_unlock(&g->lock);
+  }
+  return id;
+}
+
+/* A stream and two events for the bodies of hosted sites, on device. */
+static int bind_side(exec_bind *b, int device) {
+  on_device o;
+  int rc = device_enter(&o, device);
+  cudaStream_t side = NULL;
+  cudaEvent_t replayed = NULL, done = NULL;
+  if (rc == 0)
+    rc = UST__GPU_CHECK(NULL, cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  if (rc == 0)
+    rc = UST__GPU_CHECK(NULL, cudaEventCreateWithFlags(&replayed, cudaEventDisableTiming));
+  if (rc == 0)
+    rc = UST__GPU_CHECK(NULL, cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  b->side = side, b->replayed = replayed, b->done = done;
+  device_leave(&o);
+  return rc;
+}
+
 int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, void *exec) {
   if (g == NULL || graph == NULL || capture == 0 || exec == NULL)
     return 0;
@@ -812,10 +918,15 @@ int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, vo
   if (find_bind(g, exec, &at) != NULL) /* an executable graph made again at the address of one gone */
     unbind_at(g, at);
   uint32_t n = 0;
+  int device = -1;
   for (uint32_t i = 0; i < g->n_sites && !g->closed; i++)
-    n += bindable(g->sites[i], graph, capture);
+    if (bindable(g->sites[i], graph, capture)) {
+      n++;
+      if (g->sites[i]->hosted)
+        device = g->sites[i]->device;
+    }
   int rc = 0;
-  exec_site *sites = NULL;
+  exec_bind b = {exec, NULL, n, NULL, NULL, NULL, 0, 0};
   if (n > 0 && g->n_binds == g->cap_binds) {
     const uint32_t cap = g->cap_binds ? g->cap_binds * 2 : 8;
     exec_bind *grown = realloc(g->binds, cap * sizeof *grown);
@@ -826,18 +937,22 @@ int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, vo
       g->cap_binds = cap;
     }
   }
-  if (n > 0 && rc == 0 && (sites = calloc(n, sizeof *sites)) == NULL)
+  if (n > 0 && rc == 0 && (b.sites = calloc(n, sizeof *b.sites)) == NULL)
     rc = ust__error(UST_ENOMEM, "graph: out of memory");
+  if (n > 0 && rc == 0 && device >= 0)
+    rc = bind_side(&b, device);
   if (n > 0 && rc == 0) {
     uint32_t k = 0;
     for (uint32_t i = 0; i < g->n_sites && k < n; i++)
       if (bindable(g->sites[i], graph, capture)) {
         graph_site *s = g->sites[i];
-        sites[k++] = (exec_site){s, 0, -1}; /* its nodes' state unknown: set at the first replay */
+        b.sites[k++] = (exec_site){s, 0, -1}; /* its nodes' state unknown: set at the first replay */
         s->gated++;
         set_word(s, atomic_load(s->word));
       }
-    g->binds[g->n_binds++] = (exec_bind){exec, sites, n};
+    g->binds[g->n_binds++] = b;
+  } else {
+    bind_release(&b);
   }
   pthread_mutex_unlock(&g->lock);
   pthread_mutex_unlock(&g->bind_lock);
@@ -856,13 +971,27 @@ void ust__graphs_unbind(ust__graphs *g, void *exec) {
   pthread_mutex_unlock(&g->bind_lock);
 }
 
-void ust__graphs_replay(ust__graphs *g, void *exec) {
+/* Binding at went wrong on the GPU: back to the device's decision, every
+ * kernel enabled (a hosted site's gate closed), counted in
+ * graphs.gate_failed. The caller holds g->bind_lock. */
+static void give_back(ust__graphs *g, uint32_t at) {
+  exec_bind *b = &g->binds[at];
+  g->gate_failed++;
+  for (uint32_t k = 0; k < b->n; k++)
+    site_enable(b->exec, b->sites[k].site, 1);
+  pthread_mutex_lock(&g->lock);
+  unbind_at(g, at);
+  pthread_mutex_unlock(&g->lock);
+}
+
+int ust__graphs_replay(ust__graphs *g, void *exec, void *stream) {
   if (g == NULL || exec == NULL)
-    return;
+    return 0;
   pthread_mutex_lock(&g->bind_lock);
   uint32_t at;
   exec_bind *b = find_bind(g, exec, &at);
   int failed = 0;
+  uint32_t starts = 0;
   if (b != NULL) {
     g->gated_replays++;
     for (uint32_t k = 0; k < b->n && !failed; k++) {
@@ -872,16 +1001,52 @@ void ust__graphs_replay(ust__graphs *g, void *exec) {
         failed = site_enable(exec, es->site, on) != 0;
         es->on = on;
       }
+      starts += on && es->site->hosted;
     }
+    /* its copies wait until the bodies reading the last ones are done */
+    if (!failed && starts > 0 && b->pending) {
+      enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      cudaThreadExchangeStreamCaptureMode(&mode);
+      failed = UST__GPU_CHECK(NULL, cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)b->done, 0)) != 0;
+      cudaThreadExchangeStreamCaptureMode(&mode);
+    }
+    b->starts = failed ? 0 : starts;
   }
-  if (failed) {
-    /* back to the device's decision, every kernel enabled (counted: graphs.gate_failed) */
-    g->gate_failed++;
-    for (uint32_t k = 0; k < b->n; k++)
-      site_enable(exec, b->sites[k].site, 1);
-    pthread_mutex_lock(&g->lock);
-    unbind_at(g, at);
-    pthread_mutex_unlock(&g->lock);
+  if (failed)
+    give_back(g, at);
+  pthread_mutex_unlock(&g->bind_lock);
+  return failed ? 0 : (int)starts;
+}
+
+void ust__graphs_replayed(ust__graphs *g, void *exec, void *stream) {
+  if (g == NULL || exec == NULL)
+    return;
+  pthread_mutex_lock(&g->bind_lock);
+  uint32_t at;
+  exec_bind *b = find_bind(g, exec, &at);
+  if (b != NULL && b->starts > 0) {
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    const cudaStream_t side = (cudaStream_t)b->side;
+    int rc = UST__GPU_CHECK(NULL, cudaEventRecord((cudaEvent_t)b->replayed, (cudaStream_t)stream));
+    if (rc == 0)
+      rc = UST__GPU_CHECK(NULL, cudaStreamWaitEvent(side, (cudaEvent_t)b->replayed, 0));
+    for (uint32_t k = 0; k < b->n && rc == 0; k++) {
+      const graph_site *s = b->sites[k].site;
+      if (!b->sites[k].on || !s->hosted)
+        continue;
+      for (int j = 0; j < s->n_nodes && rc == 0; j++)
+        if (s->bodies[j] != NULL)
+          rc = UST__GPU_CHECK(NULL, cudaGraphLaunch((cudaGraphExec_t)s->bodies[j], side));
+      g->host_starts += rc == 0;
+    }
+    if (rc == 0)
+      rc = UST__GPU_CHECK(NULL, cudaEventRecord((cudaEvent_t)b->done, side));
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    b->starts = 0;
+    b->pending = rc == 0;
+    if (rc != 0)
+      give_back(g, at);
   }
   pthread_mutex_unlock(&g->bind_lock);
 }
@@ -969,8 +1134,17 @@ unsigned long long ust__graph_capture_id(void *stream) {
 
 void ust__graphs_unbind(ust__graphs *g, void *exec) { (void)g, (void)exec; }
 
+int ust__graphs_replay(ust__graphs *g, void *exec, void *stream) {
+  (void)g, (void)exec, (void)stream;
+  return 0;
+}
 
-void ust__graphs_replay(ust__graphs *g, void *exec) { (void)g, (void)exec; }
+void ust__graphs_replayed(ust__graphs *g, void *exec, void *stream) { (void)g, (void)exec, (void)stream; }
+
+unsigned long long ust__graphs_capture_hosted(ust__graphs *g, void *stream) {
+  (void)g, (void)stream;
+  return 0;
+}
 
 #endif
 

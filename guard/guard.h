@@ -380,6 +380,8 @@ typedef struct ust__graphs_figs {
   uint64_t gated;         /* live sites whose replays the host gates (ust__graphs_bind) */
   uint64_t gated_replays; /* replays of executable graphs the host gated */
   uint64_t gate_failed;   /* executable graphs given back to the device's decision (a node would not change) */
+  uint64_t hosted;        /* live sites whose shadow the host starts after the replays that verify */
+  uint64_t host_starts;   /* those starts (one per site and verifying replay) */
 } ust__graphs_figs;
 void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f);
 
@@ -391,15 +393,29 @@ void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f);
  * thread; a replay waits only while a bind or unbind runs (they may wait
  * for the worker's gate writes).
  *   capture_id: the id of the capture stream is in now, 0 when none;
+ *   capture_hosted: that id, and the capture marked as one whose
+ *         executable the host will bind and gate: a shadow beside the chain
+ *         captured in it gets no IF node; its body is an executable graph
+ *         of its own, which the host starts after each replay that
+ *         verifies (ust__graphs_replayed), and which never runs while the
+ *         executable is not bound;
  *   bind: exec, instantiated from graph, which capture made and which
  *         stays alive while exec is bound, gated from now on; the number
  *         of sites, 0 (none: nothing changes; a site another executable
  *         gates is not gated again), or an error;
- *   replay: before a replay of exec (nothing for one not bound);
- *   unbind: exec gone or made again: its sites decide on the device. */
+ *   replay: before a replay of exec on stream (nothing for one not bound):
+ *         the number of bodies to start after it (0: no call of replayed);
+ *         stream waits for the bodies the last verifying replay started
+ *         when this one writes the copies they read;
+ *   replayed: after that replay, on stream: the bodies started on a stream
+ *         of the binding's, behind the replay;
+ *   unbind: exec gone or made again: its sites decide on the device (a
+ *         hosted one's gate stays closed). */
 unsigned long long ust__graph_capture_id(void *stream);
+unsigned long long ust__graphs_capture_hosted(ust__graphs *g, void *stream);
 int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, void *exec);
-void ust__graphs_replay(ust__graphs *g, void *exec);
+int ust__graphs_replay(ust__graphs *g, void *exec, void *stream);
+void ust__graphs_replayed(ust__graphs *g, void *exec, void *stream);
 void ust__graphs_unbind(ust__graphs *g, void *exec);
 
 /* One shadowed call being captured. */

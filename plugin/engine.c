@@ -898,6 +898,15 @@ int ust_report_json(char **out) {
 
 unsigned long long ust_graph_capture_id(void *stream) { return ust__graph_capture_id(stream); }
 
+unsigned long long ust_graph_capture_hosted(void *stream) {
+  ust__engine *e = engine_peek(ust__ctx_get());
+  const unsigned long long id = e != NULL && e->cfg.shadow_graph_gate_replay
+                                    ? ust__graphs_capture_hosted(e->router.graphs, stream)
+                                    : ust__graph_capture_id(stream);
+  engine_unref(e);
+  return id;
+}
+
 int ust_graph_bind(void *graph, unsigned long long capture, void *exec) {
   ust__clear_error();
   ust__engine *e = engine_peek(ust__ctx_get());
@@ -908,10 +917,17 @@ int ust_graph_bind(void *graph, unsigned long long capture, void *exec) {
   return n;
 }
 
-void ust_graph_replay(void *exec) {
+int ust_graph_replay(void *exec, void *stream) {
+  ust__engine *e = engine_peek(ust__ctx_get());
+  const int n = e != NULL ? ust__graphs_replay(e->router.graphs, exec, stream) : 0;
+  engine_unref(e);
+  return n > 0;
+}
+
+void ust_graph_replayed(void *exec, void *stream) {
   ust__engine *e = engine_peek(ust__ctx_get());
   if (e != NULL)
-    ust__graphs_replay(e->router.graphs, exec);
+    ust__graphs_replayed(e->router.graphs, exec, stream);
   engine_unref(e);
 }
 

@@ -470,6 +470,8 @@ static cJSON *report_raw(ust__engine *e) {
   add_num(gr, "gated", (double)gf.gated);
   add_num(gr, "gated_replays", (double)gf.gated_replays);
   add_num(gr, "gate_failed", (double)gf.gate_failed);
+  add_num(gr, "hosted", (double)gf.hosted);
+  add_num(gr, "host_starts", (double)gf.host_starts);
   ust__routes_snapshot_free(snaps, nr);
   return root;
 }

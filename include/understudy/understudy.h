@@ -202,14 +202,23 @@ UST_API int ust_set_phase(int phase);
  * do nothing.
  *   ust_graph_capture_id: the id of the capture stream (a cudaStream_t) is
  *     in now, 0 when none: ask once the capture has begun;
+ *   ust_graph_capture_hosted: the same, for a capture whose executable the
+ *     caller will bind and whose replays it will report (replay, then
+ *     replayed): a shadow beside the chain captured in it gets no
+ *     conditional node; the host starts its body (a graph of its own)
+ *     after each replay that verifies it;
  *   ust_graph_bind: exec's replays gated from now on (capture: the id of
  *     the capture that made graph); the number of shadows gated (0: none),
  *     or an error;
- *   ust_graph_replay: call before each replay of exec;
+ *   ust_graph_replay: call before each replay of exec on stream; returns
+ *     1 when ust_graph_replayed must follow that replay, else 0;
+ *   ust_graph_replayed: call after that replay was enqueued on stream;
  *   ust_graph_unbind: exec is being destroyed or made again. */
 UST_API unsigned long long ust_graph_capture_id(void *stream);
+UST_API unsigned long long ust_graph_capture_hosted(void *stream);
 UST_API int ust_graph_bind(void *graph, unsigned long long capture, void *exec);
-UST_API void ust_graph_replay(void *exec);
+UST_API int ust_graph_replay(void *exec, void *stream);
+UST_API void ust_graph_replayed(void *exec, void *stream);
 UST_API void ust_graph_unbind(void *exec);
 
 /* ---- the guard's comparison, for tools and tests ------------------------ */

@@ -118,8 +118,12 @@ def _load():
             lib.ust_graph_capture_id.argtypes = [ctypes.c_void_p]
             lib.ust_graph_capture_id.restype = ctypes.c_ulonglong
             lib.ust_graph_bind.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p]
-            lib.ust_graph_replay.argtypes = [ctypes.c_void_p]
-            lib.ust_graph_replay.restype = None
+            lib.ust_graph_capture_hosted.argtypes = [ctypes.c_void_p]
+            lib.ust_graph_capture_hosted.restype = ctypes.c_ulonglong
+            lib.ust_graph_replay.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            lib.ust_graph_replay.restype = ctypes.c_int
+            lib.ust_graph_replayed.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            lib.ust_graph_replayed.restype = None
             lib.ust_graph_unbind.argtypes = [ctypes.c_void_p]
             lib.ust_graph_unbind.restype = None
             for fn in ("ust_last_error", "ust_err_name", "ust_version", "ust_torch_version", "ust_strerror"):

@@ -7,7 +7,12 @@ object is replayed from Python (torch.cuda.graph, make_graphed_callables,
 torch.compile's CUDA graph trees, vLLM, SGLang), these hooks let the host take
 that decision instead, before each replay: the library enables those kernels
 only in the replays that verify, and disabled they cost a replay almost
-nothing.
+nothing. In a graph the hooks see captured (one whose graph is kept, below),
+the shadow's body is not in the graph at all: the library starts it, as a
+graph of its own on a stream of its own, behind each replay that verifies
+(ust_graph_capture_hosted at capture_begin; ust_graph_replay before the
+replay, ust_graph_replayed after it), so a closed gate costs the replay one
+disabled kernel per captured call and no conditional node.
 
 Enabling a node needs the graph the executable graph was made from, which
 torch destroys once it instantiated it unless the graph object was made with
@@ -16,7 +21,8 @@ keep_graph=True. So while understudy is enabled with a native candidate configur
 keep_graph is made with it, and instantiated at capture_end, as torch would
 have done: its graph then lives as long as the object (host memory), and
 raw_cuda_graph() answers. A graph whose owner asked for keep_graph=True is
-left to its owner to instantiate.
+left to its owner to instantiate (explicitly, or by torch at its first
+replay: gated from the next one on).
 
 install() wraps __init__, capture_begin, capture_end, instantiate, replay and
 reset of torch.cuda.CUDAGraph once per process; set_keep() says whether graphs made
@@ -69,15 +75,23 @@ def _unbind(graph, lib) -> None:
 def _bind(graph, lib) -> None:
     """After an instantiation: the executable gated from the host when its
     graph holds such a shadow (of the capture that made it: a shadow of a
-    graph since destroyed at the same address is of another)."""
+    graph since destroyed at the same address is of another). A kept graph
+    not instantiated yet is bound after its first replay (torch instantiates
+    it there)."""
     try:
         handle = graph.raw_cuda_graph()  # only a kept graph has one
-        exec_ = graph.raw_cuda_graph_exec()  # only an instantiated one has one
     except Exception:  # noqa: BLE001 - nothing understudy can gate
         return
     try:
+        exec_ = graph.raw_cuda_graph_exec()  # only an instantiated one has one
+    except Exception:  # noqa: BLE001
+        exec_ = 0
+    capture = graph.__dict__.get("_understudy_capture", 0)
+    graph._understudy_lazy = bool(capture) and not exec_
+    if not exec_:
+        return
+    try:
         _unbind(graph, lib)
-        capture = graph.__dict__.get("_understudy_capture", 0)
         if handle and exec_ and capture and lib.ust_graph_bind(handle, capture, exec_) > 0:
             fin = weakref.finalize(graph, lib.ust_graph_unbind, exec_)
             graph._understudy_unbind = fin
@@ -103,23 +117,31 @@ def install(lib) -> bool:
         if not all(hasattr(cls, n) for n in names + ("raw_cuda_graph", "raw_cuda_graph_exec")):
             return False
         init, capture_begin, capture_end, instantiate, replay, reset = (getattr(cls, n) for n in names)
-        gate = lib.ust_graph_replay
+        gate, replayed = lib.ust_graph_replay, lib.ust_graph_replayed
 
         def _init(self, *args, **kwargs):
             owner_keeps = kwargs.get("keep_graph", args[0] if args else False)
             if _keep and not owner_keeps and len(args) + len(kwargs) <= 1 and set(kwargs) <= {"keep_graph"}:
                 try:
                     init(self, True)
-                    self._understudy_instantiates = True
+                    self._understudy_instantiates = self._understudy_kept = True
                     return
                 except TypeError:  # a constructor without keep_graph: as its owner asked
                     pass
             init(self, *args, **kwargs)
+            if owner_keeps is True:
+                self._understudy_kept = True
 
         def _capture_begin(self, *args, **kwargs):
             capture_begin(self, *args, **kwargs)
             try:  # the capture's id, which the shadows captured in it carry
-                self._understudy_capture = lib.ust_graph_capture_id(torch.cuda.current_stream().cuda_stream)
+                device = torch.cuda.current_device()
+                stream = torch.cuda.current_stream(device).cuda_stream
+                # a kept graph is bound and its replays seen: its shadows' bodies started by the host
+                hosted = self.__dict__.get("_understudy_kept")
+                self._understudy_capture = (lib.ust_graph_capture_hosted if hosted else lib.ust_graph_capture_id)(
+                    stream)
+                self._understudy_device = device
             except Exception:  # noqa: BLE001 - nothing of it gated
                 self._understudy_capture = 0
 
@@ -138,10 +160,18 @@ def install(lib) -> bool:
             _bind(self, lib)
 
         def _replay(self):
-            exec_ = self.__dict__.get("_understudy_exec")
-            if exec_ is not None:
-                gate(exec_)
+            d = self.__dict__
+            exec_ = d.get("_understudy_exec")
+            if exec_ is None:
+                replay(self)
+                if d.pop("_understudy_lazy", False):  # torch instantiated it just now
+                    _bind(self, lib)
+                return
+            stream = torch.cuda.current_stream(d.get("_understudy_device")).cuda_stream  # where torch replays it
+            after = gate(exec_, stream)
             replay(self)
+            if after:  # the bodies of the shadows this replay verifies, behind it
+                replayed(exec_, stream)
 
         def _reset(self):
             try:

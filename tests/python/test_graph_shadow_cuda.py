@@ -77,15 +77,19 @@ def _settle(us):
     us.flush()
 
 
-@pytest.mark.parametrize("sample,launch", [(1.0, "conditional"), (1.0, "device"), (0.25, "device")])
-def test_captured_shadow_verifies_its_share_of_replays(us, sample, launch):
-    """Beside the chain, each call's shadow started by its kernel in the
-    chain: through an IF node (the default), or launched from the device."""
+@pytest.mark.parametrize("sample,launch,gate", [(1.0, "conditional", "replay"), (0.25, "conditional", "replay"),
+                                               (1.0, "conditional", "device"), (1.0, "device", "device"),
+                                               (0.25, "device", "device")])
+def test_captured_shadow_verifies_its_share_of_replays(us, sample, launch, gate):
+    """Beside the chain, each call's shadow started: by the host behind the
+    replays it verifies (shadow.graph_gate replay, the default: no node of
+    it in the graph); decided on the device, by its kernel in the chain
+    through an IF node (the default) or launched from the device."""
     inputs = rms_inputs("cuda", torch.bfloat16, shapes=SHAPES)
     plain = _capture(inputs)  # without understudy
     cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
     cfg["operators"]["rms_norm"]["sample"] = sample
-    cfg["shadow"] = {"graph_beside_launch": launch}
+    cfg["shadow"] = {"graph_beside_launch": launch, "graph_gate": gate}
     us.enable(cfg)
     shadowed = _capture(inputs)
     _settle(us)  # the gates open
@@ -103,10 +107,13 @@ def test_captured_shadow_verifies_its_share_of_replays(us, sample, launch):
         assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": 1, "reason": None}
         assert (sh["verified"], sh["passed"], sh["failed"]) == (want, want, 0), sh
         assert sh["skipped_by"]["capture"] == 0 and r["mode"] == "shadow"
-    assert rep["graphs"]["launched"] == (len(SHAPES) if launch == "device" else 0), rep["graphs"]
-    assert rep["graphs"]["refused"] == 0
-    assert (rep["graphs"]["gated"], rep["graphs"]["gated_replays"]) == (len(SHAPES), n), rep["graphs"]
-    print(f"sample {sample}, {launch}: {n} replays, {want} verified per route (of {len(rs)} routes), all passed")
+    figs, hosted = rep["graphs"], gate == "replay"
+    assert figs["launched"] == (len(SHAPES) if launch == "device" and not hosted else 0), figs
+    assert figs["refused"] == 0
+    assert (figs["gated"], figs["gated_replays"]) == ((len(SHAPES), n) if hosted else (0, 0)), figs
+    assert (figs["hosted"], figs["host_starts"]) == ((len(SHAPES), len(SHAPES) * want) if hosted else (0, 0)), figs
+    print(f"sample {sample}, {launch}, {gate}: {n} replays, {want} verified per route (of {len(rs)} routes), "
+          "all passed")
 
 
 def test_wrong_tail_rolls_back_at_its_first_verified_replay(us):
@@ -208,7 +215,7 @@ def test_disable_closes_every_gate(us):
     figs = us.report()["graphs"]
     us.disable()
     assert figs == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0, "launched": 0, "refused": 0,
-                    "gated": 0, "gated_replays": 0, "gate_failed": 0}, figs
+                    "gated": 0, "gated_replays": 0, "gate_failed": 0, "hosted": 0, "host_starts": 0}, figs
 
 
 def _gate_kernel_runs(inputs, graphs, n):
@@ -229,7 +236,10 @@ def test_replays_gated_from_the_host_run_the_kernel_in_the_chain_only_to_verify(
     torch.cuda.CUDAGraph the host enables a site's kernel in the chain only
     when the replay verifies (torch.profiler counts that kernel's runs:
     sample 0.25, 64 replays, 3 sites: 3 x 16 runs, against 3 x 64 when the
-    device decides), and the replays verified are the same share."""
+    device decides), and the replays verified are the same share. The
+    graph holds no conditional node for them: the host starts each site's
+    body after the replays that verify it (graphs.hosted, host_starts);
+    decided on the device, an IF node in the graph starts it."""
     inputs = rms_inputs("cuda", torch.bfloat16, shapes=SHAPES)
     plain = _capture(inputs)
     cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
@@ -251,9 +261,10 @@ def test_replays_gated_from_the_host_run_the_kernel_in_the_chain_only_to_verify(
     figs = rep["graphs"]
     if gate == "replay":
         assert (figs["gated"], figs["gated_replays"], figs["gate_failed"]) == (len(SHAPES), n, 0), figs
+        assert (figs["hosted"], figs["host_starts"]) == (len(SHAPES), len(SHAPES) * want), figs
         assert runs == len(SHAPES) * want, runs
     else:
-        assert (figs["gated"], figs["gated_replays"]) == (0, 0), figs
+        assert (figs["gated"], figs["gated_replays"], figs["hosted"], figs["host_starts"]) == (0, 0, 0, 0), figs
         assert runs == len(SHAPES) * n, runs
     print(f"graph_gate {gate}: {n} replays, the kernels in the chain ran {runs} times, {want} verified per route")
 
@@ -357,6 +368,26 @@ def test_a_graph_its_owner_keeps_is_gated_once_its_owner_instantiates_it(us):
     assert again == _hits(7, 0.5) == 3 and r2["shadow"]["verified"] == 13, (again, r2["shadow"])
     assert (rep2["graphs"]["gated"], rep2["graphs"]["gated_replays"]) == (1, 27), rep2["graphs"]
     assert rep3["graphs"]["gated"] == 0, rep3["graphs"]
+
+
+def test_a_kept_graph_torch_instantiates_at_its_first_replay_is_gated_from_the_next(us):
+    """CUDAGraph(keep_graph=True) replayed without instantiate(): torch
+    instantiates it at its first replay, which no one gated (its shadow,
+    started by the host, does not run: 0 verified); every replay after it is
+    gated and verified (sample 1), outputs bit-equal to a graph without
+    understudy."""
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    plain = _capture(inputs)
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
+    g, outs = _capture_one(inputs, keep_graph=True)
+    equal = all(_same(a, b) for a, b in _replays(inputs, [plain, (g, outs)], 9))
+    _settle(us)
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "_C::rms_norm")
+    assert equal and (r["shadow"]["verified"], r["shadow"]["failed"]) == (8, 0), r["shadow"]
+    figs = rep["graphs"]
+    assert (figs["gated"], figs["gated_replays"], figs["hosted"], figs["host_starts"]) == (1, 8, 1, 8), figs
 
 
 def _hit(i, share):
