@@ -64,6 +64,7 @@
 #define GRAPH_RING 4096u   /* entries per device */
 #define GRAPH_SITE_NODES 4 /* kernels in the chain per site the host can gate */
 #define GRAPH_HOSTED 64    /* captures marked as gated from the host, newest kept */
+#define GRAPH_SIDES 4      /* streams a binding starts its hosted sites' parts on (site i on i % 4) */
 
 enum { SITE_BUILDING = 0, SITE_LIVE, SITE_DROPPED };
 
@@ -144,12 +145,17 @@ typedef struct exec_bind {
   void *exec; /* cudaGraphExec_t */
   exec_site *sites;
   uint32_t n;
-  /* where it holds hosted sites: their bodies start on side, behind the
-   * replay (replayed: recorded on the replay's stream), and done says when
-   * the last started ones finished */
-  void *side, *replayed, *done; /* cudaStream_t, cudaEvent_t */
-  int pending;                  /* done was recorded */
-  uint32_t starts;              /* sites the current replay verifies whose bodies start after it */
+  /* where it holds hosted sites: their bodies start on its side streams
+   * (each hosted site on one of them, beside the others), behind the
+   * replay (replayed: recorded on the replay's stream), and done[j] says
+   * when those last started on side[j] finished */
+  void *replayed;                /* cudaEvent_t */
+  void *side[GRAPH_SIDES];       /* cudaStream_t */
+  void *done[GRAPH_SIDES];       /* cudaEvent_t */
+  int n_sides;                   /* made (0: no hosted site) */
+  int device;                    /* theirs */
+  int pending[GRAPH_SIDES];      /* done[j] was recorded */
+  uint32_t starts;               /* sites the current replay verifies whose bodies start after it */
 } exec_bind;
 
 /* A binding's own memory, and its stream and events where it made them,
@@ -158,18 +164,19 @@ typedef struct exec_bind {
  * replay). */
 static void bind_release(exec_bind *b) {
 #ifdef GRAPH_GPU
-  if (b->side != NULL) {
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    if (b->pending)
-      cudaEventSynchronize((cudaEvent_t)b->done);
-    if (b->replayed != NULL)
-      cudaEventDestroy((cudaEvent_t)b->replayed);
-    if (b->done != NULL)
-      cudaEventDestroy((cudaEvent_t)b->done);
-    cudaStreamDestroy((cudaStream_t)b->side);
-    cudaThreadExchangeStreamCaptureMode(&mode);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  for (int j = 0; j < GRAPH_SIDES; j++) {
+    if (b->pending[j])
+      cudaEventSynchronize((cudaEvent_t)b->done[j]);
+    if (b->done[j] != NULL)
+      cudaEventDestroy((cudaEvent_t)b->done[j]);
+    if (b->side[j] != NULL)
+      cudaStreamDestroy((cudaStream_t)b->side[j]);
   }
+  if (b->replayed != NULL)
+    cudaEventDestroy((cudaEvent_t)b->replayed);
+  cudaThreadExchangeStreamCaptureMode(&mode);
 #endif
   free(b->sites);
 }
@@ -331,13 +338,21 @@ uint32_t ust__graphs_open(ust__graphs *g) {
 void ust__graphs_destroy(ust__graphs *g) {
   if (g == NULL)
     return;
-  ust__graphs_tick(g);
-  ust__graphs_close(g);
+  /* the bodies the host started done (bind_release waits), then judged */
   for (uint32_t i = 0; i < g->n_binds; i++)
     bind_release(&g->binds[i]);
   free(g->binds);
-  for (uint32_t i = 0; i < g->n_sites; i++)
+  ust__graphs_tick(g);
+  ust__graphs_close(g);
+  for (uint32_t i = 0; i < g->n_sites; i++) {
+#ifdef GRAPH_GPU
+    /* only this enable's bindings started them */
+    for (int k = 0; k < GRAPH_SITE_NODES; k++)
+      if (g->sites[i]->bodies[k] != NULL)
+        cudaGraphExecDestroy((cudaGraphExec_t)g->sites[i]->bodies[k]);
+#endif
     free(g->sites[i]);
+  }
   free(g->sites);
   pthread_mutex_destroy(&g->bind_lock);
   pthread_mutex_destroy(&g->lock);
@@ -892,19 +907,19 @@ unsigned long long ust__graphs_capture_hosted(ust__graphs *g, void *stream) {
   return id;
 }
 
-/* A stream and two events for the bodies of hosted sites, on device. */
-static int bind_side(exec_bind *b, int device) {
+/* n streams, each with its event, and the replay's event, for the bodies
+ * of hosted sites, on device. */
+static int bind_sides(exec_bind *b, int device, int n) {
   on_device o;
   int rc = device_enter(&o, device);
-  cudaStream_t side = NULL;
-  cudaEvent_t replayed = NULL, done = NULL;
   if (rc == 0)
-    rc = UST__GPU_CHECK(NULL, cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  if (rc == 0)
-    rc = UST__GPU_CHECK(NULL, cudaEventCreateWithFlags(&replayed, cudaEventDisableTiming));
-  if (rc == 0)
-    rc = UST__GPU_CHECK(NULL, cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  b->side = side, b->replayed = replayed, b->done = done;
+    rc = UST__GPU_CHECK(NULL, cudaEventCreateWithFlags((cudaEvent_t *)&b->replayed, cudaEventDisableTiming));
+  for (int j = 0; j < n && rc == 0; j++) {
+    rc = UST__GPU_CHECK(NULL, cudaStreamCreateWithFlags((cudaStream_t *)&b->side[j], cudaStreamNonBlocking));
+    if (rc == 0)
+      rc = UST__GPU_CHECK(NULL, cudaEventCreateWithFlags((cudaEvent_t *)&b->done[j], cudaEventDisableTiming));
+    b->n_sides += rc == 0;
+  }
   device_leave(&o);
   return rc;
 }
@@ -917,16 +932,22 @@ int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, vo
   uint32_t at;
   if (find_bind(g, exec, &at) != NULL) /* an executable graph made again at the address of one gone */
     unbind_at(g, at);
-  uint32_t n = 0;
+  uint32_t n = 0, hosted = 0;
   int device = -1;
   for (uint32_t i = 0; i < g->n_sites && !g->closed; i++)
     if (bindable(g->sites[i], graph, capture)) {
       n++;
-      if (g->sites[i]->hosted)
+      if (g->sites[i]->hosted) {
+        hosted++;
         device = g->sites[i]->device;
+      }
     }
   int rc = 0;
-  exec_bind b = {exec, NULL, n, NULL, NULL, NULL, 0, 0};
+  exec_bind b;
+  memset(&b, 0, sizeof b);
+  b.exec = exec;
+  b.n = n;
+  b.device = device;
   if (n > 0 && g->n_binds == g->cap_binds) {
     const uint32_t cap = g->cap_binds ? g->cap_binds * 2 : 8;
     exec_bind *grown = realloc(g->binds, cap * sizeof *grown);
@@ -939,8 +960,8 @@ int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, vo
   }
   if (n > 0 && rc == 0 && (b.sites = calloc(n, sizeof *b.sites)) == NULL)
     rc = ust__error(UST_ENOMEM, "graph: out of memory");
-  if (n > 0 && rc == 0 && device >= 0)
-    rc = bind_side(&b, device);
+  if (n > 0 && rc == 0 && hosted > 0)
+    rc = bind_sides(&b, device, hosted < GRAPH_SIDES ? (int)hosted : GRAPH_SIDES);
   if (n > 0 && rc == 0) {
     uint32_t k = 0;
     for (uint32_t i = 0; i < g->n_sites && k < n; i++)
@@ -1003,12 +1024,20 @@ int ust__graphs_replay(ust__graphs *g, void *exec, void *stream) {
       }
       starts += on && es->site->hosted;
     }
-    /* its copies wait until the bodies reading the last ones are done */
-    if (!failed && starts > 0 && b->pending) {
-      enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-      cudaThreadExchangeStreamCaptureMode(&mode);
-      failed = UST__GPU_CHECK(NULL, cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)b->done, 0)) != 0;
-      cudaThreadExchangeStreamCaptureMode(&mode);
+    /* its copies wait until the bodies reading the last ones are done; a
+     * replay captured into another graph starts none (its copies are taken,
+     * never read: that replay is not verified) */
+    if (!failed && starts > 0) {
+      on_device o;
+      enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+      failed = device_enter(&o, b->device) != 0 ||
+               UST__GPU_CHECK(NULL, cudaStreamIsCapturing((cudaStream_t)stream, &st)) != 0;
+      if (st != cudaStreamCaptureStatusNone)
+        starts = 0;
+      for (int j = 0; j < b->n_sides && !failed && starts > 0; j++)
+        if (b->pending[j])
+          failed = UST__GPU_CHECK(NULL, cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)b->done[j], 0)) != 0;
+      device_leave(&o);
     }
     b->starts = failed ? 0 : starts;
   }
@@ -1025,26 +1054,38 @@ void ust__graphs_replayed(ust__graphs *g, void *exec, void *stream) {
   uint32_t at;
   exec_bind *b = find_bind(g, exec, &at);
   if (b != NULL && b->starts > 0) {
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    const cudaStream_t side = (cudaStream_t)b->side;
-    int rc = UST__GPU_CHECK(NULL, cudaEventRecord((cudaEvent_t)b->replayed, (cudaStream_t)stream));
+    on_device o; /* torch's replay makes the graph's device current only while it runs */
+    int rc = device_enter(&o, b->device);
     if (rc == 0)
-      rc = UST__GPU_CHECK(NULL, cudaStreamWaitEvent(side, (cudaEvent_t)b->replayed, 0));
+      rc = UST__GPU_CHECK(NULL, cudaEventRecord((cudaEvent_t)b->replayed, (cudaStream_t)stream));
+    int used[GRAPH_SIDES] = {0};
+    uint32_t hosted = 0; /* the binding's hosted sites so far: site i on side i % n_sides */
     for (uint32_t k = 0; k < b->n && rc == 0; k++) {
       const graph_site *s = b->sites[k].site;
-      if (!b->sites[k].on || !s->hosted)
+      if (!s->hosted)
         continue;
-      for (int j = 0; j < s->n_nodes && rc == 0; j++)
-        if (s->bodies[j] != NULL)
-          rc = UST__GPU_CHECK(NULL, cudaGraphLaunch((cudaGraphExec_t)s->bodies[j], side));
+      const int j = (int)(hosted++ % (uint32_t)b->n_sides);
+      if (!b->sites[k].on)
+        continue;
+      const cudaStream_t side = (cudaStream_t)b->side[j];
+      if (!used[j]) {
+        rc = UST__GPU_CHECK(NULL, cudaStreamWaitEvent(side, (cudaEvent_t)b->replayed, 0));
+        used[j] = 1;
+      }
+      for (int p = 0; p < s->n_nodes && rc == 0; p++)
+        if (s->bodies[p] != NULL)
+          rc = UST__GPU_CHECK(NULL, cudaGraphLaunch((cudaGraphExec_t)s->bodies[p], side));
       g->host_starts += rc == 0;
     }
-    if (rc == 0)
-      rc = UST__GPU_CHECK(NULL, cudaEventRecord((cudaEvent_t)b->done, side));
-    cudaThreadExchangeStreamCaptureMode(&mode);
+    /* on every stream that started some, also after a failure (the release waits for them) */
+    for (int j = 0; j < b->n_sides; j++)
+      if (used[j]) {
+        const int r = UST__GPU_CHECK(NULL, cudaEventRecord((cudaEvent_t)b->done[j], (cudaStream_t)b->side[j]));
+        b->pending[j] = r == 0;
+        rc = rc != 0 ? rc : r;
+      }
+    device_leave(&o);
     b->starts = 0;
-    b->pending = rc == 0;
     if (rc != 0)
       give_back(g, at);
   }
