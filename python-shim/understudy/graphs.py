@@ -25,7 +25,7 @@ left to its owner to instantiate (explicitly, or by torch at its first
 replay: gated from the next one on).
 
 install() wraps __init__, capture_begin, capture_end, instantiate, replay and
-reset of torch.cuda.CUDAGraph once per process; set_keep() says whether graphs made
+reset of torch.cuda.CUDAGraph once per process (wrap() does it for a class); set_keep() says whether graphs made
 from now on are kept. The hooks never raise on understudy's account: a
 failure leaves the graph as torch made it, its replays decided on the device.
 """
@@ -113,85 +113,95 @@ def install(lib) -> bool:
             cls = torch.cuda.CUDAGraph
         except (ImportError, AttributeError):
             return False
-        names = ("__init__", "capture_begin", "capture_end", "instantiate", "replay", "reset")
-        if not all(hasattr(cls, n) for n in names + ("raw_cuda_graph", "raw_cuda_graph_exec")):
-            return False
-        init, capture_begin, capture_end, instantiate, replay, reset = (getattr(cls, n) for n in names)
-        gate, replayed = lib.ust_graph_replay, lib.ust_graph_replayed
+        _installed = wrap(cls, lib)
+        return _installed
 
-        def _init(self, *args, **kwargs):
-            owner_keeps = kwargs.get("keep_graph", args[0] if args else False)
-            if _keep and not owner_keeps and len(args) + len(kwargs) <= 1 and set(kwargs) <= {"keep_graph"}:
-                try:
-                    init(self, True)
-                    self._understudy_instantiates = self._understudy_kept = True
-                    return
-                except TypeError:  # a constructor without keep_graph: as its owner asked
-                    pass
-            init(self, *args, **kwargs)
-            if owner_keeps is True:
-                self._understudy_kept = True
 
-        def _capture_begin(self, *args, **kwargs):
-            capture_begin(self, *args, **kwargs)
-            try:  # the capture's id, which the shadows captured in it carry
-                device = torch.cuda.current_device()
-                stream = torch.cuda.current_stream(device).cuda_stream
-                # a kept graph is bound and its replays seen: its shadows' bodies started by the host
-                hosted = self.__dict__.get("_understudy_kept")
-                self._understudy_capture = (lib.ust_graph_capture_hosted if hosted else lib.ust_graph_capture_id)(
-                    stream)
-                self._understudy_device = device
-            except Exception:  # noqa: BLE001 - nothing of it gated
-                self._understudy_capture = 0
+_NAMES = ("__init__", "capture_begin", "capture_end", "instantiate", "replay", "reset")
 
-        def _capture_end(self):
-            capture_end(self)
-            if self.__dict__.get("_understudy_instantiates"):
-                instantiate(self)  # where torch would have
-            _bind(self, lib)
 
-        def _instantiate(self):
+def wrap(cls, lib) -> bool:
+    """Wraps cls's methods (torch.cuda.CUDAGraph's, or a class that
+    behaves as it does) with the hooks; False, and cls untouched, where it
+    lacks one of them or the raw handles."""
+    import torch
+    if not all(hasattr(cls, n) for n in _NAMES + ("raw_cuda_graph", "raw_cuda_graph_exec")):
+        return False
+    init, capture_begin, capture_end, instantiate, replay, reset = (getattr(cls, n) for n in _NAMES)
+    gate, replayed = lib.ust_graph_replay, lib.ust_graph_replayed
+
+    def _init(self, *args, **kwargs):
+        owner_keeps = kwargs.get("keep_graph", args[0] if args else False)
+        if _keep and not owner_keeps and len(args) + len(kwargs) <= 1 and set(kwargs) <= {"keep_graph"}:
             try:
-                _unbind(self, lib)  # torch destroys the executable it replaces
+                init(self, True)
+                self._understudy_instantiates = self._understudy_kept = True
+                return
+            except TypeError:  # a constructor without keep_graph: as its owner asked
+                pass
+        init(self, *args, **kwargs)
+        if owner_keeps is True:
+            self._understudy_kept = True
+
+    def _capture_begin(self, *args, **kwargs):
+        capture_begin(self, *args, **kwargs)
+        try:  # the capture's id, which the shadows captured in it carry
+            device = torch.cuda.current_device()
+            stream = torch.cuda.current_stream(device).cuda_stream
+            # a kept graph is bound and its replays seen: its shadows' bodies started by the host
+            hosted = self.__dict__.get("_understudy_kept")
+            self._understudy_capture = (lib.ust_graph_capture_hosted if hosted else lib.ust_graph_capture_id)(
+                stream)
+            self._understudy_device = device
+        except Exception:  # noqa: BLE001 - nothing of it gated
+            self._understudy_capture = 0
+
+    def _capture_end(self):
+        capture_end(self)
+        if self.__dict__.get("_understudy_instantiates"):
+            instantiate(self)  # where torch would have
+        _bind(self, lib)
+
+    def _instantiate(self):
+        try:
+            _unbind(self, lib)  # torch destroys the executable it replaces
+        except Exception:  # noqa: BLE001
+            pass
+        instantiate(self)
+        _bind(self, lib)
+
+    def _replay(self):
+        d = self.__dict__
+        exec_ = d.get("_understudy_exec")
+        if exec_ is None:
+            replay(self)
+            if d.pop("_understudy_lazy", False):  # torch instantiated it just now
+                _bind(self, lib)
+            return
+        try:
+            stream = torch.cuda.current_stream(d.get("_understudy_device")).cuda_stream  # where torch replays it
+            after = gate(exec_, stream)
+        except Exception:  # noqa: BLE001 - replayed as torch would
+            after = 0
+        replay(self)
+        if after:  # the bodies of the shadows this replay verifies, behind it
+            try:
+                replayed(exec_, stream)
             except Exception:  # noqa: BLE001
                 pass
-            instantiate(self)
-            _bind(self, lib)
 
-        def _replay(self):
-            d = self.__dict__
-            exec_ = d.get("_understudy_exec")
-            if exec_ is None:
-                replay(self)
-                if d.pop("_understudy_lazy", False):  # torch instantiated it just now
-                    _bind(self, lib)
-                return
-            try:
-                stream = torch.cuda.current_stream(d.get("_understudy_device")).cuda_stream  # where torch replays it
-                after = gate(exec_, stream)
-            except Exception:  # noqa: BLE001 - replayed as torch would
-                after = 0
-            replay(self)
-            if after:  # the bodies of the shadows this replay verifies, behind it
-                try:
-                    replayed(exec_, stream)
-                except Exception:  # noqa: BLE001
-                    pass
+    def _reset(self):
+        try:
+            _unbind(self, lib)
+        except Exception:  # noqa: BLE001 - reset as torch does, whatever understudy says
+            pass
+        reset(self)
 
-        def _reset(self):
-            try:
-                _unbind(self, lib)
-            except Exception:  # noqa: BLE001 - reset as torch does, whatever understudy says
-                pass
-            reset(self)
-
-        new = (_init, _capture_begin, _capture_end, _instantiate, _replay, _reset)
-        for fn, old in zip(new, (init, capture_begin, capture_end, instantiate, replay, reset)):
-            fn.__name__, fn.__qualname__, fn.__doc__ = old.__name__, getattr(old, "__qualname__", old.__name__), \
-                old.__doc__
-            fn.__wrapped__ = old
-        for name, fn in zip(names, new):  # a Python class: setting its attributes does not fail
-            setattr(cls, name, fn)
-        _installed = True
-        return True
+    new = (_init, _capture_begin, _capture_end, _instantiate, _replay, _reset)
+    for fn, old in zip(new, (init, capture_begin, capture_end, instantiate, replay, reset)):
+        fn.__name__, fn.__qualname__, fn.__doc__ = old.__name__, getattr(old, "__qualname__", old.__name__), \
+            old.__doc__
+        fn.__wrapped__ = old
+    for name, fn in zip(_NAMES, new):  # a Python class: setting its attributes does not fail
+        setattr(cls, name, fn)
+    return True

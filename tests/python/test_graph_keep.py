@@ -49,3 +49,147 @@ def test_enable_keeps_graphs_and_disable_stops(us):
     us.enable({"operators": {"rms_norm": {"mode": "observe"}}})
     assert not graphs._keep
     us.disable()
+
+
+class _Graph:
+    """Behaves as torch.cuda.CUDAGraph does for the hooks: keep_graph keeps
+    the graph (raw_cuda_graph answers) and leaves instantiation to
+    instantiate() or the first replay; without it, capture_end instantiates
+    and drops the graph. Every call goes into log."""
+    log = []
+    _made = 0
+
+    def __init__(self, keep_graph=False):
+        _Graph._made += 1
+        self.keep, self.graph, self.exec = keep_graph, 0, 0
+        self.n = _Graph._made
+
+    def capture_begin(self):
+        self.log.append(("capture_begin", self.n))
+
+    def capture_end(self):
+        self.graph = 0x1000 + self.n
+        if not self.keep:  # in torch's own code, not through the Python method
+            _Graph.instantiate(self)
+            self.graph = 0
+        self.log.append(("capture_end", self.n))
+
+    def instantiate(self):
+        self.exec = 0x2000 + self.n + 16 * len(self.log)
+        self.log.append(("instantiate", self.n))
+
+    def replay(self):
+        if not self.exec:
+            _Graph.instantiate(self)
+        self.log.append(("replay", self.n))
+
+    def reset(self):
+        self.graph = self.exec = 0
+        self.log.append(("reset", self.n))
+
+    def raw_cuda_graph(self):
+        if not self.graph:
+            raise RuntimeError("no graph kept")
+        return self.graph
+
+    def raw_cuda_graph_exec(self):
+        if not self.exec:
+            raise RuntimeError("not instantiated")
+        return self.exec
+
+
+class _Lib:
+    """The library's graph entry points, logged; ust_graph_replay says that
+    every other replay starts something after it."""
+
+    def __init__(self, log):
+        self.log, self.replays = log, 0
+
+    def ust_graph_capture_id(self, stream):
+        self.log.append(("capture_id", stream))
+        return 77
+
+    def ust_graph_capture_hosted(self, stream):
+        self.log.append(("capture_hosted", stream))
+        return 78
+
+    def ust_graph_bind(self, graph, capture, exec_):
+        self.log.append(("bind", graph, capture, exec_))
+        return 1
+
+    def ust_graph_replay(self, exec_, stream):
+        self.replays += 1
+        self.log.append(("gate", exec_, stream))
+        return self.replays % 2
+
+    def ust_graph_replayed(self, exec_, stream):
+        self.log.append(("replayed", exec_, stream))
+
+    def ust_graph_unbind(self, exec_):
+        self.log.append(("unbind", exec_))
+
+
+@pytest.fixture
+def hooked(monkeypatch):
+    """_Graph wrapped by the hooks, on a stand-in device 1 whose current
+    stream is 0x5001; graphs made meanwhile kept."""
+    log = []
+    cls = type("Graph", (_Graph,), {"log": log})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0x5000 + (
+        device if device is not None else 1)})())
+    monkeypatch.setattr(graphs, "_keep", True)
+    assert graphs.wrap(cls, _Lib(log))
+    return cls, log
+
+
+def test_a_kept_graph_is_captured_hosted_bound_and_replayed_between_the_hooks(hooked):
+    """Made while graphs are kept: the capture is marked hosted on the
+    current stream, the graph instantiated at capture_end and bound with that
+    capture's id; each replay is gated before torch's replay on the graph's
+    device's stream, and replayed after it only when the gate says so."""
+    cls, log = hooked
+    g = cls()
+    g.capture_begin()
+    g.capture_end()
+    for _ in range(3):
+        g.replay()
+    ex = g.raw_cuda_graph_exec()
+    assert log == [("capture_begin", g.n), ("capture_hosted", 0x5001), ("capture_end", g.n), ("instantiate", g.n),
+                   ("bind", g.graph, 78, ex),
+                   ("gate", ex, 0x5001), ("replay", g.n), ("replayed", ex, 0x5001),
+                   ("gate", ex, 0x5001), ("replay", g.n),
+                   ("gate", ex, 0x5001), ("replay", g.n), ("replayed", ex, 0x5001)]
+    del log[:]
+    g.reset()
+    assert log == [("unbind", ex), ("reset", g.n)]
+
+
+def test_a_graph_its_owner_keeps_is_bound_after_torch_instantiates_it_at_its_first_replay(hooked):
+    """keep_graph=True by its owner: capture_end leaves it uninstantiated;
+    its first replay (which instantiates it) is not gated and binds it; the
+    next one is."""
+    cls, log = hooked
+    g = cls(keep_graph=True)
+    g.capture_begin()
+    g.capture_end()
+    g.replay()
+    g.replay()
+    ex = g.raw_cuda_graph_exec()
+    assert log == [("capture_begin", g.n), ("capture_hosted", 0x5001), ("capture_end", g.n),
+                   ("instantiate", g.n), ("replay", g.n), ("bind", g.graph, 78, ex),
+                   ("gate", ex, 0x5001), ("replay", g.n), ("replayed", ex, 0x5001)]
+
+
+def test_a_graph_not_kept_is_neither_hosted_nor_gated(hooked, monkeypatch):
+    """Made while graphs are not kept: the capture's id is read but not
+    marked hosted, nothing is bound (torch dropped its graph), and its
+    replays pass through without a hook."""
+    cls, log = hooked
+    monkeypatch.setattr(graphs, "_keep", False)
+    g = cls()
+    g.capture_begin()
+    g.capture_end()
+    g.replay()
+    assert log == [("capture_begin", g.n), ("capture_id", 0x5001), ("instantiate", g.n), ("capture_end", g.n),
+                   ("replay", g.n)]
