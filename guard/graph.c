@@ -88,8 +88,9 @@ typedef struct graph_site {
   uint64_t dev_last;                /* what *dev_word was last set to (g->lock) */
   /* of a capture the host gates (ust__graphs_capture_hosted): its parts' bodies, started by the host */
   int hosted;                       /* some part's body is in bodies: its gate stays closed unless gated */
-  void *bodies[GRAPH_SITE_NODES];   /* per kernel in the chain: its body's executable graph (kept for the
-                                       process), or NULL (none, or an IF node after that kernel) */
+  void *bodies[GRAPH_SITE_NODES];   /* per kernel in the chain: its body's executable graph (only this
+                                       enable's bindings start it: destroyed at its end), or NULL (none, or
+                                       an IF node after that kernel) */
 } graph_site;
 
 #ifdef GRAPH_GPU
@@ -571,9 +572,11 @@ static int add_if(cudaGraph_t graph, cudaGraphConditionalHandle handle, const cu
 }
 
 /* part instantiated (flags: for launch from the device, or 0: from the
- * host) and uploaded; never destroyed (the caller's graph holds its handle,
- * or its site does, and may replay at any time, as with the rest of the
- * kept memory). NULL when CUDA refuses it (its IF node serves then). */
+ * host) and uploaded. Launched from the device, never destroyed (the
+ * caller's graph holds its handle and may replay at any time, as with the
+ * rest of the kept memory); from the host, destroyed when the enable ends
+ * (ust__graphs_destroy). NULL when CUDA refuses it (its IF node serves
+ * then). */
 static void *body_exec(cudaGraph_t part, cudaStream_t side, unsigned long long flags) {
   cudaGraphExec_t exec = NULL;
   if (UST__GPU_CHECK(NULL, cudaGraphInstantiateWithFlags(&exec, part, flags)) != 0)

@@ -140,18 +140,16 @@ def wrap(cls, lib) -> bool:
             except TypeError:  # a constructor without keep_graph: as its owner asked
                 pass
         init(self, *args, **kwargs)
-        if owner_keeps is True:
+        if owner_keeps:
             self._understudy_kept = True
 
     def _capture_begin(self, *args, **kwargs):
         capture_begin(self, *args, **kwargs)
-        try:  # the capture's id, which the shadows captured in it carry
+        if not self.__dict__.get("_understudy_kept"):
+            return  # torch drops its graph once instantiated: nothing of it can be gated
+        try:  # the capture's id, which its shadows carry; they are started by the host behind its replays
             device = torch.cuda.current_device()
-            stream = torch.cuda.current_stream(device).cuda_stream
-            # a kept graph is bound and its replays seen: its shadows' bodies started by the host
-            hosted = self.__dict__.get("_understudy_kept")
-            self._understudy_capture = (lib.ust_graph_capture_hosted if hosted else lib.ust_graph_capture_id)(
-                stream)
+            self._understudy_capture = lib.ust_graph_capture_hosted(torch.cuda.current_stream(device).cuda_stream)
             self._understudy_device = device
         except Exception:  # noqa: BLE001 - nothing of it gated
             self._understudy_capture = 0

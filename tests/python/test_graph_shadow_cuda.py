@@ -1,8 +1,9 @@
 """Shadow captured into CUDA graphs (guard/graph.c): a shadowed route's call
 captured with torch.cuda.graph carries its shadow into the graph, behind
-conditional nodes that its gate opens for the sampled share of replays; the
-comparisons' statistics come back through the device's ring and are judged
-as eager calls' are. Ground truth: the same calls captured without
+conditional nodes that its gate opens for the sampled share of replays, or,
+beside the chain of a graph the host gates, started by the host behind the
+replays that verify it; the comparisons' statistics come back through the
+device's ring and are judged as eager calls' are. Ground truth: the same calls captured without
 understudy (outputs bit-equal), the share rule counted here, and the
 candidate's known wrong tail. Skipped only where torch sees no CUDA device."""
 
