@@ -41,6 +41,17 @@ typedef struct id_table {
   uint32_t cap, n;
 } id_table;
 
+/* A production kernel's name, learned from the eager calls timed by their
+ * kernels: the routes whose calls ran it (their figures), so that a kernel
+ * of that name run by a graph no bound op was seen captured into counts on
+ * them as unseen. */
+#define KT_NAME_ROUTES 4
+#define KT_NAMES_MAX 8192u
+typedef struct known_name {
+  ust__figs *figs[KT_NAME_ROUTES];
+  uint32_t n;
+} known_name;
+
 typedef struct captured_call {
   ust__figs *figs;
   uint64_t tsol_ps;
@@ -68,6 +79,11 @@ struct ust__kt {
   uint64_t prev_graph; /* the graph of the last captured call */
   captured_call *captured;
   uint32_t n_captured, captured_cap;
+  /* production kernels' names (their hashes), kept across windows: val the
+   * entry in known + 1 */
+  id_table names;
+  known_name *known;
+  uint32_t n_known;
 };
 
 static _Thread_local int tls_current = -1; /* the calling thread's innermost slot */
@@ -136,6 +152,8 @@ void ust__kt_destroy(ust__kt *k) {
   free(k->graphs.s);
   free(k->execs.s);
   free(k->captured);
+  free(k->names.s);
+  free(k->known);
   free(k->calls);
   free(k->kernels);
   free(k->corrs.s);
@@ -399,6 +417,53 @@ static void name_add(ust__kt_totals *t, const char *name, uint64_t ns) {
   }
 }
 
+/* A kernel name's key in k->names (FNV-1a; never 0, the empty slot). */
+static uint64_t name_hash(const char *name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const unsigned char *p = (const unsigned char *)name; *p != '\0'; p++)
+    h = (h ^ *p) * 0x100000001b3ull;
+  return h != 0 ? h : 1;
+}
+
+/* figs's route ran a kernel called name in an eager call: remembered (up
+ * to KT_NAME_ROUTES routes a name, KT_NAMES_MAX names). Lock held. */
+static void name_learn(ust__kt *k, const char *name, ust__figs *figs) {
+  if (name == NULL || figs == NULL)
+    return;
+  const uint64_t h = name_hash(name);
+  id_slot *e = id_find(&k->names, h, 0);
+  if (e == NULL) {
+    if (k->n_known == KT_NAMES_MAX)
+      return;
+    if (k->known == NULL && (k->known = calloc(KT_NAMES_MAX, sizeof *k->known)) == NULL)
+      return;
+    if ((e = id_find(&k->names, h, 1)) == NULL)
+      return;
+    e->val = ++k->n_known;
+    k->known[e->val - 1].n = 0;
+  }
+  known_name *kn = &k->known[e->val - 1];
+  for (uint32_t i = 0; i < kn->n; i++)
+    if (kn->figs[i] == figs)
+      return;
+  if (kn->n < KT_NAME_ROUTES)
+    kn->figs[kn->n++] = figs;
+}
+
+/* A kernel called name, ns long, run by a graph no bound op was seen
+ * captured into: unseen on each route whose eager calls ran a kernel of
+ * that name. Lock held. */
+static void name_unseen(ust__kt *k, const char *name, uint64_t ns) {
+  const id_slot *e = name != NULL ? id_find(&k->names, name_hash(name), 0) : NULL;
+  if (e == NULL)
+    return;
+  const known_name *kn = &k->known[e->val - 1];
+  for (uint32_t i = 0; i < kn->n; i++) {
+    atomic_fetch_add_explicit(&kn->figs[i]->unseen_kernels, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&kn->figs[i]->unseen_ns, ns, memory_order_relaxed);
+  }
+}
+
 static int kernel_order(const void *a, const void *b) {
   const kernel_rec *x = a, *y = b;
   if (x->corr != y->corr)
@@ -539,6 +604,15 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     c->kernels = 0; /* counted again below, with the sums */
     c->sum_ns = c->start = c->end = 0;
   }
+  /* the names of the kernels production ran in the window's eager calls
+   * (each its innermost call's; those a candidate served are not) */
+  for (uint32_t i = 0; i < k->n_kernels; i++) {
+    const kernel_rec *kr = &k->kernels[i];
+    const id_slot *launch = kr->node == 0 && kr->corr != 0 ? id_find(&k->corrs, kr->corr, 0) : NULL;
+    const uint32_t call = launch != NULL ? launch->val : 0;
+    if (call != 0 && call <= n_calls && atomic_load_explicit(&k->calls[call - 1].ended, memory_order_acquire) == 1)
+      name_learn(k, kr->name, k->calls[call - 1].figs);
+  }
   replay_rec *replays = NULL;
   uint32_t n_replays = 0;
   for (uint32_t i = 0; i < k->n_kernels; i++) {
@@ -561,6 +635,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
        * enable(), without bound ops, or beside another capture */
       t->graph_unknown++;
       t->graph_unknown_ns += ns;
+      name_unseen(k, kr->name, ns);
     }
     int grouped = 0;
     if (cap != 0 && (replays != NULL || (replays = malloc((size_t)k->n_kernels * sizeof *replays)) != NULL)) {

@@ -70,6 +70,7 @@ enum { SITE_BUILDING = 0, SITE_LIVE, SITE_DROPPED };
 
 typedef struct graph_site {
   void *cookie;      /* the route */
+  ust__verify *verify; /* its counters */
   int state;         /* SITE_* */
   int device;
   uint32_t pool_site; /* the shadow pool's site once finished */
@@ -480,6 +481,7 @@ int ust__graph_call_begin(ust__graphs *g, const ust__slot_route *r, int device, 
     return rc;
   }
   s->cookie = r->cookie;
+  s->verify = r->verify;
   atomic_store(s->word, 0);
   pthread_mutex_lock(&g->lock);
   if (g->n_sites == g->cap_sites) {
@@ -868,6 +870,14 @@ static int site_enable(void *exec, const graph_site *s, int on) {
 
 /* Drops binding i: its sites go back to deciding on the device. The caller
  * holds g->bind_lock and g->lock. */
+/* A hosted site left out of an executable graph's gating: nothing starts
+ * its parts there (its replays there run production alone), counted on its
+ * route. */
+static void ungated(graph_site *s) {
+  if (s->verify != NULL)
+    atomic_fetch_add_explicit(&s->verify->graph_ungated, 1, memory_order_relaxed);
+}
+
 static void unbind_at(ust__graphs *g, uint32_t i) {
   exec_bind *b = &g->binds[i];
   for (uint32_t k = 0; k < b->n; k++) {
@@ -977,6 +987,10 @@ int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, vo
     g->binds[g->n_binds++] = b;
   } else {
     bind_release(&b);
+    /* its hosted sites are started by no one in this executable graph */
+    for (uint32_t i = 0; i < g->n_sites && n > 0; i++)
+      if (g->sites[i]->hosted && bindable(g->sites[i], graph, capture))
+        ungated(g->sites[i]);
   }
   pthread_mutex_unlock(&g->lock);
   pthread_mutex_unlock(&g->bind_lock);
@@ -1001,8 +1015,11 @@ void ust__graphs_unbind(ust__graphs *g, void *exec) {
 static void give_back(ust__graphs *g, uint32_t at) {
   exec_bind *b = &g->binds[at];
   g->gate_failed++;
-  for (uint32_t k = 0; k < b->n; k++)
+  for (uint32_t k = 0; k < b->n; k++) {
     site_enable(b->exec, b->sites[k].site, 1);
+    if (b->sites[k].site->hosted)
+      ungated(b->sites[k].site);
+  }
   pthread_mutex_lock(&g->lock);
   unbind_at(g, at);
   pthread_mutex_unlock(&g->lock);

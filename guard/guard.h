@@ -154,6 +154,8 @@ typedef struct ust__verify {
   atomic_uint_fast64_t graph_plain;    /* captured calls whose graph holds production alone */
   atomic_uint_fast64_t graph_beside;   /* of the shadowed: verify-only, beside the chain (guard/graph.c) */
   atomic_int graph_why;                /* why the last of those did (ust__graph_why) */
+  atomic_uint_fast64_t graph_ungated;  /* of the shadowed, started by the host: left out of an executable graph's
+                                          gating (its binding failed, or was given back): production alone there */
 } ust__verify;
 
 const char *ust__graph_why_text(int why);
@@ -167,7 +169,7 @@ typedef struct ust__verify_snap {
   uint64_t bytes_copied, overdue, proc_passed;
   int paused;
   double paused_ratio;
-  uint64_t graph_shadowed, graph_plain, graph_beside;
+  uint64_t graph_shadowed, graph_plain, graph_beside, graph_ungated;
   int graph_why;
 } ust__verify_snap;
 

@@ -179,6 +179,7 @@ void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->graph_plain = atomic_load(&v->graph_plain);
   o->graph_beside = atomic_load(&v->graph_beside);
   o->graph_why = atomic_load(&v->graph_why);
+  o->graph_ungated = atomic_load(&v->graph_ungated);
 }
 
 const char *ust__graph_why_text(int why) {

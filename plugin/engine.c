@@ -913,6 +913,8 @@ int ust_graph_bind(void *graph, unsigned long long capture, void *exec) {
   const int n = e != NULL && e->cfg.shadow_graph_gate_replay
                     ? ust__graphs_bind(e->router.graphs, graph, capture, exec)
                     : 0;
+  if (n < 0) /* its shadows started by the host stay closed there: said here, counted on their routes */
+    ust__log(&e->ctx->log, UST_LOG_WARN, "graph: replays of an executable graph not gated: %s", ust_last_error());
   engine_unref(e);
   return n;
 }

@@ -100,6 +100,7 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(gr, "shadowed", (double)v->graph_shadowed);
   add_num(gr, "plain", (double)v->graph_plain);
   add_num(gr, "beside", (double)v->graph_beside);
+  add_num(gr, "ungated", (double)v->graph_ungated);
   if (v->graph_plain > 0 && v->graph_why > 0)
     cJSON_AddStringToObject(gr, "reason", ust__graph_why_text(v->graph_why));
   else
@@ -247,6 +248,11 @@ static cJSON *shape_json(const ust__route_snap *s) {
   add_num(js, "kernel_timed", (double)s->figs.kernel_timed);
   add_num(js, "kernel_span_ns", (double)s->figs.kernel_span_ns);
   add_num(js, "replayed", (double)s->figs.replayed);
+  /* its kernels run by graphs understudy did not see captured; the graph
+   * status and its reason are derived (ust__report_derive) */
+  cJSON *gr = cJSON_AddObjectToObject(js, "graph");
+  add_num(gr, "unseen_kernels", (double)s->figs.unseen_kernels);
+  add_num(gr, "unseen_ns", (double)s->figs.unseen_ns);
   add_num(js, "device_time_ns", (double)s->figs.hist.sum);
   cJSON_AddItemToObject(js, "latency_ns", hist_json(&s->figs.hist));
   if (b->roofline.present)
@@ -600,6 +606,56 @@ static int push(svals *s, double x) {
   return 0;
 }
 
+/* A route under CUDA graphs, from its figures: "gated" (its captured calls
+ * hold their shadow or both arms, decided at each replay), "observed" (its
+ * captured calls are timed by their replays; no candidate's side was
+ * captured), "observe-only" with the reasons verdicts do not flow there
+ * (its kernels replayed by graphs understudy did not see captured, captured
+ * calls that hold production alone, shadows left ungated in an executable
+ * graph), or null (no graph ran it). */
+static void derive_graph(cJSON *sh) {
+  cJSON *g = cJSON_GetObjectItemCaseSensitive(sh, "graph");
+  if (!cJSON_IsObject(g)) {
+    cJSON_DeleteItemFromObjectCaseSensitive(sh, "graph");
+    g = cJSON_AddObjectToObject(sh, "graph");
+    add_num(g, "unseen_kernels", 0);
+    add_num(g, "unseen_ns", 0);
+  }
+  const cJSON *sg = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "shadow"), "graph");
+  const double unseen = num(g, "unseen_kernels"), plain = num(sg, "plain"), ungated = num(sg, "ungated");
+  char why[768] = "";
+  size_t n = 0;
+  if (unseen > 0)
+    n += (size_t)snprintf(why + n, sizeof why - n, "%.0f of its kernels ran in graphs understudy did not see captured "
+                          "(captured before enable(), or while it was off): seen by name only, neither timed as "
+                          "calls, verified nor routed", unseen);
+  if (plain > 0 && n < sizeof why) {
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(sg, "reason");
+    n += (size_t)snprintf(why + n, sizeof why - n, "%s%.0f captured calls hold production alone: %s", n ? "; " : "",
+                          plain, cJSON_IsString(r) ? r->valuestring : "the log says why");
+  }
+  if (ungated > 0 && n < sizeof why)
+    snprintf(why + n, sizeof why - n, "%s%.0f captured shadows left ungated in an executable graph (its binding "
+             "failed: the log says why): production alone there", n ? "; " : "", ungated);
+  const char *status = NULL;
+  if (why[0] != '\0')
+    status = "observe-only";
+  else if (num(sg, "shadowed") > 0)
+    status = "gated";
+  else if (num(sh, "captured") > 0 || num(sh, "replayed") > 0)
+    status = "observed";
+  cJSON_DeleteItemFromObjectCaseSensitive(g, "status");
+  cJSON_DeleteItemFromObjectCaseSensitive(g, "reason");
+  if (status != NULL)
+    cJSON_AddStringToObject(g, "status", status);
+  else
+    cJSON_AddNullToObject(g, "status");
+  if (why[0] != '\0')
+    cJSON_AddStringToObject(g, "reason", why);
+  else
+    cJSON_AddNullToObject(g, "reason");
+}
+
 int ust__report_derive(cJSON *root) {
   cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
   if (!cJSON_IsArray(ops))
@@ -654,6 +710,7 @@ int ust__report_derive(cJSON *root) {
       /* a route's calls: eager (dispatched and run), captured into a graph
        * (dispatched once, run by its replays), replayed (seen in windows) */
       set_num(sh, "eager", num(sh, "calls") - num(sh, "captured"));
+      derive_graph(sh);
       set_num(sh, "est_device_time_ns", est);
       total_est += est;
       total_ph[phase_index(sh)] += est;
@@ -943,6 +1000,7 @@ static cJSON *window_doc(const cJSON *now, const cJSON *base) {
                                           "candidate_calls", "candidate_tsol_ns_sum", "candidate_time_ns_sum",
                                           "work_calls", "flops_sum", "bytes_sum", NULL};
   static const char *const shadow_keys[] = {"calls", "verified", "passed", "failed", "skipped", "unverifiable", NULL};
+  static const char *const graph_keys[] = {"unseen_kernels", "unseen_ns", NULL};
   const int n_base = base != NULL ? count_shapes(base) : 0;
   base_shape *cells = n_base > 0 ? calloc((size_t)n_base, sizeof *cells) : NULL;
   if (n_base > 0 && cells == NULL)
@@ -985,6 +1043,8 @@ static cJSON *window_doc(const cJSON *now, const cJSON *base) {
       if (wserved == NULL || add_num(wserved, "candidate", served) == NULL)
         goto oom;
       sub_fields(ws, bsh, shape_keys);
+      sub_fields(cJSON_GetObjectItemCaseSensitive(ws, "graph"), cJSON_GetObjectItemCaseSensitive(bsh, "graph"),
+                 graph_keys);
       if (sub_hist(cJSON_GetObjectItemCaseSensitive(ws, "latency_ns"),
                    cJSON_GetObjectItemCaseSensitive(bsh, "latency_ns")) != 0)
         goto oom;

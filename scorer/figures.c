@@ -158,6 +158,8 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->kernel_timed = atomic_load(&f->kernel_timed);
   out->kernel_span_ns = atomic_load(&f->kernel_span_ns);
   out->replayed = atomic_load(&f->replayed);
+  out->unseen_kernels = atomic_load(&f->unseen_kernels);
+  out->unseen_ns = atomic_load(&f->unseen_ns);
   out->calls = atomic_load(&f->calls);
   out->unscored = atomic_load(&f->unscored);
   out->nested_scored = atomic_load(&f->nested_scored);

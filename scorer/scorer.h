@@ -173,6 +173,11 @@ typedef struct ust__figs {
   /* calls run by a graph replay (captured once, run again without the
    * dispatcher), seen by the kernel tracer; each is also a timed call */
   atomic_uint_fast64_t replayed;
+  /* kernels of the names production's calls ran, run by graphs no bound op
+   * was seen captured into (captured before enable(), or while it was
+   * off): their replays are seen by name only, neither timed as calls,
+   * verified nor routed; and their summed durations */
+  atomic_uint_fast64_t unseen_kernels, unseen_ns;
   _Atomic(const struct ust__hw_profile *) hw; /* the profile of the last scored call */
   atomic_uint_fast64_t unscored;       /* timed calls whose floor could not be computed */
   atomic_uint_fast64_t nested_scored;  /* timed calls floored by the bound ops they called (see callview.h) */
@@ -233,7 +238,7 @@ typedef struct ust__figs_snap {
   uint64_t captured, timing_dropped, calls, unscored, nested_scored;
   uint64_t first_timed, first_time_ns;
   uint64_t steady_timed, steady_time_ns, late_captured;
-  uint64_t kernel_timed, kernel_span_ns, replayed;
+  uint64_t kernel_timed, kernel_span_ns, replayed, unseen_kernels, unseen_ns;
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
   ust__roof_snap prod, cand;

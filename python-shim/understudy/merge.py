@@ -138,6 +138,9 @@ def merge(reports: Iterable[dict]) -> dict:
                     t["_lat"] = None
                 for k in ADD_SHAPE:
                     t[k] += s.get(k, 0)
+                g = t.setdefault("graph", {"unseen_kernels": 0, "unseen_ns": 0})
+                for k in ("unseen_kernels", "unseen_ns"):
+                    g[k] += (s.get("graph") or {}).get(k, 0)  # status and reason are derived again
                 t["_lat"] = _hist_add(t["_lat"], s["latency_ns"])
                 if s.get("mode") == "rolled_back":
                     t["mode"] = "rolled_back"
@@ -149,7 +152,7 @@ def merge(reports: Iterable[dict]) -> dict:
                     sh = t.setdefault("_shadow", {k: 0 for k in ADD_SHADOW} | {
                         "max_abs_err": 0.0, "max_rel_err": 0.0, "_cand": None, "rollback": None, "skipped_by": {},
                         "aa": {"runs": 0, "mismatching": 0, "max_abs_err": 0.0, "max_rel_err": 0.0},
-                        "graph": {"shadowed": 0, "plain": 0, "beside": 0, "reason": None}})
+                        "graph": {"shadowed": 0, "plain": 0, "beside": 0, "ungated": 0, "reason": None}})
                     for k in ADD_SHADOW:
                         sh[k] += s["shadow"].get(k, 0)
                     for k in ("max_abs_err", "max_rel_err"):
@@ -163,7 +166,7 @@ def merge(reports: Iterable[dict]) -> dict:
                     for k in ("max_abs_err", "max_rel_err"):
                         sh["aa"][k] = max(sh["aa"][k], aa.get(k, 0.0))
                     gr = s["shadow"].get("graph") or {}
-                    for k in ("shadowed", "plain", "beside"):
+                    for k in ("shadowed", "plain", "beside", "ungated"):
                         sh["graph"][k] += gr.get(k, 0)
                     sh["graph"]["reason"] = sh["graph"]["reason"] or gr.get("reason")
                     ev = s["shadow"].get("rollback")

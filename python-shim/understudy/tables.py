@@ -106,6 +106,11 @@ def format_report(rep: dict, *, max_shapes: int = 8, all_operators: bool = False
     lines.append(line(head))
     lines.append("-" * len(line(head)))
     lines += [line(r) for r in rows]
+    limited = [s for op in ops for s in op.get("shapes", [])
+               if (s.get("graph") or {}).get("status") == "observe-only"]
+    if limited:  # every one, however many shapes the table shows
+        lines += ["", "observe-only under CUDA graphs (no verdict flows in their replays):"]
+        lines += [f"  {s['key']}: {s['graph']['reason']}" for s in limited]
     if legend:
         lines += [""] + _legend(REPORT_LEGEND)
     return "\n".join(lines)

@@ -303,6 +303,66 @@ TEST(kernel_graph_replays_are_their_captured_calls) {
   ust__kt_destroy(k);
 }
 
+TEST(kernel_graph_replays_of_unseen_graphs_count_on_the_routes_that_run_their_kernels) {
+  /* A graph captured before enable() (no captured call: graph 11's nodes
+   * are unknown) runs kernels by name. Route a's eager call ran "gemv", b's
+   * "gemv" and "fill"; a call the candidate served ran "cand" (not
+   * production's: learned by no route). The graph's "gemv" counts on a and
+   * b, its "fill" on b, "cand" and "other" on none; names are kept across
+   * windows. */
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__figs a, b;
+  ASSERT_INT_EQ(ust__figs_init(&a), 0);
+  ASSERT_INT_EQ(ust__figs_init(&b), 0);
+  ust__kt_open(k);
+  uint64_t ea, eb, ec;
+  const int sa = ust__kt_begin(k, &ea);
+  ust__kt_end(k, sa, &a, 0, 0);
+  const int sb = ust__kt_begin(k, &eb);
+  ust__kt_end(k, sb, &b, 0, 0);
+  const int sc = ust__kt_begin(k, &ec);
+  ust__kt_cancel(k, sc);
+  const uint64_t unseen = 12ull << 32;
+  ust__kt_kernel(k, 50, unseen | 0, 100, 130, "gemv"); /* the replay's records before the eager ones */
+  ust__kt_kernel(k, 50, unseen | 1, 200, 205, "fill");
+  ust__kt_kernel(k, 50, unseen | 2, 300, 307, "cand");
+  ust__kt_kernel(k, 50, unseen | 3, 400, 409, "other");
+  ust__kt_launch(k, 50, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_ext(k, 11, ea);
+  ust__kt_kernel(k, 11, 0, 1000, 1040, "gemv");
+  ust__kt_ext(k, 12, eb);
+  ust__kt_kernel(k, 12, 0, 2000, 2040, "gemv");
+  ust__kt_ext(k, 13, eb);
+  ust__kt_kernel(k, 13, 0, 2100, 2110, "fill");
+  ust__kt_ext(k, 14, ec);
+  ust__kt_kernel(k, 14, 0, 3000, 3020, "cand");
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  ASSERT_U64_EQ(atomic_load(&a.unseen_kernels), 1);
+  ASSERT_U64_EQ(atomic_load(&a.unseen_ns), 30);
+  ASSERT_U64_EQ(atomic_load(&b.unseen_kernels), 2);
+  ASSERT_U64_EQ(atomic_load(&b.unseen_ns), 30 + 5);
+  ASSERT_U64_EQ(atomic_load(&a.replayed), 0);
+  ust__kt_totals t;
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.graph_unknown, 4);
+  /* a window of replays alone: the names learned before still count */
+  ust__kt_open(k);
+  ust__kt_launch(k, 60, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 60, unseen | 0, 5000, 5050, "gemv");
+  ust__kt_kernel(k, 60, unseen | 2, 5100, 5110, "cand");
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  ASSERT_U64_EQ(atomic_load(&a.unseen_kernels), 2);
+  ASSERT_U64_EQ(atomic_load(&a.unseen_ns), 30 + 50);
+  ASSERT_U64_EQ(atomic_load(&b.unseen_kernels), 3);
+  ASSERT_U64_EQ(atomic_load(&b.unseen_ns), 30 + 5 + 50);
+  ust__figs_free(&a);
+  ust__figs_free(&b);
+  ust__kt_destroy(k);
+}
+
 TEST(kernel_graph_replays_missing_records_interleaved_captures_and_launches_inside_calls) {
   /* (1) a replay of a captured call whose kernel records did not all come is
    * dropped and counted, not timed from part of them; (2) graphs 20 and 21

@@ -172,6 +172,19 @@ def test_a_graph_captured_before_enable_is_reported_as_unknown(us):
     reports their kernels as graph_unknown_kernels (graphs no bound op was
     seen captured into), never attributed. Ground truth: the test's replay
     count (each replay runs the same kernels)."""
+    _captured_before_enable(us, eager=0)
+
+
+def test_a_graph_captured_before_enable_makes_the_route_that_runs_its_kernels_observe_only(us):
+    """The same graph, with eager calls of the captured shape in the
+    window: the route learns its production kernels' names, and every
+    kernel of the graph's replays (all of them the mm's) counts on it as
+    unseen; its graph status is observe-only, the reason naming the graphs
+    understudy did not see captured. No replay becomes a call of it."""
+    _captured_before_enable(us, eager=3)
+
+
+def _captured_before_enable(us, eager):
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(64, 64, device="cuda")
@@ -180,15 +193,29 @@ def test_a_graph_captured_before_enable_is_reported_as_unknown(us):
     with torch.cuda.graph(g):
         torch.mm(a, b)
     replays = 20
-    rep = _replayed_in_a_window(us, x, lambda: g, replays)
+
+    def eager_then_graph():
+        mm_calls(a, b, eager)
+        return g
+
+    rep = _replayed_in_a_window(us, x, eager_then_graph, replays)
     tm = rep["timer"]
     s = route(rep, "aten::mm", M=2048, N=2048, K=2048)
     print(f"\ngraph captured before enable: {replays} replays, graph_unknown_kernels {tm['graph_unknown_kernels']}, "
-          f"graph_unknown_ns {tm['graph_unknown_ns']}, route {s and (s['captured'], s['replayed'])}")
-    assert s is None or (s["calls"], s["captured"], s["replayed"]) == (0, 0, 0), s
+          f"graph_unknown_ns {tm['graph_unknown_ns']}, route {s and (s['calls'], s['captured'], s['replayed'])}, "
+          f"graph {s and s['graph']}")
+    assert s is None or (s["calls"], s["captured"], s["replayed"]) == (eager, 0, 0), s
     n = tm["graph_unknown_kernels"]
     assert n >= replays and n % replays == 0, tm
     assert tm["graph_unknown_ns"] > 0 and tm["calls_replayed"] == 0, tm
+    if eager == 0:
+        return
+    assert s["kernel_timed"] >= 1, s  # its kernels named: learned in the window
+    assert s["graph"]["unseen_kernels"] == n and s["graph"]["unseen_ns"] == tm["graph_unknown_ns"], (s, tm)
+    assert s["graph"]["status"] == "observe-only", s
+    assert s["graph"]["reason"].startswith(f"{n} of its kernels ran in graphs understudy did not see captured"), s
+    other = route(rep, "aten::mm", M=64, N=64, K=64)  # its kernels are another shape's: none counts on it
+    assert other["graph"]["unseen_kernels"] == 0 and other["graph"]["status"] is None, other
 
 
 def test_graph_replays_are_counted_and_timed_by_their_kernels(us):

@@ -20,6 +20,7 @@ import pytest
 import understudy
 from conftest import ROOT, all_bindings, bound_ops, candidate_dir
 from understudy.merge import MergeError, merge
+from understudy.tables import format_report
 from test_shadow import native, rms_inputs, run_rms_norm
 
 # The figures plugin/report.c derives (ust__report_derive); every other field
@@ -52,6 +53,7 @@ def derived_slots(rep):
                         for k in DERIVED_HIST]
             if "roofline" in s:
                 out += [(at + ("roofline", k), s["roofline"], k) for k in DERIVED_ROOF]
+            out += [(at + ("graph", k), s["graph"], k) for k in ("status", "reason")]
     return out
 
 
@@ -563,19 +565,34 @@ def test_merge_without_the_library_fails_naming_what_is_missing(tmp_path, lib):
 
 def test_graph_figures_add_and_keep_a_reason(us):
     """shadow.graph: eager calls on the CPU put nothing into graphs (0, 0,
-    no reason); two processes' captured calls add, and the merged route
-    keeps a reason one of them gave."""
+    no reason), and no route has a graph status; two processes' captured
+    calls add, the merged route keeps a reason one of them gave, and its
+    status is derived again from the sums: observe-only, naming each cause
+    (calls holding production alone, shadows left ungated, kernels run by
+    graphs understudy did not see captured)."""
     rep = real_report(us)
     shadowed = [s for o in rep["operators"] for s in o["shapes"] if "shadow" in s]
-    assert shadowed and all(s["shadow"]["graph"] == {"shadowed": 0, "plain": 0, "beside": 0, "reason": None}
-                            for s in shadowed)
+    assert shadowed and all(s["shadow"]["graph"] == {"shadowed": 0, "plain": 0, "beside": 0, "ungated": 0,
+                                                     "reason": None} for s in shadowed)
+    assert all(s["graph"] == {"unseen_kernels": 0, "unseen_ns": 0, "status": None, "reason": None}
+               for o in rep["operators"] for s in o["shapes"])
     a, b = copy.deepcopy(rep), copy.deepcopy(rep)
     b["pid"] = rep["pid"] + 1
     key = shadowed[0]["key"]
-    for r, fig in ((a, {"shadowed": 3, "plain": 0, "beside": 2, "reason": None}),
-                   (b, {"shadowed": 2, "plain": 1, "beside": 1, "reason": "a torch-op candidate: ..."})):
+    for r, fig, unseen in ((a, {"shadowed": 3, "plain": 0, "beside": 2, "ungated": 0, "reason": None}, (0, 0)),
+                           (b, {"shadowed": 2, "plain": 1, "beside": 1, "ungated": 1,
+                                "reason": "a torch-op candidate: ..."}, (6, 900))):
         (s,) = [s for o in r["operators"] for s in o["shapes"] if s["key"] == key]
         s["shadow"]["graph"] = fig
+        s["captured"] += fig["shadowed"] + fig["plain"]
+        s["graph"]["unseen_kernels"], s["graph"]["unseen_ns"] = unseen
+    (sa,) = [s for o in understudy.derive(a)["operators"] for s in o["shapes"] if s["key"] == key]
+    assert sa["graph"] == {"unseen_kernels": 0, "unseen_ns": 0, "status": "gated", "reason": None}
+    (sb,) = [s for o in understudy.derive(b)["operators"] for s in o["shapes"] if s["key"] == key]
+    assert sb["graph"]["status"] == "observe-only"
+    assert sb["graph"]["reason"].startswith("6 of its kernels ran in graphs understudy did not see captured")
+    assert "; 1 captured calls hold production alone: a torch-op candidate: ...; 1 captured shadows left ungated" \
+        in sb["graph"]["reason"]
     # nothing captured here: no site, no ring entry
     assert rep["graphs"] == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0, "launched": 0, "refused": 0,
                              "gated": 0, "gated_replays": 0, "gate_failed": 0, "hosted": 0, "host_starts": 0}
@@ -585,7 +602,18 @@ def test_graph_figures_add_and_keep_a_reason(us):
                    "gated": 1, "gated_replays": 40, "gate_failed": 1, "hosted": 0, "host_starts": 0}
     merged = merge([a, b])
     (m,) = [s for o in merged["operators"] for s in o["shapes"] if s["key"] == key]
-    assert m["shadow"]["graph"] == {"shadowed": 5, "plain": 1, "beside": 3, "reason": "a torch-op candidate: ..."}
+    assert m["shadow"]["graph"] == {"shadowed": 5, "plain": 1, "beside": 3, "ungated": 1,
+                                    "reason": "a torch-op candidate: ..."}
+    assert m["graph"]["unseen_kernels"] == 6 and m["graph"]["unseen_ns"] == 900
+    assert m["graph"]["status"] == "observe-only" and m["graph"]["reason"] == sb["graph"]["reason"]
+    table = format_report(merged, max_shapes=0, legend=False)
+    assert f"observe-only under CUDA graphs (no verdict flows in their replays):\n  {key}: 6 of its kernels" in table
+    assert "observe-only under CUDA graphs" not in format_report(rep, legend=False)
+    # a route captured without a candidate: its replays timed, nothing to gate
+    (plain,) = [s for o in a["operators"] if o["name"] == "silu" for s in o["shapes"]][:1]
+    plain["captured"] = 2
+    (p,) = [s for o in understudy.derive(a)["operators"] for s in o["shapes"] if s["key"] == plain["key"]]
+    assert p["graph"]["status"] == "observed" and p["graph"]["reason"] is None
     assert merged["graphs"] == {"sites": 7, "live": 5, "open": 3, "unknown": 1, "lost": 2, "launched": 3,
                                 "refused": 5, "gated": 3, "gated_replays": 140, "gate_failed": 1, "hosted": 2,
                                 "host_starts": 30}
