@@ -106,7 +106,8 @@ def test_captured_shadow_verifies_its_share_of_replays(us, sample, launch, gate)
     want = _hits(n, sample)
     for r in rs:
         sh = r["shadow"]
-        assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": 1, "reason": None}
+        assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": 1, "ungated": 0, "reason": None}
+        assert r["graph"]["status"] == "gated" and r["graph"]["unseen_kernels"] == 0, r["graph"]
         assert (sh["verified"], sh["passed"], sh["failed"]) == (want, want, 0), sh
         assert sh["skipped_by"]["capture"] == 0 and r["mode"] == "shadow"
     figs, hosted = rep["graphs"], gate == "replay"
@@ -187,8 +188,10 @@ def test_a_candidate_failing_at_capture_rolls_back_and_production_serves(us):
     (r,) = routes(rep, "_C::rms_norm")
     sh = r["shadow"]
     assert r["mode"] == "rolled_back" and (sh["verified"], sh["failed"]) == (1, 1), sh
-    assert sh["graph"] == {"shadowed": 0, "plain": 1, "beside": 0,
+    assert sh["graph"] == {"shadowed": 0, "plain": 1, "beside": 0, "ungated": 0,
                            "reason": "the candidate failed while it was captured"}
+    assert r["graph"]["status"] == "observe-only", r["graph"]
+    assert r["graph"]["reason"] == "1 captured calls hold production alone: the candidate failed while it was captured"
     ev = sh["rollback"]
     assert ev["message"].startswith("while captured into a CUDA graph: ") and "dtype" in ev["message"], ev
     assert rep["graphs"]["live"] == 0
@@ -482,7 +485,7 @@ def test_canary_serves_its_share_of_replays_and_live_every_one(us):
     (r,) = routes(rep, "_C::rms_norm")
     sh = r["shadow"]
     assert (sh["verified"], sh["passed"], sh["failed"]) == (101, 101, 0), sh
-    assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": 0, "reason": None}
+    assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": 0, "ungated": 0, "reason": None}
     print(f"canary 0.25: {sum(served)} of 200 replays served by the candidate; live: 50 of 50; observe: 0 of 20")
 
 
@@ -555,7 +558,7 @@ def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us, beside_mb):
     sh = r["shadow"]
     eager = r["calls"] - r["captured"]  # the warm-up's calls, shadowed eagerly
     beside = 1 if beside_mb else 0
-    assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": beside, "reason": None}, (r, sh)
+    assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": beside, "ungated": 0, "reason": None}, (r, sh)
     # each call ran rms_norm once: eagerly (the warm-up) or in a replay (the
     # recording is replayed for its outputs), and each of those is verified
     assert (sh["verified"], sh["passed"], sh["failed"]) == (n, n, 0), (eager, sh)
