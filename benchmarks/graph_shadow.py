@@ -44,13 +44,15 @@ that verify.
 
 Gated from the host, the shadow beside the chain is not in the graph: the
 host starts it, as a graph of its own, behind each replay that verifies
-(graphs.hosted, host_starts). Decided on the device, with --beside-launch
+(graphs.hosted, host_starts); with --host-start kernel
+(shadow.graph_host_start) behind its kernel in the chain instead, an event
+record node off that kernel, so that it runs under the rest of the replay. Decided on the device, with --beside-launch
 device (shadow.graph_beside_launch) it is launched from the device by its
 kernel in the chain instead of an IF node on a branch; torch.profiler
 cannot trace such a graph, so the kernel times of 3 are left out.
 
     PYTHONPATH=python-shim python3 benchmarks/graph_shadow.py [--replays 1000] [--batch 1] [--beside-launch device]
-        [--capture compile] [--gate device]
+        [--capture compile] [--gate device] [--host-start kernel]
 """
 import argparse
 import itertools
@@ -77,9 +79,10 @@ def candidate(name):
     return understudy.native(lib, target="_C::rms_norm")
 
 
-def config(name, launch, gate):
+def config(name, args):
     return {"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "canary": 0.25, "candidate": candidate(name)}},
-            "shadow": {"graph_beside_launch": launch, "graph_gate": gate}, "report": {"interval_s": 0}}
+            "shadow": {"graph_beside_launch": args.beside_launch, "graph_gate": args.gate,
+                       "graph_host_start": args.host_start}, "report": {"interval_s": 0}}
 
 
 def build(batch):
@@ -174,10 +177,11 @@ def settle():
     understudy.flush()  # judges the replays so far and writes every gate from its route
 
 
-def started_by(graphs):
+def started_by(graphs, host_start):
     """How the report says the shadows beside the chain start."""
     if graphs["hosted"]:
-        return "the host, behind the replays that verify"
+        return ("the host, each behind its kernel in the chain" if host_start == "kernel" else
+                "the host, behind the replays") + " that verify"
     return "a launch from the device" if graphs["launched"] else "an IF node"
 
 
@@ -241,13 +245,16 @@ def main():
                     help="how a shadow beside the chain starts (shadow.graph_beside_launch)")
     ap.add_argument("--gate", choices=["replay", "device"], default="replay",
                     help="who decides a replay beside the chain (shadow.graph_gate)")
+    ap.add_argument("--host-start", choices=["replay", "kernel"], default="replay",
+                    help="a shadow the host starts waits for the replay, or for its kernel in the chain "
+                         "(shadow.graph_host_start)")
     ap.add_argument("--capture", choices=["graph", "compile"], default="graph",
                     help="the step captured with torch.cuda.graph, or torch.compile(mode=\"reduce-overhead\")'s")
     args = ap.parse_args()
     grab = record if args.capture == "compile" else capture
     make, tok, vocab = build(args.batch)
     plain = grab(make())
-    understudy.enable(config("rms_norm_cuda", args.beside_launch, args.gate))
+    understudy.enable(config("rms_norm_cuda", args))
     shadowed = grab(make())  # in shadow: beside the chain
     chained = grab(make(), lambda: understudy.set_mode("rms_norm", "canary"))  # both arms in the chain
     understudy.set_mode("rms_norm", "shadow")
@@ -277,7 +284,7 @@ def main():
     how = "torch.compile(mode=\"reduce-overhead\")" if args.capture == "compile" else "torch.cuda.graph"
     print(f"HF Llama-8B-shaped decode step (2 layers, bf16, batch {args.batch}, static cache), captured with {how}; "
           f"_C::rms_norm in shadow (native rms_norm_cuda, sample 1); beside the chain, started by "
-          f"{started_by(rep['graphs'])} (graphs: hosted {rep['graphs']['hosted']}, launched "
+          f"{started_by(rep['graphs'], args.host_start)} (graphs: hosted {rep['graphs']['hosted']}, launched "
           f"{rep['graphs']['launched']}, refused {rep['graphs']['refused']}); its replays gated "
           f"{'from the host' if args.gate == 'replay' else 'on the device'} (graphs: gated "
           f"{rep['graphs']['gated']}, gated_replays {rep['graphs']['gated_replays']}, "
@@ -368,7 +375,7 @@ def main():
 
     # 2. rollback: the warm-up observed (an eager shadow call would roll it
     # back before the capture)
-    understudy.enable(config("rms_norm_cuda_wrong_tail", args.beside_launch, args.gate))
+    understudy.enable(config("rms_norm_cuda_wrong_tail", args))
     understudy.set_mode("rms_norm", "observe")
     wrong = grab(make(), lambda: understudy.set_mode("rms_norm", "shadow"))
     settle()

@@ -500,6 +500,7 @@ typedef struct ust__router {
   const ust__seam_i *seam;
   uint64_t graph_beside_max; /* bytes a captured shadow beside the chain may keep (0: none beside) */
   int graph_beside_launch;   /* its body launched from the device where CUDA takes it (else an IF node) */
+  int graph_start_kernel;    /* a body the host starts waits for its kernel in the chain (else the replay) */
   atomic_uint_fast64_t internal_errors;
 } ust__router;
 

@@ -501,6 +501,7 @@ static int graph_shadow_begin(ust__binding *b, ust__route *r, int mode, const us
   c->beside = mode == UST__MODE_SHADOW && b->router->graph_beside_max > 0;
   c->kept_max = b->router->graph_beside_max;
   c->launch = b->router->graph_beside_launch;
+  c->start_kernel = b->router->graph_start_kernel;
   st->graph = c;
   st->plan = UST__PLAN_SHADOW;
   st->flags = UST__DF_CAPTURED;

@@ -26,10 +26,14 @@
  * chain (benchmarks/graph_shadow.py, benchmarks/graph_conditions.cu). In a
  * capture whose replays the host sees and gates (ust__graphs_capture_hosted:
  * the Python package's torch.cuda.CUDAGraph), there is no IF node either:
- * the part is an executable graph of its own, which the host starts behind
- * each replay that verifies, on a stream of the binding's, and the next
- * replay that takes the copies again waits for it; a closed gate then costs
- * only that kernel, disabled.
+ * the part is an executable graph of its own, which the host starts after
+ * each replay that verifies is enqueued, on a stream of the binding's,
+ * behind that replay; or (shadow.graph_host_start kernel) behind an event
+ * its kernel in the chain records once the copies are taken (an event
+ * record node on a branch off that kernel), so that it runs under the rest
+ * of the replay. The next replay that takes the copies again waits for it.
+ * A closed gate then costs only that kernel, disabled (and the event's
+ * node).
  *
  * Each part is captured on a stream of its own into a graph of its own
  * first, and checked: only kernels, copies, memsets, empty nodes and child
@@ -92,6 +96,11 @@ typedef struct graph_site {
   void *bodies[GRAPH_SITE_NODES];   /* per kernel in the chain: its body's executable graph (only this
                                        enable's bindings start it: destroyed at its end), or NULL (none, or
                                        an IF node after that kernel) */
+  void *marks[GRAPH_SITE_NODES];    /* per body started behind its kernel in the chain (shadow.graph_host_start
+                                       kernel): the event that kernel's replays record once it took the
+                                       copies (an event record node on a branch off it), which the body
+                                       waits for; kept for the process (the caller's graph records it);
+                                       NULL: the body waits for the whole replay */
 } graph_site;
 
 #ifdef GRAPH_GPU
@@ -148,9 +157,10 @@ typedef struct exec_bind {
   exec_site *sites;
   uint32_t n;
   /* where it holds hosted sites: their bodies start on its side streams
-   * (each hosted site on one of them, beside the others), behind the
-   * replay (replayed: recorded on the replay's stream), and done[j] says
-   * when those last started on side[j] finished */
+   * (each hosted site on one of them, beside the others), each behind its
+   * kernel in the chain (its marks) or behind the replay (replayed:
+   * recorded on the replay's stream), and done[j] says when those last
+   * started on side[j] finished */
   void *replayed;                /* cudaEvent_t */
   void *side[GRAPH_SIDES];       /* cudaStream_t */
   void *done[GRAPH_SIDES];       /* cudaEvent_t */
@@ -623,6 +633,7 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
   const cudaStream_t s = (cudaStream_t)c->stream;
   graph_site *site = c->site;
   void *body = NULL, *hosted = NULL;
+  cudaEvent_t mark = NULL;
   unsigned long long capture = 0;
   int rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, &capture, &graph, NULL, NULL, NULL));
   if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
@@ -630,7 +641,8 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
   /* its kernel in the chain must be one the host can tell apart (below) */
   const int can_gate = site->n_nodes >= 0 && site->n_nodes < GRAPH_SITE_NODES &&
                        (site->graph == NULL || site->graph == graph);
-  if (rc == 0 && c->beside && n_nodes > 0 && can_gate && capture_hosted(c->graphs, capture))
+  if (rc == 0 && c->beside && n_nodes > 0 && can_gate && capture_hosted(c->graphs, capture) &&
+      (!c->start_kernel || UST__GPU_CHECK(NULL, cudaEventCreateWithFlags(&mark, cudaEventDisableTiming)) == 0))
     hosted = body_exec(part, (cudaStream_t)c->side, 0);
   if (rc == 0 && c->beside && n_nodes > 0 && hosted == NULL && c->launch && ust__gate_device_launch() &&
       (body = body_exec(part, (cudaStream_t)c->side, cudaGraphInstantiateFlagDeviceLaunch)) != NULL)
@@ -647,14 +659,22 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
     rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, NULL, &graph, &deps, &edges, &n_deps));
   if (rc == 0 && c->beside) {
     /* the kernel just captured: the node the host enables in the replays that verify */
-    if (n_deps == 1 && can_gate) {
+    /* a host-started body waits for its kernel in the chain alone: the
+     * event it records once the copies are taken, a node nothing waits for */
+    cudaGraphNode_t marker;
+    if (n_deps == 1 && hosted != NULL && mark != NULL)
+      rc = UST__GPU_CHECK(NULL, cudaGraphAddEventRecordNode(&marker, graph, deps, 1, mark));
+    if (rc == 0 && n_deps == 1 && can_gate) {
       site->bodies[site->n_nodes] = hosted;
+      site->marks[site->n_nodes] = hosted != NULL ? mark : NULL;
+      if (hosted != NULL)
+        mark = NULL; /* the caller's graph records it */
       site->nodes[site->n_nodes++] = deps[0];
       site->graph = graph;
       site->capture = capture;
       site->hosted |= hosted != NULL;
       hosted = NULL;
-    } else {
+    } else if (rc == 0) {
       site->n_nodes = -1;
       if (hosted != NULL || site->hosted)
         rc = ust__error(UST_EGPU, "graph: a shadow the host starts, its kernel in the chain not told apart");
@@ -662,6 +682,8 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
   }
   if (hosted != NULL)
     cudaGraphExecDestroy((cudaGraphExec_t)hosted);
+  if (mark != NULL)
+    cudaEventDestroy(mark); /* in no graph */
   if (rc == 0 && has_if)
     rc = add_if(graph, handle, deps, edges, n_deps, part, &node);
   if (rc == 0 && !c->beside)
@@ -1076,9 +1098,7 @@ void ust__graphs_replayed(ust__graphs *g, void *exec, void *stream) {
   if (b != NULL && b->starts > 0) {
     on_device o; /* torch's replay makes the graph's device current only while it runs */
     int rc = device_enter(&o, b->device);
-    if (rc == 0)
-      rc = UST__GPU_CHECK(NULL, cudaEventRecord((cudaEvent_t)b->replayed, (cudaStream_t)stream));
-    int used[GRAPH_SIDES] = {0};
+    int used[GRAPH_SIDES] = {0}, recorded = 0;
     uint32_t hosted = 0; /* the binding's hosted sites so far: site i on side i % n_sides */
     for (uint32_t k = 0; k < b->n && rc == 0; k++) {
       const graph_site *s = b->sites[k].site;
@@ -1088,13 +1108,21 @@ void ust__graphs_replayed(ust__graphs *g, void *exec, void *stream) {
       if (!b->sites[k].on)
         continue;
       const cudaStream_t side = (cudaStream_t)b->side[j];
-      if (!used[j]) {
-        rc = UST__GPU_CHECK(NULL, cudaStreamWaitEvent(side, (cudaEvent_t)b->replayed, 0));
-        used[j] = 1;
-      }
+      used[j] = 1;
+      /* each body behind its kernel in the chain (under the rest of the
+       * replay), or behind the replay */
       for (int p = 0; p < s->n_nodes && rc == 0; p++)
-        if (s->bodies[p] != NULL)
-          rc = UST__GPU_CHECK(NULL, cudaGraphLaunch((cudaGraphExec_t)s->bodies[p], side));
+        if (s->bodies[p] != NULL) {
+          if (s->marks[p] == NULL && !recorded) {
+            rc = UST__GPU_CHECK(NULL, cudaEventRecord((cudaEvent_t)b->replayed, (cudaStream_t)stream));
+            recorded = rc == 0;
+          }
+          if (rc == 0)
+            rc = UST__GPU_CHECK(NULL, cudaStreamWaitEvent(side, (cudaEvent_t)(s->marks[p] != NULL ? s->marks[p]
+                                                                                                   : b->replayed), 0));
+          if (rc == 0)
+            rc = UST__GPU_CHECK(NULL, cudaGraphLaunch((cudaGraphExec_t)s->bodies[p], side));
+        }
       g->host_starts += rc == 0;
     }
     /* on every stream that started some, also after a failure (the release waits for them) */

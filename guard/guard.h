@@ -409,8 +409,11 @@ void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f);
  *         the number of bodies to start after it (0: no call of replayed);
  *         stream waits for the bodies the last verifying replay started
  *         when this one writes the copies they read;
- *   replayed: after that replay, on stream: the bodies started on a stream
- *         of the binding's, behind the replay;
+ *   replayed: after that replay, on stream: the bodies started on streams
+ *         of the binding's, each behind the replay or (captured with
+ *         start_kernel) behind its kernel in the chain (an event that
+ *         kernel's replays record once the copies are taken), so that it
+ *         runs under the rest of the replay;
  *   unbind: exec gone or made again: its sites decide on the device (a
  *         hosted one's gate stays closed). */
 unsigned long long ust__graph_capture_id(void *stream);
@@ -434,6 +437,8 @@ typedef struct ust__graph_call {
   int parts;    /* parts added to the caller's graph */
   int beside;   /* verify-only, its body beside the chain (ust__graph_call_begin) */
   int launch;   /* beside: its body launched from the device where CUDA takes it (else an IF node) */
+  int start_kernel; /* beside, started by the host: behind its kernel in the chain (an event that kernel's
+                       replays record), else behind the whole replay */
   uint64_t kept, kept_max; /* bytes kept for its body beside the chain, and the bound */
   ust__gate_copies chain;  /* beside: the open part's copies, for its kernel in the chain */
   char why[192]; /* what kept the call from being shadowed in its graph */

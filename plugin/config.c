@@ -679,7 +679,7 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
   const cJSON *shadow = cJSON_GetObjectItemCaseSensitive(root, "shadow");
   if (shadow != NULL) {
     static const char *const skeys[] = {"max_inflight", "graph_beside_max_mb", "graph_beside_launch", "graph_gate",
-                                        NULL};
+                                        "graph_host_start", NULL};
     if ((rc = section(shadow, "shadow", skeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "max_inflight")) != NULL) {
@@ -693,6 +693,10 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
     static const char *const launches[] = {"conditional", "device", NULL}; /* shadow_graph_beside_launch */
     if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_beside_launch")) != NULL &&
         (rc = parse_choice(v, "shadow.graph_beside_launch", launches, &cfg->shadow_graph_beside_launch)) != 0)
+      return rc;
+    static const char *const starts[] = {"replay", "kernel", NULL}; /* shadow_graph_start_kernel */
+    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_host_start")) != NULL &&
+        (rc = parse_choice(v, "shadow.graph_host_start", starts, &cfg->shadow_graph_start_kernel)) != 0)
       return rc;
     static const char *const gates[] = {"device", "replay", NULL}; /* shadow_graph_gate_replay */
     if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_gate")) != NULL &&
@@ -790,6 +794,7 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->shadow_graph_beside_mb = 16;
   cfg->shadow_graph_beside_launch = 0; /* an IF node: "device" fails under CUPTI's tracing (above) */
   cfg->shadow_graph_gate_replay = 1;
+  cfg->shadow_graph_start_kernel = 0; /* nothing added to the graph: a closed gate costs least */
   cfg->disable_timeout_s = 30;
   /* events by default: once CUPTI traced API calls, every later launch of
    * the process stays slower (see README, "Kernel-level timing") */

@@ -365,6 +365,7 @@ static int build_router(ust__engine *e) {
   int rc = ust__router_init(r, e->cfg.max_routes);
   r->graph_beside_max = (uint64_t)e->cfg.shadow_graph_beside_mb << 20;
   r->graph_beside_launch = e->cfg.shadow_graph_beside_launch;
+  r->graph_start_kernel = e->cfg.shadow_graph_start_kernel;
   if (rc == 0) {
     const ust__timer_opts topts = {
         .kind = e->cfg.timer_kind,

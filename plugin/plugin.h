@@ -138,6 +138,8 @@ typedef struct ust__config {
   int shadow_max_inflight;   /* shadow calls whose comparison is pending, at most */
   int shadow_graph_beside_mb; /* what a captured shadow beside the chain may keep, MiB (0: none beside) */
   int shadow_graph_beside_launch; /* 1: its body launched from the device ("device"); 0: an IF node ("conditional") */
+  int shadow_graph_start_kernel; /* 1: a host-started shadow behind its kernel in the chain ("kernel"); 0: behind
+                                    the replay ("replay") */
   int shadow_graph_gate_replay;   /* 1: beside the chain, the host gates replays where it sees them ("replay");
                                      0: the device decides every replay ("device") */
   double disable_timeout_s;  /* disable returns after this long even while calls are inside candidates */

@@ -115,6 +115,10 @@ TEST(config_candidate_fields) {
   ASSERT_INT_EQ(c.shadow_graph_beside_mb, 16);
   ASSERT_INT_EQ(c.shadow_graph_beside_launch, 0); /* an IF node */
   ASSERT_INT_EQ(c.shadow_graph_gate_replay, 1);     /* the host gates the replays it sees */
+  ASSERT_INT_EQ(c.shadow_graph_start_kernel, 0);    /* and starts a shadow behind the replay */
+  ust__config_free(&c);
+  ASSERT_INT_EQ(ust__config_parse("{\"shadow\": {\"graph_host_start\": \"kernel\"}}", &c), 0);
+  ASSERT_INT_EQ(c.shadow_graph_start_kernel, 1);
   ust__config_free(&c);
   ASSERT_INT_EQ(ust__config_parse("{\"shadow\": {\"graph_beside_launch\": \"device\", \"graph_gate\": \"device\"}}",
                                   &c),
@@ -141,6 +145,7 @@ TEST(config_candidate_fields) {
       {"{\"shadow\": {\"graph_beside_launch\": \"host\"}}", "'shadow.graph_beside_launch' must be one of conditional, device"},
       {"{\"shadow\": {\"graph_beside_launch\": 1}}", "'shadow.graph_beside_launch' must be one of conditional, device"},
       {"{\"shadow\": {\"graph_gate\": \"host\"}}", "'shadow.graph_gate' must be one of device, replay"},
+      {"{\"shadow\": {\"graph_host_start\": \"node\"}}", "'shadow.graph_host_start' must be one of replay, kernel"},
       {"{\"shadow\": {\"graph_beside_launch\": \"device\"}, \"timer\": {\"kind\": \"cupti\"}}",
        "'shadow.graph_beside_launch' device needs 'timer.kind' events"},
       {"{\"timer\": {\"kind\": \"auto\"}, \"shadow\": {\"graph_beside_launch\": \"device\"}}",

@@ -80,18 +80,23 @@ def _settle(us):
 
 @pytest.mark.parametrize("sample,launch,gate", [(1.0, "conditional", "replay"), (0.25, "conditional", "replay"),
                                                (1.0, "device", "replay"), (1.0, "conditional", "device"),
-                                               (1.0, "device", "device"), (0.25, "device", "device")])
+                                               (1.0, "device", "device"), (0.25, "device", "device"),
+                                               (1.0, "conditional", "replay-kernel"),
+                                               (0.25, "conditional", "replay-kernel")])
 def test_captured_shadow_verifies_its_share_of_replays(us, sample, launch, gate):
     """Beside the chain, each call's shadow started: by the host behind the
     replays it verifies (shadow.graph_gate replay, the default: no node of
-    it in the graph); decided on the device, by its kernel in the chain
-    through an IF node (the default) or launched from the device (asked
-    for while the host gates: started by the host all the same)."""
+    it in the graph), or behind its kernel in the chain in those replays
+    (shadow.graph_host_start kernel: an event record node off that kernel);
+    decided on the device, by its kernel in the chain through an IF node
+    (the default) or launched from the device (asked for while the host
+    gates: started by the host all the same)."""
     inputs = rms_inputs("cuda", torch.bfloat16, shapes=SHAPES)
     plain = _capture(inputs)  # without understudy
     cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
     cfg["operators"]["rms_norm"]["sample"] = sample
-    cfg["shadow"] = {"graph_beside_launch": launch, "graph_gate": gate}
+    gate, _, start = gate.partition("-")
+    cfg["shadow"] = {"graph_beside_launch": launch, "graph_gate": gate, "graph_host_start": start or "replay"}
     us.enable(cfg)
     shadowed = _capture(inputs)
     _settle(us)  # the gates open
