@@ -283,6 +283,11 @@ void ust__kt_graph_exec(ust__kt *k, uint32_t graph, uint32_t exec);
  * graph + 1 (seen on an H200 with CUDA 13.0). Taken as the rule of id + 1
  * is: only for a graph captured alone. */
 void ust__kt_graph_made(ust__kt *k, uint32_t graph, uint32_t last);
+/* A graph library changed executable graph exec in place: node, the id of
+ * the node it set (a node of the graph exec was made from), or 0 when it
+ * updated the whole of exec from another graph. Each captured call whose
+ * nodes that changed counts once on its route (figs->graph_changed). */
+void ust__kt_exec_changed(ust__kt *k, uint32_t exec, uint64_t node);
 int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, uint32_t kernels, ust__figs *figs,
                        uint64_t tsol_ps);
 /* A launch API's record: a runtime or a driver launch (a runtime launch may

@@ -498,6 +498,29 @@ static uint64_t exec_graph(ust__kt *k, uint64_t exec) {
   return graph;
 }
 
+void ust__kt_exec_changed(ust__kt *k, uint32_t exec, uint64_t node) {
+  pthread_mutex_lock(&k->lock);
+  if (node != 0) {
+    const id_slot *e = id_find(&k->nodes, node, 0);
+    if (e != NULL && e->val != 0 && e->val <= k->n_captured && k->captured[e->val - 1].figs != NULL)
+      atomic_fetch_add_explicit(&k->captured[e->val - 1].figs->graph_changed, 1, memory_order_relaxed);
+  } else {
+    /* every captured call of its graph, once */
+    const uint64_t graph = exec_graph(k, exec);
+    unsigned char *seen = graph != 0 && k->n_captured > 0 ? calloc(k->n_captured, 1) : NULL;
+    for (uint32_t i = 0; seen != NULL && i < k->nodes.cap; i++) {
+      const id_slot *e = &k->nodes.s[i];
+      if (e->id == 0 || e->id >> 32 != graph || e->val == 0 || e->val > k->n_captured || seen[e->val - 1])
+        continue;
+      seen[e->val - 1] = 1;
+      if (k->captured[e->val - 1].figs != NULL)
+        atomic_fetch_add_explicit(&k->captured[e->val - 1].figs->graph_changed, 1, memory_order_relaxed);
+    }
+    free(seen);
+  }
+  pthread_mutex_unlock(&k->lock);
+}
+
 /* The captured call (index + 1) a kernel of captured graph `graph`
  * (exec_graph) ran for, or 0. Called with the lock held. */
 static uint32_t replay_of(ust__kt *k, uint64_t graph, const kernel_rec *kr) {

@@ -117,6 +117,24 @@ static const CUpti_CallbackId driver_launches[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
 };
 
+/* The APIs that change an executable graph in place (a node's parameters,
+ * or the whole of it from another graph): a graph library that changes a
+ * captured call's nodes makes its replays run something else. */
+static const CUpti_CallbackId runtime_changes[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecKernelNodeSetParams_v10010,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecNodeSetParams_v12020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecChildGraphNodeSetParams_v11010,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecUpdate_v10020,
+};
+static const CUpti_CallbackId driver_changes[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecNodeSetParams,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecChildGraphNodeSetParams,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate_v2,
+};
+
 struct ust__cupti {
   cupti_api api;
   void *lib;
@@ -257,6 +275,81 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
   pthread_mutex_unlock(&g_pool.lock);
 }
 
+static _Thread_local int tls_in_runtime_change; /* inside a runtime change API: its driver call is the same change */
+
+/* The executable graph and the node (NULL: the whole of it) an API of
+ * runtime_changes or driver_changes changed, from its parameters. */
+static void changed_of(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *params, void **exec,
+                       void **node) {
+  *exec = *node = NULL;
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+    if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecKernelNodeSetParams_v10010) {
+      const cudaGraphExecKernelNodeSetParams_v10010_params *p = params;
+      *exec = p->hGraphExec, *node = p->node;
+    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecNodeSetParams_v12020) {
+      const cudaGraphExecNodeSetParams_v12020_params *p = params;
+      *exec = p->graphExec, *node = p->node;
+    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecChildGraphNodeSetParams_v11010) {
+      const cudaGraphExecChildGraphNodeSetParams_v11010_params *p = params;
+      *exec = p->hGraphExec, *node = p->node;
+    } else {
+      const cudaGraphExecUpdate_v10020_params *p = params;
+      *exec = p->hGraphExec;
+    }
+    return;
+  }
+  if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams) {
+    const cuGraphExecKernelNodeSetParams_params *p = params;
+    *exec = p->hGraphExec, *node = p->hNode;
+  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams_v2) {
+    const cuGraphExecKernelNodeSetParams_v2_params *p = params;
+    *exec = p->hGraphExec, *node = p->hNode;
+  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecNodeSetParams) {
+    const cuGraphExecNodeSetParams_params *p = params;
+    *exec = p->hGraphExec, *node = p->hNode;
+  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecChildGraphNodeSetParams) {
+    const cuGraphExecChildGraphNodeSetParams_params *p = params;
+    *exec = p->hGraphExec, *node = p->hNode;
+  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate) {
+    const cuGraphExecUpdate_params *p = params;
+    *exec = p->hGraphExec;
+  } else {
+    const cuGraphExecUpdate_v2_params *p = params;
+    *exec = p->hGraphExec;
+  }
+}
+
+/* An executable graph changed in place (callbacks mode, at the API's exit):
+ * counted on the routes of the captured calls it changed. A runtime API's
+ * own driver call is the same change: counted once, by the runtime's. */
+static void graph_changed(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const CUpti_CallbackData *cb) {
+  const int runtime = domain == CUPTI_CB_DOMAIN_RUNTIME_API;
+  if (cb->callbackSite == CUPTI_API_ENTER) {
+    if (runtime)
+      tls_in_runtime_change = 1;
+    return;
+  }
+  if (runtime)
+    tls_in_runtime_change = 0;
+  else if (tls_in_runtime_change)
+    return;
+  const int ok = cb->functionReturnValue != NULL &&
+                 (runtime ? *(const cudaError_t *)cb->functionReturnValue == cudaSuccess
+                          : *(const CUresult *)cb->functionReturnValue == CUDA_SUCCESS);
+  void *exec, *node;
+  changed_of(domain, cbid, cb->functionParams, &exec, &node);
+  atomic_fetch_add(&g_in_callback, 1);
+  ust__cupti *c = atomic_load(&g_tracer);
+  uint32_t exec_id = 0;
+  uint64_t node_id = 0;
+  if (ok && c != NULL && exec != NULL && c->api.exec_id != NULL &&
+      c->api.exec_id((CUgraphExec)exec, &exec_id) == CUPTI_SUCCESS &&
+      (node == NULL || (c->api.graph_node_id != NULL &&
+                        c->api.graph_node_id((CUgraphNode)node, &node_id) == CUPTI_SUCCESS && node_id != 0)))
+    ust__kt_exec_changed(c->kt, exec_id, node_id);
+  atomic_fetch_sub(&g_in_callback, 1);
+}
+
 /* A launch API entered on a serving thread (callbacks mode): its correlation
  * id is the one its kernels' records will carry; the thread's current call
  * slot is the call it launches for. */
@@ -277,8 +370,15 @@ static void CUPTIAPI launch_callback(void *data, CUpti_CallbackDomain domain, CU
     return;
   }
   const CUpti_CallbackData *cb = info;
-  if ((domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) || cb == NULL ||
-      cb->callbackSite != CUPTI_API_ENTER)
+  if ((domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) || cb == NULL)
+    return;
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API
+          ? is_launch(runtime_changes, sizeof runtime_changes / sizeof runtime_changes[0], cbid)
+          : is_launch(driver_changes, sizeof driver_changes / sizeof driver_changes[0], cbid)) {
+    graph_changed(domain, cbid, cb);
+    return;
+  }
+  if (cb->callbackSite != CUPTI_API_ENTER)
     return;
   /* every launch of the window: inside a call it is the call's; any is
    * counted by the launching thread's phase. A launch outside calls on a
@@ -301,8 +401,13 @@ static void set_callbacks(ust__cupti *c, uint32_t on) {
     c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]);
   for (size_t i = 0; i < sizeof driver_launches / sizeof driver_launches[0]; i++)
     c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_launches[i]);
-  if (c->api.graph_id != NULL && c->api.exec_id != NULL)
+  if (c->api.graph_id != NULL && c->api.exec_id != NULL) {
     c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED);
+    for (size_t i = 0; i < sizeof runtime_changes / sizeof runtime_changes[0]; i++)
+      c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_changes[i]);
+    for (size_t i = 0; i < sizeof driver_changes / sizeof driver_changes[0]; i++)
+      c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_changes[i]);
+  }
 }
 
 /* ---- loading ------------------------------------------------------------------------- */

@@ -253,6 +253,7 @@ static cJSON *shape_json(const ust__route_snap *s) {
   cJSON *gr = cJSON_AddObjectToObject(js, "graph");
   add_num(gr, "unseen_kernels", (double)s->figs.unseen_kernels);
   add_num(gr, "unseen_ns", (double)s->figs.unseen_ns);
+  add_num(gr, "changed", (double)s->figs.graph_changed);
   add_num(js, "device_time_ns", (double)s->figs.hist.sum);
   cJSON_AddItemToObject(js, "latency_ns", hist_json(&s->figs.hist));
   if (b->roofline.present)
@@ -611,8 +612,9 @@ static int push(svals *s, double x) {
  * captured calls are timed by their replays; no candidate's side was
  * captured), "observe-only" with the reasons verdicts do not flow there
  * (its kernels replayed by graphs understudy did not see captured, captured
- * calls that hold production alone, shadows left ungated in an executable
- * graph), or null (no graph ran it). */
+ * calls a graph library changed in place, captured calls that hold
+ * production alone, shadows left ungated in an executable graph), or null
+ * (no graph ran it). */
 static void derive_graph(cJSON *sh) {
   cJSON *g = cJSON_GetObjectItemCaseSensitive(sh, "graph");
   if (!cJSON_IsObject(g)) {
@@ -620,15 +622,21 @@ static void derive_graph(cJSON *sh) {
     g = cJSON_AddObjectToObject(sh, "graph");
     add_num(g, "unseen_kernels", 0);
     add_num(g, "unseen_ns", 0);
+    add_num(g, "changed", 0);
   }
   const cJSON *sg = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "shadow"), "graph");
-  const double unseen = num(g, "unseen_kernels"), plain = num(sg, "plain"), ungated = num(sg, "ungated");
+  const double unseen = num(g, "unseen_kernels"), changed = num(g, "changed"), plain = num(sg, "plain"),
+               ungated = num(sg, "ungated");
   char why[768] = "";
   size_t n = 0;
   if (unseen > 0)
     n += (size_t)snprintf(why + n, sizeof why - n, "%.0f of its kernels ran in graphs understudy did not see captured "
                           "(captured before enable(), or while it was off): seen by name only, neither timed as "
                           "calls, verified nor routed", unseen);
+  if (changed > 0 && n < sizeof why)
+    n += (size_t)snprintf(why + n, sizeof why - n, "%s%.0f of its captured calls changed in place in an executable "
+                          "graph by a graph library (a node's parameters set, or the graph updated): its replays "
+                          "may not run what was captured", n ? "; " : "", changed);
   if (plain > 0 && n < sizeof why) {
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(sg, "reason");
     n += (size_t)snprintf(why + n, sizeof why - n, "%s%.0f captured calls hold production alone: %s", n ? "; " : "",
@@ -1000,7 +1008,7 @@ static cJSON *window_doc(const cJSON *now, const cJSON *base) {
                                           "candidate_calls", "candidate_tsol_ns_sum", "candidate_time_ns_sum",
                                           "work_calls", "flops_sum", "bytes_sum", NULL};
   static const char *const shadow_keys[] = {"calls", "verified", "passed", "failed", "skipped", "unverifiable", NULL};
-  static const char *const graph_keys[] = {"unseen_kernels", "unseen_ns", NULL};
+  static const char *const graph_keys[] = {"unseen_kernels", "unseen_ns", "changed", NULL};
   const int n_base = base != NULL ? count_shapes(base) : 0;
   base_shape *cells = n_base > 0 ? calloc((size_t)n_base, sizeof *cells) : NULL;
   if (n_base > 0 && cells == NULL)

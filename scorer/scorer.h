@@ -178,6 +178,11 @@ typedef struct ust__figs {
    * off): their replays are seen by name only, neither timed as calls,
    * verified nor routed; and their summed durations */
   atomic_uint_fast64_t unseen_kernels, unseen_ns;
+  /* captured calls of its whose nodes a graph library changed in place in
+   * an executable graph (a node's parameters set, or the executable graph
+   * updated from another graph), seen by the kernel tracer's callbacks:
+   * those replays may not run what was captured */
+  atomic_uint_fast64_t graph_changed;
   _Atomic(const struct ust__hw_profile *) hw; /* the profile of the last scored call */
   atomic_uint_fast64_t unscored;       /* timed calls whose floor could not be computed */
   atomic_uint_fast64_t nested_scored;  /* timed calls floored by the bound ops they called (see callview.h) */
@@ -238,7 +243,7 @@ typedef struct ust__figs_snap {
   uint64_t captured, timing_dropped, calls, unscored, nested_scored;
   uint64_t first_timed, first_time_ns;
   uint64_t steady_timed, steady_time_ns, late_captured;
-  uint64_t kernel_timed, kernel_span_ns, replayed, unseen_kernels, unseen_ns;
+  uint64_t kernel_timed, kernel_span_ns, replayed, unseen_kernels, unseen_ns, graph_changed;
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
   ust__roof_snap prod, cand;

@@ -363,6 +363,42 @@ TEST(kernel_graph_replays_of_unseen_graphs_count_on_the_routes_that_run_their_ke
   ust__kt_destroy(k);
 }
 
+TEST(kernel_graphs_changed_in_place_count_on_the_captured_calls_they_change) {
+  /* Calls a (nodes 7:0, 7:1) and b (7:2) captured into graph 7, whose
+   * executable graph 30 CUPTI named; c (20:0) into graph 20, its executable
+   * inferred as 21. A node set in 30 counts on its call; 30 updated whole
+   * counts once on each of its calls; 21 updated on c; an unknown
+   * executable graph or node on none. */
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__figs a, b, c;
+  ASSERT_INT_EQ(ust__figs_init(&a), 0);
+  ASSERT_INT_EQ(ust__figs_init(&b), 0);
+  ASSERT_INT_EQ(ust__figs_init(&c), 0);
+  const uint64_t g = 7ull << 32, h = 20ull << 32;
+  const uint64_t na[] = {g | 0, g | 1}, nb[] = {g | 2}, nc[] = {h | 0};
+  ASSERT_INT_EQ(ust__kt_graph_call(k, na, 2, 2, &a, 0), 0);
+  ASSERT_INT_EQ(ust__kt_graph_call(k, nb, 1, 1, &b, 0), 0);
+  ASSERT_INT_EQ(ust__kt_graph_call(k, nc, 1, 1, &c, 0), 0);
+  ust__kt_graph_exec(k, 7, 30);
+  ust__kt_exec_changed(k, 30, g | 1);
+  ASSERT_U64_EQ(atomic_load(&a.graph_changed), 1);
+  ASSERT_U64_EQ(atomic_load(&b.graph_changed), 0);
+  ust__kt_exec_changed(k, 30, 0);
+  ASSERT_U64_EQ(atomic_load(&a.graph_changed), 2);
+  ASSERT_U64_EQ(atomic_load(&b.graph_changed), 1);
+  ASSERT_U64_EQ(atomic_load(&c.graph_changed), 0);
+  ust__kt_exec_changed(k, 21, 0);
+  ASSERT_U64_EQ(atomic_load(&c.graph_changed), 1);
+  ust__kt_exec_changed(k, 99, 0);
+  ust__kt_exec_changed(k, 30, (5ull << 32) | 3);
+  ASSERT_U64_EQ(atomic_load(&a.graph_changed) + atomic_load(&b.graph_changed) + atomic_load(&c.graph_changed), 4);
+  ust__figs_free(&a);
+  ust__figs_free(&b);
+  ust__figs_free(&c);
+  ust__kt_destroy(k);
+}
+
 TEST(kernel_graph_replays_missing_records_interleaved_captures_and_launches_inside_calls) {
   /* (1) a replay of a captured call whose kernel records did not all come is
    * dropped and counted, not timed from part of them; (2) graphs 20 and 21

@@ -218,6 +218,54 @@ def _captured_before_enable(us, eager):
     assert other["graph"]["unseen_kernels"] == 0 and other["graph"]["status"] is None, other
 
 
+def _cudart():
+    """The CUDA runtime torch loaded (by its soname: the copy already mapped)."""
+    import ctypes
+    rt = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
+    rt.cudaGraphExecUpdate.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    rt.cudaGraphExecUpdate.restype = ctypes.c_int
+    return rt
+
+
+def test_a_graph_changed_in_place_makes_its_captured_routes_observe_only(us):
+    """Two mm shapes captured into two kept graphs inside a window; a graph
+    library updates the first's executable graph in place
+    (cudaGraphExecUpdate from its own graph: a change CUDA accepts). The
+    kernel tracer's callbacks see it: the first route's captured call
+    counts as changed and the route is observe-only, naming the change;
+    the second route, untouched, stays observed. Ground truth: the test's
+    own update call, made once."""
+    import ctypes
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "timer": dict(ALWAYS, window_ms=5000)})
+    x = torch.randn(64, 64, device="cuda")
+    mm_for(x, 1.0)  # the window (5 s) opens; what follows happens inside it
+    graphs = []
+    for n in (256, 512):
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        mm_calls(a, a, 3)
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(g):
+            torch.mm(a, a)
+        g.instantiate()
+        graphs.append(g)
+    info = (ctypes.c_byte * 64)()
+    rc = _cudart().cudaGraphExecUpdate(graphs[0].raw_cuda_graph_exec(), graphs[0].raw_cuda_graph(), info)
+    assert rc == 0, rc
+    for g in graphs:
+        for _ in range(5):
+            g.replay()
+    torch.cuda.synchronize()
+    rep = us.report()
+    us.disable()
+    changed, kept = route(rep, "aten::mm", M=256, N=256, K=256), route(rep, "aten::mm", M=512, N=512, K=512)
+    print(f"\ngraph changed in place: {changed['graph']}; beside it: {kept['graph']}; replayed "
+          f"{changed['replayed']}, {kept['replayed']}")
+    assert changed["captured"] == 1 and kept["captured"] == 1, (changed, kept)
+    assert changed["graph"]["changed"] == 1 and changed["graph"]["status"] == "observe-only", changed["graph"]
+    assert changed["graph"]["reason"].startswith("1 of its captured calls changed in place in an executable graph")
+    assert kept["graph"]["changed"] == 0 and kept["graph"]["status"] == "observed", kept["graph"]
+
+
 def test_graph_replays_are_counted_and_timed_by_their_kernels(us):
     """Two mm calls captured into a CUDA graph (torch.cuda.graph), replayed
     R times inside a window: every replay of each is a replayed call of the
