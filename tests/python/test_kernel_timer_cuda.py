@@ -227,16 +227,16 @@ def _cudart():
     return rt
 
 
-def test_a_graph_changed_in_place_makes_its_captured_routes_observe_only(us):
-    """Two mm shapes captured into two kept graphs inside a window; a graph
-    library updates the first's executable graph in place
-    (cudaGraphExecUpdate from its own graph: a change CUDA accepts). The
-    kernel tracer's callbacks see it: the first route's captured call
-    counts as changed and the route is observe-only, naming the change;
-    the second route, untouched, stays observed. Ground truth: the test's
-    own update call, made once."""
+def changed_in_place():
+    """Two mm shapes captured into two kept graphs inside a window; the
+    first's executable graph updated in place (cudaGraphExecUpdate from its
+    own graph: a change CUDA accepts), once; both replayed. Prints the two
+    routes' graph figures and the window's correlation as JSON."""
     import ctypes
-    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}}, "timer": dict(ALWAYS, window_ms=5000)})
+    import json
+    import understudy
+    understudy.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
+                       "timer": dict(ALWAYS, window_ms=5000)})
     x = torch.randn(64, 64, device="cuda")
     mm_for(x, 1.0)  # the window (5 s) opens; what follows happens inside it
     graphs = []
@@ -250,16 +250,38 @@ def test_a_graph_changed_in_place_makes_its_captured_routes_observe_only(us):
         graphs.append(g)
     info = (ctypes.c_byte * 64)()
     rc = _cudart().cudaGraphExecUpdate(graphs[0].raw_cuda_graph_exec(), graphs[0].raw_cuda_graph(), info)
-    assert rc == 0, rc
     for g in graphs:
         for _ in range(5):
             g.replay()
     torch.cuda.synchronize()
-    rep = us.report()
-    us.disable()
-    changed, kept = route(rep, "aten::mm", M=256, N=256, K=256), route(rep, "aten::mm", M=512, N=512, K=512)
-    print(f"\ngraph changed in place: {changed['graph']}; beside it: {kept['graph']}; replayed "
-          f"{changed['replayed']}, {kept['replayed']}")
+    rep = understudy.report()
+    understudy.disable()
+    print(json.dumps({"rc": rc, "correlation": rep["timer"].get("correlation"),
+                      "routes": [route(rep, "aten::mm", M=n, N=n, K=n) for n in (256, 512)]}))
+
+
+def test_a_graph_changed_in_place_makes_its_captured_routes_observe_only():
+    """A graph library's change in place of an executable graph holding a
+    captured call (changed_in_place, in a process of its own: callbacks need
+    CUPTI's subscription, which torch's profiler, run by other tests here,
+    keeps for the life of a process). The kernel tracer's callbacks see it:
+    the changed route's captured call counts as changed and the route is
+    observe-only, naming the change; the other route, untouched, stays
+    observed. Ground truth: the update the test made, once."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python-shim"), str(ROOT / "tests" / "python")]))
+    out = subprocess.run([sys.executable, "-c", "import test_kernel_timer_cuda as t; t.changed_in_place()"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    changed, kept = got["routes"]
+    print(f"\ngraph changed in place ({got['correlation']}): {changed['graph']}; beside it: {kept['graph']}; "
+          f"replayed {changed['replayed']}, {kept['replayed']}")
+    assert got["rc"] == 0 and got["correlation"] == "callbacks", got
     assert changed["captured"] == 1 and kept["captured"] == 1, (changed, kept)
     assert changed["graph"]["changed"] == 1 and changed["graph"]["status"] == "observe-only", changed["graph"]
     assert changed["graph"]["reason"].startswith("1 of its captured calls changed in place in an executable graph")
