@@ -226,6 +226,8 @@ typedef struct ust__kt_totals {
   uint64_t captured_unmapped;        /* captured calls whose nodes could not be kept (no memory, the bound) */
   uint64_t graph_unknown, graph_unknown_ns; /* kernels graph launches ran of graphs no bound op was seen
                                                captured into (captured before enable(), ...) */
+  uint64_t graph_own, graph_own_ns; /* kernels run by understudy's own graphs (shadows' bodies started by the
+                                       host or the device) */
   uint64_t phase_kernel_ns[UST__N_PHASES];     /* kernel_ns by the phase of the thread that launched them */
   uint64_t phase_attributed_ns[UST__N_PHASES]; /* attributed_ns by it (launches the callbacks saw; else unknown) */
   uint64_t records_lost;             /* kernels or launches the tracer dropped or that never joined */

@@ -56,7 +56,15 @@ typedef struct captured_call {
   ust__figs *figs;
   uint64_t tsol_ps;
   uint32_t kernels; /* its kernel nodes: a replay with fewer records lost some (0: not known) */
+  int changed;      /* counted as changed in place (once) */
 } captured_call;
+
+/* Ids understudy's own graphs took while a graph was captured (its
+ * shadows' parts and bodies: ust__kt_graph_made), from..to: their kernels
+ * are understudy's, not of a graph it did not see captured. */
+typedef struct id_range {
+  uint32_t from, to;
+} id_range;
 
 
 struct ust__kt {
@@ -84,6 +92,8 @@ struct ust__kt {
   id_table names;
   known_name *known;
   uint32_t n_known;
+  id_range *own; /* sorted by from, disjoint */
+  uint32_t n_own, own_cap;
 };
 
 static _Thread_local int tls_current = -1; /* the calling thread's innermost slot */
@@ -154,6 +164,7 @@ void ust__kt_destroy(ust__kt *k) {
   free(k->captured);
   free(k->names.s);
   free(k->known);
+  free(k->own);
   free(k->calls);
   free(k->kernels);
   free(k->corrs.s);
@@ -286,10 +297,59 @@ void ust__kt_graph_exec(ust__kt *k, uint32_t graph, uint32_t exec) {
   pthread_mutex_unlock(&k->lock);
 }
 
+/* graph's capture made graphs of understudy's own up to id last: the ids
+ * graph + 1..last are kept as its own (ranges merged; at most
+ * UST__KT_MAX_CAPTURED). Lock held. */
+static void own_add(ust__kt *k, uint32_t graph, uint32_t last) {
+  const id_range r = {graph + 1, last};
+  uint32_t i = k->n_own;
+  while (i > 0 && k->own[i - 1].from > r.from)
+    i--;
+  if (i > 0 && k->own[i - 1].to + 1 >= r.from) { /* extends the one before */
+    if (r.to > k->own[i - 1].to)
+      k->own[i - 1].to = r.to;
+  } else {
+    if (k->n_own == k->own_cap) {
+      const uint32_t cap = k->own_cap ? k->own_cap * 2 : 64;
+      id_range *grown = cap <= UST__KT_MAX_CAPTURED ? realloc(k->own, cap * sizeof *grown) : NULL;
+      if (grown == NULL)
+        return;
+      k->own = grown;
+      k->own_cap = cap;
+    }
+    memmove(&k->own[i + 1], &k->own[i], (k->n_own - i) * sizeof *k->own);
+    k->own[i] = r;
+    k->n_own++;
+    i++;
+  }
+  /* ranges it now reaches merge into it */
+  while (i < k->n_own && k->own[i - 1].to + 1 >= k->own[i].from) {
+    if (k->own[i].to > k->own[i - 1].to)
+      k->own[i - 1].to = k->own[i].to;
+    memmove(&k->own[i], &k->own[i + 1], (k->n_own - i - 1) * sizeof *k->own);
+    k->n_own--;
+  }
+}
+
+/* 1 when id is one of understudy's own graphs'. Lock held. */
+static int own_graph(const ust__kt *k, uint64_t id) {
+  uint32_t lo = 0, hi = k->n_own;
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (k->own[mid].to < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < k->n_own && k->own[lo].from <= id;
+}
+
 void ust__kt_graph_made(ust__kt *k, uint32_t graph, uint32_t last) {
   if (graph == 0 || last == 0 || last == UINT32_MAX)
     return;
   pthread_mutex_lock(&k->lock);
+  if (last > graph)
+    own_add(k, graph, last);
   /* the graph's flags: the executable graph inferred so far, which the ids
    * taken since make wrong (it was a graph of understudy's own) */
   id_slot *g = id_find(&k->graphs, graph, 0);
@@ -498,25 +558,28 @@ static uint64_t exec_graph(ust__kt *k, uint64_t exec) {
   return graph;
 }
 
+/* A captured call changed in place: counted on its route the first time. */
+static void changed_once(captured_call *cc) {
+  if (cc->changed || cc->figs == NULL)
+    return;
+  cc->changed = 1;
+  atomic_fetch_add_explicit(&cc->figs->graph_changed, 1, memory_order_relaxed);
+}
+
 void ust__kt_exec_changed(ust__kt *k, uint32_t exec, uint64_t node) {
   pthread_mutex_lock(&k->lock);
   if (node != 0) {
     const id_slot *e = id_find(&k->nodes, node, 0);
-    if (e != NULL && e->val != 0 && e->val <= k->n_captured && k->captured[e->val - 1].figs != NULL)
-      atomic_fetch_add_explicit(&k->captured[e->val - 1].figs->graph_changed, 1, memory_order_relaxed);
+    if (e != NULL && e->val != 0 && e->val <= k->n_captured)
+      changed_once(&k->captured[e->val - 1]);
   } else {
-    /* every captured call of its graph, once */
+    /* every captured call of its graph */
     const uint64_t graph = exec_graph(k, exec);
-    unsigned char *seen = graph != 0 && k->n_captured > 0 ? calloc(k->n_captured, 1) : NULL;
-    for (uint32_t i = 0; seen != NULL && i < k->nodes.cap; i++) {
+    for (uint32_t i = 0; graph != 0 && i < k->nodes.cap; i++) {
       const id_slot *e = &k->nodes.s[i];
-      if (e->id == 0 || e->id >> 32 != graph || e->val == 0 || e->val > k->n_captured || seen[e->val - 1])
-        continue;
-      seen[e->val - 1] = 1;
-      if (k->captured[e->val - 1].figs != NULL)
-        atomic_fetch_add_explicit(&k->captured[e->val - 1].figs->graph_changed, 1, memory_order_relaxed);
+      if (e->id != 0 && e->id >> 32 == graph && e->val != 0 && e->val <= k->n_captured)
+        changed_once(&k->captured[e->val - 1]);
     }
-    free(seen);
   }
   pthread_mutex_unlock(&k->lock);
 }
@@ -653,7 +716,11 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
      * bound op called inside another adds to its parent) */
     const uint64_t graph = kr->node != 0 ? exec_graph(k, kr->node >> 32) : 0;
     const uint32_t cap = replay_of(k, graph, kr);
-    if (kr->node != 0 && graph == 0) {
+    if (kr->node != 0 && graph == 0 && own_graph(k, kr->node >> 32)) {
+      /* run by a graph of understudy's own (a shadow's body) */
+      t->graph_own++;
+      t->graph_own_ns += ns;
+    } else if (kr->node != 0 && graph == 0) {
       /* run by a graph no bound op was seen captured into: captured before
        * enable(), without bound ops, or beside another capture */
       t->graph_unknown++;

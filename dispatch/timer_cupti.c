@@ -125,6 +125,9 @@ static const CUpti_CallbackId runtime_changes[] = {
     CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecNodeSetParams_v12020,
     CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecChildGraphNodeSetParams_v11010,
     CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecUpdate_v10020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemcpyNodeSetParams_v10020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemcpyNodeSetParams1D_v11010,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemsetNodeSetParams_v10020,
 };
 static const CUpti_CallbackId driver_changes[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams,
@@ -133,6 +136,8 @@ static const CUpti_CallbackId driver_changes[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphExecChildGraphNodeSetParams,
     CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate,
     CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecMemcpyNodeSetParams,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecMemsetNodeSetParams,
 };
 
 struct ust__cupti {
@@ -275,7 +280,12 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
   pthread_mutex_unlock(&g_pool.lock);
 }
 
-static _Thread_local int tls_in_runtime_change; /* inside a runtime change API: its driver call is the same change */
+/* Inside a runtime change API: its driver call is the same change. Kept as
+ * the subscription's generation at the runtime call's entry (0: none), so
+ * that an entry seen under an earlier subscription, whose exit never came,
+ * counts for nothing. */
+static atomic_uint g_change_gen;
+static _Thread_local unsigned tls_change_gen;
 
 /* The executable graph and the node (NULL: the whole of it) an API of
  * runtime_changes or driver_changes changed, from its parameters. */
@@ -291,6 +301,15 @@ static void changed_of(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const
       *exec = p->graphExec, *node = p->node;
     } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecChildGraphNodeSetParams_v11010) {
       const cudaGraphExecChildGraphNodeSetParams_v11010_params *p = params;
+      *exec = p->hGraphExec, *node = p->node;
+    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemcpyNodeSetParams_v10020) {
+      const cudaGraphExecMemcpyNodeSetParams_v10020_params *p = params;
+      *exec = p->hGraphExec, *node = p->node;
+    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemcpyNodeSetParams1D_v11010) {
+      const cudaGraphExecMemcpyNodeSetParams1D_v11010_params *p = params;
+      *exec = p->hGraphExec, *node = p->node;
+    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemsetNodeSetParams_v10020) {
+      const cudaGraphExecMemsetNodeSetParams_v10020_params *p = params;
       *exec = p->hGraphExec, *node = p->node;
     } else {
       const cudaGraphExecUpdate_v10020_params *p = params;
@@ -310,6 +329,12 @@ static void changed_of(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const
   } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecChildGraphNodeSetParams) {
     const cuGraphExecChildGraphNodeSetParams_params *p = params;
     *exec = p->hGraphExec, *node = p->hNode;
+  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecMemcpyNodeSetParams) {
+    const cuGraphExecMemcpyNodeSetParams_params *p = params;
+    *exec = p->hGraphExec, *node = p->hNode;
+  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecMemsetNodeSetParams) {
+    const cuGraphExecMemsetNodeSetParams_params *p = params;
+    *exec = p->hGraphExec, *node = p->hNode;
   } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate) {
     const cuGraphExecUpdate_params *p = params;
     *exec = p->hGraphExec;
@@ -324,15 +349,20 @@ static void changed_of(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const
  * own driver call is the same change: counted once, by the runtime's. */
 static void graph_changed(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const CUpti_CallbackData *cb) {
   const int runtime = domain == CUPTI_CB_DOMAIN_RUNTIME_API;
+  const unsigned gen = atomic_load_explicit(&g_change_gen, memory_order_relaxed);
   if (cb->callbackSite == CUPTI_API_ENTER) {
     if (runtime)
-      tls_in_runtime_change = 1;
+      tls_change_gen = gen;
     return;
   }
-  if (runtime)
-    tls_in_runtime_change = 0;
-  else if (tls_in_runtime_change)
+  const int inside = tls_change_gen == gen; /* a runtime change's entry seen under this subscription */
+  if (runtime) {
+    tls_change_gen = 0;
+    if (!inside)
+      return; /* its driver call, if any, was counted */
+  } else if (inside) {
     return;
+  }
   const int ok = cb->functionReturnValue != NULL &&
                  (runtime ? *(const cudaError_t *)cb->functionReturnValue == cudaSuccess
                           : *(const CUresult *)cb->functionReturnValue == CUDA_SUCCESS);
@@ -397,6 +427,11 @@ static void CUPTIAPI launch_callback(void *data, CUpti_CallbackDomain domain, CU
 }
 
 static void set_callbacks(ust__cupti *c, uint32_t on) {
+  if (on) {
+    unsigned gen = atomic_fetch_add(&g_change_gen, 1) + 1;
+    if (gen == 0) /* never 0, the thread's "none" */
+      atomic_fetch_add(&g_change_gen, 1);
+  }
   for (size_t i = 0; i < sizeof runtime_launches / sizeof runtime_launches[0]; i++)
     c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]);
   for (size_t i = 0; i < sizeof driver_launches / sizeof driver_launches[0]; i++)

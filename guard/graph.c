@@ -969,7 +969,10 @@ int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, vo
     unbind_at(g, at);
   uint32_t n = 0, hosted = 0;
   int device = -1;
-  for (uint32_t i = 0; i < g->n_sites && !g->closed; i++)
+  for (uint32_t i = 0; i < g->n_sites && !g->closed; i++) {
+    const graph_site *s = g->sites[i];
+    if (s->hosted && s->gated > 0 && s->state == SITE_LIVE && s->graph == graph && s->capture == capture)
+      ungated(g->sites[i]); /* gated by another executable graph of the same capture: nothing starts it here */
     if (bindable(g->sites[i], graph, capture)) {
       n++;
       if (g->sites[i]->hosted) {
@@ -977,6 +980,7 @@ int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, vo
         device = g->sites[i]->device;
       }
     }
+  }
   int rc = 0;
   exec_bind b;
   memset(&b, 0, sizeof b);

@@ -367,6 +367,8 @@ static cJSON *timer_json(ust__timers *t, uint64_t elapsed_ns) {
   add_num(j, "captured_unmapped", (double)k->captured_unmapped);
   add_num(j, "graph_unknown_kernels", (double)k->graph_unknown);
   add_num(j, "graph_unknown_ns", (double)k->graph_unknown_ns);
+  add_num(j, "graph_own_kernels", (double)k->graph_own);
+  add_num(j, "graph_own_ns", (double)k->graph_own_ns);
   add_num(j, "records_lost", (double)(k->records_lost + st.buffers_short));
   /* by the phase of the thread that launched the kernels (known for the
    * launches the callbacks saw; the others count as unknown) */

@@ -64,7 +64,7 @@ def _rollout_add(acc, ro, t):
 
 TIMER_ADD = ("windows", "window_ns", "elapsed_ns", "yields", "windows_cut", "kernels", "kernel_ns", "attributed_kernels",
              "attributed_ns", "calls_timed", "calls_dropped", "calls_empty", "calls_replayed", "captured_unmapped", "records_lost",
-             "graph_unknown_kernels", "graph_unknown_ns")
+             "graph_unknown_kernels", "graph_unknown_ns", "graph_own_kernels", "graph_own_ns")
 
 
 def _timer_merge(reports: list) -> dict:

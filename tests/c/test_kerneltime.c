@@ -309,7 +309,9 @@ TEST(kernel_graph_replays_of_unseen_graphs_count_on_the_routes_that_run_their_ke
    * "gemv" and "fill"; a call the candidate served ran "cand" (not
    * production's: learned by no route). The graph's "gemv" counts on a and
    * b, its "fill" on b, "cand" and "other" on none; names are kept across
-   * windows. */
+   * windows. Graphs understudy made while graph 40 was captured (ids 41..44:
+   * a shadow's body) are its own: their kernels are neither unknown nor
+   * unseen, whatever their names. */
   ust__kt *k;
   ASSERT_INT_EQ(ust__kt_create(&k), 0);
   ust__figs a, b;
@@ -324,6 +326,10 @@ TEST(kernel_graph_replays_of_unseen_graphs_count_on_the_routes_that_run_their_ke
   const int sc = ust__kt_begin(k, &ec);
   ust__kt_cancel(k, sc);
   const uint64_t unseen = 12ull << 32;
+  ust__kt_graph_made(k, 40, 44);
+  ust__kt_launch(k, 51, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 51, (43ull << 32) | 0, 600, 620, "gemv");
+  ust__kt_kernel(k, 51, (44ull << 32) | 1, 700, 703, "compare");
   ust__kt_kernel(k, 50, unseen | 0, 100, 130, "gemv"); /* the replay's records before the eager ones */
   ust__kt_kernel(k, 50, unseen | 1, 200, 205, "fill");
   ust__kt_kernel(k, 50, unseen | 2, 300, 307, "cand");
@@ -347,6 +353,8 @@ TEST(kernel_graph_replays_of_unseen_graphs_count_on_the_routes_that_run_their_ke
   ust__kt_totals t;
   ust__kt_totals_get(k, &t);
   ASSERT_U64_EQ(t.graph_unknown, 4);
+  ASSERT_U64_EQ(t.graph_own, 2);
+  ASSERT_U64_EQ(t.graph_own_ns, 20 + 3);
   /* a window of replays alone: the names learned before still count */
   ust__kt_open(k);
   ust__kt_launch(k, 60, UST__KT_LAUNCH_RUNTIME);
@@ -363,12 +371,38 @@ TEST(kernel_graph_replays_of_unseen_graphs_count_on_the_routes_that_run_their_ke
   ust__kt_destroy(k);
 }
 
+TEST(kernel_graphs_made_during_captures_are_understudys_own) {
+  /* Captures 40 (made graphs up to 44, then up to 47), 10 (up to 12) and
+   * 60 (up to 61), told out of order: ids 41..47, 11..12 and 61 are
+   * understudy's own; 48, 13 and 62 are not (their kernels unknown). */
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__kt_graph_made(k, 40, 44);
+  ust__kt_graph_made(k, 60, 61);
+  ust__kt_graph_made(k, 10, 12);
+  ust__kt_graph_made(k, 40, 47);
+  ust__kt_open(k);
+  ust__kt_launch(k, 70, UST__KT_LAUNCH_RUNTIME);
+  const uint32_t ids[] = {41, 45, 47, 11, 12, 61, 48, 13, 62, 40};
+  for (uint32_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+    ust__kt_kernel(k, 70, ((uint64_t)ids[i] << 32) | i, 1000 * (i + 1), 1000 * (i + 1) + 10 + i, "k");
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  ust__kt_totals t;
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.graph_own, 6);
+  ASSERT_U64_EQ(t.graph_own_ns, 6 * 10 + 0 + 1 + 2 + 3 + 4 + 5);
+  ASSERT_U64_EQ(t.graph_unknown, 4);
+  ust__kt_destroy(k);
+}
+
 TEST(kernel_graphs_changed_in_place_count_on_the_captured_calls_they_change) {
   /* Calls a (nodes 7:0, 7:1) and b (7:2) captured into graph 7, whose
    * executable graph 30 CUPTI named; c (20:0) into graph 20, its executable
    * inferred as 21. A node set in 30 counts on its call; 30 updated whole
-   * counts once on each of its calls; 21 updated on c; an unknown
-   * executable graph or node on none. */
+   * on each of its calls not counted yet; 21 updated on c; an unknown
+   * executable graph or node on none; a call counts once, however often
+   * its nodes change. */
   ust__kt *k;
   ASSERT_INT_EQ(ust__kt_create(&k), 0);
   ust__figs a, b, c;
@@ -384,15 +418,17 @@ TEST(kernel_graphs_changed_in_place_count_on_the_captured_calls_they_change) {
   ust__kt_exec_changed(k, 30, g | 1);
   ASSERT_U64_EQ(atomic_load(&a.graph_changed), 1);
   ASSERT_U64_EQ(atomic_load(&b.graph_changed), 0);
+  ust__kt_exec_changed(k, 30, g | 0);
   ust__kt_exec_changed(k, 30, 0);
-  ASSERT_U64_EQ(atomic_load(&a.graph_changed), 2);
+  ASSERT_U64_EQ(atomic_load(&a.graph_changed), 1);
   ASSERT_U64_EQ(atomic_load(&b.graph_changed), 1);
   ASSERT_U64_EQ(atomic_load(&c.graph_changed), 0);
   ust__kt_exec_changed(k, 21, 0);
   ASSERT_U64_EQ(atomic_load(&c.graph_changed), 1);
+  ust__kt_exec_changed(k, 21, 0);
   ust__kt_exec_changed(k, 99, 0);
   ust__kt_exec_changed(k, 30, (5ull << 32) | 3);
-  ASSERT_U64_EQ(atomic_load(&a.graph_changed) + atomic_load(&b.graph_changed) + atomic_load(&c.graph_changed), 4);
+  ASSERT_U64_EQ(atomic_load(&a.graph_changed) + atomic_load(&b.graph_changed) + atomic_load(&c.graph_changed), 3);
   ust__figs_free(&a);
   ust__figs_free(&b);
   ust__figs_free(&c);

@@ -51,6 +51,7 @@
   X(kernel_windows_keep_to_their_budget) \
   X(kernel_graph_replays_are_their_captured_calls) \
   X(kernel_graph_replays_of_unseen_graphs_count_on_the_routes_that_run_their_kernels) \
+  X(kernel_graphs_made_during_captures_are_understudys_own) \
   X(kernel_graphs_changed_in_place_count_on_the_captured_calls_they_change) \
   X(kernel_graph_replays_missing_records_interleaved_captures_and_launches_inside_calls) \
   X(kernel_graph_replays_follow_the_graph_whose_capture_made_graphs_of_its_own) \

@@ -642,3 +642,7 @@ def test_the_kernel_tracer_times_the_replays_of_a_shadowed_graph(us, correlation
     assert r["captured"] == 1 and r["shadow"]["graph"]["shadowed"] == 1, r
     assert (r["shadow"]["verified"], r["shadow"]["passed"]) == (n, n), r["shadow"]
     assert (r["replayed"], r["kernel_timed"]) == (n, n), r
+    # the shadow's bodies are understudy's own graphs: neither unknown nor unseen by any route
+    tm = rep["timer"]
+    assert tm["graph_own_kernels"] >= n and tm["graph_unknown_kernels"] == 0, tm
+    assert r["graph"]["unseen_kernels"] == 0 and r["graph"]["status"] == "gated", r["graph"]
