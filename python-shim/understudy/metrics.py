@@ -56,6 +56,7 @@ def _fine_lower(i: int) -> int:
 BUCKET_BOUNDS_NS = tuple(sorted([1 << e for e in range(10, 31)] + [3 << (e - 1) for e in range(10, 30)]))
 _FINE_TO_COARSE = [bisect.bisect_right(BUCKET_BOUNDS_NS, _fine_lower(i)) for i in range(_FINE_BUCKETS)]
 _MODES = ("off", "observe", "shadow", "canary", "live", "rolled_back")
+_GRAPH_STATUSES = ("gated", "observed", "observe_only")  # a shape's graph.status (null: no graph ran it)
 
 
 class MetricsUnavailable(UnderstudyError, ImportError):
@@ -298,14 +299,26 @@ class UnderstudyCollector:
                                   "shape keys with a verified candidate / shape keys seen", labels=["operator"])
         untracked = CounterMetricFamily("understudy_untracked_calls_total",
                                         "calls beyond max_routes (served, not keyed)", labels=["operator"])
+        graphs = GaugeMetricFamily("understudy_routes_graph",
+                                   "routes (shape keys) of each operator by how they stand under CUDA graphs: gated "
+                                   "(verdicts flow in replays), observed (replays timed, no candidate captured), "
+                                   "observe_only (the report's graph.reason says why)", labels=["operator", "status"])
         for o in ops:
             op = o["name"]
             modes = dict.fromkeys(_MODES, 0)
+            statuses = dict.fromkeys(_GRAPH_STATUSES, 0)
             for s in o.get("shapes", ()):
                 m = s.get("mode", "observe")
                 modes[m] = modes.get(m, 0) + 1
+                st = (s.get("graph") or {}).get("status")
+                if st is not None:
+                    st = st.replace("-", "_")
+                    statuses[st] = statuses.get(st, 0) + 1
             for m, n in modes.items():
                 routes.add_metric([op, m], n)
+            if any(statuses.values()):
+                for st, n in statuses.items():
+                    graphs.add_metric([op, st], n)
             share.add_metric([op], float(o.get("weight") or 0.0))
             rl = o.get("roofline") or {}
             if rl.get("S") is not None:
@@ -315,7 +328,7 @@ class UnderstudyCollector:
             if rl.get("coverage") is not None:
                 cover.add_metric([op], rl["coverage"])
             untracked.add_metric([op], float(o.get("untracked", 0)))
-        yield from (m for m in (routes, share, ratio, cratio, cover, untracked) if m.samples)
+        yield from (m for m in (routes, graphs, share, ratio, cratio, cover, untracked) if m.samples)
         tot = rep.get("totals") or {}
         ierr = CounterMetricFamily("understudy_internal_errors_total",
                                    "understudy's own failures (production served each call)")

@@ -636,3 +636,27 @@ print("ok")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=str(ROOT / "python-shim")))
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_routes_under_graphs_are_counted_by_status(us, tmp_path):
+    """understudy_routes_graph counts each operator's shape keys by their
+    graph.status: none on the CPU (no graph ran a route); from a report
+    whose routes stand gated, observe-only and observed, exactly those
+    counts per operator (observe-only exposed as observe_only), and no
+    series for an operator none of whose routes a graph ran."""
+    us.enable({"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "candidate": native("rms_norm_cpu")},
+                             "silu": {"sample": 1.0}}})
+    run_rms_norm(rms_inputs(shapes=((4, 128), (8, 128), (2, 64))), repeat=2)
+    torch.nn.functional.silu(torch.randn(3, 7))
+    rep = us.report()
+    assert not pick(samples(understudy.metrics_text(rep)), "understudy_routes_graph")
+    (rms,) = [o for o in rep["operators"] if o["name"] == "rms_norm"]
+    assert len(rms["shapes"]) == 3
+    for s, st in zip(rms["shapes"], ("gated", "observe-only", "observe-only")):
+        s["graph"]["status"] = st
+    text = understudy.metrics_text(rep)
+    promtool_check(text, tmp_path)
+    smp = samples(text)
+    got = pick(smp, "understudy_routes_graph", operator="rms_norm")
+    assert {dict(lb)["status"]: v for lb, v in got.items()} == {"gated": 1, "observed": 0, "observe_only": 2}
+    assert not pick(smp, "understudy_routes_graph", operator="silu")
