@@ -348,11 +348,13 @@ void ust__kt_graph_made(ust__kt *k, uint32_t graph, uint32_t last) {
   if (graph == 0 || last == 0 || last == UINT32_MAX)
     return;
   pthread_mutex_lock(&k->lock);
-  if (last > graph)
-    own_add(k, graph, last);
   /* the graph's flags: the executable graph inferred so far, which the ids
    * taken since make wrong (it was a graph of understudy's own) */
   id_slot *g = id_find(&k->graphs, graph, 0);
+  /* the ids taken since are understudy's own, unless another capture ran
+   * beside this one (its ids interleave) */
+  if (last > graph && (g == NULL || g->val != 2))
+    own_add(k, graph, last);
   if (g != NULL && g->flags != last + 1) {
     id_slot *old = g->flags != 0 ? id_find(&k->execs, g->flags, 0) : NULL;
     if (old != NULL && old->flags == EXEC_INFERRED && old->val == graph)
@@ -716,8 +718,9 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
      * bound op called inside another adds to its parent) */
     const uint64_t graph = kr->node != 0 ? exec_graph(k, kr->node >> 32) : 0;
     const uint32_t cap = replay_of(k, graph, kr);
-    if (kr->node != 0 && graph == 0 && own_graph(k, kr->node >> 32)) {
-      /* run by a graph of understudy's own (a shadow's body) */
+    if (kr->node != 0 && cap == 0 && own_graph(k, kr->node >> 32)) {
+      /* run by a graph of understudy's own (a shadow's body; known for
+       * certain when instantiated in a window, else by its id) */
       t->graph_own++;
       t->graph_own_ns += ns;
     } else if (kr->node != 0 && graph == 0) {

@@ -355,7 +355,9 @@ static void graph_changed(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, co
       tls_change_gen = gen;
     return;
   }
-  const int inside = tls_change_gen == gen; /* a runtime change's entry seen under this subscription */
+  /* a runtime change's entry seen under this subscription (a driver exit
+   * it hid, and a runtime exit come under the next one, count nothing) */
+  const int inside = tls_change_gen != 0 && tls_change_gen == gen;
   if (runtime) {
     tls_change_gen = 0;
     if (!inside)

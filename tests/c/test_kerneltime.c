@@ -374,7 +374,9 @@ TEST(kernel_graph_replays_of_unseen_graphs_count_on_the_routes_that_run_their_ke
 TEST(kernel_graphs_made_during_captures_are_understudys_own) {
   /* Captures 40 (made graphs up to 44, then up to 47), 10 (up to 12) and
    * 60 (up to 61), told out of order: ids 41..47, 11..12 and 61 are
-   * understudy's own; 48, 13 and 62 are not (their kernels unknown). */
+   * understudy's own; 48, 13 and 62 are not (their kernels unknown). Then
+   * 47 up to 60 joins 41..47, 48..60 and 61 into one, and 2 up to 70
+   * swallows every range: 48 and 13 are own, 71 not. */
   ust__kt *k;
   ASSERT_INT_EQ(ust__kt_create(&k), 0);
   ust__kt_graph_made(k, 40, 44);
@@ -393,6 +395,29 @@ TEST(kernel_graphs_made_during_captures_are_understudys_own) {
   ASSERT_U64_EQ(t.graph_own, 6);
   ASSERT_U64_EQ(t.graph_own_ns, 6 * 10 + 0 + 1 + 2 + 3 + 4 + 5);
   ASSERT_U64_EQ(t.graph_unknown, 4);
+  ust__kt_graph_made(k, 47, 60);
+  ust__kt_open(k);
+  ust__kt_launch(k, 71, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 71, (48ull << 32) | 0, 100, 110, "k");
+  ust__kt_kernel(k, 71, (55ull << 32) | 0, 200, 210, "k");
+  ust__kt_kernel(k, 71, (13ull << 32) | 0, 300, 310, "k");
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.graph_own, 6 + 2);
+  ASSERT_U64_EQ(t.graph_unknown, 4 + 1);
+  ust__kt_graph_made(k, 2, 70);
+  ust__kt_open(k);
+  ust__kt_launch(k, 72, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 72, (13ull << 32) | 0, 100, 110, "k");
+  ust__kt_kernel(k, 72, (3ull << 32) | 0, 200, 210, "k");
+  ust__kt_kernel(k, 72, (70ull << 32) | 0, 300, 310, "k");
+  ust__kt_kernel(k, 72, (71ull << 32) | 0, 400, 410, "k");
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.graph_own, 8 + 3);
+  ASSERT_U64_EQ(t.graph_unknown, 5 + 1);
   ust__kt_destroy(k);
 }
 
