@@ -130,6 +130,7 @@ struct ust__graphs {
   graph_site **sites; /* never moved once added */
   uint32_t n_sites, cap_sites;
   uint64_t unknown;   /* ring entries naming no site of this pool */
+  uint64_t unseen;    /* graphs replayed whose capture understudy did not see (lock) */
   uint32_t open;      /* live sites whose gate is open, at the last tick */
   uint64_t lost_base; /* the kept rings' lost entries when this was made */
   int closed;         /* understudy disabled: every gate off, nothing harvested */
@@ -299,6 +300,14 @@ int ust__graphs_create(ust__shadow_pool *pool, const ust__verdict_sink_i *sink, 
   return 0;
 }
 
+void ust__graphs_unseen(ust__graphs *g) {
+  if (g == NULL)
+    return;
+  pthread_mutex_lock(&g->lock);
+  g->unseen++;
+  pthread_mutex_unlock(&g->lock);
+}
+
 void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f) {
   memset(f, 0, sizeof *f);
   if (g == NULL)
@@ -314,6 +323,7 @@ void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f) {
   }
   f->open = g->open;
   f->unknown = g->unknown;
+  f->unseen = g->unseen;
   const uint64_t base = g->lost_base;
   pthread_mutex_unlock(&g->lock);
   pthread_mutex_lock(&g->bind_lock);

@@ -384,8 +384,14 @@ typedef struct ust__graphs_figs {
   uint64_t gate_failed;   /* executable graphs given back to the device's decision (a node would not change) */
   uint64_t hosted;        /* live sites whose shadow the host starts after the replays that verify */
   uint64_t host_starts;   /* those starts (one per site and verifying replay) */
+  uint64_t unseen;        /* graphs replayed whose capture understudy did not see (ust__graphs_unseen) */
 } ust__graphs_figs;
 void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f);
+/* A graph replayed whose capture understudy did not see (made before
+ * enable(), or while it was off: the Python package's hook, once a graph):
+ * its calls are neither counted, timed (but by the kernel tracer's names)
+ * nor verified. */
+void ust__graphs_unseen(ust__graphs *g);
 
 /* Replays gated from the host (sites beside the chain, in a graph its
  * owner keeps alive: its nodes are what is enabled): where the host sees a

@@ -934,6 +934,15 @@ void ust_graph_replayed(void *exec, void *stream) {
   engine_unref(e);
 }
 
+int ust_graph_unseen(void) {
+  ust__engine *e = engine_peek(ust__ctx_get());
+  const int counted = e != NULL && e->router.graphs != NULL;
+  if (counted)
+    ust__graphs_unseen(e->router.graphs);
+  engine_unref(e);
+  return counted;
+}
+
 void ust_graph_unbind(void *exec) {
   ust__engine *e = engine_peek(ust__ctx_get());
   if (e != NULL)

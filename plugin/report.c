@@ -481,6 +481,7 @@ static cJSON *report_raw(ust__engine *e) {
   add_num(gr, "gate_failed", (double)gf.gate_failed);
   add_num(gr, "hosted", (double)gf.hosted);
   add_num(gr, "host_starts", (double)gf.host_starts);
+  add_num(gr, "unseen", (double)gf.unseen);
   ust__routes_snapshot_free(snaps, nr);
   return root;
 }

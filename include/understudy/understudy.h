@@ -213,13 +213,17 @@ UST_API int ust_set_phase(int phase);
  *   ust_graph_replay: call before each replay of exec on stream; returns
  *     1 when ust_graph_replayed must follow that replay, else 0;
  *   ust_graph_replayed: call after that replay was enqueued on stream;
- *   ust_graph_unbind: exec is being destroyed or made again. */
+ *   ust_graph_unbind: exec is being destroyed or made again;
+ *   ust_graph_unseen: a graph is replayed whose capture understudy did not
+ *     see (made before ust_enable, or while disabled), once a graph: counted
+ *     in the report's graphs.unseen; 1 when counted (enabled), else 0. */
 UST_API unsigned long long ust_graph_capture_id(void *stream);
 UST_API unsigned long long ust_graph_capture_hosted(void *stream);
 UST_API int ust_graph_bind(void *graph, unsigned long long capture, void *exec);
 UST_API int ust_graph_replay(void *exec, void *stream);
 UST_API void ust_graph_replayed(void *exec, void *stream);
 UST_API void ust_graph_unbind(void *exec);
+UST_API int ust_graph_unseen(void);
 
 /* ---- the guard's comparison, for tools and tests ------------------------ */
 

@@ -124,6 +124,8 @@ def _load():
             lib.ust_graph_replayed.restype = None
             lib.ust_graph_unbind.argtypes = [ctypes.c_void_p]
             lib.ust_graph_unbind.restype = None
+            lib.ust_graph_unseen.argtypes = []
+            lib.ust_graph_unseen.restype = ctypes.c_int
             for fn in ("ust_last_error", "ust_err_name", "ust_version", "ust_torch_version", "ust_strerror"):
                 getattr(lib, fn).restype = ctypes.c_char_p
             lib.ust_err_name.argtypes = [ctypes.c_int]
@@ -229,6 +231,7 @@ def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLi
     _enabled_with = config if config is not None else os.environ.get("UNDERSTUDY_CONFIG")
     metrics._on_enable(text)  # the config's "metrics" section; warns, never raises
     graphs.set_keep(graphs.wants_keep(text))  # graphs made from now on kept, so their replays can be gated
+    graphs.set_enabled(True)  # graphs captured from now on are seen
     graphs.install(lib)  # replays of torch's CUDA graphs gated from the host (never raises)
 
 
@@ -241,6 +244,7 @@ def disable() -> None:
         return
     metrics._on_disable()  # a multiprocess export writes its last figures while the report is there
     graphs.set_keep(False)
+    graphs.set_enabled(False)
     _check(_lib.ust_disable())
 
 

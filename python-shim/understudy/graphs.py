@@ -37,6 +37,7 @@ import weakref
 
 _installed = False
 _keep = False  # graphs made from now on are kept for gating
+_enabled = False  # understudy is enabled: a capture begun now is seen
 _install_lock = threading.Lock()
 
 
@@ -61,6 +62,11 @@ def wants_keep(config_text: str) -> bool:
 def set_keep(keep: bool) -> None:
     global _keep
     _keep = bool(keep)
+
+
+def set_enabled(enabled: bool) -> None:
+    global _enabled
+    _enabled = bool(enabled)
 
 
 def _unbind(graph, lib) -> None:
@@ -129,6 +135,7 @@ def wrap(cls, lib) -> bool:
         return False
     init, capture_begin, capture_end, instantiate, replay, reset = (getattr(cls, n) for n in _NAMES)
     gate, replayed = lib.ust_graph_replay, lib.ust_graph_replayed
+    unseen = getattr(lib, "ust_graph_unseen", None)
 
     def _init(self, *args, **kwargs):
         owner_keeps = kwargs.get("keep_graph", args[0] if args else False)
@@ -145,6 +152,7 @@ def wrap(cls, lib) -> bool:
 
     def _capture_begin(self, *args, **kwargs):
         capture_begin(self, *args, **kwargs)
+        self._understudy_seen = _enabled  # its calls pass understudy's dispatcher hooks while it captures
         if not self.__dict__.get("_understudy_kept"):
             return  # torch drops its graph once instantiated: nothing of it can be gated
         try:  # the capture's id, which its shadows carry; they are started by the host behind its replays
@@ -172,6 +180,11 @@ def wrap(cls, lib) -> bool:
         d = self.__dict__
         exec_ = d.get("_understudy_exec")
         if exec_ is None:
+            if _enabled and not d.get("_understudy_seen") and unseen is not None:
+                try:  # a graph understudy did not see captured: said once (while enabled) per graph
+                    d["_understudy_seen"] = unseen() == 1
+                except Exception:  # noqa: BLE001
+                    pass
             replay(self)
             if d.pop("_understudy_lazy", False):  # torch instantiated it just now
                 _bind(self, lib)

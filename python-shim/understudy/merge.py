@@ -219,7 +219,7 @@ def merge(reports: Iterable[dict]) -> dict:
         "timer": _timer_merge(reports),
         "graphs": {k: sum((r.get("graphs") or {}).get(k, 0) for r in reports)
                    for k in ("sites", "live", "open", "unknown", "lost", "launched", "refused", "gated",
-                             "gated_replays", "gate_failed", "hosted", "host_starts")},
+                             "gated_replays", "gate_failed", "hosted", "host_starts", "unseen")},
         "totals": {"untracked": sum(m["untracked"] for m in ops.values()),
                    "internal_errors": sum(r["totals"].get("internal_errors", 0) for r in reports)},
     }

@@ -124,6 +124,10 @@ class _Lib:
     def ust_graph_unbind(self, exec_):
         self.log.append(("unbind", exec_))
 
+    def ust_graph_unseen(self):
+        self.log.append(("unseen",))
+        return 1
+
 
 @pytest.fixture
 def hooked(monkeypatch):
@@ -188,3 +192,41 @@ def test_a_graph_not_kept_is_neither_hosted_nor_gated(hooked, monkeypatch):
     g.capture_end()
     g.replay()
     assert log == [("capture_begin", g.n), ("instantiate", g.n), ("capture_end", g.n), ("replay", g.n)]
+
+
+def test_a_graph_captured_while_understudy_was_off_is_said_unseen_once_when_replayed_on(hooked, monkeypatch):
+    """A graph captured while understudy was off (before enable(), or while
+    disabled): its first replay while it is on tells the library (once a
+    graph: graphs.unseen), later ones nothing; replays while off tell it
+    nothing; a graph captured while on is never unseen."""
+    cls, log = hooked
+    monkeypatch.setattr(graphs, "_keep", False)
+    monkeypatch.setattr(graphs, "_enabled", False)
+    before = cls()
+    before.capture_begin()
+    before.capture_end()
+    before.replay()  # still off: nothing said
+    monkeypatch.setattr(graphs, "_enabled", True)
+    seen = cls()
+    seen.capture_begin()
+    seen.capture_end()
+    del log[:]
+    for _ in range(3):
+        before.replay()
+        seen.replay()
+    assert log == [("unseen",), ("replay", before.n), ("replay", seen.n),
+                   ("replay", before.n), ("replay", seen.n), ("replay", before.n), ("replay", seen.n)]
+
+
+def test_enable_and_disable_say_whether_captures_are_seen(us):
+    """enable() marks captures from then on as seen, disable() as not; the
+    library counts an unseen graph only while enabled."""
+    import understudy
+    us.enable({"operators": {"rms_norm": {"mode": "observe"}}})
+    assert graphs._enabled
+    lib = understudy._load()
+    assert lib.ust_graph_unseen() == 1 and lib.ust_graph_unseen() == 1
+    assert us.report()["graphs"]["unseen"] == 2
+    us.disable()
+    assert not graphs._enabled
+    assert lib.ust_graph_unseen() == 0

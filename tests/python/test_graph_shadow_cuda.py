@@ -225,7 +225,8 @@ def test_disable_closes_every_gate(us):
     figs = us.report()["graphs"]
     us.disable()
     assert figs == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0, "launched": 0, "refused": 0,
-                    "gated": 0, "gated_replays": 0, "gate_failed": 0, "hosted": 0, "host_starts": 0}, figs
+                    "gated": 0, "gated_replays": 0, "gate_failed": 0, "hosted": 0, "host_starts": 0,
+                    "unseen": 0}, figs
 
 
 def _gate_kernel_runs(inputs, graphs, n):

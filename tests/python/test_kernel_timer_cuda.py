@@ -208,6 +208,7 @@ def _captured_before_enable(us, eager):
     n = tm["graph_unknown_kernels"]
     assert n >= replays and n % replays == 0, tm
     assert tm["graph_unknown_ns"] > 0 and tm["calls_replayed"] == 0, tm
+    assert rep["graphs"]["unseen"] == 1, rep["graphs"]  # the package's replay hook: one graph not seen captured
     if eager == 0:
         return
     assert s["kernel_timed"] >= 1, s  # its kernels named: learned in the window

@@ -597,11 +597,12 @@ def test_graph_figures_add_and_keep_a_reason(us):
         in sb["graph"]["reason"]
     # nothing captured here: no site, no ring entry
     assert rep["graphs"] == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0, "launched": 0, "refused": 0,
-                             "gated": 0, "gated_replays": 0, "gate_failed": 0, "hosted": 0, "host_starts": 0}
+                             "gated": 0, "gated_replays": 0, "gate_failed": 0, "hosted": 0, "host_starts": 0,
+                             "unseen": 0}
     a["graphs"] = {"sites": 4, "live": 3, "open": 3, "unknown": 0, "lost": 2, "launched": 2, "refused": 5,
-                   "gated": 2, "gated_replays": 100, "gate_failed": 0, "hosted": 2, "host_starts": 30}
+                   "gated": 2, "gated_replays": 100, "gate_failed": 0, "hosted": 2, "host_starts": 30, "unseen": 1}
     b["graphs"] = {"sites": 3, "live": 2, "open": 0, "unknown": 1, "lost": 0, "launched": 1, "refused": 0,
-                   "gated": 1, "gated_replays": 40, "gate_failed": 1, "hosted": 0, "host_starts": 0}
+                   "gated": 1, "gated_replays": 40, "gate_failed": 1, "hosted": 0, "host_starts": 0, "unseen": 2}
     merged = merge([a, b])
     (m,) = [s for o in merged["operators"] for s in o["shapes"] if s["key"] == key]
     assert m["shadow"]["graph"] == {"shadowed": 5, "plain": 1, "beside": 3, "ungated": 1,
@@ -618,4 +619,4 @@ def test_graph_figures_add_and_keep_a_reason(us):
     assert p["graph"]["status"] == "observed" and p["graph"]["reason"] is None
     assert merged["graphs"] == {"sites": 7, "live": 5, "open": 3, "unknown": 1, "lost": 2, "launched": 3,
                                 "refused": 5, "gated": 3, "gated_replays": 140, "gate_failed": 1, "hosted": 2,
-                                "host_starts": 30}
+                                "host_starts": 30, "unseen": 3}
