@@ -27,6 +27,7 @@
  * never freed (CUPTI may hold one past the tracer it was handed out for).
  */
 #include <dlfcn.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,7 +120,69 @@ static const CUpti_CallbackId driver_launches[] = {
 
 /* The APIs that change an executable graph in place (a node's parameters,
  * or the whole of it from another graph): a graph library that changes a
- * captured call's nodes makes its replays run something else. */
+ * captured call's nodes makes its replays run something else. Every one's
+ * parameters begin with the executable graph, then the node it sets (or,
+ * for an update, the graph it is updated from). 0: not one of them; 1: a
+ * node's; 2: the whole executable graph's. */
+static int change_kind(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) {
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API)
+    switch (cbid) {
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecKernelNodeSetParams_v10010:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecNodeSetParams_v12020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecChildGraphNodeSetParams_v11010:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemcpyNodeSetParams_v10020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemcpyNodeSetParams1D_v11010:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemsetNodeSetParams_v10020:
+      return 1;
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecUpdate_v10020:
+      return 2;
+    default:
+      return 0;
+    }
+  if (domain == CUPTI_CB_DOMAIN_DRIVER_API)
+    switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphExecNodeSetParams:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphExecChildGraphNodeSetParams:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphExecMemcpyNodeSetParams:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphExecMemsetNodeSetParams:
+      return 1;
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate_v2:
+      return 2;
+    default:
+      return 0;
+    }
+  return 0;
+}
+
+/* The leading fields change_kind reads, as CUPTI's parameter structures lay
+ * them out (checked for each below). */
+typedef struct exec_change_params {
+  void *exec, *second;
+} exec_change_params;
+#define SAME_LEAD(type, exec_field, second_field)                                                                      \
+  _Static_assert(offsetof(type, exec_field) == offsetof(exec_change_params, exec) &&                                 \
+                     offsetof(type, second_field) == offsetof(exec_change_params, second),                           \
+                 #type " leads with the executable graph")
+SAME_LEAD(cudaGraphExecKernelNodeSetParams_v10010_params, hGraphExec, node);
+SAME_LEAD(cudaGraphExecNodeSetParams_v12020_params, graphExec, node);
+SAME_LEAD(cudaGraphExecChildGraphNodeSetParams_v11010_params, hGraphExec, node);
+SAME_LEAD(cudaGraphExecMemcpyNodeSetParams_v10020_params, hGraphExec, node);
+SAME_LEAD(cudaGraphExecMemcpyNodeSetParams1D_v11010_params, hGraphExec, node);
+SAME_LEAD(cudaGraphExecMemsetNodeSetParams_v10020_params, hGraphExec, node);
+SAME_LEAD(cudaGraphExecUpdate_v10020_params, hGraphExec, hGraph);
+SAME_LEAD(cuGraphExecKernelNodeSetParams_params, hGraphExec, hNode);
+SAME_LEAD(cuGraphExecKernelNodeSetParams_v2_params, hGraphExec, hNode);
+SAME_LEAD(cuGraphExecNodeSetParams_params, hGraphExec, hNode);
+SAME_LEAD(cuGraphExecChildGraphNodeSetParams_params, hGraphExec, hNode);
+SAME_LEAD(cuGraphExecMemcpyNodeSetParams_params, hGraphExec, hNode);
+SAME_LEAD(cuGraphExecMemsetNodeSetParams_params, hGraphExec, hNode);
+SAME_LEAD(cuGraphExecUpdate_params, hGraphExec, hGraph);
+SAME_LEAD(cuGraphExecUpdate_v2_params, hGraphExec, hGraph);
+#undef SAME_LEAD
+
 static const CUpti_CallbackId runtime_changes[] = {
     CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecKernelNodeSetParams_v10010,
     CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecNodeSetParams_v12020,
@@ -287,67 +350,10 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 static atomic_uint g_change_gen;
 static _Thread_local unsigned tls_change_gen;
 
-/* The executable graph and the node (NULL: the whole of it) an API of
- * runtime_changes or driver_changes changed, from its parameters. */
-static void changed_of(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *params, void **exec,
-                       void **node) {
-  *exec = *node = NULL;
-  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-    if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecKernelNodeSetParams_v10010) {
-      const cudaGraphExecKernelNodeSetParams_v10010_params *p = params;
-      *exec = p->hGraphExec, *node = p->node;
-    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecNodeSetParams_v12020) {
-      const cudaGraphExecNodeSetParams_v12020_params *p = params;
-      *exec = p->graphExec, *node = p->node;
-    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecChildGraphNodeSetParams_v11010) {
-      const cudaGraphExecChildGraphNodeSetParams_v11010_params *p = params;
-      *exec = p->hGraphExec, *node = p->node;
-    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemcpyNodeSetParams_v10020) {
-      const cudaGraphExecMemcpyNodeSetParams_v10020_params *p = params;
-      *exec = p->hGraphExec, *node = p->node;
-    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemcpyNodeSetParams1D_v11010) {
-      const cudaGraphExecMemcpyNodeSetParams1D_v11010_params *p = params;
-      *exec = p->hGraphExec, *node = p->node;
-    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaGraphExecMemsetNodeSetParams_v10020) {
-      const cudaGraphExecMemsetNodeSetParams_v10020_params *p = params;
-      *exec = p->hGraphExec, *node = p->node;
-    } else {
-      const cudaGraphExecUpdate_v10020_params *p = params;
-      *exec = p->hGraphExec;
-    }
-    return;
-  }
-  if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams) {
-    const cuGraphExecKernelNodeSetParams_params *p = params;
-    *exec = p->hGraphExec, *node = p->hNode;
-  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecKernelNodeSetParams_v2) {
-    const cuGraphExecKernelNodeSetParams_v2_params *p = params;
-    *exec = p->hGraphExec, *node = p->hNode;
-  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecNodeSetParams) {
-    const cuGraphExecNodeSetParams_params *p = params;
-    *exec = p->hGraphExec, *node = p->hNode;
-  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecChildGraphNodeSetParams) {
-    const cuGraphExecChildGraphNodeSetParams_params *p = params;
-    *exec = p->hGraphExec, *node = p->hNode;
-  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecMemcpyNodeSetParams) {
-    const cuGraphExecMemcpyNodeSetParams_params *p = params;
-    *exec = p->hGraphExec, *node = p->hNode;
-  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecMemsetNodeSetParams) {
-    const cuGraphExecMemsetNodeSetParams_params *p = params;
-    *exec = p->hGraphExec, *node = p->hNode;
-  } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate) {
-    const cuGraphExecUpdate_params *p = params;
-    *exec = p->hGraphExec;
-  } else {
-    const cuGraphExecUpdate_v2_params *p = params;
-    *exec = p->hGraphExec;
-  }
-}
-
 /* An executable graph changed in place (callbacks mode, at the API's exit):
  * counted on the routes of the captured calls it changed. A runtime API's
  * own driver call is the same change: counted once, by the runtime's. */
-static void graph_changed(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const CUpti_CallbackData *cb) {
+static void graph_changed(CUpti_CallbackDomain domain, int kind, const CUpti_CallbackData *cb) {
   const int runtime = domain == CUPTI_CB_DOMAIN_RUNTIME_API;
   const unsigned gen = atomic_load_explicit(&g_change_gen, memory_order_relaxed);
   if (cb->callbackSite == CUPTI_API_ENTER) {
@@ -368,8 +374,8 @@ static void graph_changed(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, co
   const int ok = cb->functionReturnValue != NULL &&
                  (runtime ? *(const cudaError_t *)cb->functionReturnValue == cudaSuccess
                           : *(const CUresult *)cb->functionReturnValue == CUDA_SUCCESS);
-  void *exec, *node;
-  changed_of(domain, cbid, cb->functionParams, &exec, &node);
+  const exec_change_params *p = cb->functionParams;
+  void *exec = p != NULL ? p->exec : NULL, *node = p != NULL && kind == 1 ? p->second : NULL;
   atomic_fetch_add(&g_in_callback, 1);
   ust__cupti *c = atomic_load(&g_tracer);
   uint32_t exec_id = 0;
@@ -404,10 +410,9 @@ static void CUPTIAPI launch_callback(void *data, CUpti_CallbackDomain domain, CU
   const CUpti_CallbackData *cb = info;
   if ((domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) || cb == NULL)
     return;
-  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API
-          ? is_launch(runtime_changes, sizeof runtime_changes / sizeof runtime_changes[0], cbid)
-          : is_launch(driver_changes, sizeof driver_changes / sizeof driver_changes[0], cbid)) {
-    graph_changed(domain, cbid, cb);
+  const int kind = change_kind(domain, cbid); /* a switch: every launch of a window passes here */
+  if (kind != 0) {
+    graph_changed(domain, kind, cb);
     return;
   }
   if (cb->callbackSite != CUPTI_API_ENTER)
