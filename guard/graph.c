@@ -1112,7 +1112,7 @@ void ust__graphs_replayed(ust__graphs *g, void *exec, void *stream) {
   if (b != NULL && b->starts > 0) {
     on_device o; /* torch's replay makes the graph's device current only while it runs */
     int rc = device_enter(&o, b->device);
-    int used[GRAPH_SIDES] = {0}, recorded = 0;
+    int used[GRAPH_SIDES] = {0}, behind[GRAPH_SIDES] = {0}, recorded = 0; /* behind: side j waits for the replay */
     uint32_t hosted = 0; /* the binding's hosted sites so far: site i on side i % n_sides */
     for (uint32_t k = 0; k < b->n && rc == 0; k++) {
       const graph_site *s = b->sites[k].site;
@@ -1131,9 +1131,10 @@ void ust__graphs_replayed(ust__graphs *g, void *exec, void *stream) {
             rc = UST__GPU_CHECK(NULL, cudaEventRecord((cudaEvent_t)b->replayed, (cudaStream_t)stream));
             recorded = rc == 0;
           }
-          if (rc == 0)
-            rc = UST__GPU_CHECK(NULL, cudaStreamWaitEvent(side, (cudaEvent_t)(s->marks[p] != NULL ? s->marks[p]
-                                                                                                   : b->replayed), 0));
+          if (rc == 0 && s->marks[p] != NULL)
+            rc = UST__GPU_CHECK(NULL, cudaStreamWaitEvent(side, (cudaEvent_t)s->marks[p], 0));
+          else if (rc == 0 && !behind[j]) /* once a stream: what follows on it is behind the replay too */
+            behind[j] = (rc = UST__GPU_CHECK(NULL, cudaStreamWaitEvent(side, (cudaEvent_t)b->replayed, 0))) == 0;
           if (rc == 0)
             rc = UST__GPU_CHECK(NULL, cudaGraphLaunch((cudaGraphExec_t)s->bodies[p], side));
         }
