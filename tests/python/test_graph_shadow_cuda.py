@@ -112,7 +112,7 @@ def test_captured_shadow_verifies_its_share_of_replays(us, sample, launch, gate)
     for r in rs:
         sh = r["shadow"]
         assert r["captured"] == 1 and sh["graph"] == {"shadowed": 1, "plain": 0, "beside": 1, "ungated": 0, "reason": None}
-        assert r["graph"]["status"] == "gated" and r["graph"]["unseen_kernels"] == 0, r["graph"]
+        assert r["graph"]["status"] == "gated", r["graph"]  # (unseen kernels need the kernel tracer: the test with it below)
         assert (sh["verified"], sh["passed"], sh["failed"]) == (want, want, 0), sh
         assert sh["skipped_by"]["capture"] == 0 and r["mode"] == "shadow"
     figs, hosted = rep["graphs"], gate == "replay"
