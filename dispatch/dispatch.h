@@ -578,7 +578,8 @@ typedef struct ust__route {
 extern const ust__verdict_sink_i ust__router_sink;
 /* The gate word (guard/gate.h) of r's captured calls now: what its replays
  * run, from its mode, shares, qualification and shadow budget; 0: production
- * alone. The sink's gate. */
+ * alone (also once one of its captured calls changed in place). The sink's
+ * gate. */
 uint64_t ust__route_gate(ust__route *r);
 
 int ust__router_init(ust__router *r, int max_routes);

@@ -929,6 +929,13 @@ uint64_t ust__route_gate(ust__route *r) {
   const ust__policy *pol = atomic_load_explicit(&r->binding->op->policy, memory_order_acquire);
   if (pol == NULL)
     return 0;
+  /* a captured call of the route changed in place by a graph library (the
+   * kernel tracer's callbacks saw it): what its sites copy, compare or
+   * serve over may no longer be what production's nodes read and write,
+   * so its replays run production alone from now on (the route is
+   * observe-only under graphs; eager calls are not touched) */
+  if (atomic_load_explicit(&r->figs.graph_changed, memory_order_relaxed) != 0)
+    return 0;
   const int paused = atomic_load_explicit(&r->verify.paused, memory_order_relaxed) != 0;
   const int serving = mode == UST__MODE_CANARY || mode == UST__MODE_LIVE;
   const int qualified = ust__rollout_qualified(&r->rollout);

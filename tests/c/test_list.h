@@ -103,6 +103,7 @@
   X(tensor_list_argument_keys_on_its_first_tensor) \
   X(figures_snapshot_never_has_more_captured_than_calls) \
   X(a_routes_gate_follows_its_mode_at_every_replay) \
+  X(a_route_changed_in_place_under_a_graph_runs_production_alone_in_replays) \
   X(a_replay_gated_from_the_host_verifies_what_the_device_would) \
   X(a_captured_shadow_goes_beside_the_chain_within_its_bound) \
   X(report_derive_from_additive_figures) \

@@ -659,6 +659,18 @@ TEST(a_replay_gated_from_the_host_verifies_what_the_device_would) {
   ASSERT_U64_EQ(ust__gate_host_word(ust__gate_pack((ust__replay_gate){UST__GATE_SHADOW, 0, 0})), 0);
 }
 
+/* A binding with a torch-op candidate (modes past observe are a
+ * candidate's) and an f32 call of it. */
+static void candidate_binding(ust__binding *b, fixture *f, ust__binding_def *d, ust__cand *cand, ust__call *c,
+                              ust__arg *args) {
+  make_binding(b, f, d, 0);
+  memset(cand, 0, sizeof *cand);
+  cand->kind = UST__CAND_TORCH_OP;
+  strcpy(cand->id, "torch_op:test::candidate");
+  b->cand = cand;
+  make_call(c, args, UST__DT_F32);
+}
+
 TEST(a_routes_gate_follows_its_mode_at_every_replay) {
   /* sample 0.5: observe runs nothing; shadow verifies half the replays;
    * canary 0.25 before a pass verifies every replay on copies, after it
@@ -669,15 +681,10 @@ TEST(a_routes_gate_follows_its_mode_at_every_replay) {
   fixture_init(&f, 4, 0.5);
   ust__binding b;
   ust__binding_def d;
-  make_binding(&b, &f, &d, 0);
   ust__cand cand;
-  memset(&cand, 0, sizeof cand);
-  cand.kind = UST__CAND_TORCH_OP;
-  strcpy(cand.id, "torch_op:test::candidate");
-  b.cand = &cand; /* modes past observe are a candidate's */
   ust__arg args[4];
   ust__call c;
-  make_call(&c, args, UST__DT_F32);
+  candidate_binding(&b, &f, &d, &cand, &c, args);
   ust__route *r = serve_call(&b, &c, NULL);
   ASSERT_TRUE(r != NULL);
   int served, verified;
@@ -721,6 +728,50 @@ TEST(a_routes_gate_follows_its_mode_at_every_replay) {
   ust__rollout_qualify(&r->rollout);
   ASSERT_TRUE(!ust__rollout_qualified(&r->rollout));
   ASSERT_U64_EQ(ust__route_gate(r), 0);
+  fixture_free(&f);
+}
+
+TEST(a_route_changed_in_place_under_a_graph_runs_production_alone_in_replays) {
+  /* A live route's captured call (nodes 7:0, 7:1 of graph 7, whose
+   * executable graph is 30) is changed in place (the tracer's callbacks:
+   * ust__kt_exec_changed): from then on its replays run production alone,
+   * whatever its mode; a route none of whose calls changed keeps its gate. */
+  fixture f;
+  fixture_init(&f, 4, 1.0);
+  ust__binding b;
+  ust__binding_def d;
+  ust__cand cand;
+  ust__arg args[4];
+  ust__call c;
+  candidate_binding(&b, &f, &d, &cand, &c, args);
+  ust__route *r = serve_call(&b, &c, NULL);
+  make_call(&c, args, UST__DT_F16);
+  ust__route *other = serve_call(&b, &c, NULL);
+  ASSERT_TRUE(r != NULL && other != NULL && r != other);
+  ASSERT_INT_EQ(ust__rollout_set(&r->rollout, UST__MODE_LIVE, 0, "manual", "test"), 0);
+  ASSERT_INT_EQ(ust__rollout_set(&other->rollout, UST__MODE_LIVE, 0, "manual", "test"), 0);
+  ust__rollout_qualify(&r->rollout);
+  ust__rollout_qualify(&other->rollout);
+  int served, verified;
+  replay_counts(ust__route_gate(r), 100, &served, &verified);
+  ASSERT_INT_EQ(served, 100);
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  const uint64_t nodes[] = {7ull << 32 | 0, 7ull << 32 | 1}, kept[] = {8ull << 32 | 0};
+  ASSERT_INT_EQ(ust__kt_graph_call(k, nodes, 2, 2, &r->figs, 0), 0);
+  ASSERT_INT_EQ(ust__kt_graph_call(k, kept, 1, 1, &other->figs, 0), 0);
+  ust__kt_graph_exec(k, 7, 30);
+  ust__kt_exec_changed(k, 30, 7ull << 32 | 1);
+  ASSERT_U64_EQ(ust__route_gate(r), 0);
+  replay_counts(ust__route_gate(other), 100, &served, &verified);
+  ASSERT_INT_EQ(served, 100);
+  const int modes[] = {UST__MODE_SHADOW, UST__MODE_CANARY, UST__MODE_LIVE};
+  for (int i = 0; i < 3; i++) {
+    ASSERT_INT_EQ(ust__rollout_set(&r->rollout, modes[i], 0.5, "manual", "test"), 0);
+    ust__rollout_qualify(&r->rollout);
+    ASSERT_U64_EQ(ust__route_gate(r), 0);
+  }
+  ust__kt_destroy(k);
   fixture_free(&f);
 }
 

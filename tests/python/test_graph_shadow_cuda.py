@@ -647,3 +647,77 @@ def test_the_kernel_tracer_times_the_replays_of_a_shadowed_graph(us, correlation
     tm = rep["timer"]
     assert tm["graph_own_kernels"] >= n and tm["graph_unknown_kernels"] == 0, tm
     assert r["graph"]["unseen_kernels"] == 0 and r["graph"]["status"] == "gated", r["graph"]
+
+
+def live_changed_in_place():
+    """A live route's call captured (kept graph) inside a kernel tracer's
+    window (callbacks), served by the candidate, then its executable graph
+    updated in place (cudaGraphExecUpdate from its own graph, a change CUDA
+    accepts) and replayed again. Prints, as JSON, the replays served by the
+    candidate before and after the change, whether the later ones equal the
+    graph captured without understudy, and the route."""
+    import ctypes
+    import json
+    import time
+    import understudy
+    from test_kernel_timer_cuda import _cudart, mm_for
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    plain = _capture(inputs)
+    cfg = _serve_config("live")
+    cfg["operators"]["gemm"] = {"mode": "observe", "sample": 1.0}
+    cfg["timer"] = {"kind": "cupti", "budget": 0, "window_ms": 20000, "correlation": "callbacks"}
+    understudy.enable(cfg)
+    mm_for(torch.randn(64, 64, device="cuda"), 1.0)  # the window opens; no flush below: it would close it
+    shadowed = _capture(inputs)
+
+    def rounds(n, seed):
+        out = list(_replays(inputs, [plain, shadowed], n, seed=seed))
+        torch.cuda.synchronize()
+        time.sleep(0.2)  # the worker judged them and wrote the gates (it polls every 2 ms)
+        return out
+
+    rounds(1, 0)  # verified with production serving: the pass qualifies the candidate
+    before = sum(_served_by_candidate(a, b) for a, b in rounds(10, 1))
+    info = (ctypes.c_byte * 64)()
+    rc = _cudart().cudaGraphExecUpdate(shadowed[0].raw_cuda_graph_exec(), shadowed[0].raw_cuda_graph(), info)
+    time.sleep(0.2)
+    after = rounds(10, 2)
+    rep = understudy.report()
+    understudy.disable()
+    (r,) = routes(rep, "_C::rms_norm")
+    print(json.dumps({"rc": rc, "correlation": rep["timer"].get("correlation"), "before": before,
+                      "after": sum(_served_by_candidate(a, b) for a, b in after),
+                      "equal_after": sum(_same(a, b) for a, b in after),
+                      "route": {"mode": r["mode"], "captured": r["captured"], "verified": r["shadow"]["verified"],
+                                "failed": r["shadow"]["failed"], "graph": r["graph"]}}))
+
+
+def test_a_live_route_changed_in_place_under_a_graph_serves_production_from_then_on():
+    """A graph library's change in place of an executable graph holding a
+    live route's captured call (live_changed_in_place, in a process of its
+    own: callbacks need CUPTI's subscription, which torch's profiler, run
+    by other tests here, keeps for the life of a process). Before it, every
+    replay is served by the candidate (and verified); once the tracer's
+    callbacks saw it, the route's replays run production alone: outputs
+    bit-equal to the graph captured without understudy, nothing verified,
+    the route observe-only naming the change. Ground truth: the plain
+    graph's outputs and the update the test made, once."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python-shim"), str(ROOT / "tests" / "python")]))
+    out = subprocess.run([sys.executable, "-c", "import test_graph_shadow_cuda as t; t.live_changed_in_place()"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"\nlive route changed in place ({got['correlation']}): served by the candidate {got['before']} of 10 "
+          f"replays before, {got['after']} of 10 after, bit-equal to the plain graph after {got['equal_after']} of 10; "
+          f"route {got['route']}")
+    assert got["rc"] == 0 and got["correlation"] == "callbacks", got
+    r = got["route"]
+    assert got["before"] == 10 and got["after"] == 0 and got["equal_after"] == 10, got
+    assert r["mode"] == "live" and r["captured"] == 1 and r["failed"] == 0, r
+    assert r["verified"] == 11, r  # the qualifying replay and the 10 served: none after the change
+    assert r["graph"]["changed"] == 1 and r["graph"]["status"] == "observe-only", r["graph"]
