@@ -25,6 +25,9 @@
  *   UST_EXAMPLE_WRONG_FAULTS  writes far past its output  "rms_norm_cuda_faults"
  *                             (an illegal address: the kernel faults, and the
  *                             CUDA context that ran it is lost for good)
+ *   UST_EXAMPLE_SLOW          correct, its kernel run 64   "rms_norm_cuda_slow"
+ *                             times over (each run writes the same results):
+ *                             a candidate over any shadow budget
  *
  * The same source builds with hipcc: the few runtime names it uses are
  * aliased below, and the reduction reads the warp width at run time.
@@ -74,6 +77,11 @@ typedef __nv_bfloat16 rms_bf16_t;
 #define RMS_WRONG_TAIL false
 #define RMS_WRITES_INPUT false
 #define RMS_FAULTS true
+#elif defined(UST_EXAMPLE_SLOW)
+#define RMS_NAME "rms_norm_cuda_slow"
+#define RMS_WRONG_TAIL false
+#define RMS_WRITES_INPUT false
+#define RMS_RUNS 64
 #else
 #define RMS_NAME "rms_norm_cuda"
 #define RMS_WRONG_TAIL false
@@ -81,6 +89,9 @@ typedef __nv_bfloat16 rms_bf16_t;
 #endif
 #ifndef RMS_FAULTS
 #define RMS_FAULTS false
+#endif
+#ifndef RMS_RUNS
+#define RMS_RUNS 1
 #endif
 #ifndef RMS_SATURATES
 #define RMS_SATURATES false
@@ -175,8 +186,9 @@ __global__ void __launch_bounds__(RMS_MAX_THREADS)
 
 template <typename T>
 void launch(const rms_norm_args &a, unsigned threads, cudaStream_t stream) {
-  rms_norm_kernel<T><<<(unsigned)a.rows, threads, 0, stream>>>((T *)a.out, (const T *)a.in, (const T *)a.weight,
-                                                                a.layout, a.n, a.eps);
+  for (int i = 0; i < RMS_RUNS; i++)
+    rms_norm_kernel<T><<<(unsigned)a.rows, threads, 0, stream>>>((T *)a.out, (const T *)a.in, (const T *)a.weight,
+                                                                  a.layout, a.n, a.eps);
 }
 
 int rms_norm_cuda_run(void *ctx, const ust_candidate_call *call, char *msg, size_t msg_cap) {

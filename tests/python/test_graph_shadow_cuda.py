@@ -721,3 +721,48 @@ def test_a_live_route_changed_in_place_under_a_graph_serves_production_from_then
     assert r["mode"] == "live" and r["captured"] == 1 and r["failed"] == 0, r
     assert r["verified"] == 11, r  # the qualifying replay and the 10 served: none after the change
     assert r["graph"]["changed"] == 1 and r["graph"]["status"] == "observe-only", r["graph"]
+
+
+def test_strict_live_and_a_paused_shadow_under_replay(us):
+    """strict: a replay cannot wait for its verdict, so a strict live
+    route's replays are verified as in shadow with production serving
+    (outputs bit-equal to the graph captured without understudy, every
+    replay verified at sample 1). A shadowed route whose candidate went
+    over its shadow budget after its capture (guard.max_slowdown, paused
+    by eager calls) runs production alone in its replays from then on:
+    nothing more verified. Ground truth: the plain graph's outputs and the
+    replays the test ran."""
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    plain = _capture(inputs)
+    us.enable(_serve_config("live", strict=True))
+    strict = _capture(inputs)
+    _settle(us)
+    rounds = list(_replays(inputs, [plain, strict], 20))
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    us.disable()
+    assert all(_same(a, b) for a, b in rounds)  # production served every replay
+    sh = r["shadow"]
+    assert r["mode"] == "live" and (sh["verified"], sh["passed"], sh["failed"]) == (20, 20, 0), sh
+
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda_slow"), guard={"max_slowdown": 2}))
+    shadowed = _capture(inputs)
+    _settle(us)
+    assert all(_same(a, b) for a, b in _replays(inputs, [plain, shadowed], 5))
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    assert r["shadow"]["verified"] == 5 and "paused" not in r["shadow"], r["shadow"]
+    (x, w), out = inputs[0], torch.empty_like(inputs[0][0])
+    for _ in range(20):  # eager calls, shadowed and timed: the candidate (its kernel 64 times) is over the budget
+        torch.ops._C.rms_norm(out, x, w, 1e-6)
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    paused_at = r["shadow"]["verified"]
+    assert r["shadow"]["paused"]["reason"] == "over the shadow budget", r["shadow"]
+    assert all(_same(a, b) for a, b in _replays(inputs, [plain, shadowed], 20, seed=1))
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    us.disable()
+    print(f"\nstrict live: 20 of 20 replays verified, production served; shadow paused after "
+          f"{paused_at} verified: {r['shadow']['verified'] - paused_at} more in 20 replays")
+    assert r["shadow"]["verified"] == paused_at and r["shadow"]["failed"] == 0, r["shadow"]
