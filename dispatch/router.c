@@ -913,6 +913,13 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
                         v->prod_ns > 0 && v->cand_ns > 0 ? log((double)v->cand_ns / (double)v->prod_ns) : NAN);
 }
 
+/* 1 once a graph library changed one of r's captured calls in place (the
+ * kernel tracer's callbacks saw it): its replays may no longer run what was
+ * captured. */
+static int route_replays_stale(ust__route *r) {
+  return atomic_load_explicit(&r->figs.graph_changed, memory_order_relaxed) != 0;
+}
+
 /* A route's captured calls follow its mode at every replay, as its eager
  * calls do: shadow verifies the sample; canary and live serve the
  * candidate in their share of replays and verify the sample of those
@@ -934,7 +941,7 @@ uint64_t ust__route_gate(ust__route *r) {
    * serve over may no longer be what production's nodes read and write,
    * so its replays run production alone from now on (the route is
    * observe-only under graphs; eager calls are not touched) */
-  if (atomic_load_explicit(&r->figs.graph_changed, memory_order_relaxed) != 0)
+  if (route_replays_stale(r))
     return 0;
   const int paused = atomic_load_explicit(&r->verify.paused, memory_order_relaxed) != 0;
   const int serving = mode == UST__MODE_CANARY || mode == UST__MODE_LIVE;
@@ -957,7 +964,12 @@ static uint64_t sink_gate(void *ctx, void *cookie) {
   return ust__route_gate(cookie);
 }
 
-const ust__verdict_sink_i ust__router_sink = {sink_failed, sink_concluded, sink_gate};
+static int sink_replays_stale(void *ctx, void *cookie) {
+  (void)ctx;
+  return route_replays_stale(cookie);
+}
+
+const ust__verdict_sink_i ust__router_sink = {sink_failed, sink_concluded, sink_gate, sink_replays_stale};
 
 /* ---- learned output layouts ------------------------------------------------------ */
 

@@ -900,8 +900,6 @@ static int site_enable(void *exec, const graph_site *s, int on) {
   return rc;
 }
 
-/* Drops binding i: its sites go back to deciding on the device. The caller
- * holds g->bind_lock and g->lock. */
 /* A hosted site left out of an executable graph's gating: nothing starts
  * its parts there (its replays there run production alone), counted on its
  * route. */
@@ -910,6 +908,8 @@ static void ungated(graph_site *s) {
     atomic_fetch_add_explicit(&s->verify->graph_ungated, 1, memory_order_relaxed);
 }
 
+/* Drops binding i: its sites go back to deciding on the device. The caller
+ * holds g->bind_lock and g->lock. */
 static void unbind_at(ust__graphs *g, uint32_t i) {
   exec_bind *b = &g->binds[i];
   for (uint32_t k = 0; k < b->n; k++) {
@@ -981,8 +981,13 @@ int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, vo
   int device = -1;
   for (uint32_t i = 0; i < g->n_sites && !g->closed; i++) {
     const graph_site *s = g->sites[i];
-    if (s->hosted && s->gated > 0 && s->state == SITE_LIVE && s->graph == graph && s->capture == capture)
-      ungated(g->sites[i]); /* gated by another executable graph of the same capture: nothing starts it here */
+    if (s->state == SITE_LIVE && s->gated > 0 && s->graph == graph && s->capture == capture && s->n_nodes > 0) {
+      /* gated by another executable graph of the same capture: its kernels
+       * here would read the word that binding's replays are decided by,
+       * and take the copies its bodies read; left out (production alone) */
+      g->gate_failed += site_enable(exec, s, 0) != 0; /* a node that would not change: said in graphs.gate_failed */
+      ungated(g->sites[i]);
+    }
     if (bindable(g->sites[i], graph, capture)) {
       n++;
       if (g->sites[i]->hosted) {

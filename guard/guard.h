@@ -258,6 +258,10 @@ typedef struct ust__verdict_sink_i {
   /* The gate (guard/gate.h, packed) the route's captured calls follow now:
    * its mode and shares; 0 (off) when they must not run their shadow. */
   uint64_t (*gate)(void *ctx, void *route);
+  /* 1 when the route's replays may no longer run what was captured (a
+   * graph library changed one of its captured calls in place): the ring's
+   * entries of its replays are dropped, not judged (NULL: never). */
+  int (*replays_stale)(void *ctx, void *route);
 } ust__verdict_sink_i;
 
 typedef struct ust__shadow_pool ust__shadow_pool;

@@ -984,6 +984,10 @@ static void judge_replay(void *ctx, const ust__ring_entry *e) {
     h->unknown++; /* not a publication of this pool's sites */
     return;
   }
+  /* a replay of a route changed in place since its capture: what it
+   * compared may not be what production's changed nodes read and wrote */
+  if (p->sink->replays_stale != NULL && p->sink->replays_stale(p->sink_ctx, g->r.cookie))
+    return;
   /* the replay's own: whether the candidate's results served it */
   ust__slot_route r = g->r;
   r.serving = (e->runs & UST__GATE_RUN_SERVE) != 0;

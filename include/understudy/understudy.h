@@ -214,9 +214,10 @@ UST_API int ust_set_phase(int phase);
  *     1 when ust_graph_replayed must follow that replay, else 0;
  *   ust_graph_replayed: call after that replay was enqueued on stream;
  *   ust_graph_unbind: exec is being destroyed or made again;
- *   ust_graph_unseen: a graph is replayed whose capture understudy did not
- *     see (made before ust_enable, or while disabled), once a graph: counted
- *     in the report's graphs.unseen; 1 when counted (enabled), else 0. */
+ *   ust_graph_unseen: a graph is replayed whose capture this enable did not
+ *     see (made before ust_enable, while disabled, or under an earlier
+ *     enable), once a graph and enable: counted in the report's
+ *     graphs.unseen; 1 when counted (enabled), else 0. */
 UST_API unsigned long long ust_graph_capture_id(void *stream);
 UST_API unsigned long long ust_graph_capture_hosted(void *stream);
 UST_API int ust_graph_bind(void *graph, unsigned long long capture, void *exec);

@@ -38,6 +38,7 @@ import weakref
 _installed = False
 _keep = False  # graphs made from now on are kept for gating
 _enabled = False  # understudy is enabled: a capture begun now is seen
+_generation = 0  # enables so far: a graph seen (or said unseen) under an earlier one is unseen by this one
 _install_lock = threading.Lock()
 
 
@@ -65,7 +66,9 @@ def set_keep(keep: bool) -> None:
 
 
 def set_enabled(enabled: bool) -> None:
-    global _enabled
+    global _enabled, _generation
+    if enabled and not _enabled:
+        _generation += 1
     _enabled = bool(enabled)
 
 
@@ -152,7 +155,8 @@ def wrap(cls, lib) -> bool:
 
     def _capture_begin(self, *args, **kwargs):
         capture_begin(self, *args, **kwargs)
-        self._understudy_seen = _enabled  # its calls pass understudy's dispatcher hooks while it captures
+        # its calls pass this enable's dispatcher hooks while it captures
+        self._understudy_seen = _generation if _enabled else None
         if not self.__dict__.get("_understudy_kept"):
             return  # torch drops its graph once instantiated: nothing of it can be gated
         try:  # the capture's id, which its shadows carry; they are started by the host behind its replays
@@ -178,13 +182,14 @@ def wrap(cls, lib) -> bool:
 
     def _replay(self):
         d = self.__dict__
+        if _enabled and d.get("_understudy_seen") != _generation and unseen is not None:
+            try:  # a graph this enable did not see captured: said once per graph and enable
+                if unseen() == 1:
+                    d["_understudy_seen"] = _generation
+            except Exception:  # noqa: BLE001
+                pass
         exec_ = d.get("_understudy_exec")
         if exec_ is None:
-            if _enabled and not d.get("_understudy_seen") and unseen is not None:
-                try:  # a graph understudy did not see captured: said once (while enabled) per graph
-                    d["_understudy_seen"] = unseen() == 1
-                except Exception:  # noqa: BLE001
-                    pass
             replay(self)
             if d.pop("_understudy_lazy", False):  # torch instantiated it just now
                 _bind(self, lib)

@@ -576,6 +576,68 @@ TEST(graph_replays_are_judged_as_eager_calls) {
   ust__shadow_pool_destroy(pool);
 }
 
+static int g_stale;
+static int say_stale(void *ctx, void *route) {
+  (void)ctx, (void)route;
+  return g_stale;
+}
+static const ust__verdict_sink_i stale_sink = {log_failed, log_concluded, NULL, say_stale};
+
+TEST(replays_of_a_route_changed_in_place_are_dropped_not_judged) {
+  /* A site's replays published into the ring: judged while the route's
+   * replays stand; once the sink says they are stale (a captured call
+   * changed in place), each entry is dropped: no verdict, no failure (a
+   * wrong one would roll back a candidate on copies a change left stale),
+   * no call counted, and not counted as another pool's either. */
+  memset(&g_log, 0, sizeof g_log);
+  g_stale = 0;
+  ust__shadow_pool *pool = NULL;
+  ASSERT_INT_EQ(ust__shadow_pool_create(4, NULL, &stale_sink, NULL, &pool), 0);
+  ust__verify v;
+  memset(&v, 0, sizeof v);
+  ust__cand cand;
+  memset(&cand, 0, sizeof cand);
+  cand.atol = cand.rtol = -1;
+  int64_t shape[2] = {4, 8};
+  float prod[32], wrong[32];
+  for (int i = 0; i < 32; i++)
+    prod[i] = wrong[i] = (float)i;
+  wrong[31] += 100.0f;
+  ust__pair pair = {.name = "out", .prod_dtype = UST__DT_F32, .cand_dtype = UST__DT_F32,
+                    .prod = cpu_f32(prod, shape), .cand = cpu_f32(wrong, shape),
+                    .prod_dense = prod, .cand_dense = wrong};
+  ust__slot_route r = {&v, &v, &cand, 0, 0, 0, 0, 0};
+  uint32_t site = 0;
+  ASSERT_INT_EQ(ust__shadow_site_add(pool, &r, &pair, 1, UST__DEV_CPU, &site), 0);
+  ust__ring *ring = NULL;
+  ASSERT_INT_EQ(ust__ring_create(16, 0, &ring), 0);
+  ust__cmp_stats right, off;
+  ust__compare_host(prod, prod, UST__DT_F32, 32, UST__CMP_ALLCLOSE, 1e-5, 1.3e-6, &right);
+  ust__compare_host(prod, wrong, UST__DT_F32, 32, UST__CMP_ALLCLOSE, 1e-5, 1.3e-6, &off);
+  ust__ring_host_publish(ring, site, &right, 1, UST__GATE_RUN_VERIFY);
+  uint64_t unknown = 0;
+  ASSERT_U64_EQ(ust__shadow_sites_harvest(pool, ring, &unknown), 1);
+  ASSERT_INT_EQ(g_log.n, 1);
+  g_stale = 1;
+  ust__ring_host_publish(ring, site, &off, 1, UST__GATE_RUN_VERIFY | UST__GATE_RUN_SERVE);
+  ust__ring_host_publish(ring, site, &right, 1, UST__GATE_RUN_VERIFY);
+  ASSERT_U64_EQ(ust__shadow_sites_harvest(pool, ring, &unknown), 0);
+  ASSERT_U64_EQ(unknown, 0);
+  ASSERT_INT_EQ(g_log.n, 1);
+  ASSERT_INT_EQ(g_log.failures, 0);
+  ust__verify_snap snap;
+  ust__verify_snapshot(&v, &snap);
+  ASSERT_U64_EQ(snap.calls, 1);
+  ASSERT_U64_EQ(snap.failed, 0);
+  /* the same wrong entry judged while the replays stand: it fails */
+  g_stale = 0;
+  ust__ring_host_publish(ring, site, &off, 1, UST__GATE_RUN_VERIFY);
+  ASSERT_U64_EQ(ust__shadow_sites_harvest(pool, ring, &unknown), 1);
+  ASSERT_INT_EQ(g_log.failures, 1);
+  ust__ring_destroy(ring);
+  ust__shadow_pool_destroy(pool);
+}
+
 /* ---- captured calls' sites (guard/graph.c) ---- */
 
 static int g_gate_calls;

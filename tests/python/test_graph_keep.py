@@ -218,6 +218,34 @@ def test_a_graph_captured_while_understudy_was_off_is_said_unseen_once_when_repl
                    ("replay", before.n), ("replay", seen.n), ("replay", before.n), ("replay", seen.n)]
 
 
+def test_a_graph_seen_by_an_earlier_enable_is_unseen_by_the_next(hooked, monkeypatch):
+    """A graph captured while understudy was on, then disabled and enabled
+    again: the new enable has none of its sites, so its first replay tells
+    the library once, as a graph captured while off would; one captured
+    under the new enable is seen."""
+    cls, log = hooked
+    monkeypatch.setattr(graphs, "_keep", False)
+    monkeypatch.setattr(graphs, "_enabled", False)
+    monkeypatch.setattr(graphs, "_generation", 0)
+    graphs.set_enabled(True)
+    old = cls()
+    old.capture_begin()
+    old.capture_end()
+    old.replay()
+    graphs.set_enabled(True)  # enabled again without a disable: the same enable
+    old.replay()
+    graphs.set_enabled(False)
+    graphs.set_enabled(True)
+    new = cls()
+    new.capture_begin()
+    new.capture_end()
+    del log[:]
+    for _ in range(2):
+        old.replay()
+        new.replay()
+    assert log == [("unseen",), ("replay", old.n), ("replay", new.n), ("replay", old.n), ("replay", new.n)]
+
+
 def test_enable_and_disable_say_whether_captures_are_seen(us):
     """enable() marks captures from then on as seen, disable() as not; the
     library counts an unseen graph only while enabled."""

@@ -766,3 +766,57 @@ def test_strict_live_and_a_paused_shadow_under_replay(us):
     print(f"\nstrict live: 20 of 20 replays verified, production served; shadow paused after "
           f"{paused_at} verified: {r['shadow']['verified'] - paused_at} more in 20 replays")
     assert r["shadow"]["verified"] == paused_at and r["shadow"]["failed"] == 0, r["shadow"]
+
+
+def test_a_second_executable_graph_of_a_capture_runs_production_alone(us):
+    """A shadowed call's graph (kept, gated from the host) instantiated a
+    second time out of torch's sight and bound: its site is gated by the
+    first executable graph, whose replays' decisions and copies it would
+    share, so in the second it is left out: its kernel disabled there
+    (production alone, counted as ungated), the first verifying its
+    replays as before. Ground truth: the graph captured without
+    understudy, the replays the test ran, and torch.profiler's count of
+    understudy's gate kernels in the second graph's launches."""
+    import ctypes
+    import understudy
+    from torch.profiler import ProfilerActivity, profile
+    from test_kernel_timer_cuda import _cudart
+    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    plain, plain_outs = _capture(inputs)
+    us.enable(shadow_config("rms_norm", native("rms_norm_cuda")))
+    first, outs = _capture(inputs)
+    _settle(us)
+    rt = _cudart()
+    rt.cudaGraphInstantiate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong]
+    rt.cudaGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    rt.cudaGraphExecDestroy.argtypes = [ctypes.c_void_p]
+    second = ctypes.c_void_p()
+    assert rt.cudaGraphInstantiate(ctypes.byref(second), first.raw_cuda_graph(), 0) == 0
+    lib = understudy._load()
+    assert lib.ust_graph_bind(first.raw_cuda_graph(), first._understudy_capture, second.value) == 0
+    stream = torch.cuda.current_stream()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    (x, _), = inputs
+    equal, n = 0, 10
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            x.copy_(torch.randn(x.shape, device="cuda", generator=gen, dtype=x.dtype))
+            assert rt.cudaGraphLaunch(second, stream.cuda_stream) == 0
+            got = outs[0].clone()
+            plain.replay()
+            equal += torch.equal(got, plain_outs[0])
+        torch.cuda.synchronize()
+    gates = sum(e.name.removeprefix("void ").startswith(("gate_kernel", "gate_snap"))
+                for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    for a, b in _replays(inputs, [(plain, plain_outs), (first, outs)], n, seed=1):
+        assert _same(a, b)
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    us.disable()
+    torch.cuda.synchronize()
+    assert rt.cudaGraphExecDestroy(second) == 0
+    print(f"\nsecond executable graph: {equal} of {n} launches equal to the plain graph, {gates} gate kernels run; "
+          f"the first: {r['shadow']['verified']} verified; ungated {r['shadow']['graph']['ungated']}")
+    assert equal == n and gates == 0
+    assert (r["shadow"]["verified"], r["shadow"]["failed"]) == (n, 0), r["shadow"]
+    assert r["shadow"]["graph"]["ungated"] == 1 and r["graph"]["status"] == "observe-only", r
