@@ -56,6 +56,7 @@ typedef struct captured_call {
   ust__figs *figs;
   uint64_t tsol_ps;
   uint32_t kernels; /* its kernel nodes: a replay with fewer records lost some (0: not known) */
+  uint32_t graph;   /* the captured graph it is in */
   int changed;      /* counted as changed in place (once) */
 } captured_call;
 
@@ -402,7 +403,7 @@ int ust__kt_graph_call(ust__kt *k, const uint64_t *nodes, int n, uint32_t kernel
     }
   }
   if (rc == 0) {
-    k->captured[k->n_captured++] = (captured_call){figs, tsol_ps, kernels};
+    k->captured[k->n_captured++] = (captured_call){figs, tsol_ps, kernels, (uint32_t)graph, 0};
     for (int i = 0; i < n && rc == 0; i++) {
       id_slot *e = nodes[i] != 0 ? id_find(&k->nodes, nodes[i], 1) : NULL;
       if (nodes[i] != 0 && e == NULL)
@@ -575,13 +576,12 @@ void ust__kt_exec_changed(ust__kt *k, uint32_t exec, uint64_t node) {
     if (e != NULL && e->val != 0 && e->val <= k->n_captured)
       changed_once(&k->captured[e->val - 1]);
   } else {
-    /* every captured call of its graph */
+    /* every captured call of its graph (the calls, not their nodes: a
+     * serving thread's launch in a window waits for this lock) */
     const uint64_t graph = exec_graph(k, exec);
-    for (uint32_t i = 0; graph != 0 && i < k->nodes.cap; i++) {
-      const id_slot *e = &k->nodes.s[i];
-      if (e->id != 0 && e->id >> 32 == graph && e->val != 0 && e->val <= k->n_captured)
-        changed_once(&k->captured[e->val - 1]);
-    }
+    for (uint32_t i = 0; graph != 0 && i < k->n_captured; i++)
+      if (k->captured[i].graph == graph)
+        changed_once(&k->captured[i]);
   }
   pthread_mutex_unlock(&k->lock);
 }
