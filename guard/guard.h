@@ -156,6 +156,8 @@ typedef struct ust__verify {
   atomic_int graph_why;                /* why the last of those did (ust__graph_why) */
   atomic_uint_fast64_t graph_ungated;  /* of the shadowed, started by the host: left out of an executable graph's
                                           gating (its binding failed, or was given back): production alone there */
+  atomic_uint_fast64_t graph_dropped;  /* replays' ring entries dropped, not judged: a captured call of the route
+                                          changed in place (ust__verdict_sink_i.replays_stale) */
 } ust__verify;
 
 const char *ust__graph_why_text(int why);
@@ -169,7 +171,7 @@ typedef struct ust__verify_snap {
   uint64_t bytes_copied, overdue, proc_passed;
   int paused;
   double paused_ratio;
-  uint64_t graph_shadowed, graph_plain, graph_beside, graph_ungated;
+  uint64_t graph_shadowed, graph_plain, graph_beside, graph_ungated, graph_dropped;
   int graph_why;
 } ust__verify_snap;
 

@@ -180,6 +180,7 @@ void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->graph_beside = atomic_load(&v->graph_beside);
   o->graph_why = atomic_load(&v->graph_why);
   o->graph_ungated = atomic_load(&v->graph_ungated);
+  o->graph_dropped = atomic_load(&v->graph_dropped);
 }
 
 const char *ust__graph_why_text(int why) {
@@ -986,8 +987,10 @@ static void judge_replay(void *ctx, const ust__ring_entry *e) {
   }
   /* a replay of a route changed in place since its capture: what it
    * compared may not be what production's changed nodes read and wrote */
-  if (p->sink->replays_stale != NULL && p->sink->replays_stale(p->sink_ctx, g->r.cookie))
+  if (p->sink->replays_stale != NULL && p->sink->replays_stale(p->sink_ctx, g->r.cookie)) {
+    atomic_fetch_add_explicit(&g->r.verify->graph_dropped, 1, memory_order_relaxed);
     return;
+  }
   /* the replay's own: whether the candidate's results served it */
   ust__slot_route r = g->r;
   r.serving = (e->runs & UST__GATE_RUN_SERVE) != 0;

@@ -254,6 +254,7 @@ static cJSON *shape_json(const ust__route_snap *s) {
   add_num(gr, "unseen_kernels", (double)s->figs.unseen_kernels);
   add_num(gr, "unseen_ns", (double)s->figs.unseen_ns);
   add_num(gr, "changed", (double)s->figs.graph_changed);
+  add_num(gr, "dropped", (double)s->verify.graph_dropped);
   add_num(js, "device_time_ns", (double)s->figs.hist.sum);
   cJSON_AddItemToObject(js, "latency_ns", hist_json(&s->figs.hist));
   if (b->roofline.present)
@@ -626,10 +627,11 @@ static void derive_graph(cJSON *sh) {
     add_num(g, "unseen_kernels", 0);
     add_num(g, "unseen_ns", 0);
     add_num(g, "changed", 0);
+    add_num(g, "dropped", 0);
   }
   const cJSON *sg = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "shadow"), "graph");
-  const double unseen = num(g, "unseen_kernels"), changed = num(g, "changed"), plain = num(sg, "plain"),
-               ungated = num(sg, "ungated");
+  const double unseen = num(g, "unseen_kernels"), changed = num(g, "changed"), dropped = num(g, "dropped"),
+               plain = num(sg, "plain"), ungated = num(sg, "ungated");
   char why[768] = "";
   size_t n = 0;
   if (unseen > 0)
@@ -639,7 +641,8 @@ static void derive_graph(cJSON *sh) {
   if (changed > 0 && n < sizeof why)
     n += (size_t)snprintf(why + n, sizeof why - n, "%s%.0f of its captured calls changed in place in an executable "
                           "graph by a graph library (a node's parameters set, or the graph updated): its replays "
-                          "may not run what was captured, so they run production alone", n ? "; " : "", changed);
+                          "may not run what was captured, so they run production alone (%.0f replays' comparisons "
+                          "dropped since, not judged)", n ? "; " : "", changed, dropped);
   if (plain > 0 && n < sizeof why) {
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(sg, "reason");
     n += (size_t)snprintf(why + n, sizeof why - n, "%s%.0f captured calls hold production alone: %s", n ? "; " : "",
@@ -1011,7 +1014,7 @@ static cJSON *window_doc(const cJSON *now, const cJSON *base) {
                                           "candidate_calls", "candidate_tsol_ns_sum", "candidate_time_ns_sum",
                                           "work_calls", "flops_sum", "bytes_sum", NULL};
   static const char *const shadow_keys[] = {"calls", "verified", "passed", "failed", "skipped", "unverifiable", NULL};
-  static const char *const graph_keys[] = {"unseen_kernels", "unseen_ns", "changed", NULL};
+  static const char *const graph_keys[] = {"unseen_kernels", "unseen_ns", "changed", "dropped", NULL};
   const int n_base = base != NULL ? count_shapes(base) : 0;
   base_shape *cells = n_base > 0 ? calloc((size_t)n_base, sizeof *cells) : NULL;
   if (n_base > 0 && cells == NULL)

@@ -138,8 +138,8 @@ def merge(reports: Iterable[dict]) -> dict:
                     t["_lat"] = None
                 for k in ADD_SHAPE:
                     t[k] += s.get(k, 0)
-                g = t.setdefault("graph", {"unseen_kernels": 0, "unseen_ns": 0, "changed": 0})
-                for k in ("unseen_kernels", "unseen_ns", "changed"):
+                g = t.setdefault("graph", {"unseen_kernels": 0, "unseen_ns": 0, "changed": 0, "dropped": 0})
+                for k in ("unseen_kernels", "unseen_ns", "changed", "dropped"):
                     g[k] += (s.get("graph") or {}).get(k, 0)  # status and reason are derived again
                 t["_lat"] = _hist_add(t["_lat"], s["latency_ns"])
                 if s.get("mode") == "rolled_back":

@@ -588,7 +588,8 @@ TEST(replays_of_a_route_changed_in_place_are_dropped_not_judged) {
    * replays stand; once the sink says they are stale (a captured call
    * changed in place), each entry is dropped: no verdict, no failure (a
    * wrong one would roll back a candidate on copies a change left stale),
-   * no call counted, and not counted as another pool's either. */
+   * no call counted, not counted as another pool's either, but counted as
+   * dropped on the route. */
   memset(&g_log, 0, sizeof g_log);
   g_stale = 0;
   ust__shadow_pool *pool = NULL;
@@ -629,6 +630,7 @@ TEST(replays_of_a_route_changed_in_place_are_dropped_not_judged) {
   ust__verify_snapshot(&v, &snap);
   ASSERT_U64_EQ(snap.calls, 1);
   ASSERT_U64_EQ(snap.failed, 0);
+  ASSERT_U64_EQ(snap.graph_dropped, 2);
   /* the same wrong entry judged while the replays stand: it fails */
   g_stale = 0;
   ust__ring_host_publish(ring, site, &off, 1, UST__GATE_RUN_VERIFY);

@@ -574,25 +574,29 @@ def test_graph_figures_add_and_keep_a_reason(us):
     shadowed = [s for o in rep["operators"] for s in o["shapes"] if "shadow" in s]
     assert shadowed and all(s["shadow"]["graph"] == {"shadowed": 0, "plain": 0, "beside": 0, "ungated": 0,
                                                      "reason": None} for s in shadowed)
-    assert all(s["graph"] == {"unseen_kernels": 0, "unseen_ns": 0, "changed": 0, "status": None, "reason": None}
+    assert all(s["graph"] == {"unseen_kernels": 0, "unseen_ns": 0, "changed": 0, "dropped": 0, "status": None,
+                              "reason": None}
                for o in rep["operators"] for s in o["shapes"])
     a, b = copy.deepcopy(rep), copy.deepcopy(rep)
     b["pid"] = rep["pid"] + 1
     key = shadowed[0]["key"]
-    for r, fig, unseen in ((a, {"shadowed": 3, "plain": 0, "beside": 2, "ungated": 0, "reason": None}, (0, 0, 0)),
+    for r, fig, unseen in ((a, {"shadowed": 3, "plain": 0, "beside": 2, "ungated": 0, "reason": None}, (0, 0, 0, 0)),
                            (b, {"shadowed": 2, "plain": 1, "beside": 1, "ungated": 1,
-                                "reason": "a torch-op candidate: ..."}, (6, 900, 2))):
+                                "reason": "a torch-op candidate: ..."}, (6, 900, 2, 7))):
         (s,) = [s for o in r["operators"] for s in o["shapes"] if s["key"] == key]
         s["shadow"]["graph"] = fig
         s["captured"] += fig["shadowed"] + fig["plain"]
-        s["graph"]["unseen_kernels"], s["graph"]["unseen_ns"], s["graph"]["changed"] = unseen
+        g = s["graph"]
+        g["unseen_kernels"], g["unseen_ns"], g["changed"], g["dropped"] = unseen
     (sa,) = [s for o in understudy.derive(a)["operators"] for s in o["shapes"] if s["key"] == key]
-    assert sa["graph"] == {"unseen_kernels": 0, "unseen_ns": 0, "changed": 0, "status": "gated", "reason": None}
+    assert sa["graph"] == {"unseen_kernels": 0, "unseen_ns": 0, "changed": 0, "dropped": 0, "status": "gated",
+                           "reason": None}
     (sb,) = [s for o in understudy.derive(b)["operators"] for s in o["shapes"] if s["key"] == key]
     assert sb["graph"]["status"] == "observe-only"
     assert sb["graph"]["reason"].startswith("6 of its kernels ran in graphs understudy did not see captured")
     assert ("; 2 of its captured calls changed in place in an executable graph by a graph library"
             in sb["graph"]["reason"])
+    assert "so they run production alone (7 replays' comparisons dropped since, not judged)" in sb["graph"]["reason"]
     assert "; 1 captured calls hold production alone: a torch-op candidate: ...; 1 captured shadows left ungated" \
         in sb["graph"]["reason"]
     # nothing captured here: no site, no ring entry
@@ -607,7 +611,8 @@ def test_graph_figures_add_and_keep_a_reason(us):
     (m,) = [s for o in merged["operators"] for s in o["shapes"] if s["key"] == key]
     assert m["shadow"]["graph"] == {"shadowed": 5, "plain": 1, "beside": 3, "ungated": 1,
                                     "reason": "a torch-op candidate: ..."}
-    assert (m["graph"]["unseen_kernels"], m["graph"]["unseen_ns"], m["graph"]["changed"]) == (6, 900, 2)
+    g = m["graph"]
+    assert (g["unseen_kernels"], g["unseen_ns"], g["changed"], g["dropped"]) == (6, 900, 2, 7)
     assert m["graph"]["status"] == "observe-only" and m["graph"]["reason"] == sb["graph"]["reason"]
     table = format_report(merged, max_shapes=0, legend=False)
     assert f"observe-only under CUDA graphs (no verdict flows in their replays):\n  {key}: 6 of its kernels" in table
