@@ -878,14 +878,20 @@ uint64_t ust__graphs_tick(ust__graphs *g) {
 
 /* ---- replays gated from the host ------------------------------------------------------ */
 
-/* The sites an executable graph of one capture can gate from the host:
- * live, beside the chain, their kernels known, of that capture (its id is
- * unique in the process: a site of a graph since destroyed, whose address
- * the new graph may have, is of another), and gated by no other executable
- * graph (the word its kernels read is the site's: another executable of
- * the graph would read it too). The caller holds g->lock. */
+/* A site whose kernels an executable graph of one capture holds, told
+ * apart: live, beside the chain, its kernels known, of that capture (its id
+ * is unique in the process: a site of a graph since destroyed, whose
+ * address the new graph may have, is of another). The caller holds
+ * g->lock. */
+static int of_capture(const graph_site *s, const void *graph, unsigned long long capture) {
+  return s->state == SITE_LIVE && s->graph == graph && s->capture == capture && s->n_nodes > 0;
+}
+
+/* The sites such an executable graph can gate from the host: those gated
+ * by no other executable graph (the word its kernels read is the site's:
+ * another executable of the graph would read it too). */
 static int bindable(const graph_site *s, const void *graph, unsigned long long capture) {
-  return s->state == SITE_LIVE && s->graph == graph && s->capture == capture && s->n_nodes > 0 && s->gated == 0;
+  return of_capture(s, graph, capture) && s->gated == 0;
 }
 
 /* Enables or disables a site's kernels in exec. 0, or UST_EGPU. */
@@ -900,8 +906,9 @@ static int site_enable(void *exec, const graph_site *s, int on) {
   return rc;
 }
 
-/* A hosted site left out of an executable graph's gating: nothing starts
- * its parts there (its replays there run production alone), counted on its
+/* A site left out of an executable graph's gating (a hosted one whose
+ * binding failed or was given back; any gated by another executable graph
+ * of its capture): its replays there run production alone, counted on its
  * route. */
 static void ungated(graph_site *s) {
   if (s->verify != NULL)
@@ -981,7 +988,7 @@ int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, vo
   int device = -1;
   for (uint32_t i = 0; i < g->n_sites && !g->closed; i++) {
     const graph_site *s = g->sites[i];
-    if (s->state == SITE_LIVE && s->gated > 0 && s->graph == graph && s->capture == capture && s->n_nodes > 0) {
+    if (of_capture(s, graph, capture) && s->gated > 0) {
       /* gated by another executable graph of the same capture: its kernels
        * here would read the word that binding's replays are decided by,
        * and take the copies its bodies read; left out (production alone) */

@@ -641,8 +641,9 @@ static void derive_graph(cJSON *sh) {
   if (changed > 0 && n < sizeof why)
     n += (size_t)snprintf(why + n, sizeof why - n, "%s%.0f of its captured calls changed in place in an executable "
                           "graph by a graph library (a node's parameters set, or the graph updated): its replays "
-                          "may not run what was captured, so they run production alone (%.0f replays' comparisons "
-                          "dropped since, not judged)", n ? "; " : "", changed, dropped);
+                          "may not run what was captured, so they run production alone", n ? "; " : "", changed);
+  if (changed > 0 && dropped > 0 && n < sizeof why)
+    n += (size_t)snprintf(why + n, sizeof why - n, " (%.0f replays' comparisons dropped since, not judged)", dropped);
   if (plain > 0 && n < sizeof why) {
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(sg, "reason");
     n += (size_t)snprintf(why + n, sizeof why - n, "%s%.0f captured calls hold production alone: %s", n ? "; " : "",

@@ -597,6 +597,11 @@ def test_graph_figures_add_and_keep_a_reason(us):
     assert ("; 2 of its captured calls changed in place in an executable graph by a graph library"
             in sb["graph"]["reason"])
     assert "so they run production alone (7 replays' comparisons dropped since, not judged)" in sb["graph"]["reason"]
+    b0 = copy.deepcopy(b)
+    (s0,) = [s for o in b0["operators"] for s in o["shapes"] if s["key"] == key]
+    s0["graph"]["dropped"] = 0  # a route without a candidate drops nothing: the reason does not count it
+    (s0,) = [s for o in understudy.derive(b0)["operators"] for s in o["shapes"] if s["key"] == key]
+    assert "production alone; " in s0["graph"]["reason"] and "dropped since" not in s0["graph"]["reason"]
     assert "; 1 captured calls hold production alone: a torch-op candidate: ...; 1 captured shadows left ungated" \
         in sb["graph"]["reason"]
     # nothing captured here: no site, no ring entry
