@@ -84,9 +84,10 @@ typedef struct graph_site {
   unsigned long long *dev_word;     /* the gate replays read: device memory, copied from *word */
   int launched;                     /* parts beside the chain started from the device (their executable
                                        graphs are kept for the process: replays may launch them) */
+  unsigned long long capture;       /* the id of the capture it was captured in (0: not known) */
+  int exposed;                      /* that capture's graph was handed out (ust__graphs_exposed): gate closed */
   /* beside the chain: what gating its replays from the host needs */
   void *graph;                      /* the caller's graph (cudaGraph_t) it was captured into */
-  unsigned long long capture;       /* that capture's id */
   void *nodes[GRAPH_SITE_NODES];    /* its kernels in the chain, nodes of that graph */
   int n_nodes;                      /* -1: one could not be told apart, or more than fit: device-gated only */
   int gated;                        /* bindings that gate it from the host (g->lock) */
@@ -266,7 +267,7 @@ static void set_word(graph_site *s, uint64_t w) { atomic_store(s->word, w); }
 /* A live site's gate word from its route (the caller holds g->lock): a
  * site whose results cannot serve is verified as in shadow instead. */
 static uint64_t site_gate(ust__graphs *g, const graph_site *s) {
-  if (s->state != SITE_LIVE)
+  if (s->state != SITE_LIVE || s->exposed)
     return 0;
   const uint64_t w = g->sink->gate(g->sink_ctx, s->cookie);
   return s->serves ? w : ust__gate_verify_only(w);
@@ -306,6 +307,26 @@ void ust__graphs_unseen(ust__graphs *g) {
   pthread_mutex_lock(&g->lock);
   g->unseen++;
   pthread_mutex_unlock(&g->lock);
+}
+
+int ust__graphs_exposed(ust__graphs *g, unsigned long long capture) {
+  if (g == NULL || capture == 0)
+    return 0;
+  int n = 0;
+  pthread_mutex_lock(&g->lock);
+  for (uint32_t i = 0; i < g->n_sites; i++) {
+    graph_site *s = g->sites[i];
+    if (s->state != SITE_LIVE || s->capture != capture || s->exposed) /* a site being built is not read */
+      continue;
+    s->exposed = 1;
+    if (s->verify != NULL)
+      atomic_fetch_add_explicit(&s->verify->graph_exposed, 1, memory_order_relaxed);
+    if (!g->closed) /* the next replay reads it: copied and waited for */
+      set_word(s, 0);
+    n++;
+  }
+  pthread_mutex_unlock(&g->lock);
+  return n;
 }
 
 void ust__graphs_figures(ust__graphs *g, ust__graphs_figs *f) {
@@ -648,6 +669,8 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
   int rc = UST__GPU_CHECK(NULL, cudaStreamGetCaptureInfo(s, &st, &capture, &graph, NULL, NULL, NULL));
   if (rc == 0 && (st != cudaStreamCaptureStatusActive || graph == NULL))
     rc = ust__error(UST_EGPU, "graph: the caller's stream no longer captures");
+  if (rc == 0 && site->capture == 0)
+    site->capture = capture; /* the capture whose graph, handed out, closes it (ust__graphs_exposed) */
   /* its kernel in the chain must be one the host can tell apart (below) */
   const int can_gate = site->n_nodes >= 0 && site->n_nodes < GRAPH_SITE_NODES &&
                        (site->graph == NULL || site->graph == graph);
@@ -681,7 +704,6 @@ static int part_into_capture(ust__graph_call *c, cudaGraph_t part, size_t n_node
         mark = NULL; /* the caller's graph records it */
       site->nodes[site->n_nodes++] = deps[0];
       site->graph = graph;
-      site->capture = capture;
       site->hosted |= hosted != NULL;
       hosted = NULL;
     } else if (rc == 0) {

@@ -158,6 +158,8 @@ typedef struct ust__verify {
                                           gating (its binding failed, or was given back): production alone there */
   atomic_uint_fast64_t graph_dropped;  /* replays' ring entries dropped, not judged: a captured call of the route
                                           changed in place (ust__verdict_sink_i.replays_stale) */
+  atomic_uint_fast64_t graph_exposed;  /* captured calls in a graph whose raw handle was handed to code outside
+                                          understudy (ust__graphs_exposed): production alone in its replays */
 } ust__verify;
 
 const char *ust__graph_why_text(int why);
@@ -171,7 +173,7 @@ typedef struct ust__verify_snap {
   uint64_t bytes_copied, overdue, proc_passed;
   int paused;
   double paused_ratio;
-  uint64_t graph_shadowed, graph_plain, graph_beside, graph_ungated, graph_dropped;
+  uint64_t graph_shadowed, graph_plain, graph_beside, graph_ungated, graph_dropped, graph_exposed;
   int graph_why;
 } ust__verify_snap;
 
@@ -434,6 +436,13 @@ int ust__graphs_bind(ust__graphs *g, void *graph, unsigned long long capture, vo
 int ust__graphs_replay(ust__graphs *g, void *exec, void *stream);
 void ust__graphs_replayed(ust__graphs *g, void *exec, void *stream);
 void ust__graphs_unbind(ust__graphs *g, void *exec);
+/* The graph (or executable graph) capture made was handed to code outside
+ * understudy (its raw handle), which may change its kernels in place where
+ * nothing of understudy's sees it: each live site of that capture runs
+ * production alone in its replays from now on (its gate closed for this
+ * enable: no shadow, no candidate's arm), counted once on its route
+ * (graph_exposed). The number of sites closed now. */
+int ust__graphs_exposed(ust__graphs *g, unsigned long long capture);
 
 /* One shadowed call being captured. */
 struct graph_site;

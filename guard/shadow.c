@@ -181,6 +181,7 @@ void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
   o->graph_why = atomic_load(&v->graph_why);
   o->graph_ungated = atomic_load(&v->graph_ungated);
   o->graph_dropped = atomic_load(&v->graph_dropped);
+  o->graph_exposed = atomic_load(&v->graph_exposed);
 }
 
 const char *ust__graph_why_text(int why) {

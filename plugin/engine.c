@@ -943,6 +943,18 @@ int ust_graph_unseen(void) {
   return counted;
 }
 
+int ust_graph_exposed(unsigned long long capture) {
+  ust__engine *e = engine_peek(ust__ctx_get());
+  const int n = e != NULL ? ust__graphs_exposed(e->router.graphs, capture) : 0;
+  if (n > 0)
+    ust__log(&e->ctx->log, UST_LOG_WARN,
+             "graph: the graph of capture %llu was handed out (its raw handle), so its kernels may be changed in place "
+             "unseen: its %d captured calls with a candidate run production alone in its replays",
+             capture, n);
+  engine_unref(e);
+  return n;
+}
+
 void ust_graph_unbind(void *exec) {
   ust__engine *e = engine_peek(ust__ctx_get());
   if (e != NULL)

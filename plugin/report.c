@@ -101,6 +101,7 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(gr, "plain", (double)v->graph_plain);
   add_num(gr, "beside", (double)v->graph_beside);
   add_num(gr, "ungated", (double)v->graph_ungated);
+  add_num(gr, "exposed", (double)v->graph_exposed);
   if (v->graph_plain > 0 && v->graph_why > 0)
     cJSON_AddStringToObject(gr, "reason", ust__graph_why_text(v->graph_why));
   else
@@ -617,7 +618,8 @@ static int push(svals *s, double x) {
  * captured), "observe-only" with the reasons verdicts do not flow there
  * (its kernels replayed by graphs understudy did not see captured, captured
  * calls a graph library changed in place, captured calls that hold
- * production alone, shadows left ungated in an executable graph), or null
+ * production alone, shadows left ungated in an executable graph, captured
+ * calls in a graph handed out), or null
  * (no graph ran it). */
 static void derive_graph(cJSON *sh) {
   cJSON *g = cJSON_GetObjectItemCaseSensitive(sh, "graph");
@@ -631,8 +633,8 @@ static void derive_graph(cJSON *sh) {
   }
   const cJSON *sg = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "shadow"), "graph");
   const double unseen = num(g, "unseen_kernels"), changed = num(g, "changed"), dropped = num(g, "dropped"),
-               plain = num(sg, "plain"), ungated = num(sg, "ungated");
-  char why[768] = "";
+               plain = num(sg, "plain"), ungated = num(sg, "ungated"), exposed = num(sg, "exposed");
+  char why[1024] = "";
   size_t n = 0;
   if (unseen > 0)
     n += (size_t)snprintf(why + n, sizeof why - n, "%.0f of its kernels ran in graphs understudy did not see captured "
@@ -650,8 +652,12 @@ static void derive_graph(cJSON *sh) {
                           plain, cJSON_IsString(r) ? r->valuestring : "the log says why");
   }
   if (ungated > 0 && n < sizeof why)
-    snprintf(why + n, sizeof why - n, "%s%.0f captured shadows left ungated in an executable graph (its binding "
-             "failed: the log says why): production alone there", n ? "; " : "", ungated);
+    n += (size_t)snprintf(why + n, sizeof why - n, "%s%.0f captured shadows left ungated in an executable graph (its "
+                          "binding failed: the log says why): production alone there", n ? "; " : "", ungated);
+  if (exposed > 0 && n < sizeof why)
+    snprintf(why + n, sizeof why - n, "%s%.0f of its captured calls are in a graph whose raw handle was handed to code "
+             "outside understudy, which may change its kernels in place unseen: production alone in its replays",
+             n ? "; " : "", exposed);
   const char *status = NULL;
   if (why[0] != '\0')
     status = "observe-only";

@@ -217,7 +217,13 @@ UST_API int ust_set_phase(int phase);
  *   ust_graph_unseen: a graph is replayed whose capture this enable did not
  *     see (made before ust_enable, while disabled, or under an earlier
  *     enable), once a graph and enable: counted in the report's
- *     graphs.unseen; 1 when counted (enabled), else 0. */
+ *     graphs.unseen; 1 when counted (enabled), else 0;
+ *   ust_graph_exposed: the graph or executable graph capture made was
+ *     handed to code outside understudy (its raw handle), which may change
+ *     its kernels in place where understudy cannot see it: its captured
+ *     calls that hold a candidate run production alone in its replays from
+ *     now on (this enable), each counted on its route (the report's
+ *     shadow.graph.exposed, the route observe-only); the number closed. */
 UST_API unsigned long long ust_graph_capture_id(void *stream);
 UST_API unsigned long long ust_graph_capture_hosted(void *stream);
 UST_API int ust_graph_bind(void *graph, unsigned long long capture, void *exec);
@@ -225,6 +231,7 @@ UST_API int ust_graph_replay(void *exec, void *stream);
 UST_API void ust_graph_replayed(void *exec, void *stream);
 UST_API void ust_graph_unbind(void *exec);
 UST_API int ust_graph_unseen(void);
+UST_API int ust_graph_exposed(unsigned long long capture);
 
 /* ---- the guard's comparison, for tools and tests ------------------------ */
 

@@ -126,6 +126,10 @@ def _load():
             lib.ust_graph_unbind.restype = None
             lib.ust_graph_unseen.argtypes = []
             lib.ust_graph_unseen.restype = ctypes.c_int
+            lib.ust_graph_capture_id.argtypes = [ctypes.c_void_p]
+            lib.ust_graph_capture_id.restype = ctypes.c_ulonglong
+            lib.ust_graph_exposed.argtypes = [ctypes.c_ulonglong]
+            lib.ust_graph_exposed.restype = ctypes.c_int
             for fn in ("ust_last_error", "ust_err_name", "ust_version", "ust_torch_version", "ust_strerror"):
                 getattr(lib, fn).restype = ctypes.c_char_p
             lib.ust_err_name.argtypes = [ctypes.c_int]

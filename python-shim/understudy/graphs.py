@@ -24,14 +24,26 @@ raw_cuda_graph() answers. A graph whose owner asked for keep_graph=True is
 left to its owner to instantiate (explicitly, or by torch at its first
 replay: gated from the next one on).
 
-install() wraps __init__, capture_begin, capture_end, instantiate, replay and
-reset of torch.cuda.CUDAGraph once per process (wrap() does it for a class); set_keep() says whether graphs made
-from now on are kept. The hooks never raise on understudy's account: a
-failure leaves the graph as torch made it, its replays decided on the device.
+A graph's raw handles (raw_cuda_graph, raw_cuda_graph_exec) asked for by
+anyone but these hooks and torch's own readers are how a graph library
+reaches its kernels to change them in place (cudaGraphExecUpdate,
+cudaGraphExec*NodeSetParams), which nothing of understudy's sees outside
+the kernel tracer's windows: the captured calls with a candidate in that
+graph run production alone in its replays from then on
+(ust_graph_exposed), and their routes say why. A handle taken in C++
+(at::cuda::CUDAGraph) passes no hook: only the tracer's windows see what
+is done with it.
+
+install() wraps __init__, capture_begin, capture_end, instantiate, replay,
+reset and the raw handles of torch.cuda.CUDAGraph once per process (wrap()
+does it for a class); set_keep() says whether graphs made from now on are
+kept. The hooks never raise on understudy's account: a failure leaves the
+graph as torch made it, its replays decided on the device.
 """
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import weakref
 
@@ -81,18 +93,19 @@ def _unbind(graph, lib) -> None:
         fin()  # once: ust_graph_unbind(exec)
 
 
-def _bind(graph, lib) -> None:
+def _bind(graph, lib, raw) -> None:
     """After an instantiation: the executable gated from the host when its
     graph holds such a shadow (of the capture that made it: a shadow of a
     graph since destroyed at the same address is of another). A kept graph
     not instantiated yet is bound after its first replay (torch instantiates
-    it there)."""
+    it there). raw: the class's own raw_cuda_graph and raw_cuda_graph_exec
+    (asking them is not handing the graph out)."""
     try:
-        handle = graph.raw_cuda_graph()  # only a kept graph has one
+        handle = raw[0](graph)  # only a kept graph has one
     except Exception:  # noqa: BLE001 - nothing understudy can gate
         return
     try:
-        exec_ = graph.raw_cuda_graph_exec()  # only an instantiated one has one
+        exec_ = raw[1](graph)  # only an instantiated one has one
     except Exception:  # noqa: BLE001
         exec_ = 0
     capture = graph.__dict__.get("_understudy_capture", 0)
@@ -126,19 +139,24 @@ def install(lib) -> bool:
         return _installed
 
 
-_NAMES = ("__init__", "capture_begin", "capture_end", "instantiate", "replay", "reset")
+_NAMES = ("__init__", "capture_begin", "capture_end", "instantiate", "replay", "reset", "raw_cuda_graph",
+          "raw_cuda_graph_exec")
 
 
 def wrap(cls, lib) -> bool:
     """Wraps cls's methods (torch.cuda.CUDAGraph's, or a class that
     behaves as it does) with the hooks; False, and cls untouched, where it
-    lacks one of them or the raw handles."""
+    lacks one of them."""
     import torch
-    if not all(hasattr(cls, n) for n in _NAMES + ("raw_cuda_graph", "raw_cuda_graph_exec")):
+    if not all(hasattr(cls, n) for n in _NAMES):
         return False
-    init, capture_begin, capture_end, instantiate, replay, reset = (getattr(cls, n) for n in _NAMES)
+    init, capture_begin, capture_end, instantiate, replay, reset, raw_graph, raw_exec = (getattr(cls, n)
+                                                                                         for n in _NAMES)
+    raw = (raw_graph, raw_exec)
     gate, replayed = lib.ust_graph_replay, lib.ust_graph_replayed
     unseen = getattr(lib, "ust_graph_unseen", None)
+    capture_id = getattr(lib, "ust_graph_capture_id", None)
+    exposed = getattr(lib, "ust_graph_exposed", None)
 
     def _init(self, *args, **kwargs):
         owner_keeps = kwargs.get("keep_graph", args[0] if args else False)
@@ -157,8 +175,17 @@ def wrap(cls, lib) -> bool:
         capture_begin(self, *args, **kwargs)
         # its calls pass this enable's dispatcher hooks while it captures
         self._understudy_seen = _generation if _enabled else None
+        self._understudy_capture = 0
         if not self.__dict__.get("_understudy_kept"):
-            return  # torch drops its graph once instantiated: nothing of it can be gated
+            # torch drops its graph once instantiated: nothing of it can be
+            # gated; the capture's id, which closes its calls if it is handed out
+            try:
+                if _enabled and capture_id is not None:
+                    device = torch.cuda.current_device()
+                    self._understudy_capture = capture_id(torch.cuda.current_stream(device).cuda_stream)
+            except Exception:  # noqa: BLE001
+                pass
+            return
         try:  # the capture's id, which its shadows carry; they are started by the host behind its replays
             device = torch.cuda.current_device()
             self._understudy_capture = lib.ust_graph_capture_hosted(torch.cuda.current_stream(device).cuda_stream)
@@ -170,7 +197,7 @@ def wrap(cls, lib) -> bool:
         capture_end(self)
         if self.__dict__.get("_understudy_instantiates"):
             instantiate(self)  # where torch would have
-        _bind(self, lib)
+        _bind(self, lib, raw)
 
     def _instantiate(self):
         try:
@@ -178,7 +205,7 @@ def wrap(cls, lib) -> bool:
         except Exception:  # noqa: BLE001
             pass
         instantiate(self)
-        _bind(self, lib)
+        _bind(self, lib, raw)
 
     def _replay(self):
         d = self.__dict__
@@ -192,7 +219,7 @@ def wrap(cls, lib) -> bool:
         if exec_ is None:
             replay(self)
             if d.pop("_understudy_lazy", False):  # torch instantiated it just now
-                _bind(self, lib)
+                _bind(self, lib, raw)
             return
         try:
             stream = torch.cuda.current_stream(d.get("_understudy_device")).cuda_stream  # where torch replays it
@@ -213,8 +240,31 @@ def wrap(cls, lib) -> bool:
             pass
         reset(self)
 
-    new = (_init, _capture_begin, _capture_end, _instantiate, _replay, _reset)
-    for fn, old in zip(new, (init, capture_begin, capture_end, instantiate, replay, reset)):
+    def _handed_out(self, caller):
+        """A raw handle asked for by code outside understudy and torch
+        (torch only reads a graph through them: get_graph_data, its
+        annotations): the calls with a candidate its capture holds run
+        production alone (before the caller has it)."""
+        capture = self.__dict__.get("_understudy_capture", 0)
+        module = caller.f_globals.get("__name__") or ""
+        if capture and exposed is not None and module != "torch" and not module.startswith("torch."):
+            try:
+                exposed(capture)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _raw_cuda_graph(self):
+        handle = raw_graph(self)
+        _handed_out(self, sys._getframe(1))
+        return handle
+
+    def _raw_cuda_graph_exec(self):
+        handle = raw_exec(self)
+        _handed_out(self, sys._getframe(1))
+        return handle
+
+    new = (_init, _capture_begin, _capture_end, _instantiate, _replay, _reset, _raw_cuda_graph, _raw_cuda_graph_exec)
+    for fn, old in zip(new, (init, capture_begin, capture_end, instantiate, replay, reset, raw_graph, raw_exec)):
         fn.__name__, fn.__qualname__, fn.__doc__ = old.__name__, getattr(old, "__qualname__", old.__name__), \
             old.__doc__
         fn.__wrapped__ = old

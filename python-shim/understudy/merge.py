@@ -152,7 +152,7 @@ def merge(reports: Iterable[dict]) -> dict:
                     sh = t.setdefault("_shadow", {k: 0 for k in ADD_SHADOW} | {
                         "max_abs_err": 0.0, "max_rel_err": 0.0, "_cand": None, "rollback": None, "skipped_by": {},
                         "aa": {"runs": 0, "mismatching": 0, "max_abs_err": 0.0, "max_rel_err": 0.0},
-                        "graph": {"shadowed": 0, "plain": 0, "beside": 0, "ungated": 0, "reason": None}})
+                        "graph": {"shadowed": 0, "plain": 0, "beside": 0, "ungated": 0, "exposed": 0, "reason": None}})
                     for k in ADD_SHADOW:
                         sh[k] += s["shadow"].get(k, 0)
                     for k in ("max_abs_err", "max_rel_err"):
@@ -166,7 +166,7 @@ def merge(reports: Iterable[dict]) -> dict:
                     for k in ("max_abs_err", "max_rel_err"):
                         sh["aa"][k] = max(sh["aa"][k], aa.get(k, 0.0))
                     gr = s["shadow"].get("graph") or {}
-                    for k in ("shadowed", "plain", "beside", "ungated"):
+                    for k in ("shadowed", "plain", "beside", "ungated", "exposed"):
                         sh["graph"][k] += gr.get(k, 0)
                     sh["graph"]["reason"] = sh["graph"]["reason"] or gr.get("reason")
                     ev = s["shadow"].get("rollback")

@@ -128,6 +128,14 @@ class _Lib:
         self.log.append(("unseen",))
         return 1
 
+    def ust_graph_capture_id(self, stream):
+        self.log.append(("capture_id", stream))
+        return 91
+
+    def ust_graph_exposed(self, capture):
+        self.log.append(("exposed", capture))
+        return 1
+
 
 @pytest.fixture
 def hooked(monkeypatch):
@@ -154,7 +162,7 @@ def test_a_kept_graph_is_captured_hosted_bound_and_replayed_between_the_hooks(ho
     g.capture_end()
     for _ in range(3):
         g.replay()
-    ex = g.raw_cuda_graph_exec()
+    ex = g.exec  # read here, not through the hooks (that would hand it out)
     assert log == [("capture_begin", g.n), ("capture_hosted", 0x5001), ("capture_end", g.n), ("instantiate", g.n),
                    ("bind", g.graph, 78, ex),
                    ("gate", ex, 0x5001), ("replay", g.n), ("replayed", ex, 0x5001),
@@ -175,7 +183,7 @@ def test_a_graph_its_owner_keeps_is_bound_after_torch_instantiates_it_at_its_fir
     g.capture_end()
     g.replay()
     g.replay()
-    ex = g.raw_cuda_graph_exec()
+    ex = g.exec
     assert log == [("capture_begin", g.n), ("capture_hosted", 0x5001), ("capture_end", g.n),
                    ("instantiate", g.n), ("replay", g.n), ("bind", g.graph, 78, ex),
                    ("gate", ex, 0x5001), ("replay", g.n), ("replayed", ex, 0x5001)]
@@ -258,3 +266,67 @@ def test_enable_and_disable_say_whether_captures_are_seen(us):
     us.disable()
     assert not graphs._enabled
     assert lib.ust_graph_unseen() == 0
+
+
+def test_a_raw_handle_taken_outside_understudy_closes_the_captured_calls_of_its_graph(hooked):
+    """The hooks' own reads of a kept graph's raw handles (to bind it) hand
+    nothing out; the test's, as a graph library's would be, each tell the
+    library the capture whose graph was handed out (its calls with a
+    candidate run production alone from then on), after torch answered:
+    a read torch refuses hands nothing out."""
+    cls, log = hooked
+    g = cls()
+    g.capture_begin()
+    g.capture_end()
+    assert not any(e[0] == "exposed" for e in log), log
+    del log[:]
+    ex = g.raw_cuda_graph_exec()
+    graph = g.raw_cuda_graph()
+    assert (ex, graph) == (g.exec, g.graph)
+    assert log == [("exposed", 78), ("exposed", 78)]
+    fresh = cls()
+    del log[:]
+    with pytest.raises(RuntimeError):
+        fresh.raw_cuda_graph_exec()
+    assert log == []
+
+
+def test_a_graph_not_kept_is_closed_by_its_capture_id_when_handed_out(hooked, monkeypatch):
+    """A graph not kept, captured while understudy is on: its capture's id
+    is asked for at capture_begin (its calls' shadows or arms carry it), and
+    its executable's raw handle, taken outside understudy, closes them; one
+    captured while off asks nothing and closes nothing."""
+    cls, log = hooked
+    monkeypatch.setattr(graphs, "_keep", False)
+    monkeypatch.setattr(graphs, "_enabled", True)
+    g = cls()
+    g.capture_begin()
+    g.capture_end()
+    g.raw_cuda_graph_exec()
+    assert log == [("capture_begin", g.n), ("capture_id", 0x5001), ("instantiate", g.n), ("capture_end", g.n),
+                   ("exposed", 91)]
+    monkeypatch.setattr(graphs, "_enabled", False)
+    off = cls()
+    off.capture_begin()
+    off.capture_end()
+    del log[:]
+    off.raw_cuda_graph_exec()
+    assert log == []
+
+
+def test_torchs_own_reads_of_a_raw_handle_hand_nothing_out(hooked):
+    """torch reads a graph through its raw handles (get_graph_data, its
+    kernel annotations' remap): a read from a torch module closes nothing;
+    the same read from any other module does."""
+    cls, log = hooked
+    g = cls()
+    g.capture_begin()
+    g.capture_end()
+    read = "def read(g):\n    return g.raw_cuda_graph_exec(), g.raw_cuda_graph()\n"
+    for module, closes in (("torch.cuda._graph_annotations", False), ("torch", False), ("vllm.compilation", True),
+                           ("torchish", True)):
+        scope = {"__name__": module}
+        exec(compile(read, module, "exec"), scope)  # noqa: S102 - a function defined as if in that module
+        del log[:]
+        assert scope["read"](g) == (g.exec, g.graph)
+        assert log == ([("exposed", 78)] * 2 if closes else []), (module, log)

@@ -568,20 +568,21 @@ def test_graph_figures_add_and_keep_a_reason(us):
     no reason), and no route has a graph status; two processes' captured
     calls add, the merged route keeps a reason one of them gave, and its
     status is derived again from the sums: observe-only, naming each cause
-    (calls holding production alone, shadows left ungated, kernels run by
-    graphs understudy did not see captured)."""
+    (calls holding production alone, shadows left ungated, calls in a graph
+    handed out, kernels run by graphs understudy did not see captured)."""
     rep = real_report(us)
     shadowed = [s for o in rep["operators"] for s in o["shapes"] if "shadow" in s]
     assert shadowed and all(s["shadow"]["graph"] == {"shadowed": 0, "plain": 0, "beside": 0, "ungated": 0,
-                                                     "reason": None} for s in shadowed)
+                                                     "exposed": 0, "reason": None} for s in shadowed)
     assert all(s["graph"] == {"unseen_kernels": 0, "unseen_ns": 0, "changed": 0, "dropped": 0, "status": None,
                               "reason": None}
                for o in rep["operators"] for s in o["shapes"])
     a, b = copy.deepcopy(rep), copy.deepcopy(rep)
     b["pid"] = rep["pid"] + 1
     key = shadowed[0]["key"]
-    for r, fig, unseen in ((a, {"shadowed": 3, "plain": 0, "beside": 2, "ungated": 0, "reason": None}, (0, 0, 0, 0)),
-                           (b, {"shadowed": 2, "plain": 1, "beside": 1, "ungated": 1,
+    for r, fig, unseen in ((a, {"shadowed": 3, "plain": 0, "beside": 2, "ungated": 0, "exposed": 0, "reason": None},
+                            (0, 0, 0, 0)),
+                           (b, {"shadowed": 2, "plain": 1, "beside": 1, "ungated": 1, "exposed": 2,
                                 "reason": "a torch-op candidate: ..."}, (6, 900, 2, 7))):
         (s,) = [s for o in r["operators"] for s in o["shapes"] if s["key"] == key]
         s["shadow"]["graph"] = fig
@@ -604,6 +605,9 @@ def test_graph_figures_add_and_keep_a_reason(us):
     assert "production alone; " in s0["graph"]["reason"] and "dropped since" not in s0["graph"]["reason"]
     assert "; 1 captured calls hold production alone: a torch-op candidate: ...; 1 captured shadows left ungated" \
         in sb["graph"]["reason"]
+    assert sb["graph"]["reason"].endswith("; 2 of its captured calls are in a graph whose raw handle was handed to "
+                                          "code outside understudy, which may change its kernels in place unseen: "
+                                          "production alone in its replays")
     # nothing captured here: no site, no ring entry
     assert rep["graphs"] == {"sites": 0, "live": 0, "open": 0, "unknown": 0, "lost": 0, "launched": 0, "refused": 0,
                              "gated": 0, "gated_replays": 0, "gate_failed": 0, "hosted": 0, "host_starts": 0,
@@ -614,7 +618,7 @@ def test_graph_figures_add_and_keep_a_reason(us):
                    "gated": 1, "gated_replays": 40, "gate_failed": 1, "hosted": 0, "host_starts": 0, "unseen": 2}
     merged = merge([a, b])
     (m,) = [s for o in merged["operators"] for s in o["shapes"] if s["key"] == key]
-    assert m["shadow"]["graph"] == {"shadowed": 5, "plain": 1, "beside": 3, "ungated": 1,
+    assert m["shadow"]["graph"] == {"shadowed": 5, "plain": 1, "beside": 3, "ungated": 1, "exposed": 2,
                                     "reason": "a torch-op candidate: ..."}
     g = m["graph"]
     assert (g["unseen_kernels"], g["unseen_ns"], g["changed"], g["dropped"]) == (6, 900, 2, 7)
