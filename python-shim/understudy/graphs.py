@@ -31,8 +31,9 @@ cudaGraphExec*NodeSetParams), which nothing of understudy's sees outside
 the kernel tracer's windows: the captured calls with a candidate in that
 graph run production alone in its replays from then on
 (ust_graph_exposed), and their routes say why. A handle taken in C++
-(at::cuda::CUDAGraph) passes no hook: only the tracer's windows see what
-is done with it.
+(at::cuda::CUDAGraph), or read through torch._C._CUDAGraph's own methods
+or the hooks' __wrapped__ originals, passes no hook: only the tracer's
+windows see what is done with it.
 
 install() wraps __init__, capture_begin, capture_end, instantiate, replay,
 reset and the raw handles of torch.cuda.CUDAGraph once per process (wrap()
@@ -52,6 +53,25 @@ _keep = False  # graphs made from now on are kept for gating
 _enabled = False  # understudy is enabled: a capture begun now is seen
 _generation = 0  # enables so far: a graph seen (or said unseen) under an earlier one is unseen by this one
 _install_lock = threading.Lock()
+
+
+# torch's modules that read a graph's raw handles and change nothing with them
+_READERS = frozenset(("torch.cuda.graphs", "torch.cuda._graph_annotations"))
+_HANDLES = frozenset(("raw_cuda_graph", "raw_cuda_graph_exec", "_raw_cuda_graph", "_raw_cuda_graph_exec"))
+
+
+def _caller_module(graph) -> str:
+    """The module of the code that asked graph for a raw handle: the first
+    frame above the hook that is not a raw-handle method of the same graph
+    (a subclass overriding one and calling super() is not the caller).
+    "" where no Python frame called (C++, a thread's start): outside."""
+    try:
+        frame = sys._getframe(2)
+    except ValueError:
+        return ""
+    while frame is not None and frame.f_code.co_name in _HANDLES and frame.f_locals.get("self") is graph:
+        frame = frame.f_back
+    return (frame.f_globals.get("__name__") or "") if frame is not None else ""
 
 
 def wants_keep(config_text: str) -> bool:
@@ -240,27 +260,32 @@ def wrap(cls, lib) -> bool:
             pass
         reset(self)
 
-    def _handed_out(self, caller):
-        """A raw handle asked for by code outside understudy and torch
-        (torch only reads a graph through them: get_graph_data, its
-        annotations): the calls with a candidate its capture holds run
-        production alone (before the caller has it)."""
-        capture = self.__dict__.get("_understudy_capture", 0)
-        module = caller.f_globals.get("__name__") or ""
-        if capture and exposed is not None and module != "torch" and not module.startswith("torch."):
-            try:
-                exposed(capture)
-            except Exception:  # noqa: BLE001
-                pass
+    def _handed_out(self):
+        """A raw handle asked for by code outside understudy and torch's
+        own readers (torch.cuda.graphs' get_graph_data, torch's graph
+        annotations: they only read a graph through them): the calls with
+        a candidate its capture holds run production alone (before the
+        caller has it). Once per graph object and capture."""
+        d = self.__dict__
+        capture = d.get("_understudy_capture", 0)
+        if not capture or exposed is None or d.get("_understudy_handed") == capture:
+            return
+        if _caller_module(self) in _READERS:
+            return
+        d["_understudy_handed"] = capture
+        try:
+            exposed(capture)
+        except Exception:  # noqa: BLE001
+            pass
 
     def _raw_cuda_graph(self):
         handle = raw_graph(self)
-        _handed_out(self, sys._getframe(1))
+        _handed_out(self)
         return handle
 
     def _raw_cuda_graph_exec(self):
         handle = raw_exec(self)
-        _handed_out(self, sys._getframe(1))
+        _handed_out(self)
         return handle
 
     new = (_init, _capture_begin, _capture_end, _instantiate, _replay, _reset, _raw_cuda_graph, _raw_cuda_graph_exec)

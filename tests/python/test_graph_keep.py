@@ -43,7 +43,8 @@ def test_enable_keeps_graphs_and_disable_stops(us):
     us.enable(shadow_config("rms_norm", native("rms_norm_cpu")))
     assert graphs._keep
     assert graphs._installed and all(hasattr(getattr(torch.cuda.CUDAGraph, n), "__wrapped__")
-                                     for n in ("capture_begin", "capture_end", "instantiate", "replay", "reset"))
+                                     for n in ("capture_begin", "capture_end", "instantiate", "replay", "reset",
+                                               "raw_cuda_graph", "raw_cuda_graph_exec"))
     us.disable()
     assert not graphs._keep
     us.enable({"operators": {"rms_norm": {"mode": "observe"}}})
@@ -104,10 +105,11 @@ class _Lib:
 
     def __init__(self, log):
         self.log, self.replays = log, 0
+        self.hosted = 78  # the id of the next hosted capture
 
     def ust_graph_capture_hosted(self, stream):
         self.log.append(("capture_hosted", stream))
-        return 78
+        return self.hosted
 
     def ust_graph_bind(self, graph, capture, exec_):
         self.log.append(("bind", graph, capture, exec_))
@@ -147,7 +149,8 @@ def hooked(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0x5000 + (
         device if device is not None else 1)})())
     monkeypatch.setattr(graphs, "_keep", True)
-    assert graphs.wrap(cls, _Lib(log))
+    cls.lib = _Lib(log)
+    assert graphs.wrap(cls, cls.lib)
     return cls, log
 
 
@@ -272,8 +275,9 @@ def test_a_raw_handle_taken_outside_understudy_closes_the_captured_calls_of_its_
     """The hooks' own reads of a kept graph's raw handles (to bind it) hand
     nothing out; the test's, as a graph library's would be, each tell the
     library the capture whose graph was handed out (its calls with a
-    candidate run production alone from then on), after torch answered:
-    a read torch refuses hands nothing out."""
+    candidate run production alone from then on), after torch answered,
+    once per capture: a read torch refuses hands nothing out, and the
+    graph captured again is handed out again."""
     cls, log = hooked
     g = cls()
     g.capture_begin()
@@ -283,7 +287,17 @@ def test_a_raw_handle_taken_outside_understudy_closes_the_captured_calls_of_its_
     ex = g.raw_cuda_graph_exec()
     graph = g.raw_cuda_graph()
     assert (ex, graph) == (g.exec, g.graph)
-    assert log == [("exposed", 78), ("exposed", 78)]
+    assert log == [("exposed", 78)]
+    g.raw_cuda_graph_exec()
+    assert log == [("exposed", 78)]
+    g.reset()
+    cls.lib.hosted = 79
+    g.capture_begin()
+    g.capture_end()
+    del log[:]
+    g.raw_cuda_graph()
+    g.raw_cuda_graph_exec()
+    assert [e for e in log if e[0] == "exposed"] == [("exposed", 79)], log
     fresh = cls()
     del log[:]
     with pytest.raises(RuntimeError):
@@ -315,18 +329,27 @@ def test_a_graph_not_kept_is_closed_by_its_capture_id_when_handed_out(hooked, mo
 
 
 def test_torchs_own_reads_of_a_raw_handle_hand_nothing_out(hooked):
-    """torch reads a graph through its raw handles (get_graph_data, its
-    kernel annotations' remap): a read from a torch module closes nothing;
-    the same read from any other module does."""
+    """torch reads a graph through its raw handles (torch.cuda.graphs'
+    get_graph_data, its kernel annotations' remap): a read from those
+    modules closes nothing, also through a subclass that overrides a raw
+    handle and calls super() (the override is not the caller); the same
+    read from any other module, torch's others included, does."""
     cls, log = hooked
-    g = cls()
-    g.capture_begin()
-    g.capture_end()
+    sub_src = ("class Sub(base):\n"
+               "    def raw_cuda_graph_exec(self):\n        return super().raw_cuda_graph_exec()\n"
+               "    def raw_cuda_graph(self):\n        return super().raw_cuda_graph()\n")
+    sub_scope = {"__name__": "vllm.graphs", "base": cls}
+    exec(compile(sub_src, "vllm.graphs", "exec"), sub_scope)  # noqa: S102 - a subclass defined in a library
     read = "def read(g):\n    return g.raw_cuda_graph_exec(), g.raw_cuda_graph()\n"
-    for module, closes in (("torch.cuda._graph_annotations", False), ("torch", False), ("vllm.compilation", True),
+    for module, closes in (("torch.cuda._graph_annotations", False), ("torch.cuda.graphs", False),
+                           ("torch", True), ("torch.nn.modules", True), ("vllm.compilation", True),
                            ("torchish", True)):
         scope = {"__name__": module}
         exec(compile(read, module, "exec"), scope)  # noqa: S102 - a function defined as if in that module
-        del log[:]
-        assert scope["read"](g) == (g.exec, g.graph)
-        assert log == ([("exposed", 78)] * 2 if closes else []), (module, log)
+        for kind in (cls, sub_scope["Sub"]):
+            g = kind()
+            g.capture_begin()
+            g.capture_end()
+            del log[:]
+            assert scope["read"](g) == (g.exec, g.graph)
+            assert log == ([("exposed", 78)] if closes else []), (module, kind, log)
