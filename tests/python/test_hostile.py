@@ -181,7 +181,9 @@ def test_a_hanging_candidate_wedges_nothing(us, tmp_path):
     and, holding the engine lock, blocked report(), set_mode(), is_enabled()
     and metrics scrapes on every other thread. Now the control plane answers
     at once, disable() returns at its deadline saying how many calls are
-    still inside, and finishes (the final report) when they return."""
+    still inside, and finishes (the final report) when they return. The
+    candidate hangs 30 s: an answer within 5 s did not wait for it (under
+    ASan on a loaded two-core machine a scrape took 0.29 s)."""
     import threading
     import time
     name, entered, release = waiting_silu("ust_hostile::silu_hangs", 30)
@@ -208,13 +210,13 @@ def test_a_hanging_candidate_wedges_nothing(us, tmp_path):
             t0 = time.perf_counter()
             fn()
             took = time.perf_counter() - t0
-            assert took < 0.1, f"{what} took {took * 1e3:.0f} ms beside a hanging candidate"
+            assert took < 5.0, f"{what} took {took * 1e3:.0f} ms beside a hanging candidate"
         torch.mm(torch.randn(2, 2), torch.randn(2, 2))  # other ops keep working
         t0 = time.perf_counter()
         with pytest.raises(understudy.UnderstudyError, match="1 intercepted call had not returned after 0.5 s"):
             us.disable()
         took = time.perf_counter() - t0
-        assert 0.4 < took < 1.5, took
+        assert 0.4 < took < 5.0, took
         assert not us.is_enabled() and not report.exists()
     finally:
         release.set()
