@@ -159,6 +159,11 @@ const char *ust__binding_arg_name(const struct ust__binding *b, int i);
  * Never fails: when anything is off, the plan is UST__PLAN_PASS and the call
  * is served untouched. */
 void ust__call_begin(struct ust__binding *b, const ust__call *call, ust__call_state *st);
+/* ust__call_begin's common case: 1 when the call is settled as served by
+ * production alone, untimed (counted on its route, or untracked), with no
+ * ust__call_end to make and only st->route set (NULL: untracked); else 0
+ * with st filled as ust__call_begin fills it. */
+int ust__call_settle(struct ust__binding *b, const ust__call *call, ust__call_state *st);
 /* After the decision finished (d: its notes and outcome; raised: production
  * raised): timings, served counts, internal errors. */
 void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decision *d);

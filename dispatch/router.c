@@ -53,24 +53,30 @@ void ust__router_free(ust__router *r) {
   t->slots = NULL;
 }
 
-/* Keys are zero-filled (padding included), so they hash and compare as
- * words; this runs on every observed call. A binding's keys differ only in
- * their header and its own dimensions (the others stay zero), and keys of
- * two bindings differ in the header: those words are the key. */
+/* Keys hash and compare as words (their head's padding zero); this runs on
+ * every observed call. A binding's keys differ only in their head and its
+ * own dimensions, and keys of two bindings differ in the head: those words
+ * are the key (a route keeps the others zero). */
 static inline size_t key_words(const ust__binding *b) {
   _Static_assert(sizeof(ust__route_key) % 8 == 0 && offsetof(ust__route_key, dims) % 8 == 0,
                  "route keys hash as whole words");
   return offsetof(ust__route_key, dims) / 8 + (size_t)b->n_dims;
 }
 
+#define KEY_SEED 0x9e3779b97f4a7c15ull
+
+static inline uint64_t key_mix(uint64_t h, uint64_t w) {
+  h = (h ^ w) * 0xff51afd7ed558ccdull;
+  return h ^ (h >> 32);
+}
+
 static uint64_t key_hash(const ust__route_key *k, size_t words) {
   const unsigned char *p = (const unsigned char *)k;
-  uint64_t h = 0x9e3779b97f4a7c15ull;
+  uint64_t h = KEY_SEED;
   for (size_t i = 0; i < words; i++) {
     uint64_t w;
     memcpy(&w, p + 8 * i, 8);
-    h = (h ^ w) * 0xff51afd7ed558ccdull;
-    h ^= h >> 32;
+    h = key_mix(h, w);
   }
   return h ^ (h >> 29);
 }
@@ -83,7 +89,7 @@ static ust__route *route_new(ust__router *router, const ust__route_key *key, uin
     free(r);
     return NULL;
   }
-  r->key = *key;
+  memcpy(&r->key, key, key_words(b) * 8); /* the rest stays zero */
   r->hash = h;
   r->binding = b;
   ust__route_key_format(b, key, r->key_str, sizeof r->key_str);
@@ -150,10 +156,11 @@ static UST__NOINLINE ust__route *routes_add(ust__router *router, const ust__rout
 
 /* The route of key: found by probing from its hash (every call but a key's
  * first), else added. */
-UST__HOT ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b) {
+/* The route of key, whose hash is h: found by probing from h (every call
+ * but a key's first), else added. */
+static inline ust__route *routes_find(ust__router *router, const ust__route_key *key, uint64_t h, ust__binding *b) {
   ust__route_table *t = &router->routes;
   const size_t words = key_words(b);
-  const uint64_t h = key_hash(key, words);
   const uint32_t mask = t->cap - 1;
   for (uint32_t probe = 0; probe < t->cap; probe++) {
     ust__route *r = atomic_load_explicit(&t->slots[(uint32_t)(h + probe) & mask], memory_order_acquire);
@@ -163,6 +170,10 @@ UST__HOT ust__route *ust__routes_get(ust__router *router, const ust__route_key *
       return r;
   }
   return NULL;
+}
+
+ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b) {
+  return routes_find(router, key, key_hash(key, key_words(b)), b);
 }
 
 /* The calling thread's block (dispatch/callview.h): one thread-local
@@ -186,14 +197,28 @@ const char *ust__phase_name(int phase) {
   return phase >= 0 && phase <= UST_PHASE_DECODE ? names[phase] : "unknown";
 }
 
-UST__HOT void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key) {
-  memset(key, 0, sizeof *key);
-  key->binding = (uint16_t)b->index;
-  key->phase = (uint8_t)call->phase;
-  key->device = (uint8_t)call->device;
-  for (int i = 0; i < call->nargs && key->n_dtypes < UST__MAX_KEY_TENSORS; i++)
+/* The key of a call (its head and b->n_dims dims: the words hashed and
+ * compared, key_words; those past them are never read), and its hash, as
+ * key_hash finds it. The head's two words are made in registers, as the
+ * struct lays them out, and stored whole. */
+_Static_assert(offsetof(ust__route_key, binding) == 0 && offsetof(ust__route_key, device) == 2 &&
+                   offsetof(ust__route_key, n_dtypes) == 3 && offsetof(ust__route_key, dtypes) == 4 &&
+                   UST__MAX_KEY_TENSORS == 8 && offsetof(ust__route_key, phase) == 12 &&
+                   offsetof(ust__route_key, dims) == 16,
+               "the key's head is two words: binding, device, n_dtypes, dtypes[0..3] | dtypes[4..7], phase");
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the key's head is made little-endian");
+static inline uint64_t key_build(const ust__binding *b, const ust__call *call, ust__route_key *key) {
+  uint64_t dtypes = 0; /* a byte each, the first lowest */
+  unsigned n = 0;
+  for (int i = 0; i < call->nargs && n < UST__MAX_KEY_TENSORS; i++)
     if (call->args[i].kind == UST__ARG_TENSOR || call->args[i].kind == UST__ARG_TENSORLIST)
-      key->dtypes[key->n_dtypes++] = (uint8_t)call->args[i].dtype;
+      dtypes |= (uint64_t)(uint8_t)call->args[i].dtype << (8 * n++);
+  const uint64_t w0 = (uint64_t)(uint16_t)b->index | (uint64_t)(uint8_t)call->device << 16 | (uint64_t)n << 24 |
+                      (dtypes & 0xffffffffull) << 32;
+  const uint64_t w1 = dtypes >> 32 | (uint64_t)(uint8_t)call->phase << 32;
+  memcpy((unsigned char *)key, &w0, 8);
+  memcpy((unsigned char *)key + 8, &w1, 8);
+  uint64_t h = key_mix(key_mix(KEY_SEED, w0), w1);
   for (int d = 0; d < b->n_dims; d++) {
     const ust__dim_key k = b->keys[d];
     const ust__arg *a = k.arg_index >= 0 && k.arg_index < call->nargs ? &call->args[k.arg_index] : NULL;
@@ -202,7 +227,13 @@ UST__HOT void ust__route_key_make(const ust__binding *b, const ust__call *call, 
                           ? ust__dim_size(a, k.dim)
                           : ust__dim_eval(&b->dims[d], call);
     key->dims[d] = ust__dim_bucket(k.bucket, v);
+    h = key_mix(h, (uint64_t)key->dims[d]);
   }
+  return h ^ (h >> 29);
+}
+
+void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key) {
+  (void)key_build(b, call, key);
 }
 
 void ust__binding_keys_set(ust__binding *b) {
@@ -722,7 +753,30 @@ static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust
   }
 }
 
-/* The route's plan for one call (DESIGN.md, one call step by step):
+/* Whether the n-th call of a route that only observes is timed: -1 when it
+ * is not, else the stratum it is timed in (UST__TIMED_*). Timed are a sample
+ * (the steady share past the key's first steady_after calls) and the first
+ * UST__FIRST_TIMED calls of every key, so that no key seen is without a
+ * latency, whatever the sampling (sample 0 times none); inside a
+ * kernel-tracing window every CUDA call is timed by its kernels; between
+ * windows, while the tracer is the timer, only the key's first calls are (by
+ * events, kept apart), so that the sampled figures are all kernel time. */
+static inline int timed_kind(const ust__binding *b, const ust__policy *pol, uint64_t n, const ust__call *call) {
+  if (pol->sample_q32 == 0)
+    return -1;
+  const int late = n > pol->steady_after;
+  const int sampled = ust__sampled(n, late ? pol->steady_q32 : pol->sample_q32);
+  const int early = n <= UST__FIRST_TIMED;
+  const int tracing = call->device == UST__DEV_CUDA && b->router->tracer ? ust__timers_tracing(b->router->timers)
+                                                                         : UST__TRACING_OFF;
+  if (tracing != UST__TRACING_WINDOW && !early && (!sampled || tracing == UST__TRACING_BETWEEN))
+    return -1;
+  if (early && (!sampled || tracing == UST__TRACING_BETWEEN))
+    return UST__TIMED_FIRST; /* timed for being one of the key's first calls */
+  return late ? UST__TIMED_STEADY : UST__TIMED_SAMPLED;
+}
+
+/* The plan of the n-th call of route r (DESIGN.md, one call step by step):
  * - during graph capture nothing is timed; a shadow, canary or live route
  *   whose candidate the graph can hold captures both arms behind a gate
  *   (guard/graph.c); else a live candidate is captured alone, everything
@@ -730,31 +784,17 @@ static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust
  * - shadow: production serves; sampled calls also run the candidate;
  * - canary(p): the candidate serves a p share of the calls, live all of
  *   them; a sample of those is verified against production;
- * - otherwise production serves, a sample timed (and the first
- *   UST__FIRST_TIMED calls of every key, so that no key seen is without a
- *   latency, whatever the sampling; sample 0 times none). */
-UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st) {
+ * - otherwise production serves, timed as timed_kind says. */
+static UST__NOINLINE void begin_route(ust__binding *b, ust__route *r, uint64_t n, int mode, uint32_t canary_q32,
+                                      const ust__call *call, ust__call_state *st) {
   memset(st, 0, sizeof *st);
   st->plan = UST__PLAN_PASS;
-  if (call->device == UST__DEV_OTHER)
-    return;
-  ust__route_key key;
-  ust__route_key_make(b, call, &key);
-  ust__route *r = ust__routes_get(b->router, &key, b);
-  if (r == NULL) {
-    atomic_fetch_add_explicit(&b->untracked, 1, memory_order_relaxed);
-    return;
-  }
   st->route = r;
   st->nested_ok = b->nested_ok;
-  uint64_t n = atomic_fetch_add_explicit(&r->figs.calls, 1, memory_order_relaxed) + 1;
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
   /* past its first steady_after calls a key is sampled at the steady share,
    * and whatever times it is the estimate's late stratum (ust__est_device_time) */
-  const int late = n > pol->steady_after;
-  st->timed_kind = late ? UST__TIMED_STEADY : UST__TIMED_SAMPLED;
-  uint32_t canary_q32 = 0;
-  const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
+  st->timed_kind = n > pol->steady_after ? UST__TIMED_STEADY : UST__TIMED_SAMPLED;
   /* CUDA refuses to capture torch's default stream (the legacy one, NULL):
    * a call on it that only observes skips the question (a driver call, cold
    * on every call of a model); the timer asks before it records there. */
@@ -768,21 +808,47 @@ UST__HOT void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_
     return;
   if (mode != UST__MODE_OBSERVE && begin_candidate(b, r, mode, canary_q32, call, pol, st))
     return;
-  if (pol->sample_q32 == 0)
+  const int kind = timed_kind(b, pol, n, call);
+  if (kind < 0)
     return;
-  const int sampled = ust__sampled(n, late ? pol->steady_q32 : pol->sample_q32);
-  const int early = n <= UST__FIRST_TIMED;
-  /* inside a kernel-tracing window every CUDA call is timed by its kernels;
-   * between windows, while the tracer is the timer, only the key's first
-   * calls are (by events, kept apart), so that the sampled figures are all
-   * kernel time */
-  const int tracing = call->device == UST__DEV_CUDA && b->router->tracer ? ust__timers_tracing(b->router->timers)
-                                                                         : UST__TRACING_OFF;
-  if (tracing != UST__TRACING_WINDOW && !early && (!sampled || tracing == UST__TRACING_BETWEEN))
-    return;
-  if (early && (!sampled || tracing == UST__TRACING_BETWEEN))
-    st->timed_kind = UST__TIMED_FIRST; /* timed for being one of the key's first calls */
+  st->timed_kind = kind;
   begin_timing(b, r, call, legacy, st);
+}
+
+/* The common case settled in a few lines: a call counted on its route that
+ * production alone serves untimed (observed, not sampled, not captured), or
+ * an untracked one; st->route says which (NULL: untracked). The rest are
+ * planned by begin_route. */
+UST__HOT int ust__call_settle(ust__binding *b, const ust__call *call, ust__call_state *st) {
+  st->route = NULL;
+  if (call->device == UST__DEV_OTHER)
+    return 1;
+  ust__route_key key;
+  const uint64_t h = key_build(b, call, &key);
+  ust__route *r = routes_find(b->router, &key, h, b);
+  st->route = r;
+  if (r == NULL) {
+    atomic_fetch_add_explicit(&b->untracked, 1, memory_order_relaxed);
+    return 1;
+  }
+  uint32_t canary_q32 = 0;
+  const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
+  const uint64_t n = atomic_fetch_add_explicit(&r->figs.calls, 1, memory_order_relaxed) + 1;
+  /* a CUDA call on a stream of its own asks whether it is captured (begin_route) */
+  if (mode == UST__MODE_OBSERVE && (call->device != UST__DEV_CUDA || call->stream == NULL) &&
+      timed_kind(b, atomic_load_explicit(&b->op->policy, memory_order_acquire), n, call) < 0)
+    return 1;
+  begin_route(b, r, n, mode, canary_q32, call, st);
+  return 0;
+}
+
+void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st) {
+  if (ust__call_settle(b, call, st)) {
+    void *r = st->route;
+    memset(st, 0, sizeof *st);
+    st->plan = UST__PLAN_PASS;
+    st->route = r;
+  }
 }
 
 UST__HOT void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decision *d) {

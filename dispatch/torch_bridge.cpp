@@ -1467,6 +1467,21 @@ template <class Source>
   serve_passed(src, below, th, call, st, d);
 }
 
+// A call the router planned (ust__call_settle did not settle it): production
+// alone timed or captured, without a run's buffers or the machine's steps;
+// else the plan's run. Out of the interceptor's common path.
+template <class Source>
+[[gnu::noinline]] void serve_planned(Source &src, c10::DispatchKeySet below, ust__binding *b, ust__thread *th,
+                                     ust__arg *args, const ust__call &call, ust__call_state &st) {
+  ust__decision d;
+  if (st.plan == UST__PLAN_PASS) {
+    serve_passed(src, below, th, call, st, d);
+    return;
+  }
+  if (!src.plan(below, b, args, call, st, d, ust__decision_start(&d, st.plan, st.flags)))
+    plan_not_run(src, below, b, th, call, st, d);
+}
+
 // An intercepted call, whatever its source (Boxed, Typed below): the thread
 // and hook checks, the view, the router's plan, production redispatched
 // below BackendSelect, the plan's steps.
@@ -1491,29 +1506,22 @@ template <class Source>
   CallScope nested(th);
   ust__arg args[Source::kArgs];
   ust__call call;
-  ust__call_state st; // ust__call_begin fills it, before anything reads it
-  bool tracked = false;
+  ust__call_state st; // ust__call_settle fills it when the call is not settled, before anything reads it
+  bool settled = true;
   try {
     if (ust__binding_needs_names(b))
       resolve_names(b, op);
-    tracked = src.view(args, &call, th->phase);
-    if (tracked)
-      ust__call_begin(b, &call, &st);
+    if (src.view(args, &call, th->phase))
+      settled = ust__call_settle(b, &call, &st) != 0;
   } catch (...) {
     ust__call_internal_error(b);
-    tracked = false;
+    settled = true;
   }
-  if (!tracked) {
+  if (__builtin_expect(settled, 1)) { // counted (or untracked), production alone, untimed: nothing to end
     src.pass(below);
     return;
   }
-  ust__decision d;
-  if (st.plan == UST__PLAN_PASS) { // the common path, without a run's buffers or the machine's steps
-    serve_passed(src, below, th, call, st, d);
-    return;
-  }
-  if (!src.plan(below, b, args, call, st, d, ust__decision_start(&d, st.plan, st.flags)))
-    plan_not_run(src, below, b, th, call, st, d);
+  serve_planned(src, below, b, th, args, call, st);
 }
 
 // A boxed call: its arguments, and then its results, on the stack.

@@ -20,6 +20,7 @@
   X(dim_compile_grammar)          \
   X(dim_eval_and_bucket)          \
   X(route_key_distinguishes)      \
+  X(a_call_finds_the_route_its_key_names) \
   X(route_table_full)             \
   X(route_table_threads)          \
   X(a_snapshot_holds_every_route_made_before_it) \

@@ -175,6 +175,45 @@ TEST(route_key_distinguishes) {
   fixture_free(&f);
 }
 
+TEST(a_call_finds_the_route_its_key_names) {
+  /* The observed call builds its key's head in registers and hashes it as it
+   * goes; the route it finds is the one the key, made and hashed word by
+   * word, finds: with more than four dtypes (the head's second word), a
+   * phase, a CUDA device, the binding's index. */
+  fixture f;
+  fixture_init(&f, 64, 0.0625);
+  ust__binding b;
+  ust__binding_def d;
+  make_binding(&b, &f, &d, 3);
+  ust__arg args[8];
+  ust__call c;
+  make_call(&c, args, UST__DT_BF16);
+  const int dts[] = {UST__DT_F16, UST__DT_F32, UST__DT_BF16, UST__DT_F16};
+  for (int i = 4; i < 8; i++) {
+    args[i] = args[1];
+    args[i].dtype = dts[i - 4];
+  }
+  c.nargs = 8;
+  for (int device = UST__DEV_CPU; device <= UST__DEV_CUDA; device++)
+    for (int phase = UST_PHASE_UNKNOWN; phase <= UST_PHASE_DECODE; phase++)
+      for (int n = 4; n <= 8; n += 2) {
+        c.device = device;
+        c.phase = phase;
+        c.nargs = n;
+        ust__route_key k;
+        ust__route_key_make(&b, &c, &k);
+        ASSERT_INT_EQ(k.n_dtypes, n - 2); /* the int and the None are no tensors */
+        ASSERT_INT_EQ(k.phase, phase);
+        ASSERT_INT_EQ(k.binding, 3);
+        ASSERT_INT_EQ(k.dtypes[n - 3], n == 4 ? UST__DT_F32 : dts[n - 5]);
+        ust__route *by_key = ust__routes_get(&f.r, &k, &b);
+        ASSERT_TRUE(by_key != NULL);
+        ASSERT_TRUE(serve_call(&b, &c, NULL) == by_key);
+      }
+  ASSERT_INT_EQ(atomic_load(&f.r.routes.count), 2 * 3 * 3);
+  fixture_free(&f);
+}
+
 TEST(route_table_full) {
   fixture f;
   fixture_init(&f, 3, 0.0625);
