@@ -30,6 +30,7 @@ extern _Thread_local int ust__hash_oom;
  * only some calls run is kept out of those functions' bodies. */
 #define UST__HOT __attribute__((hot))
 #define UST__NOINLINE __attribute__((noinline))
+#define UST__INLINE inline __attribute__((always_inline)) /* in the hot path's one body, whatever -Os weighs */
 
 /* ---- errors ---------------------------------------------------------------- */
 

@@ -98,7 +98,7 @@ static ust__route *route_new(ust__router *router, const ust__route_key *key, uin
   return r;
 }
 
-static inline int key_equal(const ust__route_key *a, const ust__route_key *b, size_t words) {
+static UST__INLINE int key_equal(const ust__route_key *a, const ust__route_key *b, size_t words) {
   const unsigned char *p = (const unsigned char *)a, *q = (const unsigned char *)b;
   uint64_t diff = 0;
   for (size_t i = 0; i < words; i++) {
@@ -158,7 +158,7 @@ static UST__NOINLINE ust__route *routes_add(ust__router *router, const ust__rout
  * first), else added. */
 /* The route of key, whose hash is h: found by probing from h (every call
  * but a key's first), else added. */
-static inline ust__route *routes_find(ust__router *router, const ust__route_key *key, uint64_t h, ust__binding *b) {
+static UST__INLINE ust__route *routes_find(ust__router *router, const ust__route_key *key, uint64_t h, ust__binding *b) {
   ust__route_table *t = &router->routes;
   const size_t words = key_words(b);
   const uint32_t mask = t->cap - 1;
@@ -207,7 +207,7 @@ _Static_assert(offsetof(ust__route_key, binding) == 0 && offsetof(ust__route_key
                    offsetof(ust__route_key, dims) == 16,
                "the key's head is two words: binding, device, n_dtypes, dtypes[0..3] | dtypes[4..7], phase");
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the key's head is made little-endian");
-static inline uint64_t key_build(const ust__binding *b, const ust__call *call, ust__route_key *key) {
+static UST__INLINE uint64_t key_build(const ust__binding *b, const ust__call *call, ust__route_key *key) {
   uint64_t dtypes = 0; /* a byte each, the first lowest */
   unsigned n = 0;
   for (int i = 0; i < call->nargs && n < UST__MAX_KEY_TENSORS; i++)
@@ -761,7 +761,7 @@ static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust
  * kernel-tracing window every CUDA call is timed by its kernels; between
  * windows, while the tracer is the timer, only the key's first calls are (by
  * events, kept apart), so that the sampled figures are all kernel time. */
-static inline int timed_kind(const ust__binding *b, const ust__policy *pol, uint64_t n, const ust__call *call) {
+static UST__INLINE int timed_kind(const ust__binding *b, const ust__policy *pol, uint64_t n, const ust__call *call) {
   if (pol->sample_q32 == 0)
     return -1;
   const int late = n > pol->steady_after;
