@@ -17,7 +17,9 @@ Each variant runs twice, with --calls and with twice as many;
 the difference divided by --calls is the cost of one cold call, without
 the warm-up and one-time costs (a route's creation). The table prints, per
 call, instructions (Ir) and last-level misses on code (ILmr) and data (DLmr
-reads, DLmw writes).
+reads, DLmw writes): for the whole call, and for the part of it spent in
+understudy's library itself (torch's part moves by tens of instructions
+between runs, with its allocations; understudy's does not).
 
     PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100] [--variants plain off none observe]
 
@@ -80,6 +82,30 @@ def totals(path):
 TOGGLES = ["at::_ops::mm::call*", "at::native::structured_mm_out_cpu::impl*"]
 
 
+def own_totals(path, lib):
+    """The event totals of the functions in understudy's library alone (its
+    own code: the view, key, lookup, plan and counts), read through
+    callgrind_annotate: torch's part of the same call moves by tens of
+    instructions between runs (its allocations), understudy's does not."""
+    r = subprocess.run(["callgrind_annotate", "--threshold=100", f"--show={','.join(EVENTS)}", path],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    got = dict.fromkeys(EVENTS, 0)
+    for line in r.stdout.splitlines():
+        if not line.rstrip().endswith(f"/{lib}]"):
+            continue
+        nums = []
+        for tok in line.split():
+            if ":" in tok:
+                break
+            if tok == ".":
+                nums.append(0)
+            elif tok[0].isdigit() and not tok.endswith("%)"):
+                nums.append(int(tok.replace(",", "")))
+        for e, v in zip(EVENTS, nums):
+            got[e] += v
+    return got
+
+
 def measure(variant, calls, workdir):
     out = os.path.join(workdir, f"cg.{variant}.{calls}")
     cmd = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--I1=32768,8,64", "--D1=49152,12,64",
@@ -88,7 +114,8 @@ def measure(variant, calls, workdir):
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0 or not os.path.exists(out):
         raise SystemExit(f"footprint: the {variant!r} child failed (exit status {r.returncode}):\n{r.stdout[-2000:]}")
-    return totals(out)
+    lib = os.path.basename(os.environ.get("UNDERSTUDY_LIB", "libunderstudy.so"))
+    return totals(out), own_totals(out, lib)
 
 
 def main():
@@ -105,17 +132,20 @@ def main():
     variants = list(dict.fromkeys(args.variants))
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         jobs = {(v, n): pool.submit(measure, v, n, workdir) for v in variants for n in (args.calls, 2 * args.calls)}
-        per_call = {}
+        per_call, own = {}, {}
         for v in variants:
-            lo, hi = jobs[(v, args.calls)].result(), jobs[(v, 2 * args.calls)].result()
+            (lo, lo_own), (hi, hi_own) = jobs[(v, args.calls)].result(), jobs[(v, 2 * args.calls)].result()
             per_call[v] = {e: (hi[e] - lo[e]) / args.calls for e in EVENTS}
+            own[v] = {e: (hi_own[e] - lo_own[e]) / args.calls for e in EVENTS}
     import torch
     print(f"torch {torch.__version__}; a 16x16 CPU torch.mm from at::_ops::mm::call (its arithmetic left out), "
           f"each call after {SCRUB_MB} MB written; Callgrind, L1 32 KiB code + 48 KiB data, last level 4 MiB; "
           f"per cold call, from {args.calls} and {2 * args.calls} calls")
-    print(f"{'variant':<26}" + "".join(f"{e:>9}" for e in EVENTS))
+    print(f"{'':<26}{'the whole call':^36}{'of it, in understudy itself':^36}")
+    print(f"{'variant':<26}" + "".join(f"{e:>9}" for e in EVENTS) * 2)
     for v in variants:
-        print(f"{LABELS[v]:<26}" + "".join(f"{per_call[v][e]:>9.1f}" for e in EVENTS))
+        print(f"{LABELS[v]:<26}" + "".join(f"{per_call[v][e]:>9.1f}" for e in EVENTS)
+              + "".join(f"{own[v][e]:>9.1f}" for e in EVENTS))
 
 if __name__ == "__main__":
     main()
