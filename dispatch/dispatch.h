@@ -591,7 +591,9 @@ ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust_
 const char *ust__phase_name(int phase);
 /* The calling thread's ust_phase (ust_set_phase). */
 int ust__thread_phase(void);
-/* Build the key of a call. */
+/* Build the key of a call: its head and b->n_dims dims, the words routes
+ * hash and compare; the dims past them are left as they were (never read:
+ * a route keeps them zero). */
 void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key);
 /* Copy b's dimension programs into the keys every call reads: once they are
  * compiled, and again once they are resolved against a schema. */

@@ -154,8 +154,6 @@ static UST__NOINLINE ust__route *routes_add(ust__router *router, const ust__rout
   return NULL;
 }
 
-/* The route of key: found by probing from its hash (every call but a key's
- * first), else added. */
 /* The route of key, whose hash is h: found by probing from h (every call
  * but a key's first), else added. */
 static UST__INLINE ust__route *routes_find(ust__router *router, const ust__route_key *key, uint64_t h, ust__binding *b) {

@@ -178,40 +178,63 @@ TEST(route_key_distinguishes) {
 TEST(a_call_finds_the_route_its_key_names) {
   /* The observed call builds its key's head in registers and hashes it as it
    * goes; the route it finds is the one the key, made and hashed word by
-   * word, finds: with more than four dtypes (the head's second word), a
-   * phase, a CUDA device, the binding's index. Nothing is timed (sample 0):
-   * the fixture's timers are the host's. */
+   * word, finds: up to eight dtypes and past them (the head's second word, its
+   * cut-off), a phase, a CUDA device, a binding index of two bytes, a dim
+   * past its tensor's rank (-1). Nothing is timed (sample 0): such calls are
+   * settled, the fixture's timers (the host's) never reached; once every
+   * call is timed none is. */
   fixture f;
   fixture_init(&f, 64, 0);
   ust__binding b;
   ust__binding_def d;
-  make_binding(&b, &f, &d, 3);
-  ust__arg args[8];
+  make_binding(&b, &f, &d, 0x1234);
+  ust__arg args[11];
   ust__call c;
   make_call(&c, args, UST__DT_BF16);
-  const int dts[] = {UST__DT_F16, UST__DT_F32, UST__DT_BF16, UST__DT_F16};
-  for (int i = 4; i < 8; i++) {
+  const int dts[] = {UST__DT_F16, UST__DT_F32, UST__DT_BF16, UST__DT_F16, UST__DT_F32, UST__DT_BF16, UST__DT_F16};
+  for (int i = 4; i < 11; i++) {
     args[i] = args[1];
     args[i].dtype = dts[i - 4];
   }
-  c.nargs = 8;
+  int64_t shape_short[1] = {9};
+  const int nargs[] = {4, 6, 10, 11};
   for (int device = UST__DEV_CPU; device <= UST__DEV_CUDA; device++)
     for (int phase = UST_PHASE_UNKNOWN; phase <= UST_PHASE_DECODE; phase++)
-      for (int n = 4; n <= 8; n += 2) {
+      for (size_t v = 0; v < sizeof nargs / sizeof nargs[0]; v++) {
+        const int n = nargs[v];
         c.device = device;
         c.phase = phase;
         c.nargs = n;
+        args[1].t.shape = n == 6 ? shape_short : shape_b; /* b[1] past a rank of 1: -1 */
+        args[1].t.ndim = n == 6 ? 1 : 2;
         ust__route_key k;
         ust__route_key_make(&b, &c, &k);
-        ASSERT_INT_EQ(k.n_dtypes, n - 2); /* the int and the None are no tensors */
+        const int tensors = n - 2 < UST__MAX_KEY_TENSORS ? n - 2 : UST__MAX_KEY_TENSORS; /* not the int, the None */
+        ASSERT_INT_EQ(k.n_dtypes, tensors);
+        ASSERT_INT_EQ(k.binding, 0x1234);
+        ASSERT_INT_EQ(k.device, device);
         ASSERT_INT_EQ(k.phase, phase);
-        ASSERT_INT_EQ(k.binding, 3);
-        ASSERT_INT_EQ(k.dtypes[n - 3], n == 4 ? UST__DT_F32 : dts[n - 5]);
+        ASSERT_INT_EQ(k.dtypes[0], UST__DT_BF16);
+        ASSERT_INT_EQ(k.dtypes[tensors - 1], tensors == 2 ? UST__DT_F32 : dts[tensors - 3]);
+        ASSERT_INT_EQ(k.dims[1], n == 6 ? -1 : 5);
         ust__route *by_key = ust__routes_get(&f.r, &k, &b);
         ASSERT_TRUE(by_key != NULL);
-        ASSERT_TRUE(serve_call(&b, &c, NULL) == by_key);
+        ust__call_state st;
+        ASSERT_INT_EQ(ust__call_settle(&b, &c, &st), 1);
+        ASSERT_TRUE(st.route == by_key);
       }
+  /* 10 and 11 arguments make one key: a ninth tensor is past the key's eight */
   ASSERT_INT_EQ(atomic_load(&f.r.routes.count), 2 * 3 * 3);
+  /* every call timed (host timing only: the CPU): none is settled */
+  f.pol.sample_q32 = UINT32_MAX;
+  c.device = UST__DEV_CPU;
+  ust__call_state st;
+  ASSERT_INT_EQ(ust__call_settle(&b, &c, &st), 0);
+  ASSERT_INT_EQ(st.timing, 1);
+  ust__decision dn;
+  ust__decision_start(&dn, st.plan, st.flags);
+  ust__decision_next(&dn, UST__EV_OK);
+  ust__call_end(&c, &st, &dn);
   fixture_free(&f);
 }
 
