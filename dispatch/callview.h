@@ -78,7 +78,8 @@ typedef struct ust__cand_view {
   uint64_t deadline_ns;               /* a call of the candidate longer than this is overdue */
 } ust__cand_view;
 
-/* What ust__call_begin decided, carried to the end of the call. */
+/* What ust__call_settle decided for a call it did not settle, carried to the
+ * end of the call. */
 typedef struct ust__call_state {
   void *route;   /* opaque; NULL: the call is not tracked (served untouched) */
   int plan;      /* ust__plan */
@@ -90,7 +91,7 @@ typedef struct ust__call_state {
   int timing;    /* PASS: 0 none, 1 host clock, 2 device timer */
   /* the estimate's stratum of the call's time (UST__TIMED_*): STEADY after its
    * key's first steady_after calls, else SAMPLED; FIRST once it is timed for
-   * being one of the key's first calls (the last thing call_begin decides) */
+   * being one of the key's first calls (the last thing the plan decides) */
   int timed_kind;
   int gpu_slot;
   uint64_t t0_ns;
@@ -155,14 +156,12 @@ const char *ust__binding_arg_name(const struct ust__binding *b, int i);
 
 /* ---- one call ------------------------------------------------------------------ */
 
-/* Before anything runs: the plan (st->plan, st->flags) and what it needs.
- * Never fails: when anything is off, the plan is UST__PLAN_PASS and the call
- * is served untouched. */
-void ust__call_begin(struct ust__binding *b, const ust__call *call, ust__call_state *st);
-/* ust__call_begin's common case: 1 when the call is settled as served by
- * production alone, untimed (counted on its route, or untracked), with no
+/* Before anything runs: 1 when the call is settled, served by production
+ * alone and untimed (counted on its route, or untracked), with no
  * ust__call_end to make and only st->route set (NULL: untracked); else 0
- * with st filled as ust__call_begin fills it. */
+ * with the plan (st->plan, st->flags) and what it needs in st. Never fails:
+ * when anything is off, the call is settled or its plan is UST__PLAN_PASS,
+ * served untouched. */
 int ust__call_settle(struct ust__binding *b, const ust__call *call, ust__call_state *st);
 /* After the decision finished (d: its notes and outcome; raised: production
  * raised): timings, served counts, internal errors. */

@@ -673,7 +673,7 @@ void ust__call_graph_failed(ust__call_state *st, int fail, const char *msg) {
   ust__rollout_roll_back(&r->rollout, e);
 }
 
-/* The parts of ust__call_begin that an observed call does not run, each
+/* The parts of a call's plan that an observed call does not run, each
  * out of its body so that the observed path stays a few lines of code: */
 
 /* a call made while its stream captures a graph. Replays do not come back
@@ -774,6 +774,15 @@ static UST__INLINE int timed_kind(const ust__binding *b, const ust__policy *pol,
   return late ? UST__TIMED_STEADY : UST__TIMED_SAMPLED;
 }
 
+/* Whether a call in mode asks if its stream captures a graph: a CUDA call.
+ * CUDA refuses to capture torch's default stream (the legacy one, NULL): a
+ * call on it that only observes skips the question (a driver call, cold on
+ * every call of a model); the timer asks before it records there. */
+static UST__INLINE int asks_capture(const ust__call *call, int mode) {
+  return call->device == UST__DEV_CUDA &&
+         (call->stream != NULL || (mode != UST__MODE_OBSERVE && mode != UST__MODE_OFF));
+}
+
 /* The plan of the n-th call of route r (DESIGN.md, one call step by step):
  * - during graph capture nothing is timed; a shadow, canary or live route
  *   whose candidate the graph can hold captures both arms behind a gate
@@ -793,12 +802,8 @@ static UST__NOINLINE void begin_route(ust__binding *b, ust__route *r, uint64_t n
   /* past its first steady_after calls a key is sampled at the steady share,
    * and whatever times it is the estimate's late stratum (ust__est_device_time) */
   st->timed_kind = n > pol->steady_after ? UST__TIMED_STEADY : UST__TIMED_SAMPLED;
-  /* CUDA refuses to capture torch's default stream (the legacy one, NULL):
-   * a call on it that only observes skips the question (a driver call, cold
-   * on every call of a model); the timer asks before it records there. */
   const int legacy = call->device == UST__DEV_CUDA && call->stream == NULL;
-  if (call->device == UST__DEV_CUDA && (!legacy || (mode != UST__MODE_OBSERVE && mode != UST__MODE_OFF)) &&
-      ust__gpu_capturing(call->stream)) {
+  if (asks_capture(call, mode) && ust__gpu_capturing(call->stream)) {
     begin_captured(b, r, mode, call, pol, st);
     return;
   }
@@ -832,21 +837,11 @@ UST__HOT int ust__call_settle(ust__binding *b, const ust__call *call, ust__call_
   uint32_t canary_q32 = 0;
   const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
   const uint64_t n = atomic_fetch_add_explicit(&r->figs.calls, 1, memory_order_relaxed) + 1;
-  /* a CUDA call on a stream of its own asks whether it is captured (begin_route) */
-  if (mode == UST__MODE_OBSERVE && (call->device != UST__DEV_CUDA || call->stream == NULL) &&
+  if (mode == UST__MODE_OBSERVE && !asks_capture(call, mode) &&
       timed_kind(b, atomic_load_explicit(&b->op->policy, memory_order_acquire), n, call) < 0)
     return 1;
   begin_route(b, r, n, mode, canary_q32, call, st);
   return 0;
-}
-
-void ust__call_begin(ust__binding *b, const ust__call *call, ust__call_state *st) {
-  if (ust__call_settle(b, call, st)) {
-    void *r = st->route;
-    memset(st, 0, sizeof *st);
-    st->plan = UST__PLAN_PASS;
-    st->route = r;
-  }
 }
 
 UST__HOT void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decision *d) {
