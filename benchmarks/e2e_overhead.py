@@ -24,8 +24,14 @@ table prints the median step in B, the median difference (A minus B;
 observe minus off by default, observe minus observe for the method's own
 bias) with a 95 % interval of that median (order statistics of the
 differences), their ratio, and the intercepted calls per step. Off still
-passes each call through understudy's interceptor; what that costs over
-plain torch per call is benchmarks/overhead.py's "mode off" row.
+passes each call through understudy's interceptor. The mode plain takes
+understudy out of the dispatcher for its steps: a fallthrough kernel
+registered (torch.library) over each of its interceptors, as torch's own
+BackendSelect fallback is one, so that the dispatcher skips the key as it
+does without understudy, and dropped again for the other mode's steps
+(--modes observe plain: understudy against plain torch, in one process;
+plain plain: the method's own bias with the switch it makes). Every switch
+makes and drops the fallthroughs alike, whichever mode it sets.
 --steady first decodes observed until every key the decode calls is past
 its operator's steady_after (defaults: 4,096 calls, after which 1 call in
 256 is timed instead of 1 in 16): the state of a process that has served a
@@ -171,6 +177,37 @@ def warm_to_steady(model, ids, tokens):
     return steps
 
 
+class Plain:
+    """Understudy out of the dispatcher while entered: a fallthrough kernel
+    registered at BackendSelect over the interceptor of each op named (as
+    "ns::op[.overload]"), so that the dispatcher skips the key for them as
+    it does without understudy (torch's BackendSelect fallback is a
+    fallthrough); leave() drops them and the interceptors serve again."""
+
+    def __init__(self, names):
+        self.names = [n for n in names if torch._C._dispatch_has_kernel_for_dispatch_key(n, "BackendSelect")]
+        self.libs = None
+
+    def enter(self):
+        if self.libs is not None:
+            return
+        import warnings
+        self.libs = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that a kernel is overridden
+            for name in self.names:
+                ns, op = name.split("::", 1)
+                lib = self.libs.get(ns) or self.libs.setdefault(ns, torch.library.Library(ns, "IMPL"))
+                lib.impl(op, torch.library.fallthrough_kernel, "BackendSelect")
+
+    def leave(self):
+        if self.libs is None:
+            return
+        for lib in self.libs.values():
+            lib._destroy()
+        self.libs = None
+
+
 def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False):
     """Neighbouring decode steps with every operator in modes[0] and in
     modes[1] (see the module's doc): (median step in modes[1], the
@@ -180,10 +217,17 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False):
     ids = torch.randint(1, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     understudy.enable(config)
     ops = [o["name"] for o in understudy.report()["operators"] if o["bindings"]]
+    plain = Plain([b for o in understudy.report()["operators"] for b in o["bindings"]])
+    # the mode understudy's operators keep while plain steps pass them by
+    held = next((m for m in modes if m != "plain"), "observe")
 
     def set_all(mode):
+        plain.leave()
+        plain.enter()
         for name in ops:
-            understudy.set_mode(name, mode)
+            understudy.set_mode(name, held if mode == "plain" else mode)
+        if mode != "plain":
+            plain.leave()
 
     def calls():  # not counted with the mode off
         return sum(o["calls"] for o in understudy.report()["operators"])
@@ -195,7 +239,7 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False):
         # prefill (and the trend of a round) fall to both modes alike
         a_, b_ = (first, second) if r % 2 == 0 else (second, first)
         plan = [(a_, b_, b_, a_)[i % 4] for i in range(tokens)]
-        counted = sum(m != "off" for m in plan)
+        counted = sum(m not in ("off", "plain") for m in plan)
         before = []
 
         def prefilled(plan=plan, before=before):
@@ -213,6 +257,7 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False):
             a, b = times[at], times[2 * i + 1 - at]
             diffs.append(a - b)
             base.append(b)
+    plain.leave()
     understudy.disable()
     del model
     torch.cuda.empty_cache()
@@ -233,7 +278,9 @@ def main():
     ap.add_argument("--paired", action="store_true",
                     help="in one process, neighbouring decode steps observed and with every mode off")
     ap.add_argument("--modes", nargs=2, default=["observe", "off"], metavar=("A", "B"),
-                    help="--paired: the two modes compared (observe observe: the method's own bias)")
+                    choices=["observe", "off", "plain"],
+                    help="--paired: the two modes compared (plain: understudy's interceptors passed by; "
+                         "observe observe or plain plain: the method's own bias)")
     ap.add_argument("--steady", action="store_true",
                     help="--paired: first decode observed until every decode key is past its steady_after")
     ap.add_argument("--server", help=argparse.SUPPRESS)
