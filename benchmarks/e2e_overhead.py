@@ -208,7 +208,7 @@ class Plain:
         self.libs = None
 
 
-def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False):
+def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pass_by=None):
     """Neighbouring decode steps with every operator in modes[0] and in
     modes[1] (see the module's doc): (median step in modes[1], the
     differences, intercepted calls per step where they are counted: not
@@ -217,7 +217,8 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False):
     ids = torch.randint(1, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     understudy.enable(config)
     ops = [o["name"] for o in understudy.report()["operators"] if o["bindings"]]
-    plain = Plain([b for o in understudy.report()["operators"] for b in o["bindings"]])
+    plain = Plain([b for o in understudy.report()["operators"] for b in o["bindings"]
+                   if not pass_by or any(b == n or b.startswith(n + ".") for n in pass_by)])
     # the mode understudy's operators keep while plain steps pass them by
     held = next((m for m in modes if m != "plain"), "observe")
 
@@ -281,6 +282,9 @@ def main():
                     choices=["observe", "off", "plain"],
                     help="--paired: the two modes compared (plain: understudy's interceptors passed by; "
                          "observe observe or plain plain: the method's own bias)")
+    ap.add_argument("--pass-by", nargs="+", default=None, metavar="OP",
+                    help="--paired, mode plain: pass by only these ops' interceptors (\"ns::op\", with or "
+                         "without its overloads; default: every one), the others serving both modes")
     ap.add_argument("--steady", action="store_true",
                     help="--paired: first decode observed until every decode key is past its steady_after")
     ap.add_argument("--server", help=argparse.SUPPRESS)
@@ -301,14 +305,15 @@ def main():
         print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}; "
               f"config {config}; {args.rounds} runs of {args.tokens} decode steps after a warm-up run, "
               f"{args.layers} layers; neighbouring steps paired"
-              + ("; after decoding observed until every decode key is steady" if args.steady else ""))
+              + ("; after decoding observed until every decode key is steady" if args.steady else "")
+              + (f"; plain passes by {' '.join(args.pass_by)} alone" if args.pass_by else ""))
         first, second = args.modes
         print(f"{'model':<10} {'batch':>5} {'step, ' + second:>14} {'pairs':>6} {first + ' - ' + second:>18} "
               f"{'95 % interval':>18} {'ratio':>7} {'calls/step':>10} {'warm-up':>8}")
         for kind in args.models:
             for b in args.batch:
                 base, diffs, per_step, warm = paired(kind, b, args.tokens, args.layers, args.rounds, config,
-                                                     args.modes, args.steady)
+                                                     args.modes, args.steady, args.pass_by)
                 med, lo, hi = median_interval(diffs)
                 print(f"{kind:<10} {b:>5} {base * 1e3:>12.3f}ms {len(diffs):>6} {med * 1e6:>15.2f} us "
                       f"{lo * 1e6:>7.2f} .. {hi * 1e6:>6.2f} us {1 + med / base:>7.4f} {per_step:>10.1f} "

@@ -213,6 +213,58 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
 // a float, a bool; a complex or an unsigned value past int64 stays OTHER).
 inline void view_arg(const c10::Scalar &v, ust__arg &a, ust__call *call) { view_arg(c10::IValue(v), a, call); }
 
+// A typed call's other arguments, each viewed as the IValue boxing it would
+// make is (the boxed view above), without making one.
+inline void view_arg(bool v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_BOOL;
+  a.i = v ? 1 : 0;
+}
+inline void view_arg(double v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_DOUBLE;
+  a.f = v;
+}
+inline void view_arg(int64_t v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_INT;
+  a.i = v;
+}
+inline void view_arg(const c10::SymInt &v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_OTHER;
+  if (auto i = v.maybe_as_int()) {
+    a.kind = UST__ARG_INT;
+    a.i = *i;
+  }
+}
+inline void view_arg(const std::optional<double> &v, ust__arg &a, ust__call *call) {
+  if (v.has_value())
+    view_arg(*v, a, call);
+  else
+    a.kind = UST__ARG_NONE;
+}
+inline void view_arg(const std::optional<at::Tensor> &v, ust__arg &a, ust__call *call) {
+  if (v.has_value())
+    view_arg(*v, a, call);
+  else
+    a.kind = UST__ARG_NONE;
+}
+inline void view_arg(at::IntArrayRef v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_INTLIST;
+  a.i = static_cast<int64_t>(v.size());
+  for (size_t k = 0; k < v.size() && k < UST__MAX_LIST; k++)
+    a.list[k] = v[k];
+}
+// boxed, a list of sizes none of which is symbolic is an int list; else
+// a SymInt list the view leaves OTHER
+inline void view_arg(c10::SymIntArrayRef v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_OTHER;
+  for (const auto &x : v)
+    if (!x.maybe_as_int().has_value())
+      return;
+  a.kind = UST__ARG_INTLIST;
+  a.i = static_cast<int64_t>(v.size());
+  for (size_t k = 0; k < v.size() && k < UST__MAX_LIST; k++)
+    a.list[k] = *v[k].maybe_as_int();
+}
+
 // Whether the call's device can be counted; its current stream when CUDA.
 [[gnu::hot]] inline bool view_end(ust__call *call) {
   if (call->device < 0 || call->device == UST__DEV_OTHER)
@@ -1538,13 +1590,33 @@ template <size_t Room> struct Boxed {
   }
 };
 
+// A plan's results as a typed call returns them, taken off the stack run_plan
+// left (one tensor, or a tuple's values in order); false, the stack left as
+// it was, when it holds something else.
+inline bool take_results(torch::jit::Stack &stack, std::optional<at::Tensor> &out) {
+  if (stack.size() != 1 || !stack.back().isTensor())
+    return false;
+  out.emplace(std::move(stack.back()).toTensor());
+  return true;
+}
+template <class... Rs>
+bool take_results(torch::jit::Stack &stack, std::optional<std::tuple<Rs...>> &out) {
+  if (stack.size() != sizeof...(Rs))
+    return false;
+  try {
+    out.emplace(c10::impl::PopResult<std::tuple<Rs...>>::call(stack));
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
 // A typed call of an op whose C++ signature is Ret(Args...): its arguments
 // as the caller passed them, production redispatched without boxing them; a
 // plan that runs more than production boxes them for run_plan and takes its
-// result back off the stack.
+// results back off the stack.
 template <class Ret, class... Args>
 struct Typed {
-  static_assert(std::is_same_v<Ret, at::Tensor>, "TypedSigs return one tensor");
   // the view's room: its own arguments (a call's frame as deep as the op's
   // arity, not a boxed call's)
   static constexpr size_t kArgs = sizeof...(Args);
@@ -1574,10 +1646,8 @@ struct Typed {
     }
     if (!run_plan(op, below, &stack, b, args, call, st, d, step))
       return false;
-    if (stack.size() == 1 && stack.back().isTensor()) {
-      out.emplace(std::move(stack.back()).toTensor());
+    if (take_results(stack, out))
       return true;
-    }
     // no result of production's type (cannot happen by the decision's rules):
     // counted, and production answers the caller
     ust__call_internal_error(b);
@@ -1620,13 +1690,34 @@ private:
 };
 
 // The C++ signatures an op may be intercepted by without boxing: the
-// functional ops serving traffic calls most (matmuls, activations). An op
-// takes the first its schema matches exactly (torch checks the C++
-// signature against its other kernels'), else the boxed interceptor.
+// functional ops serving traffic calls most (matmuls, activations, the
+// attention and norm kernels models call once a layer, whose boxing and
+// unboxing of many arguments and results would cost more than the rest of
+// the interceptor). An op takes the first its schema matches exactly (torch
+// checks the C++ signature against its other kernels'), else the boxed
+// interceptor.
 template <class... Sigs> struct SigList {};
-using TypedSigs = SigList<at::Tensor(const at::Tensor &), at::Tensor(const at::Tensor &, const at::Tensor &),
-                          at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &, const c10::Scalar &,
-                                     const c10::Scalar &)>;
+using T_ = at::Tensor;
+using OptT = std::optional<at::Tensor>;
+using OptD = std::optional<double>;
+using Sdpa9 = std::tuple<T_, T_, T_, T_, c10::SymInt, c10::SymInt, T_, T_, T_>;
+using TypedSigs = SigList<
+    T_(const T_ &), T_(const T_ &, const T_ &),
+    T_(const T_ &, const T_ &, const T_ &, const c10::Scalar &, const c10::Scalar &),
+    // _scaled_dot_product_cudnn_attention
+    Sdpa9(const T_ &, const T_ &, const T_ &, const OptT &, bool, double, bool, bool, OptD),
+    // _scaled_dot_product_flash_attention
+    Sdpa9(const T_ &, const T_ &, const T_ &, double, bool, bool, OptD),
+    // _scaled_dot_product_efficient_attention
+    std::tuple<T_, T_, T_, T_>(const T_ &, const T_ &, const T_ &, const OptT &, bool, double, bool, OptD),
+    // _scaled_dot_product_flash_attention_for_cpu
+    std::tuple<T_, T_>(const T_ &, const T_ &, const T_ &, double, bool, const OptT &, OptD),
+    // _fused_rms_norm
+    std::tuple<T_, T_>(const T_ &, at::IntArrayRef, const OptT &, OptD),
+    // native_layer_norm
+    std::tuple<T_, T_, T_>(const T_ &, c10::SymIntArrayRef, const OptT &, const OptT &, double),
+    // topk
+    std::tuple<T_, T_>(const T_ &, c10::SymInt, int64_t, bool, bool)>;
 
 // Whether a schema is functional: no argument or return aliased or written.
 bool functional(const c10::FunctionSchema &schema) {

@@ -317,6 +317,62 @@ def test_typed_ops_are_intercepted_unboxed_and_boxed_callers_count_the_same(us):
     assert keyed[False] == keyed[True] and len(keyed[False]) == 3
 
 
+def attention_and_norm_calls(q, k, x, boxed):
+    """sdpa's CPU kernel (its defaults, then causal with a scale), layer_norm,
+    rms_norm and topk (a SymInt argument), through torch's typed C++ entry
+    points (as the functional API reaches them) or boxed (torch.ops'
+    overloads); each call's first result."""
+    n = [x.shape[-1]]
+    if boxed:
+        aten = torch.ops.aten
+        out = [aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, k),
+               aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, k, 0.0, True, scale=0.5),
+               aten.native_layer_norm.default(x, n, None, None, 1e-5),
+               aten._fused_rms_norm.default(x, n, None, 1e-6), aten.topk.default(x, 3)]
+        return [r[0] for r in out]
+    F = torch.nn.functional
+    return [F.scaled_dot_product_attention(q, k, k), F.scaled_dot_product_attention(q, k, k, is_causal=True, scale=0.5),
+            F.layer_norm(x, n), F.rms_norm(x, n, eps=1e-6), torch.topk(x, 3)[0]]
+
+
+def test_attention_and_norm_ops_are_intercepted_typed_and_count_as_boxed_callers(us):
+    """The attention, norm and topk kernels models call once a layer, whose
+    results are tuples, are intercepted without boxing too (boxing their many
+    arguments and results cost more than the rest of the interceptor): every
+    call counted once (a dispatch mode counts them apart), keyed as a boxed
+    caller's, results production's; a candidate on one still runs (its
+    tuple taken back off the plan's stack)."""
+    torch.manual_seed(0)
+    q, k, x = torch.randn(1, 4, 3, 16), torch.randn(1, 4, 9, 16), torch.randn(5, 32)
+    ops = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::native_layer_norm", "aten::_fused_rms_norm",
+           "aten::topk")
+    with torch.inference_mode():
+        want = attention_and_norm_calls(q, k, x, boxed=False)
+        with DispatchCounter() as truth:
+            attention_and_norm_calls(q, k, x, boxed=False)
+        reports = {}
+        for boxed in (False, True):
+            us.enable({"defaults": {"sample": 1.0}})
+            got = attention_and_norm_calls(q, k, x, boxed)
+            reports[boxed] = us.report()
+            us.disable()
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for op in ops:  # an inferred C++ signature: a typed interceptor (a boxed one has none)
+        (line,) = interceptors(op)
+        assert "(none)" not in line and "Tensor _0" in line, line
+    expected = {op: n for op, n in truth.counts.items() if op in ops}
+    assert expected == {ops[0]: 2, ops[1]: 1, ops[2]: 1, ops[3]: 1}
+    keyed = {}
+    for boxed, rep in reports.items():
+        assert rep["totals"]["internal_errors"] == 0
+        assert {op: n for op, n in bound_ops(rep).items() if n} == expected
+        keyed[boxed] = {s["key"]: (s["calls"], s["timed"], s["dims"], s["dtypes"]) for op in rep["operators"]
+                        for s in op["shapes"]}
+    assert keyed[False] == keyed[True] and len(keyed[False]) == 5
+    causal = [v[2] for key, v in keyed[False].items() if "flash_attention_for_cpu" in key]
+    assert sorted(d["causal"] for d in causal) == [0, 1]
+
+
 _nest_lib = torch.library.Library("ust_nest", "DEF")
 _nest_lib.define("outer(Tensor a, Tensor b) -> Tensor")
 _nest_lib.impl("outer", lambda a, b: torch.mm(a, b) * 2, "CPU")
