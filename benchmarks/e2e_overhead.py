@@ -18,8 +18,10 @@ leaves (on a shared machine, rounds of one run differ by 10 % and more).
 decodes --tokens steps by hand (a forward and the argmax of its logits,
 synchronised), understudy enabled as above, every operator's mode switched
 between steps (untimed) so that consecutive steps run --modes A, B, B, A,
-... (B, A, A, B, ... in every other run); each pair of neighbouring steps
-gives a difference, taken moments apart on the same cache lengths. The
+... (B, A, A, B, ... in every other run), one step more run untimed after
+each switch (what the switch left cold is paid there); each pair of
+neighbouring timed steps gives a difference, taken moments apart on nearly
+the same cache lengths. The
 table prints the median step in B, the median difference (A minus B;
 observe minus off by default, observe minus observe for the method's own
 bias) with a 95 % interval of that median (order statistics of the
@@ -137,16 +139,22 @@ def median_interval(xs):
 def decode(model, ids, plan, on_step=None, after_prefill=None):
     """A prefill of ids (then after_prefill()), then one greedy decode step
     per mode in plan (on_step(i, mode) before step i): each step's wall
-    time, synchronised."""
+    time, synchronised. Where after_prefill or on_step switched the mode
+    (returned true), one more step runs untimed first: what a switch leaves
+    cold or rebuilt (torch's dispatch tables, understudy's policies) is
+    paid there, not by the timed step of one mode."""
     times = []
     with torch.inference_mode():
         out = model(ids, use_cache=True)
         cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        if after_prefill is not None:
-            after_prefill()
+        switched = after_prefill is not None and after_prefill()
         for i, mode in enumerate(plan):
             if on_step is not None:
-                on_step(i, mode)
+                switched = on_step(i, mode) or switched
+            if switched:
+                out = model(nxt, past_key_values=cache, use_cache=True)
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                switched = False
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             out = model(nxt, past_key_values=cache, use_cache=True)
@@ -229,6 +237,7 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
             understudy.set_mode(name, held if mode == "plain" else mode)
         if mode != "plain":
             plain.leave()
+        return True
 
     def calls():  # not counted with the mode off
         return sum(o["calls"] for o in understudy.report()["operators"])
@@ -240,14 +249,16 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
         # prefill (and the trend of a round) fall to both modes alike
         a_, b_ = (first, second) if r % 2 == 0 else (second, first)
         plan = [(a_, b_, b_, a_)[i % 4] for i in range(tokens)]
-        counted = sum(m not in ("off", "plain") for m in plan)
+        # the steps counted: the plan's and the untimed one after each switch
+        # (after the prefill, and before every odd step)
+        counted = sum(m not in ("off", "plain") for m in [*plan, plan[0], *plan[1::2]])
         before = []
 
         def prefilled(plan=plan, before=before):
-            set_all(plan[0])  # a round of a length not a multiple of 4 ends in the other mode
             before.append(calls())
+            return set_all(plan[0])  # a round of a length not a multiple of 4 ends in the other mode
         # where the plan changes mode (also when both are one mode)
-        times = decode(model, ids, plan, lambda i, mode: set_all(mode) if i % 2 == 1 else None, prefilled)
+        times = decode(model, ids, plan, lambda i, mode: i % 2 == 1 and set_all(mode), prefilled)
         steps_calls.append((calls() - before[0]) / max(counted, 1))
         if r == 0:
             continue
