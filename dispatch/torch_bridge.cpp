@@ -1176,8 +1176,12 @@ private:
     x_.cand_returns.assign(n_returns_, c10::IValue());
     if (verified) {
       for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++) {
-        if (!is_defined_tensor(x_.prod_returns[j]))
+        if (!is_defined_tensor(x_.prod_returns[j])) {
+          // what a native candidate does not make (an int, None, no tensor:
+          // the attention kernels' max_q, an unused cum_seq_q) is production's
+          x_.cand_returns[j] = x_.prod_returns[j];
           continue;
+        }
         const at::Tensor &r = x_.prod_returns[j].toTensor();
         bool alias = false;
         for (size_t i = 0; i < n_args_; i++)
@@ -1591,8 +1595,9 @@ template <size_t Room> struct Boxed {
 };
 
 // A plan's results as a typed call returns them, taken off the stack run_plan
-// left (one tensor, or a tuple's values in order); false, the stack left as
-// it was, when it holds something else.
+// left (one tensor, or a tuple's values in order); false when it holds
+// something else (then the caller counts an internal error and production
+// answers).
 inline bool take_results(torch::jit::Stack &stack, std::optional<at::Tensor> &out) {
   if (stack.size() != 1 || !stack.back().isTensor())
     return false;
@@ -1648,7 +1653,7 @@ struct Typed {
       return false;
     if (take_results(stack, out))
       return true;
-    // no result of production's type (cannot happen by the decision's rules):
+    // no results of production's types (a candidate's that do not convert):
     // counted, and production answers the caller
     ust__call_internal_error(b);
     pass(below);

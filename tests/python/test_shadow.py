@@ -367,6 +367,31 @@ def test_set_comparison_accepts_reordered_topk(us):
             assert r["shadow"]["rollback"]["output"] == "result 1"
 
 
+def test_a_candidate_serving_a_tuple_op_hands_the_caller_its_results(us):
+    # topk's interceptor is typed: the results a live candidate serves (a
+    # tuple) are taken back off the plan's stack into the tuple the caller
+    # receives, the candidate's order and all, with no internal error.
+    def topk_ascending(self, k, dim=-1, largest=True, sorted=True):
+        v, i = torch.ops.aten.topk.default(self, k, dim, largest, sorted)
+        return v.flip(-1), i.flip(-1)
+
+    x = torch.randn(4, 50)
+    expected = torch.topk(x, 5)
+    name = candidate_op("ust_test::topk_ascending", topk_ascending, "aten::topk")
+    us.enable(shadow_config("topk", {"torch_op": name, "target": "aten::topk"}, mode="live"))
+    got = [torch.topk(x, 5) for _ in range(4)]
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, "aten::topk")
+    assert rep["totals"]["internal_errors"] == 0 and r["shadow"]["failed"] == 0
+    served = r["rollout"]["served"]["candidate"]
+    assert served >= 3, r["rollout"]
+    ascending = [torch.equal(g.values, expected.values.flip(-1)) and torch.equal(g.indices, expected.indices.flip(-1))
+                 for g in got]
+    production = [torch.equal(g.values, expected.values) and torch.equal(g.indices, expected.indices) for g in got]
+    assert sum(ascending) == served and all(a or p for a, p in zip(ascending, production))
+
+
 def test_aa_check_reports_production_spread(us):
     inputs = rms_inputs(shapes=((8, 64),))
     us.enable(shadow_config("rms_norm", native("rms_norm_cpu"), guard={"aa_sample": 1.0}))
