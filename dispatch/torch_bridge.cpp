@@ -252,17 +252,17 @@ inline void view_arg(at::IntArrayRef v, ust__arg &a, ust__call *) {
   for (size_t k = 0; k < v.size() && k < UST__MAX_LIST; k++)
     a.list[k] = v[k];
 }
-// boxed, a list of sizes none of which is symbolic is an int list; else
-// a SymInt list the view leaves OTHER
+// boxed, a list of sizes none of which is held on the heap (symbolic) is
+// an int list; else a SymInt list the view leaves OTHER
 inline void view_arg(c10::SymIntArrayRef v, ust__arg &a, ust__call *) {
   a.kind = UST__ARG_OTHER;
   for (const auto &x : v)
-    if (!x.maybe_as_int().has_value())
+    if (x.is_heap_allocated())
       return;
   a.kind = UST__ARG_INTLIST;
   a.i = static_cast<int64_t>(v.size());
   for (size_t k = 0; k < v.size() && k < UST__MAX_LIST; k++)
-    a.list[k] = *v[k].maybe_as_int();
+    a.list[k] = v[k].as_int_unchecked();
 }
 
 // Whether the call's device can be counted; its current stream when CUDA.
