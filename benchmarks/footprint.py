@@ -22,6 +22,11 @@ understudy's library itself (torch's part moves by tens of instructions
 between runs, with its allocations; understudy's does not).
 
     PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100] [--variants plain off none observe]
+        [--op mm|sdpa]
+
+--op sdpa measures sdpa's CPU kernel as F.scaled_dot_product_attention
+reaches it instead (seven arguments, a tuple of two results; its arithmetic,
+flash_attention_kernel_impl, left out).
 
 Needs valgrind (Debian's package) and takes minutes: torch's import runs
 under Callgrind too. UNDERSTUDY_LIB selects the library measured.
@@ -35,11 +40,21 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-VARIANTS = {  # name -> understudy config (None: understudy not loaded)
+VARIANTS = {  # name -> the measured operator's settings (None: understudy not loaded)
     "plain": None,
-    "off": {"operators": {"gemm": "off"}},
-    "none": {"operators": {"gemm": {"mode": "observe", "sample": 0}}},
-    "observe": {"operators": {"gemm": {"mode": "observe", "sample": 1 / 16}}},
+    "off": "off",
+    "none": {"mode": "observe", "sample": 0},
+    "observe": {"mode": "observe", "sample": 1 / 16},
+}
+# --op: (understudy's operator, collection toggled on at torch's entry point
+# and off around the arithmetic, the call)
+OPS = {
+    "mm": ("gemm", ["at::_ops::mm::call*", "at::native::structured_mm_out_cpu::impl*"], "16x16 CPU torch.mm"),
+    # sdpa's CPU kernel as a model reaches it (F.scaled_dot_product_attention):
+    # seven arguments and a tuple of two results
+    "sdpa": ("sdpa", ["at::_ops::_scaled_dot_product_flash_attention_for_cpu::call*",
+                      "at::native::(anonymous namespace)::flash_attention_kernel_impl*"],
+             "CPU F.scaled_dot_product_attention (1x4x1x32 query, 16 keys)"),
 }
 LABELS = {"plain": "plain torch", "off": "mode off",
           "none": "observe, none timed", "observe": "observe, 1 in 16 timed"}
@@ -47,21 +62,30 @@ EVENTS = ("Ir", "ILmr", "DLmr", "DLmw")
 SCRUB_MB = 8
 
 
-def child(variant, calls):
+def child(variant, calls, op):
     import torch
     torch.set_num_threads(1)
     sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
     if VARIANTS[variant] is not None:
         import understudy
-        understudy.enable(VARIANTS[variant])
-    a, b = torch.randn(16, 16), torch.randn(16, 16)
+        understudy.enable({"operators": {OPS[op][0]: VARIANTS[variant]}})
+    if op == "mm":
+        a, b = torch.randn(16, 16), torch.randn(16, 16)
+
+        def call():
+            torch.mm(a, b)
+    else:
+        q, k = torch.randn(1, 4, 1, 32), torch.randn(1, 4, 16, 32)
+
+        def call():
+            torch.nn.functional.scaled_dot_product_attention(q, k, k)
     junk = torch.zeros(SCRUB_MB * 2 ** 20 // 4)
     with torch.inference_mode():
         for _ in range(20):
-            torch.mm(a, b)
+            call()
         for _ in range(calls):
             junk.add_(1.0)
-            torch.mm(a, b)
+            call()
 
 
 def totals(path):
@@ -78,8 +102,6 @@ def totals(path):
     return {e: got.get(e, 0) for e in EVENTS}
 
 
-# Collection toggles: on at torch's entry point, off around the arithmetic.
-TOGGLES = ["at::_ops::mm::call*", "at::native::structured_mm_out_cpu::impl*"]
 
 
 def own_totals(path, lib):
@@ -106,11 +128,11 @@ def own_totals(path, lib):
     return got
 
 
-def measure(variant, calls, workdir):
+def measure(variant, calls, workdir, op):
     out = os.path.join(workdir, f"cg.{variant}.{calls}")
     cmd = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--I1=32768,8,64", "--D1=49152,12,64",
-           "--LL=4194304,16,64", *(f"--toggle-collect={f}" for f in TOGGLES), f"--callgrind-out-file={out}",
-           sys.executable, __file__, "--child", variant, "--calls", str(calls)]
+           "--LL=4194304,16,64", *(f"--toggle-collect={f}" for f in OPS[op][1]), f"--callgrind-out-file={out}",
+           sys.executable, __file__, "--child", variant, "--calls", str(calls), "--op", op]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0 or not os.path.exists(out):
         raise SystemExit(f"footprint: the {variant!r} child failed (exit status {r.returncode}):\n{r.stdout[-2000:]}")
@@ -122,23 +144,24 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--op", choices=list(OPS), default="mm", help="the call measured")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.calls)
+        child(args.child, args.calls, args.op)
         return
     if shutil.which("valgrind") is None:
         sys.exit("footprint.py needs valgrind (apt-get install valgrind)")
     variants = list(dict.fromkeys(args.variants))
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        jobs = {(v, n): pool.submit(measure, v, n, workdir) for v in variants for n in (args.calls, 2 * args.calls)}
+        jobs = {(v, n): pool.submit(measure, v, n, workdir, args.op) for v in variants for n in (args.calls, 2 * args.calls)}
         per_call, own = {}, {}
         for v in variants:
             (lo, lo_own), (hi, hi_own) = jobs[(v, args.calls)].result(), jobs[(v, 2 * args.calls)].result()
             per_call[v] = {e: (hi[e] - lo[e]) / args.calls for e in EVENTS}
             own[v] = {e: (hi_own[e] - lo_own[e]) / args.calls for e in EVENTS}
     import torch
-    print(f"torch {torch.__version__}; a 16x16 CPU torch.mm from at::_ops::mm::call (its arithmetic left out), "
+    print(f"torch {torch.__version__}; a {OPS[args.op][2]} from {OPS[args.op][1][0].rstrip('*')} (its arithmetic left out), "
           f"each call after {SCRUB_MB} MB written; Callgrind, L1 32 KiB code + 48 KiB data, last level 4 MiB; "
           f"per cold call, from {args.calls} and {2 * args.calls} calls")
     print(f"{'':<26}{'the whole call':^36}{'of it, in understudy itself':^36}")
