@@ -339,9 +339,10 @@ def test_attention_and_norm_ops_are_intercepted_typed_and_count_as_boxed_callers
     """The attention, norm and topk kernels models call once a layer, whose
     results are tuples, are intercepted without boxing too (boxing their many
     arguments and results cost more than the rest of the interceptor): every
-    call counted once (a dispatch mode counts them apart), keyed as a boxed
-    caller's, results production's; a candidate on one still runs (its
-    tuple taken back off the plan's stack)."""
+    call counted once (a dispatch mode counts them apart), keyed alike for
+    typed and boxed callers (a boxed one reaches the typed interceptor
+    through torch's wrapper) with the values of its arguments, results
+    production's. (A candidate serving one: test_shadow.py.)"""
     torch.manual_seed(0)
     q, k, x = torch.randn(1, 4, 3, 16), torch.randn(1, 4, 9, 16), torch.randn(5, 32)
     ops = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::native_layer_norm", "aten::_fused_rms_norm",
@@ -369,8 +370,15 @@ def test_attention_and_norm_ops_are_intercepted_typed_and_count_as_boxed_callers
         keyed[boxed] = {s["key"]: (s["calls"], s["timed"], s["dims"], s["dtypes"]) for op in rep["operators"]
                         for s in op["shapes"]}
     assert keyed[False] == keyed[True] and len(keyed[False]) == 5
-    causal = [v[2] for key, v in keyed[False].items() if "flash_attention_for_cpu" in key]
-    assert sorted(d["causal"] for d in causal) == [0, 1]
+    # the typed view read each argument's value: sizes, a bool (is_causal), a SymInt (k), an int (dim)
+    dims = {key.split("|")[0]: [] for key in keyed[False]}
+    for key, v in keyed[False].items():
+        dims[key.split("|")[0]].append(v[2])
+    attn = dims[ops[0]]
+    assert sorted(d["causal"] for d in attn) == [0, 1]
+    assert all((d["B"], d["Hq"], d["Hk"], d["D"]) == (1, 4, 4, 16) for d in attn)
+    assert dims[ops[1]][0]["N"] == dims[ops[2]][0]["N"] == 32
+    assert {n: dims[ops[3]][0][n] for n in ("V", "k", "dim")} == {"V": 32, "k": 3, "dim": -1}
 
 
 _nest_lib = torch.library.Library("ust_nest", "DEF")
