@@ -290,31 +290,41 @@ def test_typed_ops_are_intercepted_unboxed_and_boxed_callers_count_the_same(us):
     an out= overload) keep the boxed interceptor."""
     torch.manual_seed(0)
     a, b, c = torch.randn(6, 6), torch.randn(6, 6), torch.randn(6)
-    want = typed_and_boxed_calls(a, b, c, boxed=False)
-    with DispatchCounter() as truth:
-        typed_and_boxed_calls(a, b, c, boxed=False)
-    reports = {}
-    for boxed in (False, True):
-        us.enable({"defaults": {"sample": 1.0}})
-        got = typed_and_boxed_calls(a, b, c, boxed)
-        reports[boxed] = us.report()
-        us.disable()
-        assert all(torch.equal(x, y) for x, y in zip(got, want))
-    for op in ("aten::mm", "aten::addmm", "aten::silu"):
+    ops = ("aten::mm", "aten::addmm", "aten::silu")
+    expected, keyed = typed_and_boxed_reports(us, lambda boxed: typed_and_boxed_calls(a, b, c, boxed), ops)
+    for op in ops:
         (line,) = interceptors(op)
         assert "unboxed" in line, line
     for op in ("aten::silu_", "aten::mm.out", "aten::addmm.out"):
         (line,) = interceptors(op)
         assert "unboxed" not in line, line
-    expected = {op: n for op, n in truth.counts.items() if op in ("aten::mm", "aten::addmm", "aten::silu")}
     assert expected == {"aten::mm": 2, "aten::addmm": 3, "aten::silu": 2}
+    assert len(keyed) == 3
+
+
+def typed_and_boxed_reports(us, calls, ops):
+    """calls(boxed) run without understudy (the results wanted; ops' calls
+    counted by a dispatch mode), then with every call timed, typed
+    (calls(False)) and boxed (calls(True)): asserts production's results,
+    no internal error, and for both callers the dispatch mode's counts and
+    the same keys; returns (those counts, {key: (calls, timed, dims, dtypes)})."""
+    want = calls(False)
+    with DispatchCounter() as truth:
+        calls(False)
+    expected = {op: n for op, n in truth.counts.items() if op in ops}
     keyed = {}
-    for boxed, rep in reports.items():
+    for boxed in (False, True):
+        us.enable({"defaults": {"sample": 1.0}})
+        got = calls(boxed)
+        rep = us.report()
+        us.disable()
+        assert all(torch.equal(x, y) for x, y in zip(got, want))
         assert rep["totals"]["internal_errors"] == 0
         assert {op: n for op, n in bound_ops(rep).items() if n} == expected
         keyed[boxed] = {s["key"]: (s["calls"], s["timed"], s["dims"], s["dtypes"]) for op in rep["operators"]
                         for s in op["shapes"]}
-    assert keyed[False] == keyed[True] and len(keyed[False]) == 3
+    assert keyed[False] == keyed[True]
+    return expected, keyed[False]
 
 
 def attention_and_norm_calls(q, k, x, boxed):
@@ -347,32 +357,18 @@ def test_attention_and_norm_ops_are_intercepted_typed_and_count_as_boxed_callers
     q, k, x = torch.randn(1, 4, 3, 16), torch.randn(1, 4, 9, 16), torch.randn(5, 32)
     ops = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::native_layer_norm", "aten::_fused_rms_norm",
            "aten::topk")
-    with torch.inference_mode():
-        want = attention_and_norm_calls(q, k, x, boxed=False)
-        with DispatchCounter() as truth:
-            attention_and_norm_calls(q, k, x, boxed=False)
-        reports = {}
-        for boxed in (False, True):
-            us.enable({"defaults": {"sample": 1.0}})
-            got = attention_and_norm_calls(q, k, x, boxed)
-            reports[boxed] = us.report()
-            us.disable()
-            assert all(torch.equal(a, b) for a, b in zip(got, want))
+    def calls(boxed):
+        with torch.inference_mode():
+            return attention_and_norm_calls(q, k, x, boxed)
+    expected, keyed = typed_and_boxed_reports(us, calls, ops)
     for op in ops:  # an inferred C++ signature: a typed interceptor (a boxed one has none)
         (line,) = interceptors(op)
         assert "(none)" not in line and "Tensor _0" in line, line
-    expected = {op: n for op, n in truth.counts.items() if op in ops}
     assert expected == {ops[0]: 2, ops[1]: 1, ops[2]: 1, ops[3]: 1}
-    keyed = {}
-    for boxed, rep in reports.items():
-        assert rep["totals"]["internal_errors"] == 0
-        assert {op: n for op, n in bound_ops(rep).items() if n} == expected
-        keyed[boxed] = {s["key"]: (s["calls"], s["timed"], s["dims"], s["dtypes"]) for op in rep["operators"]
-                        for s in op["shapes"]}
-    assert keyed[False] == keyed[True] and len(keyed[False]) == 5
+    assert len(keyed) == 5
     # the typed view read each argument's value: sizes, a bool (is_causal), a SymInt (k), an int (dim)
-    dims = {key.split("|")[0]: [] for key in keyed[False]}
-    for key, v in keyed[False].items():
+    dims = {key.split("|")[0]: [] for key in keyed}
+    for key, v in keyed.items():
         dims[key.split("|")[0]].append(v[2])
     attn = dims[ops[0]]
     assert sorted(d["causal"] for d in attn) == [0, 1]
