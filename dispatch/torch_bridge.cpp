@@ -172,25 +172,41 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
     view_tensor(t, UST__ARG_TENSOR, &a, call);
 }
 
+// A bool, a float, an int, a SymInt (an int when it is one, else OTHER), as
+// a typed call passes it and a boxed call's IValue holds it.
+inline void view_arg(bool v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_BOOL;
+  a.i = v ? 1 : 0;
+}
+inline void view_arg(double v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_DOUBLE;
+  a.f = v;
+}
+inline void view_arg(int64_t v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_INT;
+  a.i = v;
+}
+inline void view_arg(const c10::SymInt &v, ust__arg &a, ust__call *) {
+  a.kind = UST__ARG_OTHER;
+  if (auto i = v.maybe_as_int()) {
+    a.kind = UST__ARG_INT;
+    a.i = *i;
+  }
+}
+
 // One argument as a boxed call holds it.
 [[gnu::hot]] inline void view_arg(const c10::IValue &iv, ust__arg &a, ust__call *call) {
   a.kind = UST__ARG_OTHER;
   if (iv.isTensor()) {
     view_arg(iv.toTensor(), a, call);
   } else if (iv.isInt()) {
-    a.kind = UST__ARG_INT;
-    a.i = iv.toInt();
+    view_arg(iv.toInt(), a, call);
   } else if (iv.isSymInt()) {
-    if (auto v = iv.toSymInt().maybe_as_int()) {
-      a.kind = UST__ARG_INT;
-      a.i = *v;
-    }
+    view_arg(iv.toSymInt(), a, call);
   } else if (iv.isBool()) {
-    a.kind = UST__ARG_BOOL;
-    a.i = iv.toBool() ? 1 : 0;
+    view_arg(iv.toBool(), a, call);
   } else if (iv.isDouble()) {
-    a.kind = UST__ARG_DOUBLE;
-    a.f = iv.toDouble();
+    view_arg(iv.toDouble(), a, call);
   } else if (iv.isIntList()) {
     a.kind = UST__ARG_INTLIST;
     const auto list = iv.toIntList();
@@ -213,27 +229,8 @@ void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
 // a float, a bool; a complex or an unsigned value past int64 stays OTHER).
 inline void view_arg(const c10::Scalar &v, ust__arg &a, ust__call *call) { view_arg(c10::IValue(v), a, call); }
 
-// A typed call's other arguments, each viewed as the IValue boxing it would
-// make is (the boxed view above), without making one.
-inline void view_arg(bool v, ust__arg &a, ust__call *) {
-  a.kind = UST__ARG_BOOL;
-  a.i = v ? 1 : 0;
-}
-inline void view_arg(double v, ust__arg &a, ust__call *) {
-  a.kind = UST__ARG_DOUBLE;
-  a.f = v;
-}
-inline void view_arg(int64_t v, ust__arg &a, ust__call *) {
-  a.kind = UST__ARG_INT;
-  a.i = v;
-}
-inline void view_arg(const c10::SymInt &v, ust__arg &a, ust__call *) {
-  a.kind = UST__ARG_OTHER;
-  if (auto i = v.maybe_as_int()) {
-    a.kind = UST__ARG_INT;
-    a.i = *i;
-  }
-}
+// A typed call's optionals and int lists, each viewed as the IValue boxing
+// it would make is (the boxed view above), without making one.
 inline void view_arg(const std::optional<double> &v, ust__arg &a, ust__call *call) {
   if (v.has_value())
     view_arg(*v, a, call);
