@@ -33,7 +33,13 @@ BackendSelect fallback is one, so that the dispatcher skips the key as it
 does without understudy, and dropped again for the other mode's steps
 (--modes observe plain: understudy against plain torch, in one process;
 plain plain: the method's own bias with the switch it makes). Every switch
-makes and drops the fallthroughs alike, whichever mode it sets.
+makes and drops the fallthroughs alike, whichever mode it sets. The mode
+disabled disables understudy for its steps (its interceptors stay
+registered, as they do for the life of the process, and hand every call on
+at once: the dispatcher's hop through them and nothing of the router) and
+enables it again, a new engine, for the other mode's steps (so not with
+--steady): --modes disabled plain measures what intercepting costs before
+understudy does anything with a call.
 --steady first decodes observed until every key the decode calls is past
 its operator's steady_after (defaults: 4,096 calls, after which 1 call in
 256 is timed instead of 1 in 16): the state of a process that has served a
@@ -227,20 +233,25 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
     ops = [o["name"] for o in understudy.report()["operators"] if o["bindings"]]
     plain = Plain([b for o in understudy.report()["operators"] for b in o["bindings"]
                    if not pass_by or any(b == n or b.startswith(n + ".") for n in pass_by)])
-    # the mode understudy's operators keep while plain steps pass them by
-    held = next((m for m in modes if m != "plain"), "observe")
+    # the mode understudy's operators keep while plain or disabled steps pass them by
+    held = next((m for m in modes if m not in ("plain", "disabled")), "observe")
 
     def set_all(mode):
         plain.leave()
         plain.enter()
-        for name in ops:
-            understudy.set_mode(name, held if mode == "plain" else mode)
+        if mode == "disabled":
+            understudy.disable()
+        else:
+            if not understudy.is_enabled():
+                understudy.enable(config)
+            for name in ops:
+                understudy.set_mode(name, held if mode == "plain" else mode)
         if mode != "plain":
             plain.leave()
         return True
 
-    def calls():  # not counted with the mode off
-        return sum(o["calls"] for o in understudy.report()["operators"])
+    def calls():  # not counted with the mode off, nor while disabled
+        return sum(o["calls"] for o in understudy.report()["operators"]) if understudy.is_enabled() else 0
     warm = warm_to_steady(model, ids, tokens) if steady else 0
     base, diffs, steps_calls = [], [], []
     first, second = modes
@@ -251,7 +262,7 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
         plan = [(a_, b_, b_, a_)[i % 4] for i in range(tokens)]
         # the steps counted: the plan's and the untimed one after each switch
         # (after the prefill, and before every odd step)
-        counted = sum(m not in ("off", "plain") for m in [*plan, plan[0], *plan[1::2]])
+        counted = sum(m not in ("off", "plain", "disabled") for m in [*plan, plan[0], *plan[1::2]])
         before = []
 
         def prefilled(plan=plan, before=before):
@@ -270,7 +281,8 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
             diffs.append(a - b)
             base.append(b)
     plain.leave()
-    understudy.disable()
+    if understudy.is_enabled():
+        understudy.disable()
     del model
     torch.cuda.empty_cache()
     return statistics.median(base), diffs, statistics.median(steps_calls[1:]), warm
@@ -290,8 +302,9 @@ def main():
     ap.add_argument("--paired", action="store_true",
                     help="in one process, neighbouring decode steps observed and with every mode off")
     ap.add_argument("--modes", nargs=2, default=["observe", "off"], metavar=("A", "B"),
-                    choices=["observe", "off", "plain"],
+                    choices=["observe", "off", "plain", "disabled"],
                     help="--paired: the two modes compared (plain: understudy's interceptors passed by; "
+                         "disabled: understudy disabled, its interceptors handing every call on; "
                          "observe observe or plain plain: the method's own bias)")
     ap.add_argument("--pass-by", nargs="+", default=None, metavar="OP",
                     help="--paired, mode plain: pass by only these ops' interceptors (\"ns::op\", with or "
@@ -305,6 +318,8 @@ def main():
         return
     if not torch.cuda.is_available():
         sys.exit("e2e_overhead.py needs a CUDA GPU")
+    if args.steady and "disabled" in args.modes:
+        sys.exit("e2e_overhead.py: --steady with the mode disabled: every enable starts a new engine")
     import subprocess
     timer = {"kind": "cupti", "correlation": "callbacks"} if args.timer == "cupti-callbacks" else \
         {"kind": args.timer} if args.timer else None
