@@ -392,6 +392,43 @@ def test_a_candidate_serving_a_tuple_op_hands_the_caller_its_results(us):
     assert sum(ascending) == served and all(a or p for a, p in zip(ascending, production))
 
 
+_tuple_lib = torch.library.Library("ust_tuple", "DEF")
+_tuple_lib.define("halve_and_count(Tensor x) -> (Tensor, int)")
+# the int is production's alone: 7 per row and one, a value no candidate makes
+_tuple_lib.impl("halve_and_count", lambda x: (x * 0.5, 7 * x.shape[0] + 1), "CPU")
+
+
+def test_a_native_candidate_serving_an_op_with_an_int_result_hands_production_its_int(us, tmp_path):
+    """A native candidate writes only the tensor outputs understudy
+    preallocates for it; an op's other results (an int here, the attention
+    kernels' max_q) are not among them. A served call that production also
+    ran (verified) hands the caller production's int beside the candidate's
+    tensor, not None; one production did not run is not served natively
+    (no layout holds an int), so production answers it whole."""
+    import json
+
+    d = tmp_path / "problems"
+    d.mkdir()
+    (d / "halve_and_count.json").write_text(json.dumps({
+        "schema_version": 1, "operator": "halve_and_count",
+        "bindings": [{"op": "ust_tuple::halve_and_count", "key": {"M": "x[0]", "N": "x[1]"}}]}))
+    cfg = shadow_config("halve_and_count", native("halve_count"), mode="live")
+    us.enable(cfg, problems=d)
+    xs = [torch.randn(rows, 16) for rows in (3, 3, 3, 3, 5, 5, 5, 5)]
+    got = [torch.ops.ust_tuple.halve_and_count(x) for x in xs]
+    rep = us.report()
+    us.disable()
+    for x, (half, count) in zip(xs, got):
+        assert torch.equal(half, x * 0.5)
+        assert count == 7 * x.shape[0] + 1, (x.shape, count)
+    rs = routes(rep, "ust_tuple::halve_and_count")
+    assert len(rs) == 2 and rep["totals"]["internal_errors"] == 0
+    for r in rs:
+        assert r["shadow"]["failed"] == 0, r["shadow"]
+        # qualified on a shadowed call, then served by the candidate, verified
+        assert r["rollout"]["served"]["candidate"] >= 1 and r["shadow"]["verified"] >= 2, (r["rollout"], r["shadow"])
+
+
 def test_aa_check_reports_production_spread(us):
     inputs = rms_inputs(shapes=((8, 64),))
     us.enable(shadow_config("rms_norm", native("rms_norm_cpu"), guard={"aa_sample": 1.0}))
