@@ -412,21 +412,30 @@ def test_a_native_candidate_serving_an_op_with_an_int_result_hands_production_it
     (d / "halve_and_count.json").write_text(json.dumps({
         "schema_version": 1, "operator": "halve_and_count",
         "bindings": [{"op": "ust_tuple::halve_and_count", "key": {"M": "x[0]", "N": "x[1]"}}]}))
-    cfg = shadow_config("halve_and_count", native("halve_count"), mode="live")
-    us.enable(cfg, problems=d)
     xs = [torch.randn(rows, 16) for rows in (3, 3, 3, 3, 5, 5, 5, 5)]
-    got = [torch.ops.ust_tuple.halve_and_count(x) for x in xs]
-    rep = us.report()
-    us.disable()
-    for x, (half, count) in zip(xs, got):
-        assert torch.equal(half, x * 0.5)
-        assert count == 7 * x.shape[0] + 1, (x.shape, count)
-    rs = routes(rep, "ust_tuple::halve_and_count")
-    assert len(rs) == 2 and rep["totals"]["internal_errors"] == 0
-    for r in rs:
+
+    def run(sample):
+        cfg = shadow_config("halve_and_count", native("halve_count"), mode="live")
+        cfg["operators"]["halve_and_count"]["sample"] = sample
+        us.enable(cfg, problems=d)
+        got = [torch.ops.ust_tuple.halve_and_count(x) for x in xs]
+        rep = us.report()
+        us.disable()
+        for x, (half, count) in zip(xs, got):
+            assert torch.equal(half, x * 0.5)
+            assert count == 7 * x.shape[0] + 1, (x.shape, count)
+        rs = routes(rep, "ust_tuple::halve_and_count")
+        assert len(rs) == 2 and rep["totals"]["internal_errors"] == 0
+        return rs
+
+    for r in run(1.0):  # every served call verified
         assert r["shadow"]["failed"] == 0, r["shadow"]
         # qualified on a shadowed call, then served by the candidate, verified
         assert r["rollout"]["served"]["candidate"] >= 1 and r["shadow"]["verified"] >= 2, (r["rollout"], r["shadow"])
+    for r in run(0.01):  # after the qualifying call, none verified: production serves them whole
+        assert (r["shadow"]["verified"], r["shadow"]["failed"]) == (1, 0), r["shadow"]
+        served = r["rollout"]["served"]
+        assert (served["candidate"], served["production"], served["unlearned"]) == (0, 4, 3), served
 
 
 def test_aa_check_reports_production_spread(us):
