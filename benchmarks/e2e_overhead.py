@@ -37,8 +37,9 @@ makes and drops the fallthroughs alike, whichever mode it sets. The mode
 disabled disables understudy for its steps (its interceptors stay
 registered, as they do for the life of the process, and hand every call on
 at once: the dispatcher's hop through them and nothing of the router) and
-enables it again, a new engine, for the other mode's steps (so not with
---steady): --modes disabled plain measures what intercepting costs before
+enables it again, a new engine, for the other mode's steps (so only
+against plain, off or itself, and not with --steady: an observed step
+would start its keys anew): --modes disabled plain measures what intercepting costs before
 understudy does anything with a call.
 --steady first decodes observed until every key the decode calls is past
 its operator's steady_after (defaults: 4,096 calls, after which 1 call in
@@ -281,8 +282,7 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
             diffs.append(a - b)
             base.append(b)
     plain.leave()
-    if understudy.is_enabled():
-        understudy.disable()
+    understudy.disable()
     del model
     torch.cuda.empty_cache()
     return statistics.median(base), diffs, statistics.median(steps_calls[1:]), warm
@@ -318,8 +318,9 @@ def main():
         return
     if not torch.cuda.is_available():
         sys.exit("e2e_overhead.py needs a CUDA GPU")
-    if args.steady and "disabled" in args.modes:
-        sys.exit("e2e_overhead.py: --steady with the mode disabled: every enable starts a new engine")
+    if "disabled" in args.modes and (args.steady or "observe" in args.modes):
+        sys.exit("e2e_overhead.py: the mode disabled pairs with plain, off or itself, without --steady: "
+                 "every enable after it starts a new engine (counts and first calls anew)")
     import subprocess
     timer = {"kind": "cupti", "correlation": "callbacks"} if args.timer == "cupti-callbacks" else \
         {"kind": args.timer} if args.timer else None

@@ -102,8 +102,6 @@ def totals(path):
     return {e: got.get(e, 0) for e in EVENTS}
 
 
-
-
 def own_totals(path, lib):
     """The event totals of the functions in understudy's library alone (its
     own code: the view, key, lookup, plan and counts), read through
