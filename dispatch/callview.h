@@ -124,6 +124,12 @@ typedef struct ust__thread {
   int own_work;   /* understudy's own torch work in progress (snapshots, the candidate): passed through */
   int phase;      /* ust_set_phase */
   ust__nested *nested; /* while an outer call's production runs: where its bound callees' floors are summed */
+  /* the keying sample (ust__binding_admit), under the engine key_gen names */
+  int key_traced;     /* its router holds a kernel tracer: inside a window every call is keyed */
+  uint64_t key_gen;   /* the engine (ust__policy.engine_gen) the fields below count for */
+  uint64_t key_warm;  /* this thread's calls under it, counted up to its key_after */
+  int64_t key_gap;    /* calls until the next one keyed at random */
+  uint64_t key_rng;   /* xorshift64* state; 0 until first drawn */
 } ust__thread;
 
 ust__thread *ust__thread_state(void);
@@ -138,6 +144,18 @@ void ust__hook_leave(struct ust__hook *h, ust__thread *t, unsigned ticket);
 /* 1 when the binding's operator is in mode off: the bridge then passes the
  * call through without building a view. */
 int ust__binding_is_off(const struct ust__binding *b);
+/* What a call of b the bridge may count needs, before its view is built:
+ * UST__ADMIT_PASS, passed on untouched (the operator is off);
+ * UST__ADMIT_TALLY, tallied on the binding without a key
+ * (ust__binding_tallied) when the bridge can count it so (its device is the
+ * host, or a CUDA device on torch's default stream, where no graph is
+ * captured), else keyed as one call; or the number of calls the keyed call
+ * stands for (1; the policy's key_every when keyed at random past the
+ * thread's warm-up), for ust__call_settle. */
+enum { UST__ADMIT_PASS = -1, UST__ADMIT_TALLY = 0 };
+int ust__binding_admit(struct ust__binding *b, ust__thread *t);
+/* A call counted on b without a key. */
+void ust__binding_tallied(struct ust__binding *b);
 /* 1 until the binding's argument names were resolved against a schema. */
 int ust__binding_needs_names(const struct ust__binding *b);
 /* Resolve argument names (borrowed), which arguments the schema marks
@@ -161,8 +179,9 @@ const char *ust__binding_arg_name(const struct ust__binding *b, int i);
  * ust__call_end to make and only st->route set (NULL: untracked); else 0
  * with the plan (st->plan, st->flags) and what it needs in st. Never fails:
  * when anything is off, the call is settled or its plan is UST__PLAN_PASS,
- * served untouched. */
-int ust__call_settle(struct ust__binding *b, const ust__call *call, ust__call_state *st);
+ * served untouched. weight: the calls it stands for (ust__binding_admit),
+ * counted on its route; its timing share is the calls' share. */
+int ust__call_settle(struct ust__binding *b, const ust__call *call, unsigned weight, ust__call_state *st);
 /* After the decision finished (d: its notes and outcome; raised: production
  * raised): timings, served counts, internal errors. */
 void ust__call_end(const ust__call *call, ust__call_state *st, const ust__decision *d);

@@ -527,8 +527,9 @@ typedef struct ust__binding {
   int n_dims;
   ust__operator *op;
   ust__router *router;           /* the engine's */
-  atomic_int resolved;           /* 0 new, 1 resolving, 2 done */
+  atomic_uint_fast64_t tallied;  /* calls counted without a key (ust__binding_admit) */
   ust__dim_key keys[UST__MAX_DIMS]; /* dims[] as the call's key reads them */
+  atomic_int resolved;           /* 0 new, 1 resolving, 2 done */
   int nested_ok;                 /* its calls may be floored by the bound ops they call (set once resolved) */
   ust__cand *cand;               /* the operator's candidate when it targets this binding */
   ust__dim_prog dims[UST__MAX_DIMS];

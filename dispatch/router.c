@@ -751,20 +751,23 @@ static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust
   }
 }
 
-/* Whether the n-th call of a route that only observes is timed: -1 when it
- * is not, else the stratum it is timed in (UST__TIMED_*). Timed are a sample
+/* Whether the n-th call of a route that only observes (standing for w
+ * calls) is timed: -1 when it is not, else the stratum it is timed in (UST__TIMED_*). Timed are a sample
  * (the steady share past the key's first steady_after calls) and the first
  * UST__FIRST_TIMED calls of every key, so that no key seen is without a
  * latency, whatever the sampling (sample 0 times none); inside a
  * kernel-tracing window every CUDA call is timed by its kernels; between
  * windows, while the tracer is the timer, only the key's first calls are (by
  * events, kept apart), so that the sampled figures are all kernel time. */
-static UST__INLINE int timed_kind(const ust__binding *b, const ust__policy *pol, uint64_t n, const ust__call *call) {
+static UST__INLINE int timed_kind(const ust__binding *b, const ust__policy *pol, uint64_t n, unsigned w,
+                                  const ust__call *call) {
   if (pol->sample_q32 == 0)
     return -1;
   const int late = n > pol->steady_after;
-  const int sampled = ust__sampled(n, late ? pol->steady_q32 : pol->sample_q32);
-  const int early = n <= UST__FIRST_TIMED;
+  /* a call that stands for w calls (n - w + 1 .. n) is sampled when one of them would be */
+  const uint32_t q = late ? pol->steady_q32 : pol->sample_q32;
+  const int sampled = w == 1 ? ust__sampled(n, q) : q == UINT32_MAX || ust__share_floor(n, q) != ust__share_floor(n - w, q);
+  const int early = n - w < UST__FIRST_TIMED;
   const int tracing = call->device == UST__DEV_CUDA && b->router->tracer ? ust__timers_tracing(b->router->timers)
                                                                          : UST__TRACING_OFF;
   if (tracing != UST__TRACING_WINDOW && !early && (!sampled || tracing == UST__TRACING_BETWEEN))
@@ -792,8 +795,8 @@ static UST__INLINE int asks_capture(const ust__call *call, int mode) {
  * - canary(p): the candidate serves a p share of the calls, live all of
  *   them; a sample of those is verified against production;
  * - otherwise production serves, timed as timed_kind says. */
-static UST__NOINLINE void begin_route(ust__binding *b, ust__route *r, uint64_t n, int mode, uint32_t canary_q32,
-                                      const ust__call *call, ust__call_state *st) {
+static UST__NOINLINE void begin_route(ust__binding *b, ust__route *r, uint64_t n, unsigned w, int mode,
+                                      uint32_t canary_q32, const ust__call *call, ust__call_state *st) {
   memset(st, 0, sizeof *st);
   st->plan = UST__PLAN_PASS;
   st->route = r;
@@ -811,7 +814,7 @@ static UST__NOINLINE void begin_route(ust__binding *b, ust__route *r, uint64_t n
     return;
   if (mode != UST__MODE_OBSERVE && begin_candidate(b, r, mode, canary_q32, call, pol, st))
     return;
-  const int kind = timed_kind(b, pol, n, call);
+  const int kind = timed_kind(b, pol, n, w, call);
   if (kind < 0)
     return;
   st->timed_kind = kind;
@@ -822,7 +825,7 @@ static UST__NOINLINE void begin_route(ust__binding *b, ust__route *r, uint64_t n
  * production alone serves untimed (observed, not sampled, not captured), or
  * an untracked one; st->route says which (NULL: untracked). The rest are
  * planned by begin_route. */
-UST__HOT int ust__call_settle(ust__binding *b, const ust__call *call, ust__call_state *st) {
+UST__HOT int ust__call_settle(ust__binding *b, const ust__call *call, unsigned w, ust__call_state *st) {
   st->route = NULL;
   if (call->device == UST__DEV_OTHER)
     return 1;
@@ -836,11 +839,13 @@ UST__HOT int ust__call_settle(ust__binding *b, const ust__call *call, ust__call_
   }
   uint32_t canary_q32 = 0;
   const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
-  const uint64_t n = atomic_fetch_add_explicit(&r->figs.calls, 1, memory_order_relaxed) + 1;
+  if (w > 1)
+    atomic_fetch_add_explicit(&r->figs.estimated, w - 1, memory_order_relaxed);
+  const uint64_t n = atomic_fetch_add_explicit(&r->figs.calls, w, memory_order_relaxed) + w;
   if (mode == UST__MODE_OBSERVE && !asks_capture(call, mode) &&
-      timed_kind(b, atomic_load_explicit(&b->op->policy, memory_order_acquire), n, call) < 0)
+      timed_kind(b, atomic_load_explicit(&b->op->policy, memory_order_acquire), n, w, call) < 0)
     return 1;
-  begin_route(b, r, n, mode, canary_q32, call, st);
+  begin_route(b, r, n, w, mode, canary_q32, call, st);
   return 0;
 }
 
@@ -1191,6 +1196,58 @@ unsigned ust__gate_flip(ust__gate *g) { return atomic_fetch_add_explicit(&g->epo
 int ust__gate_drained(ust__gate *g, unsigned old) {
   return atomic_load_explicit(&g->inflight[old & 1u], memory_order_acquire) == 0;
 }
+
+/* The calls until the next one keyed at random, one in every: a geometric
+ * draw (each call keyed with probability 1/every, whatever the calls before
+ * it), from the thread's own generator. */
+static UST__NOINLINE int64_t key_gap(ust__thread *t, uint32_t every) {
+  if (every <= 1)
+    return 1;
+  uint64_t x = t->key_rng;
+  if (x == 0) /* seeded once per thread: its block's address and the clock */
+    x = ((uint64_t)(uintptr_t)t * 0x9e3779b97f4a7c15ull) ^ ust__now_ns() ^ 0x2545f4914f6cdd1dull;
+  if (x == 0)
+    x = 1;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  t->key_rng = x;
+  const double u = (double)(((x * 0x2545f4914f6cdd1dull) >> 11) + 1) * 0x1.0p-53; /* (0, 1] */
+  const double gap = floor(log(u) / log1p(-1.0 / every));
+  return 1 + (int64_t)(gap < 1e15 ? gap : 1e15);
+}
+
+/* A thread's warm-up under a new engine: every call keyed again, up to key_after. */
+static UST__NOINLINE void key_restart(ust__binding *b, ust__thread *t, const ust__policy *pol) {
+  t->key_gen = pol->engine_gen;
+  t->key_warm = 0;
+  t->key_gap = pol->key_after == 0 ? key_gap(t, pol->key_every) : 0;
+  t->key_traced = b->router->tracer;
+}
+
+UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
+  const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
+  if (pol->mode == UST__MODE_OFF)
+    return UST__ADMIT_PASS;
+  if (pol->key_every <= 1)
+    return 1;
+  if (__builtin_expect(t->key_gen != pol->engine_gen, 0))
+    key_restart(b, t, pol);
+  if (t->key_warm < pol->key_after) {
+    if (++t->key_warm == pol->key_after) /* the first gap drawn as the warm-up ends */
+      t->key_gap = key_gap(t, pol->key_every);
+    return 1;
+  }
+  /* inside a kernel-tracing window every call is keyed: its kernels are the route's */
+  if (t->key_traced && ust__timers_tracing(b->router->timers) == UST__TRACING_WINDOW)
+    return 1;
+  if (--t->key_gap > 0)
+    return UST__ADMIT_TALLY;
+  t->key_gap = key_gap(t, pol->key_every);
+  return (int)pol->key_every;
+}
+
+UST__HOT void ust__binding_tallied(ust__binding *b) { atomic_fetch_add_explicit(&b->tallied, 1, memory_order_relaxed); }
 
 UST__HOT int ust__binding_is_off(const ust__binding *b) {
   return atomic_load_explicit(&((ust__operator *)b->op)->policy, memory_order_acquire)->mode == UST__MODE_OFF;

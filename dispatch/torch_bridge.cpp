@@ -288,6 +288,51 @@ inline void view_arg(c10::SymIntArrayRef v, ust__arg &a, ust__call *) {
   return view_end(call);
 }
 
+// Whether a call whose view would take its device from t can be counted
+// without a key (ust__binding_admit): t is a strided tensor on the host, or
+// on a CUDA device whose current stream is torch's default one (CUDA
+// captures no graph there; on any other stream the call is keyed, so that
+// its graph's nodes are mapped to its route).
+[[gnu::hot]] inline bool tally_device(const at::Tensor &t) {
+  if (t.layout() != c10::kStrided)
+    return false;
+  const c10::Device dev = t.device();
+  if (dev.is_cpu())
+    return true;
+  return dev.is_cuda() && c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle() == nullptr;
+}
+
+// The tensor a typed call's view takes its device from: its first defined
+// tensor argument (the others are not).
+inline const at::Tensor *first_tensor(const at::Tensor &t) { return t.defined() ? &t : nullptr; }
+inline const at::Tensor *first_tensor(const std::optional<at::Tensor> &t) {
+  return t.has_value() && t->defined() ? &*t : nullptr;
+}
+template <class T> const at::Tensor *first_tensor(const T &) { return nullptr; }
+
+// A boxed call's: the first defined tensor, or the first tensor of the
+// first list, among the arguments its view holds (build_view).
+bool boxed_tallies(const c10::OperatorHandle &op, const torch::jit::Stack &stack, size_t room) {
+  const size_t n_schema = op.schema().arguments().size();
+  const size_t n = std::min(n_schema, room);
+  const c10::IValue *ivs = stack.data() + (stack.size() - n_schema);
+  for (size_t i = 0; i < n; i++) {
+    if (ivs[i].isTensor()) {
+      const at::Tensor &t = ivs[i].toTensor();
+      if (t.defined())
+        return tally_device(t);
+    } else if (ivs[i].isTensorList()) {
+      const auto list = ivs[i].toTensorList();
+      if (list.size() == 0)
+        continue;
+      const at::Tensor first = list.get(0);
+      if (first.defined())
+        return tally_device(first);
+    }
+  }
+  return false;
+}
+
 // The data pointers of the view build_view filled from the same stack: what
 // a plan that runs more than production (a candidate, snapshots) reads.
 void fill_data(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args, int nargs) {
@@ -1552,11 +1597,24 @@ template <class Source>
     src.pass(below);
     return;
   }
-  if (b == nullptr || th->own_work > 0 || th->call_depth > 0 || ust__binding_is_off(b)) {
+  if (b == nullptr || th->own_work > 0 || th->call_depth > 0) {
     src.pass(below);
     return;
   }
-  CallScope nested(th);
+  int weight = ust__binding_admit(b, th);
+  if (weight == UST__ADMIT_PASS) {
+    src.pass(below);
+    return;
+  }
+  CallScope nested(th); // a tallied call's bound callees are part of it, as a keyed call's
+  if (weight == UST__ADMIT_TALLY) {
+    if (__builtin_expect(src.tallies(), 1)) {
+      ust__binding_tallied(b);
+      src.pass(below);
+      return;
+    }
+    weight = 1; // a call the tally cannot take (a stream that may capture, a device not counted): keyed
+  }
   ust__arg args[Source::kArgs];
   ust__call call;
   ust__call_state st; // ust__call_settle fills it when the call is not settled, before anything reads it
@@ -1565,7 +1623,7 @@ template <class Source>
     if (ust__binding_needs_names(b))
       resolve_names(b, op);
     if (src.view(args, &call, th->phase))
-      settled = ust__call_settle(b, &call, &st) != 0;
+      settled = ust__call_settle(b, &call, static_cast<unsigned>(weight), &st) != 0;
   } catch (...) {
     ust__call_internal_error(b);
     settled = true;
@@ -1584,6 +1642,7 @@ template <size_t Room> struct Boxed {
   torch::jit::Stack *stack;
 
   bool view(ust__arg *args, ust__call *call, int phase) { return build_view(op, *stack, args, Room, call, phase); }
+  bool tallies() const { return boxed_tallies(op, *stack, Room); }
   void pass(c10::DispatchKeySet below) { op.redispatchBoxed(below, stack); }
   bool plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
             ust__decision &d, int step) {
@@ -1633,6 +1692,11 @@ struct Typed {
       (view_arg(a, args[i++], call), ...);
     }, in);
     return view_end(call);
+  }
+  bool tallies() const {
+    const at::Tensor *first = nullptr;
+    std::apply([&](const auto &...a) { ((first = first != nullptr ? first : first_tensor(a)), ...); }, in);
+    return first != nullptr && tally_device(*first);
   }
   void pass(c10::DispatchKeySet below) {
     out.emplace(std::apply([&](Args... a) { return op.redispatch(below, std::forward<Args>(a)...); }, in));

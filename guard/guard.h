@@ -86,6 +86,14 @@ typedef struct ust__policy {
   uint32_t canary_q32;
   int strict;          /* canary/live: verify before serving (synchronises) */
   ust__promotion promotion;
+  /* an operator that observes without a candidate: past a thread's first
+   * key_after calls under the engine, one call in key_every (at random) is
+   * keyed and stands for key_every calls; the others are tallied on their
+   * binding and passed on. 1: every call keyed (a candidate's operator, any
+   * mode but observe) */
+  uint32_t key_every;
+  uint64_t key_after;
+  uint64_t engine_gen; /* the engine's: a thread's warm-up starts again under a new one */
 } ust__policy;
 
 /* ---- candidates ------------------------------------------------------------------ */

@@ -745,7 +745,8 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
                                    "kernel tracing fails graphs whose kernels launch graphs from the device");
   const cJSON *defaults = cJSON_GetObjectItemCaseSensitive(root, "defaults");
   if (defaults != NULL) {
-    static const char *const dkeys[] = {"mode", "sample", "sample_steady", "steady_after", NULL};
+    static const char *const dkeys[] = {"mode", "sample", "sample_steady", "steady_after", "key_every", "key_after",
+                                        NULL};
     if ((rc = section(defaults, "defaults", dkeys)) != 0)
       return rc;
     if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "mode")) != NULL &&
@@ -768,6 +769,19 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
         return ust__error(UST_ECONFIG, "config: 'defaults.steady_after' must be a whole number of calls in [0, 1e15]");
       cfg->steady_after = (uint64_t)v->valuedouble;
     }
+    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "key_every")) != NULL) {
+      if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1) || v->valuedouble > 65536 ||
+          v->valuedouble != floor(v->valuedouble))
+        return ust__error(UST_ECONFIG, "config: 'defaults.key_every' must be a whole number of calls in [1, 65536] "
+                                       "(1: every call keyed)");
+      cfg->key_every = (uint32_t)v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "key_after")) != NULL) {
+      if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 1e15 ||
+          v->valuedouble != floor(v->valuedouble))
+        return ust__error(UST_ECONFIG, "config: 'defaults.key_after' must be a whole number of calls in [0, 1e15]");
+      cfg->key_after = (uint64_t)v->valuedouble;
+    }
   }
   const cJSON *metrics = cJSON_GetObjectItemCaseSensitive(root, "metrics");
   if (metrics != NULL && (rc = parse_metrics(metrics)) != 0)
@@ -789,6 +803,10 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   /* once a key has had 4096 calls (about 256 of them timed), 1 in 256 */
   cfg->default_sample_steady = 1.0 / 256;
   cfg->steady_after = 4096;
+  /* past a thread's first 4096 calls, an observed operator without a
+   * candidate keys 1 call in 16 (at random): the others cost its hop alone */
+  cfg->key_every = 16;
+  cfg->key_after = 4096;
   cfg->max_routes = 4096;
   cfg->shadow_max_inflight = 64;
   cfg->shadow_graph_beside_mb = 16;

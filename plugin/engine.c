@@ -48,11 +48,16 @@ static void engine_unref(ust__engine *e) {
 
 /* A new immutable policy, kept until the engine is freed (readers may hold
  * any published one); NULL when memory ran out. */
-static const ust__policy *policy_new(ust__engine *e, const ust__policy *p) {
+static const ust__policy *policy_new(ust__engine *e, const ust__policy *p, int has_cand) {
   ust__policy_node *n = malloc(sizeof *n);
   if (n == NULL)
     return NULL;
   n->policy = *p;
+  /* only an operator that observes without a candidate keys a sample of its
+   * calls: any other routes each call by its key */
+  n->policy.key_every = p->mode == UST__MODE_OBSERVE && !has_cand ? e->cfg.key_every : 1;
+  n->policy.key_after = e->cfg.key_after;
+  n->policy.engine_gen = e->gen;
   n->policy.sample_q32 = ust__share_q32(p->sample);
   n->policy.steady_q32 = ust__share_q32(p->sample_steady);
   if (n->policy.steady_q32 >= n->policy.sample_q32) { /* one share throughout */
@@ -253,7 +258,7 @@ static int build_operators(ust__engine *e) {
     } else {
       pol = policy_of(&c->ops[i]);
     }
-    const ust__policy *pub = policy_new(e, &pol);
+    const ust__policy *pub = policy_new(e, &pol, !c->all_operators && c->ops[i].cand.kind != 0);
     if (pub == NULL)
       return ust__error(UST_ENOMEM, "out of memory");
     atomic_init(&eo->op.policy, pub);
@@ -401,6 +406,8 @@ static int engine_create(ust__ctx *c, const char *config_json, const char *probl
   *out = NULL;
   if (e == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
+  static atomic_uint_fast64_t gens;
+  e->gen = atomic_fetch_add(&gens, 1) + 1;
   e->ctx = c;
   atomic_init(&e->refs, 1);
   pthread_mutex_init(&e->worker_lock, NULL);
@@ -730,7 +737,7 @@ int ust_set_mode(const char *operator_name, const char *mode) {
   } else {
     ust__policy p = *atomic_load(&eo->op.policy);
     p.mode = m;
-    const ust__policy *pub = policy_new(e, &p);
+    const ust__policy *pub = policy_new(e, &p, eo->op.cand != NULL);
     if (pub == NULL)
       rc = ust__error(UST_ENOMEM, "set_mode: out of memory");
     else
@@ -829,7 +836,7 @@ int ust_reload(const char *config_json) {
     ust__engine_op *eo = NULL;
     HASH_FIND_STR(e->ops_by_name, next.ops[i].name, eo);
     ust__policy p = policy_of(&next.ops[i]);
-    if (eo != NULL && (pubs[i] = policy_new(e, &p)) == NULL) /* kept with the engine's until it ends */
+    if (eo != NULL && (pubs[i] = policy_new(e, &p, eo->op.cand != NULL)) == NULL) /* kept with the engine's until it ends */
       rc = ust__error(UST_ENOMEM, "reload: out of memory");
   }
   for (int i = 0; rc == 0 && i < next.n_ops; i++) {

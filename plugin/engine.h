@@ -40,6 +40,7 @@ typedef struct ust__engine_op {
 typedef struct ust__engine {
   struct ust__ctx *ctx;
   atomic_int refs;             /* the context's, and each reader's */
+  uint64_t gen;                /* this engine's number in the process (ust__policy.engine_gen) */
   ust__config cfg;
   char *config_json;           /* owned: the text enabled with (or last reloaded), for reload's comparison */
   ust__problem_set problems;

@@ -134,6 +134,8 @@ typedef struct ust__config {
   double default_sample;
   double default_sample_steady; /* the timed share once a key has had steady_after calls */
   uint64_t steady_after;
+  uint32_t key_every;        /* an observed operator without a candidate keys one call in key_every ... */
+  uint64_t key_after;        /* ... past a thread's first key_after calls (ust__policy) */
   int max_routes;
   int shadow_max_inflight;   /* shadow calls whose comparison is pending, at most */
   int shadow_graph_beside_mb; /* what a captured shadow beside the chain may keep, MiB (0: none beside) */

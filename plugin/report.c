@@ -232,6 +232,9 @@ static cJSON *shape_json(const ust__route_snap *s) {
   for (int d = 0; d < b->n_dims; d++)
     add_num(dims, b->def->dims[d].name, (double)s->k.dims[d]);
   add_num(js, "calls", (double)s->figs.calls);
+  /* of the calls, those a call keyed at random stood for (its operator keys
+   * one call in key_every once a thread is warm): the count is an estimate */
+  add_num(js, "estimated", (double)s->figs.estimated);
   add_num(js, "timed", (double)s->figs.hist.count);
   add_num(js, "captured", (double)s->figs.captured);
   add_num(js, "timing_dropped", (double)s->figs.timing_dropped);
@@ -415,7 +418,7 @@ static cJSON *report_raw(ust__engine *e) {
   cJSON_AddStringToObject(hs, "unit", "ns");
   add_num(hs, "buckets", UST__HIST_BUCKETS);
   cJSON *ops = cJSON_AddArrayToObject(root, "operators");
-  double untracked_all = 0;
+  double untracked_all = 0, tallied_all = 0;
   for (int oi = 0; oi < e->n_ops; oi++) {
     const ust__engine_op *eo = &e->ops[oi];
     cJSON *jo = cJSON_CreateObject();
@@ -427,10 +430,14 @@ static cJSON *report_raw(ust__engine *e) {
       add_num(jo, "sample_steady", pol->sample_steady);
       add_num(jo, "steady_after", (double)pol->steady_after);
     }
+    /* past a thread's first key_after calls, one call in key_every is keyed
+     * (1: every call; an operator with a candidate, or not observing) */
+    add_num(jo, "key_every", (double)pol->key_every);
+    add_num(jo, "key_after", (double)pol->key_after);
     cJSON_AddStringToObject(jo, "definition", eo->problem->path);
     if (eo->op.cand != NULL)
       cJSON_AddItemToObject(jo, "candidate", candidate_json(&eo->candidate));
-    double untracked = 0;
+    double untracked = 0, tallied = 0;
     cJSON *bindings = cJSON_AddArrayToObject(jo, "bindings");
     cJSON *unscorable = NULL;
     for (int bi = 0; bi < e->n_bindings; bi++)
@@ -438,6 +445,7 @@ static cJSON *report_raw(ust__engine *e) {
         const ust__binding *b = &e->bindings[bi];
         cJSON_AddItemToArray(bindings, cJSON_CreateString(b->display));
         untracked += (double)atomic_load(&b->untracked);
+        tallied += (double)atomic_load(&((ust__binding *)b)->tallied);
         /* resolved once its op's schema was read (at enable, or its first call) */
         const char *why = !b->roofline.present ? "its definition has no roofline"
                           : atomic_load(&((ust__binding *)b)->resolved) == 2 && b->roofline.unscorable[0] != '\0'
@@ -457,6 +465,9 @@ static cJSON *report_raw(ust__engine *e) {
     }
     add_num(jo, "untracked", untracked);
     untracked_all += untracked;
+    /* calls counted without a key: the shapes' estimated calls stand for them */
+    add_num(jo, "tallied", tallied);
+    tallied_all += tallied;
     cJSON *shapes = cJSON_AddArrayToObject(jo, "shapes");
     for (int i = 0; i < nr; i++)
       if (snaps[i].binding->op == &eo->op)
@@ -465,6 +476,7 @@ static cJSON *report_raw(ust__engine *e) {
   }
   cJSON *tot = cJSON_AddObjectToObject(root, "totals");
   add_num(tot, "untracked", untracked_all);
+  add_num(tot, "tallied", tallied_all);
   add_num(tot, "internal_errors", (double)atomic_load(&e->router.internal_errors));
   cJSON_AddItemToObject(root, "hardware", profiles_json(snaps, nr));
   cJSON_AddItemToObject(root, "timer", timer_json(e->router.timers, ust__now_ns() - e->started_ns));
@@ -1014,7 +1026,8 @@ static int count_shapes(const cJSON *doc) {
 /* The additive figures of now less those of base (NULL: since enable), as
  * a report of its own: shape keys without a call in between are left out. */
 static cJSON *window_doc(const cJSON *now, const cJSON *base) {
-  static const char *const shape_keys[] = {"calls", "captured", "timing_dropped", "first_timed", "first_time_ns",
+  static const char *const shape_keys[] = {"calls", "estimated", "captured", "timing_dropped", "first_timed",
+                                            "first_time_ns",
                                             "steady_timed", "steady_time_ns", "steady_calls", "kernel_timed",
                                             "kernel_span_ns", "replayed", NULL};
   static const char *const roof_keys[] = {"calls", "unscored", "scored_by_callees", "tsol_ns_sum", "time_ns_sum",

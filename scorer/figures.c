@@ -161,6 +161,7 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->unseen_kernels = atomic_load(&f->unseen_kernels);
   out->unseen_ns = atomic_load(&f->unseen_ns);
   out->graph_changed = atomic_load(&f->graph_changed);
+  out->estimated = atomic_load(&f->estimated); /* before calls: never more than its share of them */
   out->calls = atomic_load(&f->calls);
   out->unscored = atomic_load(&f->unscored);
   out->nested_scored = atomic_load(&f->nested_scored);

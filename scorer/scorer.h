@@ -154,6 +154,9 @@ typedef struct ust__roof_sums {
 
 typedef struct ust__figs {
   atomic_uint_fast64_t calls;          /* every call on the route */
+  /* of those, the ones not seen one by one: a call keyed at random stands
+   * for key_every calls (ust__binding_admit), all but itself counted here */
+  atomic_uint_fast64_t estimated;
   atomic_uint_fast64_t captured;       /* calls made while the stream captured a graph */
   atomic_uint_fast64_t timing_dropped; /* sampled, but no timer was free */
   ust__hist hist;                      /* production's latency, ns (the timed calls) */
@@ -240,7 +243,7 @@ typedef struct ust__roof_snap {
 /* A plain copy of a route's figures. Read in the order the counters grow
  * (captured before calls), so derived differences never go negative. */
 typedef struct ust__figs_snap {
-  uint64_t captured, timing_dropped, calls, unscored, nested_scored;
+  uint64_t captured, timing_dropped, calls, estimated, unscored, nested_scored;
   uint64_t first_timed, first_time_ns;
   uint64_t steady_timed, steady_time_ns, late_captured;
   uint64_t kernel_timed, kernel_span_ns, replayed, unseen_kernels, unseen_ns, graph_changed;

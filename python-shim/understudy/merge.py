@@ -31,8 +31,8 @@ def _hist_json(acc: dict) -> dict:
     return {"sum": acc["sum"], "buckets": [[i, b[i]] for i in sorted(b) if b[i]]}
 
 
-ADD_SHAPE = ("calls", "captured", "timing_dropped", "first_timed", "first_time_ns", "steady_timed", "steady_time_ns",
-             "steady_calls", "kernel_timed", "kernel_span_ns", "replayed")
+ADD_SHAPE = ("calls", "estimated", "captured", "timing_dropped", "first_timed", "first_time_ns", "steady_timed",
+             "steady_time_ns", "steady_calls", "kernel_timed", "kernel_span_ns", "replayed")
 ADD_SHADOW = ("calls", "verified", "passed", "failed", "skipped", "unverifiable", "bytes_copied", "overdue",
               "process_passed")
 ADD_ROOF = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",
@@ -118,7 +118,7 @@ def merge(reports: Iterable[dict]) -> dict:
     for r in reports:
         for o in r["operators"]:
             m = ops.setdefault(o["name"], {"src": o, "modes": set(), "bindings": [], "untracked": 0,
-                                           "candidate": o.get("candidate"), "shapes": {}})
+                                           "tallied": 0, "candidate": o.get("candidate"), "shapes": {}})
             m["modes"].add(o["mode"])
             cand = o.get("candidate")
             if cand is not None:
@@ -129,6 +129,7 @@ def merge(reports: Iterable[dict]) -> dict:
                                      f"and {cand.get('name')}): their figures do not combine")
             m["bindings"] += [b for b in o["bindings"] if b not in m["bindings"]]
             m["untracked"] += o.get("untracked", 0)
+            m["tallied"] += o.get("tallied", 0)
             for s in o["shapes"]:
                 t = m["shapes"].get(s["key"])
                 if t is None:
@@ -199,8 +200,8 @@ def merge(reports: Iterable[dict]) -> dict:
             shapes.append(s)
         o = {"name": name, "mode": m["modes"].pop() if len(m["modes"]) == 1 else "mixed",
              "sample": m["src"].get("sample"), "definition": m["src"].get("definition"), "bindings": m["bindings"],
-             "untracked": m["untracked"]}
-        for k in ("sample_steady", "steady_after"):  # the first report's, as its sample
+             "untracked": m["untracked"], "tallied": m["tallied"]}
+        for k in ("sample_steady", "steady_after", "key_every", "key_after"):  # the first report's, as its sample
             if k in m["src"]:
                 o[k] = m["src"][k]
         if m["candidate"] is not None:
@@ -221,6 +222,7 @@ def merge(reports: Iterable[dict]) -> dict:
                    for k in ("sites", "live", "open", "unknown", "lost", "launched", "refused", "gated",
                              "gated_replays", "gate_failed", "hosted", "host_starts", "unseen")},
         "totals": {"untracked": sum(m["untracked"] for m in ops.values()),
+                   "tallied": sum(m["tallied"] for m in ops.values()),
                    "internal_errors": sum(r["totals"].get("internal_errors", 0) for r in reports)},
     }
     return derive(combined)

@@ -21,6 +21,8 @@
   X(dim_eval_and_bucket)          \
   X(route_key_distinguishes)      \
   X(a_call_finds_the_route_its_key_names) \
+  X(admit_keys_each_call_at_random_past_a_threads_warm_up) \
+  X(a_call_standing_for_many_counts_them_and_is_timed_at_their_share) \
   X(route_table_full)             \
   X(route_table_threads)          \
   X(a_snapshot_holds_every_route_made_before_it) \

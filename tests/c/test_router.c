@@ -89,11 +89,11 @@ typedef struct fixture {
   ust__operator op;
 } fixture;
 
-/* One call served by production, as the bridge drives it (a settled call has
- * no end); its route. */
-static ust__route *serve_call(ust__binding *b, const ust__call *c, int *plan) {
+/* One call standing for w calls served by production, as the bridge drives
+ * it (a settled call has no end); its route. */
+static ust__route *serve_calls(ust__binding *b, const ust__call *c, unsigned w, int *plan) {
   ust__call_state st;
-  const int settled = ust__call_settle(b, c, &st);
+  const int settled = ust__call_settle(b, c, w, &st);
   if (plan != NULL)
     *plan = settled ? UST__PLAN_PASS : st.plan;
   if (settled)
@@ -104,6 +104,8 @@ static ust__route *serve_call(ust__binding *b, const ust__call *c, int *plan) {
   ust__call_end(c, &st, &d);
   return st.route;
 }
+
+static ust__route *serve_call(ust__binding *b, const ust__call *c, int *plan) { return serve_calls(b, c, 1, plan); }
 
 static void fixture_init(fixture *f, int max_routes, double sample) {
   memset(f, 0, sizeof *f);
@@ -223,7 +225,7 @@ TEST(a_call_finds_the_route_its_key_names) {
         ust__route *by_key = ust__routes_get(&f.r, &k, &b);
         ASSERT_TRUE(by_key != NULL);
         ust__call_state st;
-        ASSERT_INT_EQ(ust__call_settle(&b, &c, &st), 1);
+        ASSERT_INT_EQ(ust__call_settle(&b, &c, 1, &st), 1);
         ASSERT_TRUE(st.route == by_key);
       }
   /* 10 and 11 arguments make one key: a ninth tensor is past the key's eight */
@@ -232,13 +234,90 @@ TEST(a_call_finds_the_route_its_key_names) {
   f.pol.sample_q32 = UINT32_MAX;
   c.device = UST__DEV_CPU;
   ust__call_state st;
-  ASSERT_INT_EQ(ust__call_settle(&b, &c, &st), 0);
+  ASSERT_INT_EQ(ust__call_settle(&b, &c, 1, &st), 0);
   ASSERT_INT_EQ(st.timing, 1);
   ust__decision dn;
   ust__decision_start(&dn, st.plan, st.flags);
   ust__decision_next(&dn, UST__EV_OK);
   ust__call_end(&c, &st, &dn);
   fixture_free(&f);
+}
+
+TEST(admit_keys_each_call_at_random_past_a_threads_warm_up) {
+  /* An operator observing without a candidate (key_every 16): a thread's
+   * first key_after calls under an engine are keyed one by one; later ones
+   * each with probability 1/16, standing for 16 calls, whatever the calls
+   * around them (every 16th call of a period-16 pattern is keyed 1 time in
+   * 16 too, where a fixed stride would key all or none of them). */
+  fixture f;
+  fixture_init(&f, 16, 0.0625);
+  f.pol.key_every = 16;
+  f.pol.key_after = 100;
+  f.pol.engine_gen = 7;
+  ust__binding b;
+  ust__binding_def d;
+  make_binding(&b, &f, &d, 0);
+  ust__thread t;
+  memset(&t, 0, sizeof t);
+  for (int i = 0; i < 100; i++)
+    ASSERT_INT_EQ(ust__binding_admit(&b, &t), 1);
+  long keyed = 0, keyed_16th = 0, tallied = 0;
+  for (long i = 0; i < 160000; i++) {
+    const int w = ust__binding_admit(&b, &t);
+    ASSERT_TRUE(w == UST__ADMIT_TALLY || w == 16);
+    keyed += w == 16;
+    keyed_16th += w == 16 && i % 16 == 15;
+    if (w == UST__ADMIT_TALLY) {
+      ust__binding_tallied(&b);
+      tallied++;
+    }
+  }
+  /* binomial: 10,000 +- 97 (sd) over all, 625 +- 24 over the 16th calls; 5 sd */
+  ASSERT_TRUE(keyed > 10000 - 485 && keyed < 10000 + 485);
+  ASSERT_TRUE(keyed_16th > 625 - 121 && keyed_16th < 625 + 121);
+  ASSERT_INT_EQ((long)atomic_load(&b.tallied), tallied);
+  ASSERT_INT_EQ(keyed + tallied, 160000);
+  /* a new engine: the thread's warm-up again */
+  f.pol.engine_gen = 8;
+  for (int i = 0; i < 100; i++)
+    ASSERT_INT_EQ(ust__binding_admit(&b, &t), 1);
+  /* a candidate's operator (key_every 1) keys every call; one that is off passes them */
+  f.pol.key_every = 1;
+  for (int i = 0; i < 1000; i++)
+    ASSERT_INT_EQ(ust__binding_admit(&b, &t), 1);
+  f.pol.mode = UST__MODE_OFF;
+  ASSERT_INT_EQ(ust__binding_admit(&b, &t), UST__ADMIT_PASS);
+  fixture_free(&f);
+}
+
+TEST(a_call_standing_for_many_counts_them_and_is_timed_at_their_share) {
+  /* A call keyed at random stands for w calls: its route counts w (w - 1 of
+   * them estimated) and it is timed when one of the calls it stands for would
+   * be: at a share of 1/16, each call standing for 16 is timed; at 1/64,
+   * one in 4, exactly as the share rule takes 1/64 of the calls counted,
+   * and the first, which stands for the key's first calls (timed whatever
+   * the sampling; at 1/16 it is a sampled one). */
+  const double shares[] = {1.0 / 16, 1.0 / 64};
+  const uint64_t want_timed[] = {100, 25 + 1}, want_first[] = {0, 1};
+  for (int v = 0; v < 2; v++) {
+    fixture f;
+    fixture_init(&f, 16, shares[v]);
+    ust__binding b;
+    ust__binding_def d;
+    make_binding(&b, &f, &d, 0);
+    ust__arg args[4];
+    ust__call c;
+    make_call(&c, args, UST__DT_F32);
+    ust__route *r = NULL;
+    for (int i = 0; i < 100; i++)
+      r = serve_calls(&b, &c, 16, NULL);
+    ASSERT_TRUE(r != NULL);
+    ASSERT_INT_EQ(atomic_load(&r->figs.calls), 1600);
+    ASSERT_INT_EQ(atomic_load(&r->figs.estimated), 1500);
+    ASSERT_INT_EQ(atomic_load(&r->figs.hist.count), want_timed[v]);
+    ASSERT_INT_EQ(atomic_load(&r->figs.first_timed), want_first[v]);
+    fixture_free(&f);
+  }
 }
 
 TEST(route_table_full) {

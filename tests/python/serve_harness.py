@@ -278,7 +278,10 @@ def understudy_config(work, metrics_port, *, silu_sample=1.0, more_operators=Non
     ops.update(more_operators or {})
     # top_keys above the keys a run makes: every key keeps a series of its own, so the sums over series stay
     # the report's totals (with fewer, a key that leaves the busiest stops being exposed: README, metrics)
-    return {"operators": ops, "report": {"path": str(pathlib.Path(work) / "report-{pid}.json"), "interval_s": 0},
+    # every call keyed (key_every 1): the checks hold the ops' counts against one another exactly, where past a
+    # thread's warm-up the defaults would estimate the counts of the GEMMs' keys
+    return {"operators": ops, "defaults": {"key_every": 1},
+            "report": {"path": str(pathlib.Path(work) / "report-{pid}.json"), "interval_s": 0},
             "metrics": {"port": metrics_port, "top_keys": 4096}}
 
 

@@ -102,13 +102,13 @@ def pooled_estimate(s):
 
 
 def test_a_steady_key_is_sampled_less_and_estimated_by_stratum(us):
-    """By default a key's first 4,096 calls are sampled 1 in 16 and the later
-    ones 1 in 256. Its first 4,096 calls hold 400 us, the next 5,904 20 us:
+    """By default a key's first 4,096 calls are timed 1 in 16 and the later
+    ones 1 in 256 (every call keyed here: key_every 1). Its first 4,096 calls hold 400 us, the next 5,904 20 us:
     timed are 3 first + 256 + 23 late calls, and the device time counts each
     stratum at its own mean: at least the held time (every timed call held
     its share), and well under what a mean over all 282 timed calls gives
     (the late calls at the early ones' time: about 3.7 s against 1.9 s)."""
-    us.enable({"operators": {"rms_norm": "observe"}})
+    us.enable({"defaults": {"key_every": 1}, "operators": {"rms_norm": "observe"}})
     op, s, held, wall = held_phases(us, ((4096, 400_000), (5904, 20_000)))
     assert (op["sample"], op["sample_steady"], op["steady_after"]) == (1 / 16, 1 / 256, 4096)
     assert (s["calls"], s["timed"], s["first_timed"], s["steady_timed"]) == (10000, 3 + 256 + 23, 3, 23)
@@ -134,8 +134,9 @@ def test_shadowed_calls_time_the_stratum_they_fall_in(us):
 
 def test_a_share_asked_for_holds_for_every_call(us):
     """An operator's own sample, without a sample_steady, is the share of all
-    its calls: 10,000 calls at 1 in 16 time 625 of them and the first 3."""
-    us.enable({"operators": {"gemm": {"sample": 1 / 16}}})
+    its calls: 10,000 calls at 1 in 16 time 625 of them and the first 3
+    (every call keyed: key_every 1)."""
+    us.enable({"defaults": {"key_every": 1}, "operators": {"gemm": {"sample": 1 / 16}}})
     a, b = torch.randn(4, 4), torch.randn(4, 4)
     for _ in range(10000):
         torch.mm(a, b)
@@ -208,6 +209,97 @@ def test_four_threads_exact_counts(us):
     assert counts["aten::mm"] == 4 * n
     assert counts["aten::silu"] == 4 * n
     assert rep["totals"]["calls"] == 8 * n
+
+
+def keyed(s):
+    """The calls of a shape key seen one by one (its calls less those estimated)."""
+    return s["calls"] - s["estimated"]
+
+
+def gemm_report(us):
+    (op,) = [o for o in us.report()["operators"] if o["name"] == "gemm"]
+    return op, {s["key"].split("|")[-1]: s for s in op["shapes"]}
+
+
+def test_past_a_threads_warm_up_a_random_share_is_keyed_and_every_call_counted(us):
+    """Past a thread's first key_after calls an operator observing without a
+    candidate keys one call in key_every at random and tallies the others on
+    the operator: every call is counted once (keyed or tallied), and a key's
+    calls are estimated, each keyed call standing for key_every. The calls
+    come in periods of 8 (7 of one key, then 1 of another), which a fixed
+    stride of 8 would alias: it would key every call of one key and none
+    of the other."""
+    us.enable({"defaults": {"key_every": 8, "key_after": 200}, "operators": {"gemm": "observe"}})
+    a, b, c = torch.randn(8, 16), torch.randn(16, 4), torch.randn(16, 2)
+
+    def periods(n):
+        for _ in range(n):
+            for _ in range(7):
+                torch.mm(a, b)
+            torch.mm(a, c)
+
+    with DispatchCounter() as warm:
+        periods(25)  # the thread's first 200 calls: each keyed
+    op, keys = gemm_report(us)
+    big, small = keys["M=8,K=16,N=4"], keys["M=8,K=16,N=2"]
+    assert warm.counts["aten::mm"] == 200
+    assert (op["key_every"], op["key_after"], op["tallied"]) == (8, 200, 0)
+    assert (big["calls"], big["estimated"], small["calls"], small["estimated"]) == (175, 0, 25, 0)
+
+    with DispatchCounter() as late:
+        periods(1000)
+    assert late.counts["aten::mm"] == 8000
+    op, keys = gemm_report(us)
+    big, small = keys["M=8,K=16,N=4"], keys["M=8,K=16,N=2"]
+    assert op["tallied"] + keyed(big) + keyed(small) == 8200
+    assert op["tallied"] > 0
+    for s, true_late in ((big, 7000), (small, 1000)):
+        assert s["estimated"] % 7 == 0  # each call keyed at random stands for 8
+        k = s["estimated"] // 7
+        assert keyed(s) == 200 * true_late // 8000 + k  # the warm-up's, one by one, and the random ones
+        # binomial: k ~ B(true_late, 1/8); 5 standard deviations
+        sd = (true_late * (1 / 8) * (7 / 8)) ** 0.5
+        assert abs(k - true_late / 8) <= 5 * sd, (s["key"], k, true_late / 8)
+        assert s["timed"] > 0
+    assert op["tallied"] == 8000 - big["estimated"] // 7 - small["estimated"] // 7
+    assert us.report()["totals"]["tallied"] == op["tallied"]
+
+
+def test_an_operator_with_a_candidate_keys_every_call(us):
+    """Routes of an operator with a candidate are routed by key (shadowed,
+    served, their modes set per key): each of its calls is keyed, past any
+    warm-up, in shadow and once set to observe."""
+    from test_shadow import native, rms_inputs
+    us.enable({"defaults": {"key_every": 8, "key_after": 0},
+               "operators": {"gemm": "observe",
+                             "rms_norm": {"mode": "shadow", "sample": 0.01, "candidate": native("rms_norm_cpu")}}})
+    ((x, w),) = rms_inputs(shapes=((4, 64),))
+    o = torch.empty_like(x)
+    for _ in range(300):
+        torch.ops._C.rms_norm(o, x, w, 1e-6)
+    us.set_mode("rms_norm", "observe")
+    for _ in range(300):
+        torch.ops._C.rms_norm(o, x, w, 1e-6)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    for _ in range(800):
+        torch.mm(a, b)
+    ops = {o["name"]: o for o in us.report()["operators"]}
+    (s,) = ops["rms_norm"]["shapes"]
+    assert (s["calls"], s["estimated"], ops["rms_norm"]["tallied"], ops["rms_norm"]["key_every"]) == (600, 0, 0, 1)
+    (g,) = ops["gemm"]["shapes"]
+    assert ops["gemm"]["key_every"] == 8 and ops["gemm"]["tallied"] > 0 and g["estimated"] > 0
+    assert ops["gemm"]["tallied"] + keyed(g) == 800
+
+
+def test_every_call_keyed_with_key_every_1_or_under_the_warm_up(us):
+    """key_every 1 keys every call however many: counts exact, nothing tallied."""
+    us.enable({"defaults": {"key_every": 1, "key_after": 0}, "operators": {"gemm": "observe"}})
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    for _ in range(5000):
+        torch.mm(a, b)
+    op, keys = gemm_report(us)
+    (s,) = keys.values()
+    assert (s["calls"], s["estimated"], op["tallied"]) == (5000, 0, 0)
 
 
 def test_mode_off_passes_through_and_can_be_switched(us):
