@@ -44,7 +44,10 @@ understudy does anything with a call.
 --steady first decodes observed until every key the decode calls is past
 its operator's steady_after (defaults: 4,096 calls, after which 1 call in
 256 is timed instead of 1 in 16): the state of a process that has served a
-while; the table says how many warm-up steps that took.
+while; the table says how many warm-up steps that took. Its column keyed is
+the share of the calls counted (the warm-up's among them) that were keyed one
+by one: past a thread's first calls the defaults key 1 call in 16 of an
+operator without a candidate and tally the others (defaults.key_every).
 
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8] [--steady]
@@ -281,11 +284,20 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
             a, b = times[at], times[2 * i + 1 - at]
             diffs.append(a - b)
             base.append(b)
+    keyed = keyed_share(understudy.report()) if understudy.is_enabled() else float("nan")
     plain.leave()
     understudy.disable()
     del model
     torch.cuda.empty_cache()
-    return statistics.median(base), diffs, statistics.median(steps_calls[1:]), warm
+    return statistics.median(base), diffs, statistics.median(steps_calls[1:]), warm, keyed
+
+
+def keyed_share(rep):
+    """Of the calls a report counted, the share keyed one by one (the others
+    tallied without a key: defaults.key_every); nan where it counted none."""
+    seen = sum(s["calls"] - s.get("estimated", 0) for o in rep["operators"] for s in o["shapes"])
+    total = seen + rep["totals"].get("tallied", 0)
+    return seen / total if total else float("nan")
 
 
 def main():
@@ -336,15 +348,15 @@ def main():
               + (f"; plain passes by {' '.join(args.pass_by)} alone" if args.pass_by else ""))
         first, second = args.modes
         print(f"{'model':<10} {'batch':>5} {'step, ' + second:>14} {'pairs':>6} {first + ' - ' + second:>18} "
-              f"{'95 % interval':>18} {'ratio':>7} {'calls/step':>10} {'warm-up':>8}")
+              f"{'95 % interval':>18} {'ratio':>7} {'calls/step':>10} {'warm-up':>8} {'keyed':>6}")
         for kind in args.models:
             for b in args.batch:
-                base, diffs, per_step, warm = paired(kind, b, args.tokens, args.layers, args.rounds, config,
+                base, diffs, per_step, warm, keyed = paired(kind, b, args.tokens, args.layers, args.rounds, config,
                                                      args.modes, args.steady, args.pass_by)
                 med, lo, hi = median_interval(diffs)
                 print(f"{kind:<10} {b:>5} {base * 1e3:>12.3f}ms {len(diffs):>6} {med * 1e6:>15.2f} us "
                       f"{lo * 1e6:>7.2f} .. {hi * 1e6:>6.2f} us {1 + med / base:>7.4f} {per_step:>10.1f} "
-                      f"{warm:>8}", flush=True)
+                      f"{warm:>8} {keyed:>6.1%}", flush=True)
         return
     kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)

@@ -1607,13 +1607,18 @@ template <class Source>
     return;
   }
   CallScope nested(th); // a tallied call's bound callees are part of it, as a keyed call's
-  if (weight == UST__ADMIT_TALLY) {
-    if (__builtin_expect(src.tallies(), 1)) {
+  if (weight != 1) {
+    // a call the tally cannot take (a stream that may capture, a device not
+    // counted) is keyed, and stands for itself alone: the calls a random one
+    // stands for are those the tally takes
+    const bool tallies = src.tallies();
+    if (__builtin_expect(tallies && weight == UST__ADMIT_TALLY, 1)) {
       ust__binding_tallied(b);
       src.pass(below);
       return;
     }
-    weight = 1; // a call the tally cannot take (a stream that may capture, a device not counted): keyed
+    if (!tallies)
+      weight = 1;
   }
   ust__arg args[Source::kArgs];
   ust__call call;
