@@ -126,8 +126,9 @@ typedef struct ust__thread {
   ust__nested *nested; /* while an outer call's production runs: where its bound callees' floors are summed */
   /* the keying sample (ust__binding_admit), under the engine key_gen names */
   int key_traced;     /* its router holds a kernel tracer: inside a window every call is keyed */
-  uint64_t key_gen;   /* the engine (ust__policy.engine_gen) the fields below count for */
-  uint64_t key_warm;  /* this thread's calls under it, counted up to its key_after */
+  uint32_t key_gen;   /* the engine's number (1 to 65535, a binding's tally word) the fields below count for */
+  uint64_t key_after; /* its policy's */
+  uint64_t key_warm;  /* this thread's calls under it, counted up to key_after */
   int64_t key_gap;    /* calls until the next one keyed at random */
   uint64_t key_rng;   /* xorshift64* state; 0 until first drawn */
 } ust__thread;

@@ -1218,24 +1218,32 @@ static UST__NOINLINE int64_t key_gap(ust__thread *t, uint32_t every) {
 }
 
 /* A thread's warm-up under a new engine: every call keyed again, up to key_after. */
-static UST__NOINLINE void key_restart(ust__binding *b, ust__thread *t, const ust__policy *pol) {
-  t->key_gen = pol->engine_gen;
+static UST__NOINLINE void key_restart(ust__binding *b, ust__thread *t, uint32_t word) {
+  const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
+  t->key_gen = word >> 16;
+  t->key_after = pol->key_after;
   t->key_warm = 0;
-  t->key_gap = pol->key_after == 0 ? key_gap(t, pol->key_every) : 0;
+  t->key_gap = pol->key_after == 0 ? key_gap(t, word & 0xffffu) : 0;
   t->key_traced = b->router->tracer;
 }
 
-UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
+/* A call whose binding's tally word is 0: its operator's policy decides. */
+static UST__NOINLINE int admit_by_policy(const ust__binding *b) {
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
-  if (pol->mode == UST__MODE_OFF)
-    return UST__ADMIT_PASS;
-  if (pol->key_every <= 1)
-    return 1;
-  if (__builtin_expect(t->key_gen != pol->engine_gen, 0))
-    key_restart(b, t, pol);
-  if (t->key_warm < pol->key_after) {
-    if (++t->key_warm == pol->key_after) /* the first gap drawn as the warm-up ends */
-      t->key_gap = key_gap(t, pol->key_every);
+  return pol->mode == UST__MODE_OFF ? UST__ADMIT_PASS : 1;
+}
+
+/* The common case reads the binding's first line and the thread's block. */
+UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
+  const uint32_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
+  if (__builtin_expect(word == 0, 0))
+    return admit_by_policy(b);
+  const uint32_t every = word & 0xffffu;
+  if (__builtin_expect(t->key_gen != word >> 16, 0))
+    key_restart(b, t, word);
+  if (t->key_warm < t->key_after) {
+    if (++t->key_warm == t->key_after) /* the first gap drawn as the warm-up ends */
+      t->key_gap = key_gap(t, every);
     return 1;
   }
   /* inside a kernel-tracing window every call is keyed: its kernels are the route's */
@@ -1243,8 +1251,14 @@ UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
     return 1;
   if (--t->key_gap > 0)
     return UST__ADMIT_TALLY;
-  t->key_gap = key_gap(t, pol->key_every);
-  return (int)pol->key_every;
+  t->key_gap = key_gap(t, every);
+  return (int)every;
+}
+
+uint32_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
+  if (pol->mode != UST__MODE_OBSERVE || pol->key_every <= 1)
+    return 0;
+  return (uint32_t)(engine_gen % 65535u + 1u) << 16 | (pol->key_every & 0xffffu);
 }
 
 UST__HOT void ust__binding_tallied(ust__binding *b) { atomic_fetch_add_explicit(&b->tallied, 1, memory_order_relaxed); }

@@ -93,7 +93,6 @@ typedef struct ust__policy {
    * mode but observe) */
   uint32_t key_every;
   uint64_t key_after;
-  uint64_t engine_gen; /* the engine's: a thread's warm-up starts again under a new one */
 } ust__policy;
 
 /* ---- candidates ------------------------------------------------------------------ */

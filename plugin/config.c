@@ -770,9 +770,9 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
       cfg->steady_after = (uint64_t)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "key_every")) != NULL) {
-      if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1) || v->valuedouble > 65536 ||
+      if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1) || v->valuedouble > 65535 ||
           v->valuedouble != floor(v->valuedouble))
-        return ust__error(UST_ECONFIG, "config: 'defaults.key_every' must be a whole number of calls in [1, 65536] "
+        return ust__error(UST_ECONFIG, "config: 'defaults.key_every' must be a whole number of calls in [1, 65535] "
                                        "(1: every call keyed)");
       cfg->key_every = (uint32_t)v->valuedouble;
     }

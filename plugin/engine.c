@@ -57,7 +57,6 @@ static const ust__policy *policy_new(ust__engine *e, const ust__policy *p, int h
    * calls: any other routes each call by its key */
   n->policy.key_every = p->mode == UST__MODE_OBSERVE && !has_cand ? e->cfg.key_every : 1;
   n->policy.key_after = e->cfg.key_after;
-  n->policy.engine_gen = e->gen;
   n->policy.sample_q32 = ust__share_q32(p->sample);
   n->policy.steady_q32 = ust__share_q32(p->sample_steady);
   if (n->policy.steady_q32 >= n->policy.sample_q32) { /* one share throughout */
@@ -68,6 +67,15 @@ static const ust__policy *policy_new(ust__engine *e, const ust__policy *p, int h
   n->next = e->policies;
   e->policies = n;
   return &n->policy;
+}
+
+/* Publish an operator's policy, and its bindings' tally words with it. */
+static void policy_publish(ust__engine *e, ust__engine_op *eo, const ust__policy *pub) {
+  atomic_store(&eo->op.policy, pub);
+  const uint32_t word = ust__tally_word(pub, e->gen);
+  for (int i = 0; i < e->n_bindings; i++)
+    if (e->bindings[i].op == &eo->op)
+      atomic_store(&e->bindings[i].tally, word);
 }
 
 static ust__policy policy_of(const ust__op_config *oc) {
@@ -293,6 +301,7 @@ static int build_operators(ust__engine *e) {
         b->def = def;
         b->router = &e->router;
         atomic_init(&b->resolved, 0);
+        atomic_init(&b->tally, ust__tally_word(atomic_load(&eo->op.policy), e->gen));
         snprintf(b->qualname, sizeof b->qualname, "%s", def->op);
         snprintf(b->overload, sizeof b->overload, "%s", def->overloads[o]);
         snprintf(b->display, sizeof b->display, "%s%s%s", def->op, def->overloads[o][0] ? "." : "",
@@ -741,7 +750,7 @@ int ust_set_mode(const char *operator_name, const char *mode) {
     if (pub == NULL)
       rc = ust__error(UST_ENOMEM, "set_mode: out of memory");
     else
-      atomic_store(&eo->op.policy, pub);
+      policy_publish(e, eo, pub);
   }
   pthread_mutex_unlock(&c->lock);
   return rc;
@@ -843,7 +852,7 @@ int ust_reload(const char *config_json) {
     ust__engine_op *eo = NULL;
     HASH_FIND_STR(e->ops_by_name, next.ops[i].name, eo);
     if (pubs[i] != NULL)
-      atomic_store(&eo->op.policy, pubs[i]);
+      policy_publish(e, eo, pubs[i]);
   }
   if (rc == 0) {
     free(e->config_json);

@@ -253,10 +253,10 @@ TEST(admit_keys_each_call_at_random_past_a_threads_warm_up) {
   fixture_init(&f, 16, 0.0625);
   f.pol.key_every = 16;
   f.pol.key_after = 100;
-  f.pol.engine_gen = 7;
   ust__binding b;
   ust__binding_def d;
   make_binding(&b, &f, &d, 0);
+  atomic_store(&b.tally, ust__tally_word(&f.pol, 7)); /* as the engine publishes the policy */
   ust__thread t;
   memset(&t, 0, sizeof t);
   for (int i = 0; i < 100; i++)
@@ -277,15 +277,23 @@ TEST(admit_keys_each_call_at_random_past_a_threads_warm_up) {
   ASSERT_TRUE(keyed_16th > 625 - 121 && keyed_16th < 625 + 121);
   ASSERT_INT_EQ((long)atomic_load(&b.tallied), tallied);
   ASSERT_INT_EQ(keyed + tallied, 160000);
-  /* a new engine: the thread's warm-up again */
-  f.pol.engine_gen = 8;
-  for (int i = 0; i < 100; i++)
-    ASSERT_INT_EQ(ust__binding_admit(&b, &t), 1);
+  /* a new engine (the 65,536th after it too: numbers wrap, never to 0): the thread's warm-up again */
+  for (int e = 0; e < 2; e++) {
+    atomic_store(&b.tally, ust__tally_word(&f.pol, e == 0 ? 8 : 7 + 65535));
+    ASSERT_TRUE((atomic_load(&b.tally) >> 16) != 0);
+    for (int i = 0; i < 100; i++)
+      ASSERT_INT_EQ(ust__binding_admit(&b, &t), 1);
+    ASSERT_TRUE(ust__binding_admit(&b, &t) != 1); /* past it: tallied, or keyed standing for 16 */
+  }
   /* a candidate's operator (key_every 1) keys every call; one that is off passes them */
   f.pol.key_every = 1;
+  ASSERT_INT_EQ(ust__tally_word(&f.pol, 9), 0);
+  atomic_store(&b.tally, 0);
   for (int i = 0; i < 1000; i++)
     ASSERT_INT_EQ(ust__binding_admit(&b, &t), 1);
   f.pol.mode = UST__MODE_OFF;
+  f.pol.key_every = 16;
+  ASSERT_INT_EQ(ust__tally_word(&f.pol, 9), 0);
   ASSERT_INT_EQ(ust__binding_admit(&b, &t), UST__ADMIT_PASS);
   fixture_free(&f);
 }
