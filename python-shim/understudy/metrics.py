@@ -285,7 +285,7 @@ class UnderstudyCollector:
                                  labels=["version", "torch_version"])
         info.add_metric([str(rep.get("library_version", "")), str(rep.get("torch_version", ""))], 1)
         yield info
-        ops = [o for o in rep.get("operators", ()) if o.get("shapes") or o.get("untracked")]
+        ops = [o for o in rep.get("operators", ()) if o.get("shapes") or o.get("untracked") or o.get("tallied")]
         routes = GaugeMetricFamily("understudy_routes", "routes (shape keys) of each operator by mode",
                                    labels=["operator", "mode"])
         share = GaugeMetricFamily("understudy_operator_device_time_ratio",
@@ -299,6 +299,9 @@ class UnderstudyCollector:
                                   "shape keys with a verified candidate / shape keys seen", labels=["operator"])
         untracked = CounterMetricFamily("understudy_untracked_calls_total",
                                         "calls beyond max_routes (served, not keyed)", labels=["operator"])
+        tallied = CounterMetricFamily("understudy_tallied_calls_total",
+                                      "calls counted without a key past a thread's warm-up (defaults.key_every): "
+                                      "the shape keys' call counts stand for them", labels=["operator"])
         graphs = GaugeMetricFamily("understudy_routes_graph",
                                    "routes (shape keys) of each operator by how they stand under CUDA graphs: gated "
                                    "(verdicts flow in replays), observed (replays timed, no candidate captured), "
@@ -328,7 +331,8 @@ class UnderstudyCollector:
             if rl.get("coverage") is not None:
                 cover.add_metric([op], rl["coverage"])
             untracked.add_metric([op], float(o.get("untracked", 0)))
-        yield from (m for m in (routes, graphs, share, ratio, cratio, cover, untracked) if m.samples)
+            tallied.add_metric([op], float(o.get("tallied", 0)))
+        yield from (m for m in (routes, graphs, share, ratio, cratio, cover, untracked, tallied) if m.samples)
         tot = rep.get("totals") or {}
         ierr = CounterMetricFamily("understudy_internal_errors_total",
                                    "understudy's own failures (production served each call)")

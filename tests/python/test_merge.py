@@ -85,10 +85,12 @@ def poisoned(rep, strip=False):
 
 
 def real_report(us):
-    """A report with observed, shadowed and scored routes, from this process."""
+    """A report with observed, shadowed and scored routes, from this process
+    (past the thread's first 10 of silu's and mm's calls, keyed 1 in 2: keys with
+    estimated calls, tallied ones)."""
     us.enable({"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "candidate": native("rms_norm_cpu")},
                              "silu": {"sample": 1.0}, "gemm": {"sample": 0.5}},
-               "hardware": {"profile": "H200"}})
+               "defaults": {"key_every": 2, "key_after": 10}, "hardware": {"profile": "H200"}})
     import torch
     run_rms_norm(rms_inputs(shapes=((7, 128), (64, 256), (3, 5, 64))), repeat=7)
     with understudy.phase("prefill"):
@@ -129,11 +131,12 @@ def split(rep, k, seed=0):
     for i, p in enumerate(parts):
         p["pid"] = 1000 + i  # k processes
     for oi, o in enumerate(rep["operators"]):
-        for p, c in zip(parts, _split_int(o["untracked"], k, rng)):
-            p["operators"][oi]["untracked"] = c
+        for f in ("untracked", "tallied"):
+            for p, c in zip(parts, _split_int(o[f], k, rng)):
+                p["operators"][oi][f] = c
         for si, s in enumerate(o["shapes"]):
             ps = [p["operators"][oi]["shapes"][si] for p in parts]
-            for f in ("calls", "captured", "timing_dropped", "first_timed", "first_time_ns"):
+            for f in ("calls", "estimated", "captured", "timing_dropped", "first_timed", "first_time_ns"):
                 for p, c in zip(ps, _split_int(s[f], k, rng)):
                     p[f] = c
             for p, h in zip(ps, _split_hist(s["latency_ns"], k, rng)):
@@ -179,15 +182,18 @@ def test_split_into_four_merges_back_exactly(us):
         else:
             assert got[path] == v, path
     assert merged["totals"]["untracked"] == rep["totals"]["untracked"]
+    assert merged["totals"]["tallied"] == rep["totals"]["tallied"] > 0
     assert merged["totals"]["internal_errors"] == rep["totals"]["internal_errors"]
     got = {o["name"]: o for o in merged["operators"]}
+    assert sum(s["estimated"] for o in rep["operators"] for s in o["shapes"]) > 0
     for o in rep["operators"]:
         m = got[o["name"]]
-        assert m["untracked"] == o["untracked"], o["name"]
+        assert (m["untracked"], m["tallied"], m["key_every"]) == (o["untracked"], o["tallied"], o["key_every"]), o["name"]
         ms = {s["key"]: s for s in m["shapes"]}
         for s in o["shapes"]:
             t = ms[s["key"]]
-            for f in ("calls", "captured", "timing_dropped", "first_timed", "first_time_ns", "mode", "phase"):
+            for f in ("calls", "estimated", "captured", "timing_dropped", "first_timed", "first_time_ns", "mode",
+                      "phase"):
                 assert t[f] == s[f], (s["key"], f)
             assert t["latency_ns"] == s["latency_ns"], s["key"]  # buckets, count, sum and quantiles
             if "shadow" in s:

@@ -214,6 +214,26 @@ def test_no_series_double_counts(us, tmp_path):
     assert set(per_phase) == {"decode", "prefill", "unknown"}
 
 
+def test_tallied_calls_have_a_counter_and_the_keys_their_estimates(us, tmp_path):
+    """Past the warm-up, calls counted without a key: the operator's
+    tallied counter is the report's, and its calls counter holds the keys'
+    estimated calls, the report's figures."""
+    us.enable({"defaults": {"key_every": 4, "key_after": 10}, "operators": {"gemm": "observe"}})
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    for _ in range(400):
+        torch.mm(a, b)
+    rep = us.report()
+    text = understudy.metrics_text(rep)
+    promtool_check(text, tmp_path)
+    smp = samples(text)
+    (op,) = [o for o in rep["operators"] if o["name"] == "gemm"]
+    (s,) = op["shapes"]
+    assert op["tallied"] > 0 and s["estimated"] > 0
+    assert one(smp, "understudy_tallied_calls_total", operator="gemm") == op["tallied"]
+    assert sum(pick(smp, "understudy_calls_total", operator="gemm").values()) == s["calls"]
+    assert op["tallied"] + s["calls"] - s["estimated"] == 400
+
+
 def test_cardinality_bound_folds_the_rest_into_other(us, tmp_path, monkeypatch):
     """Six shape keys, top_keys 2: exactly three key values; the two with the
     most device time (held for 50 ms a call: 150 ms and 300 ms, far above what
