@@ -61,7 +61,9 @@ def format_report(rep: dict, *, max_shapes: int = 8, all_operators: bool = False
     lines.append(f"calls {int(tot.get('calls', 0))}  timed {int(tot.get('timed', 0))}  "
                  f"captured {int(tot.get('captured', 0))}  routes {int(tot.get('routes', 0))}  "
                  f"untracked {int(tot.get('untracked', 0))}  internal errors {int(tot.get('internal_errors', 0))}  "
-                 f"device time {tot.get('est_device_time_ns', 0) / 1e6:.3f} ms")
+                 f"device time {tot.get('est_device_time_ns', 0) / 1e6:.3f} ms"
+                 # past a thread's warm-up: calls counted without a key, which the keys' estimated calls stand for
+                 + (f"  (tallied {int(tot['tallied'])}: keys' calls estimated)" if tot.get("tallied") else ""))
     if tot.get("S_agg") is not None:
         cov = [f"{o['name']} {o['roofline']['coverage']:.2f}" for o in rep.get("operators", [])
                if "coverage" in o.get("roofline", {})]
