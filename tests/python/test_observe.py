@@ -474,10 +474,12 @@ _nest_lib.define("outer(Tensor a, Tensor b) -> Tensor")
 _nest_lib.impl("outer", lambda a, b: torch.mm(a, b) * 2, "CPU")
 
 
-def test_bound_ops_called_inside_a_bound_op_are_part_of_it(us, tmp_path):
+@pytest.mark.parametrize("keying", [{}, {"key_every": 2, "key_after": 0}], ids=["keyed", "tallied_too"])
+def test_bound_ops_called_inside_a_bound_op_are_part_of_it(us, tmp_path, keying):
     """A wrapper op whose implementation calls another bound op (vLLM's
     attention wrapper and its flash kernel): the inner call belongs to the
-    outer one and is not counted again; the same op called directly is."""
+    outer one and is not counted again; the same op called directly is.
+    So too where calls are tallied without a key (key_every)."""
     import json
     import shutil
 
@@ -488,12 +490,15 @@ def test_bound_ops_called_inside_a_bound_op_are_part_of_it(us, tmp_path):
     (d / "outer.json").write_text(json.dumps({
         "schema_version": 1, "operator": "outer", "bindings": [{"op": "ust_nest::outer", "key": {"M": "a[0]"}}]}))
     a, b = torch.randn(4, 8), torch.randn(8, 3)
-    us.enable({"operators": {"gemm": "observe", "outer": "observe"}}, problems=d)
-    torch.ops.ust_nest.outer(a, b)
-    torch.ops.ust_nest.outer(a, b)
+    us.enable({"operators": {"gemm": "observe", "outer": "observe"}, "defaults": keying}, problems=d)
+    for _ in range(20):
+        torch.ops.ust_nest.outer(a, b)
     torch.mm(a, b)
     rep = us.report()
-    assert bound_ops(rep) == {"ust_nest::outer": 2, "aten::mm": 1}
+    seen = {o["name"]: o["tallied"] + sum(s["calls"] - s["estimated"] for s in o["shapes"]) for o in rep["operators"]}
+    assert seen == {"outer": 20, "gemm": 1}
+    if not keying:
+        assert bound_ops(rep) == {"ust_nest::outer": 20, "aten::mm": 1}
 
 
 def test_a_slow_first_call_does_not_stand_for_the_sampled_ones(us):
