@@ -21,7 +21,7 @@ reads, DLmw writes): for the whole call, and for the part of it spent in
 understudy's library itself (torch's part moves by tens of instructions
 between runs, with its allocations; understudy's does not).
 
-    PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100] [--variants plain off none observe]
+    PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100] [--variants plain off none observe tallied]
         [--op mm|sdpa]
 
 --op sdpa measures sdpa's CPU kernel as F.scaled_dot_product_attention
@@ -45,7 +45,12 @@ VARIANTS = {  # name -> the measured operator's settings (None: understudy not l
     "off": "off",
     "none": {"mode": "observe", "sample": 0},
     "observe": {"mode": "observe", "sample": 1 / 16},
+    "tallied": {"mode": "observe", "sample": 0},  # past the warm-up from the first call (DEFAULTS)
 }
+# variant -> the config's defaults: calls of "tallied" keyed 1 in 16 at random
+# from the first (key_after 0), the others counted without a key; every other
+# variant's calls fall in the thread's warm-up, each keyed
+DEFAULTS = {"tallied": {"key_after": 0}}
 # --op: (understudy's operator, collection toggled on at torch's entry point
 # and off around the arithmetic, the call)
 OPS = {
@@ -57,7 +62,8 @@ OPS = {
              "CPU F.scaled_dot_product_attention (1x4x1x32 query, 16 keys)"),
 }
 LABELS = {"plain": "plain torch", "off": "mode off",
-          "none": "observe, none timed", "observe": "observe, 1 in 16 timed"}
+          "none": "observe, none timed", "observe": "observe, 1 in 16 timed",
+          "tallied": "observe, none timed, 1 in 16 keyed"}
 EVENTS = ("Ir", "ILmr", "DLmr", "DLmw")
 SCRUB_MB = 8
 
@@ -68,7 +74,7 @@ def child(variant, calls, op):
     sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
     if VARIANTS[variant] is not None:
         import understudy
-        understudy.enable({"operators": {OPS[op][0]: VARIANTS[variant]}})
+        understudy.enable({"operators": {OPS[op][0]: VARIANTS[variant]}, "defaults": DEFAULTS.get(variant, {})})
     if op == "mm":
         a, b = torch.randn(16, 16), torch.randn(16, 16)
 
