@@ -155,8 +155,9 @@ int ust__binding_is_off(const struct ust__binding *b);
  * thread's warm-up), for ust__call_settle. */
 enum { UST__ADMIT_PASS = -1, UST__ADMIT_TALLY = 0 };
 int ust__binding_admit(struct ust__binding *b, ust__thread *t);
-/* A call counted on b without a key. */
-void ust__binding_tallied(struct ust__binding *b);
+/* n calls counted on b without a key: a tallied one; or those a call keyed at
+ * random stood for, when it could not be counted on a route after all. */
+void ust__binding_tallied(struct ust__binding *b, unsigned n);
 /* 1 until the binding's argument names were resolved against a schema. */
 int ust__binding_needs_names(const struct ust__binding *b);
 /* Resolve argument names (borrowed), which arguments the schema marks

@@ -526,7 +526,10 @@ typedef struct ust__binding {
   _Alignas(64) int index;
   int n_dims;
   ust__operator *op;
-  atomic_uint_fast64_t tallied;  /* calls counted without a key (ust__binding_admit) */
+  /* calls counted without a key (ust__binding_admit): written by them on the
+   * line they read, one line for a thread that serves alone (threads calling
+   * one op at once share it, as they share the gate's counts) */
+  atomic_uint_fast64_t tallied;
   /* its operator's policy as a call that may be tallied reads it: while the
    * operator observes without a candidate, key_every | the engine's number
    * (1 to 65535) << 16; else 0, and the call reads the policy */

@@ -833,15 +833,16 @@ UST__HOT int ust__call_settle(ust__binding *b, const ust__call *call, unsigned w
   const uint64_t h = key_build(b, call, &key);
   ust__route *r = routes_find(b->router, &key, h, b);
   st->route = r;
-  if (r == NULL) {
-    atomic_fetch_add_explicit(&b->untracked, 1, memory_order_relaxed);
+  if (r == NULL) { /* every call it stands for */
+    atomic_fetch_add_explicit(&b->untracked, w, memory_order_relaxed);
     return 1;
   }
   uint32_t canary_q32 = 0;
   const int mode = ust__rollout_mode(&r->rollout, &canary_q32);
-  if (w > 1)
-    atomic_fetch_add_explicit(&r->figs.estimated, w - 1, memory_order_relaxed);
   const uint64_t n = atomic_fetch_add_explicit(&r->figs.calls, w, memory_order_relaxed) + w;
+  /* after calls, released: a snapshot reads it first (acquire), so never more than its share of them */
+  if (w > 1)
+    atomic_fetch_add_explicit(&r->figs.estimated, w - 1, memory_order_release);
   if (mode == UST__MODE_OBSERVE && !asks_capture(call, mode) &&
       timed_kind(b, atomic_load_explicit(&b->op->policy, memory_order_acquire), n, w, call) < 0)
     return 1;
@@ -1261,7 +1262,9 @@ uint32_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
   return (uint32_t)(engine_gen % 65535u + 1u) << 16 | (pol->key_every & 0xffffu);
 }
 
-UST__HOT void ust__binding_tallied(ust__binding *b) { atomic_fetch_add_explicit(&b->tallied, 1, memory_order_relaxed); }
+UST__HOT void ust__binding_tallied(ust__binding *b, unsigned n) {
+  atomic_fetch_add_explicit(&b->tallied, n, memory_order_relaxed);
+}
 
 UST__HOT int ust__binding_is_off(const ust__binding *b) {
   return atomic_load_explicit(&((ust__operator *)b->op)->policy, memory_order_acquire)->mode == UST__MODE_OFF;

@@ -1613,7 +1613,7 @@ template <class Source>
     // stands for are those the tally takes
     const bool tallies = src.tallies();
     if (__builtin_expect(tallies && weight == UST__ADMIT_TALLY, 1)) {
-      ust__binding_tallied(b);
+      ust__binding_tallied(b, 1);
       src.pass(below);
       return;
     }
@@ -1623,16 +1623,20 @@ template <class Source>
   ust__arg args[Source::kArgs];
   ust__call call;
   ust__call_state st; // ust__call_settle fills it when the call is not settled, before anything reads it
-  bool settled = true;
+  bool settled = true, counted = false;
   try {
     if (ust__binding_needs_names(b))
       resolve_names(b, op);
-    if (src.view(args, &call, th->phase))
+    if (src.view(args, &call, th->phase)) {
       settled = ust__call_settle(b, &call, static_cast<unsigned>(weight), &st) != 0;
+      counted = true;
+    }
   } catch (...) {
     ust__call_internal_error(b);
     settled = true;
   }
+  if (__builtin_expect(!counted && weight > 1, 0)) // the calls it stood for, counted without it
+    ust__binding_tallied(b, static_cast<unsigned>(weight - 1));
   if (__builtin_expect(settled, 1)) { // counted (or untracked), production alone, untimed: nothing to end
     src.pass(below);
     return;

@@ -124,7 +124,7 @@ def _route_figures(s: dict) -> dict:
 
 # Counter families: name, help, the label the part fills (None: no label), the divisor to base units.
 _COUNTERS = {
-    "calls": ("understudy_calls_total", "intercepted calls", None, 1),
+    "calls": ("understudy_calls_total", "intercepted calls (estimated past a thread's warm-up: defaults.key_every)", None, 1),
     "captured_calls": ("understudy_captured_calls_total", "calls made during CUDA graph capture", None, 1),
     "captured_candidate": ("understudy_captured_candidate_calls_total",
                            "calls captured into a CUDA graph with the candidate (of the captured calls)", None, 1),

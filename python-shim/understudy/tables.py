@@ -13,7 +13,7 @@ DASH = "-"
 
 REPORT_LEGEND = (
     ("mode", "what the operator's routes do (off, observe, shadow, canary, live, rolled_back)"),
-    ("calls", "calls seen"),
+    ("calls", "calls seen (past a thread's warm-up, 1 in key_every keyed stands for key_every: an estimate)"),
     ("capt", "calls made while a CUDA graph was captured (never timed)"),
     ("p50/p90/p99 us", "production's latency over the timed calls, microseconds"),
     ("weight", "share of the estimated device time"),

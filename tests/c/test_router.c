@@ -268,7 +268,7 @@ TEST(admit_keys_each_call_at_random_past_a_threads_warm_up) {
     keyed += w == 16;
     keyed_16th += w == 16 && i % 16 == 15;
     if (w == UST__ADMIT_TALLY) {
-      ust__binding_tallied(&b);
+      ust__binding_tallied(&b, 1);
       tallied++;
     }
   }
@@ -298,6 +298,21 @@ TEST(admit_keys_each_call_at_random_past_a_threads_warm_up) {
   fixture_free(&f);
 }
 
+/* A fixture with one binding and one call of it (make_call's, f32). */
+typedef struct one_binding {
+  fixture f;
+  ust__binding b;
+  ust__binding_def d;
+  ust__arg args[4];
+  ust__call c;
+} one_binding;
+
+static void one_binding_init(one_binding *o, int max_routes, double sample) {
+  fixture_init(&o->f, max_routes, sample);
+  make_binding(&o->b, &o->f, &o->d, 0);
+  make_call(&o->c, o->args, UST__DT_F32);
+}
+
 TEST(a_call_standing_for_many_counts_them_and_is_timed_at_their_share) {
   /* A call keyed at random stands for w calls: its route counts w (w - 1 of
    * them estimated) and it is timed when one of the calls it stands for would
@@ -307,25 +322,27 @@ TEST(a_call_standing_for_many_counts_them_and_is_timed_at_their_share) {
    * the sampling; at 1/16 it is a sampled one). */
   const double shares[] = {1.0 / 16, 1.0 / 64};
   const uint64_t want_timed[] = {100, 25 + 1}, want_first[] = {0, 1};
+  one_binding o;
   for (int v = 0; v < 2; v++) {
-    fixture f;
-    fixture_init(&f, 16, shares[v]);
-    ust__binding b;
-    ust__binding_def d;
-    make_binding(&b, &f, &d, 0);
-    ust__arg args[4];
-    ust__call c;
-    make_call(&c, args, UST__DT_F32);
+    one_binding_init(&o, 16, shares[v]);
     ust__route *r = NULL;
     for (int i = 0; i < 100; i++)
-      r = serve_calls(&b, &c, 16, NULL);
+      r = serve_calls(&o.b, &o.c, 16, NULL);
     ASSERT_TRUE(r != NULL);
     ASSERT_INT_EQ(atomic_load(&r->figs.calls), 1600);
     ASSERT_INT_EQ(atomic_load(&r->figs.estimated), 1500);
     ASSERT_INT_EQ(atomic_load(&r->figs.hist.count), want_timed[v]);
     ASSERT_INT_EQ(atomic_load(&r->figs.first_timed), want_first[v]);
-    fixture_free(&f);
+    fixture_free(&o.f);
   }
+  /* one that finds the route table full: untracked, all the calls it stands for */
+  one_binding_init(&o, 1, 0.0625);
+  ASSERT_TRUE(serve_calls(&o.b, &o.c, 16, NULL) != NULL);
+  shape_a[0] = 64; /* another key: the table holds one */
+  ASSERT_TRUE(serve_calls(&o.b, &o.c, 16, NULL) == NULL);
+  shape_a[0] = 4;
+  ASSERT_INT_EQ(atomic_load(&o.b.untracked), 16);
+  fixture_free(&o.f);
 }
 
 TEST(route_table_full) {
