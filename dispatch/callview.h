@@ -142,9 +142,6 @@ ust__thread *ust__thread_state(void);
 struct ust__binding *ust__hook_enter(struct ust__hook *h, ust__thread *t, unsigned *ticket);
 void ust__hook_leave(struct ust__hook *h, ust__thread *t, unsigned ticket);
 
-/* 1 when the binding's operator is in mode off: the bridge then passes the
- * call through without building a view. */
-int ust__binding_is_off(const struct ust__binding *b);
 /* What a call of b the bridge may count needs, before its view is built:
  * UST__ADMIT_PASS, passed on untouched (the operator is off);
  * UST__ADMIT_TALLY, tallied on the binding without a key

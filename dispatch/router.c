@@ -766,7 +766,7 @@ static UST__INLINE int timed_kind(const ust__binding *b, const ust__policy *pol,
   const int late = n > pol->steady_after;
   /* a call that stands for w calls (n - w + 1 .. n) is sampled when one of them would be */
   const uint32_t q = late ? pol->steady_q32 : pol->sample_q32;
-  const int sampled = w == 1 ? ust__sampled(n, q) : q == UINT32_MAX || ust__share_floor(n, q) != ust__share_floor(n - w, q);
+  const int sampled = q == UINT32_MAX || ust__share_floor(n, q) != ust__share_floor(n - w, q);
   const int early = n - w < UST__FIRST_TIMED;
   const int tracing = call->device == UST__DEV_CUDA && b->router->tracer ? ust__timers_tracing(b->router->timers)
                                                                          : UST__TRACING_OFF;
@@ -1198,12 +1198,11 @@ int ust__gate_drained(ust__gate *g, unsigned old) {
   return atomic_load_explicit(&g->inflight[old & 1u], memory_order_acquire) == 0;
 }
 
-/* The calls until the next one keyed at random, one in every: a geometric
- * draw (each call keyed with probability 1/every, whatever the calls before
- * it), from the thread's own generator. */
+/* The calls until the next one keyed at random, one in every (at least 2,
+ * as a tally word holds it): a geometric draw (each call keyed with
+ * probability 1/every, whatever the calls before it), from the thread's own
+ * generator. */
 static UST__NOINLINE int64_t key_gap(ust__thread *t, uint32_t every) {
-  if (every <= 1)
-    return 1;
   uint64_t x = t->key_rng;
   if (x == 0) /* seeded once per thread: its block's address and the clock */
     x = ((uint64_t)(uintptr_t)t * 0x9e3779b97f4a7c15ull) ^ ust__now_ns() ^ 0x2545f4914f6cdd1dull;
@@ -1228,7 +1227,8 @@ static UST__NOINLINE void key_restart(ust__binding *b, ust__thread *t, uint32_t 
   t->key_traced = b->router->tracer;
 }
 
-/* A call whose binding's tally word is 0: its operator's policy decides. */
+/* A call whose binding's tally word is 0: its operator's policy decides
+ * (passed on in mode off, else keyed). */
 static UST__NOINLINE int admit_by_policy(const ust__binding *b) {
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
   return pol->mode == UST__MODE_OFF ? UST__ADMIT_PASS : 1;
@@ -1264,10 +1264,6 @@ uint32_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
 
 UST__HOT void ust__binding_tallied(ust__binding *b, unsigned n) {
   atomic_fetch_add_explicit(&b->tallied, n, memory_order_relaxed);
-}
-
-UST__HOT int ust__binding_is_off(const ust__binding *b) {
-  return atomic_load_explicit(&((ust__operator *)b->op)->policy, memory_order_acquire)->mode == UST__MODE_OFF;
 }
 
 UST__HOT int ust__binding_needs_names(const ust__binding *b) {

@@ -262,15 +262,25 @@ inline void view_arg(c10::SymIntArrayRef v, ust__arg &a, ust__call *) {
     a.list[k] = v[k].as_int_unchecked();
 }
 
+// torch's current stream on a CUDA device (NULL: its default, legacy one).
+[[gnu::hot]] inline void *current_stream(c10::Device dev) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle();
+}
+
 // Whether the call's device can be counted; its current stream when CUDA.
 [[gnu::hot]] inline bool view_end(ust__call *call) {
   if (call->device < 0 || call->device == UST__DEV_OTHER)
     return false;
-  if (call->device == UST__DEV_CUDA) {
-    const c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call->device_id));
-    call->stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle();
-  }
+  if (call->device == UST__DEV_CUDA)
+    call->stream = current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call->device_id)));
   return true;
+}
+
+// The arguments of op's call on top of the stack.
+[[gnu::hot]] inline const c10::IValue *stack_args(const c10::OperatorHandle &op, const torch::jit::Stack &stack,
+                                                  size_t *n_schema) {
+  *n_schema = op.schema().arguments().size();
+  return stack.data() + (stack.size() - *n_schema);
 }
 
 // Fills the view (room for that many arguments in args) from the arguments
@@ -279,9 +289,9 @@ inline void view_arg(c10::SymIntArrayRef v, ust__arg &a, ust__call *) {
 // fake, sparse, ...).
 [[gnu::hot]] bool build_view(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args,
                              size_t room, ust__call *call, int phase) {
-  const size_t n_schema = op.schema().arguments().size();
+  size_t n_schema;
+  const c10::IValue *ivs = stack_args(op, stack, &n_schema);
   const size_t n = std::min(n_schema, room);
-  const c10::IValue *ivs = stack.data() + (stack.size() - n_schema);
   view_begin(call, args, n, phase);
   for (size_t i = 0; i < n; i++)
     view_arg(ivs[i], args[i], call);
@@ -299,7 +309,7 @@ inline void view_arg(c10::SymIntArrayRef v, ust__arg &a, ust__call *) {
   const c10::Device dev = t.device();
   if (dev.is_cpu())
     return true;
-  return dev.is_cuda() && c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle() == nullptr;
+  return dev.is_cuda() && current_stream(dev) == nullptr;
 }
 
 // The tensor a typed call's view takes its device from: its first defined
@@ -313,9 +323,9 @@ template <class T> const at::Tensor *first_tensor(const T &) { return nullptr; }
 // A boxed call's: the first defined tensor, or the first tensor of the
 // first list, among the arguments its view holds (build_view).
 bool boxed_tallies(const c10::OperatorHandle &op, const torch::jit::Stack &stack, size_t room) {
-  const size_t n_schema = op.schema().arguments().size();
+  size_t n_schema;
+  const c10::IValue *ivs = stack_args(op, stack, &n_schema);
   const size_t n = std::min(n_schema, room);
-  const c10::IValue *ivs = stack.data() + (stack.size() - n_schema);
   for (size_t i = 0; i < n; i++) {
     if (ivs[i].isTensor()) {
       const at::Tensor &t = ivs[i].toTensor();
@@ -336,7 +346,8 @@ bool boxed_tallies(const c10::OperatorHandle &op, const torch::jit::Stack &stack
 // The data pointers of the view build_view filled from the same stack: what
 // a plan that runs more than production (a candidate, snapshots) reads.
 void fill_data(const c10::OperatorHandle &op, const torch::jit::Stack &stack, ust__arg *args, int nargs) {
-  const c10::IValue *ivs = stack.data() + (stack.size() - op.schema().arguments().size());
+  size_t n_schema;
+  const c10::IValue *ivs = stack_args(op, stack, &n_schema);
   for (int i = 0; i < nargs; i++) {
     ust__arg &a = args[i];
     if (a.kind == UST__ARG_TENSOR)

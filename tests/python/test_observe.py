@@ -291,7 +291,7 @@ def test_an_operator_with_a_candidate_keys_every_call(us):
     assert ops["gemm"]["tallied"] + keyed(g) == 800
 
 
-def test_every_call_keyed_with_key_every_1_or_under_the_warm_up(us):
+def test_every_call_keyed_with_key_every_1(us):
     """key_every 1 keys every call however many: counts exact, nothing tallied."""
     us.enable({"defaults": {"key_every": 1, "key_after": 0}, "operators": {"gemm": "observe"}})
     a, b = torch.randn(4, 4), torch.randn(4, 4)
