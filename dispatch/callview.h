@@ -126,6 +126,7 @@ typedef struct ust__thread {
   ust__nested *nested; /* while an outer call's production runs: where its bound callees' floors are summed */
   /* the keying sample (ust__binding_admit), under the engine key_gen names */
   int key_traced;     /* its router holds a kernel tracer: inside a window every call is keyed */
+  int captures;       /* CUDA graph captures this thread began and has not ended (ust_graph_capture_begun) */
   uint32_t key_gen;   /* the engine's number (1 to 65535, a binding's tally word) the fields below count for */
   uint64_t key_after; /* its policy's */
   uint64_t key_warm;  /* this thread's calls under it, counted up to key_after */
@@ -146,10 +147,11 @@ void ust__hook_leave(struct ust__hook *h, ust__thread *t, unsigned ticket);
  * UST__ADMIT_PASS, passed on untouched (the operator is off);
  * UST__ADMIT_TALLY, tallied on the binding without a key
  * (ust__binding_tallied) when the bridge can count it so (its device is the
- * host, or a CUDA device on torch's default stream, where no graph is
- * captured), else keyed as one call; or the number of calls the keyed call
- * stands for (1; the policy's key_every when keyed at random past the
- * thread's warm-up), for ust__call_settle. */
+ * host or a CUDA device), else keyed as one call; or the number of calls the
+ * keyed call stands for (1; the policy's key_every when keyed at random past
+ * the thread's warm-up), for ust__call_settle. While the thread captures a
+ * CUDA graph (ust_graph_capture_begun) every call is keyed, so that the
+ * graph's nodes map to routes. */
 enum { UST__ADMIT_PASS = -1, UST__ADMIT_TALLY = 0 };
 int ust__binding_admit(struct ust__binding *b, ust__thread *t);
 /* n calls counted on b without a key: a tallied one; or those a call keyed at

@@ -190,6 +190,14 @@ int ust_set_phase(int phase) {
 
 int ust__thread_phase(void) { return tl_thread.phase; }
 
+int ust_graph_capture_begun(void) { return ++tl_thread.captures; }
+
+int ust_graph_capture_ended(void) {
+  if (tl_thread.captures > 0)
+    tl_thread.captures--;
+  return tl_thread.captures;
+}
+
 const char *ust__phase_name(int phase) {
   static const char *names[] = {"unknown", "prefill", "decode"};
   return phase >= 0 && phase <= UST_PHASE_DECODE ? names[phase] : "unknown";
@@ -1247,6 +1255,9 @@ UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
       t->key_gap = key_gap(t, every);
     return 1;
   }
+  /* while the thread captures a graph every call is keyed: its nodes are the route's */
+  if (__builtin_expect(t->captures != 0, 0))
+    return 1;
   /* inside a kernel-tracing window every call is keyed: its kernels are the route's */
   if (t->key_traced && ust__timers_tracing(b->router->timers) == UST__TRACING_WINDOW)
     return 1;

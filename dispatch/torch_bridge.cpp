@@ -299,17 +299,15 @@ inline void view_arg(c10::SymIntArrayRef v, ust__arg &a, ust__call *) {
 }
 
 // Whether a call whose view would take its device from t can be counted
-// without a key (ust__binding_admit): t is a strided tensor on the host, or
-// on a CUDA device whose current stream is torch's default one (CUDA
-// captures no graph there; on any other stream the call is keyed, so that
-// its graph's nodes are mapped to its route).
+// without a key (ust__binding_admit): t is a strided tensor on the host or
+// on a CUDA device, the devices a view counts. Its stream is not asked: a
+// thread capturing a graph says so (ust_graph_capture_begun), and its calls
+// are keyed before they get here.
 [[gnu::hot]] inline bool tally_device(const at::Tensor &t) {
   if (t.layout() != c10::kStrided)
     return false;
   const c10::Device dev = t.device();
-  if (dev.is_cpu())
-    return true;
-  return dev.is_cuda() && current_stream(dev) == nullptr;
+  return dev.is_cpu() || dev.is_cuda();
 }
 
 // The tensor a typed call's view takes its device from: its first defined
@@ -1619,9 +1617,9 @@ template <class Source>
   }
   CallScope nested(th); // a tallied call's bound callees are part of it, as a keyed call's
   if (weight != 1) {
-    // a call the tally cannot take (a stream that may capture, a device not
-    // counted) is keyed, and stands for itself alone: the calls a random one
-    // stands for are those the tally takes
+    // a call the tally cannot take (a device or layout not counted) is
+    // keyed, and stands for itself alone: the calls a random one stands for
+    // are those the tally takes
     const bool tallies = src.tallies();
     if (__builtin_expect(tallies && weight == UST__ADMIT_TALLY, 1)) {
       ust__binding_tallied(b, 1);

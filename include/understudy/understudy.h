@@ -189,7 +189,25 @@ typedef enum ust_phase {
  * forward step. */
 UST_API int ust_set_phase(int phase);
 
-/* ---- CUDA graphs' replays --------------------------------------------------- */
+/* ---- CUDA graphs' captures and replays ---------------------------------------- */
+
+/* For whoever captures a CUDA graph (the Python package does it for
+ * torch.cuda.CUDAGraph: torch.cuda.graph, make_graphed_callables,
+ * torch.compile's CUDA graph trees, vLLM, SGLang): call
+ * ust_graph_capture_begun on the capturing thread once the capture has
+ * begun, and ust_graph_capture_ended on it once it ended (or failed).
+ * Between the two every call the thread makes of an observed operator is
+ * keyed one by one, none tallied (defaults.key_every), so that the graph's
+ * nodes map to routes and its replays are attributed. A capture nobody
+ * reports is captured all the same; its calls past the thread's warm-up are
+ * then tallied at random like any others, and those calls' nodes are
+ * attributed to no route in its replays. Thread-local, engine-less (a
+ * capture may begin before ust_enable and end after ust_disable); each
+ * returns the captures the thread has under way (ended never goes below
+ * 0). */
+UST_API int ust_graph_capture_begun(void);
+UST_API int ust_graph_capture_ended(void);
+
 
 /* For whoever instantiates and replays a CUDA graph (the Python package
  * does it for torch.cuda.CUDAGraph): a shadow captured beside the chain

@@ -35,6 +35,11 @@ graph run production alone in its replays from then on
 or the hooks' __wrapped__ originals, passes no hook: only the tracer's
 windows see what is done with it.
 
+The same hooks say when the thread captures (ust_graph_capture_begun after
+capture_begin, ust_graph_capture_ended after capture_end, whether it raised
+or not): while it does, every call it makes of an observed operator is keyed
+one by one, none tallied, so that the graph's nodes map to routes.
+
 install() wraps __init__, capture_begin, capture_end, instantiate, replay,
 reset and the raw handles of torch.cuda.CUDAGraph once per process (wrap()
 does it for a class); set_keep() says whether graphs made from now on are
@@ -177,6 +182,7 @@ def wrap(cls, lib) -> bool:
     unseen = getattr(lib, "ust_graph_unseen", None)
     capture_id = getattr(lib, "ust_graph_capture_id", None)
     exposed = getattr(lib, "ust_graph_exposed", None)
+    begun, ended = getattr(lib, "ust_graph_capture_begun", None), getattr(lib, "ust_graph_capture_ended", None)
 
     def _init(self, *args, **kwargs):
         owner_keeps = kwargs.get("keep_graph", args[0] if args else False)
@@ -193,6 +199,15 @@ def wrap(cls, lib) -> bool:
 
     def _capture_begin(self, *args, **kwargs):
         capture_begin(self, *args, **kwargs)
+        # the thread's calls keyed one by one until it ends (none tallied):
+        # their nodes map to routes; said whether enabled or not, a capture
+        # may outlive either
+        if begun is not None and not self.__dict__.get("_understudy_capturing"):
+            try:
+                begun()
+                self._understudy_capturing = True
+            except Exception:  # noqa: BLE001 - its calls tallied like any others
+                pass
         # its calls pass this enable's dispatcher hooks while it captures
         self._understudy_seen = _generation if _enabled else None
         self._understudy_capture = 0
@@ -214,7 +229,14 @@ def wrap(cls, lib) -> bool:
             self._understudy_capture = 0
 
     def _capture_end(self):
-        capture_end(self)
+        try:
+            capture_end(self)
+        finally:
+            if self.__dict__.pop("_understudy_capturing", False):
+                try:
+                    ended()
+                except Exception:  # noqa: BLE001
+                    pass
         if self.__dict__.get("_understudy_instantiates"):
             instantiate(self)  # where torch would have
         _bind(self, lib, raw)

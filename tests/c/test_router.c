@@ -243,6 +243,18 @@ TEST(a_call_finds_the_route_its_key_names) {
   fixture_free(&f);
 }
 
+/* A fixture whose one observed binding keys 1 call in every at random past
+ * a thread's first after calls, under engine number engine: its tally word
+ * as the engine publishes it with the policy. */
+static void keying_binding(fixture *f, ust__binding *b, ust__binding_def *d, uint32_t every, uint64_t after,
+                           uint64_t engine) {
+  fixture_init(f, 16, 0.0625);
+  f->pol.key_every = every;
+  f->pol.key_after = after;
+  make_binding(b, f, d, 0);
+  atomic_store(&b->tally, ust__tally_word(&f->pol, engine));
+}
+
 TEST(admit_keys_each_call_at_random_past_a_threads_warm_up) {
   /* An operator observing without a candidate (key_every 16): a thread's
    * first key_after calls under an engine are keyed one by one; later ones
@@ -250,13 +262,9 @@ TEST(admit_keys_each_call_at_random_past_a_threads_warm_up) {
    * around them (every 16th call of a period-16 pattern is keyed 1 time in
    * 16 too, where a fixed stride would key all or none of them). */
   fixture f;
-  fixture_init(&f, 16, 0.0625);
-  f.pol.key_every = 16;
-  f.pol.key_after = 100;
   ust__binding b;
   ust__binding_def d;
-  make_binding(&b, &f, &d, 0);
-  atomic_store(&b.tally, ust__tally_word(&f.pol, 7)); /* as the engine publishes the policy */
+  keying_binding(&f, &b, &d, 16, 100, 7);
   ust__thread t;
   memset(&t, 0, sizeof t);
   for (int i = 0; i < 100; i++)
@@ -295,6 +303,40 @@ TEST(admit_keys_each_call_at_random_past_a_threads_warm_up) {
   f.pol.key_every = 16;
   ASSERT_INT_EQ(ust__tally_word(&f.pol, 9), 0);
   ASSERT_INT_EQ(ust__binding_admit(&b, &t), UST__ADMIT_PASS);
+  fixture_free(&f);
+}
+
+TEST(admit_keys_every_call_while_the_thread_captures_a_graph) {
+  /* Past the warm-up at 1 in 4, a thread that says it began a capture
+   * (ust_graph_capture_begun) keys each call one by one until it says the
+   * capture ended, a nested capture included; its countdown resumes after.
+   * The count is the thread's own and never goes below none. */
+  fixture f;
+  ust__binding b;
+  ust__binding_def d;
+  keying_binding(&f, &b, &d, 4, 0, 3);
+  ust__thread *t = ust__thread_state();
+  const ust__thread saved = *t;
+  memset(t, 0, sizeof *t);
+  ASSERT_INT_EQ(ust_graph_capture_ended(), 0); /* none under way: stays 0 */
+  ASSERT_INT_EQ(ust_graph_capture_begun(), 1);
+  ASSERT_INT_EQ(ust_graph_capture_begun(), 2);
+  for (int i = 0; i < 1000; i++)
+    ASSERT_INT_EQ(ust__binding_admit(&b, t), 1);
+  ASSERT_INT_EQ(ust_graph_capture_ended(), 1);
+  for (int i = 0; i < 1000; i++)
+    ASSERT_INT_EQ(ust__binding_admit(&b, t), 1);
+  ASSERT_INT_EQ(ust_graph_capture_ended(), 0);
+  ASSERT_INT_EQ(ust_graph_capture_ended(), 0);
+  long tallied = 0;
+  for (int i = 0; i < 4000; i++) {
+    const int w = ust__binding_admit(&b, t);
+    ASSERT_TRUE(w == UST__ADMIT_TALLY || w == 4);
+    tallied += w == UST__ADMIT_TALLY;
+  }
+  /* 3,000 +- 27 (sd); 5 sd */
+  ASSERT_TRUE(tallied > 3000 - 137 && tallied < 3000 + 137);
+  *t = saved;
   fixture_free(&f);
 }
 

@@ -76,9 +76,10 @@ def test_event_timing_agrees_with_torch_events(us):
 @pytest.mark.parametrize("config", [{}, {"defaults": {"key_every": 8, "key_after": 0}}],
                          ids=["defaults", "random_keying_from_the_first_call"])
 def test_graph_capture_counts_captured_and_replays_match(us, config):
-    """Captured calls are counted one by one, also where calls on torch's
-    default stream would be keyed at random: a graph is captured on another
-    stream, whose calls are each keyed, so that its nodes map to routes."""
+    """Captured calls are counted one by one, also where calls would be keyed
+    at random: while the thread captures (the package's hooks on
+    torch.cuda.CUDAGraph say so) its calls are each keyed, so that the
+    graph's nodes map to routes."""
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
     w1 = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16) / 16
     w2 = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16) / 16
@@ -120,30 +121,42 @@ def test_graph_capture_counts_captured_and_replays_match(us, config):
     assert rep["totals"]["captured"] == 4
 
 
-def test_calls_on_another_stream_are_keyed_one_by_one_past_the_warm_up(us):
-    """Past a thread's warm-up a CUDA call on torch's default stream may be
-    tallied (CUDA captures no graph there); a call on any other stream is
-    keyed, so its key's count is exact, while the default stream's is an
-    estimate whose keyed calls and tallies add up to every call."""
-    us.enable({"defaults": {"key_every": 8, "key_after": 0}, "operators": {"gemm": "observe"},
-               "timer": {"kind": "events"}})
-    a, b, c = (torch.randn(16, n, device="cuda") for n in (16, 16, 8))
+def test_past_the_warm_up_calls_on_any_stream_are_tallied_and_a_captures_keyed_one_by_one(us):
+    """Past a thread's warm-up a CUDA call may be tallied on torch's default
+    stream and on any other (its stream is not asked); a call the thread
+    makes while it captures a graph (torch.cuda.graph: the package's hooks
+    say so) is keyed, so that its node maps to its route: that key's count
+    is exact, while the others are estimates whose keyed calls and tallies
+    add up to every call."""
+    a, b, c, d = (torch.randn(16, n, device="cuda") for n in (16, 16, 8, 4))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.mm(a, d)  # cuBLAS's state for the captured shape, before understudy counts
+    torch.cuda.synchronize()
+    us.enable({"defaults": {"key_every": 8, "key_after": 0}, "operators": {"gemm": "observe"},
+               "timer": {"kind": "events"}})
     for _ in range(800):
         torch.mm(a, b)
     with torch.cuda.stream(side):
         for _ in range(800):
             torch.mm(a, c)
     torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(100):
+            torch.mm(a, d)
+    g.replay()
+    torch.cuda.synchronize()
     (op,) = [o for o in us.report()["operators"] if o["name"] == "gemm"]
     keys = {s["key"].split("|")[-1]: s for s in op["shapes"]}
-    on_side, on_default = keys["M=16,K=16,N=8"], keys["M=16,K=16,N=16"]
-    assert (on_side["calls"], on_side["estimated"]) == (800, 0)
-    assert on_default["estimated"] > 0 and op["tallied"] > 0
-    assert op["tallied"] + on_default["calls"] - on_default["estimated"] == 800
-    # 800 calls, each keyed with probability 1/8: 100 +- 9.4 (sd); 5 sd
-    assert abs(on_default["estimated"] // 7 - 100) <= 47
+    on_default, on_side, captured = keys["M=16,K=16,N=16"], keys["M=16,K=16,N=8"], keys["M=16,K=16,N=4"]
+    assert (captured["calls"], captured["estimated"], captured["captured"]) == (100, 0, 100)
+    for s in (on_default, on_side):
+        # 800 calls, each keyed with probability 1/8: 100 +- 9.4 (sd); 5 sd
+        assert s["estimated"] % 7 == 0 and abs(s["estimated"] // 7 - 100) <= 47, s
+    seen = sum(s["calls"] - s["estimated"] for s in (on_default, on_side))
+    assert op["tallied"] + seen == 1600
 
 
 def test_observed_call_does_not_wait_for_queued_work(us):

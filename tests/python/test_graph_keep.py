@@ -1,8 +1,10 @@
 """Which enables keep torch's CUDA graphs for replays gated from the host
 (python-shim/understudy/graphs.py): only a native candidate's shadow goes
-into a graph, and shadow.graph_gate "device" asks for none. Runs without a
-GPU; test_graph_shadow_cuda.py runs the graphs themselves."""
+into a graph, and shadow.graph_gate "device" asks for none; and that a
+capture keys its thread's calls one by one. Runs without a GPU;
+test_graph_shadow_cuda.py and test_cuda.py run the graphs themselves."""
 import json
+import threading
 
 import pytest
 import torch
@@ -353,3 +355,52 @@ def test_torchs_own_reads_of_a_raw_handle_hand_nothing_out(hooked):
             del log[:]
             assert scope["read"](g) == (g.exec, g.graph)
             assert log == ([("exposed", 78)] if closes else []), (module, kind, log)
+
+
+class _Invalidated(_Graph):
+    """A capture torch invalidated: capture_end raises."""
+
+    def capture_end(self):
+        self.log.append(("capture_end", self.n))
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_capture_keys_its_threads_calls_one_by_one(us):
+    """Between capture_begin and capture_end (also one that raises) the
+    capturing thread's calls of an operator that keys 1 in 8 at random past
+    the warm-up are each keyed, none tallied, so that the graph's nodes map
+    to routes; another thread's calls meanwhile, and the thread's own once
+    the capture ended, are keyed at random again. Every call is counted once."""
+    us.enable({"defaults": {"key_every": 8, "key_after": 0}, "operators": {"gemm": "observe"}})
+    lib = us._load()
+    ok, bad = (type("Graph", (base,), {"log": []}) for base in (_Graph, _Invalidated))
+    assert graphs.wrap(ok, lib) and graphs.wrap(bad, lib)
+    a = torch.randn(8, 16)
+    b = {n: torch.randn(16, n) for n in range(1, 6)}
+
+    def calls(n):
+        for _ in range(800):
+            torch.mm(a, b[n])
+    g = ok()
+    g.capture_begin()
+    calls(1)
+    other = threading.Thread(target=calls, args=(2,))
+    other.start()
+    other.join()
+    g.capture_end()
+    calls(3)
+    g = bad()
+    g.capture_begin()
+    calls(4)
+    with pytest.raises(RuntimeError, match="capturing"):
+        g.capture_end()
+    calls(5)
+    assert lib.ust_graph_capture_ended() == 0  # none left under way on this thread
+    (op,) = [o for o in us.report()["operators"] if o["name"] == "gemm"]
+    keys = {int(s["key"].split("N=")[-1]): s for s in op["shapes"]}
+    for n in (1, 4):  # captured
+        assert (keys[n]["calls"], keys[n]["estimated"]) == (800, 0)
+    for n in (2, 3, 5):  # keyed at random: 100 +- 9.4 (sd) of 800 each, each standing for 8; 5 sd
+        assert keys[n]["estimated"] % 7 == 0 and abs(keys[n]["estimated"] // 7 - 100) <= 47, keys[n]
+    seen = sum(s["calls"] - s["estimated"] for s in keys.values())
+    assert op["tallied"] + seen == 5 * 800
