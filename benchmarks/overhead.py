@@ -3,9 +3,10 @@
 For a small op on each available device, measures in one run the host time
 per call of: plain torch; understudy disabled (its interceptor stays
 registered once it was ever enabled, and passes calls through); enabled with
-the op's mode off; observing with no call timed (every call counted and
-keyed: the untimed path alone); observing with the default sampling (1 in
-16), timing every call; with the CUPTI kernel tracer, between its
+the op's mode off; observing with every call keyed (key_every 1) and none
+timed (the untimed path alone), 1 in 16 timed, every call timed; observing
+with 1 call in 16 keyed at random and the others tallied (none timed);
+observing at the defaults; with the CUPTI kernel tracer, between its
 windows and inside one (every call timed by its kernels, every launch
 traced); and a pass-through Python TorchDispatchMode.
 
@@ -42,11 +43,20 @@ VARIANTS = {  # name -> (child, understudy config or None)
     "plain": ("plain", None),
     "understudy disabled": ("understudy", None),
     "understudy, mode off": ("understudy", {"operators": {"gemm": "off"}}),
-    "understudy, observe, none timed": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 0}}}),
-    "understudy, observe 1/16": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 1 / 16}}}),
-    # the defaults: 1 in 16 for a key's first 4,096 calls, 1 in 256 after
+    # every call keyed (key_every 1): none timed, 1 in 16 timed, every one timed
+    "understudy, observe, none timed": ("understudy", {"defaults": {"key_every": 1},
+                                                       "operators": {"gemm": {"mode": "observe", "sample": 0}}}),
+    "understudy, observe 1/16": ("understudy", {"defaults": {"key_every": 1},
+                                                "operators": {"gemm": {"mode": "observe", "sample": 1 / 16}}}),
+    # 1 call in 16 keyed at random from the first call, the others tallied; none timed
+    "understudy, observe, tallied": ("understudy", {"defaults": {"key_after": 0},
+                                                    "operators": {"gemm": {"mode": "observe", "sample": 0}}}),
+    # the defaults: a thread's first 4,096 calls keyed, then 1 in 16 (the
+    # others tallied); of the keyed, a key's first 3 and 1 in 16 timed, 1 in
+    # 256 past its steady_after
     "understudy, observe, defaults": ("understudy", {"operators": {"gemm": "observe"}}),
-    "understudy, observe all": ("understudy", {"operators": {"gemm": {"mode": "observe", "sample": 1.0}}}),
+    "understudy, observe all": ("understudy", {"defaults": {"key_every": 1},
+                                               "operators": {"gemm": {"mode": "observe", "sample": 1.0}}}),
     # the kernel tracer (timer.kind "cupti"), in a process of its own: once
     # CUPTI traced API calls, every later launch of the process stays slower.
     # Between windows a call is counted and keyed (a key's first calls timed
