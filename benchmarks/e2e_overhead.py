@@ -51,6 +51,11 @@ operator without a candidate and tally the others (defaults.key_every).
 
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8] [--steady]
+
+Without a GPU (or with --device cpu) the decoders run on the CPU at small
+widths (hidden 256, fp32, one torch thread): their steps are bound by the
+host, as a GPU decode step is, and the paired figures measure the host's
+part of what understudy costs a step (no CUDA stream, launch or event).
 """
 import argparse
 import json
@@ -66,26 +71,56 @@ sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim")
 import understudy  # noqa: E402
 
 
+DEVICE = "cuda"  # --device
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def build(kind, layers):
+    """The decoder --models names: on the GPU at its real widths (bf16); on
+    the CPU (--device cpu) the same layers at small widths (fp32), so that a
+    step is bound by the host as a GPU decode step is, not by the CPU's
+    arithmetic."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+    small = DEVICE == "cpu"
     if kind == "mistral":
-        from kernel_time import build_model
-        return build_model(layers)
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
-    cfg = Qwen2MoeConfig(hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
-                         shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
-                         num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16,
-                         vocab_size=32000)
+        if not small:
+            from kernel_time import build_model
+            return build_model(layers)
+        cfg = MistralConfig(hidden_size=256, intermediate_size=896, num_hidden_layers=layers, num_attention_heads=8,
+                            num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096)
+        cls = MistralForCausalLM
+    else:
+        widths = dict(hidden_size=256, intermediate_size=704, moe_intermediate_size=176,
+                      shared_expert_intermediate_size=704, num_experts=60, num_experts_per_tok=4,
+                      num_attention_heads=8, num_key_value_heads=8) if small else \
+            dict(hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
+                 shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
+                 num_attention_heads=16, num_key_value_heads=16)
+        cfg = Qwen2MoeConfig(num_hidden_layers=layers, vocab_size=32000, **widths)
+        cls = Qwen2MoeForCausalLM
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        return Qwen2MoeForCausalLM(cfg).to(torch.bfloat16).eval()
+    with torch.device(DEVICE):
+        return cls(cfg).to(torch.float32 if small else torch.bfloat16).eval()
+
+
+def device_name():
+    return torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU (small widths, fp32)"
+
+
+def prompt(batch):
+    return torch.randint(1, 32000, (batch, 16), device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(1))
 
 
 def timed_generate(model, ids, tokens):
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
-    torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - t0
 
 
@@ -102,10 +137,10 @@ def server(observed):
         cmd = line.split()
         if cmd[0] == "setup":
             model = None
-            torch.cuda.empty_cache()
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
             model = build(cmd[1], int(cmd[4]))
-            ids = torch.randint(1, 32000, (int(cmd[2]), 16), device="cuda",
-                                generator=torch.Generator("cuda").manual_seed(1))
+            ids = prompt(int(cmd[2]))
             tokens = int(cmd[3])
             for _ in range(2):
                 timed_generate(model, ids, tokens)  # warm-up
@@ -165,11 +200,11 @@ def decode(model, ids, plan, on_step=None, after_prefill=None):
                 out = model(nxt, past_key_values=cache, use_cache=True)
                 nxt = out.logits[:, -1].argmax(-1, keepdim=True)
                 switched = False
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             out = model(nxt, past_key_values=cache, use_cache=True)
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-            torch.cuda.synchronize()
+            sync()
             times.append(time.perf_counter() - t0)
     return times
 
@@ -232,7 +267,7 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
     differences, intercepted calls per step where they are counted: not
     with the mode off, the warm-up steps --steady took)."""
     model = build(kind, layers)
-    ids = torch.randint(1, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    ids = prompt(batch)
     understudy.enable(config)
     ops = [o["name"] for o in understudy.report()["operators"] if o["bindings"]]
     plain = Plain([b for o in understudy.report()["operators"] for b in o["bindings"]
@@ -288,7 +323,8 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
     plain.leave()
     understudy.disable()
     del model
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return statistics.median(base), diffs, statistics.median(steps_calls[1:]), warm, keyed
 
 
@@ -323,13 +359,20 @@ def main():
                          "without its overloads; default: every one), the others serving both modes")
     ap.add_argument("--steady", action="store_true",
                     help="--paired: first decode observed until every decode key is past its steady_after")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                    help="where the decoders run (default: the GPU when there is one); on the CPU at small "
+                         "widths, fp32, one torch thread")
     ap.add_argument("--server", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        sys.exit("e2e_overhead.py: --device cuda, and torch sees no CUDA GPU")
+    if DEVICE == "cpu":
+        torch.set_num_threads(1)
     if args.server:
         server(None if args.server == "plain" else args.server)
         return
-    if not torch.cuda.is_available():
-        sys.exit("e2e_overhead.py needs a CUDA GPU")
     if "disabled" in args.modes and (args.steady or "observe" in args.modes):
         sys.exit("e2e_overhead.py: the mode disabled pairs with plain, off or itself, without --steady: "
                  "every enable after it starts a new engine (counts and first calls anew)")
@@ -341,7 +384,7 @@ def main():
         cfg[key] = {**cfg.get(key, {}), **val} if isinstance(val, dict) else val
     config = json.dumps(cfg)
     if args.paired:
-        print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}; "
+        print(f"torch {torch.__version__}; {device_name()}; understudy {understudy.__version__}; "
               f"config {config}; {args.rounds} runs of {args.tokens} decode steps after a warm-up run, "
               f"{args.layers} layers; neighbouring steps paired"
               + ("; after decoding observed until every decode key is steady" if args.steady else "")
@@ -358,10 +401,10 @@ def main():
                       f"{lo * 1e6:>7.2f} .. {hi * 1e6:>6.2f} us {1 + med / base:>7.4f} {per_step:>10.1f} "
                       f"{warm:>8} {keyed:>6.1%}", flush=True)
         return
-    kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg], stdin=subprocess.PIPE,
+    kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg, "--device", DEVICE], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
             for name, arg in (("plain", "plain"), ("observed", config))}
-    print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}; "
+    print(f"torch {torch.__version__}; {device_name()}; understudy {understudy.__version__}; "
           f"config {config}; median of {args.rounds} interleaved rounds, {args.tokens} new tokens, "
           f"{args.layers} layers")
     print(f"{'model':<10} {'batch':>5} {'plain s':>9} {'observed s':>11} {'ratio':>7} {'rounds':>13} {'windows':>8}")
