@@ -1589,6 +1589,36 @@ template <class Source>
     plan_not_run(src, below, b, th, call, st, d);
 }
 
+// A keyed call standing for weight calls: its view, its key's route, and
+// what the router plans for it. Out of intercept's body, which a passed or
+// tallied call runs through: its code lines are theirs alone.
+template <class Source>
+[[gnu::hot, gnu::noinline]] void serve_keyed(Source &src, const c10::OperatorHandle &op, c10::DispatchKeySet below,
+                                             ust__binding *b, ust__thread *th, int weight) {
+  ust__arg args[Source::kArgs];
+  ust__call call;
+  ust__call_state st; // ust__call_settle fills it when the call is not settled, before anything reads it
+  bool settled = true, counted = false;
+  try {
+    if (ust__binding_needs_names(b))
+      resolve_names(b, op);
+    if (src.view(args, &call, th->phase)) {
+      settled = ust__call_settle(b, &call, static_cast<unsigned>(weight), &st) != 0;
+      counted = true;
+    }
+  } catch (...) {
+    ust__call_internal_error(b);
+    settled = true;
+  }
+  if (__builtin_expect(!counted && weight > 1, 0)) // the calls it stood for, counted without it
+    ust__binding_tallied(b, static_cast<unsigned>(weight - 1));
+  if (__builtin_expect(settled, 1)) { // counted (or untracked), production alone, untimed: nothing to end
+    src.pass(below);
+    return;
+  }
+  serve_planned(src, below, b, th, args, call, st);
+}
+
 // An intercepted call, whatever its source (Boxed, Typed below): the thread
 // and hook checks, the view, the router's plan, production redispatched
 // below BackendSelect, the plan's steps.
@@ -1629,28 +1659,7 @@ template <class Source>
     if (!tallies)
       weight = 1;
   }
-  ust__arg args[Source::kArgs];
-  ust__call call;
-  ust__call_state st; // ust__call_settle fills it when the call is not settled, before anything reads it
-  bool settled = true, counted = false;
-  try {
-    if (ust__binding_needs_names(b))
-      resolve_names(b, op);
-    if (src.view(args, &call, th->phase)) {
-      settled = ust__call_settle(b, &call, static_cast<unsigned>(weight), &st) != 0;
-      counted = true;
-    }
-  } catch (...) {
-    ust__call_internal_error(b);
-    settled = true;
-  }
-  if (__builtin_expect(!counted && weight > 1, 0)) // the calls it stood for, counted without it
-    ust__binding_tallied(b, static_cast<unsigned>(weight - 1));
-  if (__builtin_expect(settled, 1)) { // counted (or untracked), production alone, untimed: nothing to end
-    src.pass(below);
-    return;
-  }
-  serve_planned(src, below, b, th, args, call, st);
+  serve_keyed(src, op, below, b, th, weight);
 }
 
 // A boxed call: its arguments, and then its results, on the stack.

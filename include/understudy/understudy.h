@@ -189,7 +189,7 @@ typedef enum ust_phase {
  * forward step. */
 UST_API int ust_set_phase(int phase);
 
-/* ---- CUDA graphs' captures and replays ---------------------------------------- */
+/* ---- CUDA graphs' captures and replays ------------------------------------- */
 
 /* For whoever captures a CUDA graph (the Python package does it for
  * torch.cuda.CUDAGraph: torch.cuda.graph, make_graphed_callables,
@@ -207,7 +207,6 @@ UST_API int ust_set_phase(int phase);
  * 0). */
 UST_API int ust_graph_capture_begun(void);
 UST_API int ust_graph_capture_ended(void);
-
 
 /* For whoever instantiates and replays a CUDA graph (the Python package
  * does it for torch.cuda.CUDAGraph): a shadow captured beside the chain
