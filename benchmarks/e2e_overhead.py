@@ -40,9 +40,10 @@ at once: the dispatcher's hop through them and nothing of the router) and
 enables it again, a new engine, for the other mode's steps (so only
 against plain, off or itself, and not with --steady: an observed step
 would start its keys anew): --modes disabled plain measures what intercepting costs before
-understudy does anything with a call, with a bias: the steps after an enable run slower for
-about 100 ms (seen on the CPU), and every switch to the other mode enables again. --modes off
-plain measures the hop without that switch (mode off adds a few instructions to it).
+understudy does anything with a call, with a bias: for about 100 ms the steps after a switch
+that enabled run slower than those after one that disabled (seen on the CPU), and every switch
+to the other mode enables again. --modes off plain measures the hop without that switch (mode
+off adds a few instructions to it).
 --steady first decodes observed until every key the decode calls is past
 its operator's steady_after (defaults: 4,096 calls, after which 1 call in
 256 is timed instead of 1 in 16): the state of a process that has served a
