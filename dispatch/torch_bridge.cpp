@@ -262,17 +262,15 @@ inline void view_arg(c10::SymIntArrayRef v, ust__arg &a, ust__call *) {
     a.list[k] = v[k].as_int_unchecked();
 }
 
-// torch's current stream on a CUDA device (NULL: its default, legacy one).
-[[gnu::hot]] inline void *current_stream(c10::Device dev) {
-  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle();
-}
-
-// Whether the call's device can be counted; its current stream when CUDA.
+// Whether the call's device can be counted; its current stream when CUDA
+// (NULL: torch's default, legacy one).
 [[gnu::hot]] inline bool view_end(ust__call *call) {
   if (call->device < 0 || call->device == UST__DEV_OTHER)
     return false;
-  if (call->device == UST__DEV_CUDA)
-    call->stream = current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call->device_id)));
+  if (call->device == UST__DEV_CUDA) {
+    const c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(call->device_id));
+    call->stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev).native_handle();
+  }
   return true;
 }
 
