@@ -87,27 +87,21 @@ def build(kind, layers):
     the CPU (--device cpu) the same layers at small widths (fp32), so that a
     step is bound by the host as a GPU decode step is, not by the CPU's
     arithmetic."""
-    from transformers import MistralConfig, MistralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
     small = DEVICE == "cpu"
+    dtype = torch.float32 if small else torch.bfloat16
     if kind == "mistral":
-        if not small:
-            from kernel_time import build_model
-            return build_model(layers)
-        cfg = MistralConfig(hidden_size=256, intermediate_size=896, num_hidden_layers=layers, num_attention_heads=8,
-                            num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096)
-        cls = MistralForCausalLM
-    else:
-        widths = dict(hidden_size=256, intermediate_size=704, moe_intermediate_size=176,
-                      shared_expert_intermediate_size=704, num_experts=60, num_experts_per_tok=4,
-                      num_attention_heads=8, num_key_value_heads=8) if small else \
-            dict(hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
-                 shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
-                 num_attention_heads=16, num_key_value_heads=16)
-        cfg = Qwen2MoeConfig(num_hidden_layers=layers, vocab_size=32000, **widths)
-        cls = Qwen2MoeForCausalLM
+        from kernel_time import build_model
+        narrow = dict(hidden_size=256, intermediate_size=896, num_attention_heads=8, num_key_value_heads=2)
+        return build_model(layers, DEVICE, dtype, **(narrow if small else {}))
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    h, heads = (256, 8) if small else (2048, 16)  # the expert widths follow the hidden one
+    cfg = Qwen2MoeConfig(hidden_size=h, intermediate_size=h * 11 // 4, moe_intermediate_size=h * 11 // 16,
+                         shared_expert_intermediate_size=h * 11 // 4, num_experts=60, num_experts_per_tok=4,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                         vocab_size=32000)
     torch.manual_seed(0)
     with torch.device(DEVICE):
-        return cls(cfg).to(torch.float32 if small else torch.bfloat16).eval()
+        return Qwen2MoeForCausalLM(cfg).to(dtype).eval()
 
 
 def device_name():

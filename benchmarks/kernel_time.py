@@ -32,16 +32,17 @@ sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim")
 import understudy  # noqa: E402
 
 
-def build_model(layers, **config):
-    """The HF Mistral-7B-shaped decoder of the benchmarks (bf16, random
-    weights, on the GPU); config overrides MistralConfig fields."""
+def build_model(layers, device="cuda", dtype=torch.bfloat16, **config):
+    """The HF Mistral-7B-shaped decoder of the benchmarks (random weights;
+    bf16 on the GPU unless told otherwise); config overrides MistralConfig
+    fields."""
     from transformers import MistralConfig, MistralForCausalLM
     cfg = MistralConfig(**{"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": layers,
                            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
                            "max_position_embeddings": 4096, **config})
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = MistralForCausalLM(cfg).to(torch.bfloat16).eval()
+    with torch.device(device):
+        model = MistralForCausalLM(cfg).to(dtype).eval()
     return model
 
 
