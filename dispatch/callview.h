@@ -127,7 +127,7 @@ typedef struct ust__thread {
   /* the keying sample (ust__binding_admit), under the engine key_gen names */
   int key_traced;     /* its router holds a kernel tracer: inside a window every call is keyed */
   int captures;       /* CUDA graph captures this thread began and has not ended (ust_graph_capture_begun) */
-  uint32_t key_gen;   /* the engine's number (1 to 65535, a binding's tally word) the fields below count for */
+  uint64_t key_gen;   /* the engine's number (as a binding's tally word holds it) the fields below count for */
   uint64_t key_after; /* its policy's */
   uint64_t key_warm;  /* this thread's calls under it, counted up to key_after */
   int64_t key_gap;    /* calls until the next one keyed at random */

@@ -532,8 +532,9 @@ typedef struct ust__binding {
   atomic_uint_fast64_t tallied;
   /* its operator's policy as a call that may be tallied reads it: while the
    * operator observes without a candidate, key_every | the engine's number
-   * (1 to 65535) << 16; else 0, and the call reads the policy */
-  atomic_uint tally;
+   * (1 to 2^48 - 1: a process never enables that often) << 16; else 0, and
+   * the call reads the policy */
+  atomic_uint_fast64_t tally;
   ust__dim_key keys[UST__MAX_DIMS]; /* dims[] as the call's key reads them */
   ust__router *router;           /* the engine's */
   atomic_int resolved;           /* 0 new, 1 resolving, 2 done */
@@ -594,7 +595,7 @@ int ust__router_init(ust__router *r, int max_routes);
 void ust__router_free(ust__router *r);
 /* A binding's tally word (ust__binding.tally) for its operator's policy
  * under engine number engine_gen. */
-uint32_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen);
+uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen);
 /* Find or insert the route for key. Lock-free; NULL when the table is full
  * or memory ran out. Thread-safe. */
 ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b);

@@ -1226,12 +1226,12 @@ static UST__NOINLINE int64_t key_gap(ust__thread *t, uint32_t every) {
 }
 
 /* A thread's warm-up under a new engine: every call keyed again, up to key_after. */
-static UST__NOINLINE void key_restart(ust__binding *b, ust__thread *t, uint32_t word) {
+static UST__NOINLINE void key_restart(ust__binding *b, ust__thread *t, uint64_t word) {
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
   t->key_gen = word >> 16;
   t->key_after = pol->key_after;
   t->key_warm = 0;
-  t->key_gap = pol->key_after == 0 ? key_gap(t, word & 0xffffu) : 0;
+  t->key_gap = pol->key_after == 0 ? key_gap(t, (uint32_t)(word & 0xffffu)) : 0;
   t->key_traced = b->router->tracer;
 }
 
@@ -1244,10 +1244,10 @@ static UST__NOINLINE int admit_by_policy(const ust__binding *b) {
 
 /* The common case reads the binding's first line and the thread's block. */
 UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
-  const uint32_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
+  const uint64_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
   if (__builtin_expect(word == 0, 0))
     return admit_by_policy(b);
-  const uint32_t every = word & 0xffffu;
+  const uint32_t every = (uint32_t)(word & 0xffffu);
   if (__builtin_expect(t->key_gen != word >> 16, 0))
     key_restart(b, t, word);
   if (t->key_warm < t->key_after) {
@@ -1267,10 +1267,11 @@ UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
   return (int)every;
 }
 
-uint32_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
+uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
   if (pol->mode != UST__MODE_OBSERVE || pol->key_every <= 1)
     return 0;
-  return (uint32_t)(engine_gen % 65535u + 1u) << 16 | (pol->key_every & 0xffffu);
+  const uint64_t numbers = (1ull << 48) - 1; /* the engine's number: 1 to 2^48 - 1, never 0 */
+  return (engine_gen % numbers + 1u) << 16 | (pol->key_every & 0xffffu);
 }
 
 UST__HOT void ust__binding_tallied(ust__binding *b, unsigned n) {

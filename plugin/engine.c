@@ -72,7 +72,7 @@ static const ust__policy *policy_new(ust__engine *e, const ust__policy *p, int h
 /* Publish an operator's policy, and its bindings' tally words with it. */
 static void policy_publish(ust__engine *e, ust__engine_op *eo, const ust__policy *pub) {
   atomic_store(&eo->op.policy, pub);
-  const uint32_t word = ust__tally_word(pub, e->gen);
+  const uint64_t word = ust__tally_word(pub, e->gen);
   for (int i = 0; i < e->n_bindings; i++)
     if (e->bindings[i].op == &eo->op)
       atomic_store(&e->bindings[i].tally, word);

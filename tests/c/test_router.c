@@ -285,9 +285,12 @@ TEST(admit_keys_each_call_at_random_past_a_threads_warm_up) {
   ASSERT_TRUE(keyed_16th > 625 - 121 && keyed_16th < 625 + 121);
   ASSERT_INT_EQ((long)atomic_load(&b.tallied), tallied);
   ASSERT_INT_EQ(keyed + tallied, 160000);
-  /* a new engine (the 65,536th after it too: numbers wrap, never to 0): the thread's warm-up again */
-  for (int e = 0; e < 2; e++) {
-    atomic_store(&b.tally, ust__tally_word(&f.pol, e == 0 ? 8 : 7 + 65535));
+  /* a new engine: the thread's warm-up again; also the 65,535th after it
+   * (a 16-bit number would name it as the last), and the last numbers
+   * before the word's 48 bits wrap, and the first after (never to 0) */
+  const uint64_t engines[] = {8, 8 + 65535, (1ull << 48) - 2, (1ull << 48) - 1};
+  for (int e = 0; e < 4; e++) {
+    atomic_store(&b.tally, ust__tally_word(&f.pol, engines[e]));
     ASSERT_TRUE((atomic_load(&b.tally) >> 16) != 0);
     for (int i = 0; i < 100; i++)
       ASSERT_INT_EQ(ust__binding_admit(&b, &t), 1);
