@@ -532,8 +532,9 @@ typedef struct ust__binding {
   atomic_uint_fast64_t tallied;
   /* its operator's policy as a call that may be tallied reads it: while the
    * operator observes without a candidate, key_every | the engine's number
-   * (1 to 2^48 - 1: a process never enables that often) << 16; else 0, and
-   * the call reads the policy */
+   * (1 to 2^48 - 1: a process never enables that often) << 16; while it is
+   * off, 1 << 16 (key_every 0: passed on); else 0, and the call reads the
+   * policy */
   atomic_uint_fast64_t tally;
   ust__dim_key keys[UST__MAX_DIMS]; /* dims[] as the call's key reads them */
   ust__router *router;           /* the engine's */

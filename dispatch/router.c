@@ -1245,9 +1245,9 @@ static UST__NOINLINE int admit_by_policy(const ust__binding *b) {
 /* The common case reads the binding's first line and the thread's block. */
 UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
   const uint64_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
-  if (__builtin_expect(word == 0, 0))
-    return admit_by_policy(b);
   const uint32_t every = (uint32_t)(word & 0xffffu);
+  if (__builtin_expect(every == 0, 0)) /* the operator is off (the word says so), or the policy decides */
+    return word != 0 ? UST__ADMIT_PASS : admit_by_policy(b);
   if (__builtin_expect(t->key_gen != word >> 16, 0))
     key_restart(b, t, word);
   if (t->key_warm < t->key_after) {
@@ -1268,6 +1268,8 @@ UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
 }
 
 uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
+  if (pol->mode == UST__MODE_OFF) /* key_every 0: every call passed on, the policy unread */
+    return (uint64_t)1 << 16;
   if (pol->mode != UST__MODE_OBSERVE || pol->key_every <= 1)
     return 0;
   const uint64_t numbers = (1ull << 48) - 1; /* the engine's number: 1 to 2^48 - 1, never 0 */

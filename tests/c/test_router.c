@@ -304,8 +304,15 @@ TEST(admit_keys_each_call_at_random_past_a_threads_warm_up) {
     ASSERT_INT_EQ(ust__binding_admit(&b, &t), 1);
   f.pol.mode = UST__MODE_OFF;
   f.pol.key_every = 16;
-  ASSERT_INT_EQ(ust__tally_word(&f.pol, 9), 0);
-  ASSERT_INT_EQ(ust__binding_admit(&b, &t), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__binding_admit(&b, &t), UST__ADMIT_PASS); /* the word 0: the policy says off */
+  /* off's own word (key_every 0) passes every call without the policy: one
+   * that says observe again is not read until its word is published */
+  const uint64_t off = ust__tally_word(&f.pol, 9);
+  ASSERT_TRUE(off != 0 && (off & 0xffffu) == 0);
+  atomic_store(&b.tally, off);
+  f.pol.mode = UST__MODE_OBSERVE;
+  for (int i = 0; i < 1000; i++)
+    ASSERT_INT_EQ(ust__binding_admit(&b, &t), UST__ADMIT_PASS);
   fixture_free(&f);
 }
 
