@@ -206,6 +206,53 @@ def decode(model, ids, plan, on_step=None, after_prefill=None):
     return times
 
 
+def paired_rounds(model, ids, modes, rounds, tokens, switch, count, counts):
+    """rounds + 1 runs of tokens decode steps (the first a warm-up), each
+    step in modes[0] or modes[1], switch(mode) setting one between steps
+    (untimed) and saying whether it switched: ABBA..., and BAAB... in every
+    other run, so that the step after the prefill (and the trend of a run)
+    fall to both modes alike. Returns the steps of modes[1] paired, the
+    differences (modes[0] minus modes[1]) of neighbouring steps, and per run
+    past the warm-up what count() grew by over its decode, per step run in
+    a mode that counts(mode) accepts."""
+    base, diffs, per_step = [], [], []
+    first, second = modes
+    for r in range(rounds + 1):
+        a_, b_ = (first, second) if r % 2 == 0 else (second, first)
+        plan = [(a_, b_, b_, a_)[i % 4] for i in range(tokens)]
+        # the steps run: the plan's and the untimed one after each switch
+        # (after the prefill, and before every odd step)
+        counted = sum(map(counts, [*plan, plan[0], *plan[1::2]]))
+        before = []
+
+        def prefilled(plan=plan, before=before):
+            before.append(count())
+            return switch(plan[0])  # a run of a length not a multiple of 4 ends in the other mode
+        # where the plan changes mode (also when both are one mode)
+        times = decode(model, ids, plan, lambda i, mode: i % 2 == 1 and switch(mode), prefilled)
+        if r == 0:
+            continue
+        per_step.append((count() - before[0]) / max(counted, 1))
+        for i in range(0, tokens - 1, 2):
+            # the step of modes[0] in this pair: by position, so that a mode
+            # against itself is paired both ways too
+            at = i if (i % 4 == 0) == (r % 2 == 0) else i + 1
+            diffs.append(times[at] - times[2 * i + 1 - at])
+            base.append(times[2 * i + 1 - at])
+    return base, diffs, per_step
+
+
+def use_device(name, prog):
+    """Where the decoders run: name, else the GPU when torch sees one (the
+    CPU with one torch thread)."""
+    global DEVICE
+    DEVICE = name or ("cuda" if torch.cuda.is_available() else "cpu")
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"{prog}: --device cuda, and torch sees no CUDA GPU")
+    if DEVICE == "cpu":
+        torch.set_num_threads(1)
+
+
 def key_calls():
     """{shape key: (calls, its operator's steady_after or None)}."""
     return {s["key"]: (s["calls"], o.get("steady_after")) for o in understudy.report()["operators"]
@@ -289,40 +336,15 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
     def calls():  # not counted with the mode off, nor while disabled
         return sum(o["calls"] for o in understudy.report()["operators"]) if understudy.is_enabled() else 0
     warm = warm_to_steady(model, ids, tokens) if steady else 0
-    base, diffs, steps_calls = [], [], []
-    first, second = modes
-    for r in range(rounds + 1):  # round 0: warm-up
-        # ABBA..., and BAAB... in every other round: the step after the
-        # prefill (and the trend of a round) fall to both modes alike
-        a_, b_ = (first, second) if r % 2 == 0 else (second, first)
-        plan = [(a_, b_, b_, a_)[i % 4] for i in range(tokens)]
-        # the steps counted: the plan's and the untimed one after each switch
-        # (after the prefill, and before every odd step)
-        counted = sum(m not in ("off", "plain", "disabled") for m in [*plan, plan[0], *plan[1::2]])
-        before = []
-
-        def prefilled(plan=plan, before=before):
-            before.append(calls())
-            return set_all(plan[0])  # a round of a length not a multiple of 4 ends in the other mode
-        # where the plan changes mode (also when both are one mode)
-        times = decode(model, ids, plan, lambda i, mode: i % 2 == 1 and set_all(mode), prefilled)
-        steps_calls.append((calls() - before[0]) / max(counted, 1))
-        if r == 0:
-            continue
-        for i in range(0, tokens - 1, 2):
-            # the step of modes[0] in this pair: by position, so that a mode
-            # against itself is paired both ways too
-            at = i if (i % 4 == 0) == (r % 2 == 0) else i + 1
-            a, b = times[at], times[2 * i + 1 - at]
-            diffs.append(a - b)
-            base.append(b)
+    base, diffs, steps_calls = paired_rounds(model, ids, modes, rounds, tokens, set_all, calls,
+                                             lambda m: m not in ("off", "plain", "disabled"))
     keyed = keyed_share(understudy.report()) if understudy.is_enabled() else float("nan")
     plain.leave()
     understudy.disable()
     del model
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
-    return statistics.median(base), diffs, statistics.median(steps_calls[1:]), warm, keyed
+    return statistics.median(base), diffs, statistics.median(steps_calls), warm, keyed
 
 
 def keyed_share(rep):
@@ -361,12 +383,7 @@ def main():
                          "widths, fp32, one torch thread")
     ap.add_argument("--server", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global DEVICE
-    DEVICE = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        sys.exit("e2e_overhead.py: --device cuda, and torch sees no CUDA GPU")
-    if DEVICE == "cpu":
-        torch.set_num_threads(1)
+    use_device(args.device, "e2e_overhead.py")
     if args.server:
         server(None if args.server == "plain" else args.server)
         return

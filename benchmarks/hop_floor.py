@@ -131,7 +131,9 @@ def compile_extension(device):
 
 
 def paired(ext, model, ids, kind, n, rounds, tokens):
-    """Differences of neighbouring steps with the kernel and without it."""
+    """Neighbouring steps with the kernel and without it (e2e_overhead's
+    pairing): the median step without it, the differences, and the mm
+    calls the kernel served per step with it."""
     on = [False]
 
     def switch(mode):
@@ -143,26 +145,12 @@ def paired(ext, model, ids, kind, n, rounds, tokens):
             on[0] = True
         return True
 
-    diffs, base, served = [], [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns that a kernel is overridden
-        for r in range(rounds + 1):  # round 0: warm-up
-            a_, b_ = ("hop", "plain") if r % 2 == 0 else ("plain", "hop")
-            plan = [(a_, b_, b_, a_)[i % 4] for i in range(tokens)]
-            before = ext.hop_served()
-            times = e2e.decode(model, ids, plan, lambda i, mode: i % 2 == 1 and switch(mode),
-                               lambda: switch(plan[0]))
-            # the steps with the kernel: the plan's, and the untimed ones after the switches into it
-            hops = plan.count("hop") + sum(m == "hop" for m in [plan[0], *plan[1::2]])
-            served.append((ext.hop_served() - before) / hops)
-            if r == 0:
-                continue
-            for i in range(0, tokens - 1, 2):
-                at = i if (i % 4 == 0) == (r % 2 == 0) else i + 1
-                diffs.append(times[at] - times[2 * i + 1 - at])
-                base.append(times[2 * i + 1 - at])
+        base, diffs, served = e2e.paired_rounds(model, ids, ("hop", "plain"), rounds, tokens, switch,
+                                                ext.hop_served, lambda m: m == "hop")
     switch("plain")
-    return statistics.median(base), diffs, statistics.median(served[1:])
+    return statistics.median(base), diffs, statistics.median(served)
 
 
 def main():
@@ -175,19 +163,14 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--variants", nargs="+", default=["redispatch", "backend", "chase:16", "locked:4"])
     args = ap.parse_args()
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        sys.exit("hop_floor.py: --device cuda, and torch sees no CUDA GPU")
     variants = []
     for v in args.variants:
         name, _, n = v.partition(":")
         if name not in KINDS or (n and not n.isdigit()) or (name in ("chase", "locked")) != bool(n):
             sys.exit(f"hop_floor.py: variant {v!r}: one of redispatch, backend, chase:N, locked:N")
         variants.append((v, KINDS[name], int(n or 0)))
-    e2e.DEVICE = device
-    if device == "cpu":
-        torch.set_num_threads(1)
-    ext = compile_extension(device)
+    e2e.use_device(args.device, "hop_floor.py")
+    ext = compile_extension(e2e.DEVICE)
     model = e2e.build(args.model, args.layers)
     ids = e2e.prompt(args.batch)
     print(f"torch {torch.__version__}; {e2e.device_name()}; {args.model}, batch {args.batch}, {args.layers} layers; "
