@@ -1225,13 +1225,19 @@ static UST__NOINLINE int64_t key_gap(ust__thread *t, uint32_t every) {
   return 1 + (int64_t)(gap < 1e15 ? gap : 1e15);
 }
 
+/* A binding's tally word: key_every in its low 16 bits, the engine's number
+ * above them; an operator that is off has key_every 0 and no number. */
+#define TALLY_OFF ((uint64_t)1 << 16)
+static UST__INLINE uint32_t word_every(uint64_t word) { return (uint32_t)(word & 0xffffu); }
+static UST__INLINE uint64_t word_engine(uint64_t word) { return word >> 16; }
+
 /* A thread's warm-up under a new engine: every call keyed again, up to key_after. */
 static UST__NOINLINE void key_restart(ust__binding *b, ust__thread *t, uint64_t word) {
   const ust__policy *pol = atomic_load_explicit(&b->op->policy, memory_order_acquire);
-  t->key_gen = word >> 16;
+  t->key_gen = word_engine(word);
   t->key_after = pol->key_after;
   t->key_warm = 0;
-  t->key_gap = pol->key_after == 0 ? key_gap(t, (uint32_t)(word & 0xffffu)) : 0;
+  t->key_gap = pol->key_after == 0 ? key_gap(t, word_every(word)) : 0;
   t->key_traced = b->router->tracer;
 }
 
@@ -1245,10 +1251,10 @@ static UST__NOINLINE int admit_by_policy(const ust__binding *b) {
 /* The common case reads the binding's first line and the thread's block. */
 UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
   const uint64_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
-  const uint32_t every = (uint32_t)(word & 0xffffu);
+  const uint32_t every = word_every(word);
   if (__builtin_expect(every == 0, 0)) /* the operator is off (the word says so), or the policy decides */
-    return word != 0 ? UST__ADMIT_PASS : admit_by_policy(b);
-  if (__builtin_expect(t->key_gen != word >> 16, 0))
+    return word == TALLY_OFF ? UST__ADMIT_PASS : admit_by_policy(b);
+  if (__builtin_expect(t->key_gen != word_engine(word), 0))
     key_restart(b, t, word);
   if (t->key_warm < t->key_after) {
     if (++t->key_warm == t->key_after) /* the first gap drawn as the warm-up ends */
@@ -1268,8 +1274,8 @@ UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
 }
 
 uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
-  if (pol->mode == UST__MODE_OFF) /* key_every 0: every call passed on, the policy unread */
-    return (uint64_t)1 << 16;
+  if (pol->mode == UST__MODE_OFF) /* every call passed on, the policy unread */
+    return TALLY_OFF;
   if (pol->mode != UST__MODE_OBSERVE || pol->key_every <= 1)
     return 0;
   const uint64_t numbers = (1ull << 48) - 1; /* the engine's number: 1 to 2^48 - 1, never 0 */
