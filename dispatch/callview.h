@@ -117,9 +117,10 @@ typedef struct ust__nested {
 
 /* What understudy keeps per thread about the calls it intercepts, in one
  * thread-local block: the bridge finds it once per call (each thread-local
- * variable of a dlopen'ed library is a call into the dynamic loader). */
-typedef struct ust__thread {
-  int depth;      /* intercepted calls in flight (ust__hook_enter .. ust__hook_leave) */
+ * variable of a dlopen'ed library is a call into the dynamic loader). A
+ * passed or tallied call reads its first cache line alone (aligned to one). */
+typedef struct __attribute__((aligned(64))) ust__thread {
+  int depth;      /* intercepted calls in flight (ust__hook_admit .. ust__hook_release) */
   int call_depth; /* tracked calls in progress: a bound op one calls is part of it, not counted again */
   int own_work;   /* understudy's own torch work in progress (snapshots, the candidate): passed through */
   int phase;      /* ust_set_phase */
@@ -136,13 +137,6 @@ typedef struct ust__thread {
 
 ust__thread *ust__thread_state(void);
 
-/* Enter an intercepted call through its hook: the binding the enabled engine
- * has for the op, or NULL (understudy is disabled, or does not bind the op
- * now). Either way the call is counted in flight until ust__hook_leave with
- * the same ticket, and the binding stays valid until then. Lock-free. */
-struct ust__binding *ust__hook_enter(struct ust__hook *h, ust__thread *t, unsigned *ticket);
-void ust__hook_leave(struct ust__hook *h, ust__thread *t, unsigned ticket);
-
 /* What a call of b the bridge may count needs, before its view is built:
  * UST__ADMIT_PASS, passed on untouched (the operator is off);
  * UST__ADMIT_TALLY, tallied on the binding without a key
@@ -152,8 +146,31 @@ void ust__hook_leave(struct ust__hook *h, ust__thread *t, unsigned ticket);
  * the thread's warm-up), for ust__call_settle. While the thread captures a
  * CUDA graph (ust_graph_capture_begun) every call is keyed, so that the
  * graph's nodes map to routes. */
-enum { UST__ADMIT_PASS = -1, UST__ADMIT_TALLY = 0 };
+enum { UST__ADMIT_PASS = -1, UST__ADMIT_TALLY = 0, UST__ADMIT_NESTED = -2 };
 int ust__binding_admit(struct ust__binding *b, ust__thread *t);
+
+/* An intercepted call between ust__hook_admit and ust__hook_release. */
+typedef struct ust__entry {
+  ust__thread *thread;          /* the calling thread's block */
+  struct ust__binding *binding; /* the enabled engine's for the op; NULL when understudy is disabled or does
+                                   not bind the op now */
+  unsigned ticket;              /* the gate's epoch the call is counted in */
+  unsigned tallied;             /* calls the release counts on binding without a key (ust__binding_tallied) */
+} ust__entry;
+
+/* An intercepted call's entry, in one call: the thread's block found, the
+ * call counted in flight on its hook's gate and the hook's binding read
+ * (e->binding stays valid until the release: disable waits for the calls
+ * in flight), then admitted (ust__binding_admit). Returns UST__ADMIT_PASS
+ * for a call passed on untouched (no binding, understudy's own work, a bound
+ * op inside a tracked call, an operator that is off); UST__ADMIT_NESTED for
+ * a bound op that a tracked call's production runs while that call collects
+ * its callees' floors (the thread's nested, at call depth 1); else what
+ * ust__binding_admit says. Every entry is released once with
+ * ust__hook_release, whatever it returned; e->tallied set before it counts
+ * the call without a key. Lock-free; the calling thread's block only. */
+int ust__hook_admit(struct ust__hook *h, ust__entry *e);
+void ust__hook_release(struct ust__hook *h, const ust__entry *e);
 /* n calls counted on b without a key: a tallied one; or those a call keyed at
  * random stood for, when it could not be counted on a route after all. */
 void ust__binding_tallied(struct ust__binding *b, unsigned n);

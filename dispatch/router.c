@@ -1180,7 +1180,7 @@ int ust__in_intercepted_call(void) { return tl_thread.depth > 0; }
  * consistent): a call that read a binding before disable detached it is
  * counted in an epoch disable waits for, and one counted too late to be
  * waited for reads NULL. */
-UST__HOT ust__binding *ust__hook_enter(ust__hook *h, ust__thread *t, unsigned *ticket) {
+static UST__INLINE ust__binding *hook_enter(ust__hook *h, ust__thread *t, unsigned *ticket) {
   t->depth++;
   const unsigned e = atomic_load_explicit(&h->gate->epoch, memory_order_seq_cst) & 1u;
   atomic_fetch_add_explicit(&h->gate->inflight[e], 1, memory_order_seq_cst);
@@ -1188,10 +1188,11 @@ UST__HOT ust__binding *ust__hook_enter(ust__hook *h, ust__thread *t, unsigned *t
   return atomic_load_explicit(&h->binding, memory_order_seq_cst);
 }
 
-UST__HOT void ust__hook_leave(ust__hook *h, ust__thread *t, unsigned ticket) {
+static UST__INLINE void hook_leave(ust__hook *h, ust__thread *t, unsigned ticket) {
   atomic_fetch_sub_explicit(&h->gate->inflight[ticket & 1u], 1, memory_order_release);
   t->depth--;
 }
+
 
 void ust__gate_after_fork(ust__gate *g) {
   /* only the forking thread came along: only its own calls are in flight */
@@ -1249,7 +1250,7 @@ static UST__NOINLINE int admit_by_policy(const ust__binding *b) {
 }
 
 /* The common case reads the binding's first line and the thread's block. */
-UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
+static UST__INLINE int binding_admit(ust__binding *b, ust__thread *t) {
   const uint64_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
   const uint32_t every = word_every(word);
   if (__builtin_expect(every == 0, 0)) /* the operator is off (the word says so), or the policy decides */
@@ -1271,6 +1272,46 @@ UST__HOT int ust__binding_admit(ust__binding *b, ust__thread *t) {
     return UST__ADMIT_TALLY;
   t->key_gap = key_gap(t, every);
   return (int)every;
+}
+
+int ust__binding_admit(ust__binding *b, ust__thread *t) { return binding_admit(b, t); }
+
+static UST__NOINLINE int admit_other(ust__binding *b, ust__thread *t) { return binding_admit(b, t); }
+
+/* The bridge's entry and exit of every call, each one body: a call passed or
+ * tallied runs through these two and nothing else of the core. Its common
+ * cases (an operator that is off; a call tallied past the thread's warm-up,
+ * outside captures and tracing windows, not the one drawn) in the lines it
+ * starts on, binding_admit's others out of line. */
+UST__HOT __attribute__((aligned(64))) int ust__hook_admit(ust__hook *h, ust__entry *e) {
+  ust__thread *t = &tl_thread;
+  /* the block's address found once: left to itself the compiler asks the
+   * dynamic loader for it again after each atomic (__tls_get_addr) */
+  __asm__("" : "+r"(t));
+  e->thread = t;
+  e->tallied = 0;
+  ust__binding *const b = hook_enter(h, t, &e->ticket);
+  e->binding = b;
+  if (__builtin_expect(b == NULL, 0))
+    return UST__ADMIT_PASS;
+  if (__builtin_expect((t->own_work | t->call_depth) != 0, 0)) /* both counts, never negative */
+    return t->nested != NULL && t->call_depth == 1 ? UST__ADMIT_NESTED : UST__ADMIT_PASS;
+  const uint64_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
+  if (word == TALLY_OFF)
+    return UST__ADMIT_PASS;
+  if (__builtin_expect(word_every(word) != 0 && t->key_gen == word_engine(word) && t->key_warm >= t->key_after &&
+                           (t->captures | t->key_traced) == 0 && t->key_gap > 1,
+                       1)) {
+    t->key_gap--;
+    return UST__ADMIT_TALLY;
+  }
+  return admit_other(b, t);
+}
+
+UST__HOT void ust__hook_release(ust__hook *h, const ust__entry *e) {
+  if (e->tallied != 0)
+    atomic_fetch_add_explicit(&e->binding->tallied, e->tallied, memory_order_relaxed);
+  hook_leave(h, e->thread, e->ticket);
 }
 
 uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {

@@ -301,7 +301,7 @@ inline void view_arg(c10::SymIntArrayRef v, ust__arg &a, ust__call *) {
 // on a CUDA device, the devices a view counts. Its stream is not asked: a
 // thread capturing a graph says so (ust_graph_capture_begun), and its calls
 // are keyed before they get here.
-[[gnu::hot]] inline bool tally_device(const at::Tensor &t) {
+[[gnu::hot, gnu::noinline]] bool tally_device(const at::Tensor &t) {
   if (t.layout() != c10::kStrided)
     return false;
   const c10::Device dev = t.device();
@@ -1481,19 +1481,19 @@ private:
   at::Tensor stats_;     // its comparison's statistics (device memory the graph keeps)
 };
 
-struct HookScope {
-  HookScope(ust__hook *h, ust__thread *t) : h_(h), t_(t), binding(ust__hook_enter(h, t, &ticket_)) {}
-  ~HookScope() { ust__hook_leave(h_, t_, ticket_); }
-  HookScope(const HookScope &) = delete;
-  HookScope &operator=(const HookScope &) = delete;
+// An intercepted call between its entry and its release (ust__hook_admit).
+struct Entry {
+  explicit Entry(ust__hook *h) : h_(h), admitted(ust__hook_admit(h, &e)) {}
+  ~Entry() { ust__hook_release(h_, &e); }
+  Entry(const Entry &) = delete;
+  Entry &operator=(const Entry &) = delete;
 
 private:
   ust__hook *h_;
-  ust__thread *t_;
-  unsigned ticket_ = 0;
 
 public:
-  ust__binding *binding;
+  ust__entry e;
+  const int admitted;
 };
 
 // A bound call inside an outer one whose floor may come from its callees.
@@ -1621,25 +1621,22 @@ template <class Source>
 // and hook checks, the view, the router's plan, production redispatched
 // below BackendSelect, the plan's steps.
 template <class Source>
-[[gnu::hot]] inline void intercept(ust__hook *hook, const c10::OperatorHandle &op, c10::DispatchKeySet ks, Source &src) {
-  ust__thread *const th = ust__thread_state();
-  HookScope scope(hook, th);
+[[gnu::hot, gnu::always_inline]] inline void intercept(ust__hook *hook, const c10::OperatorHandle &op,
+                                                    c10::DispatchKeySet ks, Source &src) {
+  Entry entry(hook);
   const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
                                                              c10::DispatchKey::BackendSelect);
-  ust__binding *b = scope.binding;
-  if (b != nullptr && th->nested != nullptr && th->call_depth == 1) {
+  int weight = entry.admitted;
+  if (weight == UST__ADMIT_PASS) {
+    src.pass(below);
+    return;
+  }
+  ust__thread *const th = entry.e.thread;
+  ust__binding *const b = entry.e.binding;
+  if (__builtin_expect(weight == UST__ADMIT_NESTED, 0)) {
     // a bound op the outer call runs: its floor counts toward the outer's
     note_nested(op, src, b, th);
     CallScope deeper(th); // its own callees are not the outer's direct ones
-    src.pass(below);
-    return;
-  }
-  if (b == nullptr || th->own_work > 0 || th->call_depth > 0) {
-    src.pass(below);
-    return;
-  }
-  int weight = ust__binding_admit(b, th);
-  if (weight == UST__ADMIT_PASS) {
     src.pass(below);
     return;
   }
@@ -1650,7 +1647,7 @@ template <class Source>
     // are those the tally takes
     const bool tallies = src.tallies();
     if (__builtin_expect(tallies && weight == UST__ADMIT_TALLY, 1)) {
-      ust__binding_tallied(b, 1);
+      entry.e.tallied = 1; // counted as the call is released
       src.pass(below);
       return;
     }
@@ -1718,12 +1715,12 @@ struct Typed {
     }, in);
     return view_end(call);
   }
-  bool tallies() const {
+  [[gnu::always_inline]] bool tallies() const {
     const at::Tensor *first = nullptr;
     std::apply([&](const auto &...a) { ((first = first != nullptr ? first : first_tensor(a)), ...); }, in);
     return first != nullptr && tally_device(*first);
   }
-  void pass(c10::DispatchKeySet below) {
+  [[gnu::always_inline]] void pass(c10::DispatchKeySet below) {
     out.emplace(std::apply([&](Args... a) { return op.redispatch(below, std::forward<Args>(a)...); }, in));
   }
   bool plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,

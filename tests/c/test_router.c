@@ -350,6 +350,92 @@ TEST(admit_keys_every_call_while_the_thread_captures_a_graph) {
   fixture_free(&f);
 }
 
+TEST(hook_admit_counts_a_call_in_flight_until_its_release_and_tallies_it_there) {
+  /* ust__hook_admit: the call counted on its hook's gate (in the epoch it
+   * read) and the thread's depth until ust__hook_release, whatever it
+   * returned; no binding, understudy's own work or a tracked call around it
+   * pass it on; a tracked call collecting its callees' floors makes it
+   * nested; else the admission (warm-up keyed, then tallied or keyed at
+   * random), a tally counted on the binding as the call is released. */
+  fixture f;
+  ust__binding b;
+  ust__binding_def d;
+  keying_binding(&f, &b, &d, 16, 3, 5);
+  ust__gate gate;
+  memset(&gate, 0, sizeof gate);
+  ust__hook h;
+  memset(&h, 0, sizeof h);
+  h.gate = &gate;
+  atomic_store(&h.binding, NULL);
+  ust__thread *t = ust__thread_state();
+  const ust__thread saved = *t;
+  memset(t, 0, sizeof *t);
+  ust__entry e;
+  ASSERT_INT_EQ(ust__hook_admit(&h, &e), UST__ADMIT_PASS); /* not bound now */
+  ASSERT_TRUE(e.thread == t && e.binding == NULL);
+  ASSERT_INT_EQ(t->depth, 1);
+  ASSERT_INT_EQ((long)atomic_load(&gate.inflight[0]), 1);
+  ust__hook_release(&h, &e);
+  ASSERT_INT_EQ(t->depth, 0);
+  ASSERT_INT_EQ((long)atomic_load(&gate.inflight[0]), 0);
+  atomic_store(&h.binding, &b);
+  /* passed on inside understudy's own work and inside a tracked call, the
+   * warm-up untouched; nested while a tracked call collects its callees */
+  t->own_work = 1;
+  ASSERT_INT_EQ(ust__hook_admit(&h, &e), UST__ADMIT_PASS);
+  ust__hook_release(&h, &e);
+  t->own_work = 0;
+  t->call_depth = 2;
+  ASSERT_INT_EQ(ust__hook_admit(&h, &e), UST__ADMIT_PASS);
+  ust__hook_release(&h, &e);
+  ust__nested callees;
+  memset(&callees, 0, sizeof callees);
+  t->nested = &callees;
+  t->call_depth = 1;
+  ASSERT_INT_EQ(ust__hook_admit(&h, &e), UST__ADMIT_NESTED);
+  ASSERT_TRUE(e.binding == &b);
+  ust__hook_release(&h, &e);
+  t->nested = NULL;
+  t->call_depth = 0;
+  ASSERT_INT_EQ((long)atomic_load(&b.tallied), 0);
+  for (int i = 0; i < 3; i++) { /* the thread's warm-up: each keyed */
+    ASSERT_INT_EQ(ust__hook_admit(&h, &e), 1);
+    ust__hook_release(&h, &e);
+  }
+  /* a call held across a flip stays counted in the epoch it read: the old
+   * one drains when it is released, the calls after it count in the new */
+  ust__entry held;
+  const int w0 = ust__hook_admit(&h, &held);
+  ASSERT_TRUE(w0 == UST__ADMIT_TALLY || w0 == 16);
+  const unsigned old = ust__gate_flip(&gate);
+  ASSERT_INT_EQ(old, 0);
+  ASSERT_INT_EQ(ust__gate_drained(&gate, old), 0);
+  long keyed = 0, tallied = w0 == UST__ADMIT_TALLY;
+  for (long i = 0; i < 16000; i++) {
+    const int w = ust__hook_admit(&h, &e);
+    ASSERT_TRUE(w == UST__ADMIT_TALLY || w == 16);
+    ASSERT_INT_EQ(t->depth, 2);
+    ASSERT_INT_EQ((long)atomic_load(&gate.inflight[1]), 1);
+    if (w == UST__ADMIT_TALLY) {
+      e.tallied = 1;
+      tallied++;
+    }
+    keyed += w == 16;
+    ust__hook_release(&h, &e);
+  }
+  ASSERT_INT_EQ(ust__gate_drained(&gate, old), 0);
+  held.tallied = w0 == UST__ADMIT_TALLY;
+  ust__hook_release(&h, &held);
+  ASSERT_INT_EQ(ust__gate_drained(&gate, old), 1);
+  ASSERT_INT_EQ(t->depth, 0);
+  ASSERT_INT_EQ((long)atomic_load(&gate.inflight[1]), 0);
+  ASSERT_INT_EQ((long)atomic_load(&b.tallied), tallied);
+  /* 1,000 +- 31 (sd) keyed; 5 sd */
+  ASSERT_TRUE(keyed > 1000 - 155 && keyed < 1000 + 155);
+  *t = saved;
+  fixture_free(&f);
+}
+
 /* A fixture with one binding and one call of it (make_call's, f32). */
 typedef struct one_binding {
   fixture f;
