@@ -237,6 +237,12 @@ inline void view_arg(const std::optional<double> &v, ust__arg &a, ust__call *cal
   else
     a.kind = UST__ARG_NONE;
 }
+inline void view_arg(const std::optional<c10::ScalarType> &v, ust__arg &a, ust__call *call) {
+  if (v.has_value()) // boxed, a dtype is an int
+    view_arg(static_cast<int64_t>(*v), a, call);
+  else
+    a.kind = UST__ARG_NONE;
+}
 inline void view_arg(const std::optional<at::Tensor> &v, ust__arg &a, ust__call *call) {
   if (v.has_value())
     view_arg(*v, a, call);
@@ -1805,7 +1811,9 @@ using TypedSigs = SigList<
     // native_layer_norm
     std::tuple<T_, T_, T_>(const T_ &, c10::SymIntArrayRef, const OptT &, const OptT &, double),
     // topk
-    std::tuple<T_, T_>(const T_ &, c10::SymInt, int64_t, bool, bool)>;
+    std::tuple<T_, T_>(const T_ &, c10::SymInt, int64_t, bool, bool),
+    // _grouped_mm (a mixture of experts' layers, several a layer)
+    T_(const T_ &, const T_ &, const OptT &, const OptT &, std::optional<c10::ScalarType>)>;
 
 // Whether a schema is functional: no argument or return aliased or written.
 bool functional(const c10::FunctionSchema &schema) {

@@ -469,6 +469,27 @@ def test_attention_and_norm_ops_are_intercepted_typed_and_count_as_boxed_callers
     assert {n: dims[ops[3]][0][n] for n in ("V", "k", "dim")} == {"V": 32, "k": 3, "dim": -1}
 
 
+def test_grouped_mm_is_intercepted_typed_and_counts_as_boxed_callers(us):
+    """A mixture of experts' grouped products (aten::_grouped_mm: optional
+    offsets and bias, an optional dtype) are intercepted without boxing:
+    typed and boxed callers counted once a call (a dispatch mode counts
+    them apart), keyed alike, results production's."""
+    torch.manual_seed(0)
+    a, w = torch.randn(10, 16), torch.randn(3, 16, 8)
+    offs = torch.tensor([4, 7, 10], dtype=torch.int32)
+    op = "aten::_grouped_mm"
+
+    def calls(boxed):
+        f = torch.ops.aten._grouped_mm.default if boxed else torch._grouped_mm
+        return [f(a, w, offs), f(a[:7], w, offs=torch.tensor([2, 5, 7], dtype=torch.int32)),
+                f(a, w, offs, out_dtype=torch.float32)]
+    expected, keyed = typed_and_boxed_reports(us, calls, (op,))
+    (line,) = interceptors(op)
+    assert "(none)" not in line and "Tensor _0" in line, line
+    assert expected == {op: 3}
+    assert sorted((v[0], v[2]["T"]) for v in keyed.values()) == [(1, 8), (2, 16)]  # T in pow2 buckets
+
+
 _nest_lib = torch.library.Library("ust_nest", "DEF")
 _nest_lib.define("outer(Tensor a, Tensor b) -> Tensor")
 _nest_lib.impl("outer", lambda a, b: torch.mm(a, b) * 2, "CPU")
