@@ -1193,7 +1193,6 @@ static UST__INLINE void hook_leave(ust__hook *h, ust__thread *t, unsigned ticket
   t->depth--;
 }
 
-
 void ust__gate_after_fork(ust__gate *g) {
   /* only the forking thread came along: only its own calls are in flight */
   const unsigned e = atomic_load(&g->epoch) & 1u;
