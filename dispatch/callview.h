@@ -131,7 +131,7 @@ typedef struct __attribute__((aligned(64))) ust__thread {
   uint64_t key_gen;   /* the engine's number (as a binding's tally word holds it) the fields below count for */
   uint64_t key_after; /* its policy's */
   uint64_t key_warm;  /* this thread's calls under it, counted up to key_after */
-  int64_t key_gap;    /* calls until the next one keyed at random */
+  int64_t key_gap;    /* calls until the next one keyed at random; 0 until the warm-up ends */
   uint64_t key_rng;   /* xorshift64* state; 0 until first drawn */
 } ust__thread;
 

@@ -178,7 +178,7 @@ ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust_
  * variable, so that a call reads the dynamic loader's table once. */
 static _Thread_local ust__thread tl_thread;
 
-UST__HOT ust__thread *ust__thread_state(void) { return &tl_thread; }
+ust__thread *ust__thread_state(void) { return &tl_thread; }
 
 int ust_set_phase(int phase) {
   if (phase < UST_PHASE_UNKNOWN || phase > UST_PHASE_DECODE)
@@ -1248,9 +1248,9 @@ static UST__NOINLINE int admit_by_policy(const ust__binding *b) {
   return pol->mode == UST__MODE_OFF ? UST__ADMIT_PASS : 1;
 }
 
-/* The common case reads the binding's first line and the thread's block. */
-static UST__INLINE int binding_admit(ust__binding *b, ust__thread *t) {
-  const uint64_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
+/* Every case of the admission, the common one included: a call that
+ * binding_admit could not settle in its first lines. */
+static UST__NOINLINE int admit_other(ust__binding *b, ust__thread *t, uint64_t word) {
   const uint32_t every = word_every(word);
   if (__builtin_expect(every == 0, 0)) /* the operator is off (the word says so), or the policy decides */
     return word == TALLY_OFF ? UST__ADMIT_PASS : admit_by_policy(b);
@@ -1273,15 +1273,28 @@ static UST__INLINE int binding_admit(ust__binding *b, ust__thread *t) {
   return (int)every;
 }
 
+/* The common cases in a few lines, reading the binding's first line and the
+ * thread's block: an operator that is off; a call tallied past the thread's
+ * warm-up under this engine, outside captures and tracing windows, not the
+ * one drawn. admit_other decides the rest as it would decide these. */
+static UST__INLINE int binding_admit(ust__binding *b, ust__thread *t) {
+  const uint64_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
+  if (word == TALLY_OFF)
+    return UST__ADMIT_PASS;
+  /* (a thread in its warm-up has no countdown drawn: key_gap 0) */
+  if (__builtin_expect(word_every(word) != 0 && t->key_gen == word_engine(word) &&
+                           (t->captures | t->key_traced) == 0 && t->key_gap > 1,
+                       1)) {
+    t->key_gap--;
+    return UST__ADMIT_TALLY;
+  }
+  return admit_other(b, t, word);
+}
+
 int ust__binding_admit(ust__binding *b, ust__thread *t) { return binding_admit(b, t); }
 
-static UST__NOINLINE int admit_other(ust__binding *b, ust__thread *t) { return binding_admit(b, t); }
-
 /* The bridge's entry and exit of every call, each one body: a call passed or
- * tallied runs through these two and nothing else of the core. Its common
- * cases (an operator that is off; a call tallied past the thread's warm-up,
- * outside captures and tracing windows, not the one drawn) in the lines it
- * starts on, binding_admit's others out of line. */
+ * tallied runs through these two and nothing else of the core. */
 UST__HOT __attribute__((aligned(64))) int ust__hook_admit(ust__hook *h, ust__entry *e) {
   ust__thread *t = &tl_thread;
   /* the block's address found once: left to itself the compiler asks the
@@ -1295,16 +1308,7 @@ UST__HOT __attribute__((aligned(64))) int ust__hook_admit(ust__hook *h, ust__ent
     return UST__ADMIT_PASS;
   if (__builtin_expect((t->own_work | t->call_depth) != 0, 0)) /* both counts, never negative */
     return t->nested != NULL && t->call_depth == 1 ? UST__ADMIT_NESTED : UST__ADMIT_PASS;
-  const uint64_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
-  if (word == TALLY_OFF)
-    return UST__ADMIT_PASS;
-  if (__builtin_expect(word_every(word) != 0 && t->key_gen == word_engine(word) && t->key_warm >= t->key_after &&
-                           (t->captures | t->key_traced) == 0 && t->key_gap > 1,
-                       1)) {
-    t->key_gap--;
-    return UST__ADMIT_TALLY;
-  }
-  return admit_other(b, t);
+  return binding_admit(b, t);
 }
 
 UST__HOT void ust__hook_release(ust__hook *h, const ust__entry *e) {
@@ -1322,7 +1326,7 @@ uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
   return (engine_gen % numbers + 1u) << 16 | (pol->key_every & 0xffffu);
 }
 
-UST__HOT void ust__binding_tallied(ust__binding *b, unsigned n) {
+void ust__binding_tallied(ust__binding *b, unsigned n) {
   atomic_fetch_add_explicit(&b->tallied, n, memory_order_relaxed);
 }
 
