@@ -328,6 +328,9 @@ TEST(admit_keys_every_call_while_the_thread_captures_a_graph) {
   ust__thread *t = ust__thread_state();
   const ust__thread saved = *t;
   memset(t, 0, sizeof *t);
+  const int w0 = ust__binding_admit(&b, t); /* the thread's countdown drawn under this engine */
+  ASSERT_TRUE(w0 == UST__ADMIT_TALLY || w0 == 4);
+  t->key_gap = 8; /* seven calls from the next one drawn: each would be tallied outside the capture */
   ASSERT_INT_EQ(ust_graph_capture_ended(), 0); /* none under way: stays 0 */
   ASSERT_INT_EQ(ust_graph_capture_begun(), 1);
   ASSERT_INT_EQ(ust_graph_capture_begun(), 2);
@@ -338,6 +341,9 @@ TEST(admit_keys_every_call_while_the_thread_captures_a_graph) {
     ASSERT_INT_EQ(ust__binding_admit(&b, t), 1);
   ASSERT_INT_EQ(ust_graph_capture_ended(), 0);
   ASSERT_INT_EQ(ust_graph_capture_ended(), 0);
+  for (int i = 0; i < 7; i++) /* the countdown resumes where the capture found it */
+    ASSERT_INT_EQ(ust__binding_admit(&b, t), UST__ADMIT_TALLY);
+  ASSERT_INT_EQ(ust__binding_admit(&b, t), 4);
   long tallied = 0;
   for (int i = 0; i < 4000; i++) {
     const int w = ust__binding_admit(&b, t);
