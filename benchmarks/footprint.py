@@ -19,10 +19,12 @@ the warm-up and one-time costs (a route's creation). The table prints, per
 call, instructions (Ir) and last-level misses on code (ILmr) and data (DLmr
 reads, DLmw writes): for the whole call, and for the part of it spent in
 understudy's library itself (torch's part moves by tens of instructions
-between runs, with its allocations; understudy's does not).
+between runs, with its allocations; understudy's does not). "tallied"
+keys 1 call in 16 at random, as the defaults do, so its rows move with the
+draw; "tallied-only" keys none (1 in 65535): the tallied path alone.
 
-    PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100] [--variants plain off none observe tallied]
-        [--op mm|sdpa]
+    PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100]
+        [--variants plain off none observe tallied tallied-only] [--op mm|sdpa]
 
 --op sdpa measures sdpa's CPU kernel as F.scaled_dot_product_attention
 reaches it instead (seven arguments, a tuple of two results; its arithmetic,
@@ -46,11 +48,15 @@ VARIANTS = {  # name -> the measured operator's settings (None: understudy not l
     "none": {"mode": "observe", "sample": 0},
     "observe": {"mode": "observe", "sample": 1 / 16},
     "tallied": {"mode": "observe", "sample": 0},  # past the warm-up from the first call (DEFAULTS)
+    "tallied-only": {"mode": "observe", "sample": 0},  # the same, keyed 1 in 65535: none, almost surely
 }
 # variant -> the config's defaults: calls of "tallied" keyed 1 in 16 at random
 # from the first (key_after 0), the others counted without a key; every other
 # variant's calls fall in the thread's warm-up, each keyed
-DEFAULTS = {"tallied": {"key_after": 0}}
+# ("tallied-only": the tallied path alone, deterministically: a call is keyed
+# at random with probability 1/65535, so 300 calls draw none 99.5 % of the
+# time)
+DEFAULTS = {"tallied": {"key_after": 0}, "tallied-only": {"key_after": 0, "key_every": 65535}}
 # --op: (understudy's operator, collection toggled on at torch's entry point
 # and off around the arithmetic, the call)
 OPS = {
@@ -63,7 +69,7 @@ OPS = {
 }
 LABELS = {"plain": "plain torch", "off": "mode off",
           "none": "observe, none timed", "observe": "observe, 1 in 16 timed",
-          "tallied": "observe, none timed, 1 in 16 keyed"}
+          "tallied": "observe, none timed, 1 in 16 keyed", "tallied-only": "observe, tallied alone"}
 EVENTS = ("Ir", "ILmr", "DLmr", "DLmw")
 SCRUB_MB = 8
 
@@ -109,26 +115,42 @@ def totals(path):
 
 
 def own_totals(path, lib):
-    """The event totals of the functions in understudy's library alone (its
-    own code: the view, key, lookup, plan and counts), read through
-    callgrind_annotate: torch's part of the same call moves by tens of
-    instructions between runs (its allocations), understudy's does not."""
-    r = subprocess.run(["callgrind_annotate", "--threshold=100", f"--show={','.join(EVENTS)}", path],
-                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    """The event totals of the code in understudy's library alone (its own
+    code: the view, key, lookup, plan and counts, and what it inlines from
+    headers, its own and torch's), read from the Callgrind file's cost lines
+    under the library's object: torch's part of the same call moves by tens
+    of instructions between runs (its allocations), understudy's does not.
+    (callgrind_annotate's per-function lines do not all name their object:
+    code inlined from a header is listed under the header alone.)"""
+    names, events, obj, call_cost = {}, None, None, False
     got = dict.fromkeys(EVENTS, 0)
-    for line in r.stdout.splitlines():
-        if not line.rstrip().endswith(f"/{lib}]"):
-            continue
-        nums = []
-        for tok in line.split():
-            if ":" in tok:
-                break
-            if tok == ".":
-                nums.append(0)
-            elif tok[0].isdigit() and not tok.endswith("%)"):
-                nums.append(int(tok.replace(",", "")))
-        for e, v in zip(EVENTS, nums):
-            got[e] += v
+
+    def name(spec):  # "(id) name" defines id, "(id)" refers to it (--compress-strings)
+        if not spec.startswith("("):
+            return spec
+        ident, _, rest = spec.partition(")")
+        rest = rest.strip()
+        if rest:
+            names[ident] = rest
+        return names.get(ident, "")
+
+    for line in open(path):
+        line = line.rstrip("\n")
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("ob="):
+            obj = name(line[3:])
+        elif line.startswith("cob="):
+            name(line[4:])  # the callee's object: a definition to keep, not the object of the lines below
+        elif line.startswith("calls="):
+            call_cost = True  # the next cost line is the call's inclusive cost, not this object's own
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            if call_cost:
+                call_cost = False
+            elif obj is not None and obj.endswith("/" + lib):
+                for e, v in zip(events, line.split()[1:]):
+                    if e in got:
+                        got[e] += int(v)
     return got
 
 

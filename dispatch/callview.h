@@ -120,57 +120,157 @@ typedef struct ust__nested {
  * variable of a dlopen'ed library is a call into the dynamic loader). A
  * passed or tallied call reads its first cache line alone (aligned to one). */
 typedef struct __attribute__((aligned(64))) ust__thread {
-  int depth;      /* intercepted calls in flight (ust__hook_admit .. ust__hook_release) */
+  int depth;      /* its calls in flight (ust__hook_admit .. ust__hook_release), nested */
+  int forked;     /* in a forked child: how many of them the parent counted (ust__hook_after_fork) */
   int call_depth; /* tracked calls in progress: a bound op one calls is part of it, not counted again */
   int own_work;   /* understudy's own torch work in progress (snapshots, the candidate): passed through */
   int phase;      /* ust_set_phase */
-  ust__nested *nested; /* while an outer call's production runs: where its bound callees' floors are summed */
-  /* the keying sample (ust__binding_admit), under the engine key_gen names */
-  int key_traced;     /* its router holds a kernel tracer: inside a window every call is keyed */
-  int captures;       /* CUDA graph captures this thread began and has not ended (ust_graph_capture_begun) */
-  uint64_t key_gen;   /* the engine's number (as a binding's tally word holds it) the fields below count for */
+  int captures;   /* CUDA graph captures this thread began and has not ended (ust_graph_capture_begun) */
+  struct ust__nested *nested; /* while an outer call's production runs: where its bound callees' floors are summed */
+  /* the keying sample (ust__binding_admit), under the engine key_gen names:
+   * what a tallied call reads in this line, the warm-up's and the draw's
+   * fields after it */
+  int key_traced;   /* its router holds a kernel tracer: inside a window every call is keyed */
+  uint64_t key_gen; /* the engine's number (as a binding's tally word holds it) the fields below count for */
+  int64_t key_gap;  /* calls until the next one keyed at random; 0 until the warm-up ends */
   uint64_t key_after; /* its policy's */
   uint64_t key_warm;  /* this thread's calls under it, counted up to key_after */
-  int64_t key_gap;    /* calls until the next one keyed at random; 0 until the warm-up ends */
   uint64_t key_rng;   /* xorshift64* state; 0 until first drawn */
 } ust__thread;
 
+/* The calling thread's block (its address: ust__thread_state). */
+extern __thread ust__thread ust__thread_block __attribute__((visibility("hidden")));
 ust__thread *ust__thread_state(void);
 
 /* What a call of b the bridge may count needs, before its view is built:
  * UST__ADMIT_PASS, passed on untouched (the operator is off);
- * UST__ADMIT_TALLY, tallied on the binding without a key
- * (ust__binding_tallied) when the bridge can count it so (its device is the
+ * UST__ADMIT_TALLY, tallied without a key (on its hook as it is released,
+ * ust__hook_release) when the bridge can count it so (its device is the
  * host or a CUDA device), else keyed as one call; or the number of calls the
  * keyed call stands for (1; the policy's key_every when keyed at random past
  * the thread's warm-up), for ust__call_settle. While the thread captures a
  * CUDA graph (ust_graph_capture_begun) every call is keyed, so that the
- * graph's nodes map to routes. */
+ * graph's nodes map to routes. Reads b's tally word. */
 enum { UST__ADMIT_PASS = -1, UST__ADMIT_TALLY = 0, UST__ADMIT_NESTED = -2 };
 int ust__binding_admit(struct ust__binding *b, ust__thread *t);
+
+/* A binding's tally word (ust__tally_word): while its operator observes
+ * without a candidate, key_every | the engine's number (1 to 2^48 - 1) <<
+ * 16; UST__TALLY_OFF while it is off (key_every 0: passed on); else 0, and
+ * the call reads the policy. */
+#define UST__TALLY_OFF ((uint64_t)1 << 16)
+
+/* The admission of a call whose binding's tally word is word, as
+ * ust__binding_admit decides it: its common cases inline (an operator that
+ * is off; a call tallied past the thread's warm-up under this engine,
+ * outside captures and tracing windows, not the one drawn), the rest out of
+ * line (ust__admit_other). */
+int ust__admit_other(struct ust__binding *b, ust__thread *t, uint64_t word);
+static inline __attribute__((always_inline)) int ust__admit_word(struct ust__binding *b, ust__thread *t,
+                                                                 uint64_t word) {
+  if (word == UST__TALLY_OFF)
+    return UST__ADMIT_PASS;
+  /* (a thread in its warm-up has no countdown drawn: key_gap 0) */
+  if (__builtin_expect((word & 0xffffu) != 0 && t->key_gen == word >> 16 && (t->captures | t->key_traced) == 0 &&
+                           t->key_gap > 1,
+                       1)) {
+    t->key_gap--;
+    return UST__ADMIT_TALLY;
+  }
+  return ust__admit_other(b, t, word);
+}
+
+/* ---- hooks ------------------------------------------------------------------------ */
+
+/* The first cache line of an op's hook: all a call passed on or tallied
+ * reads and writes of understudy's but its thread's block. The core and
+ * the bridge both reach it (and C11 atomics are not C++'s), so its fields
+ * are plain integers that both access with the compiler's __atomic
+ * builtins. Written by enable, disable, policy changes and a forked child
+ * (serialised by the engine), read and counted by calls. A hook begins with
+ * its head. */
+typedef struct __attribute__((aligned(64))) ust__hook_head {
+  /* the bound binding's tally word; UST__TALLY_OFF while none is bound or
+   * its operator is off: a call then passes on reading this line alone */
+  uint64_t word;
+  struct ust__binding *binding; /* the enabled engine's binding of the op; NULL */
+  /* The hook's gate: a call enters its count in epoch & 1 before it reads
+   * binding; disable detaches the binding, moves the epoch on and waits for
+   * the old count to fall to 0 (calls after the move count in the new one,
+   * and read NULL). */
+  unsigned epoch;
+  long inflight[2];
+  uint64_t tallied[2]; /* calls counted without a key, by the epoch they entered in */
+} ust__hook_head;
+
+static inline ust__hook_head *ust__hook_head_of(struct ust__hook *h) { return (ust__hook_head *)(void *)h; }
+
+/* 1 when the hook's calls pass on untouched now (no binding, or its
+ * operator is off): the caller needs no entry. A hint: a call that reads 0
+ * is admitted, which decides as well. */
+static inline __attribute__((always_inline)) int ust__hook_passes(struct ust__hook *h) {
+  return __atomic_load_n(&ust__hook_head_of(h)->word, __ATOMIC_RELAXED) == UST__TALLY_OFF;
+}
 
 /* An intercepted call between ust__hook_admit and ust__hook_release. */
 typedef struct ust__entry {
   ust__thread *thread;          /* the calling thread's block */
   struct ust__binding *binding; /* the enabled engine's for the op; NULL when understudy is disabled or does
                                    not bind the op now */
+  ust__hook_head *hook;         /* the hook it entered on */
   unsigned ticket;              /* the gate's epoch the call is counted in */
-  unsigned tallied;             /* calls the release counts on binding without a key (ust__binding_tallied) */
+  unsigned tallied;             /* calls the release counts on the hook without a key */
 } ust__entry;
 
-/* An intercepted call's entry, in one call: the thread's block found, the
- * call counted in flight on its hook's gate and the hook's binding read
- * (e->binding stays valid until the release: disable waits for the calls
- * in flight), then admitted (ust__binding_admit). Returns UST__ADMIT_PASS
- * for a call passed on untouched (no binding, understudy's own work, a bound
- * op inside a tracked call, an operator that is off); UST__ADMIT_NESTED for
- * a bound op that a tracked call's production runs while that call collects
- * its callees' floors (the thread's nested, at call depth 1); else what
- * ust__binding_admit says. Every entry is released once with
- * ust__hook_release, whatever it returned; e->tallied set before it counts
- * the call without a key. Lock-free; the calling thread's block only. */
-int ust__hook_admit(struct ust__hook *h, ust__entry *e);
-void ust__hook_release(struct ust__hook *h, const ust__entry *e);
+/* An intercepted call's entry, inline in the interceptor: the thread's
+ * block found, the call counted in flight on its hook's gate and the hook's
+ * binding read (e->binding stays valid until the release: disable waits for
+ * the calls in flight), then admitted on the hook's tally word. Returns
+ * UST__ADMIT_PASS for a call passed on untouched (no binding, understudy's
+ * own work, a bound op inside a tracked call, an operator that is off);
+ * UST__ADMIT_NESTED for a bound op that a tracked call's production runs
+ * while that call collects its callees' floors (the thread's nested, at
+ * call depth 1); else what ust__binding_admit says. Every entry is
+ * released once with ust__hook_release, whatever it returned, on the
+ * thread that made it; e->tallied set before it counts the call without a
+ * key. Lock-free; the calling thread's block and the hook's head only. */
+static inline __attribute__((always_inline)) int ust__hook_admit(struct ust__hook *h, ust__entry *e) {
+  ust__hook_head *const hd = ust__hook_head_of(h);
+  ust__thread *t = &ust__thread_block;
+  /* the block's address found once: left to itself the compiler asks the
+   * dynamic loader for it again after each atomic (__tls_get_addr) */
+  __asm__("" : "+r"(t));
+  const unsigned ticket = __atomic_load_n(&hd->epoch, __ATOMIC_SEQ_CST) & 1u;
+  __atomic_fetch_add(&hd->inflight[ticket], 1, __ATOMIC_SEQ_CST);
+  struct ust__binding *const b = __atomic_load_n(&hd->binding, __ATOMIC_SEQ_CST);
+  e->thread = t;
+  e->binding = b;
+  e->hook = hd;
+  e->ticket = ticket;
+  e->tallied = 0;
+  t->depth++;
+  if (__builtin_expect(b == NULL, 0))
+    return UST__ADMIT_PASS;
+  if (__builtin_expect((t->own_work | t->call_depth) != 0, 0)) /* both counts, never negative */
+    return t->nested != NULL && t->call_depth == 1 ? UST__ADMIT_NESTED : UST__ADMIT_PASS;
+  return ust__admit_word(b, t, __atomic_load_n(&hd->word, __ATOMIC_RELAXED));
+}
+
+/* A forked child's thread releases the calls it made before the fork last
+ * (they nest): their counts are the parent's, which the child's hooks no
+ * longer hold (ust__hook_after_fork). */
+void ust__hook_release_forked(ust__thread *t);
+static inline __attribute__((always_inline)) void ust__hook_release(const ust__entry *e) {
+  ust__thread *const t = e->thread;
+  if (__builtin_expect(--t->depth < t->forked, 0)) {
+    ust__hook_release_forked(t);
+    return;
+  }
+  if (e->tallied != 0)
+    __atomic_fetch_add(&e->hook->tallied[e->ticket], e->tallied, __ATOMIC_RELAXED);
+  __atomic_fetch_sub(&e->hook->inflight[e->ticket], 1, __ATOMIC_RELEASE);
+}
+
 /* n calls counted on b without a key: a tallied one; or those a call keyed at
  * random stood for, when it could not be counted on a route after all. */
 void ust__binding_tallied(struct ust__binding *b, unsigned n);

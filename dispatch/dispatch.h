@@ -455,36 +455,40 @@ typedef struct ust__operator {
   ust__cand *cand;                     /* borrowed from the engine; NULL without one */
 } ust__operator;
 
-/* Intercepted calls in flight, counted per epoch: disable detaches its
- * bindings from their hooks, moves the epoch on, and waits for the calls of
- * the old epoch to leave (new calls count in the new one, so the old count
- * only falls). One per process context. */
-typedef struct ust__gate {
-  atomic_uint epoch;
-  atomic_long inflight[2];
-} ust__gate;
-
-/* Move the epoch on; returns the old one, whose calls ust__gate_drained
- * counts. Serialised by the caller (disable). */
-unsigned ust__gate_flip(ust__gate *g);
-/* In a child process after fork: the calls in flight are the forking
- * thread's own (its threads' calls did not come along). */
-void ust__gate_after_fork(ust__gate *g);
-/* 1 once no call of epoch old is in flight. */
-int ust__gate_drained(ust__gate *g, unsigned old);
 /* 1 while the calling thread is inside an intercepted call (a candidate, or
  * a production kernel, calling back into understudy). */
 int ust__in_intercepted_call(void);
 
 /* The interceptor of one op and overload, registered once for the life of
- * the process: the bridge's kernel calls through it. binding is the enabled
- * engine's binding of the op, or NULL. Never freed. */
+ * the process: the bridge's kernel calls through it. Its head (callview.h)
+ * holds the enabled engine's binding of the op, or NULL, and counts its
+ * calls in flight. Never freed. */
 typedef struct ust__hook {
-  _Atomic(struct ust__binding *) binding;
-  ust__gate *gate;
+  ust__hook_head head; /* first: the bridge reaches it from the hook's address */
   char display[UST__DISPLAY_MAX];
   UT_hash_handle hh; /* the process context's registry, by display */
 } ust__hook;
+
+/* Bind b to h: calls admitted from now on read it. Returns the epoch its
+ * calls count in (ust__hook_drained, ust__binding_tallied_count). Serialised
+ * by the caller (enable, disable). */
+unsigned ust__hook_attach(ust__hook *h, struct ust__binding *b);
+/* Detach h's binding (its calls pass on from now on) and move its epoch on;
+ * returns the old one, whose calls ust__hook_drained counts. */
+unsigned ust__hook_detach(ust__hook *h);
+/* 1 once no call of epoch old is in flight on h. */
+int ust__hook_drained(ust__hook *h, unsigned old);
+/* The calls of epoch old still in flight on h. */
+long ust__hook_inflight(ust__hook *h, unsigned old);
+/* b's operator's policy changed: h's copy of b's tally word, if b is bound to it. */
+void ust__hook_republish(ust__hook *h, const struct ust__binding *b);
+/* In a child process after fork, with h's binding detached: no call is in
+ * flight on h (the parent's threads did not come along, and the forking
+ * thread's calls, released last, are not counted again: ust__fork_child). */
+void ust__hook_after_fork(ust__hook *h);
+/* In a child process after fork, once: the calling (forking) thread's calls
+ * in flight are the parent's. */
+void ust__fork_child(void);
 
 typedef struct ust__route_table {
   uint32_t cap;   /* power of two, twice max_routes */
@@ -526,9 +530,9 @@ typedef struct ust__binding {
   _Alignas(64) int index;
   int n_dims;
   ust__operator *op;
-  /* calls counted without a key (ust__binding_admit): written by them on the
-   * line they read, one line for a thread that serves alone (threads calling
-   * one op at once share it, as they share the gate's counts) */
+  /* calls counted without a key outside the hook's count: those a keyed
+   * call stood for when it could not be counted on a route after all
+   * (ust__binding_tallied), and the hook's once it is detached */
   atomic_uint_fast64_t tallied;
   /* its operator's policy as a call that may be tallied reads it: while the
    * operator observes without a candidate, key_every | the engine's number
@@ -553,6 +557,12 @@ typedef struct ust__binding {
   char arg_names[UST__MAX_ARGS][UST__NAME_MAX]; /* the schema's, once resolved */
   ust__roofline_prog roofline;   /* compiled from def->roofline; present 0 without one */
   ust__hook *hook;               /* the process's hook of this op, while enabled */
+  /* bound to it (ust__hook_attach): calls tallied there count on the
+   * hook's head in epoch hook_epoch, from hook_tallied_base (see
+   * ust__binding_tallied_count), while hook_counts is 1 */
+  unsigned hook_epoch;
+  atomic_int hook_counts;
+  uint64_t hook_tallied_base;
   UT_hash_handle hh;             /* the engine's registry, by display name */
 } ust__binding;
 
@@ -597,6 +607,13 @@ void ust__router_free(ust__router *r);
 /* A binding's tally word (ust__binding.tally) for its operator's policy
  * under engine number engine_gen. */
 uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen);
+/* The calls of b counted without a key: its own count and, while it is
+ * bound, its hook's in its epoch. Thread-safe. */
+uint64_t ust__binding_tallied_count(ust__binding *b);
+/* Once b's hook is detached and its epoch drained (ust__hook_drained): the
+ * hook's count of b's calls moved onto b, which no longer reads the hook.
+ * Serialised by the caller (disable). */
+void ust__binding_fold_tallies(ust__binding *b);
 /* Find or insert the route for key. Lock-free; NULL when the table is full
  * or memory ran out. Thread-safe. */
 ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b);

@@ -7,7 +7,7 @@
  * lookups and inserts are lock-free, so the per-call path takes no lock.
  * Routes are never removed while the engine lives, which is what makes the
  * lock-free read safe; they are freed with the engine, after every call that
- * could see them has left (the gate drained).
+ * could see them has left (their hooks drained).
  */
 #include <math.h>
 #include <sched.h>
@@ -176,7 +176,8 @@ ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust_
 
 /* The calling thread's block (dispatch/callview.h): one thread-local
  * variable, so that a call reads the dynamic loader's table once. */
-static _Thread_local ust__thread tl_thread;
+__thread ust__thread ust__thread_block;
+#define tl_thread ust__thread_block
 
 ust__thread *ust__thread_state(void) { return &tl_thread; }
 
@@ -1176,35 +1177,49 @@ __attribute__((weak)) const ust__seam_i *ust__seam(void) { return NULL; }
 
 int ust__in_intercepted_call(void) { return tl_thread.depth > 0; }
 
-/* The count is taken before the binding is read (both sequentially
- * consistent): a call that read a binding before disable detached it is
- * counted in an epoch disable waits for, and one counted too late to be
- * waited for reads NULL. */
-static UST__INLINE ust__binding *hook_enter(ust__hook *h, ust__thread *t, unsigned *ticket) {
-  t->depth++;
-  const unsigned e = atomic_load_explicit(&h->gate->epoch, memory_order_seq_cst) & 1u;
-  atomic_fetch_add_explicit(&h->gate->inflight[e], 1, memory_order_seq_cst);
-  *ticket = e;
-  return atomic_load_explicit(&h->binding, memory_order_seq_cst);
+/* The hook's head is shared with the bridge (C++): its fields are reached
+ * with __atomic builtins on both sides. Sequentially consistent where a call
+ * counts itself in flight and then reads the binding, and disable detaches
+ * the binding and then moves the epoch on: a call that read a binding before
+ * it was detached is counted in an epoch disable waits for, and one counted
+ * too late to be waited for reads NULL. */
+unsigned ust__hook_attach(ust__hook *h, ust__binding *b) {
+  ust__hook_head *hd = &h->head;
+  const unsigned e = __atomic_load_n(&hd->epoch, __ATOMIC_SEQ_CST) & 1u;
+  b->hook_epoch = e;
+  b->hook_tallied_base = __atomic_load_n(&hd->tallied[e], __ATOMIC_RELAXED);
+  atomic_store(&b->hook_counts, 1);
+  __atomic_store_n(&hd->binding, b, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&hd->word, atomic_load(&b->tally), __ATOMIC_SEQ_CST);
+  return e;
 }
 
-static UST__INLINE void hook_leave(ust__hook *h, ust__thread *t, unsigned ticket) {
-  atomic_fetch_sub_explicit(&h->gate->inflight[ticket & 1u], 1, memory_order_release);
-  t->depth--;
+unsigned ust__hook_detach(ust__hook *h) {
+  ust__hook_head *hd = &h->head;
+  __atomic_store_n(&hd->word, UST__TALLY_OFF, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&hd->binding, NULL, __ATOMIC_SEQ_CST);
+  return __atomic_fetch_add(&hd->epoch, 1, __ATOMIC_SEQ_CST) & 1u;
 }
 
-void ust__gate_after_fork(ust__gate *g) {
-  /* only the forking thread came along: only its own calls are in flight */
-  const unsigned e = atomic_load(&g->epoch) & 1u;
-  atomic_store(&g->inflight[e], tl_thread.depth);
-  atomic_store(&g->inflight[e ^ 1u], 0);
+int ust__hook_drained(ust__hook *h, unsigned old) { return ust__hook_inflight(h, old) == 0; }
+
+long ust__hook_inflight(ust__hook *h, unsigned old) {
+  return __atomic_load_n(&h->head.inflight[old & 1u], __ATOMIC_ACQUIRE);
 }
 
-unsigned ust__gate_flip(ust__gate *g) { return atomic_fetch_add_explicit(&g->epoch, 1, memory_order_seq_cst) & 1u; }
-
-int ust__gate_drained(ust__gate *g, unsigned old) {
-  return atomic_load_explicit(&g->inflight[old & 1u], memory_order_acquire) == 0;
+void ust__hook_republish(ust__hook *h, const ust__binding *b) {
+  if (__atomic_load_n(&h->head.binding, __ATOMIC_SEQ_CST) == b)
+    __atomic_store_n(&h->head.word, atomic_load(&((ust__binding *)b)->tally), __ATOMIC_SEQ_CST);
 }
+
+void ust__hook_after_fork(ust__hook *h) {
+  __atomic_store_n(&h->head.inflight[0], 0, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&h->head.inflight[1], 0, __ATOMIC_SEQ_CST);
+}
+
+void ust__fork_child(void) { tl_thread.forked = tl_thread.depth; }
+
+void ust__hook_release_forked(ust__thread *t) { t->forked = t->depth; }
 
 /* The calls until the next one keyed at random, one in every (at least 2,
  * as a tally word holds it): a geometric draw (each call keyed with
@@ -1226,8 +1241,8 @@ static UST__NOINLINE int64_t key_gap(ust__thread *t, uint32_t every) {
 }
 
 /* A binding's tally word: key_every in its low 16 bits, the engine's number
- * above them; an operator that is off has key_every 0 and no number. */
-#define TALLY_OFF ((uint64_t)1 << 16)
+ * above them; an operator that is off has key_every 0 and no number
+ * (UST__TALLY_OFF). */
 static UST__INLINE uint32_t word_every(uint64_t word) { return (uint32_t)(word & 0xffffu); }
 static UST__INLINE uint64_t word_engine(uint64_t word) { return word >> 16; }
 
@@ -1249,11 +1264,11 @@ static UST__NOINLINE int admit_by_policy(const ust__binding *b) {
 }
 
 /* Every case of the admission, the common one included: a call that
- * binding_admit could not settle in its first lines. */
-static UST__NOINLINE int admit_other(ust__binding *b, ust__thread *t, uint64_t word) {
+ * ust__admit_word could not settle in its first lines. */
+UST__NOINLINE int ust__admit_other(ust__binding *b, ust__thread *t, uint64_t word) {
   const uint32_t every = word_every(word);
   if (__builtin_expect(every == 0, 0)) /* the operator is off (the word says so), or the policy decides */
-    return word == TALLY_OFF ? UST__ADMIT_PASS : admit_by_policy(b);
+    return word == UST__TALLY_OFF ? UST__ADMIT_PASS : admit_by_policy(b);
   if (__builtin_expect(t->key_gen != word_engine(word), 0))
     key_restart(b, t, word);
   if (t->key_warm < t->key_after) {
@@ -1273,53 +1288,13 @@ static UST__NOINLINE int admit_other(ust__binding *b, ust__thread *t, uint64_t w
   return (int)every;
 }
 
-/* The common cases in a few lines, reading the binding's first line and the
- * thread's block: an operator that is off; a call tallied past the thread's
- * warm-up under this engine, outside captures and tracing windows, not the
- * one drawn. admit_other decides the rest as it would decide these. */
-static UST__INLINE int binding_admit(ust__binding *b, ust__thread *t) {
-  const uint64_t word = atomic_load_explicit(&b->tally, memory_order_relaxed);
-  if (word == TALLY_OFF)
-    return UST__ADMIT_PASS;
-  /* (a thread in its warm-up has no countdown drawn: key_gap 0) */
-  if (__builtin_expect(word_every(word) != 0 && t->key_gen == word_engine(word) &&
-                           (t->captures | t->key_traced) == 0 && t->key_gap > 1,
-                       1)) {
-    t->key_gap--;
-    return UST__ADMIT_TALLY;
-  }
-  return admit_other(b, t, word);
-}
-
-int ust__binding_admit(ust__binding *b, ust__thread *t) { return binding_admit(b, t); }
-
-/* The bridge's entry and exit of every call, each one body: a call passed or
- * tallied runs through these two and nothing else of the core. */
-UST__HOT __attribute__((aligned(64))) int ust__hook_admit(ust__hook *h, ust__entry *e) {
-  ust__thread *t = &tl_thread;
-  /* the block's address found once: left to itself the compiler asks the
-   * dynamic loader for it again after each atomic (__tls_get_addr) */
-  __asm__("" : "+r"(t));
-  e->thread = t;
-  e->tallied = 0;
-  ust__binding *const b = hook_enter(h, t, &e->ticket);
-  e->binding = b;
-  if (__builtin_expect(b == NULL, 0))
-    return UST__ADMIT_PASS;
-  if (__builtin_expect((t->own_work | t->call_depth) != 0, 0)) /* both counts, never negative */
-    return t->nested != NULL && t->call_depth == 1 ? UST__ADMIT_NESTED : UST__ADMIT_PASS;
-  return binding_admit(b, t);
-}
-
-UST__HOT void ust__hook_release(ust__hook *h, const ust__entry *e) {
-  if (e->tallied != 0)
-    atomic_fetch_add_explicit(&e->binding->tallied, e->tallied, memory_order_relaxed);
-  hook_leave(h, e->thread, e->ticket);
+int ust__binding_admit(ust__binding *b, ust__thread *t) {
+  return ust__admit_word(b, t, atomic_load_explicit(&b->tally, memory_order_relaxed));
 }
 
 uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
   if (pol->mode == UST__MODE_OFF) /* every call passed on, the policy unread */
-    return TALLY_OFF;
+    return UST__TALLY_OFF;
   if (pol->mode != UST__MODE_OBSERVE || pol->key_every <= 1)
     return 0;
   const uint64_t numbers = (1ull << 48) - 1; /* the engine's number: 1 to 2^48 - 1, never 0 */
@@ -1328,6 +1303,21 @@ uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
 
 void ust__binding_tallied(ust__binding *b, unsigned n) {
   atomic_fetch_add_explicit(&b->tallied, n, memory_order_relaxed);
+}
+
+/* The hook's count of b's epoch since b was bound, while b reads it. */
+static uint64_t hook_tallies(ust__binding *b) {
+  if (atomic_load(&b->hook_counts) == 0 || b->hook == NULL)
+    return 0;
+  return __atomic_load_n(&b->hook->head.tallied[b->hook_epoch], __ATOMIC_RELAXED) - b->hook_tallied_base;
+}
+
+uint64_t ust__binding_tallied_count(ust__binding *b) { return atomic_load(&b->tallied) + hook_tallies(b); }
+
+void ust__binding_fold_tallies(ust__binding *b) {
+  const uint64_t n = hook_tallies(b);
+  atomic_store(&b->hook_counts, 0);
+  atomic_fetch_add(&b->tallied, n);
 }
 
 UST__HOT int ust__binding_needs_names(const ust__binding *b) {

@@ -302,47 +302,19 @@ inline void view_arg(c10::SymIntArrayRef v, ust__arg &a, ust__call *) {
   return view_end(call);
 }
 
-// Whether a call whose view would take its device from t can be counted
-// without a key (ust__binding_admit): t is a strided tensor on the host or
-// on a CUDA device, the devices a view counts. Its stream is not asked: a
-// thread capturing a graph says so (ust_graph_capture_begun), and its calls
-// are keyed before they get here.
-[[gnu::hot, gnu::noinline]] bool tally_device(const at::Tensor &t) {
-  if (t.layout() != c10::kStrided)
-    return false;
-  const c10::Device dev = t.device();
-  return dev.is_cpu() || dev.is_cuda();
-}
-
-// The tensor a typed call's view takes its device from: its first defined
-// tensor argument (the others are not).
-inline const at::Tensor *first_tensor(const at::Tensor &t) { return t.defined() ? &t : nullptr; }
-inline const at::Tensor *first_tensor(const std::optional<at::Tensor> &t) {
-  return t.has_value() && t->defined() ? &*t : nullptr;
-}
-template <class T> const at::Tensor *first_tensor(const T &) { return nullptr; }
-
-// A boxed call's: the first defined tensor, or the first tensor of the
-// first list, among the arguments its view holds (build_view).
-bool boxed_tallies(const c10::OperatorHandle &op, const torch::jit::Stack &stack, size_t room) {
-  size_t n_schema;
-  const c10::IValue *ivs = stack_args(op, stack, &n_schema);
-  const size_t n = std::min(n_schema, room);
-  for (size_t i = 0; i < n; i++) {
-    if (ivs[i].isTensor()) {
-      const at::Tensor &t = ivs[i].toTensor();
-      if (t.defined())
-        return tally_device(t);
-    } else if (ivs[i].isTensorList()) {
-      const auto list = ivs[i].toTensorList();
-      if (list.size() == 0)
-        continue;
-      const at::Tensor first = list.get(0);
-      if (first.defined())
-        return tally_device(first);
-    }
-  }
-  return false;
+// Whether a call can be counted without a key (ust__binding_admit): the
+// kernel production runs below understudy is a dense host or CUDA one (the
+// keys below BackendSelect are Dense's and the CPU and CUDA backends' at
+// most), so its tensors are strided on the devices a view counts; a meta,
+// sparse, quantized or nested call, or one on another device, is keyed. Read
+// in the call's key set, in a register. Its stream is not asked: a thread
+// capturing a graph says so (ust_graph_capture_begun), and its calls are
+// keyed before they get here.
+[[gnu::always_inline]] inline bool tallies_below(c10::DispatchKeySet below) {
+  constexpr c10::DispatchKeySet dense_host_cuda =
+      c10::DispatchKeySet(c10::DispatchKey::CPU) | c10::DispatchKeySet(c10::DispatchKey::CUDA);
+  // (bits, not DispatchKeySet's difference: that keeps the backend bits)
+  return (below.raw_repr() & ~dense_host_cuda.raw_repr()) == 0 && !below.empty();
 }
 
 // The data pointers of the view build_view filled from the same stack: what
@@ -401,13 +373,14 @@ private:
 };
 
 struct CallScope {
-  explicit CallScope(ust__thread *t) : t_(t) { t->call_depth++; }
-  ~CallScope() { t_->call_depth--; }
+  explicit CallScope(ust__thread *t, unsigned n = 1) : t_(t), n_(static_cast<int>(n)) { t->call_depth += n_; }
+  ~CallScope() { t_->call_depth -= n_; }
   CallScope(const CallScope &) = delete;
   CallScope &operator=(const CallScope &) = delete;
 
 private:
   ust__thread *t_;
+  int n_;
 };
 
 struct OwnWork {
@@ -1489,15 +1462,11 @@ private:
 
 // An intercepted call between its entry and its release (ust__hook_admit).
 struct Entry {
-  explicit Entry(ust__hook *h) : h_(h), admitted(ust__hook_admit(h, &e)) {}
-  ~Entry() { ust__hook_release(h_, &e); }
+  [[gnu::always_inline]] explicit Entry(ust__hook *h) : admitted(ust__hook_admit(h, &e)) {}
+  [[gnu::always_inline]] ~Entry() { ust__hook_release(&e); }
   Entry(const Entry &) = delete;
   Entry &operator=(const Entry &) = delete;
 
-private:
-  ust__hook *h_;
-
-public:
   ust__entry e;
   const int admitted;
 };
@@ -1623,44 +1592,52 @@ template <class Source>
   serve_planned(src, below, b, th, args, call, st);
 }
 
-// An intercepted call, whatever its source (Boxed, Typed below): the thread
-// and hook checks, the view, the router's plan, production redispatched
-// below BackendSelect, the plan's steps.
+// The keys below understudy's: production's.
+[[gnu::always_inline]] inline c10::DispatchKeySet below_us(c10::DispatchKeySet ks) {
+  return ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
+}
+
+// An admitted call that is neither passed on nor tallied, whatever its
+// source (Boxed, Typed below): a bound op inside a tracked call's
+// production, or a keyed call (its view, route and plan in serve_keyed).
 template <class Source>
-[[gnu::hot, gnu::always_inline]] inline void intercept(ust__hook *hook, const c10::OperatorHandle &op,
-                                                    c10::DispatchKeySet ks, Source &src) {
-  Entry entry(hook);
-  const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
-                                                             c10::DispatchKey::BackendSelect);
-  int weight = entry.admitted;
-  if (weight == UST__ADMIT_PASS) {
-    src.pass(below);
-    return;
-  }
-  ust__thread *const th = entry.e.thread;
-  ust__binding *const b = entry.e.binding;
-  if (__builtin_expect(weight == UST__ADMIT_NESTED, 0)) {
+[[gnu::noinline]] void serve_admitted(const ust__entry &e, int weight, const c10::OperatorHandle &op,
+                                      c10::DispatchKeySet below, Source &src) {
+  ust__thread *const th = e.thread;
+  ust__binding *const b = e.binding;
+  if (weight == UST__ADMIT_NESTED) {
     // a bound op the outer call runs: its floor counts toward the outer's
     note_nested(op, src, b, th);
     CallScope deeper(th); // its own callees are not the outer's direct ones
     src.pass(below);
     return;
   }
-  CallScope nested(th); // a tallied call's bound callees are part of it, as a keyed call's
-  if (weight != 1) {
-    // a call the tally cannot take (a device or layout not counted) is
-    // keyed, and stands for itself alone: the calls a random one stands for
-    // are those the tally takes
-    const bool tallies = src.tallies();
-    if (__builtin_expect(tallies && weight == UST__ADMIT_TALLY, 1)) {
-      entry.e.tallied = 1; // counted as the call is released
-      src.pass(below);
-      return;
-    }
-    if (!tallies)
-      weight = 1;
-  }
+  CallScope nested(th); // a keyed call's bound callees are part of it
+  // a call the tally cannot take (a device or layout not counted) is keyed,
+  // and stands for itself alone: the calls a random one stands for are
+  // those the tally takes
+  if (weight != 1 && !tallies_below(below))
+    weight = 1;
   serve_keyed(src, op, below, b, th, weight);
+}
+
+// An intercepted call past its hook's first check (ust__hook_passes): its
+// entry and admission, then, in the interceptor's body, production alone
+// for a call passed on or tallied (pass(below): its result), else other(the
+// entry, the admission, below) out of line.
+template <class Pass, class Other>
+[[gnu::hot, gnu::always_inline]] inline auto intercept(ust__hook *hook, c10::DispatchKeySet ks, Pass &&pass,
+                                                    Other &&other) {
+  const c10::DispatchKeySet below = below_us(ks);
+  Entry entry(hook);
+  // one path for both, production's call inlined once
+  const unsigned tallied = entry.admitted == UST__ADMIT_TALLY && tallies_below(below);
+  if (__builtin_expect(tallied || entry.admitted == UST__ADMIT_PASS, 1)) {
+    entry.e.tallied = tallied;                  // counted as the call is released
+    CallScope nested(entry.e.thread, tallied); // a tallied call's bound callees are part of it, as a keyed call's
+    return pass(below);
+  }
+  return other(entry.e, entry.admitted, below);
 }
 
 // A boxed call: its arguments, and then its results, on the stack.
@@ -1670,7 +1647,6 @@ template <size_t Room> struct Boxed {
   torch::jit::Stack *stack;
 
   bool view(ust__arg *args, ust__call *call, int phase) { return build_view(op, *stack, args, Room, call, phase); }
-  bool tallies() const { return boxed_tallies(op, *stack, Room); }
   void pass(c10::DispatchKeySet below) { op.redispatchBoxed(below, stack); }
   bool plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
             ust__decision &d, int step) {
@@ -1721,11 +1697,6 @@ struct Typed {
     }, in);
     return view_end(call);
   }
-  [[gnu::always_inline]] bool tallies() const {
-    const at::Tensor *first = nullptr;
-    std::apply([&](const auto &...a) { ((first = first != nullptr ? first : first_tensor(a)), ...); }, in);
-    return first != nullptr && tally_device(*first);
-  }
   [[gnu::always_inline]] void pass(c10::DispatchKeySet below) {
     out.emplace(std::apply([&](Args... a) { return op.redispatch(below, std::forward<Args>(a)...); }, in));
   }
@@ -1750,17 +1721,34 @@ struct Typed {
   }
 };
 
-template <size_t Room> class Interceptor final : public c10::OperatorKernel {
+// An interceptor is one cache line (what it holds and torch's reference
+// count), read by each of its calls with its hook's head.
+template <size_t Room> class alignas(64) Interceptor final : public c10::OperatorKernel {
 public:
-  explicit Interceptor(ust__hook *h) : hook_(h) {}
+  explicit Interceptor(ust__hook *h) : hook_(h), dispatcher_(&c10::Dispatcher::singleton()) {}
 
   [[gnu::hot]] void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
-    Boxed<Room> src{op, stack};
-    intercept(hook_, op, ks, src);
+    if (ust__hook_passes(hook_)) // off, or not bound: the hook's first line read, nothing entered
+      dispatcher_->redispatchBoxed(op, below_us(ks), stack);
+    else
+      serve(op, ks, stack);
   }
 
 private:
+  [[gnu::hot, gnu::noinline]] void serve(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
+                                         torch::jit::Stack *stack) {
+    Boxed<Room> src{op, stack};
+    intercept(
+        hook_, ks, [&](c10::DispatchKeySet below) { src.pass(below); },
+        [&](const ust__entry &e, int weight, c10::DispatchKeySet below) {
+          serve_admitted(e, weight, op, below, src);
+        });
+  }
+
   ust__hook *hook_;
+  // torch's, held here: Dispatcher::singleton() reads a static of this
+  // library's own (an inline function's), a line no other call touches
+  const c10::Dispatcher *dispatcher_;
 };
 
 // The interceptor of an op whose C++ signature is Ret(Args...), called
@@ -1768,18 +1756,43 @@ private:
 // the boxed wrapper torch makes for boxed ones.
 template <class Sig> class TypedInterceptor;
 template <class Ret, class... Args>
-class TypedInterceptor<Ret(Args...)> final : public c10::OperatorKernel {
+class alignas(64) TypedInterceptor<Ret(Args...)> final : public c10::OperatorKernel {
 public:
-  TypedInterceptor(ust__hook *h, c10::TypedOperatorHandle<Ret(Args...)> op) : hook_(h), op_(op) {}
+  TypedInterceptor(ust__hook *h, c10::TypedOperatorHandle<Ret(Args...)> op)
+      : hook_(h), dispatcher_(&c10::Dispatcher::singleton()), op_(op) {}
 
   [[gnu::hot]] Ret operator()(c10::DispatchKeySet ks, Args... args) {
-    Typed<Ret, Args...> src{op_, std::tuple<Args...>(args...), std::nullopt};
-    intercept(hook_, op_, ks, src);
-    return std::move(*src.out);
+    if (ust__hook_passes(hook_)) // off, or not bound: the hook's first line read, nothing entered
+      return production(below_us(ks), std::forward<Args>(args)...);
+    return serve(ks, std::forward<Args>(args)...);
   }
 
 private:
+  [[gnu::always_inline]] Ret production(c10::DispatchKeySet below, Args... args) {
+    return dispatcher_->redispatch<Ret, Args...>(op_, below, std::forward<Args>(args)...);
+  }
+
+  [[gnu::hot, gnu::noinline]] Ret serve(c10::DispatchKeySet ks, Args... args) {
+    return intercept(
+        hook_, ks,
+        [&](c10::DispatchKeySet below) __attribute__((always_inline)) {
+          return production(below, std::forward<Args>(args)...);
+        },
+        [&](const ust__entry &e, int weight, c10::DispatchKeySet below) {
+          return serve_other(e, weight, below, std::forward<Args>(args)...);
+        });
+  }
+
+  // A call neither passed on nor tallied: its arguments kept for a view and
+  // a plan, its result taken from the plan's run.
+  [[gnu::noinline]] Ret serve_other(const ust__entry &e, int weight, c10::DispatchKeySet below, Args... args) {
+    Typed<Ret, Args...> src{op_, std::tuple<Args...>(args...), std::nullopt};
+    serve_admitted(e, weight, op_, below, src);
+    return std::move(*src.out);
+  }
+
   ust__hook *hook_;
+  const c10::Dispatcher *dispatcher_; // as Interceptor's
   c10::TypedOperatorHandle<Ret(Args...)> op_;
 };
 

@@ -38,11 +38,12 @@ ust__hook *ust__ctx_hook(ust__ctx *c, const ust__binding *b) {
   HASH_FIND_STR(c->hooks, b->display, h);
   if (h != NULL)
     return h;
-  if ((h = calloc(1, sizeof *h)) == NULL) {
+  if ((h = aligned_alloc(_Alignof(ust__hook), sizeof *h)) == NULL) { /* its head on a line of its own */
     ust__error(UST_ENOMEM, "out of memory for the hook of %s", b->display);
     return NULL;
   }
-  h->gate = &c->gate;
+  memset(h, 0, sizeof *h);
+  h->head.word = UST__TALLY_OFF; /* bound by enable, after the registration */
   snprintf(h->display, sizeof h->display, "%s", b->display);
   if (c->seam->register_hook(h, b->qualname, b->overload, b->display) != 0) {
     free(h);

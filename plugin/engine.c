@@ -74,8 +74,11 @@ static void policy_publish(ust__engine *e, ust__engine_op *eo, const ust__policy
   atomic_store(&eo->op.policy, pub);
   const uint64_t word = ust__tally_word(pub, e->gen);
   for (int i = 0; i < e->n_bindings; i++)
-    if (e->bindings[i].op == &eo->op)
+    if (e->bindings[i].op == &eo->op) {
       atomic_store(&e->bindings[i].tally, word);
+      if (e->bindings[i].hook != NULL)
+        ust__hook_republish(e->bindings[i].hook, &e->bindings[i]);
+    }
 }
 
 static ust__policy policy_of(const ust__op_config *oc) {
@@ -107,6 +110,16 @@ static int persist(ust__engine *e) {
 }
 
 static void finish_disable(ust__engine *e, int *rc);
+
+/* The calls in flight that may read e's bindings: those counted in each
+ * bound hook's epoch of its binding (disable moved the epochs on). */
+static long engine_inflight(ust__engine *e) {
+  long n = 0;
+  for (int i = 0; i < e->n_bindings; i++)
+    if (e->bindings[i].hook != NULL)
+      n += ust__hook_inflight(e->bindings[i].hook, e->bindings[i].hook_epoch);
+  return n;
+}
 static void watch_exit(void);
 
 /* Candidates that qualified in their own process on a route: loaded here. */
@@ -139,7 +152,7 @@ static void *worker_main(void *arg) {
   uint64_t state_retry_at = 0, state_backoff_ns = 0;
   pthread_mutex_lock(&e->worker_lock);
   while (!e->worker_stop) {
-    if (e->reaping && ust__gate_drained(&e->ctx->gate, e->reap_epoch))
+    if (e->reaping && engine_inflight(e) == 0)
       break;
     pthread_mutex_unlock(&e->worker_lock);
     ust__timers_harvest(e->router.timers);
@@ -521,8 +534,10 @@ static void child_after_fork(void) {
   c->engine = NULL;
   for (int i = 0; e != NULL && i < e->n_bindings; i++)
     if (e->bindings[i].hook != NULL)
-      atomic_store(&e->bindings[i].hook->binding, NULL);
-  ust__gate_after_fork(&c->gate);
+      ust__hook_detach(e->bindings[i].hook);
+  for (ust__hook *h = c->hooks; h != NULL; h = (ust__hook *)h->hh.next)
+    ust__hook_after_fork(h);
+  ust__fork_child();
 }
 
 static void watch_forks(void) { pthread_atfork(NULL, NULL, child_after_fork); }
@@ -628,7 +643,7 @@ int ust_enable(const char *config_json, const char *problems_dir) {
   /* published: calls through the hooks reach the engine from now on */
   for (int i = 0; i < e->n_bindings; i++)
     if (e->bindings[i].hook != NULL)
-      atomic_store(&e->bindings[i].hook->binding, &e->bindings[i]);
+      ust__hook_attach(e->bindings[i].hook, &e->bindings[i]);
   ust__log(&c->log, UST_LOG_INFO, "enabled: %d operators, %d dispatcher bindings", e->n_ops, e->n_bindings);
   goto out;
 fail:
@@ -657,19 +672,17 @@ int ust_disable(void) {
    * dispatching threads) and pass calls through from now on. */
   for (int i = 0; i < e->n_bindings; i++)
     if (e->bindings[i].hook != NULL)
-      atomic_store(&e->bindings[i].hook->binding, NULL);
-  const unsigned old = ust__gate_flip(&c->gate);
+      ust__hook_detach(e->bindings[i].hook);
   const uint64_t deadline = ust__now_ns() + (uint64_t)(e->cfg.disable_timeout_s * 1e9);
-  while (!ust__gate_drained(&c->gate, old) && ust__now_ns() < deadline)
+  while (engine_inflight(e) != 0 && ust__now_ns() < deadline)
     usleep(50);
   int rc = 0;
-  if (!ust__gate_drained(&c->gate, old) && e->worker_started) {
+  if (engine_inflight(e) != 0 && e->worker_started) {
     /* Calls are still inside (a candidate that does not return, say): the
      * worker finishes the disable when they leave; nothing waits here. */
-    const long left = atomic_load(&c->gate.inflight[old & 1u]);
+    const long left = engine_inflight(e);
     pthread_mutex_lock(&e->worker_lock);
     e->reaping = 1;
-    e->reap_epoch = old;
     pthread_cond_signal(&e->worker_cond);
     pthread_mutex_unlock(&e->worker_lock);
     pthread_detach(e->worker);
@@ -681,7 +694,7 @@ int ust_disable(void) {
     pthread_mutex_unlock(&c->life);
     return rc;
   }
-  if (!ust__gate_drained(&c->gate, old)) {
+  if (engine_inflight(e) != 0) {
     /* no worker to hand the rest to: it was stopped at process exit */
     rc = ust__error(UST_ETIMEDOUT, "disable: intercepted calls had not returned after %g s, and the process is "
                     "exiting: understudy is left as it is", e->cfg.disable_timeout_s);
@@ -703,6 +716,8 @@ int ust_disable(void) {
 
 /* Once no call can reach e: pending figures in, the final report, the state. */
 static void finish_disable(ust__engine *e, int *rc) {
+  for (int i = 0; i < e->n_bindings; i++)
+    ust__binding_fold_tallies(&e->bindings[i]);
   ust__timers_harvest_all_sync(e->router.timers);
   ust__shadow_harvest_all_sync(e->router.shadow);
   ust__graphs_tick(e->router.graphs);

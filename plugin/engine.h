@@ -3,8 +3,8 @@
  *
  * The context lives as long as the process: the log sink, the seam the
  * bridge installed, the hooks registered with the dispatcher (once per op,
- * never removed), the gate that counts calls in flight, and the one lock
- * for changes. There is exactly one (plugin/context.c).
+ * never removed; each counts its calls in flight), and the one lock for
+ * changes. There is exactly one (plugin/context.c).
  *
  * The engine is everything that exists while understudy is enabled: the
  * config, definitions, operators and their published policies, candidates,
@@ -62,8 +62,7 @@ typedef struct ust__engine {
   pthread_cond_t worker_cond;
   int worker_stop;
   int worker_done;             /* the worker left its loop (said under worker_lock, on worker_cond) */
-  int reaping;                 /* disable timed out: the worker finishes it once the calls of reap_epoch left */
-  unsigned reap_epoch;
+  int reaping;                 /* disable timed out: the worker finishes it once the calls in flight left */
 
   /* The report's recent window: the additive figures as they were at the
    * last two window boundaries (the worker rotates them every window_s);
@@ -80,7 +79,6 @@ typedef struct ust__ctx {
   ust__log_sink log;
   const ust__seam_i *seam;     /* the bridge's (ust__seam), NULL without torch; set by the first enable */
   ust__hook *hooks;            /* by display; never freed */
-  ust__gate gate;
   ust__compare_cache compare;
 } ust__ctx;
 

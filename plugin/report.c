@@ -445,7 +445,7 @@ static cJSON *report_raw(ust__engine *e) {
         const ust__binding *b = &e->bindings[bi];
         cJSON_AddItemToArray(bindings, cJSON_CreateString(b->display));
         untracked += (double)atomic_load(&b->untracked);
-        tallied += (double)atomic_load(&((ust__binding *)b)->tallied);
+        tallied += (double)ust__binding_tallied_count((ust__binding *)b);
         /* resolved once its op's schema was read (at enable, or its first call) */
         const char *why = !b->roofline.present ? "its definition has no roofline"
                           : atomic_load(&((ust__binding *)b)->resolved) == 2 && b->roofline.unscorable[0] != '\0'

@@ -358,87 +358,142 @@ TEST(admit_keys_every_call_while_the_thread_captures_a_graph) {
 
 TEST(hook_admit_counts_a_call_in_flight_until_its_release_and_tallies_it_there) {
   /* ust__hook_admit: the call counted on its hook's gate (in the epoch it
-   * read) and the thread's depth until ust__hook_release, whatever it
+   * read) and on its thread's chain until ust__hook_release, whatever it
    * returned; no binding, understudy's own work or a tracked call around it
    * pass it on; a tracked call collecting its callees' floors makes it
-   * nested; else the admission (warm-up keyed, then tallied or keyed at
-   * random), a tally counted on the binding as the call is released. */
+   * nested; else the admission on the hook's copy of the tally word
+   * (warm-up keyed, then tallied or keyed at random), a tally counted on the
+   * hook as the call is released and reported as its binding's. */
   fixture f;
   ust__binding b;
   ust__binding_def d;
   keying_binding(&f, &b, &d, 16, 3, 5);
-  ust__gate gate;
-  memset(&gate, 0, sizeof gate);
-  ust__hook h;
-  memset(&h, 0, sizeof h);
-  h.gate = &gate;
-  atomic_store(&h.binding, NULL);
+  ust__hook *h = aligned_alloc(_Alignof(ust__hook), sizeof *h);
+  ASSERT_TRUE(h != NULL);
+  memset(h, 0, sizeof *h);
+  h->head.word = UST__TALLY_OFF; /* as a hook is registered */
   ust__thread *t = ust__thread_state();
   const ust__thread saved = *t;
   memset(t, 0, sizeof *t);
   ust__entry e;
-  ASSERT_INT_EQ(ust__hook_admit(&h, &e), UST__ADMIT_PASS); /* not bound now */
+  ASSERT_INT_EQ(ust__hook_passes(h), 1); /* not bound: nothing to enter */
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS); /* admitted all the same: passed on */
   ASSERT_TRUE(e.thread == t && e.binding == NULL);
   ASSERT_INT_EQ(t->depth, 1);
-  ASSERT_INT_EQ((long)atomic_load(&gate.inflight[0]), 1);
-  ust__hook_release(&h, &e);
+  ASSERT_INT_EQ(ust__in_intercepted_call(), 1);
+  ASSERT_INT_EQ(h->head.inflight[0], 1);
+  ust__hook_release(&e);
   ASSERT_INT_EQ(t->depth, 0);
-  ASSERT_INT_EQ((long)atomic_load(&gate.inflight[0]), 0);
-  atomic_store(&h.binding, &b);
+  ASSERT_INT_EQ(ust__in_intercepted_call(), 0);
+  ASSERT_INT_EQ(h->head.inflight[0], 0);
+  b.hook = h;
+  ASSERT_INT_EQ(ust__hook_attach(h, &b), 0);
+  ASSERT_INT_EQ(ust__hook_passes(h), 0);
+  ASSERT_U64_EQ(h->head.word, atomic_load(&b.tally));
   /* passed on inside understudy's own work and inside a tracked call, the
    * warm-up untouched; nested while a tracked call collects its callees */
   t->own_work = 1;
-  ASSERT_INT_EQ(ust__hook_admit(&h, &e), UST__ADMIT_PASS);
-  ust__hook_release(&h, &e);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ust__hook_release(&e);
   t->own_work = 0;
   t->call_depth = 2;
-  ASSERT_INT_EQ(ust__hook_admit(&h, &e), UST__ADMIT_PASS);
-  ust__hook_release(&h, &e);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ust__hook_release(&e);
   ust__nested callees;
   memset(&callees, 0, sizeof callees);
   t->nested = &callees;
   t->call_depth = 1;
-  ASSERT_INT_EQ(ust__hook_admit(&h, &e), UST__ADMIT_NESTED);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_NESTED);
   ASSERT_TRUE(e.binding == &b);
-  ust__hook_release(&h, &e);
+  ust__hook_release(&e);
   t->nested = NULL;
   t->call_depth = 0;
-  ASSERT_INT_EQ((long)atomic_load(&b.tallied), 0);
+  ASSERT_U64_EQ(ust__binding_tallied_count(&b), 0);
   for (int i = 0; i < 3; i++) { /* the thread's warm-up: each keyed */
-    ASSERT_INT_EQ(ust__hook_admit(&h, &e), 1);
-    ust__hook_release(&h, &e);
+    ASSERT_INT_EQ(ust__hook_admit(h, &e), 1);
+    ust__hook_release(&e);
   }
-  /* a call held across a flip stays counted in the epoch it read: the old
-   * one drains when it is released, the calls after it count in the new */
+  /* the operator set off: its calls pass on reading the hook alone; back on */
+  const uint64_t word = atomic_load(&b.tally);
+  atomic_store(&b.tally, UST__TALLY_OFF);
+  ust__hook_republish(h, &b);
+  ASSERT_INT_EQ(ust__hook_passes(h), 1);
+  atomic_store(&b.tally, word);
+  ust__hook_republish(h, &b);
+  ASSERT_INT_EQ(ust__hook_passes(h), 0);
+  /* calls inside a held one, each tallied on the hook or keyed */
   ust__entry held;
-  const int w0 = ust__hook_admit(&h, &held);
+  const int w0 = ust__hook_admit(h, &held);
   ASSERT_TRUE(w0 == UST__ADMIT_TALLY || w0 == 16);
-  const unsigned old = ust__gate_flip(&gate);
-  ASSERT_INT_EQ(old, 0);
-  ASSERT_INT_EQ(ust__gate_drained(&gate, old), 0);
-  long keyed = 0, tallied = w0 == UST__ADMIT_TALLY;
+  long keyed = 0, tallied = 0;
   for (long i = 0; i < 16000; i++) {
-    const int w = ust__hook_admit(&h, &e);
+    const int w = ust__hook_admit(h, &e);
     ASSERT_TRUE(w == UST__ADMIT_TALLY || w == 16);
     ASSERT_INT_EQ(t->depth, 2);
-    ASSERT_INT_EQ((long)atomic_load(&gate.inflight[1]), 1);
+    ASSERT_INT_EQ(h->head.inflight[0], 2);
     if (w == UST__ADMIT_TALLY) {
       e.tallied = 1;
       tallied++;
     }
     keyed += w == 16;
-    ust__hook_release(&h, &e);
+    ust__hook_release(&e);
   }
-  ASSERT_INT_EQ(ust__gate_drained(&gate, old), 0);
-  held.tallied = w0 == UST__ADMIT_TALLY;
-  ust__hook_release(&h, &held);
-  ASSERT_INT_EQ(ust__gate_drained(&gate, old), 1);
-  ASSERT_INT_EQ(t->depth, 0);
-  ASSERT_INT_EQ((long)atomic_load(&gate.inflight[1]), 0);
-  ASSERT_INT_EQ((long)atomic_load(&b.tallied), tallied);
+  ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied);
   /* 1,000 +- 31 (sd) keyed; 5 sd */
   ASSERT_TRUE(keyed > 1000 - 155 && keyed < 1000 + 155);
+  /* detached with the held call in flight: the old epoch drains as it is
+   * released, its tally still the binding's; calls after it count in the new
+   * epoch and pass on */
+  const unsigned old = ust__hook_detach(h);
+  ASSERT_INT_EQ(old, 0);
+  ASSERT_INT_EQ(ust__hook_passes(h), 1);
+  ASSERT_INT_EQ(ust__hook_drained(h, old), 0);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ASSERT_TRUE(e.binding == NULL);
+  ASSERT_INT_EQ(h->head.inflight[1], 1);
+  ust__hook_release(&e);
+  held.tallied = w0 == UST__ADMIT_TALLY;
+  tallied += held.tallied;
+  ust__hook_release(&held);
+  ASSERT_INT_EQ(ust__hook_drained(h, old), 1);
+  ASSERT_INT_EQ(t->depth, 0);
+  ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied);
+  ust__binding_fold_tallies(&b);
+  ASSERT_U64_EQ(atomic_load(&b.tallied), (uint64_t)tallied);
+  ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied);
+  /* bound again (the next engine): its epoch, its count from 0 */
+  ASSERT_INT_EQ(ust__hook_attach(h, &b), 1);
+  ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied);
+  /* a fork's child, forked inside two calls (other threads' calls in flight
+   * too): its hooks count none; the two, released last, are not taken off
+   * again, and the child's own calls count as any */
+  ust__entry outer, inner;
+  t->key_gap = 100; /* tallied, each of the calls below */
+  ust__hook_admit(h, &outer);
+  ust__hook_admit(h, &inner);
+  h->head.inflight[1] += 5;
+  ust__hook_after_fork(h);
+  ust__fork_child();
+  ASSERT_INT_EQ(h->head.inflight[0], 0);
+  ASSERT_INT_EQ(h->head.inflight[1], 0);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_TALLY);
+  ASSERT_INT_EQ(h->head.inflight[1], 1);
+  e.tallied = 1;
+  ust__hook_release(&e);
+  ASSERT_INT_EQ(h->head.inflight[1], 0);
+  ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied + 1);
+  inner.tallied = 1;
+  ust__hook_release(&inner);
+  ust__hook_release(&outer);
+  ASSERT_INT_EQ(h->head.inflight[1], 0);
+  ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied + 1);
+  ASSERT_INT_EQ(t->depth, 0);
+  ASSERT_INT_EQ(t->forked, 0);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_TALLY);
+  ust__hook_release(&e);
+  ASSERT_INT_EQ(h->head.inflight[1], 0);
   *t = saved;
+  free(h);
   fixture_free(&f);
 }
 

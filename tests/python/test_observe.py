@@ -339,6 +339,33 @@ def test_meta_tensors_are_not_counted(us):
     assert us.report()["totals"]["calls"] == 0
 
 
+def test_past_the_warm_up_only_dense_host_calls_are_tallied(us):
+    """Past a thread's warm-up a call is counted without a key only where
+    production's kernel below understudy is a dense host (or CUDA) one.
+    Sparse calls are keyed one by one (their key's count exact), meta ones
+    too (and then not counted: no view of them); the dense calls' keyed
+    ones and tallies add up to every dense call, under inference mode too."""
+    us.enable({"operators": {"gemm": "observe"}, "defaults": {"key_every": 8, "key_after": 0}})
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    m, s = torch.empty(8, 8, device="meta"), a.to_sparse()
+    for _ in range(400):
+        torch.mm(m, m)
+        torch.mm(s, b)
+        torch.mm(a, b)
+    with torch.inference_mode():
+        for _ in range(400):
+            torch.mm(a, b)
+    (op,) = [o for o in us.report()["operators"] if o["name"] == "gemm"]
+    shapes = {sh["key"]: sh for sh in op["shapes"]}
+    assert set(shapes) == {"aten::mm|cpu|f32,f32|M=8,K=8,N=8", "aten::mm|cpu|f32|M=-1,K=-1,N=8"}
+    sparse, dense = shapes["aten::mm|cpu|f32|M=-1,K=-1,N=8"], shapes["aten::mm|cpu|f32,f32|M=8,K=8,N=8"]
+    assert (sparse["calls"], sparse["estimated"]) == (400, 0)
+    # 800 calls, each keyed with probability 1/8: 100 +- 9.4 (sd); 5 sd
+    seen = dense["calls"] - dense["estimated"]
+    assert abs(seen - 100) <= 47 and dense["estimated"] == 7 * seen, dense
+    assert op["tallied"] + seen == 800
+
+
 def interceptors(op):
     return [line for line in torch._C._dispatch_dump(op).splitlines()
             if "BackendSelect" in line and "understudy" in line]
