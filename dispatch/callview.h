@@ -120,7 +120,7 @@ typedef struct ust__nested {
  * variable of a dlopen'ed library is a call into the dynamic loader). A
  * passed or tallied call reads its first cache line alone (aligned to one). */
 typedef struct __attribute__((aligned(64))) ust__thread {
-  int depth;      /* its calls in flight (ust__hook_admit .. ust__hook_release), nested */
+  int depth;      /* its calls entered (ust__hook_enter .. ust__hook_release), nested */
   int forked;     /* in a forked child: how many of them the parent counted (ust__hook_after_fork) */
   int call_depth; /* tracked calls in progress: a bound op one calls is part of it, not counted again */
   int own_work;   /* understudy's own torch work in progress (snapshots, the candidate): passed through */
@@ -144,8 +144,8 @@ ust__thread *ust__thread_state(void);
 
 /* What a call of b the bridge may count needs, before its view is built:
  * UST__ADMIT_PASS, passed on untouched (the operator is off);
- * UST__ADMIT_TALLY, tallied without a key (on its hook as it is released,
- * ust__hook_release) when the bridge can count it so (its device is the
+ * UST__ADMIT_TALLY, tallied without a key (on its hook, ust__hook_tally)
+ * when the bridge can count it so (its device is the
  * host or a CUDA device), else keyed as one call; or the number of calls the
  * keyed call stands for (1; the policy's key_every when keyed at random past
  * the thread's warm-up), for ust__call_settle. While the thread captures a
@@ -160,24 +160,14 @@ int ust__binding_admit(struct ust__binding *b, ust__thread *t);
  * the call reads the policy. */
 #define UST__TALLY_OFF ((uint64_t)1 << 16)
 
-/* The admission of a call whose binding's tally word is word, as
- * ust__binding_admit decides it: its common cases inline (an operator that
- * is off; a call tallied past the thread's warm-up under this engine,
- * outside captures and tracing windows, not the one drawn), the rest out of
- * line (ust__admit_other). */
-int ust__admit_other(struct ust__binding *b, ust__thread *t, uint64_t word);
-static inline __attribute__((always_inline)) int ust__admit_word(struct ust__binding *b, ust__thread *t,
-                                                                 uint64_t word) {
-  if (word == UST__TALLY_OFF)
-    return UST__ADMIT_PASS;
-  /* (a thread in its warm-up has no countdown drawn: key_gap 0) */
-  if (__builtin_expect((word & 0xffffu) != 0 && t->key_gen == word >> 16 && (t->captures | t->key_traced) == 0 &&
-                           t->key_gap > 1,
-                       1)) {
-    t->key_gap--;
-    return UST__ADMIT_TALLY;
-  }
-  return ust__admit_other(b, t, word);
+/* The admission's common case: a call tallied past the thread's warm-up
+ * under the engine the tally word names, outside captures and tracing
+ * windows, not the one drawn (a thread in its warm-up has no countdown
+ * drawn: key_gap 0). The caller takes the call off the countdown. */
+static inline __attribute__((always_inline)) int ust__word_tallies(uint64_t word, const ust__thread *t) {
+  /* one branch for the caller to take, not four: the fields share a line */
+  return ((word & 0xffffu) != 0) & (t->key_gen == word >> 16) & ((t->captures | t->key_traced) == 0) &
+         (t->key_gap > 1);
 }
 
 /* ---- hooks ------------------------------------------------------------------------ */
@@ -193,14 +183,18 @@ typedef struct __attribute__((aligned(64))) ust__hook_head {
   /* the bound binding's tally word; UST__TALLY_OFF while none is bound or
    * its operator is off: a call then passes on reading this line alone */
   uint64_t word;
+  /* calls counted without a key (ust__hook_tally) since the hook was
+   * registered: a binding's are those counted while it is bound
+   * (ust__binding_tallied_count) */
+  uint64_t tallied;
   struct ust__binding *binding; /* the enabled engine's binding of the op; NULL */
-  /* The hook's gate: a call enters its count in epoch & 1 before it reads
-   * binding; disable detaches the binding, moves the epoch on and waits for
-   * the old count to fall to 0 (calls after the move count in the new one,
-   * and read NULL). */
+  /* The hook's gate, for the calls that read its binding (all but those
+   * tallied in the interceptor and those passed on there): such a call
+   * enters its count in epoch & 1 before it reads binding; disable detaches
+   * the binding, moves the epoch on and waits for the old count to fall to
+   * 0 (calls after the move count in the new one, and read NULL). */
   unsigned epoch;
   long inflight[2];
-  uint64_t tallied[2]; /* calls counted without a key, by the epoch they entered in */
 } ust__hook_head;
 
 static inline ust__hook_head *ust__hook_head_of(struct ust__hook *h) { return (ust__hook_head *)(void *)h; }
@@ -215,59 +209,76 @@ static inline __attribute__((always_inline)) int ust__hook_passes(struct ust__ho
 /* An intercepted call between ust__hook_admit and ust__hook_release. */
 typedef struct ust__entry {
   ust__thread *thread;          /* the calling thread's block */
-  struct ust__binding *binding; /* the enabled engine's for the op; NULL when understudy is disabled or does
-                                   not bind the op now */
-  ust__hook_head *hook;         /* the hook it entered on */
-  unsigned ticket;              /* the gate's epoch the call is counted in */
-  unsigned tallied;             /* calls the release counts on the hook without a key */
+  ust__hook_head *hook;         /* the hook it was admitted on */
+  struct ust__binding *binding; /* entered: the enabled engine's binding of the op; NULL when understudy is
+                                   disabled or does not bind the op now. Else NULL, unread */
+  int entered;                  /* counted in flight on the hook's gate, in epoch ticket */
+  unsigned ticket;
 } ust__entry;
 
+/* A call's entry through the hook's gate, and its admission there (out of
+ * line): what ust__hook_admit returns for a call it could not tally. */
+int ust__hook_enter(struct ust__hook *h, ust__entry *e);
+
 /* An intercepted call's entry, inline in the interceptor: the thread's
- * block found, the call counted in flight on its hook's gate and the hook's
- * binding read (e->binding stays valid until the release: disable waits for
- * the calls in flight), then admitted on the hook's tally word. Returns
- * UST__ADMIT_PASS for a call passed on untouched (no binding, understudy's
- * own work, a bound op inside a tracked call, an operator that is off);
- * UST__ADMIT_NESTED for a bound op that a tracked call's production runs
- * while that call collects its callees' floors (the thread's nested, at
- * call depth 1); else what ust__binding_admit says. Every entry is
- * released once with ust__hook_release, whatever it returned, on the
- * thread that made it; e->tallied set before it counts the call without a
- * key. Lock-free; the calling thread's block and the hook's head only. */
+ * block found, then the common case on the hook's tally word alone (a call
+ * tallied past the thread's warm-up under this engine, outside captures,
+ * tracing windows and tracked calls, not the one drawn): UST__ADMIT_TALLY,
+ * not entered, the binding unread. Else the call is entered: counted in
+ * flight on its hook's gate and the hook's binding read (e->binding stays
+ * valid until the release: disable waits for the calls in flight), then
+ * admitted. Returns UST__ADMIT_PASS for a call passed on untouched (no
+ * binding, understudy's own work, a bound op inside a tracked call, an
+ * operator that is off); UST__ADMIT_NESTED for a bound op that a tracked
+ * call's production runs while that call collects its callees' floors (the
+ * thread's nested, at call depth 1); else what ust__binding_admit says. A
+ * call admitted UST__ADMIT_TALLY is counted with ust__hook_tally, or keyed
+ * with ust__hook_key. Every entry is released once with ust__hook_release,
+ * whatever it returned, on the thread that made it. Lock-free; the calling
+ * thread's block and the hook's head only. */
 static inline __attribute__((always_inline)) int ust__hook_admit(struct ust__hook *h, ust__entry *e) {
   ust__hook_head *const hd = ust__hook_head_of(h);
   ust__thread *t = &ust__thread_block;
   /* the block's address found once: left to itself the compiler asks the
    * dynamic loader for it again after each atomic (__tls_get_addr) */
   __asm__("" : "+r"(t));
-  const unsigned ticket = __atomic_load_n(&hd->epoch, __ATOMIC_SEQ_CST) & 1u;
-  __atomic_fetch_add(&hd->inflight[ticket], 1, __ATOMIC_SEQ_CST);
-  struct ust__binding *const b = __atomic_load_n(&hd->binding, __ATOMIC_SEQ_CST);
   e->thread = t;
-  e->binding = b;
   e->hook = hd;
-  e->ticket = ticket;
-  e->tallied = 0;
-  t->depth++;
-  if (__builtin_expect(b == NULL, 0))
-    return UST__ADMIT_PASS;
-  if (__builtin_expect((t->own_work | t->call_depth) != 0, 0)) /* both counts, never negative */
-    return t->nested != NULL && t->call_depth == 1 ? UST__ADMIT_NESTED : UST__ADMIT_PASS;
-  return ust__admit_word(b, t, __atomic_load_n(&hd->word, __ATOMIC_RELAXED));
+  e->binding = NULL;
+  e->entered = 0;
+  const uint64_t word = __atomic_load_n(&hd->word, __ATOMIC_ACQUIRE);
+  if (__builtin_expect(((t->own_work | t->call_depth) == 0) & ust__word_tallies(word, t), 1)) {
+    t->key_gap--;
+    return UST__ADMIT_TALLY;
+  }
+  return ust__hook_enter(h, e);
 }
+
+/* A call admitted UST__ADMIT_TALLY, counted on its hook without a key. A
+ * call tallied while disable detaches its binding may be counted by
+ * neither engine (it read the word before the detach, and counts after
+ * the binding's count was folded). */
+static inline __attribute__((always_inline)) void ust__hook_tally(const ust__entry *e) {
+  __atomic_fetch_add(&e->hook->tallied, 1, __ATOMIC_RELAXED);
+}
+
+/* A call admitted UST__ADMIT_TALLY that the tally cannot take (its device
+ * or layout): keyed, standing for itself alone; entered if it was not.
+ * Returns 1, or UST__ADMIT_PASS when the op is no longer bound. */
+int ust__hook_key(struct ust__hook *h, ust__entry *e);
 
 /* A forked child's thread releases the calls it made before the fork last
  * (they nest): their counts are the parent's, which the child's hooks no
  * longer hold (ust__hook_after_fork). */
 void ust__hook_release_forked(ust__thread *t);
 static inline __attribute__((always_inline)) void ust__hook_release(const ust__entry *e) {
+  if (!e->entered)
+    return;
   ust__thread *const t = e->thread;
   if (__builtin_expect(--t->depth < t->forked, 0)) {
     ust__hook_release_forked(t);
     return;
   }
-  if (e->tallied != 0)
-    __atomic_fetch_add(&e->hook->tallied[e->ticket], e->tallied, __ATOMIC_RELAXED);
   __atomic_fetch_sub(&e->hook->inflight[e->ticket], 1, __ATOMIC_RELEASE);
 }
 

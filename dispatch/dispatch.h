@@ -557,9 +557,9 @@ typedef struct ust__binding {
   char arg_names[UST__MAX_ARGS][UST__NAME_MAX]; /* the schema's, once resolved */
   ust__roofline_prog roofline;   /* compiled from def->roofline; present 0 without one */
   ust__hook *hook;               /* the process's hook of this op, while enabled */
-  /* bound to it (ust__hook_attach): calls tallied there count on the
-   * hook's head in epoch hook_epoch, from hook_tallied_base (see
-   * ust__binding_tallied_count), while hook_counts is 1 */
+  /* bound to it (ust__hook_attach): its calls count in the hook's epoch
+   * hook_epoch, and its tallied ones on the hook's head from
+   * hook_tallied_base (see ust__binding_tallied_count) while hook_counts is 1 */
   unsigned hook_epoch;
   atomic_int hook_counts;
   uint64_t hook_tallied_base;
@@ -610,9 +610,9 @@ uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen);
 /* The calls of b counted without a key: its own count and, while it is
  * bound, its hook's in its epoch. Thread-safe. */
 uint64_t ust__binding_tallied_count(ust__binding *b);
-/* Once b's hook is detached and its epoch drained (ust__hook_drained): the
- * hook's count of b's calls moved onto b, which no longer reads the hook.
- * Serialised by the caller (disable). */
+/* Once b's hook is detached: the hook's count of b's calls moved onto b,
+ * which no longer reads the hook (calls tallied are not waited for: see
+ * ust__hook_tally). Serialised by the caller (disable). */
 void ust__binding_fold_tallies(ust__binding *b);
 /* Find or insert the route for key. Lock-free; NULL when the table is full
  * or memory ran out. Thread-safe. */

@@ -1187,7 +1187,7 @@ unsigned ust__hook_attach(ust__hook *h, ust__binding *b) {
   ust__hook_head *hd = &h->head;
   const unsigned e = __atomic_load_n(&hd->epoch, __ATOMIC_SEQ_CST) & 1u;
   b->hook_epoch = e;
-  b->hook_tallied_base = __atomic_load_n(&hd->tallied[e], __ATOMIC_RELAXED);
+  b->hook_tallied_base = __atomic_load_n(&hd->tallied, __ATOMIC_RELAXED);
   atomic_store(&b->hook_counts, 1);
   __atomic_store_n(&hd->binding, b, __ATOMIC_SEQ_CST);
   __atomic_store_n(&hd->word, atomic_load(&b->tally), __ATOMIC_SEQ_CST);
@@ -1264,8 +1264,8 @@ static UST__NOINLINE int admit_by_policy(const ust__binding *b) {
 }
 
 /* Every case of the admission, the common one included: a call that
- * ust__admit_word could not settle in its first lines. */
-UST__NOINLINE int ust__admit_other(ust__binding *b, ust__thread *t, uint64_t word) {
+ * admit_word could not settle in its first lines. */
+static UST__NOINLINE int admit_other(ust__binding *b, ust__thread *t, uint64_t word) {
   const uint32_t every = word_every(word);
   if (__builtin_expect(every == 0, 0)) /* the operator is off (the word says so), or the policy decides */
     return word == UST__TALLY_OFF ? UST__ADMIT_PASS : admit_by_policy(b);
@@ -1288,8 +1288,48 @@ UST__NOINLINE int ust__admit_other(ust__binding *b, ust__thread *t, uint64_t wor
   return (int)every;
 }
 
+/* The admission of a call whose binding's tally word is word: its common
+ * cases in a few lines, the rest out of line. */
+static UST__INLINE int admit_word(ust__binding *b, ust__thread *t, uint64_t word) {
+  if (word == UST__TALLY_OFF)
+    return UST__ADMIT_PASS;
+  if (__builtin_expect(ust__word_tallies(word, t), 1)) {
+    t->key_gap--;
+    return UST__ADMIT_TALLY;
+  }
+  return admit_other(b, t, word);
+}
+
 int ust__binding_admit(ust__binding *b, ust__thread *t) {
-  return ust__admit_word(b, t, atomic_load_explicit(&b->tally, memory_order_relaxed));
+  return admit_word(b, t, atomic_load_explicit(&b->tally, memory_order_relaxed));
+}
+
+/* The call counted in flight on its hook's gate, then the binding read. */
+static void gate_in(ust__hook_head *hd, ust__entry *e) {
+  const unsigned ticket = __atomic_load_n(&hd->epoch, __ATOMIC_SEQ_CST) & 1u;
+  __atomic_fetch_add(&hd->inflight[ticket], 1, __ATOMIC_SEQ_CST);
+  e->binding = __atomic_load_n(&hd->binding, __ATOMIC_SEQ_CST);
+  e->entered = 1;
+  e->ticket = ticket;
+  e->thread->depth++;
+}
+
+int ust__hook_enter(ust__hook *h, ust__entry *e) {
+  ust__hook_head *hd = &h->head;
+  ust__thread *t = e->thread;
+  gate_in(hd, e);
+  ust__binding *const b = e->binding;
+  if (__builtin_expect(b == NULL, 0))
+    return UST__ADMIT_PASS;
+  if (__builtin_expect((t->own_work | t->call_depth) != 0, 0)) /* both counts, never negative */
+    return t->nested != NULL && t->call_depth == 1 ? UST__ADMIT_NESTED : UST__ADMIT_PASS;
+  return admit_word(b, t, __atomic_load_n(&hd->word, __ATOMIC_ACQUIRE));
+}
+
+int ust__hook_key(ust__hook *h, ust__entry *e) {
+  if (!e->entered)
+    gate_in(&h->head, e);
+  return e->binding != NULL ? 1 : UST__ADMIT_PASS;
 }
 
 uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {
@@ -1309,7 +1349,7 @@ void ust__binding_tallied(ust__binding *b, unsigned n) {
 static uint64_t hook_tallies(ust__binding *b) {
   if (atomic_load(&b->hook_counts) == 0 || b->hook == NULL)
     return 0;
-  return __atomic_load_n(&b->hook->head.tallied[b->hook_epoch], __ATOMIC_RELAXED) - b->hook_tallied_base;
+  return __atomic_load_n(&b->hook->head.tallied, __ATOMIC_RELAXED) - b->hook_tallied_base;
 }
 
 uint64_t ust__binding_tallied_count(ust__binding *b) { return atomic_load(&b->tallied) + hook_tallies(b); }

@@ -1468,7 +1468,7 @@ struct Entry {
   Entry &operator=(const Entry &) = delete;
 
   ust__entry e;
-  const int admitted;
+  int admitted;
 };
 
 // A bound call inside an outer one whose floor may come from its callees.
@@ -1630,10 +1630,13 @@ template <class Pass, class Other>
                                                     Other &&other) {
   const c10::DispatchKeySet below = below_us(ks);
   Entry entry(hook);
+  const unsigned tallied = (entry.admitted == UST__ADMIT_TALLY) & tallies_below(below);
+  if (__builtin_expect(tallied, 1))
+    ust__hook_tally(&entry.e);
+  else if (entry.admitted == UST__ADMIT_TALLY) // keyed, standing for itself alone: the calls a random
+    entry.admitted = ust__hook_key(hook, &entry.e); // one stands for are those the tally takes
   // one path for both, production's call inlined once
-  const unsigned tallied = entry.admitted == UST__ADMIT_TALLY && tallies_below(below);
   if (__builtin_expect(tallied || entry.admitted == UST__ADMIT_PASS, 1)) {
-    entry.e.tallied = tallied;                  // counted as the call is released
     CallScope nested(entry.e.thread, tallied); // a tallied call's bound callees are part of it, as a keyed call's
     return pass(below);
   }

@@ -671,8 +671,10 @@ int ust_disable(void) {
    * hooks stay registered (torch's registration is not atomic against
    * dispatching threads) and pass calls through from now on. */
   for (int i = 0; i < e->n_bindings; i++)
-    if (e->bindings[i].hook != NULL)
+    if (e->bindings[i].hook != NULL) {
       ust__hook_detach(e->bindings[i].hook);
+      ust__binding_fold_tallies(&e->bindings[i]); /* tallied calls are not waited for */
+    }
   const uint64_t deadline = ust__now_ns() + (uint64_t)(e->cfg.disable_timeout_s * 1e9);
   while (engine_inflight(e) != 0 && ust__now_ns() < deadline)
     usleep(50);
@@ -716,8 +718,6 @@ int ust_disable(void) {
 
 /* Once no call can reach e: pending figures in, the final report, the state. */
 static void finish_disable(ust__engine *e, int *rc) {
-  for (int i = 0; i < e->n_bindings; i++)
-    ust__binding_fold_tallies(&e->bindings[i]);
   ust__timers_harvest_all_sync(e->router.timers);
   ust__shadow_harvest_all_sync(e->router.shadow);
   ust__graphs_tick(e->router.graphs);

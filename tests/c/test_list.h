@@ -23,7 +23,7 @@
   X(a_call_finds_the_route_its_key_names) \
   X(admit_keys_each_call_at_random_past_a_threads_warm_up) \
   X(admit_keys_every_call_while_the_thread_captures_a_graph) \
-  X(hook_admit_counts_a_call_in_flight_until_its_release_and_tallies_it_there) \
+  X(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) \
   X(a_call_standing_for_many_counts_them_and_is_timed_at_their_share) \
   X(route_table_full)             \
   X(route_table_threads)          \

@@ -356,14 +356,15 @@ TEST(admit_keys_every_call_while_the_thread_captures_a_graph) {
   fixture_free(&f);
 }
 
-TEST(hook_admit_counts_a_call_in_flight_until_its_release_and_tallies_it_there) {
-  /* ust__hook_admit: the call counted on its hook's gate (in the epoch it
-   * read) and on its thread's chain until ust__hook_release, whatever it
-   * returned; no binding, understudy's own work or a tracked call around it
-   * pass it on; a tracked call collecting its callees' floors makes it
-   * nested; else the admission on the hook's copy of the tally word
-   * (warm-up keyed, then tallied or keyed at random), a tally counted on the
-   * hook as the call is released and reported as its binding's. */
+TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
+  /* ust__hook_admit: past the thread's warm-up, a call tallied on the
+   * hook's word alone (not entered, the binding unread, its tally counted on
+   * the hook and reported as the binding's); every other call entered:
+   * counted in flight on the hook's gate (in the epoch it read) and on its
+   * thread until ust__hook_release. No binding, understudy's own work or a
+   * tracked call around it pass it on; a tracked call collecting its
+   * callees' floors makes it nested; else the admission (warm-up keyed,
+   * then keyed at random). */
   fixture f;
   ust__binding b;
   ust__binding_def d;
@@ -378,7 +379,7 @@ TEST(hook_admit_counts_a_call_in_flight_until_its_release_and_tallies_it_there) 
   ust__entry e;
   ASSERT_INT_EQ(ust__hook_passes(h), 1); /* not bound: nothing to enter */
   ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS); /* admitted all the same: passed on */
-  ASSERT_TRUE(e.thread == t && e.binding == NULL);
+  ASSERT_TRUE(e.thread == t && e.binding == NULL && e.entered);
   ASSERT_INT_EQ(t->depth, 1);
   ASSERT_INT_EQ(ust__in_intercepted_call(), 1);
   ASSERT_INT_EQ(h->head.inflight[0], 1);
@@ -394,6 +395,7 @@ TEST(hook_admit_counts_a_call_in_flight_until_its_release_and_tallies_it_there) 
    * warm-up untouched; nested while a tracked call collects its callees */
   t->own_work = 1;
   ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ASSERT_TRUE(e.entered && e.binding == &b);
   ust__hook_release(&e);
   t->own_work = 0;
   t->call_depth = 2;
@@ -411,8 +413,10 @@ TEST(hook_admit_counts_a_call_in_flight_until_its_release_and_tallies_it_there) 
   ASSERT_U64_EQ(ust__binding_tallied_count(&b), 0);
   for (int i = 0; i < 3; i++) { /* the thread's warm-up: each keyed */
     ASSERT_INT_EQ(ust__hook_admit(h, &e), 1);
+    ASSERT_TRUE(e.entered && e.binding == &b);
     ust__hook_release(&e);
   }
+  ASSERT_INT_EQ(h->head.inflight[0], 0);
   /* the operator set off: its calls pass on reading the hook alone; back on */
   const uint64_t word = atomic_load(&b.tally);
   atomic_store(&b.tally, UST__TALLY_OFF);
@@ -421,18 +425,22 @@ TEST(hook_admit_counts_a_call_in_flight_until_its_release_and_tallies_it_there) 
   atomic_store(&b.tally, word);
   ust__hook_republish(h, &b);
   ASSERT_INT_EQ(ust__hook_passes(h), 0);
-  /* calls inside a held one, each tallied on the hook or keyed */
+  /* inside a held (keyed) call: the tallied ones not entered, counted on the
+   * hook; the keyed ones entered; a tallied one the tally cannot take keyed */
+  t->key_gap = 1; /* the next call the one drawn */
   ust__entry held;
-  const int w0 = ust__hook_admit(h, &held);
-  ASSERT_TRUE(w0 == UST__ADMIT_TALLY || w0 == 16);
+  ASSERT_INT_EQ(ust__hook_admit(h, &held), 16);
+  ASSERT_TRUE(held.entered);
   long keyed = 0, tallied = 0;
   for (long i = 0; i < 16000; i++) {
     const int w = ust__hook_admit(h, &e);
     ASSERT_TRUE(w == UST__ADMIT_TALLY || w == 16);
-    ASSERT_INT_EQ(t->depth, 2);
-    ASSERT_INT_EQ(h->head.inflight[0], 2);
+    ASSERT_INT_EQ(e.entered, w == 16);
+    ASSERT_INT_EQ(t->depth, 1 + (w == 16));
+    ASSERT_INT_EQ(h->head.inflight[0], 1 + (w == 16));
     if (w == UST__ADMIT_TALLY) {
-      e.tallied = 1;
+      ASSERT_TRUE(e.binding == NULL);
+      ust__hook_tally(&e);
       tallied++;
     }
     keyed += w == 16;
@@ -441,10 +449,16 @@ TEST(hook_admit_counts_a_call_in_flight_until_its_release_and_tallies_it_there) 
   ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied);
   /* 1,000 +- 31 (sd) keyed; 5 sd */
   ASSERT_TRUE(keyed > 1000 - 155 && keyed < 1000 + 155);
+  t->key_gap = 100;
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_TALLY);
+  ASSERT_INT_EQ(ust__hook_key(h, &e), 1);
+  ASSERT_TRUE(e.entered && e.binding == &b && h->head.inflight[0] == 2);
+  ust__hook_release(&e);
   /* detached with the held call in flight: the old epoch drains as it is
-   * released, its tally still the binding's; calls after it count in the new
-   * epoch and pass on */
+   * released; calls after it count in the new epoch and pass on; the
+   * binding's tallies folded onto it */
   const unsigned old = ust__hook_detach(h);
+  ust__binding_fold_tallies(&b);
   ASSERT_INT_EQ(old, 0);
   ASSERT_INT_EQ(ust__hook_passes(h), 1);
   ASSERT_INT_EQ(ust__hook_drained(h, old), 0);
@@ -452,44 +466,41 @@ TEST(hook_admit_counts_a_call_in_flight_until_its_release_and_tallies_it_there) 
   ASSERT_TRUE(e.binding == NULL);
   ASSERT_INT_EQ(h->head.inflight[1], 1);
   ust__hook_release(&e);
-  held.tallied = w0 == UST__ADMIT_TALLY;
-  tallied += held.tallied;
   ust__hook_release(&held);
   ASSERT_INT_EQ(ust__hook_drained(h, old), 1);
   ASSERT_INT_EQ(t->depth, 0);
-  ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied);
-  ust__binding_fold_tallies(&b);
   ASSERT_U64_EQ(atomic_load(&b.tallied), (uint64_t)tallied);
   ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied);
-  /* bound again (the next engine): its epoch, its count from 0 */
+  /* bound again (the next engine): its epoch, its count from the hook's now */
   ASSERT_INT_EQ(ust__hook_attach(h, &b), 1);
   ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied);
-  /* a fork's child, forked inside two calls (other threads' calls in flight
-   * too): its hooks count none; the two, released last, are not taken off
-   * again, and the child's own calls count as any */
+  /* a fork's child, forked inside two entered calls (other threads' calls
+   * in flight too): its hooks count none; the two, released last, are not
+   * taken off again, and the child's own calls count as any */
   ust__entry outer, inner;
-  t->key_gap = 100; /* tallied, each of the calls below */
-  ust__hook_admit(h, &outer);
-  ust__hook_admit(h, &inner);
+  t->own_work = 1; /* entered, and passed on */
+  ASSERT_INT_EQ(ust__hook_admit(h, &outer), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit(h, &inner), UST__ADMIT_PASS);
+  t->own_work = 0;
   h->head.inflight[1] += 5;
   ust__hook_after_fork(h);
   ust__fork_child();
   ASSERT_INT_EQ(h->head.inflight[0], 0);
   ASSERT_INT_EQ(h->head.inflight[1], 0);
-  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_TALLY);
+  t->call_depth = 2; /* entered */
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  t->call_depth = 0;
   ASSERT_INT_EQ(h->head.inflight[1], 1);
-  e.tallied = 1;
   ust__hook_release(&e);
   ASSERT_INT_EQ(h->head.inflight[1], 0);
-  ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied + 1);
-  inner.tallied = 1;
   ust__hook_release(&inner);
   ust__hook_release(&outer);
   ASSERT_INT_EQ(h->head.inflight[1], 0);
-  ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied + 1);
   ASSERT_INT_EQ(t->depth, 0);
   ASSERT_INT_EQ(t->forked, 0);
-  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_TALLY);
+  t->own_work = 1;
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(h->head.inflight[1], 1);
   ust__hook_release(&e);
   ASSERT_INT_EQ(h->head.inflight[1], 0);
   *t = saved;
