@@ -366,6 +366,36 @@ def test_past_the_warm_up_only_dense_host_calls_are_tallied(us):
     assert op["tallied"] + seen == 800
 
 
+def test_an_operator_set_off_while_running_counts_no_call_and_counts_again_once_on(us):
+    """set_mode and reload publish an operator's policy to its hooks too: past
+    the warm-up an operator set off passes every call on uncounted (none
+    tallied, none keyed), and counts every call again once it observes."""
+    us.enable({"operators": {"gemm": "observe"}, "defaults": {"key_every": 8, "key_after": 0}})
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+
+    def counted():
+        (op,) = [o for o in us.report()["operators"] if o["name"] == "gemm"]
+        return op["tallied"] + sum(s["calls"] - s["estimated"] for s in op["shapes"])
+
+    for _ in range(400):
+        torch.mm(a, b)
+    assert counted() == 400
+    for set_off, set_on in ((lambda: us.set_mode("gemm", "off"), lambda: us.set_mode("gemm", "observe")),
+                            (lambda: us.reload({"operators": {"gemm": "off"},
+                                                "defaults": {"key_every": 8, "key_after": 0}}),
+                             lambda: us.reload({"operators": {"gemm": "observe"},
+                                                "defaults": {"key_every": 8, "key_after": 0}}))):
+        before = counted()
+        set_off()
+        for _ in range(400):
+            torch.mm(a, b)
+        assert counted() == before
+        set_on()
+        for _ in range(400):
+            torch.mm(a, b)
+        assert counted() == before + 400
+
+
 def interceptors(op):
     return [line for line in torch._C._dispatch_dump(op).splitlines()
             if "BackendSelect" in line and "understudy" in line]
