@@ -1648,9 +1648,10 @@ template <size_t Room> struct Boxed {
   static constexpr size_t kArgs = Room; // the view's room: the schema's first Room arguments
   const c10::OperatorHandle &op;
   torch::jit::Stack *stack;
+  const c10::Dispatcher &dispatcher; // the interceptor's
 
   bool view(ust__arg *args, ust__call *call, int phase) { return build_view(op, *stack, args, Room, call, phase); }
-  void pass(c10::DispatchKeySet below) { op.redispatchBoxed(below, stack); }
+  void pass(c10::DispatchKeySet below) { dispatcher.redispatchBoxed(op, below, stack); }
   bool plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
             ust__decision &d, int step) {
     return run_plan(op, below, stack, b, args, call, st, d, step);
@@ -1689,6 +1690,7 @@ struct Typed {
   // arity, not a boxed call's)
   static constexpr size_t kArgs = sizeof...(Args);
   const c10::TypedOperatorHandle<Ret(Args...)> &op;
+  const c10::Dispatcher &dispatcher; // the interceptor's
   std::tuple<Args...> in;
   std::optional<Ret> out;
 
@@ -1701,7 +1703,8 @@ struct Typed {
     return view_end(call);
   }
   [[gnu::always_inline]] void pass(c10::DispatchKeySet below) {
-    out.emplace(std::apply([&](Args... a) { return op.redispatch(below, std::forward<Args>(a)...); }, in));
+    out.emplace(std::apply(
+        [&](Args... a) { return dispatcher.redispatch<Ret, Args...>(op, below, std::forward<Args>(a)...); }, in));
   }
   bool plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
             ust__decision &d, int step) {
@@ -1740,7 +1743,7 @@ public:
 private:
   [[gnu::hot, gnu::noinline]] void serve(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
                                          torch::jit::Stack *stack) {
-    Boxed<Room> src{op, stack};
+    Boxed<Room> src{op, stack, *dispatcher_};
     intercept(
         hook_, ks, [&](c10::DispatchKeySet below) { src.pass(below); },
         [&](const ust__entry &e, int weight, c10::DispatchKeySet below) {
@@ -1750,7 +1753,9 @@ private:
 
   ust__hook *hook_;
   // torch's, held here: Dispatcher::singleton() reads a static of this
-  // library's own (an inline function's), a line no other call touches
+  // library's own (an inline function's), a line no other call touches.
+  // Production of a call passed on, tallied or keyed is redispatched
+  // through it (Boxed, Typed).
   const c10::Dispatcher *dispatcher_;
 };
 
@@ -1789,7 +1794,7 @@ private:
   // A call neither passed on nor tallied: its arguments kept for a view and
   // a plan, its result taken from the plan's run.
   [[gnu::noinline]] Ret serve_other(const ust__entry &e, int weight, c10::DispatchKeySet below, Args... args) {
-    Typed<Ret, Args...> src{op_, std::tuple<Args...>(args...), std::nullopt};
+    Typed<Ret, Args...> src{op_, *dispatcher_, std::tuple<Args...>(args...), std::nullopt};
     serve_admitted(e, weight, op_, below, src);
     return std::move(*src.out);
   }
