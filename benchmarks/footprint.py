@@ -144,7 +144,7 @@ def own_totals(path, lib):
             name(line[4:])  # the callee's object: a definition to keep, not the object of the lines below
         elif line.startswith("calls="):
             call_cost = True  # the next cost line is the call's inclusive cost, not this object's own
-        elif line[:1].isdigit() or line[:1] in "+-*":
+        elif line and (line[0].isdigit() or line[0] in "+-*"):
             if call_cost:
                 call_cost = False
             elif obj is not None and obj.endswith("/" + lib):

@@ -267,16 +267,15 @@ static inline __attribute__((always_inline)) void ust__hook_tally(const ust__ent
  * Returns 1, or UST__ADMIT_PASS when the op is no longer bound. */
 int ust__hook_key(struct ust__hook *h, ust__entry *e);
 
-/* A forked child's thread releases the calls it made before the fork last
- * (they nest): their counts are the parent's, which the child's hooks no
- * longer hold (ust__hook_after_fork). */
-void ust__hook_release_forked(ust__thread *t);
 static inline __attribute__((always_inline)) void ust__hook_release(const ust__entry *e) {
   if (!e->entered)
     return;
   ust__thread *const t = e->thread;
+  /* a forked child's thread releases the calls it made before the fork last
+   * (they nest): their counts are the parent's, which the child's hooks no
+   * longer hold (ust__hook_after_fork) */
   if (__builtin_expect(--t->depth < t->forked, 0)) {
-    ust__hook_release_forked(t);
+    t->forked = t->depth;
     return;
   }
   __atomic_fetch_sub(&e->hook->inflight[e->ticket], 1, __ATOMIC_RELEASE);

@@ -469,15 +469,13 @@ typedef struct ust__hook {
   UT_hash_handle hh; /* the process context's registry, by display */
 } ust__hook;
 
-/* Bind b to h: calls admitted from now on read it. Returns the epoch its
- * calls count in (ust__hook_drained, ust__binding_tallied_count). Serialised
- * by the caller (enable, disable). */
-unsigned ust__hook_attach(ust__hook *h, struct ust__binding *b);
+/* Bind b to h: calls admitted from now on read it; its calls count in
+ * h's epoch b->hook_epoch, its tallies from the hook's count now
+ * (ust__binding_tallied_count). Serialised by the caller (enable, disable). */
+void ust__hook_attach(ust__hook *h, struct ust__binding *b);
 /* Detach h's binding (its calls pass on from now on) and move its epoch on;
- * returns the old one, whose calls ust__hook_drained counts. */
+ * returns the old one, whose calls ust__hook_inflight counts. */
 unsigned ust__hook_detach(ust__hook *h);
-/* 1 once no call of epoch old is in flight on h. */
-int ust__hook_drained(ust__hook *h, unsigned old);
 /* The calls of epoch old still in flight on h. */
 long ust__hook_inflight(ust__hook *h, unsigned old);
 /* b's operator's policy changed: h's copy of b's tally word, if b is bound to it. */

@@ -1183,15 +1183,13 @@ int ust__in_intercepted_call(void) { return tl_thread.depth > 0; }
  * the binding and then moves the epoch on: a call that read a binding before
  * it was detached is counted in an epoch disable waits for, and one counted
  * too late to be waited for reads NULL. */
-unsigned ust__hook_attach(ust__hook *h, ust__binding *b) {
+void ust__hook_attach(ust__hook *h, ust__binding *b) {
   ust__hook_head *hd = &h->head;
-  const unsigned e = __atomic_load_n(&hd->epoch, __ATOMIC_SEQ_CST) & 1u;
-  b->hook_epoch = e;
+  b->hook_epoch = __atomic_load_n(&hd->epoch, __ATOMIC_SEQ_CST) & 1u;
   b->hook_tallied_base = __atomic_load_n(&hd->tallied, __ATOMIC_RELAXED);
   atomic_store(&b->hook_counts, 1);
   __atomic_store_n(&hd->binding, b, __ATOMIC_SEQ_CST);
   __atomic_store_n(&hd->word, atomic_load(&b->tally), __ATOMIC_SEQ_CST);
-  return e;
 }
 
 unsigned ust__hook_detach(ust__hook *h) {
@@ -1200,8 +1198,6 @@ unsigned ust__hook_detach(ust__hook *h) {
   __atomic_store_n(&hd->binding, NULL, __ATOMIC_SEQ_CST);
   return __atomic_fetch_add(&hd->epoch, 1, __ATOMIC_SEQ_CST) & 1u;
 }
-
-int ust__hook_drained(ust__hook *h, unsigned old) { return ust__hook_inflight(h, old) == 0; }
 
 long ust__hook_inflight(ust__hook *h, unsigned old) {
   return __atomic_load_n(&h->head.inflight[old & 1u], __ATOMIC_ACQUIRE);
@@ -1218,8 +1214,6 @@ void ust__hook_after_fork(ust__hook *h) {
 }
 
 void ust__fork_child(void) { tl_thread.forked = tl_thread.depth; }
-
-void ust__hook_release_forked(ust__thread *t) { t->forked = t->depth; }
 
 /* The calls until the next one keyed at random, one in every (at least 2,
  * as a tally word holds it): a geometric draw (each call keyed with
