@@ -804,8 +804,11 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->default_sample_steady = 1.0 / 256;
   cfg->steady_after = 4096;
   /* past a thread's first 4096 calls, an observed operator without a
-   * candidate keys 1 call in 16 (at random): the others cost its hop alone */
-  cfg->key_every = 16;
+   * candidate keys 1 call in 64 (at random): the others cost its hop alone.
+   * A keyed call among tallied ones finds its view, key, route and counters
+   * cold: several microseconds of a decode step where a tallied call costs
+   * tenths (README, "Keying a sample of the calls") */
+  cfg->key_every = 64;
   cfg->key_after = 4096;
   cfg->max_routes = 4096;
   cfg->shadow_max_inflight = 64;
