@@ -4,7 +4,7 @@ HF decoders with random weights (a Mistral-7B-shaped and a Qwen2-MoE-shaped
 one, --layers layers, bf16) generate --tokens new tokens greedily at each
 --batch. Two processes take turns on the GPU: one plain (never loads understudy),
 one that enabled understudy once at its defaults (every shipped operator
-observed, 1 in 16 calls sampled, events around them) or with --timer cupti
+observed, a sample of the calls timed, events around them) or with --timer cupti
 (the kernel tracer, its windows sized to its 1 % budget), and keeps it
 enabled, as a serving process would. Rounds
 interleave them after a warm-up of both; the table prints the median wall
@@ -49,7 +49,7 @@ its operator's steady_after (defaults: 4,096 calls, after which 1 call in
 256 is timed instead of 1 in 16): the state of a process that has served a
 while; the table says how many warm-up steps that took. Its column keyed is
 the share of the calls counted (the warm-up's among them) that were keyed one
-by one: past a thread's first calls the defaults key 1 call in 16 of an
+by one: past a thread's first calls the defaults key 1 call in 64 of an
 operator without a candidate and tally the others (defaults.key_every).
 
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]

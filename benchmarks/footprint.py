@@ -20,7 +20,7 @@ call, instructions (Ir) and last-level misses on code (ILmr) and data (DLmr
 reads, DLmw writes): for the whole call, and for the part of it spent in
 understudy's library itself (torch's part moves by tens of instructions
 between runs, with its allocations; understudy's does not). "tallied"
-keys 1 call in 16 at random, as the defaults do, so its rows move with the
+keys 1 call in 64 at random, as the defaults do, so its rows move with the
 draw; "tallied-only" keys none (1 in 65535): the tallied path alone.
 
     PYTHONPATH=python-shim python3 benchmarks/footprint.py [--calls 100]
@@ -50,7 +50,7 @@ VARIANTS = {  # name -> the measured operator's settings (None: understudy not l
     "tallied": {"mode": "observe", "sample": 0},  # past the warm-up from the first call (DEFAULTS)
     "tallied-only": {"mode": "observe", "sample": 0},  # the same, keyed 1 in 65535: none, almost surely
 }
-# variant -> the config's defaults: calls of "tallied" keyed 1 in 16 at random
+# variant -> the config's defaults: calls of "tallied" keyed 1 in 64 at random
 # from the first (key_after 0), the others counted without a key; every other
 # variant's calls fall in the thread's warm-up, each keyed
 # ("tallied-only": the tallied path alone, deterministically: a call is keyed
@@ -69,7 +69,7 @@ OPS = {
 }
 LABELS = {"plain": "plain torch", "off": "mode off",
           "none": "observe, none timed", "observe": "observe, 1 in 16 timed",
-          "tallied": "observe, none timed, 1 in 16 keyed", "tallied-only": "observe, tallied alone"}
+          "tallied": "observe, none timed, 1 in 64 keyed", "tallied-only": "observe, tallied alone"}
 EVENTS = ("Ir", "ILmr", "DLmr", "DLmw")
 SCRUB_MB = 8
 

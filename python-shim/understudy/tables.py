@@ -18,7 +18,7 @@ REPORT_LEGEND = (
     ("p50/p90/p99 us", "production's latency over the timed calls, microseconds"),
     ("weight", "share of the estimated device time"),
     ("S", "roofline floor T_SOL / median time; 1 is the hardware's floor"),
-    (DASH, "not measured: none of the key's calls was timed (its first 3 and 1 in 16 after are by default; "
+    (DASH, "not measured: none of the key's calls was timed (its first 3 and a sample after are by default; "
             "sample 0, or calls made during capture, time none), "
            "or no floor (no hardware profile, or a dtype without a peak)"),
 )
