@@ -265,6 +265,36 @@ def test_past_a_threads_warm_up_a_random_share_is_keyed_and_every_call_counted(u
     assert us.report()["totals"]["tallied"] == op["tallied"]
 
 
+def test_by_default_past_4096_calls_1_in_64_is_keyed_and_a_young_keys_keyed_calls_are_timed(us):
+    """At the defaults a thread's first 4,096 calls are keyed one by one,
+    then 1 call in 64 at random, each standing for 64. A key first seen past
+    the warm-up is young (4,096 calls or fewer, sampled 1 in 16): each of
+    its keyed calls stands for a call the sample would time, so each is
+    timed; past steady_after (sampled 1 in 256) one keyed call in 4 is, the
+    one whose 64 calls reach the next multiple of 256."""
+    us.enable({"operators": {"gemm": "observe"}})
+    a, b, c = torch.randn(8, 16), torch.randn(16, 4), torch.randn(16, 2)
+    with DispatchCounter() as warm:
+        for _ in range(4096):
+            torch.mm(a, b)
+    assert warm.counts["aten::mm"] == 4096
+    with DispatchCounter() as late:
+        for _ in range(64 * 300):
+            torch.mm(a, c)
+    assert late.counts["aten::mm"] == 64 * 300
+    op, keys = gemm_report(us)
+    first, young = keys["M=8,K=16,N=4"], keys["M=8,K=16,N=2"]
+    assert (op["key_every"], op["key_after"]) == (64, 4096)
+    assert (first["calls"], first["estimated"]) == (4096, 0)
+    assert young["calls"] % 64 == 0 and young["estimated"] == young["calls"] // 64 * 63
+    k = young["calls"] // 64  # its keyed calls, all at random
+    assert op["tallied"] + k == 64 * 300
+    sd = (64 * 300 * (1 / 64) * (63 / 64)) ** 0.5  # binomial: k ~ B(19200, 1/64); 5 standard deviations
+    assert abs(k - 300) <= 5 * sd, k
+    # the j-th keyed call brings the key to 64 j calls: timed while 64 j <= 4096, then when 4 divides j
+    assert young["timed"] == min(k, 64) + max(0, k // 4 - 16), (k, young["timed"])
+
+
 def test_an_operator_with_a_candidate_keys_every_call(us):
     """Routes of an operator with a candidate are routed by key (shadowed,
     served, their modes set per key): each of its calls is keyed, past any
