@@ -51,6 +51,9 @@ while; the table says how many warm-up steps that took. Its column keyed is
 the share of the calls counted (the warm-up's among them) that were keyed one
 by one: past a thread's first calls the defaults key 1 call in 64 of an
 operator without a candidate and tally the others (defaults.key_every).
+Where a mode observes, one more run after the rounds, every step observed,
+counts the calls keyed one by one and those timed per decode step
+(keyed/step, timed/step): what observing does past tallying.
 
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8] [--steady]
@@ -339,12 +342,27 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
     base, diffs, steps_calls = paired_rounds(model, ids, modes, rounds, tokens, set_all, calls,
                                              lambda m: m not in ("off", "plain", "disabled"))
     keyed = keyed_share(understudy.report()) if understudy.is_enabled() else float("nan")
+    sampled = observed_steps(model, ids, tokens, set_all) if "observe" in modes else (float("nan"),) * 2
     plain.leave()
     understudy.disable()
     del model
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
-    return statistics.median(base), diffs, statistics.median(steps_calls), warm, keyed
+    return statistics.median(base), diffs, statistics.median(steps_calls), warm, keyed, sampled
+
+
+def observed_steps(model, ids, tokens, set_all):
+    """After the rounds, one more run of tokens decode steps observed: the
+    calls keyed one by one and the calls timed, per decode step (the
+    prefill's left out)."""
+    def seen():
+        shapes = [s for o in understudy.report()["operators"] for s in o["shapes"]]
+        return sum(s["calls"] - s.get("estimated", 0) for s in shapes), sum(s["timed"] for s in shapes)
+    set_all("observe")
+    before = []
+    decode(model, ids, ["observe"] * tokens, after_prefill=lambda: before.append(seen()))
+    (k0, t0), (k1, t1) = before[0], seen()
+    return (k1 - k0) / tokens, (t1 - t0) / tokens
 
 
 def keyed_share(rep):
@@ -405,15 +423,16 @@ def main():
               + (f"; plain passes by {' '.join(args.pass_by)} alone" if args.pass_by else ""))
         first, second = args.modes
         print(f"{'model':<10} {'batch':>5} {'step, ' + second:>14} {'pairs':>6} {first + ' - ' + second:>18} "
-              f"{'95 % interval':>18} {'ratio':>7} {'calls/step':>10} {'warm-up':>8} {'keyed':>6}")
+              f"{'95 % interval':>18} {'ratio':>7} {'calls/step':>10} {'warm-up':>8} {'keyed':>6} "
+              f"{'keyed/step':>10} {'timed/step':>10}")
         for kind in args.models:
             for b in args.batch:
-                base, diffs, per_step, warm, keyed = paired(kind, b, args.tokens, args.layers, args.rounds, config,
-                                                     args.modes, args.steady, args.pass_by)
+                base, diffs, per_step, warm, keyed, (keyed_step, timed_step) = paired(
+                    kind, b, args.tokens, args.layers, args.rounds, config, args.modes, args.steady, args.pass_by)
                 med, lo, hi = median_interval(diffs)
                 print(f"{kind:<10} {b:>5} {base * 1e3:>12.3f}ms {len(diffs):>6} {med * 1e6:>15.2f} us "
                       f"{lo * 1e6:>7.2f} .. {hi * 1e6:>6.2f} us {1 + med / base:>7.4f} {per_step:>10.1f} "
-                      f"{warm:>8} {keyed:>6.1%}", flush=True)
+                      f"{warm:>8} {keyed:>6.1%} {keyed_step:>10.2f} {timed_step:>10.2f}", flush=True)
         return
     kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg, "--device", DEVICE], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
