@@ -1,6 +1,12 @@
 /* X(name): every C test. Add a test here and define TEST(name) in a file. */
 
 /* The kernel tracer's, in CUDA builds (against a stand-in libcupti). */
+#if defined(UST_TEST_TRACER) && defined(UST_GPU_CUDA)
+/* the router's with it: its timers are CUDA's */
+#define UST_TEST_LIST_TRACER_CUDA(X) X(admit_keys_every_call_inside_a_tracer_window)
+#else
+#define UST_TEST_LIST_TRACER_CUDA(X)
+#endif
 #if defined(UST_TEST_TRACER)
 #define UST_TEST_LIST_TRACER(X)                                        \
   X(tracer_times_calls_by_their_kernels_through_records)              \
@@ -12,7 +18,8 @@
   X(tracer_buffers_outlive_the_tracer_they_were_handed_out_for)      \
   X(tracer_times_graph_replays_of_captured_calls)                     \
   X(tracer_grows_its_buffers_and_cuts_a_crowded_window)              \
-  X(tracer_is_present_only_when_cupti_was_asked_for_and_loaded)
+  X(tracer_is_present_only_when_cupti_was_asked_for_and_loaded)        \
+  UST_TEST_LIST_TRACER_CUDA(X)
 #else
 #define UST_TEST_LIST_TRACER(X)
 #endif

@@ -2,6 +2,11 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#if defined(UST_GPU_CUDA) && defined(UST_TEST_TRACER)
+#include <cupti.h>
+#include <dlfcn.h>
+#endif
+
 #include "dispatch/dispatch.h"
 #include "guard/gate.h"
 #include "tests/c/runner.h"
@@ -355,6 +360,63 @@ TEST(admit_keys_every_call_while_the_thread_captures_a_graph) {
   *t = saved;
   fixture_free(&f);
 }
+
+#if defined(UST_GPU_CUDA) && defined(UST_TEST_TRACER)
+/* Keyed calls of one admission run from a thread's countdown (1 in 8): how
+ * many of n were keyed, each asserted to be tallied or keyed for 8. */
+static long keyed_of(ust__binding *b, ust__thread *t, long n) {
+  long keyed = 0;
+  for (long i = 0; i < n; i++) {
+    const int w = ust__binding_admit(b, t);
+    ASSERT_TRUE(w == UST__ADMIT_TALLY || w == 8);
+    keyed += w == 8;
+  }
+  return keyed;
+}
+
+TEST(admit_keys_every_call_inside_a_tracer_window) {
+  /* A router holding the kernel tracer (a stand-in libcupti): past the
+   * warm-up at 1 in 8, its thread keys 1 call in 8 at random between
+   * windows, and every call one by one while a window is open, so that each
+   * call's kernels are its route's; once the window closed, 1 in 8 again. */
+  fixture f;
+  ust__binding b;
+  ust__binding_def d;
+  keying_binding(&f, &b, &d, 8, 0, 11);
+  ust__timers_destroy(f.r.timers);
+  const ust__timer_opts o = {.kind = UST__TIMER_CUPTI, .window_ns = 50000000, .budget = 0,
+                             .launch_cost_ns = 10000, .cupti_path = UST_FAKE_CUPTI, .callbacks = 1};
+  ASSERT_INT_EQ(ust__timers_create(16, &o, NULL, &f.r.timers), 0);
+  void *lib = dlopen(UST_FAKE_CUPTI, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_TRUE(lib != NULL);
+  void (*reset)(CUptiResult, double);
+  *(void **)&reset = dlsym(lib, "fake_cupti_reset");
+  ASSERT_TRUE(reset != NULL);
+  reset(CUPTI_SUCCESS, 1.0);
+  ASSERT_INT_EQ(ust__timers_may_trace(f.r.timers), 1);
+  f.r.tracer = ust__timers_may_trace(f.r.timers);
+  ust__thread t;
+  memset(&t, 0, sizeof t);
+  ASSERT_TRUE(ust__timers_tracing(f.r.timers) != UST__TRACING_WINDOW);
+  /* 1,000 +- 30 (sd) of 8,000; 5 sd */
+  long k = keyed_of(&b, &t, 8000);
+  ASSERT_TRUE(k > 1000 - 150 && k < 1000 + 150);
+  /* a CUDA call timed by events (none on a machine without a GPU) marks
+   * the timers used: the next poll opens a window */
+  const int token = ust__timers_begin(f.r.timers, 0, NULL);
+  if (token >= 0)
+    ust__timers_cancel(f.r.timers, token);
+  ust__timers_harvest(f.r.timers);
+  ASSERT_INT_EQ(ust__timers_tracing(f.r.timers), UST__TRACING_WINDOW);
+  for (int i = 0; i < 2000; i++)
+    ASSERT_INT_EQ(ust__binding_admit(&b, &t), 1);
+  ust__timers_harvest_all_sync(f.r.timers); /* the window closed, its records drained */
+  ASSERT_TRUE(ust__timers_tracing(f.r.timers) != UST__TRACING_WINDOW);
+  k = keyed_of(&b, &t, 8000);
+  ASSERT_TRUE(k > 1000 - 150 && k < 1000 + 150);
+  fixture_free(&f);
+}
+#endif
 
 TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   /* ust__hook_admit: past the thread's warm-up, a call tallied on the
