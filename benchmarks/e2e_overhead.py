@@ -51,9 +51,10 @@ while; the table says how many warm-up steps that took. Its column keyed is
 the share of the calls counted (the warm-up's among them) that were keyed one
 by one: past a thread's first calls the defaults key 1 call in 64 of an
 operator without a candidate and tally the others (defaults.key_every).
-Where a mode observes, one more run after the rounds, every step observed,
-counts the calls keyed one by one and those timed per decode step
-(keyed/step, timed/step): what observing does past tallying.
+Where a mode observes (and neither is disabled: each enable starts a
+thread's warm-up again), one more run after the rounds, every step
+observed, counts the calls keyed one by one and those timed per decode
+step (keyed/step, timed/step): what observing does past tallying.
 
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8] [--steady]
@@ -312,7 +313,8 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
     """Neighbouring decode steps with every operator in modes[0] and in
     modes[1] (see the module's doc): (median step in modes[1], the
     differences, intercepted calls per step where they are counted: not
-    with the mode off, the warm-up steps --steady took)."""
+    with the mode off, the warm-up steps --steady took, the share keyed, and
+    the calls keyed and timed per observed step: observed_steps)."""
     model = build(kind, layers)
     ids = prompt(batch)
     understudy.enable(config)
@@ -342,7 +344,9 @@ def paired(kind, batch, tokens, layers, rounds, config, modes, steady=False, pas
     base, diffs, steps_calls = paired_rounds(model, ids, modes, rounds, tokens, set_all, calls,
                                              lambda m: m not in ("off", "plain", "disabled"))
     keyed = keyed_share(understudy.report()) if understudy.is_enabled() else float("nan")
-    sampled = observed_steps(model, ids, tokens, set_all) if "observe" in modes else (float("nan"),) * 2
+    # (not after disabled steps: enable() made a new engine, whose warm-up keys every call)
+    sampled = observed_steps(model, ids, tokens, set_all) if "observe" in modes and "disabled" not in modes \
+        else (float("nan"),) * 2
     plain.leave()
     understudy.disable()
     del model

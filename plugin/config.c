@@ -800,7 +800,8 @@ int ust__config_parse(const char *json, ust__config *cfg) {
   cfg->log_level = UST_LOG_WARN;
   cfg->default_mode = UST__MODE_OBSERVE;
   cfg->default_sample = 1.0 / 16;
-  /* once a key has had 4096 calls (about 256 of them timed), 1 in 256 */
+  /* once a key has had 4096 calls (about 256 of them timed in a thread's
+   * warm-up, 64 past it: each keyed one), 1 in 256 */
   cfg->default_sample_steady = 1.0 / 256;
   cfg->steady_after = 4096;
   /* past a thread's first 4096 calls, an observed operator without a
