@@ -172,21 +172,31 @@ static inline __attribute__((always_inline)) int ust__word_tallies(uint64_t word
 
 /* ---- hooks ------------------------------------------------------------------------ */
 
-/* The first cache line of an op's hook: all a call passed on or tallied
- * reads and writes of understudy's but its thread's block. The core and
- * the bridge both reach it (and C11 atomics are not C++'s), so its fields
- * are plain integers that both access with the compiler's __atomic
- * builtins. Written by enable, disable, policy changes and a forked child
- * (serialised by the engine), read and counted by calls. A hook begins with
- * its head. */
-typedef struct __attribute__((aligned(64))) ust__hook_head {
+/* What a call passed on or tallied reads and writes of its hook (with its
+ * thread's block): held in the interceptor object, on the cache line torch
+ * hands the call's kernel, once the interceptor is registered; the hook's
+ * head points at it. The core and the bridge both reach it (and C11 atomics
+ * are not C++'s), so its fields are plain integers that both access with
+ * the compiler's __atomic builtins. Written by enable, disable and policy
+ * changes (serialised by the engine), read and counted by calls. */
+typedef struct ust__hook_line {
   /* the bound binding's tally word; UST__TALLY_OFF while none is bound or
-   * its operator is off: a call then passes on reading this line alone */
+   * its operator is off: a call then passes on reading this alone */
   uint64_t word;
   /* calls counted without a key (ust__hook_tally) since the hook was
    * registered: a binding's are those counted while it is bound
    * (ust__binding_tallied_count) */
   uint64_t tallied;
+} ust__hook_line;
+
+/* The first cache line of an op's hook: its line, and its gate, which the
+ * calls that read the binding enter. A hook begins with its head. */
+typedef struct __attribute__((aligned(64))) ust__hook_head {
+  /* what a call passed on or tallied reads and counts: in the interceptor
+   * object once one is registered (the bridge sets it: the object's own
+   * line, which the call reads anyway), else own */
+  ust__hook_line *line;
+  ust__hook_line own;
   struct ust__binding *binding; /* the enabled engine's binding of the op; NULL */
   /* The hook's gate, for the calls that read its binding (all but those
    * tallied in the interceptor and those passed on there): such a call
@@ -199,17 +209,22 @@ typedef struct __attribute__((aligned(64))) ust__hook_head {
 
 static inline ust__hook_head *ust__hook_head_of(struct ust__hook *h) { return (ust__hook_head *)(void *)h; }
 
-/* 1 when the hook's calls pass on untouched now (no binding, or its
- * operator is off): the caller needs no entry. A hint: a call that reads 0
- * is admitted, which decides as well. */
+/* 1 when the calls of the hook whose line l is pass on untouched now (no
+ * binding, or its operator is off): the caller needs no entry. A hint: a
+ * call that reads 0 is admitted, which decides as well. */
+static inline __attribute__((always_inline)) int ust__line_passes(const ust__hook_line *l) {
+  return __atomic_load_n(&l->word, __ATOMIC_RELAXED) == UST__TALLY_OFF;
+}
+
 static inline __attribute__((always_inline)) int ust__hook_passes(struct ust__hook *h) {
-  return __atomic_load_n(&ust__hook_head_of(h)->word, __ATOMIC_RELAXED) == UST__TALLY_OFF;
+  return ust__line_passes(__atomic_load_n(&ust__hook_head_of(h)->line, __ATOMIC_ACQUIRE));
 }
 
 /* An intercepted call between ust__hook_admit and ust__hook_release. */
 typedef struct ust__entry {
   ust__thread *thread;          /* the calling thread's block */
   ust__hook_head *hook;         /* the hook it was admitted on */
+  ust__hook_line *line;         /* and that hook's line */
   struct ust__binding *binding; /* entered: the enabled engine's binding of the op; NULL when understudy is
                                    disabled or does not bind the op now. Else NULL, unread */
   int entered;                  /* counted in flight on the hook's gate, in epoch ticket */
@@ -235,8 +250,10 @@ int ust__hook_enter(struct ust__hook *h, ust__entry *e);
  * call admitted UST__ADMIT_TALLY is counted with ust__hook_tally, or keyed
  * with ust__hook_key. Every entry is released once with ust__hook_release,
  * whatever it returned, on the thread that made it. Lock-free; the calling
- * thread's block and the hook's head only. */
-static inline __attribute__((always_inline)) int ust__hook_admit(struct ust__hook *h, ust__entry *e) {
+ * thread's block and the hook's line, then its head. l is the hook's line
+ * (the interceptor holds it; ust__hook_admit reads it from the head). */
+static inline __attribute__((always_inline)) int ust__hook_admit_at(struct ust__hook *h, ust__hook_line *l,
+                                                                    ust__entry *e) {
   ust__hook_head *const hd = ust__hook_head_of(h);
   ust__thread *t = &ust__thread_block;
   /* the block's address found once: left to itself the compiler asks the
@@ -244,9 +261,10 @@ static inline __attribute__((always_inline)) int ust__hook_admit(struct ust__hoo
   __asm__("" : "+r"(t));
   e->thread = t;
   e->hook = hd;
+  e->line = l;
   e->binding = NULL;
   e->entered = 0;
-  const uint64_t word = __atomic_load_n(&hd->word, __ATOMIC_ACQUIRE);
+  const uint64_t word = __atomic_load_n(&l->word, __ATOMIC_ACQUIRE);
   if (__builtin_expect(((t->own_work | t->call_depth) == 0) & ust__word_tallies(word, t), 1)) {
     t->key_gap--;
     return UST__ADMIT_TALLY;
@@ -254,12 +272,16 @@ static inline __attribute__((always_inline)) int ust__hook_admit(struct ust__hoo
   return ust__hook_enter(h, e);
 }
 
+static inline __attribute__((always_inline)) int ust__hook_admit(struct ust__hook *h, ust__entry *e) {
+  return ust__hook_admit_at(h, __atomic_load_n(&ust__hook_head_of(h)->line, __ATOMIC_ACQUIRE), e);
+}
+
 /* A call admitted UST__ADMIT_TALLY, counted on its hook without a key. A
  * call tallied while disable detaches its binding may be counted by
  * neither engine (it read the word before the detach, and counts after
  * the binding's count was folded). */
 static inline __attribute__((always_inline)) void ust__hook_tally(const ust__entry *e) {
-  __atomic_fetch_add(&e->hook->tallied, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&e->line->tallied, 1, __ATOMIC_RELAXED);
 }
 
 /* A call admitted UST__ADMIT_TALLY that the tally cannot take (its device

@@ -1186,15 +1186,15 @@ int ust__in_intercepted_call(void) { return tl_thread.depth > 0; }
 void ust__hook_attach(ust__hook *h, ust__binding *b) {
   ust__hook_head *hd = &h->head;
   b->hook_epoch = __atomic_load_n(&hd->epoch, __ATOMIC_SEQ_CST) & 1u;
-  b->hook_tallied_base = __atomic_load_n(&hd->tallied, __ATOMIC_RELAXED);
+  b->hook_tallied_base = __atomic_load_n(&hd->line->tallied, __ATOMIC_RELAXED);
   atomic_store(&b->hook_counts, 1);
   __atomic_store_n(&hd->binding, b, __ATOMIC_SEQ_CST);
-  __atomic_store_n(&hd->word, atomic_load(&b->tally), __ATOMIC_SEQ_CST);
+  __atomic_store_n(&hd->line->word, atomic_load(&b->tally), __ATOMIC_SEQ_CST);
 }
 
 unsigned ust__hook_detach(ust__hook *h) {
   ust__hook_head *hd = &h->head;
-  __atomic_store_n(&hd->word, UST__TALLY_OFF, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&hd->line->word, UST__TALLY_OFF, __ATOMIC_SEQ_CST);
   __atomic_store_n(&hd->binding, NULL, __ATOMIC_SEQ_CST);
   return __atomic_fetch_add(&hd->epoch, 1, __ATOMIC_SEQ_CST) & 1u;
 }
@@ -1205,7 +1205,7 @@ long ust__hook_inflight(ust__hook *h, unsigned old) {
 
 void ust__hook_republish(ust__hook *h, const ust__binding *b) {
   if (__atomic_load_n(&h->head.binding, __ATOMIC_SEQ_CST) == b)
-    __atomic_store_n(&h->head.word, atomic_load(&((ust__binding *)b)->tally), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&h->head.line->word, atomic_load(&((ust__binding *)b)->tally), __ATOMIC_SEQ_CST);
 }
 
 void ust__hook_after_fork(ust__hook *h) {
@@ -1317,7 +1317,7 @@ int ust__hook_enter(ust__hook *h, ust__entry *e) {
     return UST__ADMIT_PASS;
   if (__builtin_expect((t->own_work | t->call_depth) != 0, 0)) /* both counts, never negative */
     return t->nested != NULL && t->call_depth == 1 ? UST__ADMIT_NESTED : UST__ADMIT_PASS;
-  return admit_word(b, t, __atomic_load_n(&hd->word, __ATOMIC_ACQUIRE));
+  return admit_word(b, t, __atomic_load_n(&e->line->word, __ATOMIC_ACQUIRE));
 }
 
 int ust__hook_key(ust__hook *h, ust__entry *e) {
@@ -1343,7 +1343,7 @@ void ust__binding_tallied(ust__binding *b, unsigned n) {
 static uint64_t hook_tallies(ust__binding *b) {
   if (atomic_load(&b->hook_counts) == 0 || b->hook == NULL)
     return 0;
-  return __atomic_load_n(&b->hook->head.tallied, __ATOMIC_RELAXED) - b->hook_tallied_base;
+  return __atomic_load_n(&b->hook->head.line->tallied, __ATOMIC_RELAXED) - b->hook_tallied_base;
 }
 
 uint64_t ust__binding_tallied_count(ust__binding *b) { return atomic_load(&b->tallied) + hook_tallies(b); }

@@ -1462,7 +1462,7 @@ private:
 
 // An intercepted call between its entry and its release (ust__hook_admit).
 struct Entry {
-  [[gnu::always_inline]] explicit Entry(ust__hook *h) : admitted(ust__hook_admit(h, &e)) {}
+  [[gnu::always_inline]] Entry(ust__hook *h, ust__hook_line *l) : admitted(ust__hook_admit_at(h, l, &e)) {}
   [[gnu::always_inline]] ~Entry() { ust__hook_release(&e); }
   Entry(const Entry &) = delete;
   Entry &operator=(const Entry &) = delete;
@@ -1626,10 +1626,10 @@ template <class Source>
 // for a call passed on or tallied (pass(below): its result), else other(the
 // entry, the admission, below) out of line.
 template <class Pass, class Other>
-[[gnu::hot, gnu::always_inline]] inline auto intercept(ust__hook *hook, c10::DispatchKeySet ks, Pass &&pass,
-                                                    Other &&other) {
+[[gnu::hot, gnu::always_inline]] inline auto intercept(ust__hook *hook, ust__hook_line *line, c10::DispatchKeySet ks,
+                                                    Pass &&pass, Other &&other) {
   const c10::DispatchKeySet below = below_us(ks);
-  Entry entry(hook);
+  Entry entry(hook, line);
   const unsigned tallied = (entry.admitted == UST__ADMIT_TALLY) & tallies_below(below);
   if (__builtin_expect(tallied, 1))
     ust__hook_tally(&entry.e);
@@ -1727,14 +1727,18 @@ struct Typed {
   }
 };
 
-// An interceptor is one cache line (what it holds and torch's reference
-// count), read by each of its calls with its hook's head.
+// An interceptor is one cache line (what it holds, torch's reference count
+// and its hook's line): all a call passed on or tallied reads of it and of
+// its hook; a call that enters reads the hook's head too.
 template <size_t Room> class alignas(64) Interceptor final : public c10::OperatorKernel {
 public:
-  explicit Interceptor(ust__hook *h) : hook_(h), dispatcher_(&c10::Dispatcher::singleton()) {}
+  explicit Interceptor(ust__hook *h)
+      : line_(*ust__hook_head_of(h)->line), dispatcher_(&c10::Dispatcher::singleton()), hook_(h) {}
+
+  ust__hook_line *line() { return &line_; }
 
   [[gnu::hot]] void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
-    if (ust__hook_passes(hook_)) // off, or not bound: the hook's first line read, nothing entered
+    if (ust__line_passes(&line_)) // off, or not bound: this object's line read alone, nothing entered
       dispatcher_->redispatchBoxed(op, below_us(ks), stack);
     else
       serve(op, ks, stack);
@@ -1745,18 +1749,22 @@ private:
                                          torch::jit::Stack *stack) {
     Boxed<Room> src{op, stack, *dispatcher_};
     intercept(
-        hook_, ks, [&](c10::DispatchKeySet below) { src.pass(below); },
+        hook_, &line_, ks, [&](c10::DispatchKeySet below) { src.pass(below); },
         [&](const ust__entry &e, int weight, c10::DispatchKeySet below) {
           serve_admitted(e, weight, op, below, src);
         });
   }
 
-  ust__hook *hook_;
+  // the hook's line (its tally word and count), the hook's head pointing at
+  // it once registered: a call passed on or tallied reads and counts here,
+  // on the line torch's wrapper hands this object's address in
+  ust__hook_line line_;
   // torch's, held here: Dispatcher::singleton() reads a static of this
   // library's own (an inline function's), a line no other call touches.
   // Production of a call passed on, tallied or keyed is redispatched
   // through it (Boxed, Typed).
   const c10::Dispatcher *dispatcher_;
+  ust__hook *hook_;
 };
 
 // The interceptor of an op whose C++ signature is Ret(Args...), called
@@ -1767,10 +1775,12 @@ template <class Ret, class... Args>
 class alignas(64) TypedInterceptor<Ret(Args...)> final : public c10::OperatorKernel {
 public:
   TypedInterceptor(ust__hook *h, c10::TypedOperatorHandle<Ret(Args...)> op)
-      : hook_(h), dispatcher_(&c10::Dispatcher::singleton()), op_(op) {}
+      : line_(*ust__hook_head_of(h)->line), dispatcher_(&c10::Dispatcher::singleton()), op_(op), hook_(h) {}
+
+  ust__hook_line *line() { return &line_; }
 
   [[gnu::hot]] Ret operator()(c10::DispatchKeySet ks, Args... args) {
-    if (ust__hook_passes(hook_)) // off, or not bound: the hook's first line read, nothing entered
+    if (ust__line_passes(&line_)) // off, or not bound: this object's line read alone, nothing entered
       return production(below_us(ks), std::forward<Args>(args)...);
     return serve(ks, std::forward<Args>(args)...);
   }
@@ -1782,7 +1792,7 @@ private:
 
   [[gnu::hot, gnu::noinline]] Ret serve(c10::DispatchKeySet ks, Args... args) {
     return intercept(
-        hook_, ks,
+        hook_, &line_, ks,
         [&](c10::DispatchKeySet below) __attribute__((always_inline)) {
           return production(below, std::forward<Args>(args)...);
         },
@@ -1799,9 +1809,10 @@ private:
     return std::move(*src.out);
   }
 
-  ust__hook *hook_;
+  ust__hook_line line_;               // as Interceptor's
   const c10::Dispatcher *dispatcher_; // as Interceptor's
   c10::TypedOperatorHandle<Ret(Args...)> op_;
+  ust__hook *hook_;
 };
 
 // The C++ signatures an op may be intercepted by without boxing: the
@@ -1847,18 +1858,33 @@ bool functional(const c10::FunctionSchema &schema) {
   return !schema.is_vararg() && !schema.is_varret();
 }
 
+// Once its interceptor is registered, the hook's calls read and count on
+// the interceptor's line (a copy of the hook's own, made when no engine had
+// bound it: nothing counted or changed in between, enable binds after).
+void use_line(ust__hook *hook, ust__hook_line *line) {
+  __atomic_store_n(&ust__hook_head_of(hook)->line, line, __ATOMIC_RELEASE);
+}
+
+template <size_t Room>
+c10::KernelFunction boxed_kernel(std::unique_ptr<Interceptor<Room>> interceptor, ust__hook_line **line) {
+  *line = interceptor->line();
+  return c10::KernelFunction::makeFromBoxedFunctor(std::move(interceptor));
+}
+
 template <class Sig>
 bool register_typed(ust__hook *hook, const c10::OperatorHandle &op, const char *display) {
   auto inferred = std::make_unique<c10::FunctionSchema>(c10::inferFunctionSchemaFlattenedReturns<Sig>());
   if (c10::findSchemaDifferences(*inferred, op.schema()).has_value())
     return false;
   try {
-    auto kernel = c10::KernelFunction::makeFromUnboxedFunctor<false, TypedInterceptor<Sig>>(
-        std::make_unique<TypedInterceptor<Sig>>(hook, op.typed<Sig>()));
+    auto interceptor = std::make_unique<TypedInterceptor<Sig>>(hook, op.typed<Sig>());
+    ust__hook_line *const line = interceptor->line();
+    auto kernel = c10::KernelFunction::makeFromUnboxedFunctor<false, TypedInterceptor<Sig>>(std::move(interceptor));
     // Kept for the life of the process: the kernel is never deregistered.
     new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().registerImpl(
         op.operator_name(), c10::DispatchKey::BackendSelect, std::move(kernel), c10::impl::CppSignature::make<Sig>(),
         std::move(inferred), std::string("understudy interceptor for ") + display));
+    use_line(hook, line);
     return true;
   } catch (...) { // torch refused the signature (its kernels take another): the boxed interceptor instead
     return false;
@@ -1892,13 +1918,15 @@ int register_hook(ust__hook *hook, const char *qualname, const char *overload, c
         return 0;
     }
     // an op not defined yet may take any number of arguments
+    ust__hook_line *line = nullptr;
     auto kernel = existing && existing->schema().arguments().size() <= kFewArgs
-                      ? c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Interceptor<kFewArgs>>(hook))
-                      : c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Interceptor<kMaxArgs>>(hook));
+                      ? boxed_kernel(std::make_unique<Interceptor<kFewArgs>>(hook), &line)
+                      : boxed_kernel(std::make_unique<Interceptor<kMaxArgs>>(hook), &line);
     // Kept for the life of the process: the kernel is never deregistered.
     new c10::RegistrationHandleRAII(dispatcher.registerImpl(name, c10::DispatchKey::BackendSelect, std::move(kernel),
                                                             std::nullopt, nullptr,
                                                             std::string("understudy interceptor for ") + display));
+    use_line(hook, line);
     return 0;
   } catch (const std::exception &e) {
     return ust__error(UST_ETORCH, "registering an interceptor for %s failed: %s", display, e.what());

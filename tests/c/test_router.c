@@ -434,7 +434,9 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ust__hook *h = aligned_alloc(_Alignof(ust__hook), sizeof *h);
   ASSERT_TRUE(h != NULL);
   memset(h, 0, sizeof *h);
-  h->head.word = UST__TALLY_OFF; /* as a hook is registered */
+  /* as a hook is registered: its line the interceptor's (a line of its own here) */
+  ust__hook_line line = {.word = UST__TALLY_OFF, .tallied = 0};
+  h->head.line = &line;
   ust__thread *t = ust__thread_state();
   const ust__thread saved = *t;
   memset(t, 0, sizeof *t);
@@ -453,7 +455,7 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ust__hook_attach(h, &b);
   ASSERT_INT_EQ(b.hook_epoch, 0);
   ASSERT_INT_EQ(ust__hook_passes(h), 0);
-  ASSERT_U64_EQ(h->head.word, atomic_load(&b.tally));
+  ASSERT_U64_EQ(line.word, atomic_load(&b.tally));
   /* passed on inside understudy's own work and inside a tracked call, the
    * warm-up untouched; nested while a tracked call collects its callees */
   t->own_work = 1;
