@@ -193,10 +193,9 @@ typedef struct ust__hook_line {
  * calls that read the binding enter. A hook begins with its head. */
 typedef struct __attribute__((aligned(64))) ust__hook_head {
   /* what a call passed on or tallied reads and counts: in the interceptor
-   * object once one is registered (the bridge sets it: the object's own
-   * line, which the call reads anyway), else own */
+   * object (the bridge sets it as it registers one: the object's own line,
+   * which the call reads anyway) */
   ust__hook_line *line;
-  ust__hook_line own;
   struct ust__binding *binding; /* the enabled engine's binding of the op; NULL */
   /* The hook's gate, for the calls that read its binding (all but those
    * tallied in the interceptor and those passed on there): such a call
@@ -216,11 +215,7 @@ static inline __attribute__((always_inline)) int ust__line_passes(const ust__hoo
   return __atomic_load_n(&l->word, __ATOMIC_RELAXED) == UST__TALLY_OFF;
 }
 
-static inline __attribute__((always_inline)) int ust__hook_passes(struct ust__hook *h) {
-  return ust__line_passes(__atomic_load_n(&ust__hook_head_of(h)->line, __ATOMIC_ACQUIRE));
-}
-
-/* An intercepted call between ust__hook_admit and ust__hook_release. */
+/* An intercepted call between ust__hook_admit_at and ust__hook_release. */
 typedef struct ust__entry {
   ust__thread *thread;          /* the calling thread's block */
   ust__hook_head *hook;         /* the hook it was admitted on */
@@ -250,8 +245,8 @@ int ust__hook_enter(struct ust__hook *h, ust__entry *e);
  * call admitted UST__ADMIT_TALLY is counted with ust__hook_tally, or keyed
  * with ust__hook_key. Every entry is released once with ust__hook_release,
  * whatever it returned, on the thread that made it. Lock-free; the calling
- * thread's block and the hook's line, then its head. l is the hook's line
- * (the interceptor holds it; ust__hook_admit reads it from the head). */
+ * thread's block and the hook's line l (the interceptor holds it), then
+ * the hook's head. */
 static inline __attribute__((always_inline)) int ust__hook_admit_at(struct ust__hook *h, ust__hook_line *l,
                                                                     ust__entry *e) {
   ust__hook_head *const hd = ust__hook_head_of(h);
@@ -270,10 +265,6 @@ static inline __attribute__((always_inline)) int ust__hook_admit_at(struct ust__
     return UST__ADMIT_TALLY;
   }
   return ust__hook_enter(h, e);
-}
-
-static inline __attribute__((always_inline)) int ust__hook_admit(struct ust__hook *h, ust__entry *e) {
-  return ust__hook_admit_at(h, __atomic_load_n(&ust__hook_head_of(h)->line, __ATOMIC_ACQUIRE), e);
 }
 
 /* A call admitted UST__ADMIT_TALLY, counted on its hook without a key. A

@@ -1460,7 +1460,7 @@ private:
   at::Tensor stats_;     // its comparison's statistics (device memory the graph keeps)
 };
 
-// An intercepted call between its entry and its release (ust__hook_admit).
+// An intercepted call between its entry and its release (ust__hook_admit_at).
 struct Entry {
   [[gnu::always_inline]] Entry(ust__hook *h, ust__hook_line *l) : admitted(ust__hook_admit_at(h, l, &e)) {}
   [[gnu::always_inline]] ~Entry() { ust__hook_release(&e); }
@@ -1621,7 +1621,7 @@ template <class Source>
   serve_keyed(src, op, below, b, th, weight);
 }
 
-// An intercepted call past its hook's first check (ust__hook_passes): its
+// An intercepted call past its hook's first check (ust__line_passes): its
 // entry and admission, then, in the interceptor's body, production alone
 // for a call passed on or tallied (pass(below): its result), else other(the
 // entry, the admission, below) out of line.
@@ -1733,7 +1733,7 @@ struct Typed {
 template <size_t Room> class alignas(64) Interceptor final : public c10::OperatorKernel {
 public:
   explicit Interceptor(ust__hook *h)
-      : line_(*ust__hook_head_of(h)->line), dispatcher_(&c10::Dispatcher::singleton()), hook_(h) {}
+      : line_{UST__TALLY_OFF, 0}, dispatcher_(&c10::Dispatcher::singleton()), hook_(h) {}
 
   ust__hook_line *line() { return &line_; }
 
@@ -1775,7 +1775,7 @@ template <class Ret, class... Args>
 class alignas(64) TypedInterceptor<Ret(Args...)> final : public c10::OperatorKernel {
 public:
   TypedInterceptor(ust__hook *h, c10::TypedOperatorHandle<Ret(Args...)> op)
-      : line_(*ust__hook_head_of(h)->line), dispatcher_(&c10::Dispatcher::singleton()), op_(op), hook_(h) {}
+      : line_{UST__TALLY_OFF, 0}, dispatcher_(&c10::Dispatcher::singleton()), op_(op), hook_(h) {}
 
   ust__hook_line *line() { return &line_; }
 
@@ -1859,8 +1859,7 @@ bool functional(const c10::FunctionSchema &schema) {
 }
 
 // Once its interceptor is registered, the hook's calls read and count on
-// the interceptor's line (a copy of the hook's own, made when no engine had
-// bound it: nothing counted or changed in between, enable binds after).
+// the interceptor's line (off, none counted: enable binds the hook after).
 void use_line(ust__hook *hook, ust__hook_line *line) {
   __atomic_store_n(&ust__hook_head_of(hook)->line, line, __ATOMIC_RELEASE);
 }

@@ -43,8 +43,8 @@ ust__hook *ust__ctx_hook(ust__ctx *c, const ust__binding *b) {
     return NULL;
   }
   memset(h, 0, sizeof *h);
-  h->head.own.word = UST__TALLY_OFF; /* bound by enable, after the registration */
-  h->head.line = &h->head.own;       /* the interceptor's once registered (the bridge) */
+  /* its line is its interceptor's, set as it is registered; bound by
+   * enable, after the registration */
   snprintf(h->display, sizeof h->display, "%s", b->display);
   if (c->seam->register_hook(h, b->qualname, b->overload, b->display) != 0) {
     free(h);

@@ -419,7 +419,7 @@ TEST(admit_keys_every_call_inside_a_tracer_window) {
 #endif
 
 TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
-  /* ust__hook_admit: past the thread's warm-up, a call tallied on the
+  /* ust__hook_admit_at: past the thread's warm-up, a call tallied on the
    * hook's word alone (not entered, the binding unread, its tally counted on
    * the hook and reported as the binding's); every other call entered:
    * counted in flight on the hook's gate (in the epoch it read) and on its
@@ -441,8 +441,8 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   const ust__thread saved = *t;
   memset(t, 0, sizeof *t);
   ust__entry e;
-  ASSERT_INT_EQ(ust__hook_passes(h), 1); /* not bound: nothing to enter */
-  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS); /* admitted all the same: passed on */
+  ASSERT_INT_EQ(ust__line_passes(&line), 1); /* not bound: nothing to enter */
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS); /* admitted all the same: passed on */
   ASSERT_TRUE(e.thread == t && e.binding == NULL && e.entered);
   ASSERT_INT_EQ(t->depth, 1);
   ASSERT_INT_EQ(ust__in_intercepted_call(), 1);
@@ -454,30 +454,30 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   b.hook = h;
   ust__hook_attach(h, &b);
   ASSERT_INT_EQ(b.hook_epoch, 0);
-  ASSERT_INT_EQ(ust__hook_passes(h), 0);
+  ASSERT_INT_EQ(ust__line_passes(&line), 0);
   ASSERT_U64_EQ(line.word, atomic_load(&b.tally));
   /* passed on inside understudy's own work and inside a tracked call, the
    * warm-up untouched; nested while a tracked call collects its callees */
   t->own_work = 1;
-  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
   ASSERT_TRUE(e.entered && e.binding == &b);
   ust__hook_release(&e);
   t->own_work = 0;
   t->call_depth = 2;
-  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
   ust__hook_release(&e);
   ust__nested callees;
   memset(&callees, 0, sizeof callees);
   t->nested = &callees;
   t->call_depth = 1;
-  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_NESTED);
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_NESTED);
   ASSERT_TRUE(e.binding == &b);
   ust__hook_release(&e);
   t->nested = NULL;
   t->call_depth = 0;
   ASSERT_U64_EQ(ust__binding_tallied_count(&b), 0);
   for (int i = 0; i < 3; i++) { /* the thread's warm-up: each keyed */
-    ASSERT_INT_EQ(ust__hook_admit(h, &e), 1);
+    ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), 1);
     ASSERT_TRUE(e.entered && e.binding == &b);
     ust__hook_release(&e);
   }
@@ -486,19 +486,19 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   const uint64_t word = atomic_load(&b.tally);
   atomic_store(&b.tally, UST__TALLY_OFF);
   ust__hook_republish(h, &b);
-  ASSERT_INT_EQ(ust__hook_passes(h), 1);
+  ASSERT_INT_EQ(ust__line_passes(&line), 1);
   atomic_store(&b.tally, word);
   ust__hook_republish(h, &b);
-  ASSERT_INT_EQ(ust__hook_passes(h), 0);
+  ASSERT_INT_EQ(ust__line_passes(&line), 0);
   /* inside a held (keyed) call: the tallied ones not entered, counted on the
    * hook; the keyed ones entered; a tallied one the tally cannot take keyed */
   t->key_gap = 1; /* the next call the one drawn */
   ust__entry held;
-  ASSERT_INT_EQ(ust__hook_admit(h, &held), 16);
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &held), 16);
   ASSERT_TRUE(held.entered);
   long keyed = 0, tallied = 0;
   for (long i = 0; i < 16000; i++) {
-    const int w = ust__hook_admit(h, &e);
+    const int w = ust__hook_admit_at(h, &line, &e);
     ASSERT_TRUE(w == UST__ADMIT_TALLY || w == 16);
     ASSERT_INT_EQ(e.entered, w == 16);
     ASSERT_INT_EQ(t->depth, 1 + (w == 16));
@@ -515,7 +515,7 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   /* 1,000 +- 31 (sd) keyed; 5 sd */
   ASSERT_TRUE(keyed > 1000 - 155 && keyed < 1000 + 155);
   t->key_gap = 100;
-  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_TALLY);
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_TALLY);
   ASSERT_INT_EQ(ust__hook_key(h, &e), 1);
   ASSERT_TRUE(e.entered && e.binding == &b && h->head.inflight[0] == 2);
   ust__hook_release(&e);
@@ -525,9 +525,9 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   const unsigned old = ust__hook_detach(h);
   ust__binding_fold_tallies(&b);
   ASSERT_INT_EQ(old, 0);
-  ASSERT_INT_EQ(ust__hook_passes(h), 1);
+  ASSERT_INT_EQ(ust__line_passes(&line), 1);
   ASSERT_INT_EQ(ust__hook_inflight(h, old), 1);
-  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
   ASSERT_TRUE(e.binding == NULL);
   ASSERT_INT_EQ(h->head.inflight[1], 1);
   ust__hook_release(&e);
@@ -545,8 +545,8 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
    * taken off again, and the child's own calls count as any */
   ust__entry outer, inner;
   t->own_work = 1; /* entered, and passed on */
-  ASSERT_INT_EQ(ust__hook_admit(h, &outer), UST__ADMIT_PASS);
-  ASSERT_INT_EQ(ust__hook_admit(h, &inner), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &outer), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &inner), UST__ADMIT_PASS);
   t->own_work = 0;
   h->head.inflight[1] += 5;
   ust__hook_after_fork(h);
@@ -554,7 +554,7 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ASSERT_INT_EQ(h->head.inflight[0], 0);
   ASSERT_INT_EQ(h->head.inflight[1], 0);
   t->call_depth = 2; /* entered */
-  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
   t->call_depth = 0;
   ASSERT_INT_EQ(h->head.inflight[1], 1);
   ust__hook_release(&e);
@@ -565,7 +565,7 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ASSERT_INT_EQ(t->depth, 0);
   ASSERT_INT_EQ(t->forked, 0);
   t->own_work = 1;
-  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
   ASSERT_INT_EQ(h->head.inflight[1], 1);
   ust__hook_release(&e);
   ASSERT_INT_EQ(h->head.inflight[1], 0);
