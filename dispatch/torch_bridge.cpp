@@ -1592,6 +1592,81 @@ template <class Source>
   serve_planned(src, below, b, th, args, call, st);
 }
 
+// torch's operator handle keeps its operator's entry private (the
+// dispatcher reads its dispatch table through it). The pointer to that
+// member, named in an explicit instantiation, where C++ checks no access
+// ([temp.spec.general]): Production reads the entry's table once through it.
+struct HandleEntry {
+  friend auto entry_member(HandleEntry);
+};
+template <auto Member> struct ExposeEntry {
+  friend auto entry_member(HandleEntry) { return Member; }
+};
+template struct ExposeEntry<&c10::OperatorHandle::operatorDef_>;
+
+// Production's kernel for the keys below understudy's: the entry of the
+// op's dispatch table torch's redispatch finds for them, found once, for the
+// keys of the first call of dense host or dense CUDA tensors (not those of
+// a meta or fake pass before serving), and called directly after, as the
+// dispatcher's redispatch calls it, without its lookup (a function and a
+// table of this library's own copy of torch's headers: cold lines a call
+// would read for nothing). A registration rewrites the table's entries in
+// place, so a call reads the kernel registered now, as torch's own lookup
+// does. A call with other keys, or while the entry holds no kernel, is
+// redispatched (torch then raises what it raises without understudy).
+// One word, written once: the entry's address, its low bits naming the
+// keys it serves.
+class Production {
+public:
+  template <class Ret, class... Args>
+  [[gnu::always_inline]] Ret call(const c10::TypedOperatorHandle<Ret(Args...)> &op, c10::DispatchKeySet below,
+                                  Args... args) {
+    if (const c10::KernelFunction *k = kernel(below); __builtin_expect(k != nullptr, 1))
+      return k->template call<Ret, Args...>(op, below, std::forward<Args>(args)...);
+    find(op, below);
+    return c10::Dispatcher::singleton().redispatch<Ret, Args...>(op, below, std::forward<Args>(args)...);
+  }
+  [[gnu::always_inline]] void call_boxed(const c10::OperatorHandle &op, c10::DispatchKeySet below,
+                                         torch::jit::Stack *stack) {
+    if (const c10::KernelFunction *k = kernel(below); __builtin_expect(k != nullptr, 1))
+      return k->callBoxed(op, below, stack);
+    find(op, below);
+    c10::Dispatcher::singleton().redispatchBoxed(op, below, stack);
+  }
+
+private:
+  // The keys an entry may serve, in its word's low bits (a KernelFunction
+  // is aligned to 8): 1 dense host, 2 dense CUDA; 0 any other keys.
+  static constexpr uintptr_t kKeys = 3;
+  [[gnu::always_inline]] static uintptr_t keys_of(c10::DispatchKeySet below) {
+    constexpr c10::DispatchKeySet host(c10::DispatchKey::CPU), cuda(c10::DispatchKey::CUDA);
+    return static_cast<uintptr_t>(below == host) | static_cast<uintptr_t>(below == cuda) << 1;
+  }
+  [[gnu::always_inline]] const c10::KernelFunction *kernel(c10::DispatchKeySet below) const {
+    const uintptr_t word = __atomic_load_n(&entry_, __ATOMIC_ACQUIRE), keys = keys_of(below);
+    const auto *k = reinterpret_cast<const c10::KernelFunction *>(word & ~kKeys);
+    return keys != 0 && (word & kKeys) == keys && k->isValid() ? k : nullptr;
+  }
+  // The entry for below, published unless the call's keys are not claimable
+  // or a call published first.
+  [[gnu::noinline, gnu::cold]] void find(const c10::OperatorHandle &op, c10::DispatchKeySet below) {
+    const uintptr_t keys = keys_of(below);
+    if (keys == 0 || __atomic_load_n(&entry_, __ATOMIC_RELAXED) != 0)
+      return;
+    uintptr_t k;
+    try {
+      k = reinterpret_cast<uintptr_t>(&(op.*entry_member(HandleEntry{}))->op.lookup(below)); // raises: no kernel
+    } catch (...) {
+      return;
+    }
+    static_assert(alignof(c10::KernelFunction) > kKeys, "an entry's address leaves the keys' bits free");
+    uintptr_t none = 0;
+    __atomic_compare_exchange_n(&entry_, &none, k | keys, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+  }
+
+  uintptr_t entry_ = 0; // the entry's address | the keys it serves; 0 until found
+};
+
 // The keys below understudy's: production's.
 [[gnu::always_inline]] inline c10::DispatchKeySet below_us(c10::DispatchKeySet ks) {
   return ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
@@ -1648,10 +1723,10 @@ template <size_t Room> struct Boxed {
   static constexpr size_t kArgs = Room; // the view's room: the schema's first Room arguments
   const c10::OperatorHandle &op;
   torch::jit::Stack *stack;
-  const c10::Dispatcher &dispatcher; // the interceptor's
+  Production &production; // the interceptor's
 
   bool view(ust__arg *args, ust__call *call, int phase) { return build_view(op, *stack, args, Room, call, phase); }
-  void pass(c10::DispatchKeySet below) { dispatcher.redispatchBoxed(op, below, stack); }
+  void pass(c10::DispatchKeySet below) { production.call_boxed(op, below, stack); }
   bool plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
             ust__decision &d, int step) {
     return run_plan(op, below, stack, b, args, call, st, d, step);
@@ -1690,7 +1765,7 @@ struct Typed {
   // arity, not a boxed call's)
   static constexpr size_t kArgs = sizeof...(Args);
   const c10::TypedOperatorHandle<Ret(Args...)> &op;
-  const c10::Dispatcher &dispatcher; // the interceptor's
+  Production &production; // the interceptor's
   std::tuple<Args...> in;
   std::optional<Ret> out;
 
@@ -1704,7 +1779,7 @@ struct Typed {
   }
   [[gnu::always_inline]] void pass(c10::DispatchKeySet below) {
     out.emplace(std::apply(
-        [&](Args... a) { return dispatcher.redispatch<Ret, Args...>(op, below, std::forward<Args>(a)...); }, in));
+        [&](Args... a) { return production.call<Ret, Args...>(op, below, std::forward<Args>(a)...); }, in));
   }
   bool plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
             ust__decision &d, int step) {
@@ -1727,19 +1802,20 @@ struct Typed {
   }
 };
 
-// An interceptor is one cache line (what it holds, torch's reference count
-// and its hook's line): all a call passed on or tallied reads of it and of
-// its hook; a call that enters reads the hook's head too.
+// An interceptor is one cache line (what it holds, torch's reference count,
+// its hook's line and production's kernel): all a call passed on or tallied
+// reads of it and of its hook; a call that enters reads the hook's head too.
 template <size_t Room> class alignas(64) Interceptor final : public c10::OperatorKernel {
 public:
   explicit Interceptor(ust__hook *h)
-      : line_{UST__TALLY_OFF, 0}, dispatcher_(&c10::Dispatcher::singleton()), hook_(h) {}
+      : line_{UST__TALLY_OFF, 0}, hook_(h) {}
 
   ust__hook_line *line() { return &line_; }
 
-  [[gnu::hot]] void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
+  [[gnu::hot, gnu::always_inline]] void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
+                                                   torch::jit::Stack *stack) {
     if (ust__line_passes(&line_)) // off, or not bound: this object's line read alone, nothing entered
-      dispatcher_->redispatchBoxed(op, below_us(ks), stack);
+      production_.call_boxed(op, below_us(ks), stack);
     else
       serve(op, ks, stack);
   }
@@ -1747,7 +1823,7 @@ public:
 private:
   [[gnu::hot, gnu::noinline]] void serve(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
                                          torch::jit::Stack *stack) {
-    Boxed<Room> src{op, stack, *dispatcher_};
+    Boxed<Room> src{op, stack, production_};
     intercept(
         hook_, &line_, ks, [&](c10::DispatchKeySet below) { src.pass(below); },
         [&](const ust__entry &e, int weight, c10::DispatchKeySet below) {
@@ -1759,11 +1835,8 @@ private:
   // it once registered: a call passed on or tallied reads and counts here,
   // on the line torch's wrapper hands this object's address in
   ust__hook_line line_;
-  // torch's, held here: Dispatcher::singleton() reads a static of this
-  // library's own (an inline function's), a line no other call touches.
-  // Production of a call passed on, tallied or keyed is redispatched
-  // through it (Boxed, Typed).
-  const c10::Dispatcher *dispatcher_;
+  // production of a call passed on, tallied or keyed (Boxed, Typed)
+  Production production_;
   ust__hook *hook_;
 };
 
@@ -1775,11 +1848,11 @@ template <class Ret, class... Args>
 class alignas(64) TypedInterceptor<Ret(Args...)> final : public c10::OperatorKernel {
 public:
   TypedInterceptor(ust__hook *h, c10::TypedOperatorHandle<Ret(Args...)> op)
-      : line_{UST__TALLY_OFF, 0}, dispatcher_(&c10::Dispatcher::singleton()), op_(op), hook_(h) {}
+      : line_{UST__TALLY_OFF, 0}, op_(op), hook_(h) {}
 
   ust__hook_line *line() { return &line_; }
 
-  [[gnu::hot]] Ret operator()(c10::DispatchKeySet ks, Args... args) {
+  [[gnu::hot, gnu::always_inline]] Ret operator()(c10::DispatchKeySet ks, Args... args) {
     if (ust__line_passes(&line_)) // off, or not bound: this object's line read alone, nothing entered
       return production(below_us(ks), std::forward<Args>(args)...);
     return serve(ks, std::forward<Args>(args)...);
@@ -1787,7 +1860,7 @@ public:
 
 private:
   [[gnu::always_inline]] Ret production(c10::DispatchKeySet below, Args... args) {
-    return dispatcher_->redispatch<Ret, Args...>(op_, below, std::forward<Args>(args)...);
+    return production_.call<Ret, Args...>(op_, below, std::forward<Args>(args)...);
   }
 
   [[gnu::hot, gnu::noinline]] Ret serve(c10::DispatchKeySet ks, Args... args) {
@@ -1804,13 +1877,13 @@ private:
   // A call neither passed on nor tallied: its arguments kept for a view and
   // a plan, its result taken from the plan's run.
   [[gnu::noinline]] Ret serve_other(const ust__entry &e, int weight, c10::DispatchKeySet below, Args... args) {
-    Typed<Ret, Args...> src{op_, *dispatcher_, std::tuple<Args...>(args...), std::nullopt};
+    Typed<Ret, Args...> src{op_, production_, std::tuple<Args...>(args...), std::nullopt};
     serve_admitted(e, weight, op_, below, src);
     return std::move(*src.out);
   }
 
-  ust__hook_line line_;               // as Interceptor's
-  const c10::Dispatcher *dispatcher_; // as Interceptor's
+  ust__hook_line line_;    // as Interceptor's
+  Production production_; // as Interceptor's
   c10::TypedOperatorHandle<Ret(Args...)> op_;
   ust__hook *hook_;
 };
@@ -1846,6 +1919,10 @@ using TypedSigs = SigList<
     std::tuple<T_, T_>(const T_ &, c10::SymInt, int64_t, bool, bool),
     // _grouped_mm (a mixture of experts' layers, several a layer)
     T_(const T_ &, const T_ &, const OptT &, const OptT &, std::optional<c10::ScalarType>)>;
+
+// A call passed on or tallied reads one line of its interceptor.
+static_assert(sizeof(TypedInterceptor<T_(const T_ &, const T_ &)>) == 64 && sizeof(Interceptor<kMaxArgs>) == 64,
+              "an interceptor is one cache line");
 
 // Whether a schema is functional: no argument or return aliased or written.
 bool functional(const c10::FunctionSchema &schema) {

@@ -451,6 +451,98 @@ def test_disable_leaves_a_pass_through_interceptor(us):
         us.report()
 
 
+def counted_calls(rep, name):
+    """The calls understudy counted of an operator: tallied, and keyed on its routes."""
+    (op,) = [o for o in rep["operators"] if o["name"] == name]
+    return op["tallied"] + sum(s["calls"] - s["estimated"] for s in op["shapes"])
+
+
+SILU_WAYS = {  # the defaults: past a warm-up of 0, every call tallied (1 in 65535 keyed) or each keyed
+    "off": {"operators": {"silu": "off"}},
+    "tallied": {"operators": {"silu": "observe"}, "defaults": {"key_every": 65535, "key_after": 0}},
+    "keyed": {"operators": {"silu": "observe"}, "defaults": {"key_every": 1}},
+}
+
+
+@pytest.mark.parametrize("way", list(SILU_WAYS))
+def test_production_is_the_kernel_registered_now_for_the_keys_each_call_has(us, way):
+    """A call passed on, tallied or keyed calls production's kernel from the
+    op's dispatch table without torch's lookup (the entry found once): a
+    kernel registered over production later serves the calls after it, typed
+    and boxed, and no longer once it is removed; calls with other keys than
+    those the entry was found for (meta, sparse) reach their own kernels.
+    Every call counted as a dispatch mode counts them (none while off)."""
+    import warnings
+    x = torch.randn(6)
+    want = F.silu(x)  # before understudy is enabled
+    us.enable(SILU_WAYS[way])
+    calls = []
+
+    def silu_calls():
+        out = [F.silu(x), torch.ops.aten.silu.default(x)]
+        meta = F.silu(torch.empty(6, device="meta"))
+        assert meta.device.type == "meta" and meta.shape == (6,)
+        calls.append(out)
+        return out
+
+    assert all(torch.equal(o, want) for o in silu_calls())
+    over = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that the CPU kernel is overridden
+            over.impl("silu", lambda t: torch.full_like(t, 7.0), "CPU")
+        assert all(torch.equal(o, torch.full_like(x, 7.0)) for o in silu_calls())
+    finally:
+        over._destroy()
+    assert all(torch.equal(o, want) for o in silu_calls())
+    with DispatchCounter() as truth:
+        silu_calls()
+    sparse = torch.tensor([[0.0, 2.0], [-1.0, 0.0]]).to_sparse()
+    assert torch.equal(torch.mm(sparse, torch.eye(2)), sparse.to_dense())  # mm's sparse kernel, gemm unbound
+    rep = us.report()
+    assert rep["totals"]["internal_errors"] == 0
+    # meta calls pass uncounted (no view of them): 2 of each 3 are counted
+    assert truth.counts["aten::silu"] == 3
+    assert counted_calls(rep, "silu") == (0 if way == "off" else 2 * len(calls))
+
+
+_prod_lib = torch.library.Library("ust_prod", "DEF")
+_prod_lib.define("scaled(Tensor a) -> Tensor")
+
+
+def test_a_kernel_removed_below_an_interceptor_raises_as_torch_does_and_a_new_one_serves(us, tmp_path):
+    """A boxed interceptor's production entry holds no kernel once the op's
+    CPU kernel is removed: the call raises torch's own error (no kernel for
+    the backend), not a crash, and the kernel registered next serves."""
+    import json
+    import shutil
+
+    from conftest import ROOT
+    d = tmp_path / "problems"
+    d.mkdir()
+    shutil.copy(ROOT / "problems" / "gemm.json", d)
+    (d / "scaled.json").write_text(json.dumps({
+        "schema_version": 1, "operator": "scaled", "bindings": [{"op": "ust_prod::scaled", "key": {"N": "a[0]"}}]}))
+    us.enable({"operators": {"scaled": "observe"}}, problems=d)
+    a = torch.randn(5)
+    impl = torch.library.Library("ust_prod", "IMPL")
+    impl.impl("scaled", lambda t: t * 2, "CPU")
+    assert torch.equal(torch.ops.ust_prod.scaled(a), a * 2)
+    impl._destroy()
+    for _ in range(2):
+        with pytest.raises(NotImplementedError, match="Could not run 'ust_prod::scaled'"):
+            torch.ops.ust_prod.scaled(a)
+    impl = torch.library.Library("ust_prod", "IMPL")
+    try:
+        impl.impl("scaled", lambda t: t * 3, "CPU")
+        assert torch.equal(torch.ops.ust_prod.scaled(a), a * 3)
+    finally:
+        impl._destroy()
+    rep = us.report()
+    assert rep["totals"]["internal_errors"] == 0
+    assert counted_calls(rep, "scaled") == 4  # the calls that raised are counted too, as production raised
+
+
 def typed_and_boxed_calls(a, b, c, boxed):
     """mm, addmm (int, float and unsigned Scalars) and silu, through torch's typed C++
     entry points or boxed, as torch.ops' overloads call an op."""
