@@ -208,11 +208,34 @@ typedef struct __attribute__((aligned(64))) ust__hook_head {
 
 static inline ust__hook_head *ust__hook_head_of(struct ust__hook *h) { return (ust__hook_head *)(void *)h; }
 
-/* 1 when the calls of the hook whose line l is pass on untouched now (no
- * binding, or its operator is off): the caller needs no entry. A hint: a
- * call that reads 0 is admitted, which decides as well. */
-static inline __attribute__((always_inline)) int ust__line_passes(const ust__hook_line *l) {
-  return __atomic_load_n(&l->word, __ATOMIC_RELAXED) == UST__TALLY_OFF;
+/* The tally word of the hook whose line l is, as a call reads it first: its
+ * calls pass on untouched while it is UST__TALLY_OFF (no binding, or its
+ * operator is off), and need no entry. A hint: a call that reads another
+ * word is admitted, which decides as well. */
+static inline __attribute__((always_inline)) uint64_t ust__line_word(const ust__hook_line *l) {
+  return __atomic_load_n(&l->word, __ATOMIC_ACQUIRE);
+}
+
+/* The calling thread's block, found once: left to itself the compiler asks
+ * the dynamic loader for it again after each atomic (__tls_get_addr). */
+static inline __attribute__((always_inline)) ust__thread *ust__thread_here(void) {
+  ust__thread *t = &ust__thread_block;
+  __asm__("" : "+r"(t));
+  return t;
+}
+
+/* Whether thread t tallies a call of a hook whose tally word is word, the
+ * admission's common case (ust__hook_admit_at): outside understudy's own
+ * work and tracked calls, and ust__word_tallies. Reads t's first line. */
+static inline __attribute__((always_inline)) int ust__thread_tallies(uint64_t word, const ust__thread *t) {
+  return ((t->own_work | t->call_depth) == 0) & ust__word_tallies(word, t);
+}
+
+/* A call thread t tallies (ust__thread_tallies), taken off its countdown
+ * and counted on its hook's line l without an entry. */
+static inline __attribute__((always_inline)) void ust__line_tally(ust__hook_line *l, ust__thread *t) {
+  t->key_gap--;
+  __atomic_fetch_add(&l->tallied, 1, __ATOMIC_RELAXED);
 }
 
 /* An intercepted call between ust__hook_admit_at and ust__hook_release. */
@@ -250,17 +273,14 @@ int ust__hook_enter(struct ust__hook *h, ust__entry *e);
 static inline __attribute__((always_inline)) int ust__hook_admit_at(struct ust__hook *h, ust__hook_line *l,
                                                                     ust__entry *e) {
   ust__hook_head *const hd = ust__hook_head_of(h);
-  ust__thread *t = &ust__thread_block;
-  /* the block's address found once: left to itself the compiler asks the
-   * dynamic loader for it again after each atomic (__tls_get_addr) */
-  __asm__("" : "+r"(t));
+  ust__thread *const t = ust__thread_here();
   e->thread = t;
   e->hook = hd;
   e->line = l;
   e->binding = NULL;
   e->entered = 0;
-  const uint64_t word = __atomic_load_n(&l->word, __ATOMIC_ACQUIRE);
-  if (__builtin_expect(((t->own_work | t->call_depth) == 0) & ust__word_tallies(word, t), 1)) {
+  const uint64_t word = ust__line_word(l);
+  if (__builtin_expect(ust__thread_tallies(word, t), 1)) {
     t->key_gap--;
     return UST__ADMIT_TALLY;
   }

@@ -1696,10 +1696,42 @@ template <class Source>
   serve_keyed(src, op, below, b, th, weight);
 }
 
-// An intercepted call past its hook's first check (ust__line_passes): its
-// entry and admission, then, in the interceptor's body, production alone
-// for a call passed on or tallied (pass(below): its result), else other(the
-// entry, the admission, below) out of line.
+// A call its interceptor tallies in its own body, before any entry (the
+// admission's common case, ust__thread_tallies, for a call whose kernel the
+// tally takes): its thread's block, the call counted on line and taken off
+// the thread's countdown; nullptr, nothing touched, for any other call
+// (intercept enters and admits it).
+[[gnu::always_inline]] inline ust__thread *tally_here(ust__hook_line *line, uint64_t word, c10::DispatchKeySet below) {
+  ust__thread *const t = ust__thread_here();
+  if (!__builtin_expect(tallies_below(below) & ust__thread_tallies(word, t), 1))
+    return nullptr;
+  ust__line_tally(line, t);
+  return t;
+}
+
+// A call passed on (nullptr) or tallied in its interceptor's body, its
+// production in progress: a tallied call's bound callees are part of it, as
+// a keyed call's.
+struct TallyScope {
+  [[gnu::always_inline]] explicit TallyScope(ust__thread *t) : t_(t) {
+    if (t_ != nullptr)
+      t_->call_depth++;
+  }
+  [[gnu::always_inline]] ~TallyScope() {
+    if (t_ != nullptr)
+      t_->call_depth--;
+  }
+  TallyScope(const TallyScope &) = delete;
+  TallyScope &operator=(const TallyScope &) = delete;
+
+private:
+  ust__thread *t_;
+};
+
+// An intercepted call past its interceptor's own checks (off; tally_here):
+// its entry and admission, then production alone for a call passed on or
+// tallied (pass(below): its result), else other(the entry, the admission,
+// below) out of line.
 template <class Pass, class Other>
 [[gnu::hot, gnu::always_inline]] inline auto intercept(ust__hook *hook, ust__hook_line *line, c10::DispatchKeySet ks,
                                                     Pass &&pass, Other &&other) {
@@ -1814,10 +1846,13 @@ public:
 
   [[gnu::hot, gnu::always_inline]] void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet ks,
                                                    torch::jit::Stack *stack) {
-    if (ust__line_passes(&line_)) // off, or not bound: this object's line read alone, nothing entered
-      production_.call_boxed(op, below_us(ks), stack);
-    else
-      serve(op, ks, stack);
+    const uint64_t word = ust__line_word(&line_);
+    const c10::DispatchKeySet below = below_us(ks);
+    ust__thread *t = nullptr; // off, or not bound: this object's line read alone, nothing entered
+    if (__builtin_expect(word != UST__TALLY_OFF, 1) && (t = tally_here(&line_, word, below)) == nullptr)
+      return serve(op, ks, stack);
+    TallyScope scope(t);
+    production_.call_boxed(op, below, stack);
   }
 
 private:
@@ -1853,9 +1888,13 @@ public:
   ust__hook_line *line() { return &line_; }
 
   [[gnu::hot, gnu::always_inline]] Ret operator()(c10::DispatchKeySet ks, Args... args) {
-    if (ust__line_passes(&line_)) // off, or not bound: this object's line read alone, nothing entered
-      return production(below_us(ks), std::forward<Args>(args)...);
-    return serve(ks, std::forward<Args>(args)...);
+    const uint64_t word = ust__line_word(&line_);
+    const c10::DispatchKeySet below = below_us(ks);
+    ust__thread *t = nullptr; // off, or not bound: this object's line read alone, nothing entered
+    if (__builtin_expect(word != UST__TALLY_OFF, 1) && (t = tally_here(&line_, word, below)) == nullptr)
+      return serve(ks, std::forward<Args>(args)...);
+    TallyScope scope(t);
+    return production(below, std::forward<Args>(args)...);
   }
 
 private:

@@ -441,7 +441,7 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   const ust__thread saved = *t;
   memset(t, 0, sizeof *t);
   ust__entry e;
-  ASSERT_INT_EQ(ust__line_passes(&line), 1); /* not bound: nothing to enter */
+  ASSERT_U64_EQ(ust__line_word(&line), UST__TALLY_OFF); /* not bound: nothing to enter */
   ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS); /* admitted all the same: passed on */
   ASSERT_TRUE(e.thread == t && e.binding == NULL && e.entered);
   ASSERT_INT_EQ(t->depth, 1);
@@ -454,16 +454,18 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   b.hook = h;
   ust__hook_attach(h, &b);
   ASSERT_INT_EQ(b.hook_epoch, 0);
-  ASSERT_INT_EQ(ust__line_passes(&line), 0);
+  ASSERT_TRUE(ust__line_word(&line) != UST__TALLY_OFF);
   ASSERT_U64_EQ(line.word, atomic_load(&b.tally));
   /* passed on inside understudy's own work and inside a tracked call, the
    * warm-up untouched; nested while a tracked call collects its callees */
   t->own_work = 1;
+  ASSERT_INT_EQ(ust__thread_tallies(ust__line_word(&line), t), 0);
   ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
   ASSERT_TRUE(e.entered && e.binding == &b);
   ust__hook_release(&e);
   t->own_work = 0;
   t->call_depth = 2;
+  ASSERT_INT_EQ(ust__thread_tallies(ust__line_word(&line), t), 0);
   ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
   ust__hook_release(&e);
   ust__nested callees;
@@ -477,6 +479,7 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   t->call_depth = 0;
   ASSERT_U64_EQ(ust__binding_tallied_count(&b), 0);
   for (int i = 0; i < 3; i++) { /* the thread's warm-up: each keyed */
+    ASSERT_INT_EQ(ust__thread_tallies(ust__line_word(&line), t), 0);
     ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), 1);
     ASSERT_TRUE(e.entered && e.binding == &b);
     ust__hook_release(&e);
@@ -486,10 +489,10 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   const uint64_t word = atomic_load(&b.tally);
   atomic_store(&b.tally, UST__TALLY_OFF);
   ust__hook_republish(h, &b);
-  ASSERT_INT_EQ(ust__line_passes(&line), 1);
+  ASSERT_U64_EQ(ust__line_word(&line), UST__TALLY_OFF);
   atomic_store(&b.tally, word);
   ust__hook_republish(h, &b);
-  ASSERT_INT_EQ(ust__line_passes(&line), 0);
+  ASSERT_TRUE(ust__line_word(&line) != UST__TALLY_OFF);
   /* inside a held (keyed) call: the tallied ones not entered, counted on the
    * hook; the keyed ones entered; a tallied one the tally cannot take keyed */
   t->key_gap = 1; /* the next call the one drawn */
@@ -498,8 +501,11 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ASSERT_TRUE(held.entered);
   long keyed = 0, tallied = 0;
   for (long i = 0; i < 16000; i++) {
+    /* the interceptor's own check, before any entry, says the same */
+    const int tallies = ust__thread_tallies(ust__line_word(&line), t);
     const int w = ust__hook_admit_at(h, &line, &e);
     ASSERT_TRUE(w == UST__ADMIT_TALLY || w == 16);
+    ASSERT_INT_EQ(tallies, w == UST__ADMIT_TALLY);
     ASSERT_INT_EQ(e.entered, w == 16);
     ASSERT_INT_EQ(t->depth, 1 + (w == 16));
     ASSERT_INT_EQ(h->head.inflight[0], 1 + (w == 16));
@@ -514,6 +520,12 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)tallied);
   /* 1,000 +- 31 (sd) keyed; 5 sd */
   ASSERT_TRUE(keyed > 1000 - 155 && keyed < 1000 + 155);
+  /* tallied in the interceptor's body, not entered: off the countdown, counted */
+  t->key_gap = 3;
+  ASSERT_INT_EQ(ust__thread_tallies(ust__line_word(&line), t), 1);
+  ust__line_tally(&line, t);
+  ASSERT_TRUE(t->key_gap == 2 && t->depth == 1 && h->head.inflight[0] == 1);
+  ASSERT_U64_EQ(ust__binding_tallied_count(&b), (uint64_t)++tallied);
   t->key_gap = 100;
   ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_TALLY);
   ASSERT_INT_EQ(ust__hook_key(h, &e), 1);
@@ -525,7 +537,7 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   const unsigned old = ust__hook_detach(h);
   ust__binding_fold_tallies(&b);
   ASSERT_INT_EQ(old, 0);
-  ASSERT_INT_EQ(ust__line_passes(&line), 1);
+  ASSERT_U64_EQ(ust__line_word(&line), UST__TALLY_OFF);
   ASSERT_INT_EQ(ust__hook_inflight(h, old), 1);
   ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
   ASSERT_TRUE(e.binding == NULL);
