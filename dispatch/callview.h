@@ -253,8 +253,9 @@ typedef struct ust__entry {
  * line): what ust__hook_admit returns for a call it could not tally. */
 int ust__hook_enter(struct ust__hook *h, ust__entry *e);
 
-/* An intercepted call's entry, inline in the interceptor: the thread's
- * block found, then the common case on the hook's tally word alone (a call
+/* An intercepted call's entry, past its interceptor's own checks (a call
+ * passed on or tallied there, ust__thread_tallies): the thread's block
+ * found, then the common case on the hook's tally word alone (a call
  * tallied past the thread's warm-up under this engine, outside captures,
  * tracing windows and tracked calls, not the one drawn): UST__ADMIT_TALLY,
  * not entered, the binding unread. Else the call is entered: counted in

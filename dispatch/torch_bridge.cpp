@@ -3,7 +3,7 @@
 // For every bound op and overload, a functor is registered at the
 // BackendSelect dispatch key, once for the life of the process: typed
 // (unboxed) for functional aten ops of a C++ signature it knows (mm, addmm,
-// silu: no stack built per call, production redispatched unboxed), boxed
+// silu: no stack built per call, production called unboxed), boxed
 // for every other op. It calls through its hook (dispatch/dispatch.h), which
 // names the enabled engine's binding, or none. For a bound call it builds
 // the C view of the call (DLTensor arguments, scalars, the device's current
@@ -1595,7 +1595,7 @@ template <class Source>
 // torch's operator handle keeps its operator's entry private (the
 // dispatcher reads its dispatch table through it). The pointer to that
 // member, named in an explicit instantiation, where C++ checks no access
-// ([temp.spec.general]): Production reads the entry's table once through it.
+// ([temp.explicit]): Production reads the entry's table once through it.
 struct HandleEntry {
   friend auto entry_member(HandleEntry);
 };
@@ -1648,17 +1648,13 @@ private:
     return keys != 0 && (word & kKeys) == keys && k->isValid() ? k : nullptr;
   }
   // The entry for below, published unless the call's keys are not claimable
-  // or a call published first.
+  // or a call published first. Where no kernel serves below, torch's lookup
+  // raises its own error, the one the redispatch would raise: production's.
   [[gnu::noinline, gnu::cold]] void find(const c10::OperatorHandle &op, c10::DispatchKeySet below) {
     const uintptr_t keys = keys_of(below);
     if (keys == 0 || __atomic_load_n(&entry_, __ATOMIC_RELAXED) != 0)
       return;
-    uintptr_t k;
-    try {
-      k = reinterpret_cast<uintptr_t>(&(op.*entry_member(HandleEntry{}))->op.lookup(below)); // raises: no kernel
-    } catch (...) {
-      return;
-    }
+    const auto k = reinterpret_cast<uintptr_t>(&(op.*entry_member(HandleEntry{}))->op.lookup(below));
     static_assert(alignof(c10::KernelFunction) > kKeys, "an entry's address leaves the keys' bits free");
     uintptr_t none = 0;
     __atomic_compare_exchange_n(&entry_, &none, k | keys, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
@@ -1788,7 +1784,7 @@ bool take_results(torch::jit::Stack &stack, std::optional<std::tuple<Rs...>> &ou
 }
 
 // A typed call of an op whose C++ signature is Ret(Args...): its arguments
-// as the caller passed them, production redispatched without boxing them; a
+// as the caller passed them, production called without boxing them; a
 // plan that runs more than production boxes them for run_plan and takes its
 // results back off the stack.
 template <class Ret, class... Args>

@@ -458,9 +458,10 @@ def counted_calls(rep, name):
 
 
 SILU_WAYS = {  # the defaults: past a warm-up of 0, every call tallied (1 in 65535 keyed) or each keyed
-    "off": {"operators": {"silu": "off"}},
-    "tallied": {"operators": {"silu": "observe"}, "defaults": {"key_every": 65535, "key_after": 0}},
-    "keyed": {"operators": {"silu": "observe"}, "defaults": {"key_every": 1}},
+    "off": {"operators": {"silu": "off", "gemm": "off"}},
+    "tallied": {"operators": {"silu": "observe", "gemm": "observe"},
+                "defaults": {"key_every": 65535, "key_after": 0}},
+    "keyed": {"operators": {"silu": "observe", "gemm": "observe"}, "defaults": {"key_every": 1}},
 }
 
 
@@ -498,7 +499,7 @@ def test_production_is_the_kernel_registered_now_for_the_keys_each_call_has(us, 
     with DispatchCounter() as truth:
         silu_calls()
     sparse = torch.tensor([[0.0, 2.0], [-1.0, 0.0]]).to_sparse()
-    assert torch.equal(torch.mm(sparse, torch.eye(2)), sparse.to_dense())  # mm's sparse kernel, gemm unbound
+    assert torch.equal(torch.mm(sparse, torch.eye(2)), sparse.to_dense())  # mm's sparse kernel, through gemm's
     rep = us.report()
     assert rep["totals"]["internal_errors"] == 0
     # meta calls pass uncounted (no view of them): 2 of each 3 are counted
@@ -526,9 +527,11 @@ def test_a_kernel_removed_below_an_interceptor_raises_as_torch_does_and_a_new_on
     us.enable({"operators": {"scaled": "observe"}}, problems=d)
     a = torch.randn(5)
     impl = torch.library.Library("ust_prod", "IMPL")
-    impl.impl("scaled", lambda t: t * 2, "CPU")
-    assert torch.equal(torch.ops.ust_prod.scaled(a), a * 2)
-    impl._destroy()
+    try:
+        impl.impl("scaled", lambda t: t * 2, "CPU")
+        assert torch.equal(torch.ops.ust_prod.scaled(a), a * 2)
+    finally:
+        impl._destroy()
     for _ in range(2):
         with pytest.raises(NotImplementedError, match="Could not run 'ust_prod::scaled'"):
             torch.ops.ust_prod.scaled(a)
@@ -541,6 +544,24 @@ def test_a_kernel_removed_below_an_interceptor_raises_as_torch_does_and_a_new_on
     rep = us.report()
     assert rep["totals"]["internal_errors"] == 0
     assert counted_calls(rep, "scaled") == 4  # the calls that raised are counted too, as production raised
+
+
+def test_a_tallied_call_whose_production_raises_leaves_its_thread_counting(us):
+    """A call tallied in its interceptor's body whose production raises (mm
+    of shapes that do not multiply) reaches the caller with torch's error,
+    and its thread is left as it was: the calls after it are tallied and
+    counted, none passed on as if a call were still in progress around them."""
+    us.enable({"operators": {"gemm": "observe"}, "defaults": {"key_every": 65535, "key_after": 0}})
+    a, b, good = torch.randn(3, 4), torch.randn(5, 6), torch.randn(4, 2)
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            torch.mm(a, b)
+    for _ in range(100):
+        torch.mm(a, good)
+    rep = us.report()
+    (op,) = [o for o in rep["operators"] if o["name"] == "gemm"]
+    assert counted_calls(rep, "gemm") == 103
+    assert op["tallied"] >= 101  # each call keyed with probability 1/65535
 
 
 def typed_and_boxed_calls(a, b, c, boxed):
