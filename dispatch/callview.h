@@ -144,8 +144,8 @@ ust__thread *ust__thread_state(void);
 
 /* What a call of b the bridge may count needs, before its view is built:
  * UST__ADMIT_PASS, passed on untouched (the operator is off);
- * UST__ADMIT_TALLY, tallied without a key (on its hook, ust__hook_tally)
- * when the bridge can count it so (its device is the
+ * UST__ADMIT_TALLY, tallied without a key (on its hook's line,
+ * ust__line_tally) when the bridge can count it so (its device is the
  * host or a CUDA device), else keyed as one call; or the number of calls the
  * keyed call stands for (1; the policy's key_every when keyed at random past
  * the thread's warm-up), for ust__call_settle. While the thread captures a
@@ -183,7 +183,7 @@ typedef struct ust__hook_line {
   /* the bound binding's tally word; UST__TALLY_OFF while none is bound or
    * its operator is off: a call then passes on reading this alone */
   uint64_t word;
-  /* calls counted without a key (ust__hook_tally) since the hook was
+  /* calls counted without a key (ust__line_tally) since the hook was
    * registered: a binding's are those counted while it is bound
    * (ust__binding_tallied_count) */
   uint64_t tallied;
@@ -232,7 +232,10 @@ static inline __attribute__((always_inline)) int ust__thread_tallies(uint64_t wo
 }
 
 /* A call thread t tallies (ust__thread_tallies), taken off its countdown
- * and counted on its hook's line l without an entry. */
+ * and counted on its hook's line l without an entry. A call tallied while
+ * disable detaches its binding may be counted by neither engine (it read
+ * the word before the detach, and counts after the binding's count was
+ * folded). */
 static inline __attribute__((always_inline)) void ust__line_tally(ust__hook_line *l, ust__thread *t) {
   t->key_gap--;
   __atomic_fetch_add(&l->tallied, 1, __ATOMIC_RELAXED);
@@ -266,8 +269,8 @@ int ust__hook_enter(struct ust__hook *h, ust__entry *e);
  * operator that is off); UST__ADMIT_NESTED for a bound op that a tracked
  * call's production runs while that call collects its callees' floors (the
  * thread's nested, at call depth 1); else what ust__binding_admit says. A
- * call admitted UST__ADMIT_TALLY is counted with ust__hook_tally, or keyed
- * with ust__hook_key. Every entry is released once with ust__hook_release,
+ * call admitted UST__ADMIT_TALLY is keyed with ust__hook_key (the bridge
+ * tallies every call it can before it enters: ust__thread_tallies). Every entry is released once with ust__hook_release,
  * whatever it returned, on the thread that made it. Lock-free; the calling
  * thread's block and the hook's line l (the interceptor holds it), then
  * the hook's head. */
@@ -288,16 +291,9 @@ static inline __attribute__((always_inline)) int ust__hook_admit_at(struct ust__
   return ust__hook_enter(h, e);
 }
 
-/* A call admitted UST__ADMIT_TALLY, counted on its hook without a key. A
- * call tallied while disable detaches its binding may be counted by
- * neither engine (it read the word before the detach, and counts after
- * the binding's count was folded). */
-static inline __attribute__((always_inline)) void ust__hook_tally(const ust__entry *e) {
-  __atomic_fetch_add(&e->line->tallied, 1, __ATOMIC_RELAXED);
-}
-
 /* A call admitted UST__ADMIT_TALLY that the tally cannot take (its device
- * or layout): keyed, standing for itself alone; entered if it was not.
+ * or layout, or a word changed since the interceptor read it): keyed,
+ * standing for itself alone; entered if it was not.
  * Returns 1, or UST__ADMIT_PASS when the op is no longer bound. */
 int ust__hook_key(struct ust__hook *h, ust__entry *e);
 

@@ -610,7 +610,7 @@ uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen);
 uint64_t ust__binding_tallied_count(ust__binding *b);
 /* Once b's hook is detached: the hook's count of b's calls moved onto b,
  * which no longer reads the hook (calls tallied are not waited for: see
- * ust__hook_tally). Serialised by the caller (disable). */
+ * ust__line_tally). Serialised by the caller (disable). */
 void ust__binding_fold_tallies(ust__binding *b);
 /* Find or insert the route for key. Lock-free; NULL when the table is full
  * or memory ran out. Thread-safe. */

@@ -372,9 +372,16 @@ private:
   ust__nested *prev_;
 };
 
+// (t: nullptr for no call: a call passed on in its interceptor's body)
 struct CallScope {
-  explicit CallScope(ust__thread *t, unsigned n = 1) : t_(t), n_(static_cast<int>(n)) { t->call_depth += n_; }
-  ~CallScope() { t_->call_depth -= n_; }
+  [[gnu::always_inline]] explicit CallScope(ust__thread *t) : t_(t) {
+    if (t_ != nullptr)
+      t_->call_depth++;
+  }
+  [[gnu::always_inline]] ~CallScope() {
+    if (t_ != nullptr)
+      t_->call_depth--;
+  }
   CallScope(const CallScope &) = delete;
   CallScope &operator=(const CallScope &) = delete;
 
@@ -1705,44 +1712,21 @@ template <class Source>
   return t;
 }
 
-// A call passed on (nullptr) or tallied in its interceptor's body, its
-// production in progress: a tallied call's bound callees are part of it, as
-// a keyed call's.
-struct TallyScope {
-  [[gnu::always_inline]] explicit TallyScope(ust__thread *t) : t_(t) {
-    if (t_ != nullptr)
-      t_->call_depth++;
-  }
-  [[gnu::always_inline]] ~TallyScope() {
-    if (t_ != nullptr)
-      t_->call_depth--;
-  }
-  TallyScope(const TallyScope &) = delete;
-  TallyScope &operator=(const TallyScope &) = delete;
-
-private:
-  ust__thread *t_;
-};
-
 // An intercepted call past its interceptor's own checks (off; tally_here):
-// its entry and admission, then production alone for a call passed on or
-// tallied (pass(below): its result), else other(the entry, the admission,
-// below) out of line.
+// its entry and admission, then production alone for a call passed on
+// (pass(below): its result), else other(the entry, the admission, below).
+// The interceptor tallied every call it could: one admitted to the tally
+// here (a kernel the tally cannot take, or a word that changed since the
+// interceptor read it) is keyed, standing for itself alone.
 template <class Pass, class Other>
-[[gnu::hot, gnu::always_inline]] inline auto intercept(ust__hook *hook, ust__hook_line *line, c10::DispatchKeySet ks,
-                                                    Pass &&pass, Other &&other) {
+[[gnu::always_inline]] inline auto intercept(ust__hook *hook, ust__hook_line *line, c10::DispatchKeySet ks,
+                                          Pass &&pass, Other &&other) {
   const c10::DispatchKeySet below = below_us(ks);
   Entry entry(hook, line);
-  const unsigned tallied = (entry.admitted == UST__ADMIT_TALLY) & tallies_below(below);
-  if (__builtin_expect(tallied, 1))
-    ust__hook_tally(&entry.e);
-  else if (entry.admitted == UST__ADMIT_TALLY) // keyed, standing for itself alone: the calls a random
-    entry.admitted = ust__hook_key(hook, &entry.e); // one stands for are those the tally takes
-  // one path for both, production's call inlined once
-  if (__builtin_expect(tallied || entry.admitted == UST__ADMIT_PASS, 1)) {
-    CallScope nested(entry.e.thread, tallied); // a tallied call's bound callees are part of it, as a keyed call's
+  if (entry.admitted == UST__ADMIT_TALLY)
+    entry.admitted = ust__hook_key(hook, &entry.e);
+  if (entry.admitted == UST__ADMIT_PASS)
     return pass(below);
-  }
   return other(entry.e, entry.admitted, below);
 }
 
@@ -1847,7 +1831,7 @@ public:
     ust__thread *t = nullptr; // off, or not bound: this object's line read alone, nothing entered
     if (__builtin_expect(word != UST__TALLY_OFF, 1) && (t = tally_here(&line_, word, below)) == nullptr)
       return serve(op, ks, stack);
-    TallyScope scope(t);
+    CallScope scope(t); // a tallied call's bound callees are part of it, as a keyed call's
     production_.call_boxed(op, below, stack);
   }
 
@@ -1889,7 +1873,7 @@ public:
     ust__thread *t = nullptr; // off, or not bound: this object's line read alone, nothing entered
     if (__builtin_expect(word != UST__TALLY_OFF, 1) && (t = tally_here(&line_, word, below)) == nullptr)
       return serve(ks, std::forward<Args>(args)...);
-    TallyScope scope(t);
+    CallScope scope(t); // a tallied call's bound callees are part of it, as a keyed call's
     return production(below, std::forward<Args>(args)...);
   }
 

@@ -526,21 +526,20 @@ def test_a_kernel_removed_below_an_interceptor_raises_as_torch_does_and_a_new_on
         "schema_version": 1, "operator": "scaled", "bindings": [{"op": "ust_prod::scaled", "key": {"N": "a[0]"}}]}))
     us.enable({"operators": {"scaled": "observe"}}, problems=d)
     a = torch.randn(5)
-    impl = torch.library.Library("ust_prod", "IMPL")
-    try:
-        impl.impl("scaled", lambda t: t * 2, "CPU")
-        assert torch.equal(torch.ops.ust_prod.scaled(a), a * 2)
-    finally:
-        impl._destroy()
+
+    def served_by_a_kernel_scaling_by(k):  # registered, called once, removed
+        impl = torch.library.Library("ust_prod", "IMPL")
+        try:
+            impl.impl("scaled", lambda t: t * k, "CPU")
+            assert torch.equal(torch.ops.ust_prod.scaled(a), a * k)
+        finally:
+            impl._destroy()
+
+    served_by_a_kernel_scaling_by(2)
     for _ in range(2):
         with pytest.raises(NotImplementedError, match="Could not run 'ust_prod::scaled'"):
             torch.ops.ust_prod.scaled(a)
-    impl = torch.library.Library("ust_prod", "IMPL")
-    try:
-        impl.impl("scaled", lambda t: t * 3, "CPU")
-        assert torch.equal(torch.ops.ust_prod.scaled(a), a * 3)
-    finally:
-        impl._destroy()
+    served_by_a_kernel_scaling_by(3)
     rep = us.report()
     assert rep["totals"]["internal_errors"] == 0
     assert counted_calls(rep, "scaled") == 4  # the calls that raised are counted too, as production raised
