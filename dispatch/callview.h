@@ -245,7 +245,6 @@ static inline __attribute__((always_inline)) void ust__line_tally(ust__hook_line
 typedef struct ust__entry {
   ust__thread *thread;          /* the calling thread's block */
   ust__hook_head *hook;         /* the hook it was admitted on */
-  ust__hook_line *line;         /* and that hook's line */
   struct ust__binding *binding; /* entered: the enabled engine's binding of the op; NULL when understudy is
                                    disabled or does not bind the op now. Else NULL, unread */
   int entered;                  /* counted in flight on the hook's gate, in epoch ticket */
@@ -280,7 +279,6 @@ static inline __attribute__((always_inline)) int ust__hook_admit_at(struct ust__
   ust__thread *const t = ust__thread_here();
   e->thread = t;
   e->hook = hd;
-  e->line = l;
   e->binding = NULL;
   e->entered = 0;
   const uint64_t word = ust__line_word(l);

@@ -1317,7 +1317,7 @@ int ust__hook_enter(ust__hook *h, ust__entry *e) {
     return UST__ADMIT_PASS;
   if (__builtin_expect((t->own_work | t->call_depth) != 0, 0)) /* both counts, never negative */
     return t->nested != NULL && t->call_depth == 1 ? UST__ADMIT_NESTED : UST__ADMIT_PASS;
-  return admit_word(b, t, __atomic_load_n(&e->line->word, __ATOMIC_ACQUIRE));
+  return admit_word(b, t, __atomic_load_n(&hd->line->word, __ATOMIC_ACQUIRE));
 }
 
 int ust__hook_key(ust__hook *h, ust__entry *e) {
