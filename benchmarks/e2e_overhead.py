@@ -44,6 +44,11 @@ understudy does anything with a call, with a bias: for about 100 ms the steps af
 that enabled run slower than those after one that disabled (seen on the CPU), and every switch
 to the other mode enables again. --modes off plain measures the hop without that switch (mode
 off adds a few instructions to it).
+--generate runs --paired's steps inside model.generate (greedy) instead:
+a logits processor, called once a step after its forward, synchronises,
+times the step that ended and switches the mode, so that a step is what
+HF decoding runs end to end (generate's own work between forwards with
+the forward), the switches outside every step.
 --steady first decodes observed until every key the decode calls is past
 its operator's steady_after (defaults: 4,096 calls, after which 1 call in
 256 is timed instead of 1 in 16): the state of a process that has served a
@@ -57,7 +62,7 @@ observed, counts the calls keyed one by one and those timed per decode
 step (keyed/step, timed/step): what observing does past tallying.
 
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
-    PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8] [--steady]
+    PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8] [--steady] [--generate]
 
 Without a GPU (or with --device cpu) the decoders run on the CPU at small
 widths (hidden 256, fp32, one torch thread): their steps are bound by the
@@ -79,6 +84,7 @@ import understudy  # noqa: E402
 
 
 DEVICE = "cuda"  # --device
+GENERATE = False  # --generate: --paired's steps inside model.generate
 
 
 def sync():
@@ -188,7 +194,10 @@ def decode(model, ids, plan, on_step=None, after_prefill=None):
     time, synchronised. Where after_prefill or on_step switched the mode
     (returned true), one more step runs untimed first: what a switch leaves
     cold or rebuilt (torch's dispatch tables, understudy's policies) is
-    paid there, not by the timed step of one mode."""
+    paid there, not by the timed step of one mode. With --generate the
+    steps are model.generate's (decode_generate)."""
+    if GENERATE:
+        return decode_generate(model, ids, plan, on_step, after_prefill)
     times = []
     with torch.inference_mode():
         out = model(ids, use_cache=True)
@@ -207,6 +216,59 @@ def decode(model, ids, plan, on_step=None, after_prefill=None):
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             sync()
             times.append(time.perf_counter() - t0)
+    return times
+
+
+def decode_generate(model, ids, plan, on_step=None, after_prefill=None):
+    """decode() with the steps model.generate runs (greedy): a logits
+    processor, called once a step after the step's forward, synchronises,
+    ends the step that ran and sets the next one's mode; a stopping
+    criterion ends the generation once the plan has run. A step's time runs
+    from the processor's return to its next call: generate's own work
+    between forwards (the next step's inputs, the cache's update, the
+    token's selection and the stopping checks) with the forward, what a
+    step of HF decoding costs end to end; the switches themselves, inside
+    the processor, fall outside every step."""
+    from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+    times = []
+    st = {"calls": 0, "i": -1, "timed": False, "done": False, "t": 0.0}
+
+    class Steps(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            sync()
+            now = time.perf_counter()
+            if st["calls"] == 0:  # after the prefill
+                switched = after_prefill is not None and after_prefill()
+            else:
+                if st["timed"]:
+                    times.append(now - st["t"])
+                switched = False
+            st["calls"] += 1
+            if st["calls"] > 1 and not st["timed"] and st["i"] >= 0:
+                st["timed"] = True  # the untimed step after a switch ran: the plan's step now
+            else:
+                st["i"] += 1
+                if st["i"] == len(plan):
+                    st["done"] = True
+                    return scores
+                if on_step is not None:
+                    switched = on_step(st["i"], plan[st["i"]]) or switched
+                st["timed"] = not switched
+            st["t"] = time.perf_counter()
+            return scores
+
+    class Done(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), st["done"], dtype=torch.bool, device=input_ids.device)
+
+    # at most an untimed step before each of the plan's, and the prefill's token
+    most = 2 * len(plan) + 1
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=most, min_new_tokens=most, do_sample=False, pad_token_id=0,
+                       logits_processor=LogitsProcessorList([Steps()]),
+                       stopping_criteria=StoppingCriteriaList([Done()]))
+    if len(times) != len(plan):
+        raise SystemExit(f"e2e_overhead.py: generate ran {len(times)} timed steps of {len(plan)}")
     return times
 
 
@@ -398,6 +460,9 @@ def main():
     ap.add_argument("--pass-by", nargs="+", default=None, metavar="OP",
                     help="--paired, mode plain: pass by only these ops' interceptors (\"ns::op\", with or "
                          "without its overloads; default: every one), the others serving both modes")
+    ap.add_argument("--generate", action="store_true",
+                    help="--paired: the steps model.generate runs (greedy), timed from its logits processor, "
+                         "instead of a forward and an argmax by hand")
     ap.add_argument("--steady", action="store_true",
                     help="--paired: first decode observed until every decode key is past its steady_after")
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
@@ -406,6 +471,8 @@ def main():
     ap.add_argument("--server", help=argparse.SUPPRESS)
     args = ap.parse_args()
     use_device(args.device, "e2e_overhead.py")
+    global GENERATE
+    GENERATE = args.generate
     if args.server:
         server(None if args.server == "plain" else args.server)
         return
@@ -423,6 +490,7 @@ def main():
         print(f"torch {torch.__version__}; {device_name()}; understudy {understudy.__version__}; "
               f"config {config}; {args.rounds} runs of {args.tokens} decode steps after a warm-up run, "
               f"{args.layers} layers; neighbouring steps paired"
+              + ("; the steps model.generate runs" if args.generate else "")
               + ("; after decoding observed until every decode key is steady" if args.steady else "")
               + (f"; plain passes by {' '.join(args.pass_by)} alone" if args.pass_by else ""))
         first, second = args.modes
