@@ -49,6 +49,9 @@ a logits processor, called once a step after its forward, synchronises,
 times the step that ended and switches the mode, so that a step is what
 HF decoding runs end to end (generate's own work between forwards with
 the forward), the switches outside every step.
+--runs N makes N runs of each row, each in a process of its own, the
+rows in turn, and prints each row's median over its runs: the median of
+interleaved runs that a budget is stated in.
 --steady first decodes observed until every key the decode calls is past
 its operator's steady_after (defaults: 4,096 calls, after which 1 call in
 256 is timed instead of 1 in 16): the state of a process that has served a
@@ -63,6 +66,7 @@ step (keyed/step, timed/step): what observing does past tallying.
 
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py [--rounds 7] [--batch 1 8] [--timer cupti]
     PYTHONPATH=python-shim python3 benchmarks/e2e_overhead.py --paired [--rounds 7] [--batch 1 8] [--steady] [--generate]
+        [--runs 7 [--until S]]
 
 Without a GPU (or with --device cpu) the decoders run on the CPU at small
 widths (hidden 256, fp32, one torch thread): their steps are bound by the
@@ -439,6 +443,50 @@ def keyed_share(rep):
     return seen / total if total else float("nan")
 
 
+def runs(args):
+    """--paired --runs N: each row (model, batch) measured N times, each run
+    a process of its own (torch, the model and understudy made anew, as the
+    issue's interleaved runs are), the rows taken in turn so that a drift of
+    the machine falls on all of them; each run's row printed as it ends, then
+    per row the median over its runs of the ratio and of the difference."""
+    import subprocess
+    argv = [sys.executable, __file__, "--paired", "--row-json", "--device", DEVICE, "--rounds", str(args.rounds),
+            "--tokens", str(args.tokens), "--layers", str(args.layers), "--modes", *args.modes]
+    argv += ["--steady"] * args.steady + ["--generate"] * args.generate
+    argv += (["--config", args.config] if args.config else []) + (["--timer", args.timer] if args.timer else [])
+    argv += ["--pass-by", *args.pass_by] if args.pass_by else []
+    rows = [(kind, b) for kind in args.models for b in args.batch]
+    got = {row: [] for row in rows}
+    t0 = time.monotonic()
+    first = True
+    for n in range(args.runs):
+        for kind, b in rows:
+            if args.until is not None and time.monotonic() - t0 > args.until:
+                break
+            out = subprocess.run(argv + ["--models", kind, "--batch", str(b)], capture_output=True, text=True)
+            lines = out.stdout.splitlines()
+            if out.returncode != 0 or not lines or not lines[-1].startswith("ROW "):
+                print(f"run {n + 1}, {kind} batch {b}: the child ended with {out.returncode}\n"
+                      f"{out.stderr[-2000:]}", flush=True)
+                continue
+            if first:
+                print(lines[0] + f"; {args.runs} runs a row, each a process of its own\n" + lines[1], flush=True)
+                first = False
+            print(lines[-2], flush=True)
+            got[(kind, b)].append(json.loads(lines[-1][4:]))
+    first_mode, second = args.modes
+    print(f"\n{'model':<10} {'batch':>5} {'runs':>5} {'median ' + first_mode + ' - ' + second:>26} "
+          f"{'median ratio':>13} {'ratios':>17}")
+    for (kind, b), rs in got.items():
+        if not rs:
+            print(f"{kind:<10} {b:>5} {0:>5}")
+            continue
+        ratios = sorted(r["ratio"] for r in rs)
+        med = statistics.median(r["med"] for r in rs)
+        print(f"{kind:<10} {b:>5} {len(rs):>5} {med * 1e6:>23.2f} us {statistics.median(ratios):>13.4f} "
+              f"{ratios[0]:>8.4f}-{ratios[-1]:<8.4f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
@@ -465,6 +513,12 @@ def main():
                          "instead of a forward and an argmax by hand")
     ap.add_argument("--steady", action="store_true",
                     help="--paired: first decode observed until every decode key is past its steady_after")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="--paired: this many runs of every row, each in a process of its own, the rows taken "
+                         "in turn (row 1, row 2, ..., row 1, ...); then each row's median over its runs")
+    ap.add_argument("--until", type=float, default=None, metavar="S",
+                    help="--runs: start no run once S seconds have passed (the summary counts the runs made)")
+    ap.add_argument("--row-json", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
                     help="where the decoders run (default: the GPU when there is one); on the CPU at small "
                          "widths, fp32, one torch thread")
@@ -486,6 +540,9 @@ def main():
     for key, val in json.loads(args.config or "{}").items():
         cfg[key] = {**cfg.get(key, {}), **val} if isinstance(val, dict) else val
     config = json.dumps(cfg)
+    if args.paired and args.runs > 1:
+        runs(args)
+        return
     if args.paired:
         print(f"torch {torch.__version__}; {device_name()}; understudy {understudy.__version__}; "
               f"config {config}; {args.rounds} runs of {args.tokens} decode steps after a warm-up run, "
@@ -505,6 +562,8 @@ def main():
                 print(f"{kind:<10} {b:>5} {base * 1e3:>12.3f}ms {len(diffs):>6} {med * 1e6:>15.2f} us "
                       f"{lo * 1e6:>7.2f} .. {hi * 1e6:>6.2f} us {1 + med / base:>7.4f} {per_step:>10.1f} "
                       f"{warm:>8} {keyed:>6.1%} {keyed_step:>10.2f} {timed_step:>10.2f}", flush=True)
+                if args.row_json:
+                    print("ROW " + json.dumps({"base": base, "med": med, "ratio": 1 + med / base}), flush=True)
         return
     kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg, "--device", DEVICE], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
