@@ -49,8 +49,8 @@ a logits processor, called once a step after its forward, synchronises,
 times the step that ended and switches the mode, so that a step is what
 HF decoding runs end to end (generate's own work between forwards with
 the forward), the switches outside every step.
---runs N makes N runs of each row, each in a process of its own, the
-rows in turn, and prints each row's median over its runs: the median of
+--runs N makes N runs, each a process of its own that measures every
+row in turn, and prints each row's median over its runs: the median of
 interleaved runs that a budget is stated in.
 --steady first decodes observed until every key the decode calls is past
 its operator's steady_after (defaults: 4,096 calls, after which 1 call in
@@ -444,36 +444,41 @@ def keyed_share(rep):
 
 
 def runs(args):
-    """--paired --runs N: each row (model, batch) measured N times, each run
-    a process of its own (torch, the model and understudy made anew, as the
-    issue's interleaved runs are), the rows taken in turn so that a drift of
-    the machine falls on all of them; each run's row printed as it ends, then
-    per row the median over its runs of the ratio and of the difference."""
+    """--paired --runs N: N runs, each a process of its own (torch, the models
+    and understudy made anew, as the issue's interleaved runs are) that
+    measures every row (model, batch) in turn, so that a drift of the machine
+    falls on all rows alike; each row printed as it ends, then per row the
+    median over its runs of the ratio and of the difference. --until: no row
+    starts once that many seconds have passed."""
     import subprocess
     argv = [sys.executable, __file__, "--paired", "--row-json", "--device", DEVICE, "--rounds", str(args.rounds),
-            "--tokens", str(args.tokens), "--layers", str(args.layers), "--modes", *args.modes]
+            "--tokens", str(args.tokens), "--layers", str(args.layers), "--modes", *args.modes,
+            "--models", *args.models, "--batch", *map(str, args.batch)]
     argv += ["--steady"] * args.steady + ["--generate"] * args.generate
     argv += (["--config", args.config] if args.config else []) + (["--timer", args.timer] if args.timer else [])
     argv += ["--pass-by", *args.pass_by] if args.pass_by else []
-    rows = [(kind, b) for kind in args.models for b in args.batch]
-    got = {row: [] for row in rows}
-    t0 = time.monotonic()
-    first = True
+    deadline = None if args.until is None else time.time() + args.until
+    argv += ["--deadline", repr(deadline)] if deadline is not None else []
+    got = {(kind, b): [] for kind in args.models for b in args.batch}
+    header = True
     for n in range(args.runs):
-        for kind, b in rows:
-            if args.until is not None and time.monotonic() - t0 > args.until:
-                break
-            out = subprocess.run(argv + ["--models", kind, "--batch", str(b)], capture_output=True, text=True)
-            lines = out.stdout.splitlines()
-            if out.returncode != 0 or not lines or not lines[-1].startswith("ROW "):
-                print(f"run {n + 1}, {kind} batch {b}: the child ended with {out.returncode}\n"
-                      f"{out.stderr[-2000:]}", flush=True)
-                continue
-            if first:
-                print(lines[0] + f"; {args.runs} runs a row, each a process of its own\n" + lines[1], flush=True)
-                first = False
-            print(lines[-2], flush=True)
-            got[(kind, b)].append(json.loads(lines[-1][4:]))
+        if deadline is not None and time.time() > deadline:
+            break
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines = []
+        for line in child.stdout:
+            line = line.rstrip("\n")
+            if line.startswith("ROW "):
+                row = json.loads(line[4:])
+                got[(row["model"], row["batch"])].append(row)
+                print(lines[-1], flush=True)
+            elif header and len(lines) == 1:
+                print(lines[0] + f"; {args.runs} runs, each a process of its own\n" + line, flush=True)
+                header = False
+            lines.append(line)
+        err = child.stderr.read()
+        if child.wait() != 0:
+            print(f"run {n + 1}: the child ended with {child.returncode}\n{err[-2000:]}", flush=True)
     first_mode, second = args.modes
     print(f"\n{'model':<10} {'batch':>5} {'runs':>5} {'median ' + first_mode + ' - ' + second:>26} "
           f"{'median ratio':>13} {'ratios':>17}")
@@ -514,11 +519,12 @@ def main():
     ap.add_argument("--steady", action="store_true",
                     help="--paired: first decode observed until every decode key is past its steady_after")
     ap.add_argument("--runs", type=int, default=1,
-                    help="--paired: this many runs of every row, each in a process of its own, the rows taken "
-                         "in turn (row 1, row 2, ..., row 1, ...); then each row's median over its runs")
+                    help="--paired: this many runs, each a process of its own measuring every row in turn; "
+                         "then each row's median over its runs")
     ap.add_argument("--until", type=float, default=None, metavar="S",
-                    help="--runs: start no run once S seconds have passed (the summary counts the runs made)")
+                    help="--runs: start no row once S seconds have passed (the summary counts the rows made)")
     ap.add_argument("--row-json", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
                     help="where the decoders run (default: the GPU when there is one); on the CPU at small "
                          "widths, fp32, one torch thread")
@@ -556,6 +562,8 @@ def main():
               f"{'keyed/step':>10} {'timed/step':>10}")
         for kind in args.models:
             for b in args.batch:
+                if args.deadline is not None and time.time() > args.deadline:
+                    break
                 base, diffs, per_step, warm, keyed, (keyed_step, timed_step) = paired(
                     kind, b, args.tokens, args.layers, args.rounds, config, args.modes, args.steady, args.pass_by)
                 med, lo, hi = median_interval(diffs)
@@ -563,7 +571,8 @@ def main():
                       f"{lo * 1e6:>7.2f} .. {hi * 1e6:>6.2f} us {1 + med / base:>7.4f} {per_step:>10.1f} "
                       f"{warm:>8} {keyed:>6.1%} {keyed_step:>10.2f} {timed_step:>10.2f}", flush=True)
                 if args.row_json:
-                    print("ROW " + json.dumps({"base": base, "med": med, "ratio": 1 + med / base}), flush=True)
+                    print("ROW " + json.dumps({"model": kind, "batch": b, "base": base, "med": med,
+                                               "ratio": 1 + med / base}), flush=True)
         return
     kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg, "--device", DEVICE], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
