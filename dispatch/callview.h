@@ -120,7 +120,7 @@ typedef struct ust__nested {
  * variable of a dlopen'ed library is a call into the dynamic loader). A
  * passed or tallied call reads its first cache line alone (aligned to one). */
 typedef struct __attribute__((aligned(64))) ust__thread {
-  int depth;      /* its calls entered (ust__hook_enter .. ust__hook_release), nested */
+  int depth;      /* its calls entered (ust__hook_admit .. ust__hook_release), nested */
   int forked;     /* in a forked child: how many of them the parent counted (ust__hook_after_fork) */
   int call_depth; /* tracked calls in progress: a bound op one calls is part of it, not counted again */
   int own_work;   /* understudy's own torch work in progress (snapshots, the candidate): passed through */
@@ -225,7 +225,7 @@ static inline __attribute__((always_inline)) ust__thread *ust__thread_here(void)
 }
 
 /* Whether thread t tallies a call of a hook whose tally word is word, the
- * admission's common case (ust__hook_admit_at): outside understudy's own
+ * admission's common case (ust__binding_admit): outside understudy's own
  * work and tracked calls, and ust__word_tallies. Reads t's first line. */
 static inline __attribute__((always_inline)) int ust__thread_tallies(uint64_t word, const ust__thread *t) {
   return ((t->own_work | t->call_depth) == 0) & ust__word_tallies(word, t);
@@ -241,63 +241,32 @@ static inline __attribute__((always_inline)) void ust__line_tally(ust__hook_line
   __atomic_fetch_add(&l->tallied, 1, __ATOMIC_RELAXED);
 }
 
-/* An intercepted call between ust__hook_admit_at and ust__hook_release. */
+/* An intercepted call between ust__hook_admit and ust__hook_release. */
 typedef struct ust__entry {
   ust__thread *thread;          /* the calling thread's block */
   ust__hook_head *hook;         /* the hook it was admitted on */
-  struct ust__binding *binding; /* entered: the enabled engine's binding of the op; NULL when understudy is
-                                   disabled or does not bind the op now. Else NULL, unread */
-  int entered;                  /* counted in flight on the hook's gate, in epoch ticket */
-  unsigned ticket;
+  struct ust__binding *binding; /* the enabled engine's binding of the op; NULL when understudy is
+                                   disabled or does not bind the op now */
+  unsigned ticket;              /* the epoch it is counted in flight in on the hook's gate */
 } ust__entry;
 
-/* A call's entry through the hook's gate, and its admission there (out of
- * line): what ust__hook_admit returns for a call it could not tally. */
-int ust__hook_enter(struct ust__hook *h, ust__entry *e);
-
-/* An intercepted call's entry, past its interceptor's own checks (a call
- * passed on or tallied there, ust__thread_tallies): the thread's block
- * found, then the common case on the hook's tally word alone (a call
- * tallied past the thread's warm-up under this engine, outside captures,
- * tracing windows and tracked calls, not the one drawn): UST__ADMIT_TALLY,
- * not entered, the binding unread. Else the call is entered: counted in
- * flight on its hook's gate and the hook's binding read (e->binding stays
- * valid until the release: disable waits for the calls in flight), then
- * admitted. Returns UST__ADMIT_PASS for a call passed on untouched (no
- * binding, understudy's own work, a bound op inside a tracked call, an
- * operator that is off); UST__ADMIT_NESTED for a bound op that a tracked
- * call's production runs while that call collects its callees' floors (the
- * thread's nested, at call depth 1); else what ust__binding_admit says. A
- * call admitted UST__ADMIT_TALLY is keyed with ust__hook_key (the bridge
- * tallies every call it can before it enters: ust__thread_tallies). Every entry is released once with ust__hook_release,
- * whatever it returned, on the thread that made it. Lock-free; the calling
- * thread's block and the hook's line l (the interceptor holds it), then
- * the hook's head. */
-static inline __attribute__((always_inline)) int ust__hook_admit_at(struct ust__hook *h, ust__hook_line *l,
-                                                                    ust__entry *e) {
-  ust__hook_head *const hd = ust__hook_head_of(h);
-  ust__thread *const t = ust__thread_here();
-  e->thread = t;
-  e->hook = hd;
-  e->binding = NULL;
-  e->entered = 0;
-  const uint64_t word = ust__line_word(l);
-  if (__builtin_expect(ust__thread_tallies(word, t), 1)) {
-    t->key_gap--;
-    return UST__ADMIT_TALLY;
-  }
-  return ust__hook_enter(h, e);
-}
-
-/* A call admitted UST__ADMIT_TALLY that the tally cannot take (its device
- * or layout, or a word changed since the interceptor read it): keyed,
- * standing for itself alone; entered if it was not.
- * Returns 1, or UST__ADMIT_PASS when the op is no longer bound. */
-int ust__hook_key(struct ust__hook *h, ust__entry *e);
+/* An intercepted call its interceptor neither passed on nor tallied
+ * (ust__thread_tallies): counted in flight on its hook's gate and the hook's
+ * binding read (e->binding stays valid until the release: disable waits for
+ * the calls in flight), then admitted. Returns UST__ADMIT_PASS for a call
+ * passed on untouched (no binding, understudy's own work, a bound op inside
+ * a tracked call, an operator that is off); UST__ADMIT_NESTED for a bound op
+ * that a tracked call's production runs while that call collects its
+ * callees' floors (the thread's nested, at call depth 1); else what
+ * ust__binding_admit says, except that a call it would tally is keyed,
+ * standing for itself alone (1): its interceptor tallied every call it could,
+ * so such a call is one whose kernel the tally cannot take, or one whose
+ * hook's word changed since the interceptor read it. Every entry is released
+ * once with ust__hook_release, whatever it returned, on the thread that made
+ * it. Lock-free. */
+int ust__hook_admit(struct ust__hook *h, ust__entry *e);
 
 static inline __attribute__((always_inline)) void ust__hook_release(const ust__entry *e) {
-  if (!e->entered)
-    return;
   ust__thread *const t = e->thread;
   /* a forked child's thread releases the calls it made before the fork last
    * (they nest): their counts are the parent's, which the child's hooks no

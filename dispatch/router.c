@@ -1298,32 +1298,24 @@ int ust__binding_admit(ust__binding *b, ust__thread *t) {
   return admit_word(b, t, atomic_load_explicit(&b->tally, memory_order_relaxed));
 }
 
-/* The call counted in flight on its hook's gate, then the binding read. */
-static void gate_in(ust__hook_head *hd, ust__entry *e) {
+int ust__hook_admit(ust__hook *h, ust__entry *e) {
+  ust__hook_head *const hd = &h->head;
+  ust__thread *const t = &tl_thread;
+  /* counted in flight on the hook's gate, then the binding read */
   const unsigned ticket = __atomic_load_n(&hd->epoch, __ATOMIC_SEQ_CST) & 1u;
   __atomic_fetch_add(&hd->inflight[ticket], 1, __ATOMIC_SEQ_CST);
-  e->binding = __atomic_load_n(&hd->binding, __ATOMIC_SEQ_CST);
-  e->entered = 1;
+  e->thread = t;
+  e->hook = hd;
   e->ticket = ticket;
-  e->thread->depth++;
-}
-
-int ust__hook_enter(ust__hook *h, ust__entry *e) {
-  ust__hook_head *hd = &h->head;
-  ust__thread *t = e->thread;
-  gate_in(hd, e);
+  e->binding = __atomic_load_n(&hd->binding, __ATOMIC_SEQ_CST);
+  t->depth++;
   ust__binding *const b = e->binding;
   if (__builtin_expect(b == NULL, 0))
     return UST__ADMIT_PASS;
   if (__builtin_expect((t->own_work | t->call_depth) != 0, 0)) /* both counts, never negative */
     return t->nested != NULL && t->call_depth == 1 ? UST__ADMIT_NESTED : UST__ADMIT_PASS;
-  return admit_word(b, t, __atomic_load_n(&hd->line->word, __ATOMIC_ACQUIRE));
-}
-
-int ust__hook_key(ust__hook *h, ust__entry *e) {
-  if (!e->entered)
-    gate_in(&h->head, e);
-  return e->binding != NULL ? 1 : UST__ADMIT_PASS;
+  const int w = admit_word(b, t, __atomic_load_n(&hd->line->word, __ATOMIC_ACQUIRE));
+  return w == UST__ADMIT_TALLY ? 1 : w;
 }
 
 uint64_t ust__tally_word(const ust__policy *pol, uint64_t engine_gen) {

@@ -1467,9 +1467,9 @@ private:
   at::Tensor stats_;     // its comparison's statistics (device memory the graph keeps)
 };
 
-// An intercepted call between its entry and its release (ust__hook_admit_at).
+// An intercepted call between its entry and its release (ust__hook_admit).
 struct Entry {
-  [[gnu::always_inline]] Entry(ust__hook *h, ust__hook_line *l) : admitted(ust__hook_admit_at(h, l, &e)) {}
+  [[gnu::always_inline]] explicit Entry(ust__hook *h) : admitted(ust__hook_admit(h, &e)) {}
   [[gnu::always_inline]] ~Entry() { ust__hook_release(&e); }
   Entry(const Entry &) = delete;
   Entry &operator=(const Entry &) = delete;
@@ -1713,18 +1713,13 @@ template <class Source>
 }
 
 // An intercepted call past its interceptor's own checks (off; tally_here):
-// its entry and admission, then production alone for a call passed on
-// (pass(below): its result), else other(the entry, the admission, below).
-// The interceptor tallied every call it could: one admitted to the tally
-// here (a kernel the tally cannot take, or a word that changed since the
-// interceptor read it) is keyed, standing for itself alone.
+// its entry and admission (ust__hook_admit), then production alone for a
+// call passed on (pass(below): its result), else other(the entry, the
+// admission, below).
 template <class Pass, class Other>
-[[gnu::always_inline]] inline auto intercept(ust__hook *hook, ust__hook_line *line, c10::DispatchKeySet ks,
-                                          Pass &&pass, Other &&other) {
+[[gnu::always_inline]] inline auto intercept(ust__hook *hook, c10::DispatchKeySet ks, Pass &&pass, Other &&other) {
   const c10::DispatchKeySet below = below_us(ks);
-  Entry entry(hook, line);
-  if (entry.admitted == UST__ADMIT_TALLY)
-    entry.admitted = ust__hook_key(hook, &entry.e);
+  Entry entry(hook);
   if (entry.admitted == UST__ADMIT_PASS)
     return pass(below);
   return other(entry.e, entry.admitted, below);
@@ -1840,7 +1835,7 @@ private:
                                          torch::jit::Stack *stack) {
     Boxed<Room> src{op, stack, production_};
     intercept(
-        hook_, &line_, ks, [&](c10::DispatchKeySet below) { src.pass(below); },
+        hook_, ks, [&](c10::DispatchKeySet below) { src.pass(below); },
         [&](const ust__entry &e, int weight, c10::DispatchKeySet below) {
           serve_admitted(e, weight, op, below, src);
         });
@@ -1884,7 +1879,7 @@ private:
 
   [[gnu::hot, gnu::noinline]] Ret serve(c10::DispatchKeySet ks, Args... args) {
     return intercept(
-        hook_, &line_, ks,
+        hook_, ks,
         [&](c10::DispatchKeySet below) __attribute__((always_inline)) {
           return production(below, std::forward<Args>(args)...);
         },

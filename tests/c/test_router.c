@@ -419,14 +419,16 @@ TEST(admit_keys_every_call_inside_a_tracer_window) {
 #endif
 
 TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
-  /* ust__hook_admit_at: past the thread's warm-up, a call tallied on the
-   * hook's word alone (not entered, the binding unread, its tally counted on
-   * the hook and reported as the binding's); every other call entered:
-   * counted in flight on the hook's gate (in the epoch it read) and on its
-   * thread until ust__hook_release. No binding, understudy's own work or a
-   * tracked call around it pass it on; a tracked call collecting its
-   * callees' floors makes it nested; else the admission (warm-up keyed,
-   * then keyed at random). */
+  /* as the interceptor serves calls: past the thread's warm-up, a call
+   * tallied on the hook's word alone (ust__thread_tallies, ust__line_tally:
+   * not entered, the binding unread, its tally counted on the hook and
+   * reported as the binding's); every other call admitted with
+   * ust__hook_admit: counted in flight on the hook's gate (in the epoch it
+   * read) and on its thread until ust__hook_release. No binding, understudy's
+   * own work or a tracked call around it pass it on; a tracked call
+   * collecting its callees' floors makes it nested; else the admission
+   * (warm-up keyed, then keyed at random; one the tally would take keyed
+   * standing for itself). */
   fixture f;
   ust__binding b;
   ust__binding_def d;
@@ -442,8 +444,8 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   memset(t, 0, sizeof *t);
   ust__entry e;
   ASSERT_U64_EQ(ust__line_word(&line), UST__TALLY_OFF); /* not bound: nothing to enter */
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS); /* admitted all the same: passed on */
-  ASSERT_TRUE(e.thread == t && e.binding == NULL && e.entered);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS); /* admitted all the same: passed on */
+  ASSERT_TRUE(e.thread == t && e.binding == NULL);
   ASSERT_INT_EQ(t->depth, 1);
   ASSERT_INT_EQ(ust__in_intercepted_call(), 1);
   ASSERT_INT_EQ(h->head.inflight[0], 1);
@@ -460,19 +462,19 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
    * warm-up untouched; nested while a tracked call collects its callees */
   t->own_work = 1;
   ASSERT_INT_EQ(ust__thread_tallies(ust__line_word(&line), t), 0);
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
-  ASSERT_TRUE(e.entered && e.binding == &b);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
+  ASSERT_TRUE(e.binding == &b && t->depth == 1);
   ust__hook_release(&e);
   t->own_work = 0;
   t->call_depth = 2;
   ASSERT_INT_EQ(ust__thread_tallies(ust__line_word(&line), t), 0);
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
   ust__hook_release(&e);
   ust__nested callees;
   memset(&callees, 0, sizeof callees);
   t->nested = &callees;
   t->call_depth = 1;
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_NESTED);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_NESTED);
   ASSERT_TRUE(e.binding == &b);
   ust__hook_release(&e);
   t->nested = NULL;
@@ -480,8 +482,8 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ASSERT_U64_EQ(ust__binding_tallied_count(&b), 0);
   for (int i = 0; i < 3; i++) { /* the thread's warm-up: each keyed */
     ASSERT_INT_EQ(ust__thread_tallies(ust__line_word(&line), t), 0);
-    ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), 1);
-    ASSERT_TRUE(e.entered && e.binding == &b);
+    ASSERT_INT_EQ(ust__hook_admit(h, &e), 1);
+    ASSERT_TRUE(e.binding == &b && h->head.inflight[0] == 1);
     ust__hook_release(&e);
   }
   ASSERT_INT_EQ(h->head.inflight[0], 0);
@@ -495,12 +497,13 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ASSERT_TRUE(ust__line_word(&line) != UST__TALLY_OFF);
   /* inside a held (keyed) call, as the interceptor serves them: the calls
    * its own check tallies not entered, off the countdown and counted on the
-   * hook's line; the rest admitted, the drawn ones keyed and entered; a
-   * call admitted to the tally that the tally cannot take keyed */
+   * hook's line; the rest admitted, entered, the drawn ones keyed; a
+   * call the admission would tally (one the interceptor's check did not
+   * take) keyed, standing for itself */
   t->key_gap = 1; /* the next call the one drawn */
   ust__entry held;
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &held), 16);
-  ASSERT_TRUE(held.entered);
+  ASSERT_INT_EQ(ust__hook_admit(h, &held), 16);
+  ASSERT_TRUE(held.binding == &b && h->head.inflight[0] == 1);
   long keyed = 0, tallied = 0;
   for (long i = 0; i < 16000; i++) {
     if (ust__thread_tallies(ust__line_word(&line), t)) {
@@ -511,8 +514,8 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
       continue;
     }
     ASSERT_INT_EQ(t->key_gap, 1); /* the one drawn */
-    ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), 16);
-    ASSERT_TRUE(e.entered && e.binding == &b);
+    ASSERT_INT_EQ(ust__hook_admit(h, &e), 16);
+    ASSERT_TRUE(e.binding == &b);
     ASSERT_INT_EQ(t->depth, 2);
     ASSERT_INT_EQ(h->head.inflight[0], 2);
     keyed++;
@@ -523,9 +526,9 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   /* 1,000 +- 31 (sd) keyed; 5 sd */
   ASSERT_TRUE(keyed > 1000 - 155 && keyed < 1000 + 155);
   t->key_gap = 100;
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_TALLY);
-  ASSERT_INT_EQ(ust__hook_key(h, &e), 1);
-  ASSERT_TRUE(e.entered && e.binding == &b && h->head.inflight[0] == 2);
+  ASSERT_INT_EQ(ust__thread_tallies(ust__line_word(&line), t), 1);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), 1);
+  ASSERT_TRUE(e.binding == &b && h->head.inflight[0] == 2 && t->key_gap == 99);
   ust__hook_release(&e);
   /* detached with the held call in flight: the old epoch drains as it is
    * released; calls after it count in the new epoch and pass on; the
@@ -535,7 +538,7 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ASSERT_INT_EQ(old, 0);
   ASSERT_U64_EQ(ust__line_word(&line), UST__TALLY_OFF);
   ASSERT_INT_EQ(ust__hook_inflight(h, old), 1);
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
   ASSERT_TRUE(e.binding == NULL);
   ASSERT_INT_EQ(h->head.inflight[1], 1);
   ust__hook_release(&e);
@@ -553,8 +556,8 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
    * taken off again, and the child's own calls count as any */
   ust__entry outer, inner;
   t->own_work = 1; /* entered, and passed on */
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &outer), UST__ADMIT_PASS);
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &inner), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit(h, &outer), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit(h, &inner), UST__ADMIT_PASS);
   t->own_work = 0;
   h->head.inflight[1] += 5;
   ust__hook_after_fork(h);
@@ -562,7 +565,7 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ASSERT_INT_EQ(h->head.inflight[0], 0);
   ASSERT_INT_EQ(h->head.inflight[1], 0);
   t->call_depth = 2; /* entered */
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
   t->call_depth = 0;
   ASSERT_INT_EQ(h->head.inflight[1], 1);
   ust__hook_release(&e);
@@ -573,7 +576,7 @@ TEST(hook_admit_tallies_on_the_hook_alone_and_enters_the_gate_for_the_rest) {
   ASSERT_INT_EQ(t->depth, 0);
   ASSERT_INT_EQ(t->forked, 0);
   t->own_work = 1;
-  ASSERT_INT_EQ(ust__hook_admit_at(h, &line, &e), UST__ADMIT_PASS);
+  ASSERT_INT_EQ(ust__hook_admit(h, &e), UST__ADMIT_PASS);
   ASSERT_INT_EQ(h->head.inflight[1], 1);
   ust__hook_release(&e);
   ASSERT_INT_EQ(h->head.inflight[1], 0);
