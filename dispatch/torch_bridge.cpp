@@ -387,7 +387,6 @@ struct CallScope {
 
 private:
   ust__thread *t_;
-  int n_;
 };
 
 struct OwnWork {
