@@ -234,36 +234,35 @@ def decode_generate(model, ids, plan, on_step=None, after_prefill=None):
     step of HF decoding costs end to end; the switches themselves, inside
     the processor, fall outside every step."""
     from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
-    times = []
-    st = {"calls": 0, "i": -1, "timed": False, "done": False, "t": 0.0}
+    times = []  # the plan's steps timed so far: the next one is plan[len(times)]
+    # when the step running now began (None: the prefill, or the untimed step
+    # after a switch), whether it is that untimed step, whether the prefill is done
+    st = {"start": None, "untimed": False, "prefilled": False}
 
     class Steps(LogitsProcessor):
         def __call__(self, input_ids, scores):
             sync()
             now = time.perf_counter()
-            if st["calls"] == 0:  # after the prefill
-                switched = after_prefill is not None and after_prefill()
+            if st["start"] is not None:
+                times.append(now - st["start"])
+            i = len(times)
+            if i == len(plan):
+                return scores  # Done ends the generation
+            if st["untimed"]:  # the step after a switch ran: plan[i] now, timed
+                st["untimed"] = False
             else:
-                if st["timed"]:
-                    times.append(now - st["t"])
-                switched = False
-            st["calls"] += 1
-            if st["calls"] > 1 and not st["timed"] and st["i"] >= 0:
-                st["timed"] = True  # the untimed step after a switch ran: the plan's step now
-            else:
-                st["i"] += 1
-                if st["i"] == len(plan):
-                    st["done"] = True
-                    return scores
+                switched = not st["prefilled"] and after_prefill is not None and after_prefill()
+                st["prefilled"] = True
                 if on_step is not None:
-                    switched = on_step(st["i"], plan[st["i"]]) or switched
-                st["timed"] = not switched
-            st["t"] = time.perf_counter()
+                    switched = on_step(i, plan[i]) or switched
+                st["untimed"] = switched
+            st["start"] = None if st["untimed"] else time.perf_counter()
             return scores
 
     class Done(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
-            return torch.full((input_ids.shape[0],), st["done"], dtype=torch.bool, device=input_ids.device)
+            done = len(times) == len(plan)
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
     # at most an untimed step before each of the plan's, and the prefill's token
     most = 2 * len(plan) + 1
@@ -451,12 +450,8 @@ def runs(args):
     median over its runs of the ratio and of the difference. --until: no row
     starts once that many seconds have passed."""
     import subprocess
-    argv = [sys.executable, __file__, "--paired", "--row-json", "--device", DEVICE, "--rounds", str(args.rounds),
-            "--tokens", str(args.tokens), "--layers", str(args.layers), "--modes", *args.modes,
-            "--models", *args.models, "--batch", *map(str, args.batch)]
-    argv += ["--steady"] * args.steady + ["--generate"] * args.generate
-    argv += (["--config", args.config] if args.config else []) + (["--timer", args.timer] if args.timer else [])
-    argv += ["--pass-by", *args.pass_by] if args.pass_by else []
+    # this run's own arguments, the last of each repeated option standing (argparse)
+    argv = [sys.executable, __file__, *sys.argv[1:], "--runs", "1", "--row-json", "--device", DEVICE]
     deadline = None if args.until is None else time.time() + args.until
     argv += ["--deadline", repr(deadline)] if deadline is not None else []
     got = {(kind, b): [] for kind in args.models for b in args.batch}
