@@ -444,12 +444,13 @@ def keyed_share(rep):
 
 def runs(args):
     """--paired --runs N: N runs, each a process of its own (torch, the models
-    and understudy made anew, as the issue's interleaved runs are) that
+    and understudy made anew: interleaved runs) that
     measures every row (model, batch) in turn, so that a drift of the machine
     falls on all rows alike; each row printed as it ends, then per row the
     median over its runs of the ratio and of the difference. --until: no row
     starts once that many seconds have passed."""
     import subprocess
+    import tempfile
     # this run's own arguments, the last of each repeated option standing (argparse)
     argv = [sys.executable, __file__, *sys.argv[1:], "--runs", "1", "--row-json", "--device", DEVICE]
     deadline = None if args.until is None else time.time() + args.until
@@ -459,7 +460,10 @@ def runs(args):
     for n in range(args.runs):
         if deadline is not None and time.time() > deadline:
             break
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # its stderr in a file: a pipe the parent does not read while it reads
+        # stdout would stop the child once full (torch's and HF's warnings)
+        err = tempfile.TemporaryFile("w+")
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
         lines = []
         for line in child.stdout:
             line = line.rstrip("\n")
@@ -471,9 +475,10 @@ def runs(args):
                 print(lines[0] + f"; {args.runs} runs, each a process of its own\n" + line, flush=True)
                 header = False
             lines.append(line)
-        err = child.stderr.read()
         if child.wait() != 0:
-            print(f"run {n + 1}: the child ended with {child.returncode}\n{err[-2000:]}", flush=True)
+            err.seek(0)
+            print(f"run {n + 1}: the child ended with {child.returncode}\n{err.read()[-2000:]}", flush=True)
+        err.close()
     first_mode, second = args.modes
     print(f"\n{'model':<10} {'batch':>5} {'runs':>5} {'median ' + first_mode + ' - ' + second:>26} "
           f"{'median ratio':>13} {'ratios':>17}")
