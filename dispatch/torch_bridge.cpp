@@ -1474,7 +1474,7 @@ struct Entry {
   Entry &operator=(const Entry &) = delete;
 
   ust__entry e;
-  int admitted;
+  const int admitted;
 };
 
 // A bound call inside an outer one whose floor may come from its callees.

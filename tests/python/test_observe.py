@@ -121,7 +121,7 @@ def test_a_steady_key_is_sampled_less_and_estimated_by_stratum(us):
     hold 400 us, the next 5,904 20 us: timed are 3 first + 256 + 23 late
     calls, and the device time counts each stratum at its own mean: at least
     the held time (every timed call held its share), at most each stratum
-    at its longest calls by the test's clock (about 1.9 s on an idle
+    at its longest calls by the test's clock (about 2 s on an idle
     machine), where a mean over all 282 timed calls would give about 3.7 s."""
     us.enable({"defaults": {"key_every": 1}, "operators": {"rms_norm": "observe"}})
     op, s, held, (early, late) = held_phases(us, ((4096, 400_000), (5904, 20_000)))
