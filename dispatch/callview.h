@@ -1,7 +1,8 @@
 /*
- * The C interface between torch_bridge.cpp and the C core: the view of one
- * intercepted call, the per-call entry points, and the seam vtable. Valid C
- * and C++ (no C11 atomics here); routes, bindings and hooks stay opaque.
+ * The C interface between the C++ seam (dispatch/bridge*.cpp) and the C
+ * core: the view of one intercepted call, the per-call entry points, and the
+ * seam vtable. Valid C and C++ (no C11 atomics here); routes, bindings and
+ * hooks stay opaque.
  *
  * The bridge performs primitive steps only; what runs, in which order, and
  * what the caller receives is the serving decision (guard/decision.h).
@@ -466,7 +467,7 @@ typedef struct ust__seam_i {
   int (*profiler_active)(void);
 } ust__seam_i;
 
-/* The seam of this build: the bridge's (torch_bridge.cpp), or NULL in a
+/* The seam of this build: the bridge's (bridge_seam.cpp), or NULL in a
  * build without torch (a weak default in dispatch/router.c). */
 const ust__seam_i *ust__seam(void);
 

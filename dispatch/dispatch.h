@@ -1,8 +1,8 @@
 /*
  * dispatch/: the call view, key dimensions, the route table and the per-call
- * plan; timers; the hooks the bridge calls through. torch_bridge.cpp (the
- * only C++ file) fills the view and performs the serving decision's steps;
- * everything else here is C and never sees a torch header.
+ * plan; timers; the hooks the bridge calls through. The bridge (bridge*.cpp
+ * and bridge.h, the only C++ files) fills the view and performs the serving
+ * decision's steps; everything else here is C and never sees a torch header.
  *
  * A route is composed of parts declared by their owners: its figures
  * (scorer/), its verifications and its rollout (guard/), and what the

@@ -1,0 +1,664 @@
+// The eager run of an intercepted call (dispatch/bridge.h): the steps of
+// its plan when its stream does not capture a graph, and what they share
+// with the captured and native paths (the pairs compared, the layout learned,
+// the torch-op candidate).
+#include <chrono>
+#include <cmath>
+#include <optional>
+
+#include "dispatch/bridge.h"
+
+namespace ust_bridge {
+namespace {
+
+thread_local Scratch tl_scratch;
+
+// "[2,3]"
+std::string shape_str(c10::IntArrayRef v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); i++)
+    s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+} // namespace
+
+Scratch &thread_scratch() { return tl_scratch; }
+
+const char *result_name(size_t j) {
+  static const char *names[] = {"result 0", "result 1", "result 2", "result 3",
+                                "result 4", "result 5", "result 6", "result 7"};
+  return j < 8 ? names[j] : "result";
+}
+
+void fill_dl(const at::Tensor &t, DLTensor *dl, int *dtype_id) {
+  int id = UST__DT_OTHER;
+  view_meta(t, dl_device(t.is_cuda(), t.is_cuda() ? t.get_device() : 0), dl, &id);
+  dl->data = data_of(t);
+  if (dtype_id != nullptr)
+    *dtype_id = id;
+}
+
+at::Tensor poisoned_like(const at::Tensor &r) {
+  at::Tensor t = at::empty_strided(r.sizes(), r.strides(), r.options());
+  if (at::isFloatingType(r.scalar_type()))
+    t.fill_(std::numeric_limits<double>::quiet_NaN());
+  else if (r.scalar_type() != at::kBool)
+    t.fill_(-77);
+  return t;
+}
+
+at::Tensor snapshot_of(const at::Tensor &t) {
+  at::Tensor s = at::empty_strided(t.sizes(), t.strides(), t.options());
+  s.copy_(t);
+  return s;
+}
+
+CallRun::CallRun(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack &stack, ust__binding *b,
+                 const ust__call &call, ust__call_state &st)
+    : op_(op), below_(below), stack_(stack), b_(b), call_(call), st_(st), x_(tl_scratch),
+      n_args_(op.schema().arguments().size()), n_returns_(op.schema().returns().size()),
+      serving_(st.plan == UST__PLAN_SERVE || st.plan == UST__PLAN_SERVE_VERIFIED) {
+  x_.clear();
+  // room for production's returns, so that taking them cannot fail once
+  // production has run (a step that allocates fails before its work)
+  x_.prod_returns.reserve(n_returns_);
+  stack.reserve(stack.size() - n_args_ + n_returns_); // and for them on the caller's stack
+  x_.saved.assign(stack.end() - static_cast<std::ptrdiff_t>(n_args_), stack.end());
+  x_.snaps.resize(n_args_);
+  x_.aa_snaps.resize(n_args_);
+  x_.inputs.resize(n_args_);
+  x_.cin.resize(n_args_);
+  x_.cin_lists.resize(n_args_);
+}
+
+int CallRun::perform(int step) {
+  switch (step) {
+  case UST__STEP_SNAPSHOT: return own(&CallRun::snapshot);
+  case UST__STEP_PROD_ON_ARGS: return prod_on_args();
+  case UST__STEP_PROD_ON_SNAPS: return prod_on_snaps();
+  case UST__STEP_CAND_ON_SNAPS: return own(&CallRun::cand_on_snaps);
+  case UST__STEP_CAND_ON_ARGS: return own(&CallRun::cand_on_args);
+  case UST__STEP_COMPARE: return own(&CallRun::compare);
+  case UST__STEP_ABANDON: return own(&CallRun::abandon);
+  case UST__STEP_VERDICT: return own(&CallRun::verdict);
+  case UST__STEP_CAND_FAILED: return own(&CallRun::cand_failed);
+  case UST__STEP_RESTORE: // the values before the call, undoing the candidate
+  case UST__STEP_COPY_BACK: // production's writes on the snapshots
+    return own(&CallRun::snaps_into_args);
+  }
+  return UST__EV_INTERNAL;
+}
+
+// What the caller receives, once the decision is done.
+void CallRun::finish(int outcome) {
+  switch (outcome) {
+  case UST__OUT_RAISE:
+    std::rethrow_exception(prod_exc_);
+  case UST__OUT_CANDIDATE:
+    replace_stack(x_.cand_returns);
+    return;
+  case UST__OUT_PROD_FROM_SNAPS:
+    // a return that is a written argument is the caller's argument
+    for (size_t j = 0; j < x_.prod_returns.size(); j++)
+      for (size_t i = 0; i < n_args_ && is_defined_tensor(x_.prod_returns[j]); i++)
+        if (x_.snaps[i].defined() && x_.snaps[i].is_same(x_.prod_returns[j].toTensor()))
+          x_.prod_returns[j] = x_.saved[i];
+    replace_stack(x_.prod_returns);
+    return;
+  default:
+    return; // production on the arguments: its results are on the stack
+  }
+}
+
+// A step of understudy's own work: on the call's device, below autograd,
+// passing through the interceptors; anything it throws is internal.
+int CallRun::own(int (CallRun::*fn)()) {
+  try {
+    OwnWork scope;
+    c10::OptionalDeviceGuard guard;
+    enter_call_device(guard, call_);
+    return (this->*fn)();
+  } catch (const std::exception &e) {
+    ust__error(UST_EINTERNAL, "%s: %s", ust__binding_display(b_), e.what());
+  } catch (...) {
+  }
+  return UST__EV_INTERNAL;
+}
+
+// Marks taken on the call's device (the events must be recorded there,
+// whatever device the calling thread has current).
+void CallRun::mark(int point) {
+  if (st_.slot == nullptr)
+    return;
+  try {
+    c10::OptionalDeviceGuard guard;
+    enter_call_device(guard, call_);
+    ust__call_mark(&st_, point, &call_);
+  } catch (...) {
+  }
+}
+
+// Copies of what the op writes, and of read-only arguments that share
+// storage with a written one (addmm(c, a, b, out=c)): the other side must
+// read them as the first did, before it wrote them.
+int CallRun::snapshot() {
+  if (captured())
+    return snapshot_captured();
+  const uint32_t writes = st_.cand.writes_mask;
+  const bool aa = ust__call_aa(&st_) != 0;
+  for (size_t i = 0; i < n_args_ && i < 32; i++) {
+    if (!((writes >> i) & 1u))
+      continue;
+    if (x_.saved[i].isTensorList())
+      throw std::runtime_error("written tensor lists are not shadowed");
+    if (!is_defined_tensor(x_.saved[i]))
+      continue;
+    x_.snaps[i] = snapshot_of(x_.saved[i].toTensor());
+    if (aa)
+      x_.aa_snaps[i] = snapshot_of(x_.saved[i].toTensor());
+  }
+  for (size_t i = 0; i < n_args_; i++) {
+    if (x_.snaps[i].defined() || !is_defined_tensor(x_.saved[i]) || !x_.saved[i].toTensor().has_storage())
+      continue;
+    const at::Tensor &t = x_.saved[i].toTensor();
+    for (size_t j = 0; j < n_args_; j++)
+      if (x_.snaps[j].defined() && x_.saved[j].toTensor().has_storage() && x_.saved[j].toTensor().is_alias_of(t)) {
+        x_.inputs[i] = snapshot_of(t);
+        break;
+      }
+  }
+  // The candidate's own copies of what it only reads: in shadow it never
+  // touches the caller's tensors; verified serving keeps the originals to
+  // check (and, if it wrote them, restore) the caller's.
+  const bool verifying = st_.plan == UST__PLAN_SHADOW || st_.plan == UST__PLAN_SERVE_VERIFIED;
+  for (size_t i = 0; verifying && i < n_args_; i++) {
+    if (st_.plan == UST__PLAN_SHADOW && x_.saved[i].isTensorList()) {
+      // a list of tensors it reads (cat's): its own copies of each
+      c10::List<at::Tensor> copies;
+      for (const at::Tensor &t : x_.saved[i].toTensorList().vec())
+        copies.push_back(t.defined() && t.has_storage() ? snapshot_of(t) : t);
+      x_.cin_lists[i] = copies;
+      continue;
+    }
+    if (x_.snaps[i].defined() || !is_defined_tensor(x_.saved[i]) || !x_.saved[i].toTensor().has_storage())
+      continue;
+    if (st_.plan == UST__PLAN_SHADOW && x_.inputs[i].defined())
+      continue; // already a private copy
+    x_.cin[i] = snapshot_of(x_.saved[i].toTensor());
+  }
+  uint64_t bytes = 0;
+  for (const auto *v : {&x_.snaps, &x_.aa_snaps, &x_.inputs, &x_.cin})
+    for (const at::Tensor &t : *v)
+      if (t.defined())
+        bytes += t.nbytes();
+  for (const c10::IValue &l : x_.cin_lists)
+    if (l.isTensorList())
+      for (const at::Tensor &t : l.toTensorList().vec())
+        if (t.defined())
+          bytes += t.nbytes();
+  ust__call_note_copied(&st_, bytes);
+  return UST__EV_OK;
+}
+
+int CallRun::prod_on_args() {
+  ust__nested nested{};
+  const bool collect = ust__call_wants_nested(&st_) != 0;
+  mark(kProdBegin);
+  const bool captured_prod = captured();
+  if (captured_prod)
+    ust__call_graph_prod(&st_, &call_, 0);
+  try {
+    NestedScope scope(ust__thread_state(), collect ? &nested : nullptr);
+    op_.redispatchBoxed(below_, &stack_);
+  } catch (...) {
+    prod_exc_ = std::current_exception();
+    return UST__EV_RAISED;
+  }
+  if (captured_prod)
+    ust__call_graph_prod(&st_, &call_, 1);
+  mark(kProdEnd);
+  if (collect)
+    ust__call_nested_done(&st_, &nested);
+  if (st_.plan != UST__PLAN_PASS) {
+    x_.prod_returns.assign(stack_.end() - static_cast<std::ptrdiff_t>(n_returns_), stack_.end()); // in its room
+    try {
+      OwnWork scope;
+      learn_layout();
+    } catch (...) {
+    }
+  }
+  return UST__EV_OK;
+}
+
+int CallRun::prod_on_snaps() {
+  try {
+    x_.side = with_snapshots(x_.snaps);
+  } catch (...) {
+    return UST__EV_INTERNAL;
+  }
+  ust__nested nested{};
+  const bool collect = ust__call_wants_nested(&st_) != 0;
+  mark(kProdBegin);
+  try {
+    NestedScope nscope(ust__thread_state(), collect ? &nested : nullptr);
+    OwnWork scope; // production's own nested calls are part of it, not traffic
+    op_.redispatchBoxed(below_, &x_.side);
+  } catch (...) {
+    prod_exc_ = std::current_exception();
+    return UST__EV_RAISED;
+  }
+  mark(kProdEnd);
+  if (collect)
+    ust__call_nested_done(&st_, &nested);
+  prod_on_snaps_ = true;
+  x_.prod_returns.assign(x_.side.begin(), x_.side.end()); // in its room: what the caller receives
+  try {
+    OwnWork scope;
+    learn_layout();
+  } catch (...) {
+  }
+  return UST__EV_OK;
+}
+
+int CallRun::cand_on_snaps() {
+  if (captured())
+    return cand_on_snaps_captured();
+  if (!ust__call_slot_alive(&st_))
+    return UST__EV_INTERNAL; // no device resources for this call: the candidate does not run
+  // An out= argument production resized holds nothing the candidate
+  // needs: give the candidate one of production's final shape.
+  for (size_t i = 0; i < n_args_; i++)
+    if (x_.snaps[i].defined() && x_.snaps[i].sizes() != x_.saved[i].toTensor().sizes()) {
+      x_.snaps[i] = poisoned_like(x_.saved[i].toTensor());
+      if (x_.aa_snaps[i].defined())
+        x_.aa_snaps[i] = poisoned_like(x_.saved[i].toTensor());
+    }
+  if (st_.cand.kind == kNative) {
+    prepare_native_on_snaps();
+  } else {
+    x_.side = with_snapshots(x_.snaps, /*private_inputs=*/true);
+  }
+  return run_candidate(/*timed=*/true);
+}
+
+int CallRun::cand_on_args() {
+  const bool verified = st_.plan == UST__PLAN_SERVE_VERIFIED;
+  if (st_.cand.kind == kNative) {
+    if (!native_outputs_serving(verified))
+      return UST__EV_NO_LAYOUT;
+  } else {
+    x_.side.assign(x_.saved.begin(), x_.saved.end());
+    // unverified, its results are checked against production's layout
+    if (!verified && n_returns_ > 0 && (ust__call_layout(&st_, &call_, &layout_) != 0 ||
+                                        static_cast<size_t>(layout_.n_returns) != n_returns_))
+      return UST__EV_NO_LAYOUT;
+  }
+  int ev = run_candidate(/*timed=*/verified);
+  if (ev == UST__EV_OK && !verified && st_.cand.kind != kNative && !returns_like_production()) {
+    fail_ = kFailSchema;
+    return UST__EV_FAILED;
+  }
+  return ev;
+}
+
+// The candidate's returns on an unverified call, against the layout
+// production showed for calls with this signature: a fresh tensor of the
+// same dtype, device, sizes and strides that shares no storage with an
+// argument, or the same written argument. A cheap host check.
+bool CallRun::returns_like_production() {
+  for (size_t j = 0; j < n_returns_; j++) {
+    const ust__ret_layout &r = layout_.ret[j];
+    const c10::IValue &v = j < x_.cand_returns.size() ? x_.cand_returns[j] : c10::IValue();
+    std::string why;
+    if (r.kind == UST__RET_NONE) {
+      if (!v.isNone() && is_defined_tensor(v))
+        why = "a tensor where production returns None";
+    } else if (r.kind == UST__RET_ARG) {
+      if (!is_defined_tensor(v) || !v.toTensor().is_same(x_.saved[static_cast<size_t>(r.arg)].toTensor()))
+        why = std::string("not its argument '") + ust__binding_arg_name(b_, r.arg) + "' as production";
+    } else if (r.kind == UST__RET_FRESH) {
+      if (!is_defined_tensor(v)) {
+        why = "no tensor";
+      } else {
+        const at::Tensor &t = v.toTensor();
+        if (static_cast<int>(t.scalar_type()) != r.scalar_type)
+          why = std::string("dtype ") + c10::toString(t.scalar_type()) + ", production's " +
+                c10::toString(static_cast<c10::ScalarType>(r.scalar_type));
+        else if ((t.is_cuda() ? t.get_device() : -1) != r.device)
+          why = "a tensor on another device";
+        else if (t.dim() != r.ndim || t.sizes() != c10::IntArrayRef(r.sizes, static_cast<size_t>(r.ndim)))
+          why = "shape " + shape_str(t.sizes()) + ", production's " +
+                shape_str(c10::IntArrayRef(r.sizes, static_cast<size_t>(r.ndim)));
+        else if (t.strides() != c10::IntArrayRef(r.strides, static_cast<size_t>(r.ndim)))
+          why = "strides " + shape_str(t.strides()) + ", production's " +
+                shape_str(c10::IntArrayRef(r.strides, static_cast<size_t>(r.ndim)));
+        else
+          for (size_t i = 0; i < n_args_ && why.empty(); i++)
+            if (is_defined_tensor(x_.saved[i]) && x_.saved[i].toTensor().has_storage() && t.has_storage() &&
+                t.is_alias_of(x_.saved[i].toTensor()))
+              why = std::string("the storage of its argument '") + ust__binding_arg_name(b_, static_cast<int>(i)) + "'";
+      }
+    }
+    if (!why.empty()) {
+      msg_ = std::string("candidate returned ") + why + " for " + result_name(j);
+      return false;
+    }
+  }
+  return true;
+}
+
+int CallRun::run_candidate(bool timed) {
+  if (timed)
+    mark(kCandBegin);
+  const auto t0 = std::chrono::steady_clock::now();
+  fail_ = st_.cand.kind == kNative ? call_native() : call_torch_op();
+  const uint64_t took = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  if (timed)
+    mark(kCandEnd);
+  // a call this long is a failure whatever it returned: the route rolls
+  // back. A call run in the qualifying process is held to the deadline
+  // there, from when it was sent (not counting the wait for the call's
+  // stream that comes first on a GPU).
+  // (While captured, the call only enqueued its work: not held to it.)
+  if (st_.cand.deadline_ns > 0 && took > st_.cand.deadline_ns && st_.cand.proc == nullptr && !captured()) {
+    ust__call_overdue(&st_);
+    if (fail_ == kFailNone || fail_ == kFailSchema) {
+      fail_ = kFailOverdue;
+      msg_ = "candidate took " + std::to_string(took / 1000000) + " ms, over its deadline of " +
+             std::to_string(st_.cand.deadline_ns / 1000000) + " ms";
+    }
+  }
+  if (fail_ == kFailRaised)
+    return UST__EV_RAISED;
+  return fail_ == kFailNone ? UST__EV_OK : UST__EV_FAILED;
+}
+
+int CallRun::compare() {
+  if (captured())
+    return compare_captured();
+  if (fail_ == kFailNone && st_.plan == UST__PLAN_SHADOW && ust__call_aa(&st_)) {
+    x_.side = with_snapshots(x_.aa_snaps);
+    mark(kAaBegin); // production again, timed: its spread against itself floors the promotion's delta
+    op_.redispatchBoxed(below_, &x_.side);
+    mark(kAaEnd);
+    x_.aa_returns.assign(x_.side.begin(), x_.side.end());
+  }
+  if (fail_ == kFailNone)
+    add_pairs(x_.snaps, x_.cand_returns, 0);
+  if (fail_ == kFailNone && st_.plan == UST__PLAN_SHADOW && ust__call_aa(&st_))
+    add_pairs(x_.aa_snaps, x_.aa_returns, 1);
+  if (fail_ == kFailNone)
+    add_input_pairs();
+  if (st_.flags & UST__DF_WAIT_VERDICT)
+    ust__call_want_verdict(&st_);
+  ust__call_compare(&st_, &call_, x_.pairs.data(), static_cast<int>(x_.pairs.size()), fail_,
+                    msg_.empty() ? nullptr : msg_.c_str());
+  return UST__EV_OK;
+}
+
+int CallRun::abandon() {
+  ust__call_abandon(&st_, &call_);
+  return UST__EV_OK;
+}
+
+int CallRun::verdict() { return ust__call_verdict(&st_, &call_) ? UST__EV_VERDICT_FAILED : UST__EV_OK; }
+
+int CallRun::cand_failed() {
+  ust__call_cand_failed(&st_, fail_, msg_.c_str());
+  return UST__EV_OK;
+}
+
+// Every input the candidate got its own copy of (shadow), or that it read
+// in place (verified serving), against its value before: a candidate that
+// writes an input fails ("wrote input"). As many as fit beside the
+// outputs.
+void CallRun::add_input_pairs() {
+  for (size_t i = 0; i < n_args_ && x_.pairs.size() < UST__MAX_PAIRS; i++) {
+    if (x_.cin_lists[i].isTensorList()) {
+      // each element of a list it read, under the list's name
+      const auto before = x_.saved[i].toTensorList().vec(), after = x_.cin_lists[i].toTensorList().vec();
+      for (size_t k = 0; k < before.size() && k < after.size() && x_.pairs.size() < UST__MAX_PAIRS; k++)
+        if (before[k].defined() && after[k].defined() && before[k].has_storage()) {
+          add_pair(ust__binding_arg_name(b_, static_cast<int>(i)), before[k], after[k], 0, 0);
+          x_.pairs.back().input_arg = 1;
+        }
+      continue;
+    }
+    if (!x_.cin[i].defined())
+      continue;
+    const bool in_place = st_.plan == UST__PLAN_SERVE_VERIFIED;
+    const at::Tensor &before = in_place ? x_.cin[i] : x_.saved[i].toTensor();
+    const at::Tensor &after = in_place ? x_.saved[i].toTensor() : x_.cin[i];
+    add_pair(ust__binding_arg_name(b_, static_cast<int>(i)), before, after, 0, 0);
+    x_.pairs.back().input_arg = 1;
+  }
+}
+
+// The snapshots into the caller's arguments: before production ran there,
+// the values before the call (RESTORE); after it ran on them, its writes
+// (COPY_BACK). Inputs the candidate read in place get their values back.
+int CallRun::snaps_into_args() {
+  for (size_t i = 0; i < n_args_; i++) {
+    if (x_.snaps[i].defined())
+      x_.saved[i].toTensor().copy_(x_.snaps[i]);
+    else if (x_.cin[i].defined() && st_.plan == UST__PLAN_SERVE_VERIFIED)
+      x_.saved[i].toTensor().copy_(x_.cin[i]);
+  }
+  return UST__EV_OK;
+}
+
+void CallRun::replace_stack(const std::vector<c10::IValue> &returns) {
+  torch::jit::drop(stack_, n_args_);
+  for (size_t j = 0; j < n_returns_; j++)
+    stack_.push_back(j < returns.size() ? returns[j] : c10::IValue());
+}
+
+// The arguments with understudy's snapshots in place of what the op
+// writes (and of inputs that alias it); private_inputs: the candidate's
+// own copies of the rest too.
+torch::jit::Stack CallRun::with_snapshots(const std::vector<at::Tensor> &snaps, bool private_inputs) const {
+  torch::jit::Stack s(x_.saved.begin(), x_.saved.end());
+  for (size_t i = 0; i < n_args_; i++) {
+    if (snaps[i].defined())
+      s[i] = snaps[i];
+    else if (x_.inputs[i].defined())
+      s[i] = x_.inputs[i];
+    else if (private_inputs && x_.cin[i].defined())
+      s[i] = x_.cin[i];
+    else if (private_inputs && x_.cin_lists[i].isTensorList())
+      s[i] = x_.cin_lists[i];
+  }
+  return s;
+}
+
+// The layout of production's returns, learned for calls with this call's
+// signature so that a native candidate serving unverified calls gets
+// outputs like production's.
+void CallRun::learn_layout() {
+  ust__layout known;
+  if (n_returns_ == 0 || n_returns_ > UST__MAX_RETURNS || ust__call_layout(&st_, &call_, &known) == 0)
+    return; // nothing to lay out, or learned already
+  ust__layout l;
+  std::memset(&l, 0, sizeof l);
+  l.n_returns = static_cast<int>(x_.prod_returns.size());
+  for (size_t j = 0; j < x_.prod_returns.size() && j < UST__MAX_RETURNS; j++) {
+    const c10::IValue &v = x_.prod_returns[j];
+    ust__ret_layout &r = l.ret[j];
+    int alias = -1;
+    for (size_t i = 0; i < n_args_ && is_defined_tensor(v); i++)
+      if (is_defined_tensor(x_.saved[i]) &&
+          (prod_on_snaps_ && x_.snaps[i].defined() ? x_.snaps[i] : x_.saved[i].toTensor()).is_same(v.toTensor()))
+        alias = static_cast<int>(i);
+    if (alias >= 0) {
+      r.kind = UST__RET_ARG;
+      r.arg = alias;
+    } else if (is_defined_tensor(v) && v.toTensor().dim() <= UST__MAX_RANK) {
+      const at::Tensor &t = v.toTensor();
+      r.kind = UST__RET_FRESH;
+      r.scalar_type = static_cast<int>(t.scalar_type());
+      r.device = t.is_cuda() ? t.get_device() : -1;
+      r.ndim = static_cast<int>(t.dim());
+      for (int d = 0; d < r.ndim; d++) {
+        r.sizes[d] = t.sizes()[d];
+        r.strides[d] = t.strides()[d];
+      }
+    } else {
+      r.kind = v.isNone() ? UST__RET_NONE : UST__RET_OPAQUE;
+    }
+  }
+  ust__call_learn_layout(&st_, &call_, &l);
+}
+
+// The production return j aliases a written argument: compared there.
+bool CallRun::aliases_written_arg(size_t j) const {
+  if (!is_defined_tensor(x_.prod_returns[j]))
+    return false;
+  const at::Tensor &r = x_.prod_returns[j].toTensor();
+  for (size_t i = 0; i < n_args_; i++)
+    if (x_.snaps[i].defined() && (serving_ ? x_.snaps[i] : x_.saved[i].toTensor()).is_same(r))
+      return true;
+  return false;
+}
+
+bool CallRun::compared_return(size_t j) const {
+  return st_.cand.compared_returns < 0 || j < static_cast<size_t>(st_.cand.compared_returns);
+}
+
+int CallRun::call_torch_op() {
+  const auto *h = static_cast<const c10::OperatorHandle *>(st_.cand.torch_op);
+  const auto &cs = h->schema();
+  if (cs.arguments().size() != n_args_ || cs.returns().size() != n_returns_) {
+    msg_ = "candidate " + cs.operator_name().name + " takes " + std::to_string(cs.arguments().size()) +
+           " arguments and returns " + std::to_string(cs.returns().size()) + " values; production " +
+           std::to_string(n_args_) + " and " + std::to_string(n_returns_);
+    return kFailSchema;
+  }
+  if (int f = guarded([&] { h->callBoxed(&x_.side); }))
+    return f;
+  x_.cand_returns.assign(x_.side.begin(), x_.side.end());
+  return kFailNone;
+}
+
+// Pairs of (production's value, the other side's): every written argument
+// (against its snapshot, which the other side wrote), then every compared
+// return that is not a written argument. A return understudy cannot read
+// (a tensor list, ...) makes the call unverifiable rather than passed.
+void CallRun::add_pairs(const std::vector<at::Tensor> &snaps, const std::vector<c10::IValue> &other_returns, int aa) {
+  x_.names.clear();
+  std::vector<at::Tensor> prod, other;
+  std::vector<int> written;
+  for (size_t i = 0; i < n_args_; i++)
+    if (snaps[i].defined()) {
+      // production wrote the caller's argument and the other side the
+      // snapshot; serving, the other way round
+      x_.names.push_back(ust__binding_arg_name(b_, static_cast<int>(i)));
+      prod.push_back(serving_ && !aa ? snaps[i] : x_.saved[i].toTensor());
+      other.push_back(serving_ && !aa ? x_.saved[i].toTensor() : snaps[i]);
+      written.push_back(1);
+    }
+  bool unreadable = false;
+  for (size_t j = 0; j < n_returns_ && j < x_.prod_returns.size(); j++) {
+    if (!compared_return(j) || aliases_written_arg(j) || x_.prod_returns[j].isNone())
+      continue;
+    if (!is_defined_tensor(x_.prod_returns[j])) {
+      unreadable |= !(x_.prod_returns[j].isTensor() || x_.prod_returns[j].isInt() ||
+                      x_.prod_returns[j].isDouble() || x_.prod_returns[j].isBool());
+      continue;
+    }
+    if (j >= other_returns.size() || !is_defined_tensor(other_returns[j])) {
+      if (!aa && fail_ == kFailNone) {
+        fail_ = kFailSchema;
+        msg_ = std::string("candidate returned no tensor for ") + result_name(j);
+      }
+      continue;
+    }
+    x_.names.push_back(result_name(j));
+    prod.push_back(x_.prod_returns[j].toTensor());
+    other.push_back(other_returns[j].toTensor());
+    written.push_back(0);
+  }
+  if (st_.cand.compare == UST__CMP_SET) {
+    as_sets(prod);
+    as_sets(other);
+  }
+  for (size_t k = 0; k < prod.size(); k++)
+    add_pair(x_.names[k], prod[k], other[k], aa, written[k]);
+  if (unreadable || x_.pairs.size() >= UST__MAX_PAIRS) {
+    // A pair whose dtype the guard does not read: the verdict is then
+    // "unverifiable", never "passed" on a partial look.
+    ust__pair p;
+    std::memset(&p, 0, sizeof p);
+    p.name = "unreadable outputs";
+    p.aa = aa;
+    p.prod_dtype = p.cand_dtype = UST__DT_OTHER;
+    if (x_.pairs.size() >= UST__MAX_PAIRS)
+      x_.pairs.back() = p;
+    else
+      x_.pairs.push_back(p);
+  }
+}
+
+// Set comparison (top-k style): order the rows of one side's outputs by
+// (first output's value, then second's) with one permutation, so values
+// and indices stay paired and ties order the same way on both sides.
+void CallRun::as_sets(std::vector<at::Tensor> &ts) {
+  if (ts.empty() || ts[0].dim() == 0 || ts[0].scalar_type() == at::kBool)
+    return;
+  at::Tensor perm;
+  if (ts.size() > 1 && ts[1].sizes() == ts[0].sizes()) {
+    perm = std::get<1>(ts[1].sort(/*stable=*/true, -1));
+    perm = perm.gather(-1, std::get<1>(ts[0].gather(-1, perm).sort(/*stable=*/true, -1)));
+  } else {
+    perm = std::get<1>(ts[0].sort(/*stable=*/true, -1));
+  }
+  for (auto &t : ts)
+    if (t.sizes() == perm.sizes())
+      t = t.gather(-1, perm);
+}
+
+void CallRun::add_pair(const char *name, const at::Tensor &prod, const at::Tensor &other, int aa, int written) {
+  if (x_.pairs.size() >= UST__MAX_PAIRS)
+    return;
+  ust__pair p;
+  std::memset(&p, 0, sizeof p);
+  p.name = name;
+  p.aa = aa;
+  p.written_arg = written;
+  x_.keep.push_back(prod);
+  x_.keep.push_back(other);
+  fill_dl(x_.keep[x_.keep.size() - 2], &p.prod, &p.prod_dtype);
+  fill_dl(x_.keep.back(), &p.cand, &p.cand_dtype);
+  if (prod.device() == other.device() && prod.sizes() == other.sizes() && prod.scalar_type() == other.scalar_type()) {
+    x_.dense.push_back(prod.contiguous());
+    x_.dense.push_back(other.contiguous());
+    p.prod_dense = x_.dense[x_.dense.size() - 2].const_data_ptr();
+    p.cand_dense = x_.dense.back().const_data_ptr();
+  }
+  x_.pairs.push_back(p);
+}
+
+// A call whose plan runs more than production (a shadow, a candidate that
+// serves): its buffers and steps, out of the interceptor's common path;
+// the view's data pointers read first.
+// false, with nothing run or ended, when the run could not be set up (its
+// buffers could not be allocated).
+[[gnu::noinline]] bool run_plan(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch::jit::Stack *stack,
+                                ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
+                                ust__decision &d, int step) {
+  std::optional<CallRun> run;
+  try {
+    fill_data(op, *stack, args, call.nargs);
+    run.emplace(op, below, *stack, b, call, st);
+  } catch (...) {
+    return false;
+  }
+  while (step != UST__STEP_DONE)
+    step = ust__decision_next(&d, run->perform(step));
+  ust__call_end(&call, &st, &d);
+  run->finish(d.outcome);
+  return true;
+}
+
+} // namespace ust_bridge
