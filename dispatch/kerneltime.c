@@ -521,10 +521,8 @@ static void name_unseen(ust__kt *k, const char *name, uint64_t ns) {
   if (e == NULL)
     return;
   const known_name *kn = &k->known[e->val - 1];
-  for (uint32_t i = 0; i < kn->n; i++) {
-    atomic_fetch_add_explicit(&kn->figs[i]->unseen_kernels, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&kn->figs[i]->unseen_ns, ns, memory_order_relaxed);
-  }
+  for (uint32_t i = 0; i < kn->n; i++)
+    ust__figs_unseen_kernel(kn->figs[i], ns);
 }
 
 static int kernel_order(const void *a, const void *b) {
@@ -566,7 +564,7 @@ static void changed_once(captured_call *cc) {
   if (cc->changed || cc->figs == NULL)
     return;
   cc->changed = 1;
-  atomic_fetch_add_explicit(&cc->figs->graph_changed, 1, memory_order_relaxed);
+  ust__figs_graph_changed(cc->figs);
 }
 
 void ust__kt_exec_changed(ust__kt *k, uint32_t exec, uint64_t node) {
@@ -624,10 +622,10 @@ static void conclude_replays(ust__kt *k, replay_rec *r, uint32_t n, double ns_pe
     } else if (cc->kernels != 0 && j - i != cc->kernels) {
       /* records lost: no figure rather than part of one */
       k->totals.calls_dropped++;
-      atomic_fetch_add_explicit(&cc->figs->timing_dropped, 1, memory_order_relaxed);
+      ust__figs_timing_dropped(cc->figs);
     } else {
       ust__figs_kernel_time(cc->figs, sum, (uint64_t)((double)(end - start) * ns_per_tick + 0.5), cc->tsol_ps, 0);
-      atomic_fetch_add_explicit(&cc->figs->replayed, 1, memory_order_relaxed);
+      ust__figs_replayed(cc->figs);
       k->totals.calls_replayed++;
     }
     i = j;
@@ -787,7 +785,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
       continue;
     if (complete == NULL || !complete[i]) {
       t->calls_dropped++;
-      atomic_fetch_add_explicit(&c->figs->timing_dropped, 1, memory_order_relaxed);
+      ust__figs_timing_dropped(c->figs);
       continue;
     }
     if (c->kernels == 0) {

@@ -332,7 +332,7 @@ static void conclude(ust__timers *t, int token, cudaError_t q) {
   if (q == cudaSuccess && UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, s->start, s->stop)) == 0)
     ust__figs_timed(s->figs, (uint64_t)((double)ms * 1e6 + 0.5), s->tsol_ps, s->kind);
   else
-    atomic_fetch_add_explicit(&s->figs->timing_dropped, 1, memory_order_relaxed);
+    ust__figs_timing_dropped(s->figs);
   s->figs = NULL;
   give_back(t, token);
 }

@@ -190,6 +190,15 @@ typedef struct ust__verify_snap {
  * Returns 1 when this call paused it. */
 int ust__verify_budget(ust__verify *v, ust__figs *f, double max_slowdown);
 
+/* A candidate call longer than its deadline (verified or not). */
+void ust__verify_overdue(ust__verify *v);
+/* A captured call whose graph holds its shadow (beside: verify-only, beside
+ * the chain). */
+void ust__verify_graph_shadowed(ust__verify *v, int beside);
+/* A shadow call that failed before any comparison (the candidate raised or
+ * returned an error while captured): a call verified and failed. Returns its
+ * number among the route's shadow calls, for the evidence. */
+uint64_t ust__verify_failed_call(ust__verify *v);
 /* A sampled call that went without a verdict, for reason (ust__skip). */
 void ust__verify_skipped(ust__verify *v, int reason);
 void ust__verify_snapshot(ust__verify *v, ust__verify_snap *out);

@@ -141,6 +141,21 @@ void ust__verify_skipped(ust__verify *v, int reason) {
   atomic_fetch_add_explicit(&v->skipped_by[reason], 1, memory_order_relaxed);
 }
 
+void ust__verify_overdue(ust__verify *v) { atomic_fetch_add_explicit(&v->overdue, 1, memory_order_relaxed); }
+
+void ust__verify_graph_shadowed(ust__verify *v, int beside) {
+  atomic_fetch_add_explicit(&v->graph_shadowed, 1, memory_order_relaxed);
+  if (beside)
+    atomic_fetch_add_explicit(&v->graph_beside, 1, memory_order_relaxed);
+}
+
+uint64_t ust__verify_failed_call(ust__verify *v) {
+  const uint64_t n = atomic_fetch_add_explicit(&v->calls, 1, memory_order_relaxed) + 1;
+  atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&v->failed, 1, memory_order_relaxed);
+  return n;
+}
+
 int ust__verify_budget(ust__verify *v, ust__figs *f, double max_slowdown) {
   if (max_slowdown <= 0 || atomic_load_explicit(&v->paused, memory_order_relaxed) ||
       atomic_load_explicit(&f->cand_hist.count, memory_order_relaxed) < 5)

@@ -220,6 +220,49 @@ void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw);
  * Q (bytes read and written). Thread-safe, lock-free. */
 void ust__figs_note_work(ust__figs *f, double flops, double bytes);
 
+/* Counts of a route's calls, each written here alone (the figures are the
+ * scorer's part of a route): inline, as every keyed call's plan runs some.
+ * Thread-safe, lock-free. */
+/* w more calls on the route; returns its calls after them. Of those, all
+ * but one (the call that stands for them) are estimated: counted after the
+ * calls, released, so a snapshot that reads estimated first never sees more
+ * than its share of calls. */
+static inline uint64_t ust__figs_count(ust__figs *f, unsigned w) {
+  const uint64_t n = atomic_fetch_add_explicit(&f->calls, w, memory_order_relaxed) + w;
+  if (w > 1)
+    atomic_fetch_add_explicit(&f->estimated, w - 1, memory_order_release);
+  return n;
+}
+/* A call made while its stream captured a graph (late: past the key's first
+ * steady_after calls). */
+static inline void ust__figs_captured_call(ust__figs *f, int late) {
+  atomic_fetch_add_explicit(&f->captured, 1, memory_order_relaxed);
+  if (late)
+    atomic_fetch_add_explicit(&f->late_captured, 1, memory_order_relaxed);
+}
+/* A call sampled for timing that got no figure (no timer free, records lost). */
+static inline void ust__figs_timing_dropped(ust__figs *f) {
+  atomic_fetch_add_explicit(&f->timing_dropped, 1, memory_order_relaxed);
+}
+/* A timed call whose floor could not be computed. */
+static inline void ust__figs_unscored(ust__figs *f) { atomic_fetch_add_explicit(&f->unscored, 1, memory_order_relaxed); }
+/* A timed call floored by the bound ops it called. */
+static inline void ust__figs_nested_scored(ust__figs *f) {
+  atomic_fetch_add_explicit(&f->nested_scored, 1, memory_order_relaxed);
+}
+/* A call run again by a graph replay (timed by its kernels). */
+static inline void ust__figs_replayed(ust__figs *f) { atomic_fetch_add_explicit(&f->replayed, 1, memory_order_relaxed); }
+/* A kernel ns long of a name the route's calls ran, run by a graph no bound
+ * op was seen captured into. */
+static inline void ust__figs_unseen_kernel(ust__figs *f, uint64_t ns) {
+  atomic_fetch_add_explicit(&f->unseen_kernels, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->unseen_ns, ns, memory_order_relaxed);
+}
+/* A captured call whose nodes a graph library changed in place. */
+static inline void ust__figs_graph_changed(ust__figs *f) {
+  atomic_fetch_add_explicit(&f->graph_changed, 1, memory_order_relaxed);
+}
+
 /* Production's median latency over the candidate's; 0 when either is empty. */
 double ust__figs_speedup(ust__figs *f);
 

@@ -106,3 +106,77 @@ def test_no_circle_of_calls_between_files():
         if node not in state:
             visit(node, [node])
     assert circles == []
+
+
+# ---- each part of a route written only by its owner --------------------------------
+# A route is made of parts declared by their owners (dispatch/dispatch.h): its
+# figures (scorer/), its verifications and its rollout (guard/). A field of a
+# part is written only through its owner's functions; other folders read.
+PART_OWNERS = {"figs": "scorer", "verify": "guard", "rollout": "guard"}
+_PART = r"(?:->|\.)(figs|verify|rollout)(?:\[[^\]]*\])?(?:->|\.)(\w+)"
+ATOMIC_WRITE = re.compile(r"\b(?:atomic_(?:fetch_\w+?|store|exchange|compare_exchange_\w+?)(?:_explicit)?|__atomic_\w+)"
+                          r"\s*\(\s*&\s*[\w\[\]()*]*?" + _PART)
+PLAIN_WRITE = re.compile(_PART + r"(?:\[[^\]]*\])?\s*(?:\+\+|--|[-+*/|&^]?=(?!=))")
+
+
+def direct_writes(text):
+    text = strip_comments(text)
+    return [m.group(1) + "." + m.group(2) for r in (ATOMIC_WRITE, PLAIN_WRITE) for m in r.finditer(text)]
+
+
+def test_the_scan_sees_a_direct_write():
+    assert direct_writes("atomic_fetch_add_explicit(&r->figs.calls, w, memory_order_relaxed);") == ["figs.calls"]
+    assert direct_writes("atomic_store(&kn->figs[i]->unseen_ns, 0);") == ["figs.unseen_ns"]
+    assert direct_writes("r->verify.overdue++;") == ["verify.overdue"]
+    assert direct_writes("s->rollout.evidence = e;") == ["rollout.evidence"]
+    assert direct_writes("x = atomic_load(&r->figs.calls); if (s->figs.calls == 1) {}") == []
+
+
+def test_route_parts_are_written_by_their_owners_alone():
+    found = []
+    for src in SOURCES:
+        folder = rel(src).split("/")[0]
+        for w in direct_writes(src.read_text()):
+            if PART_OWNERS[w.split(".")[0]] != folder:
+                found.append(f"{rel(src)} writes {w}")
+    assert found == []
+
+
+# ---- sizes a reader can hold --------------------------------------------------------
+SEAM_AND_ROUTER = [p for p in SOURCES if rel(p).startswith("dispatch/bridge") or
+                   rel(p) in ("dispatch/router.h", "dispatch/route_key.c", "dispatch/routes.c", "dispatch/admit.c",
+                              "dispatch/plan.c", "dispatch/sink.c")]
+FUNCTION_START = re.compile(r"^(\s{0,2})(?!(?:struct|class|enum|union|namespace|extern|typedef)\b)[A-Za-z_\[].*\)\s*"
+                            r"(?:const\s*)?(?:noexcept\s*)?\{\s*$")
+
+
+def functions(path):
+    """(lines, name) of each function defined in path: a line at the margin (or
+    a class's first indent) ending in '{', to the brace at its indent."""
+    lines = path.read_text().split("\n")
+    out, i = [], 0
+    while i < len(lines):
+        m = FUNCTION_START.match(lines[i])
+        if m and "=" not in lines[i].split("(")[0]:
+            end = m.group(1) + "}"
+            j = i + 1
+            while j < len(lines) and not (lines[j] == end or lines[j].startswith(end + ";")):
+                j += 1
+            out.append((j - i + 1, (re.findall(r"([\w:~]+)\s*\(", lines[i]) or ["?"])[0]))
+            i = j
+        i += 1
+    return out
+
+
+def test_the_seam_and_the_router_are_split_by_job():
+    names = {rel(p) for p in SEAM_AND_ROUTER}
+    assert {"dispatch/bridge_intercept.cpp", "dispatch/bridge_eager.cpp", "dispatch/bridge_captured.cpp",
+            "dispatch/bridge_native.cpp", "dispatch/plan.c", "dispatch/admit.c", "dispatch/sink.c"} <= names
+    long_files = [f"{rel(p)}: {n}" for p in SEAM_AND_ROUTER if (n := len(p.read_text().split("\n"))) > 900]
+    long_functions = [f"{rel(p)}: {name} {n}" for p in SEAM_AND_ROUTER for n, name in functions(p) if n > 150]
+    assert long_files == [] and long_functions == []
+    assert max(n for p in SEAM_AND_ROUTER for n, _ in functions(p)) > 20  # the scan finds functions
+
+
+def test_no_core_file_is_over_1500_lines():
+    assert [f"{rel(p)}: {n}" for p in SOURCES if (n := len(p.read_text().split("\n"))) > 1500] == []
