@@ -1,5 +1,6 @@
 /* The JSON config: parsed strictly, every error names its JSON path. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,28 +11,399 @@
 #include "plugin/plugin.h"
 #include "plugin/verify.h"
 
-static int level_parse(const char *s) {
-  static const char *names[] = {"error", "warn", "info", "debug"};
-  for (int i = 0; i < 4; i++)
-    if (strcmp(s, names[i]) == 0)
-      return i;
-  return -1;
+/* ---- the field table -----------------------------------------------------------------
+ * Every field of the config, each object's keys in the order its errors list
+ * them (plugin.h says what each column means). An entry with AT(...) is kept
+ * where it names; its section's parser passes the struct. */
+
+#define AT(type, member) .offset = offsetof(type, member), .size = sizeof(((type *)0)->member)
+#define CHOICES(...) .choices = (const char *const[]){__VA_ARGS__, NULL}
+/* the sections of an operator's entry */
+#define SEC_OP "operators.<name>"
+#define SEC_CANDIDATE SEC_OP ".candidate"
+#define SEC_GUARD SEC_OP ".guard"
+#define SEC_PROMOTION SEC_OP ".promotion"
+#define SEC_ROUTE SEC_OP ".routes.<key>"
+
+static const ust__config_field fields[] = {
+    /* ---- the top level */
+    {"", "version", UST__FIELD_INTEGER, .lo = 1, .hi = 1, .def = "1",
+     .doc = "The config format's version."},
+    {"", "problems_dir", UST__FIELD_STRING, AT(ust__config, problems_dir), .def_words = "the shipped `problems/`",
+     .doc = "The folder of operator definitions, one JSON file per operator. The Python package passes its own "
+            "unless this field or `enable(problems=...)` names one; a C host names it here or in `ust_enable`."},
+    {"", "report", UST__FIELD_OBJECT,
+     .doc = "The JSON report: where it is written and how often, and the recent window it gives beside the totals."},
+    {"", "log_level", UST__FIELD_CHOICE, CHOICES("error", "warn", "info", "debug"), AT(ust__config, log_level),
+     .def = "\"warn\"", .doc = "The most detailed messages logged (to stderr, or to the sink a host set with "
+                               "`ust_set_log`)."},
+    /* about 17 KiB a route (two histograms of 976 buckets, the key, its row of the rollout table) */
+    {"", "max_routes", UST__FIELD_INTEGER, .lo = 1, .hi = 65536, AT(ust__config, max_routes), .def = "4096",
+     .doc = "Routes (an operator's shape keys) tracked at most, about 17 KiB each; calls of keys beyond them are "
+            "served by production and counted `untracked`. The shape keys given under operators' `routes` count "
+            "against it too."},
+    {"", "defaults", UST__FIELD_OBJECT, .doc = "What every operator does unless its own entry says otherwise."},
+    {"", "operators", UST__FIELD_MAP, .def_words = "every definition, in `defaults.mode`",
+     .doc = "The operators to intercept, by the name of their definition: each a mode string or an object. An "
+            "operator not listed is not intercepted at all."},
+    {"", "shadow", UST__FIELD_OBJECT,
+     .doc = "Limits on shadowed calls, and how a shadow is run for calls captured into CUDA graphs."},
+    {"", "hardware", UST__FIELD_OBJECT,
+     .doc = "The hardware profiles that give each call's roofline floor (T_SOL), against which kernels are scored."},
+    {"", "state", UST__FIELD_OBJECT,
+     .doc = "The rollout state file, which keeps each route's own mode and the promotion's decisions across "
+            "restarts. Without it they last as long as the process."},
+    {"", "disable_timeout_s", UST__FIELD_NUMBER, .what = "a number of seconds", .lo = 0, .lo_open = 1, .hi = 86400,
+     AT(ust__config, disable_timeout_s), .def = "30",
+     .doc = "How long `disable()` waits for intercepted calls still inside a candidate before it returns "
+            "`UST_ETIMEDOUT`. Interception stops at once either way; the final report and state are written when "
+            "those calls return."},
+    {"", "metrics", UST__FIELD_OBJECT, .def_words = "none: no metrics",
+     .doc = "Prometheus metrics, set up by the Python package at `enable()` (the C core only checks the fields): "
+            "with `port`, an endpoint of its own; without, into the host's Prometheus (its multiprocess directory "
+            "or its default registry)."},
+    {"", "timer", UST__FIELD_OBJECT,
+     .doc = "What times calls on a GPU: events around each timed call, or CUPTI's kernel tracer in windows."},
+
+    /* ---- report */
+    {"report", "path", UST__FIELD_PATH, AT(ust__config, report_path), .def_words = "none: no report file",
+     .doc = "The report file, written atomically (temporary file, fsync, rename) every `interval_s` seconds and at "
+            "disable. `{pid}`, `{rank}` and `{local_rank}` are replaced, so that processes sharing one config "
+            "write files of their own."},
+    {"report", "interval_s", UST__FIELD_NUMBER, .lo = 0, .hi = INFINITY, AT(ust__config, report_interval_s),
+     .def = "10", .doc = "Seconds between two reports; 0 writes it only at disable."},
+    {"report", "window_s", UST__FIELD_NUMBER, .what = "a number of seconds", .lo = 0, .hi = 86400,
+     AT(ust__config, report_window_s), .def = "60",
+     .doc = "The length of the report's `window`: figures over the recent calls (between one and two windows "
+            "back) beside the totals; 0: no window."},
+
+    /* ---- hardware */
+    {"hardware", "dir", UST__FIELD_STRING, AT(ust__config, hardware_dir), .def_words = "`<problems_dir>/hardware`",
+     .doc = "The folder of hardware profiles, one JSON file per device: the shipped datasheet ones, or one that "
+            "`understudy calibrate` measured."},
+    {"hardware", "profile", UST__FIELD_STRING, AT(ust__config, hardware_profile),
+     .def_words = "picked by the device's name (a CPU's by its model name)",
+     .doc = "The profile, by name (`\"H200\"`), that every device's calls are scored against."},
+
+    /* ---- state */
+    {"state", "path", UST__FIELD_PATH, AT(ust__config, state_path), .def_words = "required",
+     .doc = "The state file: every route's own mode and the promotion's decisions short of a move, with their "
+            "evidence, written atomically after each change and at disable, read back at enable (its modes win "
+            "over the config's per-key ones). Placeholders as in `report.path`."},
+
+    /* ---- shadow */
+    {"shadow", "max_inflight", UST__FIELD_INTEGER, .lo = 1, .hi = 4096, AT(ust__config, shadow_max_inflight),
+     .def = "64",
+     .doc = "Shadow calls whose comparison is pending, at most; beyond them a call is served by production alone "
+            "and counted `skipped` (`no_slot`)."},
+    {"shadow", "graph_beside_max_mb", UST__FIELD_INTEGER, .lo = 0, .hi = 65536,
+     AT(ust__config, shadow_graph_beside_mb), .def = "16",
+     .doc = "Device memory (MiB) a call captured into a CUDA graph may keep for its shadow beside the graph's "
+            "chain; a call that would keep more is shadowed in the chain. 0: every captured shadow in the chain."},
+    /* an IF node by default: "device" fails under CUPTI's kernel tracing */
+    {"shadow", "graph_beside_launch", UST__FIELD_CHOICE, CHOICES("conditional", "device"),
+     AT(ust__config, shadow_graph_beside_launch), .def = "\"conditional\"",
+     .doc = "Where replays are decided on the device, how a replay that verifies starts a shadow beside the "
+            "chain: `conditional`, an IF node on a branch off its kernel; `device`, a launch of the shadow's graph "
+            "from that kernel. `device` needs `timer.kind` `events`: CUPTI's kernel tracing fails such graphs."},
+    {"shadow", "graph_gate", UST__FIELD_CHOICE, CHOICES("device", "replay"),
+     AT(ust__config, shadow_graph_gate_replay), .def = "\"replay\"",
+     .doc = "Who decides whether a replay verifies a shadow beside the chain: `replay`, the host before each "
+            "replay it sees (`torch.cuda.CUDAGraph.replay`, through the Python package); `device`, a kernel in the "
+            "chain at every replay. Replays the host does not see are decided on the device either way."},
+    /* behind the replay by default: nothing added to the graph, so a closed gate costs least */
+    {"shadow", "graph_host_start", UST__FIELD_CHOICE, CHOICES("replay", "kernel"),
+     AT(ust__config, shadow_graph_start_kernel), .def = "\"replay\"",
+     .doc = "Where the host starts a shadow beside the chain in a replay that verifies (`graph_gate` `replay`): "
+            "`replay`, behind the whole replay; `kernel`, behind its kernel, through an event recorded in the "
+            "graph, so that it runs under the rest of the replay. Read when the graph is captured."},
+
+    /* ---- timer */
+    /* events by default: once CUPTI traced API calls, every later launch of
+     * the process stays slower */
+    {"timer", "kind", UST__FIELD_CHOICE, CHOICES("auto", "cupti", "events"), AT(ust__config, timer_kind),
+     .def = "\"events\"",
+     .doc = "`events`: an event pair on the caller's stream around each timed call (launch gaps included). "
+            "`cupti`: CUPTI's kernel tracer, the call's kernels' own durations, in windows; where libcupti cannot "
+            "be loaded, events, saying why. `auto`: the tracer where it loads, quietly."},
+    {"timer", "window_ms", UST__FIELD_NUMBER, .what = "a number of milliseconds", .lo = 1, .hi = 600000,
+     AT(ust__config, timer_window_ms), .def = "100", .doc = "How long a tracer window stays open."},
+    {"timer", "budget", UST__FIELD_NUMBER, .what = "a share of host time", .lo = 0, .hi = 1,
+     .note = "0: windows back to back", AT(ust__config, timer_budget), .def = "0.01",
+     .doc = "The share of host time the windows may cost: the next window opens once a window's kernels times "
+            "`launch_cost_us` is within this share of the time since it opened."},
+    {"timer", "launch_cost_us", UST__FIELD_NUMBER, .what = "a number of microseconds", .lo = 0, .hi = 1000,
+     AT(ust__config, timer_launch_cost_us), .def = "10",
+     .doc = "What tracing adds to one kernel launch, for the budget."},
+    {"timer", "cupti_path", UST__FIELD_STRING, AT(ust__config, cupti_path),
+     .def_words = "`libcupti.so.13`, as the loader finds it",
+     .doc = "The libcupti to load when the process has none loaded (torch's CUDA build loads its own, which is "
+            "used)."},
+    /* callbacks by default: after its windows they left the least on each
+     * call, and API records crashed libcupti 13.0 when flushed mid-window */
+    {"timer", "correlation", UST__FIELD_CHOICE, CHOICES("records", "callbacks"), AT(ust__config, timer_callbacks),
+     .def = "\"callbacks\"",
+     .doc = "How the tracer tells which call launched a kernel: `callbacks`, the launch APIs' callbacks (while "
+            "another client, such as torch's profiler, holds CUPTI's subscription, records are used); `records`, "
+            "an id each call pushes, carried by CUPTI's API records, which makes every later API call of the "
+            "process dearer. The report's `timer.correlation` says which was used."},
+
+    /* ---- defaults */
+    {"defaults", "mode", UST__FIELD_MODE, UST__FIELD_BY_HAND, AT(ust__config, default_mode), .def = "\"observe\"",
+     .doc = "The mode of operators that give none: `off` or `observe` (the other modes need a candidate, named "
+            "per operator)."},
+    {"defaults", "sample", UST__FIELD_NUMBER, .lo = 0, .hi = 1, AT(ust__config, default_sample), .def = "0.0625",
+     .doc = "The share of calls whose latency is timed, besides the first 3 calls of every shape key (every call "
+            "is counted); a key's device time is its timed calls' mean times its calls. 0 times none."},
+    /* once a key has had 4096 calls (about 256 of them timed in a thread's
+     * warm-up, 64 past it: each keyed one), 1 in 256 */
+    {"defaults", "sample_steady", UST__FIELD_NUMBER, UST__FIELD_BY_HAND, .lo = 0, .hi = 1,
+     AT(ust__config, default_sample_steady),
+     .def = "0.00390625",
+     .doc = "The timed share once a key has had `steady_after` calls, at most `sample`: it keeps timing's cost off "
+            "keys already well measured. A `sample` given without `sample_steady` holds for every call."},
+    {"defaults", "steady_after", UST__FIELD_COUNT, .lo = 0, .hi = 1e15, AT(ust__config, steady_after),
+     .def = "4096", .doc = "The calls of a key after which it is timed at `sample_steady`."},
+    /* a keyed call among tallied ones finds its view, key, route and
+     * counters cold: several microseconds where a tallied call costs tenths */
+    {"defaults", "key_every", UST__FIELD_COUNT, .lo = 1, .hi = 65535, .note = "1: every call keyed",
+     AT(ust__config, key_every), .def = "64",
+     .doc = "Past a thread's first `key_after` calls, an operator observed without a candidate builds the shape "
+            "key of one call in `key_every`, at random, and only counts the others (`tallied`); a keyed call "
+            "stands for `key_every` calls of its key. Calls during a CUDA graph capture or a tracer window, and "
+            "every call of an operator with a candidate, are keyed one by one."},
+    {"defaults", "key_after", UST__FIELD_COUNT, .lo = 0, .hi = 1e15, AT(ust__config, key_after), .def = "4096",
+     .doc = "The calls a thread makes to operators observed without a candidate, each keyed, before `key_every` "
+            "applies to it: a short run counts every key exactly."},
+
+    /* ---- operators */
+    {"operators", "<name>", UST__FIELD_MODE_OR_OBJECT,
+     .doc = "One operator, named as its definition (`problems/<name>.json`): a mode string "
+            "(`\"gemm\": \"observe\"`), or an object whose fields follow."},
+    {SEC_OP, "mode", UST__FIELD_MODE, UST__FIELD_RELOADABLE, AT(ust__op_config, mode), .def_words = "`defaults.mode`",
+     .doc = "`off` (intercepted, passed straight through), `observe`, `shadow`, `canary` or `live`; the last three "
+            "need a `candidate`. Routes with a mode of their own (set per key, restored, promoted or rolled back) "
+            "keep it."},
+    {SEC_OP, "sample", UST__FIELD_NUMBER, .lo = 0, .hi = 1, AT(ust__op_config, sample),
+     .def_words = "`defaults.sample`",
+     .doc = "In observe, the share of calls timed; in shadow, the share of the target's calls shadowed (the others "
+            "are observed); in canary and live, the share of served calls verified against production."},
+    {SEC_OP, "sample_steady", UST__FIELD_NUMBER, UST__FIELD_BY_HAND, .lo = 0, .hi = 1,
+     AT(ust__op_config, sample_steady),
+     .def_words = "`defaults.sample_steady`, or `sample` when the operator gives one",
+     .doc = "The timed share of the operator's keys once steady, as `defaults.sample_steady`; at most `sample`."},
+    {SEC_OP, "candidate", UST__FIELD_OBJECT,
+     .doc = "The kernel that stands in for production: a native shared object (`native`, pinned by `sha256`) or a "
+            "dispatcher op (`torch_op`), exactly one of them."},
+    {SEC_OP, "guard", UST__FIELD_OBJECT,
+     .doc = "How the candidate's outputs are judged against production's, and when it is cut off."},
+    {SEC_OP, "canary", UST__FIELD_NUMBER, UST__FIELD_RELOADABLE, .what = "a fraction of calls", .lo = 0, .lo_open = 1,
+     .hi = 1, .hi_open = 1, AT(ust__op_config, canary), .def = "0.1",
+     .doc = "The candidate's share of the calls in `canary` mode, spread evenly."},
+    {SEC_OP, "strict", UST__FIELD_BOOL, UST__FIELD_RELOADABLE, AT(ust__op_config, strict), .def = "false",
+     .doc = "In canary and live, wait for each verified call's verdict before returning it, so that a mismatch is "
+            "never served (on a GPU this synchronises the stream). Inside CUDA graphs production serves and "
+            "replays are verified as in shadow."},
+    {SEC_OP, "promotion", UST__FIELD_OBJECT, UST__FIELD_RELOADABLE, .def_words = "none: modes move only when told",
+     .doc = "The promotion policy: a route moves shadow → canary → live once enough verifications passed and a "
+            "sequential test of paired times finds the candidate faster. `{}` enables it with the defaults below; "
+            "it needs a `candidate`."},
+    {SEC_OP, "routes", UST__FIELD_MAP, UST__FIELD_RELOADABLE, .def_words = "none",
+     .doc = "Modes of single shape keys, the keys spelled as in the report "
+            "(`\"_C::rms_norm|cuda|bf16,bf16,bf16|M=8,N=4096\"`)."},
+
+    /* ---- operators.<name>.candidate: read by hand (its fields depend on each other) */
+    {SEC_CANDIDATE, "native", UST__FIELD_STRING, UST__FIELD_BY_HAND,
+     .doc = "The path of a native candidate, a shared object exporting the candidate ABI. It is loaded only when "
+            "its SHA-256 is `sha256`, from the very bytes hashed."},
+    {SEC_CANDIDATE, "sha256", UST__FIELD_STRING, UST__FIELD_BY_HAND, .what = "64 hex digits",
+     .def_words = "required with `native`", .doc = "The SHA-256 of the `native` shared object, in hex."},
+    {SEC_CANDIDATE, "deps", UST__FIELD_MAP, UST__FIELD_BY_HAND, .def_words = "none",
+     .doc = "`{PATH: SHA256}`: the absolute paths and pins of libraries the native candidate needs that are "
+            "neither system libraries nor loaded already. Each must carry its needed name as `DT_SONAME`; it is "
+            "checked and loaded from its checked bytes before the candidate."},
+    {SEC_CANDIDATE, "torch_op", UST__FIELD_STRING, UST__FIELD_BY_HAND,
+     .doc = "A dispatcher op (`ns::name` or `ns::name.overload`) with the target's schema, called with the same "
+            "arguments: a Triton kernel registered with `torch.library.custom_op`, for one."},
+    {SEC_CANDIDATE, "target", UST__FIELD_STRING, UST__FIELD_BY_HAND,
+     .def_words = "the native descriptor's; a torch op's is required when the operator binds several ops",
+     .doc = "The bound op the candidate stands in for, with its overload (`aten::mm`, `_C::rms_norm`)."},
+    {SEC_CANDIDATE, "qualify", UST__FIELD_CHOICE, UST__FIELD_BY_HAND, CHOICES("here", "process"),
+     AT(ust__cand_config, qualify), .def = "\"here\"",
+     .doc = "`here`: a native candidate is loaded into this process at enable. `process`: it first runs in a "
+            "process of its own (`understudy-qualify`), and this process loads it only once a route qualified "
+            "there."},
+    {SEC_CANDIDATE, "qualify_calls", UST__FIELD_INTEGER, UST__FIELD_BY_HAND, .what = "a whole number of calls",
+     .lo = 1, .hi = 1000000, AT(ust__cand_config, qualify_calls), .def = "3",
+     .doc = "With `qualify` `process`: the passing verifications a route needs in that process before the "
+            "candidate runs here on it."},
+
+    /* ---- operators.<name>.guard */
+    {SEC_GUARD, "compare", UST__FIELD_CHOICE, UST__FIELD_BY_HAND, CHOICES("allclose", "exact", "set"),
+     .def_words = "the definition's `compare`, else `allclose`",
+     .doc = "`allclose`: `|c − p| ≤ atol + rtol·|p|` for every element. `exact`: equal values (−0 equals +0, NaN "
+            "equals NaN). `set`: each side's "
+            "rows ordered by its first output's values (ties by the second's) before comparing, for top-k values "
+            "and indices."},
+    {SEC_GUARD, "atol", UST__FIELD_NUMBER, .lo = 0, .hi = INFINITY, AT(ust__op_config, atol),
+     .def_words = "by dtype: 1e-2 for f16 and bf16, 1e-4 for f32, 1e-8 for f64; integers exact",
+     .doc = "The absolute tolerance of `allclose`."},
+    {SEC_GUARD, "rtol", UST__FIELD_NUMBER, .lo = 0, .hi = INFINITY, AT(ust__op_config, rtol),
+     .def_words = "by dtype: 5e-2 for f16 and bf16, 1e-3 for f32, 1e-7 for f64",
+     .doc = "The relative tolerance of `allclose`."},
+    /* production's own spread on each route, for the promotion's delta */
+    {SEC_GUARD, "aa_sample", UST__FIELD_NUMBER, .lo = 0, .hi = 1, AT(ust__op_config, aa_sample),
+     .def = "0.03125",
+     .doc = "The share of shadow calls that also run production a second time (A/A), timed and compared: "
+            "production's own spread, which floors the promotion's `delta`. 0: none."},
+    {SEC_GUARD, "deadline_ms", UST__FIELD_NUMBER, .what = "a number of milliseconds", .lo = 0, .lo_open = 1,
+     .hi = 3.6e6, AT(ust__op_config, deadline_ms), .def = "10000",
+     .doc = "A candidate call that takes longer is `overdue`: a failure, its route rolled back when it returns "
+            "(production's result is served)."},
+    {SEC_GUARD, "max_slowdown", UST__FIELD_NUMBER, .lo = 1, .hi = INFINITY, AT(ust__op_config, max_slowdown),
+     .def = "25",
+     .doc = "Shadowing stops on a route whose candidate's median time is more than this many times production's "
+            "(once the candidate has 5 timings); the report shows the route `paused`."},
+
+    /* ---- operators.<name>.promotion */
+    {SEC_PROMOTION, "min_verified", UST__FIELD_INTEGER, .lo = 1, .hi = 1 << 30,
+     AT(ust__promotion, min_verified), .def = "100",
+     .doc = "The passing verifications a route needs in a stage before it may move on."},
+    {SEC_PROMOTION, "min_speedup", UST__FIELD_NUMBER, .lo = 0, .hi = INFINITY, AT(ust__promotion, min_speedup),
+     .def = "1",
+     .doc = "The speed-up to prove: the confidence sequence for the candidate's time over production's must lie "
+            "below 1/`min_speedup`. 0: promote on correctness alone."},
+    {SEC_PROMOTION, "canary", UST__FIELD_NUMBER, .what = "a fraction of calls", .lo = 0, .lo_open = 1, .hi = 1,
+     .hi_open = 1, AT(ust__promotion, canary), .def = "0.1",
+     .doc = "The share of calls a route promoted from shadow serves in canary, before live."},
+    {SEC_PROMOTION, "dry_run", UST__FIELD_BOOL, AT(ust__promotion, dry_run), .def = "false",
+     .doc = "Record what the policy would do, with its evidence, and change no mode."},
+    {SEC_PROMOTION, "alpha", UST__FIELD_NUMBER, .what = "an error rate", .lo = 0, .lo_open = 1, .hi = 0.5,
+     .hi_open = 1, AT(ust__promotion, alpha), .def = "0.05",
+     .doc = "The sequential test's error rate: its confidence sequence for the median ratio of the candidate's "
+            "time to production's has level 1 − `alpha`."},
+    {SEC_PROMOTION, "delta", UST__FIELD_NUMBER, .what = "a relative difference", .lo = 0, .hi = 1, .hi_open = 1,
+     AT(ust__promotion, delta), .def = "0.05",
+     .doc = "Promote when the confidence sequence lies below 1 − `delta`; reject (`rejected`) when it lies above "
+            "1 + `delta`. Production's own A/A spread floors it."},
+    {SEC_PROMOTION, "max_samples", UST__FIELD_INTEGER, .lo = 10, .hi = 100000, AT(ust__promotion, max_samples),
+     .def = "1000", .doc = "The paired samples a stage keeps; reaching them undecided is `inconclusive`."},
+
+    /* ---- operators.<name>.routes */
+    {SEC_OP ".routes", "<key>", UST__FIELD_MODE_OR_OBJECT,
+     .doc = "One shape key: a mode string, or an object with its `mode` and `canary`."},
+    {SEC_ROUTE, "mode", UST__FIELD_MODE, AT(ust__route_config, mode), .def_words = "required",
+     .doc = "The key's mode; `shadow`, `canary` and `live` need the operator's `candidate`."},
+    {SEC_ROUTE, "canary", UST__FIELD_NUMBER, .what = "a fraction of calls", .lo = 0, .lo_open = 1, .hi = 1,
+     .hi_open = 1, AT(ust__route_config, canary), .def_words = "the operator's `canary`",
+     .doc = "The candidate's share of this key's calls in `canary` mode."},
+
+    /* ---- metrics: checked only, the Python package acts on them */
+    {"metrics", "port", UST__FIELD_INTEGER, .lo = 0, .hi = 65535, .def_words = "none: the host's Prometheus",
+     .doc = "Serve an endpoint of its own on `port` + `$LOCAL_RANK`; 0: any free port, no rank added."},
+    {"metrics", "host", UST__FIELD_STRING, UST__FIELD_BY_HAND, .def_words = "`127.0.0.1`",
+     .doc = "The address the endpoint binds, at most 255 characters; only with `port`."},
+    {"metrics", "top_keys", UST__FIELD_INTEGER, .lo = 1, .hi = 65536, .def = "10",
+     .doc = "Shape keys per operator with series of their own, those with the most device time; the others are "
+            "summed into `key=\"other\"`."},
+};
+
+#undef CHOICES
+#undef AT
+
+const ust__config_field *ust__config_fields(int *n) {
+  *n = (int)(sizeof fields / sizeof fields[0]);
+  return fields;
 }
 
-/* Fails with a message naming `path` unless every key of obj is in allowed. */
-static int check_keys(const cJSON *obj, const char *path, const char *const *allowed) {
+/* The entry of name in section, or NULL. */
+static const ust__config_field *field_find(const char *sec, const char *name) {
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+    if (strcmp(fields[i].section, sec) == 0 && strcmp(fields[i].name, name) == 0)
+      return &fields[i];
+  return NULL;
+}
+
+/* A bound as the messages write it: 3600000 and 1e15, not 3.6e+06 and 1e+15. */
+static void format_bound(double x, char *buf, size_t cap) {
+  const double e = x > 0 && isfinite(x) ? floor(log10(x) + 0.5) : 0;
+  if (isinf(x))
+    snprintf(buf, cap, "%s", x > 0 ? "inf" : "-inf");
+  else if (x == floor(x) && fabs(x) < 1e12)
+    snprintf(buf, cap, "%.0f", x);
+  else if (e >= 12 && x == pow(10, e))
+    snprintf(buf, cap, "1e%.0f", e);
+  else
+    snprintf(buf, cap, "%g", x);
+}
+
+void ust__config_field_expects(const ust__config_field *f, char *buf, size_t cap) {
+  char lo[32], hi[32];
+  format_bound(f->lo, lo, sizeof lo);
+  format_bound(f->hi, hi, sizeof hi);
+  const char *what = f->what;
+  size_t n = 0;
+  buf[0] = '\0';
+  switch (f->type) {
+  case UST__FIELD_INTEGER:
+  case UST__FIELD_COUNT:
+  case UST__FIELD_NUMBER:
+    if (what == NULL)
+      what = f->type == UST__FIELD_INTEGER ? "an integer" : f->type == UST__FIELD_COUNT ? "a whole number of calls"
+                                                                                          : "a number";
+    if (f->lo == f->hi)
+      snprintf(buf, cap, "%s", lo);
+    else if (isinf(f->hi))
+      snprintf(buf, cap, "%s %s %s", what, f->lo_open ? ">" : ">=", lo);
+    else
+      snprintf(buf, cap, "%s in %c%s, %s%c", what, f->lo_open ? '(' : '[', lo, hi, f->hi_open ? ')' : ']');
+    break;
+  case UST__FIELD_BOOL:
+    snprintf(buf, cap, "true or false");
+    break;
+  case UST__FIELD_STRING:
+  case UST__FIELD_PATH:
+    snprintf(buf, cap, "%s", what != NULL ? what : "a non-empty string");
+    break;
+  case UST__FIELD_CHOICE:
+    n = (size_t)snprintf(buf, cap, "one of ");
+    for (int i = 0; f->choices[i] != NULL && n < cap; i++)
+      n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", f->choices[i]);
+    break;
+  case UST__FIELD_MODE:
+    snprintf(buf, cap, "one of off, observe, shadow, canary, live");
+    break;
+  case UST__FIELD_MODE_OR_OBJECT:
+    snprintf(buf, cap, "a mode string or an object");
+    break;
+  default:
+    snprintf(buf, cap, "an object");
+    break;
+  }
+  n = strlen(buf);
+  if (f->note != NULL && n < cap)
+    snprintf(buf + n, cap - n, " (%s)", f->note);
+}
+
+/* The keys of section sec, comma separated, into list (cap bytes). */
+static void section_keys(const char *sec, char *list, size_t cap) {
+  list[0] = '\0';
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+    if (strcmp(fields[i].section, sec) == 0) {
+      if (list[0] != '\0')
+        strncat(list, ", ", cap - strlen(list) - 1);
+      strncat(list, fields[i].name, cap - strlen(list) - 1);
+    }
+}
+
+/* Fails with a message naming `path` unless every key of obj is a field of
+ * section sec. */
+static int check_keys(const cJSON *obj, const char *path, const char *sec) {
   for (const cJSON *it = obj->child; it != NULL; it = it->next) {
-    int ok = 0;
-    for (const char *const *a = allowed; *a != NULL; a++)
-      if (strcmp(it->string, *a) == 0)
-        ok = 1;
-    if (!ok) {
-      char list[256] = "";
-      for (const char *const *a = allowed; *a != NULL; a++) {
-        strncat(list, *a, sizeof list - strlen(list) - 1);
-        if (a[1] != NULL)
-          strncat(list, ", ", sizeof list - strlen(list) - 1);
-      }
+    const ust__config_field *f = field_find(sec, it->string);
+    if (f == NULL || f->name[0] == '<') {
+      char list[256];
+      section_keys(sec, list, sizeof list);
       return ust__error(UST_ECONFIG, "config: unknown field '%s%s%s' (expected one of: %s)", path,
                         *path ? "." : "", it->string, list);
     }
@@ -39,39 +411,15 @@ static int check_keys(const cJSON *obj, const char *path, const char *const *all
   return 0;
 }
 
-/* v must be an object whose keys are all in allowed; the error lists them. */
-static int section(const cJSON *v, const char *path, const char *const *allowed) {
+/* v, at path, must be an object whose keys are all fields of section sec;
+ * the error lists them. */
+static int section(const cJSON *v, const char *path, const char *sec) {
   if (!cJSON_IsObject(v)) {
-    char list[256] = "";
-    for (const char *const *a = allowed; *a != NULL; a++) {
-      strncat(list, *a, sizeof list - strlen(list) - 1);
-      if (a[1] != NULL)
-        strncat(list, ", ", sizeof list - strlen(list) - 1);
-    }
+    char list[256];
+    section_keys(sec, list, sizeof list);
     return ust__error(UST_ECONFIG, "config: '%s' must be an object {%s}", path, list);
   }
-  return check_keys(v, path, allowed);
-}
-
-/* An integer in [lo, hi] into *out. */
-static int parse_int(const cJSON *v, const char *path, int lo, int hi, int *out) {
-  if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi || v->valuedouble != (double)(int)v->valuedouble)
-    return ust__error(UST_ECONFIG, "config: '%s' must be an integer in [%d, %d]", path, lo, hi);
-  *out = (int)v->valuedouble;
-  return 0;
-}
-
-/* One of names (NULL-terminated): its index into *out. */
-static int parse_choice(const cJSON *v, const char *path, const char *const *names, int *out) {
-  for (int i = 0; names[i] != NULL && cJSON_IsString(v); i++)
-    if (strcmp(v->valuestring, names[i]) == 0) {
-      *out = i;
-      return 0;
-    }
-  char list[128] = "";
-  for (int i = 0; names[i] != NULL; i++)
-    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
-  return ust__error(UST_ECONFIG, "config: '%s' must be one of %s", path, list);
+  return check_keys(v, path, sec);
 }
 
 static int parse_mode(const cJSON *v, const char *path, int *mode) {
@@ -81,124 +429,6 @@ static int parse_mode(const cJSON *v, const char *path, int *mode) {
     return ust__error(UST_ECONFIG, "config: '%s' is '%s'; expected off, observe, shadow, canary or live", path,
                       v->valuestring);
   return 0;
-}
-
-/* A fraction of calls in (0, 1): the canary's share. */
-static int parse_fraction(const cJSON *v, const char *path, double *out) {
-  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0.0 || v->valuedouble >= 1.0)
-    return ust__error(UST_ECONFIG, "config: '%s' must be a fraction of calls in (0, 1)", path);
-  *out = v->valuedouble;
-  return 0;
-}
-
-/* "promotion": {"min_verified": N, "min_speedup": X, "canary": P, "dry_run": B, "alpha": A, "delta": D,
- * "max_samples": N} */
-static int parse_promotion(const cJSON *v, const char *path, ust__promotion *p) {
-  static const char *const keys[] = {"min_verified", "min_speedup", "canary", "dry_run", "alpha", "delta",
-                                     "max_samples", NULL};
-  int rc = section(v, path, keys);
-  if (rc != 0)
-    return rc;
-  char sub[UST__NAME_MAX + 64];
-  const cJSON *x;
-  p->enabled = 1;
-  if ((x = cJSON_GetObjectItemCaseSensitive(v, "min_verified")) != NULL) {
-    snprintf(sub, sizeof sub, "%s.min_verified", path);
-    if ((rc = parse_int(x, sub, 1, 1 << 30, &p->min_verified)) != 0)
-      return rc;
-  }
-  if ((x = cJSON_GetObjectItemCaseSensitive(v, "min_speedup")) != NULL) {
-    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0)
-      return ust__error(UST_ECONFIG, "config: '%s.min_speedup' must be a number >= 0", path);
-    p->min_speedup = x->valuedouble;
-  }
-  if ((x = cJSON_GetObjectItemCaseSensitive(v, "canary")) != NULL) {
-    snprintf(sub, sizeof sub, "%s.canary", path);
-    if ((rc = parse_fraction(x, sub, &p->canary)) != 0)
-      return rc;
-  }
-  if ((x = cJSON_GetObjectItemCaseSensitive(v, "dry_run")) != NULL) {
-    if (!cJSON_IsBool(x))
-      return ust__error(UST_ECONFIG, "config: '%s.dry_run' must be true or false", path);
-    p->dry_run = cJSON_IsTrue(x);
-  }
-  if ((x = cJSON_GetObjectItemCaseSensitive(v, "alpha")) != NULL) {
-    if (!cJSON_IsNumber(x) || !(x->valuedouble > 0 && x->valuedouble < 0.5))
-      return ust__error(UST_ECONFIG, "config: '%s.alpha' must be an error rate in (0, 0.5)", path);
-    p->alpha = x->valuedouble;
-  }
-  if ((x = cJSON_GetObjectItemCaseSensitive(v, "delta")) != NULL) {
-    if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble < 1))
-      return ust__error(UST_ECONFIG, "config: '%s.delta' must be a relative difference in [0, 1)", path);
-    p->delta = x->valuedouble;
-  }
-  if ((x = cJSON_GetObjectItemCaseSensitive(v, "max_samples")) != NULL) {
-    snprintf(sub, sizeof sub, "%s.max_samples", path);
-    if ((rc = parse_int(x, sub, 10, 100000, &p->max_samples)) != 0)
-      return rc;
-  }
-  return 0;
-}
-
-/* "routes": {KEY: MODE or {"mode": MODE, "canary": P}}: modes of single
- * shape keys, as the report spells them. */
-static int parse_routes(const cJSON *v, const char *path, ust__op_config *oc) {
-  if (!cJSON_IsObject(v))
-    return ust__error(UST_ECONFIG, "config: '%s' must be an object mapping shape keys to modes", path);
-  int n = cJSON_GetArraySize(v);
-  oc->routes = calloc(n > 0 ? (size_t)n : 1, sizeof *oc->routes);
-  if (oc->routes == NULL)
-    return ust__error(UST_ENOMEM, "config: out of memory");
-  for (const cJSON *it = v->child; it != NULL; it = it->next) {
-    ust__route_config *rc_ = &oc->routes[oc->n_routes];
-    char sub[UST__NAME_MAX + 600];
-    snprintf(sub, sizeof sub, "%s.%s", path, it->string);
-    if (ust__copy_name(rc_->key, sizeof rc_->key, it->string) != 0 || strchr(it->string, '|') == NULL)
-      return ust__error(UST_ECONFIG, "config: '%s' is not a shape key like \"aten::mm|cuda|bf16,bf16|M=8,K=64,N=64\"",
-                        sub);
-    rc_->canary = -1;
-    int rc;
-    if (cJSON_IsString(it)) {
-      rc = parse_mode(it, sub, &rc_->mode);
-    } else {
-      static const char *const keys[] = {"mode", "canary", NULL};
-      rc = section(it, sub, keys);
-      const cJSON *m = cJSON_GetObjectItemCaseSensitive(it, "mode"), *c = cJSON_GetObjectItemCaseSensitive(it, "canary");
-      char sub2[UST__NAME_MAX + 640];
-      if (rc == 0 && m == NULL)
-        rc = ust__error(UST_ECONFIG, "config: '%s' needs a 'mode'", sub);
-      snprintf(sub2, sizeof sub2, "%s.mode", sub);
-      if (rc == 0)
-        rc = parse_mode(m, sub2, &rc_->mode);
-      snprintf(sub2, sizeof sub2, "%s.canary", sub);
-      if (rc == 0 && c != NULL)
-        rc = parse_fraction(c, sub2, &rc_->canary);
-    }
-    if (rc != 0)
-      return rc;
-    oc->n_routes++;
-  }
-  return 0;
-}
-
-static int parse_sample(const cJSON *v, const char *path, double *sample) {
-  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0.0 ||
-      v->valuedouble > 1.0)
-    return ust__error(UST_ECONFIG, "config: '%s' must be a number in [0, 1]", path);
-  *sample = v->valuedouble;
-  return 0;
-}
-
-/* "sample_steady" of the section at path: a share no greater than the
- * section's sample. */
-static int parse_steady(const cJSON *v, const char *path, double sample, double *steady) {
-  char sub[UST__NAME_MAX + 48];
-  snprintf(sub, sizeof sub, "%s.sample_steady", path);
-  int rc = parse_sample(v, sub, steady);
-  if (rc == 0 && *steady > sample)
-    rc = ust__error(UST_ECONFIG, "config: '%s' (%g) must not be above '%s.sample' (%g): it is the share once a key "
-                    "is steady", sub, *steady, path, sample);
-  return rc;
 }
 
 static int parse_string(const cJSON *v, const char *path, char **out) {
@@ -319,6 +549,155 @@ static int parse_path(const cJSON *v, const char *field, char **out) {
   return ust__path_expand(subject, v->valuestring, out);
 }
 
+/* ---- plain fields, through the table -------------------------------------------------- */
+
+/* A value the table checks and keeps by itself: no object. */
+static int is_plain(const ust__config_field *f) {
+  return f->type != UST__FIELD_OBJECT && f->type != UST__FIELD_MAP && f->type != UST__FIELD_MODE_OR_OBJECT;
+}
+
+/* Checks v, the value of field f at path, and keeps it in base at f's
+ * offset (nowhere when f has no place or base is NULL). */
+static int field_parse(const ust__config_field *f, const cJSON *v, const char *path, void *base) {
+  void *at = base != NULL && f->size > 0 ? (char *)base + f->offset : NULL;
+  switch (f->type) {
+  case UST__FIELD_INTEGER:
+  case UST__FIELD_COUNT:
+  case UST__FIELD_NUMBER: {
+    const double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!isfinite(x) || !(f->lo_open ? x > f->lo : x >= f->lo) || !(f->hi_open ? x < f->hi : x <= f->hi) ||
+        (f->type != UST__FIELD_NUMBER && x != floor(x)))
+      break;
+    if (at == NULL)
+      return 0;
+    if (f->type == UST__FIELD_NUMBER)
+      *(double *)at = x;
+    else if (f->type == UST__FIELD_INTEGER)
+      *(int *)at = (int)x;
+    else if (f->size == sizeof(uint32_t))
+      *(uint32_t *)at = (uint32_t)x;
+    else
+      *(uint64_t *)at = (uint64_t)x;
+    return 0;
+  }
+  case UST__FIELD_BOOL:
+    if (!cJSON_IsBool(v))
+      break;
+    if (at != NULL)
+      *(int *)at = cJSON_IsTrue(v);
+    return 0;
+  case UST__FIELD_CHOICE:
+    for (int i = 0; f->choices[i] != NULL && cJSON_IsString(v); i++)
+      if (strcmp(v->valuestring, f->choices[i]) == 0) {
+        if (at != NULL)
+          *(int *)at = i;
+        return 0;
+      }
+    break;
+  case UST__FIELD_STRING:
+  case UST__FIELD_PATH: {
+    char *text = NULL;
+    char **out = at != NULL ? (char **)at : &text;
+    int rc = f->type == UST__FIELD_STRING ? parse_string(v, path, out) : parse_path(v, path, out);
+    free(text);
+    return rc;
+  }
+  case UST__FIELD_MODE: {
+    int mode = 0, rc = parse_mode(v, path, &mode);
+    if (rc == 0 && at != NULL)
+      *(int *)at = mode;
+    return rc;
+  }
+  default:
+    return 0; /* an object: its section's code reads it */
+  }
+  char expects[192];
+  ust__config_field_expects(f, expects, sizeof expects);
+  return ust__error(UST_ECONFIG, "config: '%s' must be %s", path, expects);
+}
+
+/* A section's code for the fields the table does not read alone: f, its
+ * value v at path. */
+typedef int (*by_hand_fn)(const ust__config_field *f, const cJSON *v, const char *path, void *ctx);
+
+/* The fields of obj, the object at path whose keys are section sec's, in
+ * the table's order: each plain one present checked and kept in base, each
+ * other one handed to by_hand (NULL: its section's code reads it later). */
+static int fields_parse(const char *sec, const cJSON *obj, const char *path, void *base, by_hand_fn by_hand,
+                        void *ctx) {
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    const ust__config_field *f = &fields[i];
+    const int plain = is_plain(f) && !(f->flags & UST__FIELD_BY_HAND);
+    if (strcmp(f->section, sec) != 0 || (!plain && by_hand == NULL))
+      continue;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, f->name);
+    if (v == NULL)
+      continue;
+    char sub[UST__NAME_MAX + 1024];
+    snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", f->name);
+    int rc = plain ? field_parse(f, v, sub, base) : by_hand(f, v, sub, ctx);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* A field in the table that its section's code does not read: a bug here,
+ * refused rather than ignored. */
+static int no_hand(const char *path) {
+  return ust__error(UST_EINTERNAL, "config: '%s' is in the field table but nothing reads it", path);
+}
+
+/* Every field of section sec that has a default and a place: set to its
+ * default in base, read as a value given in the config would be. */
+static int fields_default(const char *sec, void *base) {
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    const ust__config_field *f = &fields[i];
+    if (strcmp(f->section, sec) != 0 || f->def == NULL || f->size == 0)
+      continue;
+    cJSON *v = cJSON_Parse(f->def);
+    if (v == NULL)
+      return ust__error(UST_ENOMEM, "config: out of memory");
+    char path[UST__NAME_MAX + 64];
+    snprintf(path, sizeof path, "the default of %s%s%s", sec, *sec ? "." : "", f->name);
+    int rc = field_parse(f, v, path, base);
+    cJSON_Delete(v);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* The section `name` of root, when present: its keys checked, its fields
+ * read as fields_parse says. *out receives it, or NULL. */
+static int section_parse(const cJSON *root, const char *name, void *base, by_hand_fn by_hand, void *ctx,
+                         const cJSON **out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+  *out = v;
+  if (v == NULL)
+    return 0;
+  int rc = section(v, name, name);
+  return rc != 0 ? rc : fields_parse(name, v, name, base, by_hand, ctx);
+}
+
+/* sample_steady (f, its value v at path), kept in base: a share no greater
+ * than its section's sample. */
+static int parse_steady(const ust__config_field *f, const cJSON *v, const char *path, void *base, double sample) {
+  int rc = field_parse(f, v, path, base);
+  const double steady = *(const double *)((const char *)base + f->offset);
+  if (rc == 0 && steady > sample)
+    rc = ust__error(UST_ECONFIG, "config: '%s' (%g) must not be above '%.*s.sample' (%g): it is the share once a key "
+                    "is steady", path, steady, (int)(strlen(path) - strlen(".sample_steady")), path, sample);
+  return rc;
+}
+
+/* A sample given without sample_steady (in obj) holds for every call. */
+static void steady_follows_sample(const cJSON *obj, double sample, double *steady) {
+  if (cJSON_GetObjectItemCaseSensitive(obj, "sample") != NULL &&
+      cJSON_GetObjectItemCaseSensitive(obj, "sample_steady") == NULL)
+    *steady = sample;
+}
+
 /* "deps": {PATH: HEX, ...}: the pins of a native candidate's dependencies. */
 static int parse_deps(const cJSON *d, const char *path, ust__cand_config *cc) {
   if (!cJSON_IsObject(d))
@@ -343,15 +722,13 @@ static int parse_deps(const cJSON *d, const char *path, ust__cand_config *cc) {
 /* "candidate": {"native": PATH, "sha256": HEX, "deps": {...}, "target": OP} or
  * {"torch_op": "ns::name", "target": OP}. */
 static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *cc) {
-  static const char *const keys[] = {"native", "sha256", "deps", "torch_op", "target", "qualify", "qualify_calls",
-                                     NULL};
-  int rc = section(c, path, keys);
+  int rc = section(c, path, SEC_CANDIDATE);
+  if (rc == 0)
+    rc = fields_default(SEC_CANDIDATE, cc);
   if (rc != 0)
     return rc;
   const cJSON *qualify = cJSON_GetObjectItemCaseSensitive(c, "qualify");
   const cJSON *qcalls = cJSON_GetObjectItemCaseSensitive(c, "qualify_calls");
-  cc->qualify = UST__QUALIFY_HERE;
-  cc->qualify_calls = 3;
   if (qualify != NULL) {
     if (!cJSON_IsString(qualify) || (strcmp(qualify->valuestring, "process") != 0 &&
                                      strcmp(qualify->valuestring, "here") != 0))
@@ -365,12 +742,13 @@ static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *c
     }
   }
   if (qcalls != NULL) {
+    const ust__config_field *f = field_find(SEC_CANDIDATE, "qualify_calls");
     if (cc->qualify != UST__QUALIFY_PROCESS)
       return ust__error(UST_ECONFIG, "config: '%s.qualify_calls' applies only with \"qualify\": \"process\"", path);
-    if (!cJSON_IsNumber(qcalls) || !(qcalls->valuedouble >= 1 && qcalls->valuedouble <= 1000000) ||
+    if (!cJSON_IsNumber(qcalls) || !(qcalls->valuedouble >= f->lo && qcalls->valuedouble <= f->hi) ||
         qcalls->valuedouble != (double)(int)qcalls->valuedouble)
-      return ust__error(UST_ECONFIG, "config: '%s.qualify_calls' must be a whole number of calls from 1 to 1000000",
-                        path);
+      return ust__error(UST_ECONFIG, "config: '%s.qualify_calls' must be a whole number of calls from %.0f to %.0f",
+                        path, f->lo, f->hi);
     cc->qualify_calls = (int)qcalls->valuedouble;
   }
   const cJSON *deps = cJSON_GetObjectItemCaseSensitive(c, "deps");
@@ -408,43 +786,88 @@ static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *c
   return 0;
 }
 
-/* "guard": {"compare": KIND, "atol": X, "rtol": Y, "aa_sample": P, "deadline_ms": MS} */
-static int parse_guard(const cJSON *g, const char *path, ust__op_config *oc) {
-  static const char *const keys[] = {"compare", "atol", "rtol", "aa_sample", "deadline_ms", "max_slowdown", NULL};
-  int rc = section(g, path, keys);
-  if (rc != 0)
-    return rc;
-  const cJSON *v;
-  if ((v = cJSON_GetObjectItemCaseSensitive(g, "compare")) != NULL &&
-      (!cJSON_IsString(v) || (oc->compare = ust__cmp_kind_parse(v->valuestring)) < 0))
-    return ust__error(UST_ECONFIG, "config: '%s.compare' must be \"allclose\", \"exact\" or \"set\"", path);
-  const char *tol_names[2] = {"atol", "rtol"};
-  double *tols[2] = {&oc->atol, &oc->rtol};
-  for (int i = 0; i < 2; i++) {
-    if ((v = cJSON_GetObjectItemCaseSensitive(g, tol_names[i])) == NULL)
-      continue;
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0)
-      return ust__error(UST_ECONFIG, "config: '%s.%s' must be a number >= 0", path, tol_names[i]);
-    *tols[i] = v->valuedouble;
-  }
-  if ((v = cJSON_GetObjectItemCaseSensitive(g, "aa_sample")) != NULL) {
-    char sub[UST__NAME_MAX + 64];
-    snprintf(sub, sizeof sub, "%s.aa_sample", path);
-    if ((rc = parse_sample(v, sub, &oc->aa_sample)) != 0)
+/* "guard": the comparison's kind by hand (the guard's own names, its
+ * message), the rest through the table. */
+static int guard_field(const ust__config_field *f, const cJSON *v, const char *path, void *ctx) {
+  ust__op_config *oc = ctx;
+  if (strcmp(f->name, "compare") != 0)
+    return no_hand(path);
+  if (!cJSON_IsString(v) || (oc->compare = ust__cmp_kind_parse(v->valuestring)) < 0)
+    return ust__error(UST_ECONFIG, "config: '%s' must be \"allclose\", \"exact\" or \"set\"", path);
+  return 0;
+}
+
+/* "routes": {KEY: MODE or {"mode": MODE, "canary": P}}: modes of single
+ * shape keys, as the report spells them. */
+static int parse_routes(const cJSON *v, const char *path, ust__op_config *oc) {
+  if (!cJSON_IsObject(v))
+    return ust__error(UST_ECONFIG, "config: '%s' must be an object mapping shape keys to modes", path);
+  int n = cJSON_GetArraySize(v);
+  oc->routes = calloc(n > 0 ? (size_t)n : 1, sizeof *oc->routes);
+  if (oc->routes == NULL)
+    return ust__error(UST_ENOMEM, "config: out of memory");
+  for (const cJSON *it = v->child; it != NULL; it = it->next) {
+    ust__route_config *rc_ = &oc->routes[oc->n_routes];
+    char sub[UST__NAME_MAX + 600];
+    snprintf(sub, sizeof sub, "%s.%s", path, it->string);
+    if (ust__copy_name(rc_->key, sizeof rc_->key, it->string) != 0 || strchr(it->string, '|') == NULL)
+      return ust__error(UST_ECONFIG, "config: '%s' is not a shape key like \"aten::mm|cuda|bf16,bf16|M=8,K=64,N=64\"",
+                        sub);
+    rc_->canary = -1;
+    int rc;
+    if (cJSON_IsString(it)) {
+      rc = parse_mode(it, sub, &rc_->mode);
+    } else {
+      rc = section(it, sub, SEC_ROUTE);
+      if (rc == 0 && cJSON_GetObjectItemCaseSensitive(it, "mode") == NULL)
+        rc = ust__error(UST_ECONFIG, "config: '%s' needs a 'mode'", sub);
+      if (rc == 0)
+        rc = fields_parse(SEC_ROUTE, it, sub, rc_, NULL, NULL);
+    }
+    if (rc != 0)
       return rc;
-  }
-  if ((v = cJSON_GetObjectItemCaseSensitive(g, "deadline_ms")) != NULL) {
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0 || v->valuedouble > 3.6e6)
-      return ust__error(UST_ECONFIG, "config: '%s.deadline_ms' must be a number of milliseconds in (0, 3600000]",
-                        path);
-    oc->deadline_ms = v->valuedouble;
-  }
-  if ((v = cJSON_GetObjectItemCaseSensitive(g, "max_slowdown")) != NULL) {
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 1)
-      return ust__error(UST_ECONFIG, "config: '%s.max_slowdown' must be a number >= 1", path);
-    oc->max_slowdown = v->valuedouble;
+    oc->n_routes++;
   }
   return 0;
+}
+
+/* The fields of an operator's object that depend on others or hold
+ * objects of their own. */
+static int operator_field(const ust__config_field *f, const cJSON *v, const char *path, void *ctx) {
+  ust__op_config *oc = ctx;
+  if (strcmp(f->name, "sample_steady") == 0)
+    return parse_steady(f, v, path, oc, oc->sample);
+  if (strcmp(f->name, "candidate") == 0)
+    return parse_candidate(v, path, &oc->cand);
+  if (strcmp(f->name, "guard") == 0) {
+    int rc = section(v, path, SEC_GUARD);
+    return rc != 0 ? rc : fields_parse(SEC_GUARD, v, path, oc, guard_field, oc);
+  }
+  if (strcmp(f->name, "promotion") == 0) {
+    oc->promotion.enabled = 1;
+    int rc = section(v, path, SEC_PROMOTION);
+    return rc != 0 ? rc : fields_parse(SEC_PROMOTION, v, path, &oc->promotion, NULL, NULL);
+  }
+  if (strcmp(f->name, "routes") == 0)
+    return parse_routes(v, path, oc);
+  return no_hand(path);
+}
+
+/* An operator given as an object. */
+static int parse_operator(const cJSON *it, const char *path, ust__op_config *oc) {
+  int rc = check_keys(it, path, SEC_OP);
+  if (rc == 0)
+    rc = fields_parse(SEC_OP, it, path, oc, operator_field, oc);
+  steady_follows_sample(it, oc->sample, &oc->sample_steady);
+  return rc;
+}
+
+/* An operator's entry that is neither a mode nor an object: the error
+ * names every field an object may hold. */
+static int not_an_operator(const char *path) {
+  char list[256];
+  section_keys(SEC_OP, list, sizeof list);
+  return ust__error(UST_ECONFIG, "config: '%s' must be a mode string or an object {%s}", path, list);
 }
 
 /* More operators than any definitions directory holds: refused before
@@ -476,6 +899,22 @@ static int parse_operators(const cJSON *ops, ust__config *cfg) {
 }
 
 static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **seen, name_seen *marks) {
+  /* what an operator starts from: the config's defaults and the table's */
+  ust__op_config start;
+  memset(&start, 0, sizeof start);
+  start.mode = cfg->default_mode;
+  start.sample = cfg->default_sample;
+  start.sample_steady = cfg->default_sample_steady;
+  start.steady_after = cfg->steady_after;
+  start.compare = -1;
+  start.atol = start.rtol = -1;
+  int rc = fields_default(SEC_OP, &start);
+  if (rc == 0)
+    rc = fields_default(SEC_GUARD, &start);
+  if (rc == 0)
+    rc = fields_default(SEC_PROMOTION, &start.promotion);
+  if (rc != 0)
+    return rc;
   int n = cJSON_GetArraySize(ops);
   cfg->ops = calloc(n > 0 ? (size_t)n : 1, sizeof *cfg->ops);
   if (cfg->ops == NULL)
@@ -484,6 +923,7 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
     char path[UST__NAME_MAX + 32];
     snprintf(path, sizeof path, "operators.%s", it->string);
     ust__op_config *oc = &cfg->ops[cfg->n_ops];
+    *oc = start;
     if (ust__copy_name(oc->name, sizeof oc->name, it->string) != 0 || it->string[0] == '\0')
       return ust__error(UST_ECONFIG, "config: operator name '%s' is empty or too long", it->string);
     name_seen *dup = NULL;
@@ -496,71 +936,12 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
     HASH_ADD_STR(*seen, name, mark);
     if (ust__hash_oom)
       return ust__error(UST_ENOMEM, "config: out of memory");
-    oc->mode = cfg->default_mode;
-    oc->sample = cfg->default_sample;
-    oc->sample_steady = cfg->default_sample_steady;
-    oc->steady_after = cfg->steady_after;
-    oc->canary = 0.1;
-    oc->promotion.min_verified = 100;
-    oc->promotion.min_speedup = 1.0;
-    oc->promotion.canary = 0.1;
-    oc->promotion.alpha = 0.05;
-    oc->promotion.delta = 0.05;
-    oc->promotion.max_samples = 1000;
-    oc->compare = -1;
-    oc->atol = oc->rtol = -1;
-    oc->deadline_ms = 10000;
-    oc->max_slowdown = 25;
-    oc->aa_sample = 1.0 / 32; /* production's own spread on each route, for the promotion's delta */
-    int rc;
-    if (cJSON_IsString(it)) {
+    if (cJSON_IsString(it))
       rc = parse_mode(it, path, &oc->mode);
-    } else if (cJSON_IsObject(it)) {
-      static const char *const keys[] = {"mode", "sample", "sample_steady", "candidate", "guard", "canary", "strict",
-                                         "promotion", "routes", NULL};
-      rc = check_keys(it, path, keys);
-      const cJSON *v;
-      char sub[UST__NAME_MAX + 48];
-      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "mode")) != NULL) {
-        snprintf(sub, sizeof sub, "%s.mode", path);
-        rc = parse_mode(v, sub, &oc->mode);
-      }
-      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "sample")) != NULL) {
-        snprintf(sub, sizeof sub, "%s.sample", path);
-        rc = parse_sample(v, sub, &oc->sample);
-        oc->sample_steady = oc->sample; /* a share asked for holds for every call, unless sample_steady says */
-      }
-      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "sample_steady")) != NULL)
-        rc = parse_steady(v, path, oc->sample, &oc->sample_steady);
-      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "candidate")) != NULL) {
-        snprintf(sub, sizeof sub, "%s.candidate", path);
-        rc = parse_candidate(v, sub, &oc->cand);
-      }
-      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "guard")) != NULL) {
-        snprintf(sub, sizeof sub, "%s.guard", path);
-        rc = parse_guard(v, sub, oc);
-      }
-      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "canary")) != NULL) {
-        snprintf(sub, sizeof sub, "%s.canary", path);
-        rc = parse_fraction(v, sub, &oc->canary);
-      }
-      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "strict")) != NULL) {
-        if (!cJSON_IsBool(v))
-          rc = ust__error(UST_ECONFIG, "config: '%s.strict' must be true or false", path);
-        oc->strict = cJSON_IsTrue(v);
-      }
-      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "promotion")) != NULL) {
-        snprintf(sub, sizeof sub, "%s.promotion", path);
-        rc = parse_promotion(v, sub, &oc->promotion);
-      }
-      if (rc == 0 && (v = cJSON_GetObjectItemCaseSensitive(it, "routes")) != NULL) {
-        snprintf(sub, sizeof sub, "%s.routes", path);
-        rc = parse_routes(v, sub, oc);
-      }
-    } else {
-      rc = ust__error(UST_ECONFIG, "config: '%s' must be a mode string or an object {mode, sample, candidate, guard}",
-                      path);
-    }
+    else if (cJSON_IsObject(it))
+      rc = parse_operator(it, path, oc);
+    else
+      rc = not_an_operator(path);
     if (rc == 0 && oc->mode >= UST__MODE_SHADOW && oc->cand.kind == 0)
       rc = ust__error(UST_ECONFIG, "config: '%s' is in mode %s but names no 'candidate'", path,
                       ust__mode_name(oc->mode));
@@ -581,210 +962,68 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
 
 /* "metrics": {port, host, top_keys}. The Python package acts on it (an endpoint
  * of its own, or the host's Prometheus registry); the core only checks it, so
- * that a mistake is refused at enable like any other field. */
-static int parse_metrics(const cJSON *m) {
-  static const char *const keys[] = {"port", "host", "top_keys", NULL};
-  int rc = section(m, "metrics", keys), n;
-  if (rc != 0)
-    return rc;
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, "port");
-  if (v != NULL && (rc = parse_int(v, "metrics.port", 0, 65535, &n)) != 0)
-    return rc;
-  const cJSON *host = cJSON_GetObjectItemCaseSensitive(m, "host");
-  if (host != NULL) {
-    if (!cJSON_IsString(host) || host->valuestring[0] == '\0' || strlen(host->valuestring) > 255)
-      return ust__error(UST_ECONFIG, "config: 'metrics.host' must be a non-empty string of at most 255 "
-                                     "characters (the address the endpoint binds, e.g. \"127.0.0.1\")");
-    if (v == NULL)
-      return ust__error(UST_ECONFIG, "config: 'metrics.host' needs 'metrics.port' (the host is where the "
-                                     "stand-alone endpoint binds)");
-  }
-  if ((v = cJSON_GetObjectItemCaseSensitive(m, "top_keys")) != NULL &&
-      (rc = parse_int(v, "metrics.top_keys", 1, 65536, &n)) != 0)
-    return rc;
+ * that a mistake is refused at enable like any other field. The host by hand:
+ * it needs the port. */
+static int metrics_field(const ust__config_field *f, const cJSON *v, const char *path, void *ctx) {
+  const cJSON *m = ctx;
+  if (strcmp(f->name, "host") != 0)
+    return no_hand(path);
+  if (!cJSON_IsString(v) || v->valuestring[0] == '\0' || strlen(v->valuestring) > 255)
+    return ust__error(UST_ECONFIG, "config: 'metrics.host' must be a non-empty string of at most 255 "
+                                   "characters (the address the endpoint binds, e.g. \"127.0.0.1\")");
+  if (cJSON_GetObjectItemCaseSensitive(m, "port") == NULL)
+    return ust__error(UST_ECONFIG, "config: 'metrics.host' needs 'metrics.port' (the host is where the "
+                                   "stand-alone endpoint binds)");
   return 0;
 }
 
+/* "defaults": its mode and sample_steady by hand, each checked against
+ * another field. */
+static int defaults_field(const ust__config_field *f, const cJSON *v, const char *path, void *ctx) {
+  ust__config *cfg = ctx;
+  if (strcmp(f->name, "sample_steady") == 0)
+    return parse_steady(f, v, path, cfg, cfg->default_sample);
+  if (strcmp(f->name, "mode") != 0)
+    return no_hand(path);
+  int rc = field_parse(f, v, path, cfg);
+  if (rc == 0 && cfg->default_mode >= UST__MODE_SHADOW)
+    rc = ust__error(UST_ECONFIG, "config: 'defaults.mode' cannot be %s: it needs a candidate, named per "
+                                 "operator in 'operators.NAME.candidate'", ust__mode_name(cfg->default_mode));
+  return rc;
+}
+
 static int parse_root(const cJSON *root, ust__config *cfg) {
-  static const char *const keys[] = {"version", "problems_dir", "report", "log_level", "max_routes",
-                                     "defaults", "operators", "shadow", "hardware", "state", "disable_timeout_s",
-                                     "metrics", "timer", NULL};
   if (!cJSON_IsObject(root))
     return ust__error(UST_ECONFIG, "config: the top level must be a JSON object");
-  int rc = check_keys(root, "", keys);
+  int rc = check_keys(root, "", "");
+  if (rc == 0)
+    rc = fields_parse("", root, "", cfg, NULL, NULL); /* the sections below, in the order they depend on */
+  const cJSON *v;
+  if (rc == 0)
+    rc = section_parse(root, "report", cfg, NULL, NULL, &v);
+  if (rc == 0)
+    rc = section_parse(root, "hardware", cfg, NULL, NULL, &v);
+  if (rc == 0 && (rc = section_parse(root, "state", cfg, NULL, NULL, &v)) == 0 && v != NULL &&
+      cJSON_GetObjectItemCaseSensitive(v, "path") == NULL)
+    rc = ust__error(UST_ECONFIG, "config: 'state' needs a 'path' (the file the rollout state is kept in)");
+  if (rc == 0)
+    rc = section_parse(root, "shadow", cfg, NULL, NULL, &v);
+  if (rc == 0)
+    rc = section_parse(root, "timer", cfg, NULL, NULL, &v);
   if (rc != 0)
     return rc;
-  const cJSON *v;
-  if ((v = cJSON_GetObjectItemCaseSensitive(root, "version")) != NULL &&
-      (!cJSON_IsNumber(v) || v->valuedouble != 1))
-    return ust__error(UST_ECONFIG, "config: 'version' must be 1");
-  if ((v = cJSON_GetObjectItemCaseSensitive(root, "problems_dir")) != NULL &&
-      (rc = parse_string(v, "problems_dir", &cfg->problems_dir)) != 0)
-    return rc;
-  if ((v = cJSON_GetObjectItemCaseSensitive(root, "log_level")) != NULL) {
-    if (!cJSON_IsString(v) || (cfg->log_level = level_parse(v->valuestring)) < 0)
-      return ust__error(UST_ECONFIG, "config: 'log_level' must be one of error, warn, info, debug");
-  }
-  if ((v = cJSON_GetObjectItemCaseSensitive(root, "disable_timeout_s")) != NULL) {
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0 || v->valuedouble > 86400)
-      return ust__error(UST_ECONFIG, "config: 'disable_timeout_s' must be a number of seconds in (0, 86400]");
-    cfg->disable_timeout_s = v->valuedouble;
-  }
-  if ((v = cJSON_GetObjectItemCaseSensitive(root, "max_routes")) != NULL) {
-    /* about 17 KiB a route (two histograms of 976 buckets, the key, its row of the rollout table) */
-    if ((rc = parse_int(v, "max_routes", 1, 65536, &cfg->max_routes)) != 0)
-      return rc;
-  }
-  const cJSON *report = cJSON_GetObjectItemCaseSensitive(root, "report");
-  if (report != NULL) {
-    static const char *const rkeys[] = {"path", "interval_s", "window_s", NULL};
-    if ((rc = section(report, "report", rkeys)) != 0)
-      return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(report, "path")) != NULL &&
-        (rc = parse_path(v, "report.path", &cfg->report_path)) != 0)
-      return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(report, "interval_s")) != NULL) {
-      if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0)
-        return ust__error(UST_ECONFIG, "config: 'report.interval_s' must be a number >= 0");
-      cfg->report_interval_s = v->valuedouble;
-    }
-    if ((v = cJSON_GetObjectItemCaseSensitive(report, "window_s")) != NULL) {
-      if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 86400)
-        return ust__error(UST_ECONFIG, "config: 'report.window_s' must be a number of seconds in [0, 86400]");
-      cfg->report_window_s = v->valuedouble;
-    }
-  }
-  const cJSON *hw = cJSON_GetObjectItemCaseSensitive(root, "hardware");
-  if (hw != NULL) {
-    static const char *const hkeys[] = {"dir", "profile", NULL};
-    if ((rc = section(hw, "hardware", hkeys)) != 0)
-      return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(hw, "dir")) != NULL &&
-        (rc = parse_string(v, "hardware.dir", &cfg->hardware_dir)) != 0)
-      return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(hw, "profile")) != NULL &&
-        (rc = parse_string(v, "hardware.profile", &cfg->hardware_profile)) != 0)
-      return rc;
-  }
-  const cJSON *state = cJSON_GetObjectItemCaseSensitive(root, "state");
-  if (state != NULL) {
-    static const char *const stkeys[] = {"path", NULL};
-    if ((rc = section(state, "state", stkeys)) != 0)
-      return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(state, "path")) == NULL)
-      return ust__error(UST_ECONFIG, "config: 'state' needs a 'path' (the file the rollout state is kept in)");
-    if ((rc = parse_path(v, "state.path", &cfg->state_path)) != 0)
-      return rc;
-  }
-  const cJSON *shadow = cJSON_GetObjectItemCaseSensitive(root, "shadow");
-  if (shadow != NULL) {
-    static const char *const skeys[] = {"max_inflight", "graph_beside_max_mb", "graph_beside_launch", "graph_gate",
-                                        "graph_host_start", NULL};
-    if ((rc = section(shadow, "shadow", skeys)) != 0)
-      return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "max_inflight")) != NULL) {
-      if ((rc = parse_int(v, "shadow.max_inflight", 1, 4096, &cfg->shadow_max_inflight)) != 0)
-        return rc;
-    }
-    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_beside_max_mb")) != NULL) {
-      if ((rc = parse_int(v, "shadow.graph_beside_max_mb", 0, 65536, &cfg->shadow_graph_beside_mb)) != 0)
-        return rc;
-    }
-    static const char *const launches[] = {"conditional", "device", NULL}; /* shadow_graph_beside_launch */
-    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_beside_launch")) != NULL &&
-        (rc = parse_choice(v, "shadow.graph_beside_launch", launches, &cfg->shadow_graph_beside_launch)) != 0)
-      return rc;
-    static const char *const starts[] = {"replay", "kernel", NULL}; /* shadow_graph_start_kernel */
-    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_host_start")) != NULL &&
-        (rc = parse_choice(v, "shadow.graph_host_start", starts, &cfg->shadow_graph_start_kernel)) != 0)
-      return rc;
-    static const char *const gates[] = {"device", "replay", NULL}; /* shadow_graph_gate_replay */
-    if ((v = cJSON_GetObjectItemCaseSensitive(shadow, "graph_gate")) != NULL &&
-        (rc = parse_choice(v, "shadow.graph_gate", gates, &cfg->shadow_graph_gate_replay)) != 0)
-      return rc;
-  }
-  const cJSON *timer = cJSON_GetObjectItemCaseSensitive(root, "timer");
-  if (timer != NULL) {
-    static const char *const tkeys[] = {"kind", "window_ms", "budget", "launch_cost_us", "cupti_path",
-                                        "correlation", NULL};
-    if ((rc = section(timer, "timer", tkeys)) != 0)
-      return rc;
-    static const char *const kinds[] = {"auto", "cupti", "events", NULL}; /* UST__TIMER_* */
-    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "kind")) != NULL &&
-        (rc = parse_choice(v, "timer.kind", kinds, &cfg->timer_kind)) != 0)
-      return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "window_ms")) != NULL) {
-      if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 1 || v->valuedouble > 600000)
-        return ust__error(UST_ECONFIG, "config: 'timer.window_ms' must be a number of milliseconds in [1, 600000]");
-      cfg->timer_window_ms = v->valuedouble;
-    }
-    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "budget")) != NULL) {
-      if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 1)
-        return ust__error(UST_ECONFIG, "config: 'timer.budget' must be a share of host time in [0, 1] "
-                                       "(0: windows back to back)");
-      cfg->timer_budget = v->valuedouble;
-    }
-    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "launch_cost_us")) != NULL) {
-      if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 1000)
-        return ust__error(UST_ECONFIG, "config: 'timer.launch_cost_us' must be a number of microseconds in [0, 1000]");
-      cfg->timer_launch_cost_us = v->valuedouble;
-    }
-    static const char *const correlations[] = {"records", "callbacks", NULL}; /* timer_callbacks */
-    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "correlation")) != NULL &&
-        (rc = parse_choice(v, "timer.correlation", correlations, &cfg->timer_callbacks)) != 0)
-      return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(timer, "cupti_path")) != NULL &&
-        (rc = parse_string(v, "timer.cupti_path", &cfg->cupti_path)) != 0)
-      return rc;
-  }
   /* CUPTI's kernel tracing fails every launch of a graph that holds a
    * kernel able to launch graphs from the device ("unspecified launch
    * failure", the context lost; CUDA 13.0 on an H200, torch's profiler) */
   if (cfg->shadow_graph_beside_launch && cfg->timer_kind != UST__TIMER_EVENTS)
     return ust__error(UST_ECONFIG, "config: 'shadow.graph_beside_launch' device needs 'timer.kind' events: CUPTI's "
                                    "kernel tracing fails graphs whose kernels launch graphs from the device");
-  const cJSON *defaults = cJSON_GetObjectItemCaseSensitive(root, "defaults");
-  if (defaults != NULL) {
-    static const char *const dkeys[] = {"mode", "sample", "sample_steady", "steady_after", "key_every", "key_after",
-                                        NULL};
-    if ((rc = section(defaults, "defaults", dkeys)) != 0)
-      return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "mode")) != NULL &&
-        (rc = parse_mode(v, "defaults.mode", &cfg->default_mode)) != 0)
-      return rc;
-    if (cfg->default_mode >= UST__MODE_SHADOW)
-      return ust__error(UST_ECONFIG, "config: 'defaults.mode' cannot be %s: it needs a candidate, named per "
-                                     "operator in 'operators.NAME.candidate'", ust__mode_name(cfg->default_mode));
-    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "sample")) != NULL) {
-      if ((rc = parse_sample(v, "defaults.sample", &cfg->default_sample)) != 0)
-        return rc;
-      cfg->default_sample_steady = cfg->default_sample; /* as for an operator's sample */
-    }
-    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "sample_steady")) != NULL &&
-        (rc = parse_steady(v, "defaults", cfg->default_sample, &cfg->default_sample_steady)) != 0)
-      return rc;
-    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "steady_after")) != NULL) {
-      if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 1e15 ||
-          v->valuedouble != floor(v->valuedouble))
-        return ust__error(UST_ECONFIG, "config: 'defaults.steady_after' must be a whole number of calls in [0, 1e15]");
-      cfg->steady_after = (uint64_t)v->valuedouble;
-    }
-    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "key_every")) != NULL) {
-      if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1) || v->valuedouble > 65535 ||
-          v->valuedouble != floor(v->valuedouble))
-        return ust__error(UST_ECONFIG, "config: 'defaults.key_every' must be a whole number of calls in [1, 65535] "
-                                       "(1: every call keyed)");
-      cfg->key_every = (uint32_t)v->valuedouble;
-    }
-    if ((v = cJSON_GetObjectItemCaseSensitive(defaults, "key_after")) != NULL) {
-      if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 1e15 ||
-          v->valuedouble != floor(v->valuedouble))
-        return ust__error(UST_ECONFIG, "config: 'defaults.key_after' must be a whole number of calls in [0, 1e15]");
-      cfg->key_after = (uint64_t)v->valuedouble;
-    }
-  }
-  const cJSON *metrics = cJSON_GetObjectItemCaseSensitive(root, "metrics");
-  if (metrics != NULL && (rc = parse_metrics(metrics)) != 0)
+  if ((rc = section_parse(root, "defaults", cfg, defaults_field, cfg, &v)) != 0)
+    return rc;
+  if (v != NULL)
+    steady_follows_sample(v, cfg->default_sample, &cfg->default_sample_steady);
+  const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "metrics");
+  if ((rc = section_parse(root, "metrics", NULL, metrics_field, (void *)m, &v)) != 0)
     return rc;
   const cJSON *ops = cJSON_GetObjectItemCaseSensitive(root, "operators");
   cfg->all_operators = ops == NULL;
@@ -795,41 +1034,16 @@ static int parse_root(const cJSON *root, ust__config *cfg) {
 
 int ust__config_parse(const char *json, ust__config *cfg) {
   memset(cfg, 0, sizeof *cfg);
-  cfg->report_interval_s = 10.0;
-  cfg->report_window_s = 60.0;
-  cfg->log_level = UST_LOG_WARN;
-  cfg->default_mode = UST__MODE_OBSERVE;
-  cfg->default_sample = 1.0 / 16;
-  /* once a key has had 4096 calls (about 256 of them timed in a thread's
-   * warm-up, 64 past it: each keyed one), 1 in 256 */
-  cfg->default_sample_steady = 1.0 / 256;
-  cfg->steady_after = 4096;
-  /* past a thread's first 4096 calls, an observed operator without a
-   * candidate keys 1 call in 64 (at random): the others cost its hop alone.
-   * A keyed call among tallied ones finds its view, key, route and counters
-   * cold: several microseconds of a decode step where a tallied call costs
-   * tenths (README, "Keying a sample of the calls") */
-  cfg->key_every = 64;
-  cfg->key_after = 4096;
-  cfg->max_routes = 4096;
-  cfg->shadow_max_inflight = 64;
-  cfg->shadow_graph_beside_mb = 16;
-  cfg->shadow_graph_beside_launch = 0; /* an IF node: "device" fails under CUPTI's tracing (above) */
-  cfg->shadow_graph_gate_replay = 1;
-  cfg->shadow_graph_start_kernel = 0; /* nothing added to the graph: a closed gate costs least */
-  cfg->disable_timeout_s = 30;
-  /* events by default: once CUPTI traced API calls, every later launch of
-   * the process stays slower (see README, "Kernel-level timing") */
-  cfg->timer_kind = UST__TIMER_EVENTS;
-  cfg->timer_window_ms = 100;
-  cfg->timer_budget = 0.01;
-  cfg->timer_launch_cost_us = 10.0;
-  /* the tracer, when asked for, joins launches through callbacks: on an
-   * H200 it left +2.5 us per call after its windows against +8.7 us with
-   * API records (benchmarks/overhead.py), which also crashed libcupti 13.0
-   * while flushed mid-window */
-  cfg->timer_callbacks = 1;
   cfg->all_operators = 1;
+  /* the table's defaults, for the top level and the sections kept in cfg */
+  int rc = fields_default("", cfg);
+  for (size_t i = 0; rc == 0 && i < sizeof fields / sizeof fields[0]; i++)
+    if (fields[i].section[0] == '\0' && fields[i].type == UST__FIELD_OBJECT)
+      rc = fields_default(fields[i].name, cfg);
+  if (rc != 0) {
+    ust__config_free(cfg);
+    return rc;
+  }
   if (json == NULL || json[0] == '\0')
     return 0;
   cJSON *root = ust__json_parse(json, "config", UST_ECONFIG);
@@ -837,7 +1051,7 @@ int ust__config_parse(const char *json, ust__config *cfg) {
     ust__config_free(cfg);
     return UST_ECONFIG;
   }
-  int rc = parse_root(root, cfg);
+  rc = parse_root(root, cfg);
   cJSON_Delete(root);
   /* modes given to single shape keys are routes: no more than max_routes
    * of them (each a row of the rollout table and the state file) */
@@ -876,11 +1090,8 @@ void ust__config_free(ust__config *cfg) {
   cfg->n_ops = 0;
 }
 
-/* Fields of the config a reload may change: per operator. */
-static const char *const reloadable[] = {"mode", "canary", "strict", "promotion", "routes", NULL};
-
-/* The config as JSON with the reloadable fields taken out (an operator
- * given as a mode string becomes an empty object). */
+/* The config as JSON with the fields a reload may change taken out (an
+ * operator given as a mode string becomes an empty object). */
 static cJSON *config_fixed_part(const char *json) {
   cJSON *root = ust__json_parse(json != NULL && json[0] ? json : "{}", "reload", UST_ECONFIG);
   if (root == NULL)
@@ -894,8 +1105,9 @@ static cJSON *config_fixed_part(const char *json) {
       cJSON_ReplaceItemInObjectCaseSensitive(ops, it->string, cJSON_CreateObject());
       continue;
     }
-    for (int k = 0; reloadable[k] != NULL; k++)
-      cJSON_DeleteItemFromObjectCaseSensitive(it, reloadable[k]);
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++)
+      if ((fields[k].flags & UST__FIELD_RELOADABLE) && strcmp(fields[k].section, SEC_OP) == 0)
+        cJSON_DeleteItemFromObjectCaseSensitive(it, fields[k].name);
   }
   return root;
 }

@@ -159,6 +159,59 @@ typedef struct ust__config {
   ust__op_config *ops;       /* owned */
 } ust__config;
 
+/* ---- the config's fields -------------------------------------------------------------
+ * Every field the config accepts is one entry of one table (plugin/config.c):
+ * its place, type, range or choices, default and what it does. The parser
+ * takes each object's keys from it (a key that is no entry is an unknown
+ * field), checks and keeps the plain fields through it and starts from its
+ * defaults; a field whose parsing depends on others is parsed by its
+ * section's code, and is an entry all the same. docs/configuration.md is
+ * generated from it (plugin/config_doc.c). */
+typedef enum ust__field_type {
+  UST__FIELD_INTEGER,  /* a JSON integer in [lo, hi], kept in an int */
+  UST__FIELD_COUNT,    /* a whole number of calls in [lo, hi], kept in a uint32_t or a uint64_t */
+  UST__FIELD_NUMBER,   /* a finite number between lo and hi (each bound open or closed), kept in a double */
+  UST__FIELD_BOOL,     /* true or false, kept in an int */
+  UST__FIELD_STRING,   /* a non-empty string, kept as an owned copy */
+  UST__FIELD_PATH,     /* a non-empty string, kept with its placeholders expanded (ust__path_expand) */
+  UST__FIELD_CHOICE,   /* one of choices, its index kept in an int */
+  UST__FIELD_MODE,     /* off, observe, shadow, canary or live, kept in an int (ust__mode_parse) */
+  UST__FIELD_OBJECT,   /* an object whose keys are the entries of its own path */
+  UST__FIELD_MAP,      /* an object whose keys the user names (its values: the entry "<...>" under it, if any) */
+  UST__FIELD_MODE_OR_OBJECT, /* a mode string, or an object whose keys are the entries of its own path */
+} ust__field_type;
+
+enum {
+  UST__FIELD_BY_HAND = 1,    /* checked and kept by its section's code, which reads its range from the entry */
+  UST__FIELD_RELOADABLE = 2, /* a reload may change it (ust__config_reload_check) */
+};
+
+typedef struct ust__config_field {
+  const char *section; /* the object it is a key of, as a JSON path: "" (the top level), "report",
+                          "operators.<name>.guard" (<name>, <key>: keys the user names) */
+  const char *name;    /* its key there ("<name>": the value of every key of a map) */
+  int type;            /* ust__field_type */
+  int flags;           /* UST__FIELD_* */
+  const char *what;    /* numbers: what the value is ("a number of seconds"); NULL: by its type */
+  double lo, hi;       /* numbers: the range; hi INFINITY: no bound above */
+  int lo_open, hi_open; /* a bound the value must not reach */
+  const char *const *choices; /* choice: the names, NULL-terminated */
+  const char *def;     /* the default as JSON ("4096", "\"events\""), which the parser starts from (for a field
+                          kept nowhere, what acts on it does); or NULL */
+  const char *def_words; /* a default that is no value of its own ("`defaults.sample`"), or NULL: none */
+  const char *note;    /* said in parentheses after the range, in errors and on the page, or NULL */
+  const char *doc;     /* what it does, in one to three sentences (Markdown) */
+  size_t offset, size; /* where its section's struct keeps it; size 0: checked, kept nowhere */
+} ust__config_field;
+
+/* The table, in the order of each object's keys in errors and on the page.
+ * *n receives its length. Static, read-only. */
+const ust__config_field *ust__config_fields(int *n);
+/* What field f accepts, as its errors say after "must be" ("a number of
+ * seconds in (0, 86400]", "one of auto, cupti, events"), into buf (cap
+ * bytes, truncated to fit). */
+void ust__config_field_expects(const ust__config_field *f, char *buf, size_t cap);
+
 /* Parse a JSON config (NULL or "" gives the defaults). Unknown fields are
  * errors, named with their JSON path. */
 int ust__config_parse(const char *json, ust__config *out);

@@ -1,6 +1,7 @@
 /* Config and problem-definition errors, the shipped definitions, the engine
  * lifecycle without torch. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <unistd.h>
 
 #include "plugin/plugin.h"
@@ -181,4 +182,240 @@ TEST(error_names) {
   ASSERT_STR_EQ(ust_strerror(UST_ECONFIG), "invalid config");
   ASSERT_STR_EQ(ust_strerror(12345), "unknown error");
   ASSERT_STR_EQ(ust_strerror(UST_OK), "success");
+}
+
+/* ---- the field table (plugin/config.c) against the parser ---------------------------- */
+
+#define TABLE_KEY "aten::mm|cpu|f32,f32|M=1,K=1,N=1"
+#define TABLE_SHA "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+/* A table path with its placeholders filled in: <name> is gemm, <key> a shape key. */
+static void table_path(const char *sec, const char *name, char *out, size_t cap) {
+  char in[256];
+  snprintf(in, sizeof in, "%s%s%s", sec, *sec && name ? "." : "", name ? name : "");
+  out[0] = '\0';
+  for (const char *p = in; *p != '\0';) {
+    const char *with = strncmp(p, "<name>", 6) == 0 ? "gemm" : strncmp(p, "<key>", 5) == 0 ? TABLE_KEY : NULL;
+    size_t n = strlen(out);
+    if (with != NULL) {
+      snprintf(out + n, cap - n, "%s", with);
+      p += with[0] == 'g' ? 6 : 5;
+    } else {
+      snprintf(out + n, cap - n, "%c", *p++);
+    }
+  }
+}
+
+/* Sets path (dotted) in root to v, making objects on the way; an object
+ * value keeps an object already there. */
+static void table_put(cJSON *root, const char *path, cJSON *v) {
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", path);
+  cJSON *at = root;
+  char *seg = buf;
+  for (char *dot; (dot = strchr(seg, '.')) != NULL; seg = dot + 1) {
+    *dot = '\0';
+    cJSON *next = cJSON_GetObjectItemCaseSensitive(at, seg);
+    if (!cJSON_IsObject(next)) {
+      next = cJSON_CreateObject();
+      if (cJSON_GetObjectItemCaseSensitive(at, seg) != NULL)
+        cJSON_ReplaceItemInObjectCaseSensitive(at, seg, next);
+      else
+        cJSON_AddItemToObject(at, seg, next);
+    }
+    at = next;
+  }
+  cJSON *had = cJSON_GetObjectItemCaseSensitive(at, seg);
+  if (cJSON_IsObject(v) && cJSON_IsObject(had))
+    cJSON_Delete(v);
+  else if (had != NULL)
+    cJSON_ReplaceItemInObjectCaseSensitive(at, seg, v);
+  else
+    cJSON_AddItemToObject(at, seg, v);
+}
+
+/* A value f accepts: its default, else one from its range or choices. */
+static cJSON *table_example(const ust__config_field *f) {
+  if (f->def != NULL)
+    return cJSON_Parse(f->def);
+  switch (f->type) {
+  case UST__FIELD_INTEGER:
+  case UST__FIELD_COUNT:
+  case UST__FIELD_NUMBER:
+    return cJSON_CreateNumber(!f->lo_open ? f->lo : isinf(f->hi) ? f->lo + 1 : (f->lo + f->hi) / 2);
+  case UST__FIELD_BOOL:
+    return cJSON_CreateFalse();
+  case UST__FIELD_CHOICE:
+    return cJSON_CreateString(f->choices[0]);
+  case UST__FIELD_MODE:
+    return cJSON_CreateString("observe");
+  case UST__FIELD_STRING:
+  case UST__FIELD_PATH:
+    return cJSON_CreateString(strcmp(f->name, "sha256") == 0     ? TABLE_SHA
+                              : strcmp(f->name, "torch_op") == 0 ? "ns::candidate"
+                              : strcmp(f->name, "target") == 0   ? "aten::mm"
+                                                                 : "/tmp/ust-table-example");
+  default:
+    return cJSON_CreateObject();
+  }
+}
+
+/* What a config needs around field f for f to be accepted and found: its
+ * operator, a candidate for its parts and the promotion, a route's mode,
+ * the state's path, the endpoint's port, "qualify": "process" for
+ * qualify_calls. */
+static cJSON *table_context(const ust__config_field *f) {
+  cJSON *root = cJSON_CreateObject();
+  const int in_op = strncmp(f->section, "operators.<name>", 16) == 0;
+  if (in_op)
+    table_put(root, "operators.gemm", cJSON_CreateObject());
+  if (in_op && (strstr(f->section, ".candidate") != NULL || strstr(f->section, ".promotion") != NULL ||
+                strcmp(f->name, "candidate") == 0 || strcmp(f->name, "promotion") == 0)) {
+    if (strcmp(f->name, "torch_op") == 0) {
+      table_put(root, "operators.gemm.candidate.torch_op", cJSON_CreateString("ns::candidate"));
+    } else {
+      table_put(root, "operators.gemm.candidate.native", cJSON_CreateString("/tmp/ust-table-example.so"));
+      table_put(root, "operators.gemm.candidate.sha256", cJSON_CreateString(TABLE_SHA));
+    }
+    if (strcmp(f->name, "qualify_calls") == 0)
+      table_put(root, "operators.gemm.candidate.qualify", cJSON_CreateString("process"));
+  }
+  if (in_op && strstr(f->section, ".routes") != NULL)
+    table_put(root, "operators.gemm.routes." TABLE_KEY ".mode", cJSON_CreateString("observe"));
+  if (strcmp(f->section, "state") == 0 || (f->section[0] == '\0' && strcmp(f->name, "state") == 0))
+    table_put(root, "state.path", cJSON_CreateString("/tmp/ust-table-state.json"));
+  if (strcmp(f->section, "metrics") == 0 && strcmp(f->name, "host") == 0)
+    table_put(root, "metrics.port", cJSON_CreateNumber(0));
+  return root;
+}
+
+/* Where the parser keeps the fields of f's section, in c. */
+static const void *table_base(const ust__config *c, const ust__config_field *f) {
+  if (strncmp(f->section, "operators.<name>", 16) != 0)
+    return c;
+  const ust__op_config *oc = &c->ops[0];
+  if (strstr(f->section, ".candidate") != NULL)
+    return &oc->cand;
+  if (strstr(f->section, ".promotion") != NULL)
+    return &oc->promotion;
+  if (strstr(f->section, ".routes") != NULL)
+    return &oc->routes[0];
+  return oc;
+}
+
+static int table_parse(cJSON *root, ust__config *c) {
+  char *text = cJSON_PrintUnformatted(root);
+  int rc = ust__config_parse(text, c);
+  if (rc != 0)
+    fprintf(stderr, "refused %s: %s\n", text, ust_last_error());
+  free(text);
+  return rc;
+}
+
+TEST(config_accepts_every_field_of_its_table_and_starts_from_its_defaults) {
+  int n = 0;
+  const ust__config_field *t = ust__config_fields(&n);
+  ASSERT_INT_GE(n, 60);
+  for (int i = 0; i < n; i++) {
+    const ust__config_field *f = &t[i];
+    char path[256];
+    table_path(f->section, f->name, path, sizeof path);
+    cJSON *with = table_context(f), *without = table_context(f);
+    table_put(with, path, table_example(f));
+    ust__config a, b;
+    ASSERT_INT_EQ(table_parse(with, &a), 0);
+    /* given as its default, a field leaves the parser where it started */
+    if (f->def != NULL && f->size > 0) {
+      ASSERT_INT_EQ(table_parse(without, &b), 0);
+      if (memcmp((const char *)table_base(&a, f) + f->offset, (const char *)table_base(&b, f) + f->offset, f->size))
+        fprintf(stderr, "%s: given as its default %s, it is not what the parser starts from\n", path, f->def);
+      ASSERT_INT_EQ(memcmp((const char *)table_base(&a, f) + f->offset, (const char *)table_base(&b, f) + f->offset,
+                           f->size), 0);
+      ust__config_free(&b);
+    }
+    ust__config_free(&a);
+    cJSON_Delete(with);
+    cJSON_Delete(without);
+  }
+}
+
+TEST(config_refuses_every_key_its_table_lacks_naming_the_keys_it_has) {
+  int n = 0;
+  const ust__config_field *t = ust__config_fields(&n);
+  for (int i = 0; i < n; i++) {
+    const ust__config_field *f = &t[i];
+    if (i > 0 && strcmp(t[i - 1].section, f->section) == 0)
+      continue; /* one try a section, at its first field */
+    if (f->name[0] == '<')
+      continue; /* a map's keys are the user's */
+    char path[256], key[300], list[512] = "", want[1024];
+    table_path(f->section, NULL, path, sizeof path);
+    snprintf(key, sizeof key, "%s%snot_a_field", path, *path ? "." : "");
+    for (int k = 0; k < n; k++)
+      if (strcmp(t[k].section, f->section) == 0)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? ", " : "", t[k].name);
+    snprintf(want, sizeof want, "config: unknown field '%s' (expected one of: %s)", key, list);
+    cJSON *root = table_context(f);
+    table_put(root, key, cJSON_CreateNumber(1));
+    char *text = cJSON_PrintUnformatted(root);
+    ust__config c;
+    ASSERT_INT_EQ(ust__config_parse(text, &c), UST_ECONFIG);
+    ASSERT_STR_EQ(ust_last_error(), want);
+    free(text);
+    cJSON_Delete(root);
+  }
+}
+
+TEST(config_field_table_is_well_formed) {
+  int n = 0;
+  const ust__config_field *t = ust__config_fields(&n);
+  int reloadable = 0;
+  for (int i = 0; i < n; i++) {
+    const ust__config_field *f = &t[i];
+    char path[256], sec[256];
+    snprintf(path, sizeof path, "%s%s%s", f->section, *f->section ? "." : "", f->name);
+    ASSERT_TRUE(f->doc != NULL && f->doc[0] != '\0');
+    ASSERT_TRUE(!(f->def != NULL && f->def_words != NULL));
+    /* each section is an object of the table, its keys side by side */
+    int parent = f->section[0] == '\0', together = 1;
+    for (int k = 0; k < n; k++) {
+      snprintf(sec, sizeof sec, "%s%s%s", t[k].section, *t[k].section ? "." : "", t[k].name);
+      parent |= strcmp(sec, f->section) == 0 && (t[k].type == UST__FIELD_OBJECT ||
+                                                 t[k].type == UST__FIELD_MODE_OR_OBJECT || t[k].type == UST__FIELD_MAP);
+      if (k != i)
+        ASSERT_TRUE(strcmp(sec, path) != 0); /* no field twice */
+      if (k + 1 < i && strcmp(t[k].section, f->section) == 0 && strcmp(t[i - 1].section, f->section) != 0)
+        together = 0;
+    }
+    if (!parent || !together)
+      fprintf(stderr, "%s: its section is no object of the table, or its keys are apart\n", path);
+    ASSERT_TRUE(parent && together);
+    if (f->type == UST__FIELD_INTEGER || f->type == UST__FIELD_COUNT || f->type == UST__FIELD_NUMBER)
+      ASSERT_TRUE(f->lo <= f->hi);
+    if (f->type == UST__FIELD_CHOICE)
+      ASSERT_TRUE(f->choices != NULL && f->choices[0] != NULL);
+    reloadable += (f->flags & UST__FIELD_RELOADABLE) != 0;
+    if (f->flags & UST__FIELD_RELOADABLE) /* the reload's refusal names them in words */
+      ASSERT_STR_EQ(f->section, "operators.<name>");
+  }
+  ASSERT_INT_EQ(reloadable, 5);
+  /* choices read by the table are the codes the rest of the core uses */
+  int log_levels[] = {UST_LOG_ERROR, UST_LOG_WARN, UST_LOG_INFO, UST_LOG_DEBUG};
+  for (int i = 0; i < n; i++) {
+    if (strcmp(t[i].section, "") == 0 && strcmp(t[i].name, "log_level") == 0)
+      for (int k = 0; k < 4; k++)
+        ASSERT_INT_EQ(k, log_levels[k]);
+    if (strcmp(t[i].section, "operators.<name>.guard") == 0 && strcmp(t[i].name, "compare") == 0)
+      for (int k = 0; t[i].choices[k] != NULL; k++)
+        ASSERT_INT_EQ(ust__cmp_kind_parse(t[i].choices[k]), k);
+    if (strcmp(t[i].section, "timer") == 0 && strcmp(t[i].name, "kind") == 0) {
+      ASSERT_STR_EQ(t[i].choices[UST__TIMER_AUTO], "auto");
+      ASSERT_STR_EQ(t[i].choices[UST__TIMER_CUPTI], "cupti");
+      ASSERT_STR_EQ(t[i].choices[UST__TIMER_EVENTS], "events");
+    }
+    if (strcmp(t[i].name, "qualify") == 0) {
+      ASSERT_STR_EQ(t[i].choices[UST__QUALIFY_HERE], "here");
+      ASSERT_STR_EQ(t[i].choices[UST__QUALIFY_PROCESS], "process");
+    }
+  }
 }

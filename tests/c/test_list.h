@@ -76,6 +76,9 @@
   X(seqtest_decisions_on_synthetic_pairs) \
   X(config_defaults)              \
   X(config_errors_name_field)     \
+  X(config_accepts_every_field_of_its_table_and_starts_from_its_defaults) \
+  X(config_refuses_every_key_its_table_lacks_naming_the_keys_it_has) \
+  X(config_field_table_is_well_formed) \
   X(problem_errors_name_field)    \
   X(problems_shipped_load)        \
   X(engine_unknown_operator)      \
