@@ -23,6 +23,7 @@
 
 #include "base/base.h"
 #include "dispatch/callview.h"
+#include "dispatch/hold.h"
 #include "guard/guard.h"
 #include "scorer/scorer.h"
 
@@ -349,6 +350,7 @@ typedef struct ust__timer_opts {
   const char *cupti_path; /* borrowed; NULL: libcupti.so.13 as the loader finds it */
   int callbacks;         /* 1: correlate launches through CUPTI's launch callbacks when it can subscribe */
   int (*profiler_active)(void); /* 1 while torch's profiler records (may be NULL) */
+  uint64_t hold_deadline_ns; /* timed GPU calls are held (dispatch/hold.h), giving up after this; 0: not held */
 } ust__timer_opts;
 
 /* Where the timer stands, for the report. */
@@ -381,11 +383,25 @@ void ust__timers_status(ust__timers *t, ust__timer_status *out);
 void ust__timers_destroy(ust__timers *t);
 /* 1 once a GPU call was timed. */
 int ust__timers_used(const ust__timers *t);
-/* Record the start event on stream; a token, or -1 when no timer is free. */
-int ust__timers_begin(ust__timers *t, int device_id, void *stream);
-/* Record the end event and queue the timing for figs, with the call's
- * roofline floor (0: unknown). */
+/* Record the start event on stream, held (dispatch/hold.h) unless the
+ * operator's standing (hold: its binding's word) or the device says not; a
+ * token, or -1 when no timer is free. */
+int ust__timers_begin(ust__timers *t, int device_id, void *stream, ust__hold_word *hold);
+/* Record the end event (releasing the hold) and queue the timing for figs,
+ * with the call's roofline floor (0: unknown). */
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind);
+/* How the timers hold calls: the deadline (0: not held), per device the
+ * hold's calibration (UST__HOLD_*) and what a held pair adds around its
+ * work, and the holds that gave up. Thread-safe. */
+typedef struct ust__hold_status {
+  uint64_t deadline_ns, held, expired, released_late, excluded;
+  int n_devices; /* devices whose state is known */
+  struct {
+    int device, state;
+    double offset_ns, spread_ns;
+  } devices[8];
+} ust__hold_status;
+void ust__timers_hold_status(ust__timers *t, ust__hold_status *out);
 /* Graph capture, with the kernel tracer on: before a captured call, the
  * index its first node will take in the graph stream captures into (0 if
  * noted, -1 if not: no tracer, no CUPTI node ids, an error); after it, the
@@ -555,6 +571,7 @@ typedef struct ust__binding {
   char arg_names[UST__MAX_ARGS][UST__NAME_MAX]; /* the schema's, once resolved */
   ust__roofline_prog roofline;   /* compiled from def->roofline; present 0 without one */
   ust__hook *hook;               /* the process's hook of this op, while enabled */
+  ust__hold_word hold;           /* its standing with the timers' hold (dispatch/hold.h) */
   /* bound to it (ust__hook_attach): its calls count in the hook's epoch
    * hook_epoch, and its tallied ones on the hook's head from
    * hook_tallied_base (see ust__binding_tallied_count) while hook_counts is 1 */

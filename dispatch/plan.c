@@ -456,7 +456,7 @@ static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust
     st->timing = 1;
     st->t0_ns = ust__now_ns();
   } else if (!legacy || !ust__gpu_capturing(NULL)) { /* an error there: another thread captures */
-    st->gpu_slot = ust__timers_begin(b->router->timers, call->device_id, call->stream);
+    st->gpu_slot = ust__timers_begin(b->router->timers, call->device_id, call->stream, &b->hold);
     if (st->gpu_slot >= 0)
       st->timing = 2;
     else

@@ -8,6 +8,12 @@
  * serving stream; the lock guards the free and pending lists only and is
  * never held while the device is asked (queried or waited for).
  *
+ * A timed call is held (dispatch/hold.h): a one-thread kernel holds the
+ * stream before the start event and the host releases it after the stop
+ * event, so the pair brackets the call's work run back to back; what a held
+ * pair adds around its work is measured once per device (the harvest's
+ * thread, on a private stream) and taken off at conclusion.
+ *
  * On CUDA, a kernel tracer (timer_cupti.c) takes over inside its windows:
  * a call begun while one is open is timed by its kernels (token with
  * CUPTI_TOKEN set), every other by events.
@@ -23,6 +29,7 @@
 
 #include "base/gpu_runtime.h"
 #include "dispatch/dispatch.h"
+#include "dispatch/hold_gpu.h"
 #include "dispatch/timer_queue.h"
 
 #define MAX_DEVICES 64
@@ -34,7 +41,20 @@ typedef struct timer {
   ust__figs *figs;
   uint64_t tsol_ps;
   int kind; /* why it was timed (UST__TIMED_*) */
+  uint32_t seq;         /* its hold's number; 0: not held */
+  ust__hold_word *hold; /* its operator's standing with the hold; borrowed */
 } timer;
+
+/* A device's words the holds read and write: host memory mapped for the
+ * device, a release word and an expired word per timer and one pair more for
+ * the calibration; the calibration's own stream, events and probe readings. */
+typedef struct hold_words {
+  unsigned *host, *dev; /* [2 * (pool_size + 1)]: release words, then expired words */
+  unsigned long long *probe_host, *probe_dev;
+  double ticks_per_ns;
+  cudaStream_t stream; /* the calibration's, made by the harvest's thread */
+  cudaEvent_t start, stop;
+} hold_words;
 
 typedef struct device_pool {
   timer *timers;
@@ -49,6 +69,9 @@ struct ust__timers {
   device_pool pools[MAX_DEVICES];
   ust__tqueue pending; /* queued timers as (device << 20 | index), under lock */
   atomic_int used;
+  ust__hold hold;
+  _Atomic(hold_words *) words[MAX_DEVICES];
+  atomic_int words_made[MAX_DEVICES]; /* 0 not yet, 1 being made, 2 made (words NULL: none) */
 #if defined(UST_GPU_CUDA)
   ust__cupti *cupti;
 #endif
@@ -62,6 +85,129 @@ static enum cudaStreamCaptureMode relax_capture_mode(void) {
 }
 
 static void restore_capture_mode(enum cudaStreamCaptureMode mode) { cudaThreadExchangeStreamCaptureMode(&mode); }
+
+/* ---- the hold's device (dispatch/hold.h) ---------------------------------------- */
+
+/* The device's hold words, made at its first held call (outside the timers'
+ * lock: a host allocation may wait for the device); NULL when they could not
+ * be made (its calls are then timed by the plain pair). */
+static hold_words *device_words(ust__timers *t, int device) {
+  hold_words *w = atomic_load_explicit(&t->words[device], memory_order_acquire);
+  if (w != NULL || atomic_load_explicit(&t->words_made[device], memory_order_acquire) == 2)
+    return w;
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&t->words_made[device], &expected, 1))
+    return NULL; /* another thread makes them: this call goes unheld */
+  w = calloc(1, sizeof *w);
+  const size_t n = 2 * ((size_t)t->pool_size + 1);
+  int prev = -1, ok = w != NULL && UST__GPU_CHECK(t->log, cudaGetDevice(&prev)) == 0;
+  enum cudaStreamCaptureMode mode = relax_capture_mode();
+  if (ok && prev != device)
+    ok = UST__GPU_CHECK(t->log, cudaSetDevice(device)) == 0;
+  ok = ok && (w->ticks_per_ns = ust__hold_ticks_per_ns(device)) > 0 &&
+       UST__GPU_CHECK(t->log, cudaHostAlloc((void **)&w->host, n * sizeof *w->host, cudaHostAllocMapped)) == 0 &&
+       UST__GPU_CHECK(t->log, cudaHostGetDevicePointer((void **)&w->dev, w->host, 0)) == 0 &&
+       UST__GPU_CHECK(t->log, cudaHostAlloc((void **)&w->probe_host, 2 * sizeof *w->probe_host,
+                                            cudaHostAllocMapped)) == 0 &&
+       UST__GPU_CHECK(t->log, cudaHostGetDevicePointer((void **)&w->probe_dev, w->probe_host, 0)) == 0;
+  if (prev >= 0 && prev != device)
+    cudaSetDevice(prev);
+  restore_capture_mode(mode);
+  if (ok) {
+    memset(w->host, 0, n * sizeof *w->host);
+    atomic_store_explicit(&t->words[device], w, memory_order_release);
+  } else if (w != NULL) {
+    if (w->host != NULL)
+      cudaFreeHost(w->host);
+    if (w->probe_host != NULL)
+      cudaFreeHost(w->probe_host);
+    free(w);
+    w = NULL;
+  }
+  atomic_store_explicit(&t->words_made[device], 2, memory_order_release);
+  return w;
+}
+
+static int gpu_hold(void *ctx, int device, void *stream, int slot, uint32_t seq, uint64_t deadline_ns) {
+  ust__timers *t = ctx;
+  hold_words *w = device_words(t, device);
+  if (w == NULL)
+    return -1;
+  /* a launch goes to the current device's stream: the call's device made
+   * current for it when the thread has another */
+  int prev = device;
+  if (cudaGetDevice(&prev) != cudaSuccess || (prev != device && cudaSetDevice(device) != cudaSuccess)) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  const int rc = ust__hold_launch(stream, &w->dev[slot], seq,
+                                  (unsigned long long)((double)deadline_ns * w->ticks_per_ns) + 1,
+                                  &w->dev[t->pool_size + 1 + slot]);
+  if (prev != device)
+    cudaSetDevice(prev);
+  return UST__GPU_CHECK(t->log, rc) == 0 ? 0 : -1;
+}
+
+static void gpu_release(void *ctx, int device, int slot, uint32_t seq) {
+  ust__timers *t = ctx;
+  hold_words *w = atomic_load_explicit(&t->words[device], memory_order_acquire);
+  __atomic_store_n(&w->host[slot], seq, __ATOMIC_RELEASE);
+}
+
+static int gpu_expired(void *ctx, int device, int slot, uint32_t seq) {
+  ust__timers *t = ctx;
+  hold_words *w = atomic_load_explicit(&t->words[device], memory_order_acquire);
+  return __atomic_load_n(&w->host[t->pool_size + 1 + slot], __ATOMIC_ACQUIRE) == seq;
+}
+
+/* One held pair around a probe of about 2 us, on the device's calibration
+ * stream (made here, non-blocking: it waits for no serving stream), waited
+ * for. The harvest's thread only. */
+static int gpu_calibrate(void *ctx, int device, double *pair_ns, double *inner_ns) {
+  ust__timers *t = ctx;
+  hold_words *w = atomic_load_explicit(&t->words[device], memory_order_acquire);
+  if (w == NULL)
+    return -1;
+  int prev = -1, rc = -1;
+  if (UST__GPU_CHECK(t->log, cudaGetDevice(&prev)) != 0 ||
+      (prev != device && UST__GPU_CHECK(t->log, cudaSetDevice(device)) != 0))
+    return -1;
+  enum cudaStreamCaptureMode mode = relax_capture_mode();
+  if (w->stream == NULL &&
+      (UST__GPU_CHECK(t->log, cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking)) != 0 ||
+       UST__GPU_CHECK(t->log, cudaEventCreateWithFlags(&w->start, cudaEventDefault)) != 0 ||
+       UST__GPU_CHECK(t->log, cudaEventCreateWithFlags(&w->stop, cudaEventDefault)) != 0)) {
+    w->stream = NULL;
+    goto out;
+  }
+  const int slot = t->pool_size; /* the calibration's own words */
+  const uint32_t seq = w->host[slot] + 1;
+  float ms = 0;
+  if (UST__GPU_CHECK(t->log, ust__hold_launch(w->stream, &w->dev[slot], seq,
+                                              (unsigned long long)(1e6 * w->ticks_per_ns),
+                                              &w->dev[t->pool_size + 1 + slot])) != 0)
+    goto out;
+  const int enqueued =
+      UST__GPU_CHECK(t->log, cudaEventRecord(w->start, w->stream)) == 0 &&
+      UST__GPU_CHECK(t->log, ust__hold_probe_launch(w->stream, w->probe_dev,
+                                                    (unsigned long long)(2000.0 * w->ticks_per_ns))) == 0 &&
+      UST__GPU_CHECK(t->log, cudaEventRecord(w->stop, w->stream)) == 0;
+  __atomic_store_n(&w->host[slot], seq, __ATOMIC_RELEASE);
+  if (enqueued && UST__GPU_CHECK(t->log, cudaEventSynchronize(w->stop)) == 0 &&
+      UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, w->start, w->stop)) == 0 &&
+      __atomic_load_n(&w->host[t->pool_size + 1 + slot], __ATOMIC_ACQUIRE) != seq) {
+    *pair_ns = (double)ms * 1e6;
+    *inner_ns = (double)(w->probe_host[1] - w->probe_host[0]) / w->ticks_per_ns;
+    rc = 0;
+  }
+out:
+  restore_capture_mode(mode);
+  if (prev != device)
+    cudaSetDevice(prev);
+  return rc;
+}
+
+static const ust__hold_dev_i gpu_hold_dev = {gpu_hold, gpu_release, gpu_expired, gpu_calibrate};
 
 int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_sink *log, ust__timers **out) {
   ust__timers *t = calloc(1, sizeof *t);
@@ -77,6 +223,7 @@ int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_si
   }
   t->log = log;
   t->pool_size = max_pending;
+  ust__hold_init(&t->hold, &gpu_hold_dev, t, opts != NULL ? opts->hold_deadline_ns : 0);
 #if defined(UST_GPU_CUDA)
   const ust__timer_opts events = {.kind = UST__TIMER_EVENTS};
   int rc = ust__cupti_create(opts != NULL ? opts : &events, log, &t->cupti);
@@ -187,7 +334,7 @@ void ust__timers_status(ust__timers *t, ust__timer_status *out) {
 #endif
 }
 
-int ust__timers_begin(ust__timers *t, int device, void *stream) {
+int ust__timers_begin(ust__timers *t, int device, void *stream, ust__hold_word *hold) {
 #if defined(UST_GPU_CUDA)
   if (ust__cupti_tracing(t->cupti) == UST__TRACING_WINDOW) {
     const int slot = ust__cupti_begin(t->cupti);
@@ -202,7 +349,15 @@ int ust__timers_begin(ust__timers *t, int device, void *stream) {
   if (idx < 0)
     return -1;
   timer *s = &p->timers[idx];
-  if (timer_events(t, s, device) != 0 || UST__GPU_CHECK(t->log, cudaEventRecord(s->start, (cudaStream_t)stream)) != 0) {
+  s->seq = 0;
+  s->hold = hold;
+  if (timer_events(t, s, device) != 0) {
+    give_back(t, device << 20 | idx);
+    return -1;
+  }
+  ust__hold_begin(&t->hold, hold, device, stream, idx, &s->seq);
+  if (UST__GPU_CHECK(t->log, cudaEventRecord(s->start, (cudaStream_t)stream)) != 0) {
+    ust__hold_end(&t->hold, NULL, device, idx, s->seq);
     give_back(t, device << 20 | idx);
     return -1;
   }
@@ -304,6 +459,8 @@ void ust__timers_cancel(ust__timers *t, int token) {
     return;
   }
 #endif
+  /* a call that raised, or was served by a candidate: its hold released, no strike */
+  ust__hold_end(&t->hold, NULL, token >> 20, token & 0xfffff, t->pools[token >> 20].timers[token & 0xfffff].seq);
   give_back(t, token);
 }
 
@@ -318,23 +475,49 @@ void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, u
   s->figs = figs;
   s->tsol_ps = tsol_ps;
   s->kind = kind;
-  if (UST__GPU_CHECK(t->log, cudaEventRecord(s->stop, (cudaStream_t)stream)) != 0) {
+  const int recorded = UST__GPU_CHECK(t->log, cudaEventRecord(s->stop, (cudaStream_t)stream)) == 0;
+  ust__hold_end(&t->hold, s->hold, token >> 20, token & 0xfffff, s->seq); /* released whatever happened */
+  if (!recorded) {
     give_back(t, token);
     return;
   }
   ust__tqueue_push(&t->pending, token);
 }
 
-/* A completed (or failed) timer into its figures, and back to its pool. */
-static void conclude(ust__timers *t, int token, cudaError_t q) {
+/* A completed (or failed) timer into its figures, and back to its pool: 1;
+ * 0 for a held one whose device is not calibrated yet (it waits). */
+static int conclude(ust__timers *t, int token, cudaError_t q) {
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   float ms = 0;
-  if (q == cudaSuccess && UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, s->start, s->stop)) == 0)
-    ust__figs_timed(s->figs, (uint64_t)((double)ms * 1e6 + 0.5), s->tsol_ps, s->kind);
-  else
+  if (q == cudaSuccess && UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, s->start, s->stop)) == 0) {
+    double ns = 0;
+    const int held = ust__hold_conclude(&t->hold, s->hold, token >> 20, token & 0xfffff, s->seq, (double)ms * 1e6, &ns);
+    if (held < 0)
+      return 0;
+    if (held == 0) {
+      ust__figs_hold_expired(s->figs);
+    } else {
+      ust__figs_timed(s->figs, (uint64_t)(ns + 0.5), s->tsol_ps, s->kind);
+      if (s->seq != 0)
+        ust__figs_held(s->figs);
+    }
+  } else {
     ust__figs_timing_dropped(s->figs);
+  }
   s->figs = NULL;
   give_back(t, token);
+  return 1;
+}
+
+/* The harvest's thread: every device a held call ran on is calibrated
+ * first (once), so that its held samples can conclude. */
+static void calibrate_devices(ust__timers *t) {
+  for (int d = 0; d < MAX_DEVICES; d++)
+    if (atomic_load_explicit(&t->words[d], memory_order_acquire) != NULL &&
+        ust__hold_state(&t->hold, d) == UST__HOLD_UNCALIBRATED &&
+        ust__hold_calibrate(&t->hold, d) == UST__HOLD_UNAVAILABLE)
+      ust__log(t->log, UST_LOG_WARN, "timer: holds cannot be calibrated on GPU %d (%s): its calls are timed by the "
+               "plain event pair", d, ust_last_error());
 }
 
 /* Take a batch of the pending timers (the oldest) out of the queue, ask the
@@ -346,6 +529,7 @@ static void conclude(ust__timers *t, int token, cudaError_t q) {
 static int harvest(ust__timers *t, int sync) {
   if (!ust__timers_used(t) || ust__tqueue_busy(&t->pending) == 0)
     return 0;
+  calibrate_devices(t);
   enum cudaStreamCaptureMode mode = relax_capture_mode();
   int taken[256], back[256];
   int left = 0;
@@ -355,10 +539,8 @@ static int harvest(ust__timers *t, int sync) {
     for (int i = 0; i < n; i++) {
       cudaEvent_t stop = t->pools[taken[i] >> 20].timers[taken[i] & 0xfffff].stop;
       const cudaError_t q = sync ? cudaEventSynchronize(stop) : cudaEventQuery(stop);
-      if (q == cudaErrorNotReady)
+      if (q == cudaErrorNotReady || !conclude(t, taken[i], q))
         back[kept++] = taken[i];
-      else
-        conclude(t, taken[i], q);
     }
     left = ust__tqueue_settle(&t->pending, n, back, kept);
     if (!sync || n < 256)
@@ -408,7 +590,39 @@ void ust__timers_destroy(ust__timers *t) {
     free(p->timers);
     free(p->free_list);
   }
+  for (int d = 0; d < MAX_DEVICES; d++) {
+    hold_words *w = atomic_load(&t->words[d]);
+    if (w == NULL)
+      continue;
+    if (w->stream != NULL) {
+      cudaEventDestroy(w->start);
+      cudaEventDestroy(w->stop);
+      cudaStreamDestroy(w->stream);
+    }
+    cudaFreeHost(w->host);
+    cudaFreeHost(w->probe_host);
+    free(w);
+  }
   ust__tqueue_free(&t->pending);
   pthread_mutex_destroy(&t->lock);
   free(t);
+}
+
+void ust__timers_hold_status(ust__timers *t, ust__hold_status *out) {
+  memset(out, 0, sizeof *out);
+  out->deadline_ns = t->hold.deadline_ns;
+  out->held = atomic_load(&t->hold.held);
+  out->expired = atomic_load(&t->hold.expired);
+  out->released_late = atomic_load(&t->hold.released_late);
+  out->excluded = atomic_load(&t->hold.excluded);
+  for (int d = 0; d < MAX_DEVICES && out->n_devices < 8; d++) {
+    const int state = ust__hold_state(&t->hold, d);
+    if (atomic_load(&t->words_made[d]) == 0)
+      continue;
+    out->devices[out->n_devices].device = d;
+    out->devices[out->n_devices].state = state;
+    out->devices[out->n_devices].offset_ns = state == UST__HOLD_CALIBRATED ? t->hold.offset_ns[d] : 0;
+    out->devices[out->n_devices].spread_ns = state == UST__HOLD_CALIBRATED ? t->hold.offset_spread_ns[d] : 0;
+    out->n_devices++;
+  }
 }

@@ -25,7 +25,7 @@ void ust__timers_status(ust__timers *t, ust__timer_status *out) {
   memset(out, 0, sizeof *out);
   out->kind = "host";
 }
-int ust__timers_begin(ust__timers *t, int device_id, void *stream) { return -1; }
+int ust__timers_begin(ust__timers *t, int device_id, void *stream, ust__hold_word *hold) { return -1; }
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind) {}
 void ust__timers_cancel(ust__timers *t, int token) {}
 int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from) {
@@ -36,6 +36,7 @@ void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs
 void ust__timers_graph_made(ust__timers *t, void *stream) {}
 int ust__timers_harvest(ust__timers *t) { return 0; }
 void ust__timers_harvest_all_sync(ust__timers *t) {}
+void ust__timers_hold_status(ust__timers *t, ust__hold_status *out) { memset(out, 0, sizeof *out); }
 int ust__gpu_capturing(void *stream) { return 0; }
 int ust__gpu_device_name(int device, char *buf, size_t cap) { return -1; }
 #endif

@@ -123,7 +123,7 @@ static const ust__config_field fields[] = {
      * the process stays slower */
     {"timer", "kind", UST__FIELD_CHOICE, CHOICES("auto", "cupti", "events"), AT(ust__config, timer_kind),
      .def = "\"events\"",
-     .doc = "`events`: an event pair on the caller's stream around each timed call (launch gaps included). "
+     .doc = "`events`: an event pair on the caller's stream around each timed call, held (`timer.hold`). "
             "`cupti`: CUPTI's kernel tracer, the call's kernels' own durations, in windows; where libcupti cannot "
             "be loaded, events, saying why. `auto`: the tracer where it loads, quietly."},
     {"timer", "window_ms", UST__FIELD_NUMBER, .what = "a number of milliseconds", .lo = 1, .hi = 600000,
@@ -147,6 +147,16 @@ static const ust__config_field fields[] = {
             "another client, such as torch's profiler, holds CUPTI's subscription, records are used); `records`, "
             "an id each call pushes, carried by CUPTI's API records, which makes every later API call of the "
             "process dearer. The report's `timer.correlation` says which was used."},
+    {"timer", "hold", UST__FIELD_CHOICE, CHOICES("auto", "off"), AT(ust__config, timer_hold), .def = "\"auto\"",
+     .doc = "How an event pair times a GPU call. `auto`: held (docs/timing.md) — a one-thread kernel holds the "
+            "stream until the call has launched its work, so the pair brackets the work run back to back, less "
+            "what the pair adds (measured once per device): the kernels' own time, without the host's launch "
+            "gaps. `off`: the pair as it falls, launch gaps included."},
+    {"timer", "hold_deadline_us", UST__FIELD_NUMBER, .what = "a number of microseconds", .lo = 10, .hi = 1000000,
+     AT(ust__config, timer_hold_deadline_us), .def = "1000",
+     .doc = "A hold gives up after this long on the device, whatever the host does: a call that synchronises "
+            "inside (`.item()`, `nonzero`) waits at most this long, its sample is dropped and counted, and an "
+            "operator whose held calls give up twice in a row is not held again."},
 
     /* ---- defaults */
     {"defaults", "mode", UST__FIELD_MODE, UST__FIELD_BY_HAND, AT(ust__config, default_mode), .def = "\"observe\"",

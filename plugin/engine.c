@@ -402,6 +402,7 @@ static int build_router(ust__engine *e) {
         .cupti_path = e->cfg.cupti_path,
         .callbacks = e->cfg.timer_callbacks,
         .profiler_active = c->seam != NULL ? c->seam->profiler_active : NULL,
+        .hold_deadline_ns = e->cfg.timer_hold == 0 ? (uint64_t)(e->cfg.timer_hold_deadline_us * 1e3) : 0,
     };
     rc = ust__timers_create(1024, &topts, &c->log, &r->timers);
     if (rc == 0)

@@ -251,6 +251,10 @@ static cJSON *shape_json(const ust__route_snap *s) {
   add_num(js, "steady_calls", late > s->figs.late_captured ? (double)(late - s->figs.late_captured) : 0.0);
   add_num(js, "kernel_timed", (double)s->figs.kernel_timed);
   add_num(js, "kernel_span_ns", (double)s->figs.kernel_span_ns);
+  /* of the timed calls, those timed by a held pair (their work back to back,
+   * dispatch/hold.h); the held calls whose hold gave up, their samples dropped */
+  add_num(js, "held_timed", (double)s->figs.held_timed);
+  add_num(js, "hold_expired", (double)s->figs.hold_expired);
   add_num(js, "replayed", (double)s->figs.replayed);
   /* its kernels run by graphs understudy did not see captured; the graph
    * status and its reason are derived (ust__report_derive) */
@@ -383,6 +387,29 @@ static cJSON *timer_json(ust__timers *t, uint64_t elapsed_ns) {
     add_num(x, "kernel_ns", (double)k->phase_kernel_ns[p]);
     add_num(x, "attributed_ns", (double)k->phase_attributed_ns[p]);
   }
+  /* the hold of the event pairs: its deadline, each device's calibration
+   * (what a held pair adds around its work), the holds that gave up, and the
+   * operators no longer held */
+  ust__hold_status hs;
+  ust__timers_hold_status(t, &hs);
+  cJSON *hj = cJSON_AddObjectToObject(j, "hold");
+  cJSON_AddStringToObject(hj, "state", hs.deadline_ns > 0 ? "on" : "off");
+  add_num(hj, "deadline_ns", (double)hs.deadline_ns);
+  add_num(hj, "held", (double)hs.held);
+  add_num(hj, "expired", (double)hs.expired);
+  add_num(hj, "released_late", (double)hs.released_late);
+  add_num(hj, "operators_excluded", (double)hs.excluded);
+  cJSON *hd = cJSON_AddArrayToObject(hj, "devices");
+  for (int i = 0; i < hs.n_devices; i++) {
+    cJSON *x = cJSON_CreateObject();
+    add_num(x, "device", hs.devices[i].device);
+    cJSON_AddStringToObject(x, "calibration", hs.devices[i].state == UST__HOLD_CALIBRATED ? "calibrated"
+                                              : hs.devices[i].state == UST__HOLD_UNAVAILABLE ? "unavailable"
+                                                                                            : "pending");
+    add_num(x, "pair_offset_ns", hs.devices[i].offset_ns);
+    add_num(x, "pair_offset_spread_ns", hs.devices[i].spread_ns);
+    cJSON_AddItemToArray(hd, x);
+  }
   cJSON *un = cJSON_AddArrayToObject(j, "unattributed");
   for (int i = 0; i < k->n_names && i < UST__KT_TOP; i++) {
     cJSON *x = cJSON_CreateObject();
@@ -445,6 +472,12 @@ static cJSON *report_raw(ust__engine *e) {
         const ust__binding *b = &e->bindings[bi];
         cJSON_AddItemToArray(bindings, cJSON_CreateString(b->display));
         untracked += (double)atomic_load(&b->untracked);
+        if (ust__hold_excluded(&b->hold)) { /* its held calls gave up twice in a row: timed by the plain pair */
+          cJSON *nh = cJSON_GetObjectItemCaseSensitive(jo, "not_held");
+          if (nh == NULL)
+            nh = cJSON_AddArrayToObject(jo, "not_held");
+          cJSON_AddItemToArray(nh, cJSON_CreateString(b->display));
+        }
         tallied += (double)ust__binding_tallied_count((ust__binding *)b);
         /* resolved once its op's schema was read (at enable, or its first call) */
         const char *why = !b->roofline.present ? "its definition has no roofline"
@@ -716,6 +749,24 @@ int ust__report_derive(cJSON *root) {
       const double timed = num(lat, "count");
       set_num(sh, "timed", timed);
       set_num(sh, "device_time_ns", num(lat, "sum"));
+      /* which timer produced the shape's figures, and the samples dropped, by why */
+      const double by_kernels = num(sh, "kernel_timed"), by_held = num(sh, "held_timed");
+      const double by_rest = timed > by_kernels + by_held ? timed - by_kernels - by_held : 0;
+      const cJSON *dev = cJSON_GetObjectItemCaseSensitive(sh, "device");
+      const int on_host = cJSON_IsString(dev) && strcmp(dev->valuestring, "cpu") == 0;
+      cJSON_DeleteItemFromObjectCaseSensitive(sh, "timed_by");
+      cJSON *tb = cJSON_AddObjectToObject(sh, "timed_by");
+      if (tb == NULL)
+        return ust__error(UST_ENOMEM, "report: out of memory");
+      set_num(tb, "kernels", by_kernels);
+      set_num(tb, "held_pair", by_held);
+      set_num(tb, on_host ? "host_clock" : "pair", by_rest);
+      cJSON_DeleteItemFromObjectCaseSensitive(sh, "dropped");
+      cJSON *dr = cJSON_AddObjectToObject(sh, "dropped");
+      if (dr == NULL)
+        return ust__error(UST_ENOMEM, "report: out of memory");
+      set_num(dr, "no_timer", num(sh, "timing_dropped"));
+      set_num(dr, "hold_expired", num(sh, "hold_expired"));
       /* a replayed call is timed and runs without a dispatcher call: the
        * estimate counts it beside the calls (scaled to the whole time) */
       const double replayed = num(sh, "replayed") * replay_scale;
@@ -1029,7 +1080,7 @@ static cJSON *window_doc(const cJSON *now, const cJSON *base) {
   static const char *const shape_keys[] = {"calls", "estimated", "captured", "timing_dropped", "first_timed",
                                             "first_time_ns",
                                             "steady_timed", "steady_time_ns", "steady_calls", "kernel_timed",
-                                            "kernel_span_ns", "replayed", NULL};
+                                            "kernel_span_ns", "replayed", "held_timed", "hold_expired", NULL};
   static const char *const roof_keys[] = {"calls", "unscored", "scored_by_callees", "tsol_ns_sum", "time_ns_sum",
                                           "candidate_calls", "candidate_tsol_ns_sum", "candidate_time_ns_sum",
                                           "work_calls", "flops_sum", "bytes_sum", NULL};

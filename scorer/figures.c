@@ -156,6 +156,8 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->steady_time_ns = atomic_load(&f->steady_time_ns);
   out->late_captured = atomic_load(&f->late_captured);
   out->kernel_timed = atomic_load(&f->kernel_timed);
+  out->held_timed = atomic_load(&f->held_timed);
+  out->hold_expired = atomic_load(&f->hold_expired);
   out->kernel_span_ns = atomic_load(&f->kernel_span_ns);
   out->replayed = atomic_load(&f->replayed);
   out->unseen_kernels = atomic_load(&f->unseen_kernels);

@@ -173,6 +173,10 @@ typedef struct ust__figs {
    * (first start to last end); the others were timed by events or the host
    * clock around the call */
   atomic_uint_fast64_t kernel_timed, kernel_span_ns;
+  /* of the timed calls, those whose figure is a held event pair
+   * (dispatch/hold.h): the call's work run back to back, less what the pair
+   * adds; and the held calls whose hold gave up (their samples dropped) */
+  atomic_uint_fast64_t held_timed, hold_expired;
   /* calls run by a graph replay (captured once, run again without the
    * dispatcher), seen by the kernel tracer; each is also a timed call */
   atomic_uint_fast64_t replayed;
@@ -244,6 +248,13 @@ static inline void ust__figs_captured_call(ust__figs *f, int late) {
 static inline void ust__figs_timing_dropped(ust__figs *f) {
   atomic_fetch_add_explicit(&f->timing_dropped, 1, memory_order_relaxed);
 }
+/* Of the timed calls, one whose figure is a held event pair (dispatch/hold.h). */
+static inline void ust__figs_held(ust__figs *f) { atomic_fetch_add_explicit(&f->held_timed, 1, memory_order_relaxed); }
+/* A held call whose hold gave up at its deadline (it synchronised inside,
+ * or its host took longer): its sample dropped. */
+static inline void ust__figs_hold_expired(ust__figs *f) {
+  atomic_fetch_add_explicit(&f->hold_expired, 1, memory_order_relaxed);
+}
 /* A timed call whose floor could not be computed. */
 static inline void ust__figs_unscored(ust__figs *f) { atomic_fetch_add_explicit(&f->unscored, 1, memory_order_relaxed); }
 /* A timed call floored by the bound ops it called. */
@@ -290,6 +301,7 @@ typedef struct ust__figs_snap {
   uint64_t first_timed, first_time_ns;
   uint64_t steady_timed, steady_time_ns, late_captured;
   uint64_t kernel_timed, kernel_span_ns, replayed, unseen_kernels, unseen_ns, graph_changed;
+  uint64_t held_timed, hold_expired;
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
   ust__roof_snap prod, cand;

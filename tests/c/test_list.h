@@ -46,6 +46,11 @@
   X(ring_refuses_what_it_cannot_be) \
   X(timer_queue_hands_out_the_oldest_and_takes_back_what_was_not_ready) \
   X(timer_queue_flush_waits_for_a_batch_another_harvest_holds) \
+  X(hold_released_in_time_times_the_work_less_what_the_pair_adds) \
+  X(a_call_that_synchronises_inside_while_held_is_dropped_at_the_deadline) \
+  X(an_operator_whose_holds_give_up_twice_in_a_row_is_not_held_again) \
+  X(a_hold_released_in_time_between_two_that_gave_up_starts_the_count_over) \
+  X(a_device_whose_probe_cannot_run_and_a_hold_off_hold_nothing) \
   X(ring_on_a_gpu_carries_the_replays_of_a_captured_writer) \
   X(gate_snap_decides_each_replay_and_copies_when_it_verifies) \
   X(gate_snap_launches_its_body_from_the_device_once_the_copies_are_made) \

@@ -403,7 +403,7 @@ TEST(admit_keys_every_call_inside_a_tracer_window) {
   ASSERT_TRUE(k > 1000 - 150 && k < 1000 + 150);
   /* a CUDA call timed by events (none on a machine without a GPU) marks
    * the timers used: the next poll opens a window */
-  const int token = ust__timers_begin(f.r.timers, 0, NULL);
+  const int token = ust__timers_begin(f.r.timers, 0, NULL, NULL);
   if (token >= 0)
     ust__timers_cancel(f.r.timers, token);
   ust__timers_harvest(f.r.timers);
