@@ -55,6 +55,10 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
 
 
 def cpu_model() -> Optional[str]:
+    """The CPU's model name, as understudy.calibrate names a host's profile.
+    Read here again rather than imported from it: that module imports
+    torch, and footprint.py's parent process writes its results without the
+    package on its path."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
