@@ -26,6 +26,8 @@ import time
 
 import torch
 
+import _results
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
 import understudy  # noqa: E402
 
@@ -75,6 +77,7 @@ def main():
     # (atol 1e-2, rtol 5e-2 for bf16; 1e-4, 1e-3 for fp32), and far outside it.
     cases = [(torch.bfloat16, "within tolerance", 1e-3), (torch.bfloat16, "outside", 1e-1),
              (torch.float32, "within tolerance", 1e-5), (torch.float32, "outside", 1e-3)]
+    rows = []
     for dtype, case, noise in cases:
         n = mb * (1 << 20) // torch.tensor([], dtype=dtype).element_size()
         g = torch.Generator(device=device).manual_seed(0)
@@ -90,9 +93,15 @@ def main():
         cp, cm = statistics.median(copies), statistics.median(compares)
         print(f"{str(dtype).replace('torch.', ''):>8} {case:>17} {n:>10} {r['mismatches'] / n:>11.1%} {cp:>10.0f} "
               f"{cm:>13.0f} {cm / cp:>6.2f}")
+        rows.append((str(dtype).replace("torch.", ""), case, n, round(r["mismatches"] / n, 4), round(cp), round(cm),
+                     round(cm / cp, 3)))
         del p, c, dst
         if device == "cuda":
             torch.cuda.empty_cache()
+    _results.write("compare", [_results.table(
+        f"comparison kernel against a device copy, {mb} MB per tensor, median of {args.rounds} rounds",
+        ["dtype", "candidate", "elements", "mismatching", "copy GB/s", "compare GB/s", "ratio"], rows,
+        [None, None, ",", ".1%", ",", ",", ".2f"])], args=args, device=device)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,8 @@ import time
 
 import torch
 
+import _results
+
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
 import understudy  # noqa: E402
 
@@ -442,6 +444,17 @@ def keyed_share(rep):
     return seen / total if total else float("nan")
 
 
+def paired_title(args):
+    """What a --paired table measured, in words (its results file's title)."""
+    first, second = args.modes
+    return (f"{first} − {second}, neighbouring steps paired"
+            + (", the steps model.generate runs" if args.generate else ", steps driven by hand")
+            + (", after decoding observed until every decode key is steady" if args.steady else "")
+            + (f", timer {args.timer}" if args.timer else "")
+            + (f", config {args.config}" if args.config else "")
+            + (f", plain passes by {' '.join(args.pass_by)} alone" if args.pass_by else ""))
+
+
 def runs(args):
     """--paired --runs N: N runs, each a process of its own (torch, the models
     and understudy made anew: interleaved runs) that
@@ -482,14 +495,22 @@ def runs(args):
     first_mode, second = args.modes
     print(f"\n{'model':<10} {'batch':>5} {'runs':>5} {'median ' + first_mode + ' - ' + second:>26} "
           f"{'median ratio':>13} {'ratios':>17}")
+    rows = []
     for (kind, b), rs in got.items():
         if not rs:
             print(f"{kind:<10} {b:>5} {0:>5}")
+            rows.append((kind, b, 0, None, None, None, None))
             continue
         ratios = sorted(r["ratio"] for r in rs)
         med = statistics.median(r["med"] for r in rs)
         print(f"{kind:<10} {b:>5} {len(rs):>5} {med * 1e6:>23.2f} us {statistics.median(ratios):>13.4f} "
               f"{ratios[0]:>8.4f}-{ratios[-1]:<8.4f}", flush=True)
+        rows.append((kind, b, len(rs), round(med * 1e6, 2), round(statistics.median(ratios), 4),
+                     round(ratios[0], 4), round(ratios[-1], 4)))
+    _results.write("e2e_overhead", [_results.table(
+        paired_title(args) + f"; each row's median over its runs (up to {args.runs}, each a process of its own)",
+        ["model", "batch", "runs", f"{first_mode} − {second}, µs", "ratio (median)", "lowest ratio",
+         "highest ratio"], rows, [None, None, None, "+.1f", ".4f", ".4f", ".4f"])], args=args, device=DEVICE)
 
 
 def main():
@@ -557,6 +578,7 @@ def main():
               + ("; after decoding observed until every decode key is steady" if args.steady else "")
               + (f"; plain passes by {' '.join(args.pass_by)} alone" if args.pass_by else ""))
         first, second = args.modes
+        rows = []
         print(f"{'model':<10} {'batch':>5} {'step, ' + second:>14} {'pairs':>6} {first + ' - ' + second:>18} "
               f"{'95 % interval':>18} {'ratio':>7} {'calls/step':>10} {'warm-up':>8} {'keyed':>6} "
               f"{'keyed/step':>10} {'timed/step':>10}")
@@ -573,6 +595,16 @@ def main():
                 if args.row_json:
                     print("ROW " + json.dumps({"model": kind, "batch": b, "base": base, "med": med,
                                                "ratio": 1 + med / base}), flush=True)
+                rows.append((kind, b, round(base * 1e3, 3), len(diffs), round(med * 1e6, 2), round(lo * 1e6, 2),
+                             round(hi * 1e6, 2), round(1 + med / base, 4), round(per_step, 1), warm,
+                             round(keyed, 4), round(keyed_step, 2), round(timed_step, 2)))
+        if not args.row_json:  # a child of --runs: its parent writes the summary
+            _results.write("e2e_overhead", [_results.table(
+                paired_title(args) + f"; {args.rounds} runs of {args.tokens} steps, {args.layers} layers",
+                ["model", "batch", f"step ({second}), ms", "pairs", f"{first} − {second}, µs", "95 % interval from",
+                 "to", "ratio", "calls/step", "warm-up steps", "keyed", "keyed/step", "timed/step"], rows,
+                [None, None, ".3f", None, "+.1f", ".1f", ".1f", ".4f", ".1f", None, ".1%", ".2f", ".2f"])],
+                args=args, device=DEVICE)
         return
     kids = {name: subprocess.Popen([sys.executable, __file__, "--server", arg, "--device", DEVICE], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
@@ -581,13 +613,20 @@ def main():
           f"config {config}; median of {args.rounds} interleaved rounds, {args.tokens} new tokens, "
           f"{args.layers} layers")
     print(f"{'model':<10} {'batch':>5} {'plain s':>9} {'observed s':>11} {'ratio':>7} {'rounds':>13} {'windows':>8}")
+    rows = []
     for kind in args.models:
         for b in args.batch:
             p, o, w, lo, hi = measure(kids, kind, b, args.tokens, args.layers, args.rounds)
             print(f"{kind:<10} {b:>5} {p:>9.4f} {o:>11.4f} {o / p:>7.4f} {lo:>6.3f}-{hi:<6.3f} {w:>8}", flush=True)
+            rows.append((kind, b, round(p, 4), round(o, 4), round(o / p, 4), round(lo, 3), round(hi, 3), w))
     for k in kids.values():
         k.stdin.close()
         k.wait()
+    _results.write("e2e_overhead", [_results.table(
+        f"generate, plain and observed (config {config}) in two processes taking turns; median of {args.rounds} "
+        f"rounds, {args.tokens} new tokens, {args.layers} layers",
+        ["model", "batch", "plain s", "observed s", "ratio", "rounds' ratios from", "to", "tracer windows"], rows,
+        [None, None, ".4f", ".4f", ".4f", ".3f", ".3f", None])], args=args, device=DEVICE)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+import _results
+
 VARIANTS = {  # name -> the measured operator's settings (None: understudy not loaded)
     "plain": None,
     "off": "off",
@@ -195,6 +197,14 @@ def main():
     for v in variants:
         print(f"{LABELS[v]:<26}" + "".join(f"{per_call[v][e]:>9.1f}" for e in EVENTS)
               + "".join(f"{own[v][e]:>9.1f}" for e in EVENTS))
+    lib = os.environ.get("UNDERSTUDY_LIB")
+    _results.write("footprint", [_results.table(
+        f"a {OPS[args.op][2]}, each call after {SCRUB_MB} MB written; Callgrind (L1 32 KiB code + 48 KiB data, "
+        f"last level 4 MiB); per cold call, from {args.calls} and {2 * args.calls} calls",
+        ["variant", *(f"{e}, whole call" for e in EVENTS), *(f"{e}, understudy's own" for e in EVENTS)],
+        [(LABELS[v], *(round(per_call[v][e], 1) for e in EVENTS), *(round(own[v][e], 1) for e in EVENTS))
+         for v in variants], [None] + [",.1f"] * (2 * len(EVENTS)))],
+        args=args, device="cpu", notes=[f"UNDERSTUDY_LIB={lib}"] if lib else [])
 
 if __name__ == "__main__":
     main()

@@ -28,6 +28,8 @@ import time
 
 import torch
 
+import _results
+
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
 import understudy  # noqa: E402
 
@@ -141,7 +143,7 @@ def main():
     print(f"{'op':<28} {'key':<26} {'eager':>6} {'eager us':>9} {'capt':>5} {'replayed':>9} {'x steps':>8} "
           f"{'replay us':>10} {'ratio':>6} {'S':>6}")
     e, g = routes(eager), routes(graph)
-    ratios, exact = [], 0
+    ratios, exact, rows = [], 0, []
     for key in sorted(g):
         s = g[key]
         if not s.get("captured"):
@@ -160,10 +162,25 @@ def main():
         dims = ",".join(f"{k}={v}" for k, v in key[1])
         print(f"{key[0]:<28} {dims[:26]:<26} {es['calls'] if es else 0:>6} {ep:>9.2f} {s['captured']:>5} "
               f"{s['replayed']:>9} {per:>8.1f} {gp:>10.2f} {ratio:>6.2f} {sv:>6}")
+        rows.append((key[0], dims, es["calls"] if es else 0, round(ep, 2), s["captured"], s["replayed"], round(per, 1),
+                     round(gp, 2), round(ratio, 3), round(roof["S"], 3) if isinstance(roof.get("S"), (int, float))
+                     else None))
     captured = sum(1 for s in g.values() if s.get("captured"))
     print(f"routes captured {captured}; replayed = {args.steps} x captured on {exact}; "
           f"replay/eager median ratio {statistics.median(ratios) if ratios else float('nan'):.3f}, "
           f"worst |ratio - 1| {max((abs(r - 1) for r in ratios), default=float('nan')):.3f}")
+    how = "torch.compile(mode=\"reduce-overhead\")" if args.compile else "torch.cuda.graph"
+    _results.write("graph_replay", [
+        _results.table(f"a decode step eagerly and replayed from {how}: per route, median kernel time",
+                       ["op", "key", "eager", "eager µs", "captured", "replayed", "× steps", "replay µs", "ratio",
+                        "S"], rows, [None, None, None, ".2f", None, None, ".1f", ".2f", ".2f", ".3f"]),
+        _results.table(f"over the routes, {args.steps} steps, timer {tm['kind']} ({tm.get('correlation')})",
+                       ["routes captured", "replayed = steps × captured on", "replay/eager median",
+                        "worst |ratio − 1|", "coverage"],
+                       [(captured, exact, round(statistics.median(ratios), 3) if ratios else None,
+                         round(max(abs(r - 1) for r in ratios), 3) if ratios else None,
+                         round(tm["coverage"], 3) if isinstance(tm.get("coverage"), (int, float)) else None)],
+                       [None, None, ".3f", ".3f", ".3f"])], args=args)
 
 
 if __name__ == "__main__":

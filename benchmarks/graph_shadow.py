@@ -64,6 +64,8 @@ import types
 
 import torch
 
+import _results
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT / "python-shim"))
 import understudy  # noqa: E402
@@ -292,12 +294,15 @@ def main():
     print(f"\n1. verdicts: {args.replays} replays of the beside graph in {took:.1f} s, logits bit-equal to the plain "
           f"graph's on {equal} of {args.replays}")
     print(f"{'route':<44} {'sites':>5} {'verified':>9} {'x replays':>10} {'passed':>7} {'failed':>7}")
+    verdicts = []
     for s in rms_routes(rep):
         sh = s["shadow"]
         v = sh["verified"] - base.get(s["key"], 0)
         n_sites = sh["graph"]["beside"]
         print(f"{s['key'][:44]:<44} {n_sites:>5} {v:>9} {v / max(n_sites, 1) / args.replays:>10.3f} "
               f"{sh['passed'] - base.get(s['key'], 0):>7} {sh['failed']:>7}")
+        verdicts.append((s["key"], n_sites, v, round(v / max(n_sites, 1) / args.replays, 3),
+                         sh["passed"] - base.get(s["key"], 0), sh["failed"]))
 
     # 4. serving under replay: the chain graph, its route set to canary, then
     # live (the candidate qualified in 1). At sample 1 every replay the
@@ -350,9 +355,12 @@ def main():
     print(f"\n3. cost: replay time, median of {args.rounds} interleaved rounds of {args.batch_replays} replays; "
           f"kernel time per replay (torch.profiler)")
     print(f"{'graph':<24} {'us/replay':>10} {'vs plain':>9} {'added us':>9} {'kernel us':>10}")
+    cost = []
     for m in rows:
         k = f"{sum(ks[m].values()):>10.2f}" if m in ks else f"{'':>10}"
         print(f"{m:<24} {med[m]:>10.2f} {med[m] / med['plain']:>9.4f} {med[m] - med['plain']:>9.2f} {k}")
+        cost.append((m, round(med[m], 2), round(med[m] / med["plain"], 4), round(med[m] - med["plain"], 2),
+                     round(sum(ks[m].values()), 2) if m in ks else None))
     if profiled:
         print_kernel_breakdown(ks, med)
     else:
@@ -365,6 +373,7 @@ def main():
           f"{live_equal} of {args.replays // 5}")
     print(f"{'route':<44} {'sites':>5} {'canary served':>14} {'x replays':>10} {'live served':>12} {'x replays':>10} "
           f"{'failed':>7}")
+    served = []
     for s, t in zip(canary, serving):
         b = before.get(s["key"], {"verified": 0})
         n_sites = max(s["shadow"]["graph"]["shadowed"] - s["shadow"]["graph"]["beside"], 1)
@@ -372,6 +381,8 @@ def main():
         v = t["shadow"]["verified"] - s["shadow"]["verified"]
         print(f"{s['key'][:44]:<44} {n_sites:>5} {c:>14} {c / n_sites / args.replays:>10.3f} {v:>12} "
               f"{v / n_sites / max(args.replays // 5, 1):>10.3f} {t['shadow']['failed']:>7}")
+        served.append((s["key"], n_sites, c, round(c / n_sites / args.replays, 3), v,
+                       round(v / n_sites / max(args.replays // 5, 1), 3), t["shadow"]["failed"]))
 
     # 2. rollback: the warm-up observed (an eager shadow call would roll it
     # back before the capture)
@@ -396,12 +407,37 @@ def main():
     recorded = " (the recording, which ran it, and one call)" if args.capture == "compile" else ""
     print(f"\n2. rollback: a candidate wrong on its last element, captured; after one replay{recorded} (logits equal "
           f"to the plain graph's: {same}):")
+    rollback = []
     for s, t in zip(first, later):
         sh = s["shadow"]
         ev = sh["rollback"] or {}
         print(f"  {s['key']}: mode {s['mode']}, verified {sh['verified']}, failed {sh['failed']}, rollback "
               f"{ev.get('reason')} at {ev.get('first_mismatch', {}).get('index')}; after {args.replays} more "
               f"replays: verified {t['shadow']['verified']} (+{t['shadow']['verified'] - sh['verified']})")
+        rollback.append((s["key"], s["mode"], sh["verified"], sh["failed"], ev.get("reason"),
+                         str(ev.get("first_mismatch", {}).get("index")), t["shadow"]["verified"] - sh["verified"]))
+    _results.write("graph_shadow", [
+        _results.table(f"verdicts: {args.replays} replays of the graph with the shadow beside the chain (sample 1); "
+                       f"logits bit-equal to the plain graph's on {equal} of {args.replays}",
+                       ["route", "sites", "verified", "× replays", "passed", "failed"], verdicts,
+                       [None, None, ",", ".3f", ",", ","]),
+        _results.table(f"cost: replay time, median of {args.rounds} interleaved rounds of {args.batch_replays} "
+                       f"replays; kernel time per replay (torch.profiler)",
+                       ["graph", "µs/replay", "vs plain", "added µs", "kernel µs"], cost,
+                       [None, ".2f", ".4f", "+.2f", ".2f"]),
+        _results.table(f"serving under replay: canary 0.25 for {args.replays} replays, then live for "
+                       f"{args.replays // 5}; logits bit-equal on {canary_equal} of {args.replays} and {live_equal} "
+                       f"of {args.replays // 5}",
+                       ["route", "sites", "canary served", "× replays", "live served", "× replays", "failed"],
+                       served, [None, None, ",", ".3f", ",", ".3f", ","]),
+        _results.table(f"rollback: a candidate wrong on its last element, captured; logits after one replay "
+                       f"equal to the plain graph's: {same}",
+                       ["route", "mode", "verified", "failed", "reason", "first mismatch",
+                        f"verified in {args.replays} more replays"], rollback)],
+        args=args, notes=[f"beside the chain, started by {started_by(rep['graphs'], args.host_start)}; graphs: "
+                          + ", ".join(f"{k} {rep['graphs'][k]}" for k in ("hosted", "launched", "refused", "gated",
+                                                                         "gated_replays", "gate_failed",
+                                                                         "host_starts"))])
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import warnings
 
 import torch
 
+import _results
 import e2e_overhead as e2e
 
 SOURCE = r"""
@@ -178,6 +179,7 @@ def main():
           f"with a kernel serving aten::mm and without")
     print(f"{'variant':<12} {'step, plain':>12} {'pairs':>6} {'with - without':>15} {'95 % interval':>20} "
           f"{'ratio':>7} {'mm/step':>8} {'per call':>10}")
+    rows = []
     for label, kind, n in variants:
         base, diffs, served = paired(ext, model, ids, kind, n, args.rounds, args.tokens)
         med, lo, hi = e2e.median_interval(diffs)
@@ -185,6 +187,14 @@ def main():
         print(f"{label:<12} {base * 1e3:>10.3f}ms {len(diffs):>6} {med * 1e6:>12.2f} us "
               f"{lo * 1e6:>8.2f} .. {hi * 1e6:>6.2f} us {1 + med / base:>7.4f} {served:>8.1f} "
               f"{per_call * 1e6:>7.2f} us", flush=True)
+        rows.append((label, round(base * 1e3, 3), len(diffs), round(med * 1e6, 2), round(lo * 1e6, 2),
+                     round(hi * 1e6, 2), round(1 + med / base, 4), round(served, 1), round(per_call * 1e6, 2)))
+    _results.write("hop_floor", [_results.table(
+        f"a kernel of its own serving aten::mm − plain torch, {args.model} batch {args.batch}, {args.layers} layers; "
+        f"{args.rounds} runs of {args.tokens} decode steps, neighbouring steps paired",
+        ["variant", "step (plain), ms", "pairs", "with − without, µs", "95 % interval from", "to", "ratio",
+         "mm/step", "per call, µs"], rows,
+        [None, ".3f", None, "+.2f", ".2f", ".2f", ".4f", ".1f", "+.2f"])], args=args, device=e2e.DEVICE)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import sys
 
 import torch
 
+import _results
+
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
 import understudy  # noqa: E402
 
@@ -173,7 +175,7 @@ def table(batch, tokens, layers, correlation):
     print(f"top unattributed kernels: {top}")
     print(f"{'op':<42} {'key':<24} {'calls':>6} {'cupti us':>9} {'prof us':>9} {'ratio':>6} "
           f"{'events us':>9} {'ratio':>6} {'do_bench':>9}")
-    ratios = []
+    ratios, rows = [], []
     for (op, key), s in sorted(cupti.items()):
         prof = per_key.get((op, key))
         if not prof:
@@ -189,13 +191,21 @@ def table(batch, tokens, layers, correlation):
         print(f"{op:<42} {keytxt:<24} {s['calls']:>6.0f} {c_us:>9.2f} {p_us:>9.2f} {c_us / p_us:>6.2f} "
               f"{e_us:>9.2f} {e_us / p_us:>6.2f} {db if db is not None else float('nan'):>9.2f}"
               + ("" if kt == s.get("timed") else f"  ({kt:.0f} of {s.get('timed'):.0f} by kernels)"))
+        rows.append((op, keytxt, s["calls"], round(c_us, 2), round(p_us, 2), round(c_us / p_us, 3) if p_us > 0 else None,
+                     round(e_us, 2), round(e_us / p_us, 3) if p_us > 0 else None,
+                     round(db, 2) if db is not None else None))
     if ratios:
         worst = max(abs(r - 1) for r in ratios)
         print(f"routes compared {len(ratios)}; cupti/profiler median ratio {statistics.median(ratios):.3f}, "
               f"worst |ratio - 1| {worst:.3f}")
     del model
     torch.cuda.empty_cache()
-    return ratios
+    return _results.table(
+        f"batch {batch}, {tokens} new tokens, {layers} layers: per route, median time per call against "
+        f"torch.profiler's kernels (timer {tm.get('kind')}, {tm.get('correlation')}; coverage: understudy "
+        f"{tm.get('coverage', float('nan')):.3f}, torch.profiler {bound_us / total_us:.3f})",
+        ["op", "key", "calls", "tracer µs", "profiler µs", "tracer / profiler", "events µs", "events / profiler",
+         "do_bench µs"], rows, [None, None, ",.0f", ".2f", ".2f", ".2f", ".2f", ".2f", ".2f"])
 
 
 def main():
@@ -210,8 +220,8 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("kernel_time.py needs a CUDA GPU")
     print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}")
-    for b in args.batch:
-        table(b, args.tokens, args.layers, args.correlation)
+    tables = [table(b, args.tokens, args.layers, args.correlation) for b in args.batch]
+    _results.write("kernel_time", tables, args=args)
 
 
 if __name__ == "__main__":

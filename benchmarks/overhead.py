@@ -38,6 +38,8 @@ import pathlib
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import _results
+
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))  # after PYTHONPATH: another tree can be measured
 
 VARIANTS = {  # name -> (child, understudy config or None)
@@ -203,6 +205,11 @@ def main():
     print(f"{'device':<6} {'variant':<36} {'us/call':>9} {'+us':>8} {'ratio':>7}")
     for d, name, med, delta, ratio in rows:
         print(f"{d:<6} {name:<36} {med:>9.2f} {delta:>+8.2f} {ratio:>7.2f}")
+    _results.write("overhead", [_results.table(
+        f"torch.mm 16x16 fp32, host time per call ({cold}); median of {args.rounds} rounds x {args.calls} calls",
+        ["device", "variant", "us/call", "+us", "ratio"],
+        [(d, name, round(med, 3), round(delta, 3), round(ratio, 3)) for d, name, med, delta, ratio in rows],
+        [None, None, ".2f", "+.2f", ".2f"])], args=args, device="cpu" if devices == ["cpu"] else None)
 
 
 if __name__ == "__main__":
