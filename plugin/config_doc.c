@@ -107,10 +107,25 @@ static void anchor(const char *heading, char *out, size_t cap) {
 }
 
 /* text into a table cell: '|' escaped. */
+/* A table cell: '|' escaped; a whole number of 7 digits or more grouped by
+ * thousands (1,000,000), as a reader writes it and no commit id looks. */
 static void cell(FILE *out, const char *text) {
   for (const char *p = text; *p != '\0'; p++) {
     if (*p == '|')
       fputc('\\', out);
+    size_t run = 0;
+    while (p[run] >= '0' && p[run] <= '9')
+      run++;
+    const int whole = run >= 7 && (p == text || (p[-1] != '.' && !(p[-1] >= '0' && p[-1] <= '9')));
+    if (whole) {
+      for (size_t i = 0; i < run; i++) {
+        fputc(p[i], out);
+        if ((run - 1 - i) % 3 == 0 && i + 1 < run)
+          fputc(',', out);
+      }
+      p += run - 1;
+      continue;
+    }
     fputc(*p, out);
   }
 }

@@ -22,7 +22,7 @@ README_MAX, PAGE_MAX = 300, 400
 # the repository's review hook applies), or 7 digits and more in a row, which
 # is a hash too where it has no letter (write 1,000,000 for a number).
 HASH = re.compile(r"\b[0-9a-f]{7,40}\b")
-DIGITS = re.compile(r"\b[0-9]{7,}\b")
+DIGITS = re.compile(r"(?<![.,])\b[0-9]{7,}\b")  # not a decimal fraction's digits
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
@@ -65,6 +65,7 @@ def test_commit_like_words_are_found():
     assert commit_like("at 4ac8133, measured") == ["4ac8133"]
     assert commit_like("see 1234567 and 1,234,567") == ["1234567"]
     assert commit_like("a 2048 mm, a decade, 123456 calls, cafe") == []
+    assert commit_like("a share of 0.00390625") == []
 
 
 @pytest.mark.parametrize("path", texts(), ids=lambda p: p.name)
