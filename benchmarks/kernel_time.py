@@ -1,22 +1,25 @@
 """In-situ accuracy of understudy's per-call device time, against torch.profiler.
 
-An HF Mistral-7B-shaped decoder (2 layers, bf16, random weights) generates
---tokens new tokens greedily at each --batch, three times on one GPU:
+HF decoders with random weights (2 layers, bf16: a Mistral-7B-shaped and a
+Qwen2-MoE-shaped one, --models) generate --tokens new tokens greedily at
+each --batch, four times on one GPU:
 
-1. understudy observing every bound op, timed by the kernel tracer (CUPTI
-   windows back to back: timer.budget 0);
-2. understudy observing, timed by events around each call (timer.kind
-   "events", every call sampled): the launch-inclusive figure;
-3. torch.profiler (the ground truth): for each call of a bound op, the sum of
+1. understudy at its defaults (the config sets nothing about timing):
+   sampled calls timed by held event pairs (docs/timing.md);
+2. understudy with timer.hold "off", every call sampled: the plain event
+   pair around each call, launch gaps included;
+3. understudy timed by the kernel tracer (CUPTI windows back to back:
+   timer.kind "cupti", budget 0), every call sampled;
+4. torch.profiler (the ground truth): for each call of a bound op, the sum of
    the durations of the kernels launched inside it (its device_time_total).
 
-For each route (operator and shape key) the table prints the median per-call
-time of each, the ratios to the profiler's, and an isolated
-triton.testing.do_bench of the same GEMM for reference. The profiler's calls
-are keyed as understudy keys them: each definition's key expressions
-evaluated on the schema's arguments of the call.
+For each route (operator and shape key, prefill and decode) the table prints
+the profiler's median per-call time and each timer's median over it. The
+profiler's calls are keyed as understudy keys them: each definition's key
+expressions evaluated on the schema's arguments of the call (routes whose key
+is not a plain argument size are left out).
 
-    PYTHONPATH=python-shim python3 benchmarks/kernel_time.py [--batch 1 8] [--tokens 64]
+    PYTHONPATH=python-shim python3 benchmarks/kernel_time.py [--models mistral qwen-moe] [--batch 1 8]
 """
 import argparse
 import collections
@@ -56,9 +59,9 @@ def generate(model, ids, tokens):
     return out
 
 
-def understudy_run(model, ids, tokens, timer):
+def understudy_run(model, ids, tokens, config):
     import time
-    understudy.enable({"defaults": {"sample": 1.0}, "timer": timer, "report": {"window_s": 0}})
+    understudy.enable({"report": {"window_s": 0}, **config})
     try:
         # the tracer's first window opens once a GPU call was seen (the worker
         # polls every 0.1 s): let it open before the measured run
@@ -73,7 +76,7 @@ def understudy_run(model, ids, tokens, timer):
         for s in op.get("shapes", []):
             if s.get("device") != "cuda" or not s.get("timed"):
                 continue
-            routes[(s["op"], tuple(sorted(s["dims"].items())))] = s
+            routes[(s["op"], tuple(sorted(s["dims"].items())), s.get("phase", "unknown"))] = s
     return rep, routes
 
 
@@ -143,73 +146,84 @@ def profiler_run(model, ids, tokens, ops):
     return per_key, bound_us, total_kernel_us
 
 
-def do_bench_gemm(dims, dtype=torch.bfloat16):
-    import triton.testing
-    d = dict(dims)
-    if not {"M", "K", "N"} <= d.keys():
-        return None
-    shape_a = (int(d["B"]), int(d["M"]), int(d["K"])) if "B" in d else (int(d["M"]), int(d["K"]))
-    shape_b = (int(d["B"]), int(d["K"]), int(d["N"])) if "B" in d else (int(d["K"]), int(d["N"]))
-    a = torch.randn(shape_a, device="cuda", dtype=dtype)
-    b = torch.randn(shape_b, device="cuda", dtype=dtype)
-    fn = torch.bmm if "B" in d else torch.mm
-    return triton.testing.do_bench(lambda: fn(a, b)) * 1e3
+def build(kind, layers):
+    if kind == "mistral":
+        return build_model(layers)
+    import e2e_overhead
+    e2e_overhead.DEVICE = "cuda"
+    return e2e_overhead.build(kind, layers)
 
 
-def table(batch, tokens, layers, correlation):
-    model = build_model(layers)
+def by_key(routes):
+    """The routes of one run by (op, key): a key seen in two phases keeps
+    the one with more timed calls (the profiler's calls carry no phase)."""
+    out = {}
+    for (op, key, phase), s in routes.items():
+        if (op, key) not in out or s.get("timed", 0) > out[(op, key)].get("timed", 0):
+            out[(op, key)] = dict(s, phase=phase)
+    return out
+
+
+def table(kind, batch, tokens, layers, correlation):
+    model = build(kind, layers)
     ids = torch.randint(1, 32000, (batch, 16), device="cuda")
     generate(model, ids, 8)  # warm-up outside any measurement
-    rep, cupti = understudy_run(model, ids, tokens, {"kind": "cupti", "budget": 0, "window_ms": 1000,
-                                                             "correlation": correlation})
-    _, events = understudy_run(model, ids, tokens, {"kind": "events"})
-    ops = {k[0] for k in cupti} | {k[0] for k in events}
+    rep, held = understudy_run(model, ids, tokens, {})
+    _, plain = understudy_run(model, ids, tokens, {"defaults": {"sample": 1.0}, "timer": {"hold": "off"}})
+    trep, cupti = understudy_run(model, ids, tokens, {"defaults": {"sample": 1.0}, "timer": {
+        "kind": "cupti", "budget": 0, "window_ms": 1000, "correlation": correlation}})
+    held, plain, cupti = by_key(held), by_key(plain), by_key(cupti)
+    ops = {k[0] for k in held} | {k[0] for k in plain} | {k[0] for k in cupti}
     per_key, bound_us, total_us = profiler_run(model, ids, tokens, ops)
-    tm = rep.get("timer", {})
-    print(f"\nbatch {batch}, {tokens} new tokens, {layers} layers: timer {tm.get('kind')} "
-          f"({tm.get('why') or tm.get('state')}, {tm.get('correlation')}), {tm.get('windows', 0)} windows; coverage (bound ops' kernel time "
-          f"/ all kernel time): understudy {tm.get('coverage', float('nan')):.3f} of "
-          f"{tm.get('kernel_ns', 0) / 1e6:.2f} ms in its windows, torch.profiler {bound_us / total_us:.3f} of "
-          f"{total_us / 1e3:.2f} ms")
-    top = ", ".join(f"{u['name'][:40]} {u['ns'] / 1e6:.2f} ms" for u in tm.get("unattributed", [])[:3])
-    print(f"top unattributed kernels: {top}")
-    print(f"{'op':<42} {'key':<24} {'calls':>6} {'cupti us':>9} {'prof us':>9} {'ratio':>6} "
-          f"{'events us':>9} {'ratio':>6} {'do_bench':>9}")
-    ratios, rows = [], []
-    for (op, key), s in sorted(cupti.items()):
+    hold = rep.get("timer", {}).get("hold", {})
+    cal = ", ".join(f"GPU {d['device']} {d['calibration']} {d['pair_offset_ns'] / 1e3:.2f} us "
+                    f"(IQR {d['pair_offset_spread_ns'] / 1e3:.2f})" for d in hold.get("devices", []))
+    tm = trep.get("timer", {})
+    print(f"\n{kind}, batch {batch}, {tokens} new tokens, {layers} layers: defaults hold {hold.get('state')} "
+          f"(pair offset {cal}; held {hold.get('held', 0):.0f}, expired {hold.get('expired', 0):.0f}); tracer "
+          f"{tm.get('kind')} ({tm.get('why') or tm.get('state')}), coverage {tm.get('coverage', float('nan')):.3f}")
+    print(f"{'op':<34} {'key':<26} {'phase':<7} {'prof us':>8} {'defaults':>8} {'/prof':>6} {'held n':>6} "
+          f"{'events':>8} {'/prof':>6} {'tracer':>8} {'/prof':>6}")
+
+    def med(s):
+        return s["latency_ns"].get("p50", 0) / 1e3 if s else float("nan")
+
+    rows, r_held, r_plain, r_cupti = [], [], [], []
+    for (op, key), s in sorted(held.items()):
         prof = per_key.get((op, key))
         if not prof:
             continue
-        c_us = s["latency_ns"].get("p50", 0) / 1e3
         p_us = statistics.median(prof)
-        ev = events.get((op, key))
-        e_us = ev["latency_ns"].get("p50", 0) / 1e3 if ev else float("nan")
-        db = do_bench_gemm(key) if op in ("aten::mm", "aten::bmm") else None
-        kt = s.get("kernel_timed", 0)
-        ratios.append(c_us / p_us if p_us > 0 else float("nan"))
+        if p_us <= 0:
+            continue
+        h_us, e_us, c_us = med(s), med(plain.get((op, key))), med(cupti.get((op, key)))
         keytxt = ",".join(f"{k}={int(v)}" for k, v in key)
-        print(f"{op:<42} {keytxt:<24} {s['calls']:>6.0f} {c_us:>9.2f} {p_us:>9.2f} {c_us / p_us:>6.2f} "
-              f"{e_us:>9.2f} {e_us / p_us:>6.2f} {db if db is not None else float('nan'):>9.2f}"
-              + ("" if kt == s.get("timed") else f"  ({kt:.0f} of {s.get('timed'):.0f} by kernels)"))
-        rows.append((op, keytxt, s["calls"], round(c_us, 2), round(p_us, 2), round(c_us / p_us, 3) if p_us > 0 else None,
-                     round(e_us, 2), round(e_us / p_us, 3) if p_us > 0 else None,
-                     round(db, 2) if db is not None else None))
-    if ratios:
-        worst = max(abs(r - 1) for r in ratios)
-        print(f"routes compared {len(ratios)}; cupti/profiler median ratio {statistics.median(ratios):.3f}, "
-              f"worst |ratio - 1| {worst:.3f}")
+        n_held = s.get("timed_by", {}).get("held_pair", 0)
+        print(f"{op:<34} {keytxt:<26} {s['phase']:<7} {p_us:>8.2f} {h_us:>8.2f} {h_us / p_us:>6.2f} {n_held:>6.0f} "
+              f"{e_us:>8.2f} {e_us / p_us:>6.2f} {c_us:>8.2f} {c_us / p_us:>6.2f}")
+        r_held.append(h_us / p_us)
+        r_plain.append(e_us / p_us)
+        r_cupti.append(c_us / p_us)
+        rows.append((kind, batch, op, keytxt, s["phase"], round(p_us, 2), round(h_us / p_us, 3), n_held,
+                     round(e_us / p_us, 3), round(c_us / p_us, 3)))
+
+    def summary(rs):
+        rs = [r for r in rs if r == r]
+        if not rs:
+            return "none"
+        return (f"median {statistics.median(rs):.3f}, range {min(rs):.2f}-{max(rs):.2f}, within 10 %: "
+                f"{sum(abs(r - 1) <= 0.1 for r in rs)}/{len(rs)}")
+
+    print(f"routes {len(rows)}; over torch.profiler: defaults {summary(r_held)}; plain events {summary(r_plain)}; "
+          f"tracer {summary(r_cupti)}")
     del model
     torch.cuda.empty_cache()
-    return _results.table(
-        f"batch {batch}, {tokens} new tokens, {layers} layers: per route, median time per call against "
-        f"torch.profiler's kernels (timer {tm.get('kind')}, {tm.get('correlation')}; coverage: understudy "
-        f"{tm.get('coverage', float('nan')):.3f}, torch.profiler {bound_us / total_us:.3f})",
-        ["op", "key", "calls", "tracer µs", "profiler µs", "tracer / profiler", "events µs", "events / profiler",
-         "do_bench µs"], rows, [None, None, ",.0f", ".2f", ".2f", ".2f", ".2f", ".2f", ".2f"])
+    return rows
 
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", choices=["mistral", "qwen-moe"], default=["mistral", "qwen-moe"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
@@ -220,7 +234,14 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("kernel_time.py needs a CUDA GPU")
     print(f"torch {torch.__version__}; {torch.cuda.get_device_name()}; understudy {understudy.__version__}")
-    tables = [table(b, args.tokens, args.layers, args.correlation) for b in args.batch]
+    rows = [r for m in args.models for b in args.batch for r in table(m, b, args.tokens, args.layers,
+                                                                          args.correlation)]
+    tables = [_results.table(
+        f"per route, median time per call over torch.profiler's kernels ({args.tokens} new tokens, {args.layers} "
+        f"layers, bf16): understudy's defaults (held pairs), plain event pairs, the kernel tracer",
+        ["model", "batch", "op", "key", "phase", "profiler µs", "defaults / profiler", "held calls",
+         "events / profiler", "tracer / profiler"], rows,
+        [None, None, None, None, None, ".2f", ".2f", ",.0f", ".2f", ".2f"])]
     _results.write("kernel_time", tables, args=args)
 
 
