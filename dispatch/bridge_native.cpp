@@ -149,6 +149,7 @@ int CallRun::call_native() {
   cc.outputs = x_.outputs.data();
   cc.device = dl_device(call_.device == UST__DEV_CUDA, call_.device_id);
   cc.stream = side_ != nullptr ? side_ : call_.stream; // a captured shadow's part, or the call's
+  cc.capturing = call_.device == UST__DEV_CUDA && (captured() || (st_.flags & UST__DF_NO_SNAPSHOTS) != 0) ? 1 : 0;
   char buf[1024] = "";
   int rc = 0;
   if (st_.cand.proc != nullptr) {

@@ -217,6 +217,10 @@ static int graph_shadow_begin(ust__binding *b, ust__route *r, int mode, const us
   ust__graphs *g = b->router->graphs;
   if (g == NULL || b->cand == NULL)
     return -1;
+  if (b->cand->no_capture) {
+    ust__verify_graph_plain(&r->verify, UST__GW_NO_CAPTURE);
+    return -1;
+  }
   if (mode == UST__MODE_SHADOW ? pol->sample_q32 == 0 || atomic_load_explicit(&r->verify.paused, memory_order_relaxed)
                                : b->cand->kind != UST__CAND_NATIVE || b->cand->proc != NULL)
     return -1; /* nothing to verify; or canary, live: the candidate is captured alone (below) */
@@ -402,7 +406,8 @@ static UST__NOINLINE void begin_captured(ust__binding *b, ust__route *r, int mod
     return; /* both arms captured, the gate choosing at each replay */
   if (b->cand != NULL)
     skip_sampled(r, mode, pol, UST__SKIP_CAPTURE);
-  if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && cand_view(b, r, call, 1, &st->cand) == 0) {
+  if (mode == UST__MODE_LIVE && ust__rollout_qualified(&r->rollout) && !b->cand->no_capture &&
+      cand_view(b, r, call, 1, &st->cand) == 0) {
     st->plan = UST__PLAN_SERVE;
     st->flags = UST__DF_NO_SNAPSHOTS;
   } else if (mode != UST__MODE_OFF && ust__timers_capture_mark(b->router->timers, call->stream, &st->capture_from) == 0) {

@@ -59,6 +59,7 @@ typedef enum ust__graph_why {
   UST__GW_LAYOUT,      /* an argument or result not a contiguous CUDA tensor, a tensor list, resized; a set comparison */
   UST__GW_FAILED,      /* the candidate failed while it was captured */
   UST__GW_KEPT,        /* a shadow beside the chain does not fit: over its bound, or no device memory */
+  UST__GW_NO_CAPTURE,  /* the candidate says it cannot be captured (UST_CANDIDATE_NO_CAPTURE) */
   UST__GW_COUNT
 } ust__graph_why;
 

@@ -108,6 +108,7 @@ typedef struct ust__cand {
   char id[UST__QUALNAME_MAX + 16];   /* identity kept with saved modes: "sha256:HEX" or "torch_op:NAME" */
   const struct ust_candidate *native; /* native: the descriptor, in the loaded object */
   int abi;                           /* native: the candidate ABI version it was built for */
+  int no_capture;                    /* native: its descriptor says UST_CANDIDATE_NO_CAPTURE (never captured) */
   char torch_op[UST__QUALNAME_MAX];  /* torch op: "ns::name" */
   char torch_overload[UST__NAME_MAX];
   _Atomic(void *) seam_op;           /* torch op: the seam's handle once the op is defined (lives as long as the

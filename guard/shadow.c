@@ -211,6 +211,7 @@ const char *ust__graph_why_text(int why) {
       "resized by production), or a set comparison",
       "the candidate failed while it was captured",
       "its copies beside the chain do not fit: over shadow.graph_beside_max_mb, or no device memory (the log says which)",
+      "the candidate says it cannot be captured into a graph (UST_CANDIDATE_NO_CAPTURE)",
   };
   return why > 0 && why < UST__GW_COUNT ? texts[why] : "";
 }

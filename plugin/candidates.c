@@ -58,6 +58,13 @@ int ust__candidate_descriptor(void *dl, const char *path, const ust_candidate **
                       sizeof(ust_candidate));
   if (d->run == NULL || d->target == NULL)
     return ust__error(UST_ECONFIG, "%s's descriptor has no run function or no target", path);
+  if (d->abi_version >= 3 && d->size < offsetof(ust_candidate, reserved) + sizeof d->reserved)
+    return ust__error(UST_ECONFIG, "%s has descriptor size %u for ABI version %u, which needs %zu", path, d->size,
+                      d->abi_version, offsetof(ust_candidate, reserved) + sizeof d->reserved);
+  if (d->abi_version >= 3 && ((d->flags & ~UST_CANDIDATE_NO_CAPTURE) != 0 || d->reserved != 0))
+    return ust__error(UST_ECONFIG, "%s's descriptor has flags 0x%x and reserved %u: bits and fields this understudy "
+                      "does not know must be 0 (flags it knows: UST_CANDIDATE_NO_CAPTURE 0x%x)", path, d->flags,
+                      d->reserved, UST_CANDIDATE_NO_CAPTURE);
   *out = d;
   return 0;
 }
@@ -210,6 +217,7 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
   }
   c->native = d;
   c->abi = (int)d->abi_version;
+  c->no_capture = d->abi_version >= 3 && (d->flags & UST_CANDIDATE_NO_CAPTURE) != 0;
   snprintf(c->name, sizeof c->name, "%s", d->name != NULL ? d->name : cc->path);
   return 0;
 }

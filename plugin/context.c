@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "plugin/engine.h"
+#include "understudy/candidate.h"
 
 static ust__ctx context = {
     .life = PTHREAD_MUTEX_INITIALIZER,
@@ -24,6 +25,9 @@ const char *ust_torch_version(void) {
   const ust__seam_i *seam = ust__seam();
   return seam != NULL ? seam->torch_version : "";
 }
+
+uint32_t ust_abi_version(void) { return UST_ABI_VERSION; }
+uint32_t ust_candidate_abi_version(void) { return UST_CANDIDATE_ABI_VERSION; }
 
 void ust_set_log(ust_log_cb cb, void *user, int max_level) { ust__log_sink_set(&context.log, cb, user, max_level); }
 

@@ -240,6 +240,8 @@ int rms_norm_cuda_run(void *ctx, const ust_candidate_call *call, char *msg, size
 
 const ust_candidate rms_norm_cuda_candidate = {
     sizeof(ust_candidate), UST_CANDIDATE_ABI_VERSION, RMS_NAME, "_C::rms_norm", rms_norm_cuda_run, NULL,
+    0, // flags: it keeps the capture contract (one launch on the call's stream, nothing synchronised)
+    0, // reserved
 };
 
 } // namespace

@@ -33,12 +33,42 @@
  * also runs, on snapshots, and the two are compared; a non-zero status or a
  * mismatch rolls the route back to production.
  *
+ * CUDA graphs (the capture contract). Under a CUDA graph (vLLM's and
+ * SGLang's decode, torch.compile's "reduce-overhead") understudy captures the
+ * candidate with production: run is called while `stream` captures a graph
+ * (`capturing` 1, version 3), and what run enqueues is what every replay of
+ * the graph runs, with the same arguments and outputs, their values read at
+ * each replay. While capturing, the candidate:
+ * - enqueues its work on `stream` only (another stream only when it forks
+ *   from `stream` with an event recorded there and joins back before run
+ *   returns);
+ * - does not synchronise a stream, an event or the device, copies nothing
+ *   between host and device synchronously, and reads no device value on the
+ *   host: a value read at capture is frozen into every replay;
+ * - allocates and frees no device memory with cudaMalloc or cudaFree (memory
+ *   made before the capture, e.g. at its first call or in ctx, or
+ *   cudaMallocAsync on `stream`, which the graph captures);
+ * - makes no decision on the host from tensor values (shapes, strides,
+ *   dtypes and scalar arguments are fixed for the graph; values are not);
+ * - returns 0 once its work is enqueued; a non-zero status while capturing
+ *   fails the candidate as it would eagerly.
+ * understudy captures the candidate's part on a side stream first, so a
+ * candidate that breaks the contract invalidates only that part: the graph
+ * then holds production alone and the route's report says why. A candidate
+ * that cannot keep the contract says so with UST_CANDIDATE_NO_CAPTURE: it is
+ * never called while capturing (production alone in every graph, counted).
+ *
  * Versioning: every struct starts with its size (or, for the arguments, is
  * laid out with a stride the call states) and only grows at its tail. A
- * reader reads only the fields that fit in the size it was given.
- * understudy loads candidates of ABI versions 1 and 2 and gives each the
+ * reader reads only the fields that fit in the size it was given. A
+ * reserved field and an undefined flag bit are 0 when written and ignored
+ * when read; understudy refuses a descriptor whose reserved field or
+ * undefined flag bits are not 0 (a later version may give them a meaning).
+ * understudy loads candidates of ABI versions 1 to 3 and gives each the
  * layout it was built for: version 1 candidates receive arguments with
- * version 1's stride (UST_VALUE_V1_SIZE) and no exact dtypes.
+ * version 1's stride (UST_VALUE_V1_SIZE) and no exact dtypes; version 2 no
+ * `capturing`. ust_candidate_abi_version() (include/understudy/understudy.h)
+ * says at run time the highest version the loaded library speaks.
  *
  * Threading: run may be called from several threads at once (one call per
  * serving thread), each with its own stream.
@@ -55,7 +85,7 @@
 extern "C" {
 #endif
 
-#define UST_CANDIDATE_ABI_VERSION 2
+#define UST_CANDIDATE_ABI_VERSION 3
 #define UST_CANDIDATE_ENTRY "ust_candidate_get"
 
 typedef enum ust_value_kind {
@@ -88,7 +118,7 @@ typedef struct ust_value {
   const char *name; /* the schema's argument name; static for the call */
   /* ABI version 2 */
   int32_t dtype;    /* tensors: the exact ust_dtype */
-  int32_t reserved;
+  int32_t reserved; /* 0 */
 } ust_value;
 
 /* The stride of the arguments a version 1 candidate receives. */
@@ -104,8 +134,11 @@ typedef struct ust_candidate_call {
   void *stream;            /* cudaStream_t / hipStream_t for GPU tensors; NULL on the CPU */
   /* ABI version 2 */
   uint32_t value_size;          /* the stride of args: read argument i at (const char *)args + i * value_size */
-  int32_t reserved;
+  int32_t reserved;             /* 0 */
   const int32_t *output_dtypes; /* n_outputs exact ust_dtype, one per output */
+  /* ABI version 3 */
+  int32_t capturing;            /* 1 while stream captures a CUDA graph: the capture contract above holds */
+  uint32_t reserved3;           /* 0 */
 } ust_candidate_call;
 
 /* Argument i of a call, whatever the stride the caller gave. */
@@ -119,6 +152,9 @@ static inline const ust_value *ust_candidate_arg(const ust_candidate_call *c, in
  * why and goes into the route's evidence. */
 typedef int (*ust_candidate_run_fn)(void *ctx, const ust_candidate_call *call, char *msg, size_t msg_cap);
 
+/* ust_candidate.flags */
+#define UST_CANDIDATE_NO_CAPTURE 1u /* run cannot keep the capture contract: never called while capturing */
+
 typedef struct ust_candidate {
   uint32_t size;        /* sizeof(ust_candidate) as the candidate knows it */
   uint32_t abi_version; /* UST_CANDIDATE_ABI_VERSION */
@@ -126,6 +162,9 @@ typedef struct ust_candidate {
   const char *target;   /* the dispatcher op it stands in for: "qualname" or "qualname.overload" */
   ust_candidate_run_fn run;
   void *ctx;            /* passed to run; owned by the candidate */
+  /* ABI version 3 */
+  uint32_t flags;       /* UST_CANDIDATE_*; every other bit 0 */
+  uint32_t reserved;    /* 0 */
 } ust_candidate;
 
 typedef const ust_candidate *(*ust_candidate_get_fn)(void);

@@ -76,6 +76,13 @@ UST_API const char *ust_last_error(void);
 
 /* Library version as "major.minor.patch"; static storage. */
 UST_API const char *ust_version(void);
+/* The ABI versions this library speaks, at run time (the macros are those a
+ * caller was compiled against): the embedding API's (UST_ABI_VERSION, this
+ * header) and the highest candidate ABI it loads (UST_CANDIDATE_ABI_VERSION,
+ * understudy/candidate.h). A caller built against a newer header checks
+ * them before using what a later version added. */
+UST_API uint32_t ust_abi_version(void);
+UST_API uint32_t ust_candidate_abi_version(void);
 /* Torch version the dispatcher seam was built against, or "" when the
  * library was built without one. Static storage. */
 UST_API const char *ust_torch_version(void);

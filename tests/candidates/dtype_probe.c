@@ -6,6 +6,11 @@
 
 #include "understudy/candidate.h"
 
+/* built again with flags this understudy does not know, which it refuses */
+#ifndef UST_TEST_FLAGS
+#define UST_TEST_FLAGS 0u
+#endif
+
 static int run(void *ctx, const ust_candidate_call *call, char *msg, size_t cap) {
   (void)ctx;
   if (call->size < offsetof(ust_candidate_call, output_dtypes) + sizeof call->output_dtypes) {
@@ -21,6 +26,6 @@ __attribute__((visibility("default"))) const ust_candidate *ust_candidate_get(vo
 
 const ust_candidate *ust_candidate_get(void) {
   static const ust_candidate desc = {sizeof(ust_candidate), UST_CANDIDATE_ABI_VERSION, "dtype probe",
-                                     "ust_defect::ident", run, NULL};
+                                     "ust_defect::ident", run, NULL, UST_TEST_FLAGS, 0};
   return &desc;
 }

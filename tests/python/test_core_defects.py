@@ -155,6 +155,23 @@ def test_fp8_dtypes_reach_native_candidates_exactly(us, problems):
         assert seen[n].endswith(f"x {code}, out {code}"), (n, seen[n])
 
 
+def test_candidate_abi_3_refuses_flags_it_does_not_know(us, problems):
+    """The candidate ABI's version 3: reserved fields and undefined flag bits
+    are 0; a descriptor with bits this library does not know (they may mean
+    something later) is refused, naming them, and production keeps serving."""
+    import ctypes
+    lib = ctypes.CDLL(str(understudy.library_path()))
+    lib.ust_candidate_abi_version.restype = ctypes.c_uint32
+    lib.ust_abi_version.restype = ctypes.c_uint32
+    assert lib.ust_candidate_abi_version() == 3 and lib.ust_abi_version() == 1
+    bad = candidate_dir() / "libdtype_probe_unknown_flags.so"
+    with pytest.raises(understudy.UnderstudyError, match=r"flags 0x6 and reserved 0: bits and fields"):
+        us.enable({"operators": {"ident": {"mode": "shadow", "sample": 1.0, "candidate": understudy.native(bad)}}},
+                  problems=problems)
+    x = torch.zeros(2, 4)
+    assert torch.equal(torch.ops.ust_defect.ident(x), x)
+
+
 def test_a_canary_share_near_one_serves_nearly_every_call(us, problems):
     """(uint32_t)(p * 2^32 + 0.5) is out of range for p within 2^-33 of 1:
     the candidate's share of almost 1 became 0."""
