@@ -16,8 +16,14 @@
 #include "dispatch/hold_gpu.h"
 
 static __device__ __forceinline__ unsigned long long device_clock() {
-#if defined(__HIP_PLATFORM_AMD__) || defined(UST_GPU_HIP)
+#if (defined(__HIP_PLATFORM_AMD__) || defined(UST_GPU_HIP)) && HIP_VERSION >= 60000000
   return wall_clock64();
+#elif defined(__HIP_PLATFORM_AMD__) || defined(UST_GPU_HIP)
+#if defined(__HIP_DEVICE_COMPILE__)
+  return __builtin_amdgcn_s_memrealtime(); /* what wall_clock64() reads on the gfx9 and later families */
+#else
+  return 0; /* the host pass never runs it */
+#endif
 #else
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -60,11 +66,16 @@ extern "C" int ust__hold_probe_launch(void *stream, unsigned long long *out, uns
 }
 
 extern "C" double ust__hold_ticks_per_ns(int device) {
-#if defined(__HIP_PLATFORM_AMD__) || defined(UST_GPU_HIP)
+#if (defined(__HIP_PLATFORM_AMD__) || defined(UST_GPU_HIP)) && HIP_VERSION >= 60000000
   int khz = 0;
   if (hipDeviceGetAttribute(&khz, hipDeviceAttributeWallClockRate, device) != hipSuccess || khz <= 0)
     return 0;
   return khz / 1e6;
+#elif defined(__HIP_PLATFORM_AMD__) || defined(UST_GPU_HIP)
+  /* a HIP without the attribute: the wall clock of the gfx9 and later
+   * families (s_memrealtime) counts at a constant 100 MHz */
+  (void)device;
+  return 0.1;
 #else
   (void)device;
   return 1.0;
