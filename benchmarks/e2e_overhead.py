@@ -84,6 +84,7 @@ import time
 import torch
 
 import _results
+import models
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
 import understudy  # noqa: E402
@@ -99,25 +100,8 @@ def sync():
 
 
 def build(kind, layers):
-    """The decoder --models names: on the GPU at its real widths (bf16); on
-    the CPU (--device cpu) the same layers at small widths (fp32), so that a
-    step is bound by the host as a GPU decode step is, not by the CPU's
-    arithmetic."""
-    small = DEVICE == "cpu"
-    dtype = torch.float32 if small else torch.bfloat16
-    if kind == "mistral":
-        from kernel_time import build_model
-        narrow = dict(hidden_size=256, intermediate_size=896, num_attention_heads=8, num_key_value_heads=2)
-        return build_model(layers, DEVICE, dtype, **(narrow if small else {}))
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
-    h, heads = (256, 8) if small else (2048, 16)  # the expert widths follow the hidden one
-    cfg = Qwen2MoeConfig(hidden_size=h, intermediate_size=h * 11 // 4, moe_intermediate_size=h * 11 // 16,
-                         shared_expert_intermediate_size=h * 11 // 4, num_experts=60, num_experts_per_tok=4,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                         vocab_size=32000)
-    torch.manual_seed(0)
-    with torch.device(DEVICE):
-        return Qwen2MoeForCausalLM(cfg).to(dtype).eval()
+    """The decoder --models names (benchmarks/models.py), at small widths on the CPU."""
+    return models.build(kind, layers, DEVICE, small=DEVICE == "cpu")
 
 
 def device_name():

@@ -39,9 +39,9 @@ CONFIG = {"defaults": {"sample": 1.0}, "report": {"window_s": 0},
 
 
 def build(layers, batch, steps):
-    from kernel_time import build_model
+    from models import mistral
     from transformers import StaticCache
-    model = build_model(layers, sliding_window=None)  # a full (not rolling) static cache
+    model = mistral(layers, sliding_window=None)  # a full (not rolling) static cache
     cfg = model.config
     # each eager step (and each warm-up before capture) writes the next cache slot
     cache = StaticCache(config=cfg, max_cache_len=PREFILL + 2 * steps + 16)

@@ -32,23 +32,10 @@ import sys
 import torch
 
 import _results
+import models
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "python-shim"))
 import understudy  # noqa: E402
-
-
-def build_model(layers, device="cuda", dtype=torch.bfloat16, **config):
-    """The HF Mistral-7B-shaped decoder of the benchmarks (random weights;
-    bf16 on the GPU unless told otherwise); config overrides MistralConfig
-    fields."""
-    from transformers import MistralConfig, MistralForCausalLM
-    cfg = MistralConfig(**{"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": layers,
-                           "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
-                           "max_position_embeddings": 4096, **config})
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = MistralForCausalLM(cfg).to(dtype).eval()
-    return model
 
 
 def generate(model, ids, tokens):
@@ -146,14 +133,6 @@ def profiler_run(model, ids, tokens, ops):
     return per_key, bound_us, total_kernel_us
 
 
-def build(kind, layers):
-    if kind == "mistral":
-        return build_model(layers)
-    import e2e_overhead
-    e2e_overhead.DEVICE = "cuda"
-    return e2e_overhead.build(kind, layers)
-
-
 def by_key(routes):
     """The routes of one run by (op, key): a key seen in two phases keeps
     the one with more timed calls (the profiler's calls carry no phase)."""
@@ -165,7 +144,7 @@ def by_key(routes):
 
 
 def table(kind, batch, tokens, layers, correlation):
-    model = build(kind, layers)
+    model = models.build(kind, layers)
     ids = torch.randint(1, 32000, (batch, 16), device="cuda")
     generate(model, ids, 8)  # warm-up outside any measurement
     rep, held = understudy_run(model, ids, tokens, {})
@@ -223,7 +202,7 @@ def table(kind, batch, tokens, layers, correlation):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="+", choices=["mistral", "qwen-moe"], default=["mistral", "qwen-moe"])
+    ap.add_argument("--models", nargs="+", choices=models.KINDS, default=["mistral", "qwen-moe"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)

@@ -3,7 +3,8 @@
  * production alone serves it (timed or not), a shadow runs beside it, or a
  * candidate serves; during graph capture what the graph holds. Then the
  * steps of the serving decision the C core performs for the bridge (marks,
- * comparisons, verdicts, a captured shadow's parts) and the call's end.
+ * comparisons, verdicts, a captured shadow's parts, the layouts production's
+ * returns were learned in) and the call's end.
  */
 #include <math.h>
 #include <sched.h>
@@ -12,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dispatch/router.h"
+#include "dispatch/routes.h"
 #include "guard/procrun.h"
 
 
@@ -650,4 +651,82 @@ int ust__call_run_remote(ust__call_state *st, const struct ust_candidate_call *c
 
 void ust__call_internal_error(const ust__binding *b) {
   atomic_fetch_add_explicit(&b->router->internal_errors, 1, memory_order_relaxed);
+}
+
+/* ---- learned output layouts ------------------------------------------------------ */
+
+uint64_t ust__call_signature(const ust__call *call) {
+  uint64_t h = 0xcbf29ce484222325ull;
+#define MIX(v) (h = (h ^ (uint64_t)(v)) * 0x100000001b3ull)
+  MIX(call->device);
+  MIX(call->device_id); /* a layout names the device its outputs live on */
+  for (int i = 0; i < call->nargs; i++) {
+    const ust__arg *a = &call->args[i];
+    MIX(a->kind);
+    if (a->kind == UST__ARG_TENSOR) {
+      MIX(a->dtype);
+      MIX(a->t.ndim);
+      for (int d = 0; d < a->t.ndim; d++) {
+        MIX(a->t.shape[d]);
+        MIX(a->t.strides != NULL ? a->t.strides[d] : 0);
+      }
+    } else if (a->kind == UST__ARG_INT || a->kind == UST__ARG_BOOL) {
+      MIX(a->i);
+    } else if (a->kind == UST__ARG_TENSORLIST) {
+      return 0; /* the view carries the first tensor only */
+    } else if (a->kind == UST__ARG_INTLIST) {
+      if (a->i < 0 || a->i > UST__MAX_LIST)
+        return 0; /* values the view does not carry could change the layout */
+      MIX(a->i);
+      for (int64_t k = 0; k < a->i; k++)
+        MIX(a->list[k]);
+    } else if (a->kind == UST__ARG_DOUBLE) {
+      uint64_t bits;
+      memcpy(&bits, &a->f, sizeof bits);
+      MIX(bits);
+    }
+  }
+#undef MIX
+  return h != 0 ? h : 1;
+}
+
+int ust__call_layout(const ust__call_state *st, const ust__call *call, ust__layout *out) {
+  const ust__route *r = st->route;
+  if (r == NULL)
+    return -1;
+  const uint64_t sig = ust__call_signature(call);
+  if (sig == 0)
+    return -1;
+  for (int i = 0; i < UST__MAX_LAYOUTS; i++) {
+    const ust__layout *l = atomic_load_explicit(&((ust__route *)r)->layouts[i], memory_order_acquire);
+    if (l == NULL)
+      return -1;
+    if (l->sig == sig) {
+      *out = *l;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+void ust__call_learn_layout(const ust__call_state *st, const ust__call *call, const ust__layout *l) {
+  ust__route *r = st->route;
+  const uint64_t sig = ust__call_signature(call);
+  if (r == NULL || sig == 0 || l->n_returns < 0 || l->n_returns > UST__MAX_RETURNS)
+    return;
+  ust__layout *copy = malloc(sizeof *copy);
+  if (copy == NULL) {
+    ust__call_internal_error(r->binding); /* not learned: served calls without verification fall to production */
+    return;
+  }
+  *copy = *l;
+  copy->sig = sig;
+  for (int i = 0; i < UST__MAX_LAYOUTS; i++) {
+    ust__layout *expected = NULL;
+    if (atomic_compare_exchange_strong(&r->layouts[i], &expected, copy))
+      return;
+    if (expected->sig == sig)
+      break; /* learned already */
+  }
+  free(copy);
 }

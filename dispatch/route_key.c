@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dispatch/router.h"
+#include "dispatch/route_key.h"
 
 
 void ust__route_key_make(const ust__binding *b, const ust__call *call, ust__route_key *key) {

@@ -1,0 +1,168 @@
+/*
+ * Verdicts and the pool of shadow slots (guard/shadow.c): a shadowed call's
+ * comparison concluded off the serving path, published through the sink.
+ * Internal header: never installed.
+ */
+#ifndef UST_GUARD_SHADOW_H
+#define UST_GUARD_SHADOW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "guard/compare.h"
+#include "guard/decision.h"
+#include "guard/gate.h"
+#include "guard/verify.h"
+
+/* ---- verdicts and the shadow pool (guard/shadow.c) --------------------------------- */
+
+typedef enum ust__shadow_point {
+  UST__MARK_PROD_BEGIN = 0,
+  UST__MARK_PROD_END,
+  UST__MARK_CAND_BEGIN,
+  UST__MARK_CAND_END,
+  UST__MARK_AA_BEGIN, /* production's second run of an A/A check */
+  UST__MARK_AA_END,
+  UST__MARK_COUNT
+} ust__shadow_point;
+
+typedef enum ust__shadow_fail {
+  UST__FAIL_NONE = 0,
+  UST__FAIL_ERROR,  /* the candidate returned a non-zero status */
+  UST__FAIL_RAISED, /* the candidate raised */
+  UST__FAIL_SCHEMA, /* the candidate's results do not line up with production's */
+  UST__FAIL_OVERDUE, /* the candidate's call took longer than its deadline */
+} ust__shadow_fail;
+/* The reason a failure gives in evidence: "error", "raised", "schema", "overdue". */
+const char *ust__fail_name(int fail);
+
+typedef enum ust__verdict_kind {
+  UST__VERDICT_PASSED = 0,
+  UST__VERDICT_FAILED,
+  UST__VERDICT_SKIPPED,      /* no verdict: the device work could not be done or read */
+  UST__VERDICT_UNVERIFIABLE, /* ran, but an output cannot be compared */
+} ust__verdict_kind;
+
+/* One concluded shadow call, as the sink receives it. */
+typedef struct ust__verdict {
+  int kind;                  /* ust__verdict_kind */
+  int serving;               /* it verified a call the candidate served */
+  int have_times;            /* both sides were timed */
+  uint64_t prod_ns, cand_ns; /* their times, when have_times */
+  uint64_t tsol_ps;          /* the call's roofline floor; 0 unknown */
+  uint64_t stage;            /* the route's transitions when the call began */
+  int remote;                /* the candidate ran in its qualifying process: its time is not its kernel's */
+  double aa_log_ratio;       /* an A/A check's ln(T_production again / T_production); NAN: none */
+  int timed_kind;            /* the estimate's stratum of production's time (UST__TIMED_*) */
+} ust__verdict;
+
+/* Where verdicts go: implemented by the router, which owns the routes the
+ * cookies name. Called from serving threads and the worker, never under a
+ * lock of the guard's. */
+typedef struct ust__verdict_sink_i {
+  /* A call's failure, as soon as it is known (on the host at once, or when
+   * its comparison is read); ev is handed over (free with free). */
+  void (*failed)(void *ctx, void *route, ust__evidence *ev);
+  /* Every shadow call that took a slot, once concluded. */
+  void (*concluded)(void *ctx, void *route, const ust__verdict *v);
+  /* The gate (guard/gate.h, packed) the route's captured calls follow now:
+   * its mode and shares; 0 (off) when they must not run their shadow. */
+  uint64_t (*gate)(void *ctx, void *route);
+  /* 1 when the route's replays may no longer run what was captured (a
+   * graph library changed one of its captured calls in place): the ring's
+   * entries of its replays are dropped, not judged (NULL: never). */
+  int (*replays_stale)(void *ctx, void *route);
+} ust__verdict_sink_i;
+
+typedef struct ust__shadow_pool ust__shadow_pool;
+
+/* A pool of max_inflight slots; log and sink are borrowed for its life.
+ * Not thread-safe with the pool's use (the engine creates it at enable). */
+int ust__shadow_pool_create(int max_inflight, ust__log_sink *log, const ust__verdict_sink_i *sink, void *sink_ctx,
+                            ust__shadow_pool **out);
+/* Concludes every pending comparison first (synchronises). NULL: no-op. */
+void ust__shadow_pool_destroy(ust__shadow_pool *p);
+
+/* What a slot needs of its route: borrowed until it is concluded. */
+typedef struct ust__slot_route {
+  void *cookie;        /* handed back to the sink */
+  ust__verify *verify; /* counted into */
+  const ust__cand *cand;
+  int serving;         /* verifies a call the candidate serves (canary, live) */
+  int remote;          /* the candidate runs in its qualifying process (cand->proc) */
+  uint64_t served_at;  /* the route's served calls now */
+  uint64_t stage;      /* the route's transitions now */
+  uint64_t tsol_ps;    /* the call's floor; 0 unknown */
+  int timed_kind;      /* the estimate's stratum of the call (UST__TIMED_*: sampled or steady) */
+} ust__slot_route;
+
+/* Take a slot for a call; NULL when max_inflight are in use (the skip is
+ * counted on r->verify). Thread-safe. */
+void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r);
+/* 1 when this shadow call also runs production a second time (A/A); a
+ * share of the route's shadow calls, spread exactly. */
+int ust__shadow_aa(const void *slot);
+/* Record a point of the call: an event on stream (a GPU call) or the host
+ * clock. device: ust__device; device_id: the GPU the call runs on, which the
+ * caller has made current. */
+void ust__shadow_mark(void *slot, int mark, int device, void *stream);
+/* Bytes understudy copied for the call (counted when it concludes). */
+void ust__shadow_note_copied(void *slot, uint64_t bytes);
+/* The call's floor, known only once production ran (scored by its nested
+ * ops): replaces the one the slot was taken with. */
+void ust__shadow_set_floor(void *slot, uint64_t tsol_ps);
+/* 0 once the slot could not record its device work (abandon it then). */
+int ust__shadow_alive(const void *slot);
+/* Hand over the outputs (pairs: borrowed for the call) or the candidate's
+ * failure (fail, msg: borrowed, may be NULL); compares them (now on the
+ * host, enqueued on stream on a GPU) and releases the slot. */
+void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *pairs, int n_pairs, int fail,
+                        const char *msg);
+/* Release a slot without a verdict (counted skipped). */
+void ust__shadow_abandon(void *slot, int device, void *stream);
+/* Before ust__shadow_finish: the caller will ask for this call's verdict
+ * into *out (-1 until concluded, then 1 failed, 0 not). */
+void ust__shadow_want_verdict(void *slot, int *out);
+/* After ust__shadow_finish: *out as above. A host comparison is concluded
+ * already; wait (strict, on a GPU) waits for stream and concludes it
+ * (synchronises). */
+int ust__shadow_verdict(ust__shadow_pool *p, int *out, int device, void *stream, int wait);
+/* Conclude the comparisons whose device work completed; returns how many
+ * are still pending. Never blocks. Thread-safe. */
+int ust__shadow_harvest(ust__shadow_pool *p);
+
+/* Calls captured into CUDA graphs. A shadowed call captured into a graph
+ * runs at every replay: production, the candidate on snapshots, the
+ * comparisons, and a publication of their statistics into a ring
+ * (guard/ring.h) under the site id ust__shadow_site_add returns (never 0;
+ * an id names one site of one pool: another pool's harvest counts its
+ * entries as unknown). The
+ * site keeps the call's route and its pairs' metadata (as
+ * ust__shadow_finish takes them; their buffers are not read here), so that
+ * each replay is judged exactly as an eager call: counted on the route, a
+ * failure's evidence to the sink (which rolls the route back), the verdict
+ * to the sink (without times: a replay's come from the kernel tracer). */
+#define UST__MAX_SITES 65536
+int ust__shadow_site_add(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
+                         int device, uint32_t *site);
+/* Judge every replay the ring holds; returns how many. Entries naming no
+ * site of this pool, or another pair count than their site's, are not
+ * judged: counted into *unknown (NULL: not counted). One thread at a time. */
+struct ust__ring;
+uint64_t ust__shadow_sites_harvest(ust__shadow_pool *p, struct ust__ring *ring, uint64_t *unknown);
+/* Conclude every comparison pending when called (synchronises with the
+ * device, holding no lock while it waits). */
+void ust__shadow_harvest_all_sync(ust__shadow_pool *p);
+
+/* A site (as ust__shadow_site_add, for a CUDA call) whose comparison is
+ * captured now: on stream (capturing), dev_stats (n_pairs statistics, device memory that
+ * lives as long as the graph) zeroed, each pair compared into it, and the
+ * statistics published into ring under the site (when not NULL: in the
+ * replays whose run bits there, the site's ust__gate_counters.runs, say
+ * verify: ust__ring_publish_launch). */
+struct ust__ring_dev;
+int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, const ust__pair *pairs, int n_pairs,
+                             void *stream, ust__cmp_stats *dev_stats, const struct ust__ring_dev *ring,
+                             const unsigned long long *when, uint32_t *site);
+
+#endif /* UST_GUARD_SHADOW_H */
