@@ -1,5 +1,5 @@
 /*
- * A call's shape key (dispatch/router.h builds it inline), as the report
+ * A call's shape key (dispatch/route_key.h builds it inline), as the report
  * spells it; a binding's key dimensions and argument names, resolved against
  * its op's schema.
  */
