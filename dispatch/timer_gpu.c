@@ -14,7 +14,8 @@
  * pair adds around its work is measured once per device (the harvest's
  * thread, on a private stream) and taken off at conclusion.
  *
- * On CUDA, a kernel tracer (timer_cupti.c) takes over inside its windows:
+ * A kernel tracer (timer_cupti.c on CUDA; timer_notrace.c, always off, on
+ * HIP) takes over inside its windows:
  * a call begun while one is open is timed by its kernels (token with
  * CUPTI_TOKEN set), every other by events.
  *
@@ -72,9 +73,7 @@ struct ust__timers {
   ust__hold hold;
   _Atomic(hold_words *) words[MAX_DEVICES];
   atomic_int words_made[MAX_DEVICES]; /* 0 not yet, 1 being made, 2 made (words NULL: none) */
-#if defined(UST_GPU_CUDA)
-  ust__cupti *cupti;
-#endif
+  ust__cupti *cupti; /* the kernel tracer (timer_cupti.c; a HIP build's is always off, timer_notrace.c) */
 };
 
 /* The calling thread's capture mode, relaxed until restore_capture_mode. */
@@ -224,7 +223,6 @@ int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_si
   t->log = log;
   t->pool_size = max_pending;
   ust__hold_init(&t->hold, &gpu_hold_dev, t, opts != NULL ? opts->hold_deadline_ns : 0);
-#if defined(UST_GPU_CUDA)
   const ust__timer_opts events = {.kind = UST__TIMER_EVENTS};
   int rc = ust__cupti_create(opts != NULL ? opts : &events, log, &t->cupti);
   if (rc != 0) {
@@ -232,7 +230,6 @@ int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_si
     *out = NULL;
     return rc;
   }
-#endif
   return 0;
 }
 
@@ -307,41 +304,18 @@ static void give_back(ust__timers *t, int token) {
   pthread_mutex_unlock(&t->lock);
 }
 
-UST__HOT int ust__timers_tracing(const ust__timers *t) {
-#if defined(UST_GPU_CUDA)
-  return ust__cupti_tracing(t->cupti);
-#else
-  return UST__TRACING_OFF;
-#endif
-}
+UST__HOT int ust__timers_tracing(const ust__timers *t) { return ust__cupti_tracing(t->cupti); }
 
-int ust__timers_may_trace(const ust__timers *t) {
-#if defined(UST_GPU_CUDA)
-  return ust__cupti_present(t->cupti);
-#else
-  (void)t;
-  return 0;
-#endif
-}
+int ust__timers_may_trace(const ust__timers *t) { return ust__cupti_present(t->cupti); }
 
-void ust__timers_status(ust__timers *t, ust__timer_status *out) {
-#if defined(UST_GPU_CUDA)
-  ust__cupti_status(t->cupti, out);
-#else
-  memset(out, 0, sizeof *out);
-  out->kind = "events";
-  snprintf(out->why, sizeof out->why, "no kernel tracer in a HIP build (rocprofiler-sdk is not packaged here)");
-#endif
-}
+void ust__timers_status(ust__timers *t, ust__timer_status *out) { ust__cupti_status(t->cupti, out); }
 
 int ust__timers_begin(ust__timers *t, int device, void *stream, ust__hold_word *hold) {
-#if defined(UST_GPU_CUDA)
   if (ust__cupti_tracing(t->cupti) == UST__TRACING_WINDOW) {
     const int slot = ust__cupti_begin(t->cupti);
     if (slot >= 0)
       return CUPTI_TOKEN | slot;
   }
-#endif
   pthread_mutex_lock(&t->lock);
   device_pool *p = pool_get(t, device);
   int idx = p != NULL && p->n_free > 0 ? p->free_list[--p->n_free] : -1;
@@ -364,113 +338,31 @@ int ust__timers_begin(ust__timers *t, int device, void *stream, ust__hold_word *
   return device << 20 | idx;
 }
 
-#if defined(UST_GPU_CUDA)
-/* The graph stream captures into and how many nodes it holds: 0, or -1
- * (not capturing, an error). Capture-safe calls only. */
-static int capture_graph(ust__timers *t, void *stream, cudaGraph_t *graph, size_t *count) {
-  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  *graph = NULL;
-  *count = 0;
-  if (UST__GPU_CHECK(t->log, cudaStreamGetCaptureInfo((cudaStream_t)stream, &st, NULL, graph, NULL, NULL, NULL)) != 0 ||
-      st != cudaStreamCaptureStatusActive || *graph == NULL ||
-      UST__GPU_CHECK(t->log, cudaGraphGetNodes(*graph, NULL, count)) != 0)
-    return -1;
-  return 0;
-}
-#endif
-
 int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from) {
-  *from = 0;
-#if defined(UST_GPU_CUDA)
-  /* a node's id is its graph's id above its index, the order it was added
-   * in: the call's nodes take the indices from the count now */
-  cudaGraph_t graph;
-  size_t count = 0;
-  if (!ust__cupti_maps_graphs(t->cupti) || capture_graph(t, stream, &graph, &count) != 0 || count >= UINT32_MAX)
-    return -1;
-  *from = (uint32_t)count;
-  return 0;
-#else
-  (void)t;
-  (void)stream;
-  return -1;
-#endif
+  return ust__cupti_capture_mark(t->cupti, t->log, stream, from);
 }
 
 void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs *figs, uint64_t tsol_ps) {
-#if defined(UST_GPU_CUDA)
-  cudaGraph_t graph;
-  size_t count = 0;
-  if (capture_graph(t, stream, &graph, &count) != 0 || count <= from || count - from > INT_MAX)
-    return;
-  /* the graph's nodes come in the order they were added (CUDA 13.0): the
-   * call's are the last count - from; each one's index says so, else the
-   * call is not mapped */
-  cudaGraphNode_t *nodes = malloc(count * sizeof *nodes);
-  const size_t n = count - from;
-  uint64_t *ids = malloc(n * sizeof *ids);
-  uint32_t kernels = 0;
-  int ok = nodes != NULL && ids != NULL && UST__GPU_CHECK(t->log, cudaGraphGetNodes(graph, nodes, &count)) == 0 &&
-           count == from + n && ust__cupti_node_ids(t->cupti, (void *const *)(nodes + from), n, ids) == 0;
-  for (size_t i = 0; ok && i < n; i++) {
-    enum cudaGraphNodeType type;
-    ok = (uint32_t)ids[i] == from + i && ids[i] >> 32 == ids[0] >> 32 &&
-         UST__GPU_CHECK(t->log, cudaGraphNodeGetType(nodes[from + i], &type)) == 0;
-    kernels += ok && type == cudaGraphNodeTypeKernel;
-  }
-  if (ok)
-    ust__cupti_graph_call(t->cupti, ids, (int)n, kernels, figs, tsol_ps);
-  free(nodes);
-  free(ids);
-#else
-  (void)t;
-  (void)stream;
-  (void)from;
-  (void)figs;
-  (void)tsol_ps;
-#endif
+  ust__cupti_captured(t->cupti, t->log, stream, from, figs, tsol_ps);
 }
 
-void ust__timers_graph_made(ust__timers *t, void *stream) {
-#if defined(UST_GPU_CUDA)
-  cudaGraph_t graph, made = NULL;
-  size_t count = 0;
-  /* an empty graph made now takes the next id: the last understudy took
-   * (made in relaxed capture mode, as the shadow's own graphs are) */
-  if (!ust__cupti_maps_graphs(t->cupti) || capture_graph(t, stream, &graph, &count) != 0)
-    return;
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
-  if (UST__GPU_CHECK(t->log, cudaGraphCreate(&made, 0)) == 0) {
-    ust__cupti_graph_made(t->cupti, graph, made);
-    cudaGraphDestroy(made);
-  }
-  cudaThreadExchangeStreamCaptureMode(&mode);
-#else
-  (void)t;
-  (void)stream;
-#endif
-}
+void ust__timers_graph_made(ust__timers *t, void *stream) { ust__cupti_capture_made(t->cupti, t->log, stream); }
 
 void ust__timers_cancel(ust__timers *t, int token) {
-#if defined(UST_GPU_CUDA)
   if (token & CUPTI_TOKEN) {
     ust__cupti_end(t->cupti, token & ~CUPTI_TOKEN, NULL, 0, 0);
     return;
   }
-#endif
   /* a call that raised, or was served by a candidate: its hold released, no strike */
   ust__hold_end(&t->hold, NULL, token >> 20, token & 0xfffff, t->pools[token >> 20].timers[token & 0xfffff].seq);
   give_back(t, token);
 }
 
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind) {
-#if defined(UST_GPU_CUDA)
   if (token & CUPTI_TOKEN) {
     ust__cupti_end(t->cupti, token & ~CUPTI_TOKEN, figs, tsol_ps, kind);
     return;
   }
-#endif
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   s->figs = figs;
   s->tsol_ps = tsol_ps;
@@ -551,18 +443,12 @@ static int harvest(ust__timers *t, int sync) {
 }
 
 int ust__timers_harvest(ust__timers *t) {
-  int left = harvest(t, 0);
-#if defined(UST_GPU_CUDA)
-  left += ust__cupti_poll(t->cupti, ust__timers_used(t), 0);
-#endif
-  return left;
+  return harvest(t, 0) + ust__cupti_poll(t->cupti, ust__timers_used(t), 0);
 }
 
 void ust__timers_harvest_all_sync(ust__timers *t) {
   harvest(t, 1);
-#if defined(UST_GPU_CUDA)
   ust__cupti_poll(t->cupti, ust__timers_used(t), 1);
-#endif
 }
 
 int ust__gpu_device_name(int device, char *buf, size_t cap) {
@@ -576,9 +462,7 @@ int ust__gpu_device_name(int device, char *buf, size_t cap) {
 void ust__timers_destroy(ust__timers *t) {
   if (t == NULL)
     return;
-#if defined(UST_GPU_CUDA)
   ust__cupti_destroy(t->cupti);
-#endif
   harvest(t, 1);
   for (int d = 0; d < MAX_DEVICES; d++) {
     device_pool *p = &t->pools[d];

@@ -108,7 +108,8 @@ int ust__timers_harvest(ust__timers *t);
 /* Harvest everything pending when called (synchronises with the device; holds
  * no lock that a serving thread takes while it waits). */
 void ust__timers_harvest_all_sync(ust__timers *t);
-/* The CUPTI tracer (dispatch/timer_cupti.c, CUDA builds), used by the GPU
+/* The CUPTI tracer (dispatch/timer_cupti.c, CUDA builds; in HIP builds
+ * dispatch/timer_notrace.c, a tracer that is always off), used by the GPU
  * timers. create always gives a tracer; it is "off" (saying why) when
  * CUPTI cannot be loaded or was not asked for. */
 typedef struct ust__cupti ust__cupti;
@@ -140,6 +141,16 @@ int ust__cupti_node_ids(ust__cupti *c, void *const *nodes, size_t n, uint64_t *i
 void ust__cupti_graph_made(ust__cupti *c, void *graph, void *made);
 int ust__cupti_graph_call(ust__cupti *c, const uint64_t *ids, int n, uint32_t kernels, ust__figs *figs,
                           uint64_t tsol_ps);
+/* Graph capture (ust__timers_capture_mark, _captured, _graph_made do these):
+ * the index a captured call's first node will take in the graph stream
+ * captures into (0, or -1 when the tracer does not map graphs); the nodes
+ * it added become its route's; the capture's executable graph numbered past
+ * the graphs understudy made meanwhile (dispatch/timer_capture.c, CUDA
+ * builds). Runtime errors are said to log. */
+int ust__cupti_capture_mark(ust__cupti *c, ust__log_sink *log, void *stream, uint32_t *from);
+void ust__cupti_captured(ust__cupti *c, ust__log_sink *log, void *stream, uint32_t from, ust__figs *figs,
+                         uint64_t tsol_ps);
+void ust__cupti_capture_made(ust__cupti *c, ust__log_sink *log, void *stream);
 
 /* 1 if the stream is capturing a graph (or cannot be asked), else 0. */
 int ust__gpu_capturing(void *stream);
