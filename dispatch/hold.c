@@ -63,18 +63,19 @@ int ust__hold_begin(ust__hold *h, ust__hold_word *w, int device, void *stream, i
   return 1;
 }
 
-void ust__hold_end(ust__hold *h, ust__hold_word *w, int device, int slot, uint32_t seq) {
+int ust__hold_end(ust__hold *h, ust__hold_word *w, int device, int slot, uint32_t seq) {
   if (seq == 0)
-    return;
+    return 0;
   h->dev->release(h->ctx, device, slot, seq);
-  if (h->dev->expired(h->ctx, device, slot, seq)) {
-    atomic_fetch_add_explicit(&h->released_late, 1, memory_order_relaxed);
-    strike(h, w);
-  }
+  if (!h->dev->expired(h->ctx, device, slot, seq))
+    return 0;
+  atomic_fetch_add_explicit(&h->released_late, 1, memory_order_relaxed);
+  strike(h, w);
+  return 1;
 }
 
-int ust__hold_conclude(ust__hold *h, ust__hold_word *w, int device, int slot, uint32_t seq, double pair_ns,
-                       double *ns) {
+int ust__hold_conclude(ust__hold *h, ust__hold_word *w, int device, int slot, uint32_t seq, int struck,
+                       double pair_ns, double *ns) {
   if (seq == 0) {
     *ns = pair_ns;
     return 1;
@@ -84,7 +85,9 @@ int ust__hold_conclude(ust__hold *h, ust__hold_word *w, int device, int slot, ui
     return -1;
   if (h->dev->expired(h->ctx, device, slot, seq)) {
     atomic_fetch_add_explicit(&h->expired, 1, memory_order_relaxed);
-    return 0; /* struck at its release already, when the hold had given up by then */
+    if (!struck) /* it gave up after its release was read, or as it was */
+      strike(h, w);
+    return 0;
   }
   clean(w);
   /* uncalibrated for good (the probe could not run): the pair as it is */

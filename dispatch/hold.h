@@ -89,16 +89,17 @@ void ust__hold_init(ust__hold *h, const ust__hold_dev_i *dev, void *ctx, uint64_
 int ust__hold_begin(ust__hold *h, ust__hold_word *w, int device, void *stream, int slot, uint32_t *seq);
 /* Serving thread, after the stop event: releases hold seq (0: none). A hold
  * that already gave up is a strike against the operator now, so that one
- * that synchronises inside is not held again before its sample is read. */
-void ust__hold_end(ust__hold *h, ust__hold_word *w, int device, int slot, uint32_t seq);
+ * that synchronises inside is not held again before its sample is read;
+ * returns 1 then. */
+int ust__hold_end(ust__hold *h, ust__hold_word *w, int device, int slot, uint32_t seq);
 
 /* The harvest, once the stop event completed: the kernel time of a held
  * call from its pair's span (pair_ns). 1 with *ns set; 0 when the hold gave
- * up (the sample is dropped: counted, a strike against the operator); -1
- * when the device is not calibrated yet (the sample waits). A call not held
- * (seq 0) is its span. */
-int ust__hold_conclude(ust__hold *h, ust__hold_word *w, int device, int slot, uint32_t seq, double pair_ns,
-                       double *ns);
+ * up (the sample is dropped: counted, and a strike against the operator
+ * unless ust__hold_end struck already: struck); -1 when the device is not
+ * calibrated yet (the sample waits). A call not held (seq 0) is its span. */
+int ust__hold_conclude(ust__hold *h, ust__hold_word *w, int device, int slot, uint32_t seq, int struck,
+                       double pair_ns, double *ns);
 
 /* The harvest's thread: calibrates device if a held call ran there and it
  * is not calibrated yet (synchronises a private stream). Its state after. */

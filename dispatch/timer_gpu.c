@@ -43,6 +43,7 @@ typedef struct timer {
   uint64_t tsol_ps;
   int kind; /* why it was timed (UST__TIMED_*) */
   uint32_t seq;         /* its hold's number; 0: not held */
+  int struck;           /* its hold had given up when it was released */
   ust__hold_word *hold; /* its operator's standing with the hold; borrowed */
 } timer;
 
@@ -368,7 +369,7 @@ void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, u
   s->tsol_ps = tsol_ps;
   s->kind = kind;
   const int recorded = UST__GPU_CHECK(t->log, cudaEventRecord(s->stop, (cudaStream_t)stream)) == 0;
-  ust__hold_end(&t->hold, s->hold, token >> 20, token & 0xfffff, s->seq); /* released whatever happened */
+  s->struck = ust__hold_end(&t->hold, s->hold, token >> 20, token & 0xfffff, s->seq); /* released whatever happened */
   if (!recorded) {
     give_back(t, token);
     return;
@@ -383,7 +384,8 @@ static int conclude(ust__timers *t, int token, cudaError_t q) {
   float ms = 0;
   if (q == cudaSuccess && UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, s->start, s->stop)) == 0) {
     double ns = 0;
-    const int held = ust__hold_conclude(&t->hold, s->hold, token >> 20, token & 0xfffff, s->seq, (double)ms * 1e6, &ns);
+    const int held =
+        ust__hold_conclude(&t->hold, s->hold, token >> 20, token & 0xfffff, s->seq, s->struck, (double)ms * 1e6, &ns);
     if (held < 0)
       return 0;
     if (held == 0) {

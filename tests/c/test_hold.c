@@ -80,27 +80,28 @@ TEST(hold_released_in_time_times_the_work_less_what_the_pair_adds) {
   ust__hold_word op = 0;
   ust__hold_init(&h, &fake_i, &f, DEADLINE_NS);
   uint32_t seq = 0;
+  int struck = 0;
   ASSERT_INT_EQ(ust__hold_begin(&h, &op, 0, NULL, 3, &seq), 1);
   ASSERT_TRUE(seq != 0);
   f.now += 40000; /* the call launches its work: 40 us of host time */
-  ust__hold_end(&h, &op, 0, 3, seq);
+  struck = ust__hold_end(&h, &op, 0, 3, seq);
   ASSERT_U64_EQ(f.slot[3].released, seq);
   double ns = -1;
   /* its device not calibrated yet: the sample waits */
-  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 3, seq, 10300.0, &ns), -1);
+  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 3, seq, struck, 10300.0, &ns), -1);
   ASSERT_INT_EQ(ust__hold_calibrate(&h, 0), UST__HOLD_CALIBRATED);
   ASSERT_INT_EQ(f.calibrations, UST__HOLD_CALIBRATION_SAMPLES);
   ASSERT_DBL_NEAR(h.offset_ns[0], 2300.0, 1e-9);
   ASSERT_DBL_NEAR(h.offset_spread_ns[0], 200.0, 1e-9);
   ASSERT_INT_EQ(ust__hold_calibrate(&h, 0), UST__HOLD_CALIBRATED); /* once */
   ASSERT_INT_EQ(f.calibrations, UST__HOLD_CALIBRATION_SAMPLES);
-  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 3, seq, 10300.0, &ns), 1);
+  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 3, seq, struck, 10300.0, &ns), 1);
   ASSERT_DBL_NEAR(ns, 8000.0, 1e-9);
   /* a pair shorter than what pairs add is no time at all, never negative */
-  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 3, seq, 1000.0, &ns), 1);
+  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 3, seq, struck, 1000.0, &ns), 1);
   ASSERT_DBL_NEAR(ns, 0.0, 1e-9);
   /* a call not held is its pair */
-  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 4, 0, 31000.0, &ns), 1);
+  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 4, 0, struck, 31000.0, &ns), 1);
   ASSERT_DBL_NEAR(ns, 31000.0, 1e-9);
   ASSERT_U64_EQ(atomic_load(&h.held), 1);
   ASSERT_U64_EQ(atomic_load(&h.expired), 0);
@@ -115,18 +116,28 @@ TEST(a_call_that_synchronises_inside_while_held_is_dropped_at_the_deadline) {
   ust__hold_init(&h, &fake_i, &f, DEADLINE_NS);
   ASSERT_INT_EQ(ust__hold_calibrate(&h, 0), UST__HOLD_CALIBRATED);
   uint32_t seq = 0;
+  int struck = 0;
   ASSERT_INT_EQ(ust__hold_begin(&h, &op, 0, NULL, 1, &seq), 1);
   /* .item() inside: the host waits for the stream, the stream for the hold,
    * until the hold gives up on the device's clock; then the call goes on */
   f.now += DEADLINE_NS + 35000;
-  ust__hold_end(&h, &op, 0, 1, seq);
+  struck = ust__hold_end(&h, &op, 0, 1, seq);
   ASSERT_U64_EQ(atomic_load(&h.released_late), 1);
   ASSERT_TRUE(f.slot[1].released != seq);
   double ns = -1;
-  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 1, seq, 1.05e6, &ns), 0); /* dropped */
+  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 1, seq, struck, 1.05e6, &ns), 0); /* dropped */
   ASSERT_U64_EQ(atomic_load(&h.expired), 1);
   ASSERT_INT_EQ(ust__hold_excluded(&op), 0); /* one strike */
   ASSERT_INT_EQ((int)atomic_load(&op), 1);
+  /* a hold that gave up only after its release was read (the device saw the
+   * release too late): the strike comes at the conclusion, once */
+  ust__hold_word late = 0;
+  ASSERT_INT_EQ(ust__hold_begin(&h, &late, 0, NULL, 2, &seq), 1);
+  ASSERT_INT_EQ(ust__hold_conclude(&h, &late, 0, 2, seq, 0, 1.05e6, &ns), 1); /* still in time: kept */
+  ASSERT_INT_EQ((int)atomic_load(&late), 0);
+  f.now += DEADLINE_NS;
+  ASSERT_INT_EQ(ust__hold_conclude(&h, &late, 0, 2, seq, 0, 1.05e6, &ns), 0);
+  ASSERT_INT_EQ((int)atomic_load(&late), 1);
 }
 
 TEST(an_operator_whose_holds_give_up_twice_in_a_row_is_not_held_again) {
@@ -137,25 +148,26 @@ TEST(an_operator_whose_holds_give_up_twice_in_a_row_is_not_held_again) {
   ust__hold_init(&h, &fake_i, &f, DEADLINE_NS);
   ASSERT_INT_EQ(ust__hold_calibrate(&h, 0), UST__HOLD_CALIBRATED);
   uint32_t seq = 0;
+  int struck = 0;
   double ns;
   for (int i = 0; i < 2; i++) {
     ASSERT_INT_EQ(ust__hold_begin(&h, &syncs, 0, NULL, 2, &seq), 1);
     f.now += 2 * DEADLINE_NS;
-    ust__hold_end(&h, &syncs, 0, 2, seq);
-    ASSERT_INT_EQ(ust__hold_conclude(&h, &syncs, 0, 2, seq, 2e6, &ns), 0);
+    struck = ust__hold_end(&h, &syncs, 0, 2, seq);
+    ASSERT_INT_EQ(ust__hold_conclude(&h, &syncs, 0, 2, seq, struck, 2e6, &ns), 0);
   }
   ASSERT_INT_EQ(ust__hold_excluded(&syncs), 1);
   ASSERT_U64_EQ(atomic_load(&h.excluded), 1);
   /* not held again: timed by the plain pair, which the harvest takes as it is */
   ASSERT_INT_EQ(ust__hold_begin(&h, &syncs, 0, NULL, 2, &seq), 0);
   ASSERT_INT_EQ((int)seq, 0);
-  ASSERT_INT_EQ(ust__hold_conclude(&h, &syncs, 0, 2, seq, 2e6, &ns), 1);
+  ASSERT_INT_EQ(ust__hold_conclude(&h, &syncs, 0, 2, seq, struck, 2e6, &ns), 1);
   ASSERT_DBL_NEAR(ns, 2e6, 1e-9);
   /* another operator is held as before */
   ASSERT_INT_EQ(ust__hold_begin(&h, &other, 0, NULL, 5, &seq), 1);
   f.now += 1000;
-  ust__hold_end(&h, &other, 0, 5, seq);
-  ASSERT_INT_EQ(ust__hold_conclude(&h, &other, 0, 5, seq, 9300.0, &ns), 1);
+  struck = ust__hold_end(&h, &other, 0, 5, seq);
+  ASSERT_INT_EQ(ust__hold_conclude(&h, &other, 0, 5, seq, struck, 9300.0, &ns), 1);
   ASSERT_DBL_NEAR(ns, 7000.0, 1e-9);
   ASSERT_U64_EQ(atomic_load(&h.excluded), 1);
 }
@@ -173,8 +185,8 @@ TEST(a_hold_released_in_time_between_two_that_gave_up_starts_the_count_over) {
     double ns;
     ASSERT_INT_EQ(ust__hold_begin(&h, &op, 0, NULL, 0, &seq), 1);
     f.now += host_ns[i];
-    ust__hold_end(&h, &op, 0, 0, seq);
-    ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 0, seq, 12000.0, &ns), i == 1 ? 1 : 0);
+    const int struck = ust__hold_end(&h, &op, 0, 0, seq);
+    ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 0, seq, struck, 12000.0, &ns), i == 1 ? 1 : 0);
   }
   ASSERT_INT_EQ(ust__hold_excluded(&op), 0);
   ASSERT_U64_EQ(atomic_load(&h.expired), 2);
@@ -189,12 +201,13 @@ TEST(a_device_whose_probe_cannot_run_and_a_hold_off_hold_nothing) {
   ust__hold_word op = 0;
   ust__hold_init(&h, &fake_i, &f, DEADLINE_NS);
   uint32_t seq = 0;
+  int struck = 0;
   double ns;
   /* held before calibration, concluded after it failed: the pair as it is */
   ASSERT_INT_EQ(ust__hold_begin(&h, &op, 0, NULL, 6, &seq), 1);
-  ust__hold_end(&h, &op, 0, 6, seq);
+  struck = ust__hold_end(&h, &op, 0, 6, seq);
   ASSERT_INT_EQ(ust__hold_calibrate(&h, 0), UST__HOLD_UNAVAILABLE);
-  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 6, seq, 5000.0, &ns), 1);
+  ASSERT_INT_EQ(ust__hold_conclude(&h, &op, 0, 6, seq, struck, 5000.0, &ns), 1);
   ASSERT_DBL_NEAR(ns, 5000.0, 1e-9);
   ASSERT_INT_EQ(ust__hold_begin(&h, &op, 0, NULL, 6, &seq), 0);
   /* a hold that cannot be enqueued: the call goes unheld */
