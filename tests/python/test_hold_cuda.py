@@ -99,7 +99,7 @@ def test_a_call_that_synchronises_inside_while_held_returns_and_its_sample_is_dr
     torch.cuda.synchronize()
     us.enable({"operators": {"item_sum": {"mode": "observe", "sample": 1.0},
                              "positive": {"mode": "observe", "sample": 1.0}},
-               "timer": {"hold_deadline_us": 1000}}, problems=problems)
+               "timer": {"hold": "auto", "hold_deadline_us": 1000}}, problems=problems)
     wrong, errors = [], []
 
     def serve(n):
