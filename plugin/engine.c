@@ -738,8 +738,21 @@ int ust_is_enabled(void) {
   return on;
 }
 
+/* The control plane takes no call from inside an intercepted call (a
+ * candidate, or a production kernel, calling back on its thread): a
+ * candidate must neither change how it is served (promote itself) nor read
+ * or flush what is known of it. Returns the error, or 0. */
+static int refused_inside(const char *what) {
+  if (!ust__in_intercepted_call())
+    return 0;
+  return ust__error(UST_ESTATE, "%s: called from inside an intercepted call (a candidate or a kernel serving one): "
+                    "refused, nothing changed", what);
+}
+
 int ust_set_mode(const char *operator_name, const char *mode) {
   ust__clear_error();
+  if (refused_inside("set_mode") != 0)
+    return UST_ESTATE;
   if (operator_name == NULL || mode == NULL)
     return ust__error(UST_EINVAL, "set_mode: operator and mode are required");
   int m;
@@ -774,6 +787,8 @@ int ust_set_mode(const char *operator_name, const char *mode) {
 
 int ust_set_route_mode(const char *route_key, const char *mode, double canary) {
   ust__clear_error();
+  if (refused_inside("set_route_mode") != 0)
+    return UST_ESTATE;
   if (route_key == NULL || mode == NULL || strchr(route_key, '|') == NULL)
     return ust__error(UST_EINVAL, "set_route_mode: a shape key (as the report spells it) and a mode are required");
   int m;
@@ -821,6 +836,8 @@ static int route_config_unchanged(const ust__config *prev, const char *op, const
 
 int ust_reload(const char *config_json) {
   ust__clear_error();
+  if (refused_inside("reload") != 0)
+    return UST_ESTATE;
   ust__ctx *c = ust__ctx_get();
   ust__config next, prev;
   int rc = ust__config_parse(config_json, &next);
@@ -902,6 +919,8 @@ int ust_reload(const char *config_json) {
 
 int ust_report_write(const char *path) {
   ust__clear_error();
+  if (refused_inside("report") != 0)
+    return UST_ESTATE;
   ust__engine *e = engine_ref(ust__ctx_get(), "report");
   if (e == NULL)
     return UST_ESTATE;
@@ -919,6 +938,8 @@ int ust_report_json(char **out) {
   if (out == NULL)
     return ust__error(UST_EINVAL, "report: out is NULL");
   *out = NULL;
+  if (refused_inside("report") != 0)
+    return UST_ESTATE;
   ust__engine *e = engine_ref(ust__ctx_get(), "report");
   if (e == NULL)
     return UST_ESTATE;
@@ -996,6 +1017,8 @@ void ust_graph_unbind(void *exec) {
 
 int ust_flush_sync(void) {
   ust__clear_error();
+  if (refused_inside("flush") != 0)
+    return UST_ESTATE;
   ust__engine *e = engine_ref(ust__ctx_get(), "flush");
   if (e == NULL)
     return 0;

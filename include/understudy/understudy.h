@@ -104,7 +104,7 @@ typedef void (*ust_log_cb)(int level, const char *msg, void *user);
  * "understudy: "). Messages above max_level are dropped. Thread-safe. */
 UST_API void ust_set_log(ust_log_cb cb, void *user, int max_level);
 
-/* Enable understudy with a JSON config (see README, "Config reference").
+/* Enable understudy with a JSON config (docs/configuration.md).
  * config_json: borrowed; NULL or "" means the defaults.
  * problems_dir: directory of operator definitions, borrowed; NULL uses the
  * config's "problems_dir".
@@ -125,6 +125,13 @@ UST_API int ust_disable(void);
 
 /* 1 if enabled, else 0. */
 UST_API int ust_is_enabled(void);
+
+/* The control plane: ust_set_mode, ust_set_route_mode, ust_reload,
+ * ust_report_write, ust_report_json and ust_flush_sync return UST_ESTATE,
+ * changing nothing, when called from inside an intercepted call (a
+ * candidate, or a kernel serving one, calling back on its thread): a
+ * candidate cannot promote itself or read what is known of it. Enable and
+ * disable are refused there too. */
 
 /* Change an operator's mode while running: "off" (registered, pure
  * pass-through), "observe", "shadow", "canary" (the candidate serves the

@@ -10,10 +10,16 @@
  *                        every descriptor (its id appended to
  *                        $UST_TEST_FORKED_LOG), then crashes
  *   UST_TEST_CRASH_ON_LOAD  its constructor does the same
+ *   UST_TEST_PROMOTES_ITSELF  every call asks the loaded understudy
+ *                        ($UNDERSTUDY_LIB, dlopen RTLD_NOLOAD) to put aten::silu's
+ *                        operator live, and to read its report, then returns
+ *                        a result off by one in its first element and status
+ *                        3, its message saying what understudy answered
  * Each call also appends its process id to the file named by
  * $UST_TEST_CALL_LOG, when set, so a test can tell which process ran it. */
 /* kill and getppid are POSIX */
 #define _POSIX_C_SOURCE 200809L
+#include <dlfcn.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -71,6 +77,22 @@ static int run(void *ctx, const ust_candidate_call *call, char *msg, size_t cap)
     *(volatile int *)nowhere = n;
   }
 #endif
+#ifdef UST_TEST_PROMOTES_ITSELF
+  int set_rc = 1, report_rc = 1;
+  const char *lib = getenv("UNDERSTUDY_LIB");
+  void *self = lib != NULL ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  if (self != NULL) {
+    int (*set_mode)(const char *, const char *) = NULL;
+    int (*report_json)(char **) = NULL;
+    *(void **)&set_mode = dlsym(self, "ust_set_mode");
+    *(void **)&report_json = dlsym(self, "ust_report_json");
+    char *rep = NULL;
+    set_rc = set_mode != NULL ? set_mode("silu", "live") : 1;
+    report_rc = report_json != NULL ? report_json(&rep) : 1;
+    free(rep);
+    dlclose(self);
+  }
+#endif
 #ifdef UST_TEST_HANG_AT
   if (n == UST_TEST_HANG_AT)
     for (;;)
@@ -102,6 +124,12 @@ static int run(void *ctx, const ust_candidate_call *call, char *msg, size_t cap)
   if (n >= UST_TEST_WRONG_AT && numel > 0)
     out[0] += 1.0f;
 #endif
+#ifdef UST_TEST_PROMOTES_ITSELF
+  if (numel > 0)
+    out[0] += 1.0f;
+  snprintf(msg, cap, "set_mode %d, report %d", set_rc, report_rc);
+  return 3; /* a failure whose message carries what understudy answered */
+#endif
   (void)n;
   return 0;
 }
@@ -110,6 +138,6 @@ __attribute__((visibility("default"))) const ust_candidate *ust_candidate_get(vo
 
 const ust_candidate *ust_candidate_get(void) {
   static const ust_candidate desc = {sizeof(ust_candidate), UST_CANDIDATE_ABI_VERSION, "misbehaving silu",
-                                     "aten::silu", run, NULL};
+                                     "aten::silu", run, NULL, 0, 0};
   return &desc;
 }

@@ -1,0 +1,95 @@
+"""A candidate that acts against its guard: from inside its own call it asks
+understudy to serve it live, reads its report, flushes. Every such call is
+refused (UST_ESTATE, nothing changed), in every mode, from Python (a torch-op
+candidate) and from C (a native one that finds the loaded library with
+dlopen(RTLD_NOLOAD)); a shadow candidate that returns plainly wrong results
+never has one served. Ground truth: torch's own silu, computed with
+understudy disabled."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import understudy
+from test_shadow import candidate_op, native
+
+REFUSED = "inside an intercepted call"
+
+
+def silu_route(rep):
+    (op,) = [o for o in rep["operators"] if o["name"] == "silu"]
+    (s,) = op["shapes"]
+    return s
+
+
+def _promoting(answers):
+    def run(x):
+        for what, act in (("set_mode", lambda: understudy.set_mode("silu", "live")),
+                          ("report", understudy.report), ("reload", lambda: understudy.reload({})),
+                          ("flush", understudy.flush)):
+            try:
+                act()
+                answers.append(f"{what}: done")
+            except understudy.UnderstudyError as e:
+                answers.append(f"{what}: {e}")
+        return F.silu(x) + 1  # plainly wrong
+
+    return run
+
+
+def test_a_shadow_candidate_cannot_promote_itself_nor_serve_a_wrong_result(us):
+    answers = []
+    name = candidate_op("ust_contain::silu_promoting", _promoting(answers), "aten::silu")
+    x = torch.randn(4, 64)
+    want = F.silu(x)
+    us.enable({"operators": {"silu": {"mode": "shadow", "sample": 1.0,
+                                      "candidate": {"torch_op": name, "target": "aten::silu"}}}})
+    wrong = sum(not torch.equal(F.silu(x), want) for _ in range(10000))
+    rep = us.report()
+    assert wrong == 0
+    assert answers and all(REFUSED in a for a in answers), answers[:8]
+    s = silu_route(rep)
+    # the candidate ran (its wrong result rolled the route back); nothing it asked for happened
+    assert s["rollout"]["mode"] == "rolled_back" and s["rollout"]["served"]["candidate"] == 0
+    assert [o["mode"] for o in rep["operators"] if o["name"] == "silu"] == ["shadow"]
+
+
+@pytest.mark.parametrize("mode", ["shadow", "canary", "live"])
+def test_the_control_plane_refuses_a_candidate_in_every_mode(us, mode):
+    answers = []
+
+    def run(x):
+        try:
+            understudy.set_mode("silu", "off")
+            answers.append("set_mode: done")
+        except understudy.UnderstudyError as e:
+            answers.append(str(e))
+        return F.silu(x)  # correct: the route keeps running it
+
+    name = candidate_op(f"ust_contain::silu_asking_{mode}", run, "aten::silu")  # its own answers
+    op = {"mode": mode, "sample": 1.0, "candidate": {"torch_op": name, "target": "aten::silu"}}
+    if mode == "canary":
+        op["canary"] = 0.5
+    us.enable({"operators": {"silu": op}})
+    x = torch.randn(8, 32)
+    for _ in range(200):
+        assert torch.equal(F.silu(x), F.silu(x.clone()))
+    rep = us.report()
+    assert len(answers) >= 50 and all(REFUSED in a for a in answers), answers[:4]
+    assert [o["mode"] for o in rep["operators"] if o["name"] == "silu"] == [mode]
+
+
+def test_a_native_candidate_cannot_promote_itself_through_the_loaded_library(us, monkeypatch):
+    monkeypatch.setenv("UNDERSTUDY_LIB", str(understudy.library_path()))
+    x = torch.randn(4, 64)
+    want = F.silu(x)
+    us.enable({"operators": {"silu": {"mode": "shadow", "sample": 1.0, "candidate": native("silu_promotes_itself")}}})
+    wrong = sum(not torch.equal(F.silu(x), want) for _ in range(10000))
+    rep = us.report()
+    assert wrong == 0
+    s = silu_route(rep)
+    assert s["rollout"]["mode"] == "rolled_back" and s["rollout"]["served"]["candidate"] == 0
+    # its own account of what understudy answered: UST_ESTATE (-6) to both
+    assert "set_mode -6, report -6" in s["shadow"]["rollback"]["message"], s["shadow"]["rollback"]
+    assert [o["mode"] for o in rep["operators"] if o["name"] == "silu"] == ["shadow"]
