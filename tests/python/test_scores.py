@@ -1,0 +1,95 @@
+"""Floors and aggregate scores checked against figures worked out here by hand.
+
+Each test writes W (FLOPs) and Q (bytes) of the calls it makes from the
+tensors' shapes, dtypes and values in Python (float64), independently of the
+definitions in problems/ and of the library's evaluator, and compares the
+report's floor, shares and nulls with them. Calls are made on the CPU and
+floored against the shipped H200 profile (hardware.profile forces it)."""
+import itertools
+import json
+
+import pytest
+import torch
+
+from conftest import ROOT
+from test_shadow import routes
+
+H200 = json.loads((ROOT / "problems" / "hardware" / "H200.json").read_text())
+PEAK, BW = H200["p_peak"], H200["b_peak"]
+
+
+def floor_ns(w, path, q):
+    """T_SOL in ns: the hybrid rule, max(W / P_peak, Q / B_peak)."""
+    return max(w / PEAK[path], q / BW) * 1e9
+
+
+def observe(us, *operators, **extra):
+    cfg = {"operators": {name: {"mode": "observe", "sample": 1.0} for name in operators},
+           "hardware": {"profile": "H200"}}
+    cfg.update(extra)
+    us.enable(cfg)
+
+
+# ---- zero-size matrix products ------------------------------------------------------
+
+def test_grouped_mm_with_empty_groups_is_floored_by_its_rows_alone(us):
+    """torch's CPU _grouped_mm runs one aten::mm a group, empty groups
+    included: 128 experts, 5 with rows. An empty group's mm multiplies
+    nothing and moves nothing, so it adds nothing to the floor (it was
+    booked a whole expert's weights: 25x the true floor here)."""
+    G, K, N = 128, 256, 128
+    rows = {3: 1, 17: 2, 40: 3, 77: 2, 120: 2}  # group -> rows
+    counts = [rows.get(g, 0) for g in range(G)]
+    T = sum(counts)
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(T, K, generator=g).to(torch.bfloat16)
+    ws = torch.randn(G, K, N, generator=g).to(torch.bfloat16)
+    offs = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32)
+    observe(us, "grouped_mm", "gemm")  # gemm binds the mm calls it floors by
+    torch._grouped_mm(xs, ws, offs=offs)
+    (r,) = routes(us.report(), "aten::_grouped_mm")
+    e = 2  # bf16
+    want = sum(floor_ns(2 * m * K * N, "bf16", e * (m * K + K * N + m * N)) for m in rows.values())
+    before = want + (G - len(rows)) * K * N * e / BW * 1e9  # each empty group booked its expert's weights
+    assert r["roofline"]["scored_by_callees"] == 1
+    assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, abs=len(rows) * 1e-3)
+    assert before > 20 * want
+
+
+@pytest.mark.parametrize("op", ["mm", "addmm", "bmm"])
+def test_a_product_with_no_rows_or_columns_moves_nothing(us, op):
+    """M = 0 or N = 0: no FLOP and no byte must move (the other operand was
+    booked whole); K = 0: the M x N result is still written (zeros, or the
+    bias for addmm), nothing else."""
+    K, N, M = 64, 48, 16
+    a0, w = torch.empty(0, K), torch.randn(K, N)
+    aK, wK = torch.randn(M, 0), torch.randn(0, N)
+    bias = torch.randn(N)
+    observe(us, "gemm")
+    if op == "mm":
+        torch.mm(a0, w)  # M = 0
+        torch.mm(torch.randn(M, K), torch.empty(K, 0))  # N = 0
+        torch.mm(aK, wK)  # K = 0
+        k_floor = floor_ns(0, "fp32", 4 * M * N)
+    elif op == "addmm":
+        torch.addmm(bias, a0, w)
+        torch.addmm(torch.empty(0), torch.randn(M, K), torch.empty(K, 0))
+        torch.addmm(bias, aK, wK)  # the bias broadcast: read N, written M x N, M*N FLOPs (scale and add)
+        k_floor = floor_ns(M * N, "fp32", 4 * N + 4 * M * N)
+    else:
+        torch.bmm(torch.empty(3, 0, K), torch.randn(3, K, N))
+        torch.bmm(torch.randn(3, M, K), torch.empty(3, K, 0))
+        torch.bmm(torch.randn(3, M, 0), torch.randn(3, 0, N))
+        k_floor = floor_ns(0, "fp32", 4 * 3 * M * N)
+    rs = routes(us.report(), "aten::" + op)
+    assert len(rs) == 3
+    by_k = {r["dims"]["K"]: r for r in rs}
+    for k, r in by_k.items():
+        rf = r["roofline"]
+        assert rf["work_calls"] == 1, r["key"]
+        if k == 0:
+            assert rf["tsol_ns_mean"] == pytest.approx(k_floor, abs=1e-3), r["key"]
+            continue
+        # nothing to do: W = Q = 0, a floor of 0, which scores nothing (S null, not 0)
+        assert rf["flops_sum"] == 0 and rf["bytes_sum"] == 0, r["key"]
+        assert rf["calls"] == 0 and rf["S"] is None and rf["unscored"] == 0, r["key"]
