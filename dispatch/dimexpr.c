@@ -12,6 +12,10 @@
  *                as an attention mask broadcast over batch and heads, is read from
  *                its storage, not once per logical element)
  *   obytes(NAME) bytes(NAME) of an optional tensor argument: 0 when it is None
+ *   nbytes(NAME) esize(NAME) times numel(NAME): the logical size, as torch's
+ *                Tensor.nbytes; what writing a tensor moves (an output is
+ *                dense, whatever the strides of the inputs it was made from)
+ *   onbytes(NAME) nbytes(NAME) of an optional tensor argument: 0 when it is None
  *   NAME         value of the int or bool argument NAME
  *
  * A Tensor[] argument (a collective's) reads as its first tensor in the
@@ -48,7 +52,8 @@ int ust__dim_compile(const char *expr, ust__dim_prog *out) {
     const char *fn;
     int kind;
   } fns[] = {{"rows(", UST__DIM_ROWS}, {"numel(", UST__DIM_NUMEL}, {"len(", UST__DIM_LEN},
-             {"esize(", UST__DIM_ESIZE}, {"bytes(", UST__DIM_BYTES}, {"obytes(", UST__DIM_OBYTES}};
+             {"esize(", UST__DIM_ESIZE}, {"bytes(", UST__DIM_BYTES}, {"obytes(", UST__DIM_OBYTES},
+             {"nbytes(", UST__DIM_NBYTES}, {"onbytes(", UST__DIM_ONBYTES}};
   for (size_t k = 0; k < sizeof fns / sizeof fns[0]; k++) {
     size_t fl = strlen(fns[k].fn);
     if (n > fl + 1 && strncmp(expr, fns[k].fn, fl) == 0 && expr[n - 1] == ')') {
@@ -76,7 +81,7 @@ int ust__dim_compile(const char *expr, ust__dim_prog *out) {
 bad:
   return ust__error(UST_EPROBLEM,
                     "'%s' is not a dimension (expected NAME[i], rows(NAME), numel(NAME), "
-                    "len(NAME), esize(NAME), bytes(NAME), obytes(NAME) or NAME)",
+                    "len(NAME), esize(NAME), bytes(NAME), obytes(NAME), nbytes(NAME), onbytes(NAME) or NAME)",
                     expr);
 }
 
@@ -98,7 +103,7 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
   if (p->arg_index < 0 || p->arg_index >= call->nargs)
     return -1;
   const ust__arg *a = &call->args[p->arg_index];
-  if (p->kind == UST__DIM_OBYTES && a->kind == UST__ARG_NONE)
+  if ((p->kind == UST__DIM_OBYTES || p->kind == UST__DIM_ONBYTES) && a->kind == UST__ARG_NONE)
     return 0;
   switch (p->kind) {
   case UST__DIM_SIZE: {
@@ -107,16 +112,19 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
   case UST__DIM_ROWS:
   case UST__DIM_NUMEL:
   case UST__DIM_BYTES:
-  case UST__DIM_OBYTES: {
+  case UST__DIM_OBYTES:
+  case UST__DIM_NBYTES:
+  case UST__DIM_ONBYTES: {
     if (!is_tensor(a))
       return -1;
-    const int bytes = p->kind == UST__DIM_BYTES || p->kind == UST__DIM_OBYTES;
+    const int stored = p->kind == UST__DIM_BYTES || p->kind == UST__DIM_OBYTES;
+    const int bytes = stored || p->kind == UST__DIM_NBYTES || p->kind == UST__DIM_ONBYTES;
     int64_t v = 1;
     int last = p->kind == UST__DIM_ROWS ? a->t.ndim - 1 : a->t.ndim;
     for (int d = 0; d < last; d++) {
       if (a->t.shape[d] == 0)
         return 0;
-      if (!bytes || a->t.strides == NULL || a->t.strides[d] != 0)
+      if (!stored || a->t.strides == NULL || a->t.strides[d] != 0)
         v *= a->t.shape[d];
     }
     return bytes ? v * (a->t.dtype.bits / 8) * a->t.dtype.lanes : v;

@@ -18,8 +18,10 @@ typedef enum ust__dim_kind {
   UST__DIM_LEN,      /* len(NAME): length of an int[] argument */
   UST__DIM_SCALAR,   /* NAME: an int or bool argument */
   UST__DIM_ESIZE,    /* esize(NAME): bytes per element of a tensor argument */
-  UST__DIM_BYTES,    /* bytes(NAME): numel * esize */
+  UST__DIM_BYTES,    /* bytes(NAME): esize * the sizes of the dimensions whose stride is not 0 (storage) */
   UST__DIM_OBYTES,   /* obytes(NAME): bytes of an optional tensor, 0 when None */
+  UST__DIM_NBYTES,   /* nbytes(NAME): numel * esize, the logical size (what writing it moves) */
+  UST__DIM_ONBYTES,  /* onbytes(NAME): nbytes of an optional tensor, 0 when None */
 } ust__dim_kind;
 
 typedef struct ust__dim_prog {

@@ -93,3 +93,49 @@ def test_a_product_with_no_rows_or_columns_moves_nothing(us, op):
         # nothing to do: W = Q = 0, a floor of 0, which scores nothing (S null, not 0)
         assert rf["flops_sum"] == 0 and rf["bytes_sum"] == 0, r["key"]
         assert rf["calls"] == 0 and rf["S"] is None and rf["unscored"] == 0, r["key"]
+
+
+# ---- bytes written: the output's own size ---------------------------------------------
+
+def test_an_expanded_input_is_read_from_its_storage_and_its_output_written_whole(us):
+    """silu and layer_norm of an input expanded over its rows (stride 0):
+    the input is read from its storage (once a stored element, the least
+    that must move), but the output is a full M x N tensor and is written
+    whole (the written bytes were taken from the input's storage: 1/M of
+    them)."""
+    M, N = 64, 1024
+    g = torch.Generator().manual_seed(2)
+    row = torch.randn(1, N, generator=g)
+    x = row.expand(M, N)
+    assert x.stride() == (0, 1)
+    w, b = torch.randn(N, generator=g), torch.randn(N, generator=g)
+    observe(us, "silu", "layer_norm")
+    y = torch.nn.functional.silu(x)
+    z = torch.nn.functional.layer_norm(x, (N,), w, b)
+    assert y.shape == z.shape == (M, N) and y.stride() == (N, 1)
+    rep = us.report()
+    e = 4  # float32
+    want_silu = floor_ns(4 * M * N, "fp32", N * e + M * N * e)
+    # layer_norm: 5 FLOPs an element, one each for weight and bias; the input
+    # row, weight and bias read; the output and a float32 mean and rstd a row written
+    want_ln = floor_ns(7 * M * N, "fp32", N * e + 2 * N * e + M * N * e + 8 * M)
+    (rs,) = routes(rep, "aten::silu")
+    (rl,) = routes(rep, "aten::native_layer_norm")
+    assert rs["roofline"]["tsol_ns_mean"] == pytest.approx(want_silu, abs=1e-3)
+    assert rl["roofline"]["tsol_ns_mean"] == pytest.approx(want_ln, abs=1e-3)
+    assert rs["roofline"]["bytes_sum"] == N * e + M * N * e
+    assert rl["roofline"]["bytes_sum"] == 3 * N * e + M * N * e + 8 * M
+
+
+def test_an_out_argument_is_written_whole(us):
+    """silu.out into a fresh M x N out from an expanded input: the bytes
+    written are out's, all of them."""
+    M, N = 32, 512
+    x = torch.randn(1, N).expand(M, N)
+    out = torch.empty(M, N)
+    observe(us, "silu")
+    torch.nn.functional.silu(x, inplace=False)
+    torch.ops.aten.silu.out(x, out=out)
+    rep = us.report()
+    for r in routes(rep, "aten::silu") + routes(rep, "aten::silu.out"):
+        assert r["roofline"]["bytes_sum"] == N * 4 + M * N * 4, r["key"]
