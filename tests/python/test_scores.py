@@ -6,11 +6,13 @@ definitions in problems/ and of the library's evaluator, and compares the
 report's floor, shares and nulls with them. Calls are made on the CPU and
 floored against the shipped H200 profile (hardware.profile forces it)."""
 import itertools
+import re
 import json
 
 import pytest
 import torch
 
+import understudy
 from conftest import ROOT
 from test_shadow import routes
 
@@ -139,3 +141,64 @@ def test_an_out_argument_is_written_whole(us):
     rep = us.report()
     for r in routes(rep, "aten::silu") + routes(rep, "aten::silu.out"):
         assert r["roofline"]["bytes_sum"] == N * 4 + M * N * 4, r["key"]
+
+
+# ---- the scored share, per shape key ---------------------------------------------------
+
+def test_scored_share_counts_the_keys_that_were_scored(us):
+    """silu on float32 (a path in the profile: scored) and on float64 (no
+    path: unscored), and a float32 GEMM: the share of the device time that
+    was scored is the scored keys' share, not the share of every operator
+    one of whose keys was scored (which counted silu's float64 time)."""
+    g = torch.Generator().manual_seed(3)
+    x32 = torch.randn(64, 256, generator=g)
+    x64 = torch.randn(1024, 2048, generator=g, dtype=torch.float64)  # the busiest key, unscored
+    a, b = torch.randn(64, 128, generator=g), torch.randn(128, 64, generator=g)
+    observe(us, "silu", "gemm")
+    with understudy.phase("decode"):
+        for _ in range(3):
+            torch.nn.functional.silu(x32)
+            torch.nn.functional.silu(x64)
+            torch.mm(a, b)
+    rep = us.report()
+    shapes = [s for o in rep["operators"] for s in o["shapes"]]
+    assert len(shapes) == 3
+    total = sum(s["est_device_time_ns"] for s in shapes)
+    scored = sum(s["est_device_time_ns"] for s in shapes if "f64" not in s["key"])
+    tot = rep["totals"]
+    assert tot["scored_share"] == pytest.approx(scored / total, rel=1e-12)
+    assert tot["phases"]["decode"]["scored_share"] == pytest.approx(scored / total, rel=1e-12)
+    silu = next(o for o in rep["operators"] if o["name"] == "silu")
+    assert tot["scored_share"] < 1 - silu["weight"] / 2  # the old figure counted all of silu's
+
+
+# ---- null where nothing was measured -----------------------------------------------------
+
+def test_no_candidate_means_no_candidate_score_anywhere(us, tmp_path):
+    """With no candidate registered, the candidates' S_agg is null (it was
+    0: as if every candidate had been measured at S = 0), in the report,
+    per phase, in the text and HTML reports, in the metrics (no series) and
+    in a merge of two such reports."""
+    from understudy import html, merge, metrics, tables
+    x = torch.randn(32, 256)
+    observe(us, "silu")
+    with understudy.phase("prefill"):
+        torch.nn.functional.silu(x)
+    rep = us.report()
+    us.disable()
+    tot = rep["totals"]
+    assert tot["S_agg"] is not None and tot["S_agg_candidate"] is None
+    assert tot["phases"]["prefill"]["S_agg"] is not None and tot["phases"]["prefill"]["S_agg_candidate"] is None
+    (op,) = [o for o in rep["operators"] if o["name"] == "silu"]
+    assert "S_candidate" not in op["roofline"] and op["roofline"]["S"] is not None
+    assert "candidates -" in tables.format_report(rep)
+    page = html.render(rep)
+    assert f"S_agg candidates <b>{tables.DASH}</b>" in page
+    text = metrics.metrics_text(rep)
+    assert re.search(r"^understudy_aggregate_roofline_ratio \S+$", text, re.M)
+    assert not re.search(r"^understudy_(phase_)?aggregate_candidate_roofline_ratio", text, re.M)  # no series
+    other = json.loads(json.dumps(rep))
+    other["pid"] = (rep.get("pid") or 0) + 1
+    merged = merge.merge([rep, other])
+    assert merged["totals"]["S_agg"] is not None and merged["totals"]["S_agg_candidate"] is None
+    assert merged["totals"]["phases"]["prefill"]["S_agg_candidate"] is None
