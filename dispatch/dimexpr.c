@@ -16,6 +16,8 @@
  *                Tensor.nbytes; what writing a tensor moves (an output is
  *                dense, whatever the strides of the inputs it was made from)
  *   onbytes(NAME) nbytes(NAME) of an optional tensor argument: 0 when it is None
+ *   dtsize(NAME) bytes per element of the dtype a ScalarType argument names
+ *                (an out_dtype): 0 when it is None
  *   NAME         value of the int or bool argument NAME
  *
  * A Tensor[] argument (a collective's) reads as its first tensor in the
@@ -53,7 +55,7 @@ int ust__dim_compile(const char *expr, ust__dim_prog *out) {
     int kind;
   } fns[] = {{"rows(", UST__DIM_ROWS}, {"numel(", UST__DIM_NUMEL}, {"len(", UST__DIM_LEN},
              {"esize(", UST__DIM_ESIZE}, {"bytes(", UST__DIM_BYTES}, {"obytes(", UST__DIM_OBYTES},
-             {"nbytes(", UST__DIM_NBYTES}, {"onbytes(", UST__DIM_ONBYTES}};
+             {"nbytes(", UST__DIM_NBYTES}, {"onbytes(", UST__DIM_ONBYTES}, {"dtsize(", UST__DIM_DTSIZE}};
   for (size_t k = 0; k < sizeof fns / sizeof fns[0]; k++) {
     size_t fl = strlen(fns[k].fn);
     if (n > fl + 1 && strncmp(expr, fns[k].fn, fl) == 0 && expr[n - 1] == ')') {
@@ -81,7 +83,8 @@ int ust__dim_compile(const char *expr, ust__dim_prog *out) {
 bad:
   return ust__error(UST_EPROBLEM,
                     "'%s' is not a dimension (expected NAME[i], rows(NAME), numel(NAME), "
-                    "len(NAME), esize(NAME), bytes(NAME), obytes(NAME), nbytes(NAME), onbytes(NAME) or NAME)",
+                    "len(NAME), esize(NAME), bytes(NAME), obytes(NAME), nbytes(NAME), onbytes(NAME), "
+                    "dtsize(NAME) or NAME)",
                     expr);
 }
 
@@ -98,6 +101,23 @@ int ust__dim_resolve(ust__dim_prog *p, int nargs, const char *const *names) {
 }
 
 static int is_tensor(const ust__arg *a) { return a->kind == UST__ARG_TENSOR || a->kind == UST__ARG_TENSORLIST; }
+
+/* Bytes per element of a dtype as the dispatcher passes a ScalarType
+ * argument: c10::ScalarType's number, which torch keeps stable (its
+ * serialization relies on the order); -1 for one without a fixed size. */
+static int64_t scalar_type_size(int64_t st) {
+  static const signed char size[] = {
+      1, 1, 2, 4, 8, 2, 4, 8, /* Byte Char Short Int Long Half Float Double */
+      4, 8, 16, 1,            /* ComplexHalf ComplexFloat ComplexDouble Bool */
+      1, 1, 4, 2,             /* QInt8 QUInt8 QInt32 BFloat16 */
+      1, 1, 1, 1, 1, 1, 2,    /* QUInt4x2 QUInt2x4 Bits1x8 Bits2x4 Bits4x2 Bits8 Bits16 */
+      1, 1, 1, 1,             /* Float8_e5m2 Float8_e4m3fn Float8_e5m2fnuz Float8_e4m3fnuz */
+      2, 4, 8,                /* UInt16 UInt32 UInt64 */
+  };
+  if (st >= 0 && st < (int64_t)(sizeof size / sizeof size[0]))
+    return size[st];
+  return st == 44 ? 1 : -1; /* Float8_e8m0fnu */
+}
 
 int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
   if (p->arg_index < 0 || p->arg_index >= call->nargs)
@@ -135,6 +155,8 @@ int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {
     return a->kind == UST__ARG_INTLIST || a->kind == UST__ARG_TENSORLIST ? a->i : -1;
   case UST__DIM_SCALAR:
     return a->kind == UST__ARG_INT || a->kind == UST__ARG_BOOL ? a->i : -1;
+  case UST__DIM_DTSIZE:
+    return a->kind == UST__ARG_NONE ? 0 : a->kind == UST__ARG_INT ? scalar_type_size(a->i) : -1;
   }
   return -1;
 }

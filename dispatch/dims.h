@@ -22,6 +22,7 @@ typedef enum ust__dim_kind {
   UST__DIM_OBYTES,   /* obytes(NAME): bytes of an optional tensor, 0 when None */
   UST__DIM_NBYTES,   /* nbytes(NAME): numel * esize, the logical size (what writing it moves) */
   UST__DIM_ONBYTES,  /* onbytes(NAME): nbytes of an optional tensor, 0 when None */
+  UST__DIM_DTSIZE,   /* dtsize(NAME): bytes per element of a ScalarType argument, 0 when None */
 } ust__dim_kind;
 
 typedef struct ust__dim_prog {

@@ -452,3 +452,51 @@ TEST(roofline_definition_errors_name_field) {
     ASSERT_STR_CONTAINS(ust_last_error(), bad[i].needle);
   }
 }
+
+/* int8 products (_int_mm) are booked on an int8 path, every 8-bit float on
+ * the fp8 one, with the H100's and H200's datasheet figures (dense: the
+ * sparse 3,958 TOPS halved); dtsize() reads the dtype an out_dtype argument
+ * (a ScalarType, numbered as c10 numbers it) names. */
+TEST(int8_and_fp8_products_have_their_paths) {
+  ASSERT_INT_EQ(ust__path_parse("int8"), UST__PATH_INT8);
+  ASSERT_STR_CONTAINS(ust__path_name(UST__PATH_INT8), "int8");
+  ASSERT_INT_EQ(ust__path_of_dtype(UST__DT_I8), UST__PATH_INT8);
+  ASSERT_INT_EQ(ust__path_of_dtype(UST__DT_F8E5M2), UST__PATH_FP8_E4M3);
+  ASSERT_INT_EQ(ust__path_of_dtype(UST__DT_I32), -1);
+  ASSERT_INT_EQ(ust__path_of_dtype(UST__DT_U8), -1);
+  ust__hw_set set;
+  ASSERT_INT_EQ(ust__hw_load_dir(UST_SOURCE_DIR "/problems/hardware", &set), 0);
+  const char *devices[] = {"NVIDIA H100 80GB HBM3", "NVIDIA H200"};
+  for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++) {
+    const ust__hw_profile *p = ust__hw_pick(&set, devices[i]);
+    ASSERT_TRUE(p != NULL);
+    ASSERT_DBL_NEAR(p->p_peak[UST__PATH_INT8], 3957.8e12 / 2, 1e3);
+    ASSERT_DBL_NEAR(p->p_peak[UST__PATH_FP8_E4M3], 3957.8e12 / 2, 1e3);
+    /* 2 * 4096^3 int8 operations, 4096^2 * (1 + 1 + 4) bytes: compute-bound */
+    double w[UST__N_PATHS] = {0}, s = 0;
+    w[UST__PATH_INT8] = 2.0 * 4096 * 4096 * 4096;
+    ASSERT_INT_EQ(ust__roofline_tsol(p, w, 6.0 * 4096 * 4096, &s), 0);
+    ASSERT_DBL_NEAR(s, w[UST__PATH_INT8] / (3957.8e12 / 2), 1e-12);
+  }
+  ust__hw_free(&set);
+
+  ust__arg args[3];
+  memset(args, 0, sizeof args);
+  args[0].kind = UST__ARG_INT;
+  args[1].kind = UST__ARG_NONE;
+  args[2].kind = UST__ARG_DOUBLE;
+  ust__call call = {.size = sizeof call, .nargs = 3, .args = args, .device = UST__DEV_CPU};
+  const struct {
+    int arg;
+    int64_t scalar_type, want;
+  } cases[] = {{0, 15, 2}, {0, 24, 1}, {0, 23, 1}, {0, 6, 4}, {0, 3, 4}, {0, 1, 1}, {0, 44, 1}, {0, 999, -1},
+               {0, -1, -1}, {1, 0, 0}, {2, 0, -1}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ust__dim_prog p;
+    ASSERT_INT_EQ(ust__dim_compile("dtsize(out_dtype)", &p), 0);
+    ASSERT_INT_EQ(p.kind, UST__DIM_DTSIZE);
+    p.arg_index = cases[i].arg;
+    args[0].i = cases[i].scalar_type;
+    ASSERT_INT_EQ(ust__dim_eval(&p, &call), cases[i].want);
+  }
+}

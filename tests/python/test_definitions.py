@@ -41,7 +41,8 @@ def schema_args(text):
 
 
 def dim_arg(expr):
-    m = re.match(r"^(rows|numel|len|esize|bytes|obytes|nbytes|onbytes)\((\w+)\)$", expr) or re.match(r"^(\w+)\[-?\d+\]$", expr)
+    m = (re.match(r"^(rows|numel|len|esize|bytes|obytes|nbytes|onbytes|dtsize)\((\w+)\)$", expr)
+         or re.match(r"^(\w+)\[-?\d+\]$", expr))
     if m:
         return m.group(m.lastindex)
     assert re.match(r"^\w+$", expr), expr

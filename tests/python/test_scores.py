@@ -202,3 +202,68 @@ def test_no_candidate_means_no_candidate_score_anywhere(us, tmp_path):
     merged = merge.merge([rep, other])
     assert merged["totals"]["S_agg"] is not None and merged["totals"]["S_agg_candidate"] is None
     assert merged["totals"]["phases"]["prefill"]["S_agg_candidate"] is None
+
+
+# ---- fp8 and int8 products ----------------------------------------------------------------
+
+def test_int8_product_is_scored_on_the_int8_peak(us):
+    """torch._int_mm (int8 x int8 -> int32) is bound and floored on the
+    profile's int8 path: 2 operations a multiply-add, the operands read
+    once, the int32 result written once."""
+    M, K, N = 96, 512, 256
+    g = torch.Generator().manual_seed(4)
+    a = torch.randint(-8, 8, (M, K), generator=g, dtype=torch.int8)
+    b = torch.randint(-8, 8, (K, N), generator=g, dtype=torch.int8)
+    observe(us, "gemm")
+    torch._int_mm(a, b)
+    out = torch.empty(M, N, dtype=torch.int32)
+    torch._int_mm(a, b, out=out)
+    rep = us.report()
+    w, q = 2 * M * K * N, M * K + K * N + 4 * M * N
+    for op in ("aten::_int_mm", "aten::_int_mm.out"):
+        (r,) = routes(rep, op)
+        # without an int8 path the call was unscored (and before that, not bound)
+        assert r["roofline"]["calls"] == 1 and r["roofline"]["unscored"] == 0, op
+        assert r["roofline"]["flops_sum"] == w and r["roofline"]["bytes_sum"] == q, op
+        assert r["roofline"]["tsol_ns_mean"] == pytest.approx(floor_ns(w, "int8", q), abs=1e-3), op
+        assert r["roofline"]["S"] is not None, op
+    assert rep["hardware"][0]["p_peak"]["int8"] == PEAK["int8"]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, None])
+def test_scaled_fp8_product_is_scored_on_the_fp8_peak(us, out_dtype):
+    """torch._scaled_mm of float8_e4m3 operands with per-tensor scales: W
+    on the fp8 path, the operands and scales read, the result written in
+    out_dtype (the operands' dtype when None)."""
+    M, K, N = 1024, 2048, 1024
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(M, K, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(N, K, generator=g).to(torch.float8_e4m3fn).t()  # column-major, as the kernels want it
+    sa, sb = torch.tensor(0.5), torch.tensor(2.0)
+    observe(us, "gemm")
+    torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    (r,) = routes(us.report(), "aten::_scaled_mm")
+    eo = 2 if out_dtype is torch.bfloat16 else 1
+    q = M * K + K * N + 4 + 4 + M * N * eo
+    assert r["roofline"]["unscored"] == 0 and r["roofline"]["calls"] == 1
+    assert r["roofline"]["tsol_ns_mean"] == pytest.approx(floor_ns(2 * M * K * N, "fp8_e4m3", q), abs=1e-3)
+    assert r["roofline"]["bytes_sum"] == q
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="fp8 products need a CUDA device of compute capability 8.9 or later")
+def test_scaled_fp8_product_is_scored_on_a_gpu(us):
+    """The same on a GPU, against the profile its name picks (or H200's)."""
+    M, K, N = 4096, 4096, 4096
+    a = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn).t()
+    sa, sb = torch.tensor(1.0, device="cuda"), torch.tensor(1.0, device="cuda")
+    observe(us, "gemm")
+    for _ in range(3):
+        torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    (r,) = routes(us.report(), "aten::_scaled_mm")
+    q = M * K + K * N + 8 + 2 * M * N
+    assert r["roofline"]["unscored"] == 0 and r["roofline"]["calls"] >= 1
+    assert r["roofline"]["tsol_ns_mean"] == pytest.approx(floor_ns(2 * M * K * N, "fp8_e4m3", q), abs=1e-3)
+    assert 0 < r["roofline"]["S"] <= 1.05  # no kernel beats the datasheet's dense peak
