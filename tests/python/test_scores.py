@@ -267,3 +267,80 @@ def test_scaled_fp8_product_is_scored_on_a_gpu(us):
     assert r["roofline"]["unscored"] == 0 and r["roofline"]["calls"] >= 1
     assert r["roofline"]["tsol_ns_mean"] == pytest.approx(floor_ns(2 * M * K * N, "fp8_e4m3", q), abs=1e-3)
     assert 0 < r["roofline"]["S"] <= 1.05  # no kernel beats the datasheet's dense peak
+
+
+# ---- torch-op candidates for schemas that write an unnamed alias set ---------------------
+
+_MUTABLE_CANDIDATES = r"""
+import json, sys
+import torch
+import understudy
+
+schemas = json.loads(open(sys.argv[1]).read())["schemas"]
+lib = torch.library.Library("_C", "FRAGMENT")
+for name in ("_C::rms_norm", "_C::silu_and_mul"):
+    lib.define(schemas[name].split("::", 1)[1])  # vLLM's own text: Tensor! result
+
+def rms(result, input, weight, epsilon):
+    x = input.float()
+    result.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + epsilon) * weight.float()).to(result.dtype))
+
+def silu_and_mul(result, input):
+    d = input.shape[-1] // 2
+    result.copy_(torch.nn.functional.silu(input[..., :d]) * input[..., d:])
+
+lib.impl("rms_norm", rms, "CPU")
+lib.impl("silu_and_mul", silu_and_mul, "CPU")
+# candidates: the same math, written another way
+def rms_cand(result, input, weight, epsilon):
+    x = input.double()
+    result.copy_((x / torch.sqrt((x * x).mean(-1, keepdim=True) + epsilon) * weight.double()).to(result.dtype))
+
+def silu_and_mul_cand(result, input):
+    a, b = input.chunk(2, dim=-1)
+    result.copy_(a * torch.sigmoid(a) * b)
+
+names = {"rms_norm": understudy.register_candidate("ust_cand::rms_norm", rms_cand, like="_C::rms_norm"),
+         "silu_and_mul": understudy.register_candidate("ust_cand::silu_and_mul", silu_and_mul_cand,
+                                                       like="_C::silu_and_mul")}
+written = {op: [a.name for a in torch._C._get_schema(n, "").arguments
+                if a.alias_info is not None and a.alias_info.is_write] for op, n in names.items()}
+understudy.enable({"operators": {op: {"mode": "shadow", "sample": 1.0,
+                                      "candidate": {"torch_op": n, "target": "_C::" + op}}
+                                 for op, n in names.items()}})
+g = torch.Generator().manual_seed(6)
+for _ in range(4):
+    x, w = torch.randn(8, 256, generator=g), torch.randn(256, generator=g)
+    torch.ops._C.rms_norm(torch.empty_like(x), x, w, 1e-6)
+    y = torch.randn(8, 512, generator=g)
+    torch.ops._C.silu_and_mul(torch.empty(8, 256), y)
+rep = understudy.report()
+understudy.disable()
+shadow = {s["op"]: s["shadow"] for o in rep["operators"] for s in o["shapes"] if "shadow" in s}
+print(json.dumps({"names": names, "written": written, "shadow": shadow}))
+"""
+
+
+def test_torch_op_candidates_for_schemas_with_unnamed_writes(tmp_path):
+    """vLLM declares its ops with `Tensor!` (`_C::rms_norm(Tensor! result,
+    ...)`, `_C::silu_and_mul(Tensor! result, Tensor input)`), which torch
+    prints as `Tensor($0! -> )` and refused to parse again, so
+    register_candidate(like=...) failed for every such op. Defined here
+    with vLLM's schema text in a fresh process (this one defines _C's ops
+    its own way), both candidates register, write what the op writes, and
+    are shadowed and verified on every call."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "mutable_candidates.py"
+    script.write_text(_MUTABLE_CANDIDATES)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"))
+    run = subprocess.run([sys.executable, str(script), str(ROOT / "tests" / "data" / "serving-schemas.json")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["names"] == {"rms_norm": "ust_cand::rms_norm", "silu_and_mul": "ust_cand::silu_and_mul"}
+    assert out["written"] == {"rms_norm": ["result"], "silu_and_mul": ["result"]}
+    for op in ("_C::rms_norm", "_C::silu_and_mul"):
+        sh = out["shadow"][op]
+        assert sh["calls"] == 4 and sh["verified"] == 4 and sh["passed"] == 4 and sh["failed"] == 0, (op, sh)
