@@ -13,7 +13,7 @@
 #define UST__FIRST_TIMED 3 /* the first calls of every shape key are timed, whatever the sampling */
 #define UST__MAX_OVERLOADS 8
 #define UST__MAX_WRITES 8
-#define UST__MAX_RVARS 16
+#define UST__MAX_RVARS 24
 #define UST__EXPR_MAX 512
 #define UST__MAX_ARGS 32 /* arguments of a schema understudy reads */
 
@@ -32,12 +32,16 @@ typedef struct ust__dim_def {
 
 /* A binding's roofline: W (FLOPs) and Q (bytes read, written) as expressions
  * (scorer/expr.c) over named dimensions of the call (the key-dimension
- * grammar, evaluated exactly, unbucketed). W is booked on the path of
- * w_dtype's dtype. */
+ * grammar, evaluated exactly, unbucketed, and the sequence forms that read
+ * a varlen batch's lengths). W is booked on the path of w_dtype's dtype.
+ * Where a call's lengths cannot be read (they live on a GPU), each var that
+ * reads them takes its bound instead: an expression over the vars that do
+ * not. */
 typedef struct ust__roofline_def {
   int present;
   int n_vars;
   ust__dim_def vars[UST__MAX_RVARS];
+  char bound[UST__MAX_RVARS][UST__EXPR_MAX]; /* by var; "" for none (its calls are then unscored) */
   char w[UST__EXPR_MAX];
   char w_dtype[UST__NAME_MAX]; /* argument whose dtype selects W's path */
   char q_read[UST__EXPR_MAX];

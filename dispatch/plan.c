@@ -34,7 +34,9 @@ static int binding_floor(const ust__binding *b, const ust__call *call, const ust
   /* TF32 where torch allows it and the profile has its peak */
   const int tf32 = b->roofline.w_tf32 && hw->p_peak[UST__PATH_TF32] > 0 && seam != NULL &&
                    seam->tf32_matmul != NULL && seam->tf32_matmul(call->device);
-  if (ust__roofline_eval(&b->roofline, call, tf32, w, &qr, &qw) != 0 ||
+  /* exact, or with bounds where the lengths of a varlen batch live on the
+   * device (the definition's estimate says which) */
+  if (ust__roofline_eval(&b->roofline, call, tf32, w, &qr, &qw) < 0 ||
       ust__roofline_tsol_quiet(hw, w, qr + qw, seconds) != 0)
     return -1;
   *flops = 0;

@@ -18,6 +18,29 @@ int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__
     names[i] = def->vars[i].name;
   }
   out->n_vars = def->n_vars;
+  /* a bound is written over the vars that read no lengths: the others are
+   * hidden from it (an empty name matches nothing) */
+  const char *plain[UST__MAX_RVARS];
+  for (int i = 0; i < def->n_vars; i++) {
+    plain[i] = ust__dim_reads_values(&out->vars[i]) ? "" : names[i];
+    out->reads_values |= ust__dim_reads_values(&out->vars[i]);
+  }
+  for (int i = 0; i < def->n_vars; i++) {
+    if (def->bound[i][0] == '\0')
+      continue;
+    if (!ust__dim_reads_values(&out->vars[i])) {
+      ust__roofline_free(out);
+      return ust__error(UST_EPROBLEM, "%s: roofline.bound.%s: '%s' reads no lengths, so it needs no bound", where,
+                        def->vars[i].name, def->vars[i].name);
+    }
+    if (ust__expr_compile(def->bound[i], plain, def->n_vars, &out->bound[i]) != 0) {
+      char why[700];
+      snprintf(why, sizeof why, "%s", ust_last_error());
+      ust__roofline_free(out);
+      return ust__error(UST_EPROBLEM, "%s: roofline.bound.%s (over the vars that read no lengths): %s", where,
+                        def->vars[i].name, why);
+    }
+  }
   const char *texts[3] = {def->w, def->q_read, def->q_write};
   ust__expr **progs[3] = {&out->w, &out->q_read, &out->q_write};
   for (int k = 0; k < 3; k++)
@@ -40,11 +63,12 @@ void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *
   p->unscorable[0] = '\0';
   for (int v = 0; v < p->n_vars; v++) {
     if (ust__dim_resolve(&p->vars[v], nargs, names) != 0) {
+      const char *missing = ust__dim_missing(&p->vars[v]);
       if (p->unscorable[0] == '\0')
         snprintf(p->unscorable, sizeof p->unscorable, "its roofline names argument '%s', which the schema lacks",
-                 p->vars[v].arg);
+                 missing);
       ust__log(log, UST_LOG_WARN, "%s: its roofline names argument '%s', which the schema lacks: calls are not scored",
-               display, p->vars[v].arg);
+               display, missing);
     }
   }
   p->w_dtype_index = ust__arg_lookup(p->w_dtype, nargs, names);
@@ -62,11 +86,29 @@ int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, int t
   if (!p->present)
     return -1;
   double vals[UST__MAX_RVARS];
+  int unread = 0;
   for (int v = 0; v < p->n_vars; v++) {
     int64_t x = ust__dim_eval(&p->vars[v], call);
-    if (x < 0)
+    if (x == UST__DIM_UNREAD) {
+      unread = 1;
+      x = 0; /* its bound, below, once the others are known */
+    } else if (x < 0) {
       return -1;
+    }
     vals[v] = (double)x;
+  }
+  /* Lengths the host cannot read without waiting on the device: every var
+   * that reads them takes its bound, so that they stay consistent with one
+   * another (a call's pairs and its keys from the same assumption). */
+  if (unread) {
+    double bounds[UST__MAX_RVARS];
+    for (int v = 0; v < p->n_vars; v++)
+      if (ust__dim_reads_values(&p->vars[v]) &&
+          (p->bound[v] == NULL || ust__expr_eval_quiet(p->bound[v], vals, &bounds[v]) != 0))
+        return -1;
+    for (int v = 0; v < p->n_vars; v++)
+      if (ust__dim_reads_values(&p->vars[v]))
+        vals[v] = bounds[v];
   }
   double wv = 0;
   if (ust__expr_eval_quiet(p->w, vals, &wv) != 0 || ust__expr_eval_quiet(p->q_read, vals, q_read) != 0 ||
@@ -85,7 +127,7 @@ int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, int t
       path = UST__PATH_TF32;
     w[path] = wv;
   }
-  return 0;
+  return unread ? UST__ROOF_BOUNDED : 0;
 }
 
 void ust__roofline_free(ust__roofline_prog *p) {
@@ -95,6 +137,10 @@ void ust__roofline_free(ust__roofline_prog *p) {
   ust__expr_free(p->q_read);
   ust__expr_free(p->q_write);
   p->w = p->q_read = p->q_write = NULL;
+  for (int v = 0; v < UST__MAX_RVARS; v++) {
+    ust__expr_free(p->bound[v]);
+    p->bound[v] = NULL;
+  }
   p->present = 0;
 }
 

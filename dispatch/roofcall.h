@@ -17,6 +17,8 @@ typedef struct ust__roofline_prog {
   int n_vars;
   ust__dim_prog vars[UST__MAX_RVARS];
   ust__expr *w, *q_read, *q_write; /* owned */
+  ust__expr *bound[UST__MAX_RVARS]; /* owned, by var: what a var that reads lengths takes when they cannot be read */
+  int reads_values;                 /* some var reads lengths */
   char w_dtype[UST__NAME_MAX];
   int w_dtype_index;               /* resolved against the schema; -1 if absent */
   int w_tf32;                      /* ust__roofline_def.w_tf32 */
@@ -29,10 +31,13 @@ int ust__roofline_compile(const ust__roofline_def *def, const char *where, ust__
  * schema lacks is said to log. */
 void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *names, const char *display,
                            ust__log_sink *log);
-/* W per path and bytes read and written by one call: 0, or -1 when the
- * binding has no roofline or a dimension is missing from the call. tf32:
- * torch lets float32 matrix products use TF32 for this call (a w_tf32
- * roofline then books float32 W on the tf32 path). */
+/* W per path and bytes read and written by one call: 0 when exact;
+ * UST__ROOF_BOUNDED when lengths the host could not read took their bounds;
+ * -1 when the binding has no roofline, a dimension is missing from the call
+ * or a var that cannot be read has no bound. tf32: torch lets float32
+ * matrix products use TF32 for this call (a w_tf32 roofline then books
+ * float32 W on the tf32 path). Reads no device memory. */
+#define UST__ROOF_BOUNDED 1
 int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, int tf32, double w[UST__N_PATHS],
                        double *q_read, double *q_write);
 void ust__roofline_free(ust__roofline_prog *p);

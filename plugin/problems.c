@@ -34,10 +34,12 @@ static int only_keys(const cJSON *obj, const char *path, const char *where, cons
 
 /* "roofline": {"vars": {NAME: dimension}, "W": expr, "W_dtype": ARG,
  * "W_tf32": bool (optional: a matrix product torch may run in TF32), "Q_read": expr, "Q_write": expr, "estimate": text (optional: where W or Q
- * is not exact, how it approximates)}; every expression is compiled here so
- * that a bad one is refused with the file and field. */
+ * is not exact, how it approximates), "bound": {NAME: expr} (optional: for a
+ * var that reads sequence lengths, its value where they cannot be read, over
+ * the vars that read none)}; every expression is compiled here so that a
+ * bad one is refused with the file and field. */
 static int parse_roofline(const cJSON *rl, const char *path, int bi, ust__roofline_def *r) {
-  static const char *const keys[] = {"vars", "W", "W_dtype", "W_tf32", "Q_read", "Q_write", "estimate", NULL};
+  static const char *const keys[] = {"vars", "W", "W_dtype", "W_tf32", "Q_read", "Q_write", "estimate", "bound", NULL};
   char where[64];
   snprintf(where, sizeof where, "bindings[%d].roofline.", bi);
   if (!cJSON_IsObject(rl))
@@ -49,7 +51,8 @@ static int parse_roofline(const cJSON *rl, const char *path, int bi, ust__roofli
   if (!cJSON_IsObject(vars) || cJSON_GetArraySize(vars) > UST__MAX_RVARS)
     return PERR("%s: 'bindings[%d].roofline.vars' must be an object of at most %d dimensions {NAME: dimension}",
                 path, bi, UST__MAX_RVARS);
-  const char *names[UST__MAX_RVARS];
+  const char *names[UST__MAX_RVARS], *plain[UST__MAX_RVARS];
+  int reads[UST__MAX_RVARS];
   const cJSON *it;
   cJSON_ArrayForEach(it, vars) {
     ust__dim_def *d = &r->vars[r->n_vars];
@@ -58,11 +61,36 @@ static int parse_roofline(const cJSON *rl, const char *path, int bi, ust__roofli
         ust__copy_name(d->expr, sizeof d->expr, it->valuestring) != 0)
       return PERR("%s: 'bindings[%d].roofline.vars.%s' must be a string dimension", path, bi, it->string);
     if (ust__dim_compile(d->expr, &prog) != 0) {
-      char why[256];
+      char why[400];
       snprintf(why, sizeof why, "%s", ust_last_error());
       return PERR("%s: 'bindings[%d].roofline.vars.%s': %s", path, bi, it->string, why);
     }
+    reads[r->n_vars] = ust__dim_reads_values(&prog);
+    plain[r->n_vars] = reads[r->n_vars] ? "" : d->name; /* what a bound may name */
     names[r->n_vars++] = d->name;
+  }
+  const cJSON *bounds = cJSON_GetObjectItemCaseSensitive(rl, "bound");
+  if (bounds != NULL && !cJSON_IsObject(bounds))
+    return PERR("%s: 'bindings[%d].roofline.bound' must be an object {VAR: expression} for the vars that read "
+                "sequence lengths", path, bi);
+  cJSON_ArrayForEach(it, bounds) {
+    int v = 0;
+    while (v < r->n_vars && strcmp(names[v], it->string) != 0)
+      v++;
+    if (v == r->n_vars || !reads[v])
+      return PERR("%s: 'bindings[%d].roofline.bound.%s' names no var that reads sequence lengths (seqsum, seqdot, "
+                  "seqtri, seqcdiv)", path, bi, it->string);
+    if (!cJSON_IsString(it) || ust__copy_name(r->bound[v], UST__EXPR_MAX, it->valuestring) != 0)
+      return PERR("%s: 'bindings[%d].roofline.bound.%s' must be an expression of at most %d characters", path, bi,
+                  it->string, UST__EXPR_MAX - 1);
+    ust__expr *prog = NULL;
+    if (ust__expr_compile(r->bound[v], plain, r->n_vars, &prog) != 0) {
+      char why[600];
+      snprintf(why, sizeof why, "%s", ust_last_error());
+      return PERR("%s: 'bindings[%d].roofline.bound.%s' (over the vars that read no lengths): %s", path, bi,
+                  it->string, why);
+    }
+    ust__expr_free(prog);
   }
   static const char *const exprs[] = {"W", "Q_read", "Q_write"};
   char *dst[] = {r->w, r->q_read, r->q_write};
@@ -181,10 +209,13 @@ static int parse_binding(const cJSON *jb, const char *path, int bi, const cJSON 
       return PERR("%s: 'bindings[%d].key.%s' must be a string expression", path, bi, it->string);
     ust__dim_prog prog;
     if (ust__dim_compile(d->expr, &prog) != 0) {
-      char why[256];
+      char why[400];
       snprintf(why, sizeof why, "%s", ust_last_error());
       return PERR("%s: 'bindings[%d].key.%s': %s", path, bi, it->string, why);
     }
+    if (ust__dim_reads_values(&prog))
+      return PERR("%s: 'bindings[%d].key.%s': '%s' reads tensor values, which a key (built on every call) does "
+                  "not: sequence lengths are for roofline vars", path, bi, it->string, d->expr);
     const cJSON *bk = bucket != NULL ? cJSON_GetObjectItemCaseSensitive(bucket, d->name) : NULL;
     d->bucket = bk != NULL && strcmp(bk->valuestring, "pow2") == 0 ? UST__BUCKET_POW2 : UST__BUCKET_EXACT;
     b->n_dims++;

@@ -804,6 +804,12 @@ int ust__report_derive(cJSON *root) {
   double s_agg = 0, s_agg_cand = 0, s_agg_ph[UST__N_PHASES] = {0}, s_agg_cand_ph[UST__N_PHASES] = {0};
   /* the device-time share of the operators that have an S: S_agg is taken over it */
   double scored_w = 0, scored_w_ph[UST__N_PHASES] = {0};
+  /* the device-time share of the shape keys that have an S (scored_share),
+   * overall and within each phase */
+  double keys_scored = 0, keys_scored_ph[UST__N_PHASES] = {0};
+  /* scored operators that have a candidate, overall and per phase: without
+   * one, the candidates' S_agg is null (no candidate was measured), not 0 */
+  int cand_ops = 0, cand_ops_ph[UST__N_PHASES] = {0};
   svals sv = {0}, cv = {0}, sph[UST__N_PHASES] = {{0}}, cph[UST__N_PHASES] = {{0}};
   cJSON_ArrayForEach(op, ops) {
     const int has_cand = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(op, "candidate"));
@@ -857,6 +863,8 @@ int ust__report_derive(cJSON *root) {
             goto out;
           tsol_sum += num(roof, "tsol_ns_sum");
           time_sum += num(roof, "time_ns_sum");
+          keys_scored += total_est > 0 ? e_ns / total_est : 0.0;
+          keys_scored_ph[ph] += total_ph[ph] > 0 ? e_ns / total_ph[ph] : 0.0;
         }
         if (cJSON_IsObject(shadow)) {
           cand_routes++;
@@ -893,8 +901,10 @@ int ust__report_derive(cJSON *root) {
       const double s_c = cv.n > 0 ? ust__median(cv.v, cv.n) : -1;
       set_s(jr, "S_candidate", s_c);
       add_num(jr, "coverage", cand_routes > 0 ? (double)covered / cand_routes : 0.0);
-      if (s_op >= 0)
+      if (s_op >= 0) {
         s_agg_cand += w_op * (s_c >= 0 ? s_c : 0.0); /* an unverified candidate counts 0 where production scores */
+        cand_ops++;
+      }
     }
     if (s_op >= 0) {
       s_agg += w_op * s_op;
@@ -919,8 +929,10 @@ int ust__report_derive(cJSON *root) {
       if (has_cand) {
         const double sc_op = cph[p].n > 0 ? ust__median(cph[p].v, cph[p].n) : -1;
         set_s(x, "S_candidate", sc_op);
-        if (sp_op >= 0)
+        if (sp_op >= 0) {
           s_agg_cand_ph[p] += wp * (sc_op >= 0 ? sc_op : 0.0);
+          cand_ops_ph[p]++;
+        }
       }
     }
     t_calls += calls;
@@ -943,12 +955,14 @@ int ust__report_derive(cJSON *root) {
     set_num(tot, "failed", t_failed);
     set_num(tot, "rollbacks", t_rollbacks);
     /* S_agg = sum_i w_i S_i / sum_i w_i over the operators that have an S
-     * (their device-time share beside it; null when nothing was scored):
-     * production's (the headroom left) and the candidates' (operators
-     * without a verified candidate count 0). */
-    set_num(tot, "scored_share", scored_w);
+     * (null when nothing was scored): production's (the headroom left) and
+     * the candidates' (operators without a verified candidate count 0; null
+     * when no scored operator has a candidate). Beside it the share of the
+     * device time whose shape keys were scored: an operator's S stands for
+     * its unscored keys too, which this share does not count. */
+    set_num(tot, "scored_share", keys_scored);
     set_s(tot, "S_agg", scored_w > 0 ? s_agg / scored_w : -1);
-    set_s(tot, "S_agg_candidate", scored_w > 0 ? s_agg_cand / scored_w : -1);
+    set_s(tot, "S_agg_candidate", scored_w > 0 && cand_ops > 0 ? s_agg_cand / scored_w : -1);
     /* the kernel tracer's coverage: the share of all kernel time in its
      * windows that was launched inside timed calls of bound ops */
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(root, "timer");
@@ -974,9 +988,10 @@ int ust__report_derive(cJSON *root) {
         continue;
       cJSON *x = cJSON_AddObjectToObject(tp, ust__phase_name(p));
       add_num(x, "est_device_time_ns", total_ph[p]);
-      add_num(x, "scored_share", scored_w_ph[p]);
+      add_num(x, "scored_share", keys_scored_ph[p]);
       set_s(x, "S_agg", scored_w_ph[p] > 0 ? s_agg_ph[p] / scored_w_ph[p] : -1);
-      set_s(x, "S_agg_candidate", scored_w_ph[p] > 0 ? s_agg_cand_ph[p] / scored_w_ph[p] : -1);
+      set_s(x, "S_agg_candidate",
+            scored_w_ph[p] > 0 && cand_ops_ph[p] > 0 ? s_agg_cand_ph[p] / scored_w_ph[p] : -1);
     }
   }
 out:

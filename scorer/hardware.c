@@ -9,7 +9,7 @@
 
 #include "scorer/scorer.h"
 
-static const char *const path_names[UST__N_PATHS] = {"bf16", "fp16", "fp8_e4m3", "tf32", "fp32"};
+static const char *const path_names[UST__N_PATHS] = {"bf16", "fp16", "fp8_e4m3", "tf32", "fp32", "int8"};
 
 const char *ust__path_name(int path) { return path >= 0 && path < UST__N_PATHS ? path_names[path] : "?"; }
 
@@ -78,13 +78,14 @@ int ust__hw_parse(const char *text, const char *path, ust__hw_profile *out) {
   const cJSON *it;
   v = cJSON_GetObjectItemCaseSensitive(root, "p_peak");
   if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) < 1) {
-    rc = HERR("%s: 'p_peak' must be an object {path: FLOP/s} (paths: bf16, fp16, fp8_e4m3, tf32, fp32)", path);
+    rc = HERR("%s: 'p_peak' must be an object {path: FLOP/s} (paths: bf16, fp16, fp8_e4m3, tf32, fp32, int8)",
+              path);
     goto out;
   }
   cJSON_ArrayForEach(it, v) {
     int p = ust__path_parse(it->string);
     if (p < 0) {
-      rc = HERR("%s: 'p_peak.%s' is not a path (bf16, fp16, fp8_e4m3, tf32, fp32)", path, it->string);
+      rc = HERR("%s: 'p_peak.%s' is not a path (bf16, fp16, fp8_e4m3, tf32, fp32, int8)", path, it->string);
       goto out;
     }
     if (!positive_number(it)) {
@@ -241,6 +242,7 @@ int ust__path_of_dtype(int dt) {
   case UST__DT_F8E4M3FN: case UST__DT_F8E5M2: case UST__DT_F8E4M3FNUZ: case UST__DT_F8E5M2FNUZ:
     return UST__PATH_FP8_E4M3;
   case UST__DT_F32: return UST__PATH_FP32;
+  case UST__DT_I8: return UST__PATH_INT8;
   }
-  return -1; /* fp64, integer paths: no peak in the profiles, so not scored */
+  return -1; /* fp64, wider integers: no peak in the profiles, so not scored */
 }

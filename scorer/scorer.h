@@ -89,14 +89,24 @@ void ust__expr_free(ust__expr *e);
  *
  * Dense peak rates per execution path and the memory bandwidth, picked by
  * the device's name. The paths are named after the W buckets of an
- * operator's FLOPs: bf16, fp16, fp8_e4m3, tf32, fp32. */
+ * operator's FLOPs: bf16, fp16, fp8_e4m3 (every 8-bit float), tf32, fp32,
+ * int8 (integer multiply-adds, counted as operations per second). */
 
-enum { UST__PATH_BF16 = 0, UST__PATH_FP16, UST__PATH_FP8_E4M3, UST__PATH_TF32, UST__PATH_FP32, UST__N_PATHS };
+enum {
+  UST__PATH_BF16 = 0,
+  UST__PATH_FP16,
+  UST__PATH_FP8_E4M3,
+  UST__PATH_TF32,
+  UST__PATH_FP32,
+  UST__PATH_INT8,
+  UST__N_PATHS
+};
 const char *ust__path_name(int path);
 /* -1 for an unknown name. */
 int ust__path_parse(const char *name);
 /* The path W on tensors of dtype dt (ust__dtype) is booked on; -1 for fp64
- * and integer types (no peak in the profiles, so not scored). */
+ * and integer types other than int8 (no peak in the profiles, so not
+ * scored). */
 int ust__path_of_dtype(int dt);
 
 #define UST__HW_MAX_MATCH 8

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import threading
 from typing import Callable, Optional, Union
 
@@ -37,8 +38,7 @@ def register_candidate(name: str, fn: Callable, like: str, *,
         schema = torch._C._get_schema(qual, overload)
     except RuntimeError:
         raise ValueError(f"'{like}' is not a dispatcher op defined in this process") from None
-    text = str(schema)
-    signature = text[text.index("("):]
+    signature = _definable_signature(str(schema))
     with _lock:
         lib = _libraries.get(ns)
         if lib is None:
@@ -46,6 +46,22 @@ def register_candidate(name: str, fn: Callable, like: str, *,
         lib.define(op + signature)
         lib.impl(op, fn, dispatch_key)
     return name
+
+
+def _definable_signature(schema_text: str) -> str:
+    """The argument and return list of a printed schema, in a form torch's
+    schema parser accepts again. An argument declared `Tensor!` (vLLM's
+    `_C::rms_norm(Tensor! result, ...)`, SGLang's ops) is written to an
+    alias set without a name, which torch prints as `Tensor($0! -> )` and
+    then refuses to parse ("expected a valid token but found '$'"): each
+    such set gets a name of its own, unused in the schema, so the candidate's
+    op writes the same arguments as the op it stands in for."""
+    signature = schema_text[schema_text.index("("):]
+    taken = set(re.findall(r"Tensor(?:\[\])?\(([A-Za-z_]\w*)", signature))  # the named alias sets
+    prefix = "w"
+    while any(t.startswith(prefix) for t in taken):
+        prefix += "w"
+    return re.sub(r"\(\$(\d+)(!?)(?:\s*->\s*)?\)", lambda m: f"({prefix}{m.group(1)}{m.group(2)})", signature)
 
 
 def sha256_of(path: Union[str, os.PathLike]) -> str:

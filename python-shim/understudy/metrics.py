@@ -339,8 +339,8 @@ class UnderstudyCollector:
         ierr.add_metric([], float(tot.get("internal_errors", 0)))
         yield ierr
         scored = GaugeMetricFamily("understudy_scored_device_time_ratio",
-                                   "the share of the estimated device time whose operators have an S "
-                                   "(S_agg is taken over it)")
+                                   "the share of the estimated device time whose shape keys have an S "
+                                   "(were measured against a floor)")
         scored.add_metric([], float(tot.get("scored_share") or 0.0))
         yield scored
         yield from _timer_families(rep.get("timer") or {})

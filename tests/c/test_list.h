@@ -113,6 +113,11 @@
   X(roofline_reproduces_atrex_sol)  \
   X(roofline_definitions_reproduce_atrex) \
   X(roofline_definition_errors_name_field) \
+  X(int8_and_fp8_products_have_their_paths) \
+  X(sequence_lengths_read_from_host_tensors) \
+  X(varlen_attention_floored_by_each_sequence) \
+  X(decode_attention_floored_by_each_sequence) \
+  X(varlen_definitions_read_their_lengths) \
   X(reload_accepts_operators_given_as_mode_strings) \
   X(error_message_may_quote_the_last_error) \
   X(enable_keeps_the_hosts_log_sink) \

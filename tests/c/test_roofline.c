@@ -379,7 +379,11 @@ TEST(roofline_definitions_reproduce_atrex) {
         }
         ust__call call = {.size = sizeof call, .nargs = cb.nargs, .args = cb.args, .device = UST__DEV_CUDA};
         double w[UST__N_PATHS], qr, qw;
-        ASSERT_INT_EQ(ust__roofline_eval(&prog, &call, 0, w, &qr, &qw), 0);
+        /* the views carry no data: a definition that reads sequence lengths
+         * takes its bounds, exact where the sequences share their lengths,
+         * as every Atrex-Bench shape's do */
+        const int rc = ust__roofline_eval(&prog, &call, 0, w, &qr, &qw);
+        ASSERT_TRUE(rc == 0 || (rc == UST__ROOF_BOUNDED && prog.reads_values));
         const cJSON *want = cJSON_GetObjectItem(cJSON_GetObjectItem(roof, "shapes"), s->string);
         ASSERT_TRUE(want != NULL);
         double ww[UST__N_PATHS] = {0};
@@ -439,6 +443,15 @@ TEST(roofline_definition_errors_name_field) {
        "'bindings[0].roofline.estimate' must be a text"},
       {"{\"vars\": {}, \"W\": \"1\", \"W_dtype\": \"x\", \"Q_read\": \"1\", \"Q_write\": \"1\", \"estimate\": \"\"}",
        "'bindings[0].roofline.estimate' must be a text"},
+      {"{\"vars\": {\"M\": \"rows(x)\"}, \"W\": \"M\", \"W_dtype\": \"x\", \"Q_read\": \"1\", \"Q_write\": \"1\", "
+       "\"bound\": {\"M\": \"1\"}}",
+       "'bindings[0].roofline.bound.M' names no var that reads sequence lengths"},
+      {"{\"vars\": {\"S\": \"seqsum(l)\", \"P\": \"seqdot(l, l)\"}, \"W\": \"S\", \"W_dtype\": \"x\", "
+       "\"Q_read\": \"P\", \"Q_write\": \"1\", \"bound\": {\"S\": \"P * 2\"}}",
+       "'bindings[0].roofline.bound.S' (over the vars that read no lengths)"},
+      {"{\"vars\": {\"S\": \"seqsum(l)\"}, \"W\": \"S\", \"W_dtype\": \"x\", \"Q_read\": \"1\", \"Q_write\": \"1\", "
+       "\"bound\": [1]}",
+       "'bindings[0].roofline.bound' must be an object"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char text[1024];
@@ -451,4 +464,453 @@ TEST(roofline_definition_errors_name_field) {
     ASSERT_STR_CONTAINS(ust_last_error(), "r.json");
     ASSERT_STR_CONTAINS(ust_last_error(), bad[i].needle);
   }
+}
+
+/* int8 products (_int_mm) are booked on an int8 path, every 8-bit float on
+ * the fp8 one, with the H100's and H200's datasheet figures (dense: the
+ * sparse 3,958 TOPS halved); dtsize() reads the dtype an out_dtype argument
+ * (a ScalarType, numbered as c10 numbers it) names. */
+TEST(int8_and_fp8_products_have_their_paths) {
+  ASSERT_INT_EQ(ust__path_parse("int8"), UST__PATH_INT8);
+  ASSERT_STR_CONTAINS(ust__path_name(UST__PATH_INT8), "int8");
+  ASSERT_INT_EQ(ust__path_of_dtype(UST__DT_I8), UST__PATH_INT8);
+  ASSERT_INT_EQ(ust__path_of_dtype(UST__DT_F8E5M2), UST__PATH_FP8_E4M3);
+  ASSERT_INT_EQ(ust__path_of_dtype(UST__DT_I32), -1);
+  ASSERT_INT_EQ(ust__path_of_dtype(UST__DT_U8), -1);
+  ust__hw_set set;
+  ASSERT_INT_EQ(ust__hw_load_dir(UST_SOURCE_DIR "/problems/hardware", &set), 0);
+  const char *devices[] = {"NVIDIA H100 80GB HBM3", "NVIDIA H200"};
+  for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++) {
+    const ust__hw_profile *p = ust__hw_pick(&set, devices[i]);
+    ASSERT_TRUE(p != NULL);
+    ASSERT_DBL_NEAR(p->p_peak[UST__PATH_INT8], 3957.8e12 / 2, 1e3);
+    ASSERT_DBL_NEAR(p->p_peak[UST__PATH_FP8_E4M3], 3957.8e12 / 2, 1e3);
+    /* 2 * 4096^3 int8 operations, 4096^2 * (1 + 1 + 4) bytes: compute-bound */
+    double w[UST__N_PATHS] = {0}, s = 0;
+    w[UST__PATH_INT8] = 2.0 * 4096 * 4096 * 4096;
+    ASSERT_INT_EQ(ust__roofline_tsol(p, w, 6.0 * 4096 * 4096, &s), 0);
+    ASSERT_DBL_NEAR(s, w[UST__PATH_INT8] / (3957.8e12 / 2), 1e-12);
+  }
+  ust__hw_free(&set);
+
+  ust__arg args[3];
+  memset(args, 0, sizeof args);
+  args[0].kind = UST__ARG_INT;
+  args[1].kind = UST__ARG_NONE;
+  args[2].kind = UST__ARG_DOUBLE;
+  ust__call call = {.size = sizeof call, .nargs = 3, .args = args, .device = UST__DEV_CPU};
+  const struct {
+    int arg;
+    int64_t scalar_type, want;
+  } cases[] = {{0, 15, 2}, {0, 24, 1}, {0, 23, 1}, {0, 6, 4}, {0, 3, 4}, {0, 1, 1}, {0, 44, 1}, {0, 999, -1},
+               {0, -1, -1}, {1, 0, 0}, {2, 0, -1}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ust__dim_prog p;
+    ASSERT_INT_EQ(ust__dim_compile("dtsize(out_dtype)", &p), 0);
+    ASSERT_INT_EQ(p.kind, UST__DIM_DTSIZE);
+    p.arg_index = cases[i].arg;
+    args[0].i = cases[i].scalar_type;
+    ASSERT_INT_EQ(ust__dim_eval(&p, &call), cases[i].want);
+  }
+}
+
+/* ---- varlen attention: floors from each sequence's lengths ------------------------
+ *
+ * A call view built here as the seam builds one, its length tensors in host
+ * memory the view points at; the truth is counted here sequence by
+ * sequence, with plain loops over the lengths. */
+
+/* room for FA3's 34 arguments: the seam views a schema's first ones, which
+ * hold every argument a roofline reads */
+#define VC_ARGS 40
+
+typedef struct varlen_call {
+  ust__arg args[VC_ARGS];
+  int64_t shapes[VC_ARGS][5];
+} varlen_call;
+
+static ust__arg *vc_tensor(varlen_call *c, int i, int dtype, int bits, int code, int ndim, const int64_t *shape,
+                           void *data) {
+  ust__arg *a = &c->args[i];
+  a->kind = UST__ARG_TENSOR;
+  a->dtype = dtype;
+  a->t.dtype = (DLDataType){(uint8_t)code, (uint8_t)bits, 1};
+  a->t.device = (DLDevice){kDLCPU, 0};
+  a->t.ndim = ndim;
+  memcpy(c->shapes[i], shape, (size_t)ndim * sizeof *shape);
+  a->t.shape = c->shapes[i];
+  a->t.data = data;
+  return a;
+}
+
+static const ust__binding_def *binding_of(const ust__problem_set *set, const char *op) {
+  for (int p = 0; p < set->n; p++)
+    for (int b = 0; b < set->items[p].n_bindings; b++)
+      if (strcmp(set->items[p].bindings[b].op, op) == 0)
+        return &set->items[p].bindings[b];
+  return NULL;
+}
+
+/* The binding's roofline over the call: ust__roofline_eval's answer, W (all
+ * paths) and Q read and written. */
+static int floor_of(const ust__binding_def *def, const char *const *names, const ust__call *call, double *w,
+                    double *qr, double *qw) {
+  ust__roofline_prog prog;
+  if (ust__roofline_compile(&def->roofline, def->op, &prog) != 0)
+    return -100;
+  ust__roofline_resolve(&prog, call->nargs, names, def->op, NULL);
+  double wp[UST__N_PATHS];
+  const int rc = ust__roofline_eval(&prog, call, 0, wp, qr, qw);
+  *w = 0;
+  for (int p = 0; p < UST__N_PATHS; p++)
+    *w += wp[p];
+  ust__roofline_free(&prog);
+  return rc;
+}
+
+static int64_t cdiv64(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+/* _vllm_fa2_C::varlen_fwd's arguments, in its schema's order */
+static const char *const fa2_names[] = {
+    "q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "leftpad_k", "block_table", "alibi_slopes",
+    "max_seqlen_q", "max_seqlen_k", "p_dropout", "softmax_scale", "zero_tensors", "is_causal", "window_size_left",
+    "window_size_right", "softcap", "return_softmax", "gen"};
+
+/* A causal FA2 call over a paged bf16 cache of width blocks of bs tokens a
+ * sequence: T new tokens of ns sequences, their offsets and key lengths
+ * (host memory, borrowed). */
+static ust__call fa2_call(varlen_call *c, int64_t T, int64_t Hq, int64_t Hk, int64_t D, int64_t bs, int64_t width,
+                          int64_t ns, int32_t *cu_q, int32_t *cu_k, int32_t *used, int64_t mq, int64_t mk) {
+  memset(c, 0, sizeof *c);
+  const int64_t qs[3] = {T, Hq, D}, kc[4] = {ns * width, bs, Hk, D}, ncu[1] = {ns + 1}, nseq[1] = {ns},
+                bt[2] = {ns, width};
+  vc_tensor(c, 0, UST__DT_BF16, 16, kDLBfloat, 3, qs, NULL);
+  vc_tensor(c, 1, UST__DT_BF16, 16, kDLBfloat, 4, kc, NULL);
+  vc_tensor(c, 2, UST__DT_BF16, 16, kDLBfloat, 4, kc, NULL);
+  vc_tensor(c, 3, UST__DT_BF16, 16, kDLBfloat, 3, qs, NULL);
+  vc_tensor(c, 4, UST__DT_I32, 32, kDLInt, 1, ncu, cu_q);
+  vc_tensor(c, 5, UST__DT_I32, 32, kDLInt, 1, ncu, cu_k);
+  vc_tensor(c, 6, UST__DT_I32, 32, kDLInt, 1, nseq, used);
+  vc_tensor(c, 8, UST__DT_I32, 32, kDLInt, 2, bt, NULL);
+  c->args[7].kind = c->args[9].kind = c->args[20].kind = UST__ARG_NONE;
+  c->args[10].kind = c->args[11].kind = c->args[16].kind = c->args[17].kind = UST__ARG_INT;
+  c->args[10].i = mq;
+  c->args[11].i = mk;
+  c->args[16].i = -1;
+  c->args[14].kind = c->args[15].kind = c->args[19].kind = UST__ARG_BOOL;
+  c->args[15].i = 1; /* causal */
+  c->args[12].kind = c->args[13].kind = c->args[18].kind = UST__ARG_DOUBLE;
+  return (ust__call){.size = sizeof(ust__call), .nargs = 21, .args = c->args, .device = UST__DEV_CPU};
+}
+
+TEST(sequence_lengths_read_from_host_tensors) {
+  /* the grammar */
+  const char *good[] = {"seqsum(seq_lens)", "seqdot(diff(cu_seqlens_q), seqused_k|diff(cu_seqlens_k))",
+                        "seqtri( diff(cu) )", "seqcdiv(seqused_k|diff(cu_k), k[1])", "seqcdiv(seq_lens, block_size)"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    ust__dim_prog p;
+    ASSERT_INT_EQ(ust__dim_compile(good[i], &p), 0);
+    ASSERT_TRUE(ust__dim_reads_values(&p));
+  }
+  const char *bad[] = {"seqsum()", "seqsum(a, b)", "seqdot(a)", "seqsum(a|b|c)", "seqsum(a|)", "seqsum(diff())",
+                       "seqcdiv(a, rows(b))", "seqcdiv(a)", "seqtri(a[0])", "seqsum(a"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ust__dim_prog p;
+    ASSERT_INT_EQ(ust__dim_compile(bad[i], &p), UST_EPROBLEM);
+    ASSERT_STR_CONTAINS(ust_last_error(), bad[i]);
+  }
+  /* a key never reads values */
+  ust__problem pr;
+  ASSERT_INT_EQ(ust__problem_parse("{\"schema_version\": 1, \"operator\": \"x\", \"bindings\": [{\"op\": \"a::b\", "
+                                   "\"key\": {\"S\": \"seqsum(lens)\"}}]}", "k.json", &pr), UST_EPROBLEM);
+  ASSERT_STR_CONTAINS(ust_last_error(), "'bindings[0].key.S'");
+
+  /* lengths 3, 0, 5 as offsets (int32) and as lengths (int64, every other
+   * element: a strided view), a None source and a 2-D one */
+  int32_t cu[4] = {0, 3, 3, 8};
+  int64_t lens[6] = {2, -7, 4, -7, 1, -7};
+  int64_t strides2[1] = {2};
+  varlen_call c;
+  memset(&c, 0, sizeof c);
+  const int64_t n4[1] = {4}, n3[1] = {3}, two_d[2] = {2, 2};
+  vc_tensor(&c, 0, UST__DT_I32, 32, kDLInt, 1, n4, cu);
+  vc_tensor(&c, 1, UST__DT_I64, 64, kDLInt, 1, n3, lens)->t.strides = strides2;
+  c.args[2].kind = UST__ARG_NONE;
+  vc_tensor(&c, 3, UST__DT_I32, 32, kDLInt, 2, two_d, cu);
+  c.args[4].kind = UST__ARG_INT;
+  c.args[4].i = 2;
+  const char *names[] = {"cu", "lens", "none", "flat", "bs"};
+  ust__call call = {.size = sizeof call, .nargs = 5, .args = c.args, .device = UST__DEV_CPU};
+  const struct {
+    const char *expr;
+    int64_t want;
+  } cases[] = {
+      {"seqsum(diff(cu))", 8},           {"seqsum(lens)", 7},
+      {"seqtri(diff(cu))", 3 + 0 + 10},  {"seqdot(diff(cu), lens)", 3 * 2 + 0 * 4 + 5 * 1},
+      {"seqcdiv(diff(cu), bs)", 2 + 0 + 3}, {"seqcdiv(lens, flat[1])", 1 + 2 + 1},
+      {"seqsum(none|diff(cu))", 8},      {"seqsum(none)", 0},
+      {"seqdot(diff(cu), none)", 0},     {"seqsum(flat)", -1},
+      {"seqsum(bs)", -1},                {"seqdot(lens, diff(cu))", 2 * 3 + 4 * 0 + 1 * 5},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ust__dim_prog p;
+    ASSERT_INT_EQ(ust__dim_compile(cases[i].expr, &p), 0);
+    ASSERT_INT_EQ(ust__dim_resolve(&p, 5, names), 0);
+    const int64_t got = ust__dim_eval(&p, &call);
+    if (got != cases[i].want)
+      fprintf(stderr, "%s\n", cases[i].expr);
+    ASSERT_INT_EQ(got, cases[i].want);
+  }
+  ust__dim_prog p;
+  ASSERT_INT_EQ(ust__dim_compile("seqdot(diff(cu), lengths)", &p), 0);
+  ASSERT_INT_EQ(ust__dim_resolve(&p, 5, names), -1);
+  ASSERT_STR_EQ(ust__dim_missing(&p), "lengths");
+  /* falling offsets make no lengths */
+  cu[2] = 1;
+  ASSERT_INT_EQ(ust__dim_compile("seqsum(diff(cu))", &p), 0);
+  ASSERT_INT_EQ(ust__dim_resolve(&p, 5, names), 0);
+  ASSERT_INT_EQ(ust__dim_eval(&p, &call), -1);
+  cu[2] = 3;
+  /* lengths on a GPU, or a view without data pointers: not read */
+  c.args[0].t.device.device_type = kDLCUDA;
+  ASSERT_INT_EQ(ust__dim_eval(&p, &call), UST__DIM_UNREAD);
+  c.args[0].t.device.device_type = kDLCPU;
+  c.args[0].t.data = NULL;
+  ASSERT_INT_EQ(ust__dim_eval(&p, &call), UST__DIM_UNREAD);
+}
+
+/* vLLM's FA2 kernel on a mixed batch over a paged cache: each sequence's
+ * query-key pairs (bottom-right causal), keys, values and block-table
+ * entries. With the lengths where the host cannot read them the floor takes
+ * its bounds (every query sees max_seqlen_k keys): the upper bound the
+ * definition says, several times too high on such a batch. */
+TEST(varlen_attention_floored_by_each_sequence) {
+  ust__problem_set set;
+  ASSERT_INT_EQ(ust__problems_load_dir(UST_SOURCE_DIR "/problems", &set), 0);
+  const ust__binding_def *def = binding_of(&set, "_vllm_fa2_C::varlen_fwd");
+  ASSERT_TRUE(def != NULL);
+  enum { NS = 6 };
+  const int64_t lq[NS] = {1, 1, 1, 5, 128, 1}, lk[NS] = {37, 4096, 900, 300, 128, 1};
+  const int64_t Hq = 32, Hk = 8, D = 128, bs = 16, E = 2;
+  int64_t T = 0, mq = 0, mk = 0, blocks = 0, keys = 0, pairs = 0;
+  int32_t cu_q[NS + 1] = {0}, cu_k[NS + 1] = {0}, used[NS];
+  for (int i = 0; i < NS; i++) {
+    T += lq[i];
+    keys += lk[i];
+    blocks += cdiv64(lk[i], bs);
+    pairs += lq[i] * lk[i] - lq[i] * (lq[i] - 1) / 2;
+    mq = lq[i] > mq ? lq[i] : mq;
+    mk = lk[i] > mk ? lk[i] : mk;
+    cu_q[i + 1] = (int32_t)T;
+    cu_k[i + 1] = (int32_t)keys;
+    used[i] = (int32_t)lk[i];
+  }
+  const int64_t width = cdiv64(mk, bs);
+  varlen_call c;
+  ust__call call = fa2_call(&c, T, Hq, Hk, D, bs, width, NS, cu_q, cu_k, used, mq, mk);
+
+  const double w_true = 2.0 * Hq * (D + D) * (double)pairs;
+  const double qr_true = (double)(T * Hq * D * E + keys * Hk * (D + D) * E + 4 * (NS + 1) + 4 * NS + 4 * blocks);
+  const double qw_true = (double)(T * Hq * D * E);
+  double w, qr, qw;
+  ASSERT_INT_EQ(floor_of(def, fa2_names, &call, &w, &qr, &qw), 0);
+  ASSERT_DBL_NEAR(w, w_true, 0);
+  ASSERT_DBL_NEAR(qr, qr_true, 0);
+  ASSERT_DBL_NEAR(qw, qw_true, 0);
+  /* the same batch with its lengths on the device: the bound */
+  c.args[4].t.device.device_type = c.args[5].t.device.device_type = c.args[6].t.device.device_type = kDLCUDA;
+  double wb, qrb, qwb;
+  ASSERT_INT_EQ(floor_of(def, fa2_names, &call, &wb, &qrb, &qwb), UST__ROOF_BOUNDED);
+  const double tri_low = (double)T * ((double)T / NS - 1) / 2; /* equal query lengths drop the fewest pairs */
+  ASSERT_DBL_NEAR(wb, 2.0 * Hq * (D + D) * ((double)(T * mk) - tri_low), 1e-3);
+  ASSERT_DBL_NEAR(qrb, (double)(T * Hq * D * E + NS * mk * Hk * (D + D) * E + 4 * (NS + 1) + 4 * NS + 4 * NS * width),
+                  1e-3);
+  ASSERT_TRUE(wb >= w_true && qrb >= qr_true && qwb == qw_true);
+  fprintf(stderr, "mixed batch of %d: W %.4g exact, %.4g bounded (%.1fx); Q_read %.4g, %.4g (%.1fx)\n", NS, w_true, wb,
+          wb / w_true, qr_true, qrb, qrb / qr_true);
+  ust__problems_free(&set);
+}
+
+/* Decode batches (one new token a sequence) over a paged cache: vLLM's
+ * paged_attention_v1 with seq_lens, and FA2 with seqused_k, the batch's
+ * lengths spread as a serving batch's are. */
+TEST(decode_attention_floored_by_each_sequence) {
+  ust__problem_set set;
+  ASSERT_INT_EQ(ust__problems_load_dir(UST_SOURCE_DIR "/problems", &set), 0);
+  enum { NB = 64 };
+  const int64_t Hq = 32, Hk = 8, D = 128, bs = 16, E = 2;
+  int32_t lens[NB], cu_q[NB + 1], cu_k[NB + 1];
+  int64_t keys = 0, blocks = 0, mk = 0;
+  cu_q[0] = cu_k[0] = 0;
+  for (int i = 0; i < NB; i++) {
+    lens[i] = 17 + (int32_t)((i * 7919) % 61) * (i % 8 == 0 ? 64 : 3); /* a few long, most short */
+    keys += lens[i];
+    blocks += cdiv64(lens[i], bs);
+    mk = lens[i] > mk ? lens[i] : mk;
+    cu_q[i + 1] = i + 1;
+    cu_k[i + 1] = (int32_t)keys;
+  }
+  const int64_t width = cdiv64(mk, bs);
+
+  /* _C::paged_attention_v1 */
+  const ust__binding_def *def = binding_of(&set, "_C::paged_attention_v1");
+  ASSERT_TRUE(def != NULL);
+  const char *pa_names[] = {"out", "query", "key_cache", "value_cache", "num_kv_heads", "scale", "block_tables",
+                            "seq_lens", "block_size", "max_seq_len", "alibi_slopes", "kv_cache_dtype", "k_scale",
+                            "v_scale", "tp_rank", "blocksparse_local_blocks", "blocksparse_vert_stride",
+                            "blocksparse_block_size", "blocksparse_head_sliding_step"};
+  varlen_call c;
+  memset(&c, 0, sizeof c);
+  const int64_t qs[3] = {NB, Hq, D}, kc[5] = {NB * width, Hk, D / 8, bs, 8}, vc[4] = {NB * width, Hk, D, bs},
+                bt[2] = {NB, width}, nseq[1] = {NB}, one[1] = {1};
+  vc_tensor(&c, 0, UST__DT_BF16, 16, kDLBfloat, 3, qs, NULL);
+  vc_tensor(&c, 1, UST__DT_BF16, 16, kDLBfloat, 3, qs, NULL);
+  vc_tensor(&c, 2, UST__DT_BF16, 16, kDLBfloat, 5, kc, NULL);
+  vc_tensor(&c, 3, UST__DT_BF16, 16, kDLBfloat, 4, vc, NULL);
+  c.args[4].kind = UST__ARG_INT;
+  c.args[4].i = Hk;
+  c.args[5].kind = UST__ARG_DOUBLE;
+  vc_tensor(&c, 6, UST__DT_I32, 32, kDLInt, 2, bt, NULL);
+  vc_tensor(&c, 7, UST__DT_I32, 32, kDLInt, 1, nseq, lens);
+  c.args[8].kind = c.args[9].kind = UST__ARG_INT;
+  c.args[8].i = bs;
+  c.args[9].i = mk;
+  c.args[10].kind = UST__ARG_NONE;
+  c.args[11].kind = UST__ARG_OTHER;
+  vc_tensor(&c, 12, UST__DT_F32, 32, kDLFloat, 1, one, NULL);
+  vc_tensor(&c, 13, UST__DT_F32, 32, kDLFloat, 1, one, NULL);
+  for (int i = 14; i < 19; i++)
+    c.args[i].kind = UST__ARG_INT;
+  ust__call call = {.size = sizeof call, .nargs = 19, .args = c.args, .device = UST__DEV_CPU};
+  double w, qr, qw;
+  ASSERT_INT_EQ(floor_of(def, pa_names, &call, &w, &qr, &qw), 0);
+  ASSERT_DBL_NEAR(w, (double)((4 * Hq * D + 2) * keys), 0);
+  ASSERT_DBL_NEAR(qr, (double)(NB * Hq * D * E + 2 * keys * Hk * D * E + 4 * blocks + 4 * NB), 0);
+  ASSERT_DBL_NEAR(qw, (double)(NB * Hq * D * E), 0);
+  c.args[7].t.data = NULL; /* the view a live call has: no data pointers */
+  double wb, qrb, qwb;
+  ASSERT_INT_EQ(floor_of(def, pa_names, &call, &wb, &qrb, &qwb), UST__ROOF_BOUNDED);
+  ASSERT_DBL_NEAR(wb, (double)((4 * Hq * D + 2) * NB * mk), 0);
+  fprintf(stderr, "paged_attention_v1, decode batch of %d (keys %lld, longest %lld): W %.1fx, Q %.1fx too high "
+          "when bounded\n", NB, (long long)keys, (long long)mk, wb / w, (qrb + qwb) / (qr + qw));
+  ASSERT_TRUE(wb / w > 2);
+
+  /* _vllm_fa2_C::varlen_fwd on the same batch, seqused_k given */
+  def = binding_of(&set, "_vllm_fa2_C::varlen_fwd");
+  call = fa2_call(&c, NB, Hq, Hk, D, bs, width, NB, cu_q, cu_k, lens, 1, mk);
+  ASSERT_INT_EQ(floor_of(def, fa2_names, &call, &w, &qr, &qw), 0);
+  ASSERT_DBL_NEAR(w, 2.0 * Hq * (D + D) * (double)keys, 0);
+  ASSERT_DBL_NEAR(qr, (double)(NB * Hq * D * E + keys * Hk * (D + D) * E + 4 * (NB + 1) + 4 * NB + 4 * blocks), 0);
+  c.args[4].t.data = c.args[5].t.data = c.args[6].t.data = NULL;
+  ASSERT_INT_EQ(floor_of(def, fa2_names, &call, &wb, &qrb, &qwb), UST__ROOF_BOUNDED);
+  ASSERT_DBL_NEAR(wb, 2.0 * Hq * (D + D) * (double)(NB * mk), 0);
+  fprintf(stderr, "FA2, the same batch: W %.1fx, Q %.1fx too high when bounded\n", wb / w, (qrb + qwb) / (qr + qw));
+  ust__problems_free(&set);
+}
+
+/* The index of argument name in names[0..n). */
+static int arg_at(const char *const *names, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(names[i], name) == 0)
+      return i;
+  fprintf(stderr, "no argument %s\n", name);
+  exit(1);
+}
+
+/* FA3 (paged, seqused_k), the MLA decode kernel (seq_lens) and the vision
+ * encoders' wrapper (cu_seqlens, non-causal) read their lengths too. */
+TEST(varlen_definitions_read_their_lengths) {
+  ust__problem_set set;
+  ASSERT_INT_EQ(ust__problems_load_dir(UST_SOURCE_DIR "/problems", &set), 0);
+  varlen_call c;
+  double w, qr, qw;
+
+  /* FA3: three sequences (2, 1, 1 new tokens; 700, 33, 9 keys), causal */
+  const char *fa3[] = {"q", "k", "v", "k_new", "v_new", "q_v", "out", "cu_seqlens_q", "cu_seqlens_k",
+                       "cu_seqlens_k_new", "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k", "page_table",
+                       "kv_batch_idx", "leftpad_k", "rotary_cos", "rotary_sin", "seqlens_rotary", "q_descale",
+                       "k_descale", "v_descale", "softmax_scale", "is_causal", "window_size_left", "window_size_right",
+                       "softcap", "is_rotary_interleaved", "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin",
+                       "s_aux"};
+  const int n3 = (int)(sizeof fa3 / sizeof fa3[0]);
+  int32_t cq[4] = {0, 2, 3, 4}, used[3] = {700, 33, 9};
+  const int64_t Hq = 16, Hk = 4, D = 64, ps = 64, width = 11, T = 4;
+  memset(&c, 0, sizeof c);
+  for (int i = 0; i < n3; i++)
+    c.args[i].kind = UST__ARG_NONE;
+  const int64_t qs[3] = {T, Hq, D}, kc[4] = {3 * width, ps, Hk, D}, n4[1] = {4}, n3s[1] = {3}, pt[2] = {3, width};
+  vc_tensor(&c, arg_at(fa3, n3, "q"), UST__DT_BF16, 16, kDLBfloat, 3, qs, NULL);
+  vc_tensor(&c, arg_at(fa3, n3, "k"), UST__DT_BF16, 16, kDLBfloat, 4, kc, NULL);
+  vc_tensor(&c, arg_at(fa3, n3, "v"), UST__DT_BF16, 16, kDLBfloat, 4, kc, NULL);
+  vc_tensor(&c, arg_at(fa3, n3, "cu_seqlens_q"), UST__DT_I32, 32, kDLInt, 1, n4, cq);
+  vc_tensor(&c, arg_at(fa3, n3, "seqused_k"), UST__DT_I32, 32, kDLInt, 1, n3s, used);
+  vc_tensor(&c, arg_at(fa3, n3, "page_table"), UST__DT_I32, 32, kDLInt, 2, pt, NULL);
+  const char *ints[] = {"max_seqlen_q", "max_seqlen_k", "window_size_left", "window_size_right", "num_splits",
+                        "sm_margin"};
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+    c.args[arg_at(fa3, n3, ints[i])].kind = UST__ARG_INT;
+  c.args[arg_at(fa3, n3, "max_seqlen_q")].i = 2;
+  c.args[arg_at(fa3, n3, "max_seqlen_k")].i = 700;
+  c.args[arg_at(fa3, n3, "is_causal")].kind = UST__ARG_BOOL;
+  c.args[arg_at(fa3, n3, "is_causal")].i = 1;
+  ust__call call = {.size = sizeof call, .nargs = n3, .args = c.args, .device = UST__DEV_CPU};
+  const int64_t pairs = (2 * 700 - 1) + 33 + 9, keys = 742, blocks = 11 + 1 + 1;
+  ASSERT_INT_EQ(floor_of(binding_of(&set, "_vllm_fa3_C::fwd"), fa3, &call, &w, &qr, &qw), 0);
+  ASSERT_DBL_NEAR(w, 2.0 * Hq * (D + D) * pairs, 0);
+  ASSERT_DBL_NEAR(qr, (double)(T * Hq * D * 2 + keys * Hk * (D + D) * 2 + 4 * 4 + 4 * 3 + 4 * blocks), 0);
+  ASSERT_DBL_NEAR(qw, (double)(T * Hq * D * 2), 0);
+
+  /* the MLA decode kernel: four sequences over 64-token pages */
+  const char *mla[] = {"out", "lse", "q_nope", "q_pe", "kv_c_and_k_pe_cache", "seq_lens", "page_table", "workspace",
+                       "scale", "num_kv_splits"};
+  const int nm = (int)(sizeof mla / sizeof mla[0]);
+  int32_t lens[4] = {1000, 65, 64, 1};
+  const int64_t B = 4, H = 16, R = 512, Pr = 64, NP = 16;
+  memset(&c, 0, sizeof c);
+  const int64_t qn[3] = {B, H, R}, qp[3] = {B, H, Pr}, cache[3] = {B * NP, ps, R + Pr}, nb[1] = {B}, ptab[2] = {B, NP},
+                lse[2] = {B, H}, ws[1] = {1 << 20};
+  vc_tensor(&c, 0, UST__DT_BF16, 16, kDLBfloat, 3, qn, NULL);
+  vc_tensor(&c, 1, UST__DT_F32, 32, kDLFloat, 2, lse, NULL);
+  vc_tensor(&c, 2, UST__DT_BF16, 16, kDLBfloat, 3, qn, NULL);
+  vc_tensor(&c, 3, UST__DT_BF16, 16, kDLBfloat, 3, qp, NULL);
+  vc_tensor(&c, 4, UST__DT_BF16, 16, kDLBfloat, 3, cache, NULL);
+  vc_tensor(&c, 5, UST__DT_I32, 32, kDLInt, 1, nb, lens);
+  vc_tensor(&c, 6, UST__DT_I32, 32, kDLInt, 2, ptab, NULL);
+  vc_tensor(&c, 7, UST__DT_U8, 8, kDLUInt, 1, ws, NULL);
+  c.args[8].kind = UST__ARG_DOUBLE;
+  c.args[9].kind = UST__ARG_INT;
+  call = (ust__call){.size = sizeof call, .nargs = nm, .args = c.args, .device = UST__DEV_CPU};
+  const int64_t ctx = 1000 + 65 + 64 + 1, pages = 16 + 2 + 1 + 1;
+  ASSERT_INT_EQ(floor_of(binding_of(&set, "_C::sm100_cutlass_mla_decode"), mla, &call, &w, &qr, &qw), 0);
+  ASSERT_DBL_NEAR(w, 2.0 * H * ctx * (2 * R + Pr), 0);
+  ASSERT_DBL_NEAR(qr, (double)(B * H * R * 2 + B * H * Pr * 2 + ctx * (R + Pr) * 2 + 4 * B + 4 * pages), 0);
+  ASSERT_DBL_NEAR(qw, (double)(B * H * R * 2 + B * H * 4), 0);
+
+  /* the vision encoders' wrapper: three images of 1024, 256 and 64 patches */
+  const char *vit[] = {"q", "k", "v", "batch_size", "is_rocm_aiter", "fa_version", "scale", "cu_seqlens",
+                       "max_seqlen"};
+  int32_t cu[4] = {0, 1024, 1280, 1344};
+  const int64_t Hv = 16, Dh = 80, Tv = 1344;
+  memset(&c, 0, sizeof c);
+  const int64_t qv[4] = {1, Tv, Hv, Dh}, ncu[1] = {4}, one[1] = {1};
+  for (int i = 0; i < 3; i++)
+    vc_tensor(&c, i, UST__DT_BF16, 16, kDLBfloat, 4, qv, NULL);
+  c.args[3].kind = c.args[5].kind = UST__ARG_INT;
+  c.args[3].i = 1;
+  c.args[4].kind = UST__ARG_BOOL;
+  c.args[6].kind = UST__ARG_NONE;
+  vc_tensor(&c, 7, UST__DT_I32, 32, kDLInt, 1, ncu, cu);
+  vc_tensor(&c, 8, UST__DT_I32, 32, kDLInt, 1, one, NULL);
+  call = (ust__call){.size = sizeof call, .nargs = 9, .args = c.args, .device = UST__DEV_CPU};
+  const double sq = 1024.0 * 1024 + 256.0 * 256 + 64.0 * 64;
+  ASSERT_INT_EQ(floor_of(binding_of(&set, "vllm::flash_attn_maxseqlen_wrapper"), vit, &call, &w, &qr, &qw), 0);
+  ASSERT_DBL_NEAR(w, 2.0 * Hv * (Dh + Dh) * sq, 0);
+  /* with cu_seqlens on the device, the images are taken as equal: a lower bound */
+  c.args[7].t.data = NULL;
+  double wb;
+  ASSERT_INT_EQ(floor_of(binding_of(&set, "vllm::flash_attn_maxseqlen_wrapper"), vit, &call, &wb, &qr, &qw),
+                UST__ROOF_BOUNDED);
+  ASSERT_DBL_NEAR(wb, 2.0 * Hv * (Dh + Dh) * (double)Tv * Tv / 3, 1e-3);
+  ASSERT_TRUE(wb < w);
+  ust__problems_free(&set);
 }

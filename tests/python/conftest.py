@@ -12,6 +12,7 @@ import time
 from collections import Counter
 
 import pytest
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -155,8 +156,8 @@ HIST_REL = 1 / 32
 # ---- roofline floors evaluated here, from the definitions' own text ---------------
 
 _PATHS = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
-          "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e4m3"}
-_DIM = re.compile(r"^(?:(rows|numel|len|esize|bytes|obytes)\((\w+)\)|(\w+)\[(-?\d+)\]|(\w+))$")
+          "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e4m3", "torch.int8": "int8"}
+_DIM = re.compile(r"^(?:(rows|numel|len|esize|bytes|obytes|nbytes|onbytes|dtsize)\((\w+)\)|(\w+)\[(-?\d+)\]|(\w+))$")
 
 
 def _dim(expr, args):
@@ -170,10 +171,12 @@ def _dim(expr, args):
     if plain:
         return int(args[plain])
     v = args[name]
-    if fn == "obytes" and v is None:
+    if fn in ("obytes", "onbytes", "dtsize") and v is None:
         return 0
     return {"rows": lambda t: math.prod(t.shape[:-1]), "numel": lambda t: t.numel(), "len": len,
-            "esize": lambda t: t.element_size(), "bytes": _bytes, "obytes": _bytes}[fn](v)
+            "esize": lambda t: t.element_size(), "bytes": _bytes, "obytes": _bytes,
+            "nbytes": lambda t: t.nbytes, "onbytes": lambda t: t.nbytes,
+            "dtsize": lambda dt: torch.empty(0, dtype=dt).element_size()}[fn](v)
 
 
 def _bytes(t):

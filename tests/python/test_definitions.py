@@ -40,12 +40,18 @@ def schema_args(text):
     return names
 
 
-def dim_arg(expr):
-    m = re.match(r"^(rows|numel|len|esize|bytes|obytes)\((\w+)\)$", expr) or re.match(r"^(\w+)\[-?\d+\]$", expr)
+def dim_args(expr):
+    """The argument names a dimension reads (dispatch/dimexpr.c's grammar)."""
+    m = re.match(r"^seq(sum|dot|tri|cdiv)\((.*)\)$", expr)
+    if m:  # sequence lengths: sources NAME or diff(NAME), joined by '|'; seqcdiv's divisor NAME[i] or NAME
+        return {n for part in m.group(2).split(",") for src in part.split("|")
+                for n in dim_args(re.sub(r"^diff\((\w+)\)$", r"\1", src.strip()))}
+    m = (re.match(r"^(rows|numel|len|esize|bytes|obytes|nbytes|onbytes|dtsize)\((\w+)\)$", expr)
+         or re.match(r"^(\w+)\[-?\d+\]$", expr))
     if m:
-        return m.group(m.lastindex)
+        return {m.group(m.lastindex)}
     assert re.match(r"^\w+$", expr), expr
-    return expr
+    return {expr}
 
 
 def bound_ops():
@@ -69,7 +75,7 @@ def test_definition_names_real_arguments(file, op, binding):
     assert text is not None, f"{op}: no schema known"
     args = set(schema_args(text))
     for dim, expr in binding["key"].items():
-        assert dim_arg(expr) in args, f"{file} {op}: key {dim} = {expr}: no such argument in {text}"
+        assert dim_args(expr) <= args, f"{file} {op}: key {dim} = {expr}: no such argument in {text}"
     if "writes" in binding:
         # the curated list covers every overload of the binding (mm.out writes out, mm writes nothing):
         # each name must exist in one of them
@@ -82,5 +88,5 @@ def test_definition_names_real_arguments(file, op, binding):
     rl = binding.get("roofline")
     if rl:
         for var, expr in rl["vars"].items():
-            assert dim_arg(expr) in args, f"{file} {op}: roofline var {var} = {expr}: no such argument in {text}"
+            assert dim_args(expr) <= args, f"{file} {op}: roofline var {var} = {expr}: no such argument in {text}"
         assert rl["W_dtype"] in args, f"{file} {op}: W_dtype {rl['W_dtype']} not in {text}"
