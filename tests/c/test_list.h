@@ -119,6 +119,7 @@
   X(shares_near_one_stay_near_one) \
   X(decision_keeps_its_rules_on_every_path) \
   X(decision_named_paths) \
+  X(decision_arms_in_their_order) \
   X(decision_passed_is_the_machines_plain_call) \
   X(call_signature_keys_int_list_values) \
   X(tensor_list_argument_keys_on_its_first_tensor) \
