@@ -79,6 +79,7 @@
   X(hist_merge_exact)             \
   X(seqtest_martingale_matches_quadrature) \
   X(seqtest_decisions_on_synthetic_pairs) \
+  X(seqtest_promotion_error_rates_by_simulation) \
   X(config_defaults)              \
   X(config_errors_name_field)     \
   X(config_accepts_every_field_of_its_table_and_starts_from_its_defaults) \
