@@ -201,21 +201,26 @@ inline void enter_call_device(c10::OptionalDeviceGuard &g, const ust__call &call
 // call at a time; nested bound calls pass through), so the steady-state
 // path allocates nothing once they have grown.
 struct Scratch {
-  std::vector<c10::IValue> saved, prod_returns, cand_returns, aa_returns;
+  std::vector<c10::IValue> saved, prod_returns, cand_returns, arm_returns, aa_returns;
   std::vector<c10::IValue> cin_lists; // the candidate's copies of tensor-list arguments (shadow)
-  std::vector<at::Tensor> snaps, aa_snaps, inputs, cin, native_outputs, keep, dense;
+  // snaps: the candidate's copies of what the op writes (shadow), or
+  // production's (verified serving); arm_snaps: production's own in an armed
+  // shadow; aa_snaps: its A/A run's
+  std::vector<at::Tensor> snaps, arm_snaps, aa_snaps, inputs, cin, native_outputs, keep, dense;
   std::vector<ust_value> values;
   std::vector<DLTensor> outputs;
   std::vector<int32_t> output_dtypes;
   std::vector<ust__pair> pairs;
   std::vector<const char *> names;
-  torch::jit::Stack side; // production on snapshots, the candidate, the A/A run
+  torch::jit::Stack side; // production on snapshots or copies, the candidate, the A/A run
   void clear() {
     saved.clear();
     prod_returns.clear();
     cand_returns.clear();
+    arm_returns.clear();
     aa_returns.clear();
     snaps.clear();
+    arm_snaps.clear();
     aa_snaps.clear();
     inputs.clear();
     cin.clear();
@@ -253,9 +258,18 @@ private:
   // eager steps and what they share (bridge_eager.cpp)
   int own(int (CallRun::*fn)());
   void mark(int point);
+  // The same marks around the work of every arm: point (a begin mark) and
+  // its end, the end only when work returns.
+  template <typename F> void timed(int point, F &&work);
   int snapshot();
+  void copy_written(size_t i);
   int prod_on_args();
   int prod_on_snaps();
+  int prod_on_copies();
+  int aa_on_copies();
+  int production_again(const std::vector<at::Tensor> &snaps, int point, std::vector<c10::IValue> &returns);
+  void fit_resized();
+  bool layout_first();
   int cand_on_snaps();
   int cand_on_args();
   bool returns_like_production();
@@ -273,6 +287,7 @@ private:
   bool compared_return(size_t j) const;
   int call_torch_op();
   void add_pairs(const std::vector<at::Tensor> &snaps, const std::vector<c10::IValue> &other_returns, int aa);
+  void add_aa_pairs(const std::vector<at::Tensor> &snaps, const std::vector<c10::IValue> &returns);
   static void as_sets(std::vector<at::Tensor> &ts);
   void add_pair(const char *name, const at::Tensor &prod, const at::Tensor &other, int aa, int written);
 
@@ -322,6 +337,10 @@ private:
   bool serving_;
   int fail_ = kFailNone;
   bool prod_on_snaps_ = false;
+  bool untimed_ = false;  // the arms' order was forced (a candidate that could not run first): no times
+  bool arm_ran_ = false;  // production's arm ran on its copies (armed shadow)
+  bool aa_ran_ = false;   // production's A/A run
+  bool cand_first_native_ = false; // a native candidate ran before production, on the learned layout
   std::string msg_;
   std::exception_ptr prod_exc_;
   ust__layout layout_{};

@@ -66,6 +66,7 @@ CallRun::CallRun(const c10::OperatorHandle &op, c10::DispatchKeySet below, torch
   stack.reserve(stack.size() - n_args_ + n_returns_); // and for them on the caller's stack
   x_.saved.assign(stack.end() - static_cast<std::ptrdiff_t>(n_args_), stack.end());
   x_.snaps.resize(n_args_);
+  x_.arm_snaps.resize(n_args_);
   x_.aa_snaps.resize(n_args_);
   x_.inputs.resize(n_args_);
   x_.cin.resize(n_args_);
@@ -77,6 +78,8 @@ int CallRun::perform(int step) {
   case UST__STEP_SNAPSHOT: return own(&CallRun::snapshot);
   case UST__STEP_PROD_ON_ARGS: return prod_on_args();
   case UST__STEP_PROD_ON_SNAPS: return prod_on_snaps();
+  case UST__STEP_PROD_ON_COPIES: return own(&CallRun::prod_on_copies);
+  case UST__STEP_AA_ON_COPIES: return own(&CallRun::aa_on_copies);
   case UST__STEP_CAND_ON_SNAPS: return own(&CallRun::cand_on_snaps);
   case UST__STEP_CAND_ON_ARGS: return own(&CallRun::cand_on_args);
   case UST__STEP_COMPARE: return own(&CallRun::compare);
@@ -129,7 +132,7 @@ int CallRun::own(int (CallRun::*fn)()) {
 // Marks taken on the call's device (the events must be recorded there,
 // whatever device the calling thread has current).
 void CallRun::mark(int point) {
-  if (st_.slot == nullptr)
+  if (st_.slot == nullptr || untimed_)
     return;
   try {
     c10::OptionalDeviceGuard guard;
@@ -139,6 +142,12 @@ void CallRun::mark(int point) {
   }
 }
 
+template <typename F> void CallRun::timed(int point, F &&work) {
+  mark(point);
+  work();
+  mark(point + 1);
+}
+
 // Copies of what the op writes, and of read-only arguments that share
 // storage with a written one (addmm(c, a, b, out=c)): the other side must
 // read them as the first did, before it wrote them.
@@ -146,7 +155,6 @@ int CallRun::snapshot() {
   if (captured())
     return snapshot_captured();
   const uint32_t writes = st_.cand.writes_mask;
-  const bool aa = ust__call_aa(&st_) != 0;
   for (size_t i = 0; i < n_args_ && i < 32; i++) {
     if (!((writes >> i) & 1u))
       continue;
@@ -154,9 +162,7 @@ int CallRun::snapshot() {
       throw std::runtime_error("written tensor lists are not shadowed");
     if (!is_defined_tensor(x_.saved[i]))
       continue;
-    x_.snaps[i] = snapshot_of(x_.saved[i].toTensor());
-    if (aa)
-      x_.aa_snaps[i] = snapshot_of(x_.saved[i].toTensor());
+    copy_written(i);
   }
   for (size_t i = 0; i < n_args_; i++) {
     if (x_.snaps[i].defined() || !is_defined_tensor(x_.saved[i]) || !x_.saved[i].toTensor().has_storage())
@@ -188,7 +194,7 @@ int CallRun::snapshot() {
     x_.cin[i] = snapshot_of(x_.saved[i].toTensor());
   }
   uint64_t bytes = 0;
-  for (const auto *v : {&x_.snaps, &x_.aa_snaps, &x_.inputs, &x_.cin})
+  for (const auto *v : {&x_.snaps, &x_.arm_snaps, &x_.aa_snaps, &x_.inputs, &x_.cin})
     for (const at::Tensor &t : *v)
       if (t.defined())
         bytes += t.nbytes();
@@ -201,10 +207,39 @@ int CallRun::snapshot() {
   return UST__EV_OK;
 }
 
+// The copies of written argument i that the runs on copies write: made in
+// the order the arms run (the first arm's first), so that which copy is the
+// freshest in the caches follows the drawn order too. In an armed shadow
+// the candidate writes snaps and production arm_snaps; serving verified,
+// production writes snaps (the candidate the caller's); aa_snaps: the A/A
+// run's.
+void CallRun::copy_written(size_t i) {
+  const at::Tensor &t = x_.saved[i].toTensor();
+  const bool arms = (st_.flags & UST__DF_ARMS) != 0, aa = ust__call_aa(&st_) != 0,
+             cand_first = (st_.flags & UST__DF_CAND_FIRST) != 0;
+  std::vector<at::Tensor> *order[3];
+  size_t n = 0;
+  if (aa && !cand_first)
+    order[n++] = &x_.aa_snaps;
+  if (arms && cand_first)
+    order[n++] = &x_.snaps;
+  order[n++] = arms ? &x_.arm_snaps : &x_.snaps;
+  if (arms && !cand_first)
+    order[n++] = &x_.snaps;
+  if (aa && cand_first)
+    order[n++] = &x_.aa_snaps;
+  for (size_t k = 0; k < n; k++)
+    (*order[k])[i] = snapshot_of(t);
+}
+
 int CallRun::prod_on_args() {
   ust__nested nested{};
   const bool collect = ust__call_wants_nested(&st_) != 0;
-  mark(kProdBegin);
+  // an armed shadow times production on its copies, beside the candidate:
+  // this run serves the caller (and collects its nested ops' floors)
+  const bool timed_here = (st_.flags & UST__DF_ARMS) == 0;
+  if (timed_here)
+    mark(kProdBegin);
   const bool captured_prod = captured();
   if (captured_prod)
     ust__call_graph_prod(&st_, &call_, 0);
@@ -217,7 +252,8 @@ int CallRun::prod_on_args() {
   }
   if (captured_prod)
     ust__call_graph_prod(&st_, &call_, 1);
-  mark(kProdEnd);
+  if (timed_here)
+    mark(kProdEnd);
   if (collect)
     ust__call_nested_done(&st_, &nested);
   if (st_.plan != UST__PLAN_PASS) {
@@ -231,28 +267,34 @@ int CallRun::prod_on_args() {
   return UST__EV_OK;
 }
 
+// Production on the snapshots (verified serving): its results are what the
+// caller receives should the candidate's fail. It is the candidate's
+// counterpart, run as the candidate is (understudy's own scope, no floors
+// of its nested ops collected inside its span, which would lengthen its
+// time alone: the call's floor is its own roofline's), on copies of what
+// it reads too, since a candidate that ran first may have written the
+// caller's.
 int CallRun::prod_on_snaps() {
   try {
-    x_.side = with_snapshots(x_.snaps);
+    x_.side = with_snapshots(x_.snaps, /*private_inputs=*/true);
   } catch (...) {
     return UST__EV_INTERNAL;
   }
-  ust__nested nested{};
-  const bool collect = ust__call_wants_nested(&st_) != 0;
-  mark(kProdBegin);
   try {
-    NestedScope nscope(ust__thread_state(), collect ? &nested : nullptr);
-    OwnWork scope; // production's own nested calls are part of it, not traffic
-    op_.redispatchBoxed(below_, &x_.side);
+    OwnWork scope;
+    timed(kProdBegin, [&] { op_.redispatchBoxed(below_, &x_.side); });
   } catch (...) {
     prod_exc_ = std::current_exception();
     return UST__EV_RAISED;
   }
-  mark(kProdEnd);
-  if (collect)
-    ust__call_nested_done(&st_, &nested);
+  const ust__nested none{};
+  ust__call_nested_done(&st_, &none);
   prod_on_snaps_ = true;
   x_.prod_returns.assign(x_.side.begin(), x_.side.end()); // in its room: what the caller receives
+  if (cand_first_native_) // what a native candidate does not make is production's (as in native_outputs_serving)
+    for (size_t j = 0; j < x_.prod_returns.size() && j < x_.cand_returns.size(); j++)
+      if (!is_defined_tensor(x_.prod_returns[j]))
+        x_.cand_returns[j] = x_.prod_returns[j];
   try {
     OwnWork scope;
     learn_layout();
@@ -261,19 +303,49 @@ int CallRun::prod_on_snaps() {
   return UST__EV_OK;
 }
 
+// Production again on copies of its own (an armed shadow): the candidate's
+// counterpart, beside it.
+int CallRun::prod_on_copies() {
+  arm_ran_ = production_again(x_.arm_snaps, kProdBegin, x_.arm_returns) == UST__EV_OK;
+  return UST__EV_OK;
+}
+
+// Production once more, beside its arm (A/A).
+int CallRun::aa_on_copies() {
+  aa_ran_ = production_again(x_.aa_snaps, kAaBegin, x_.aa_returns) == UST__EV_OK;
+  return UST__EV_OK;
+}
+
+// A run of production on snaps (written arguments) and the candidate's
+// private copies of what it reads, timed from point as the candidate is;
+// its results into returns. Run as understudy's own work (own()): what it
+// raises is understudy's failure, not the caller's.
+int CallRun::production_again(const std::vector<at::Tensor> &snaps, int point, std::vector<c10::IValue> &returns) {
+  if (st_.plan == UST__PLAN_SHADOW)
+    fit_resized();
+  x_.side = with_snapshots(snaps, /*private_inputs=*/true);
+  timed(point, [&] { op_.redispatchBoxed(below_, &x_.side); });
+  returns.assign(x_.side.begin(), x_.side.end());
+  return UST__EV_OK;
+}
+
+// An out= argument production resized (serving the caller, in shadow)
+// holds nothing the runs on copies need: each gets a fresh one of
+// production's final shape, all of them before the first arm runs.
+void CallRun::fit_resized() {
+  for (size_t i = 0; i < n_args_; i++)
+    if (x_.snaps[i].defined() && x_.snaps[i].sizes() != x_.saved[i].toTensor().sizes())
+      for (auto *v : {&x_.snaps, &x_.arm_snaps, &x_.aa_snaps})
+        if ((*v)[i].defined())
+          (*v)[i] = poisoned_like(x_.saved[i].toTensor());
+}
+
 int CallRun::cand_on_snaps() {
   if (captured())
     return cand_on_snaps_captured();
   if (!ust__call_slot_alive(&st_))
     return UST__EV_INTERNAL; // no device resources for this call: the candidate does not run
-  // An out= argument production resized holds nothing the candidate
-  // needs: give the candidate one of production's final shape.
-  for (size_t i = 0; i < n_args_; i++)
-    if (x_.snaps[i].defined() && x_.snaps[i].sizes() != x_.saved[i].toTensor().sizes()) {
-      x_.snaps[i] = poisoned_like(x_.saved[i].toTensor());
-      if (x_.aa_snaps[i].defined())
-        x_.aa_snaps[i] = poisoned_like(x_.saved[i].toTensor());
-    }
+  fit_resized();
   if (st_.cand.kind == kNative) {
     prepare_native_on_snaps();
   } else {
@@ -282,9 +354,46 @@ int CallRun::cand_on_snaps() {
   return run_candidate(/*timed=*/true);
 }
 
+// Production's returns as the learned layout of the call's signature has
+// them, before production ran (a native candidate verified first): the
+// shapes its outputs take, production's snapshots where it returns a
+// written argument. false when none is learned, or the layout holds what a
+// native candidate does not make.
+bool CallRun::layout_first() {
+  ust__layout l;
+  if (n_returns_ > 0 && (ust__call_layout(&st_, &call_, &l) != 0 || static_cast<size_t>(l.n_returns) != n_returns_))
+    return false;
+  x_.prod_returns.assign(n_returns_, c10::IValue());
+  for (size_t j = 0; j < n_returns_; j++) {
+    const ust__ret_layout &r = l.ret[j];
+    if (r.kind == UST__RET_OPAQUE)
+      return false;
+    if (r.kind == UST__RET_ARG) {
+      if (r.arg < 0 || static_cast<size_t>(r.arg) >= n_args_ || !x_.snaps[static_cast<size_t>(r.arg)].defined())
+        return false;
+      x_.prod_returns[j] = x_.snaps[static_cast<size_t>(r.arg)];
+    } else if (r.kind == UST__RET_FRESH) {
+      if (r.ndim < 0 || r.ndim > UST__MAX_RANK)
+        return false;
+      const c10::Device dev = r.device < 0 ? c10::Device(c10::kCPU)
+                                           : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(r.device));
+      x_.prod_returns[j] = at::empty_strided(c10::IntArrayRef(r.sizes, static_cast<size_t>(r.ndim)),
+                                             c10::IntArrayRef(r.strides, static_cast<size_t>(r.ndim)),
+                                             at::TensorOptions().dtype(static_cast<c10::ScalarType>(r.scalar_type))
+                                                 .device(dev));
+    }
+  }
+  cand_first_native_ = true;
+  return true;
+}
+
 int CallRun::cand_on_args() {
   const bool verified = st_.plan == UST__PLAN_SERVE_VERIFIED;
   if (st_.cand.kind == kNative) {
+    if (verified && !prod_on_snaps_ && !layout_first()) {
+      untimed_ = true; // it runs after production instead, an order not drawn: no times
+      return UST__EV_NO_LAYOUT;
+    }
     if (!native_outputs_serving(verified))
       return UST__EV_NO_LAYOUT;
   } else {
@@ -348,15 +457,15 @@ bool CallRun::returns_like_production() {
   return true;
 }
 
-int CallRun::run_candidate(bool timed) {
-  if (timed)
-    mark(kCandBegin);
+int CallRun::run_candidate(bool timed_run) {
   const auto t0 = std::chrono::steady_clock::now();
-  fail_ = st_.cand.kind == kNative ? call_native() : call_torch_op();
+  const auto run = [&] { fail_ = st_.cand.kind == kNative ? call_native() : call_torch_op(); };
+  if (timed_run)
+    timed(kCandBegin, run);
+  else
+    run();
   const uint64_t took = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-  if (timed)
-    mark(kCandEnd);
   // a call this long is a failure whatever it returned: the route rolls
   // back. A call run in the qualifying process is held to the deadline
   // there, from when it was sent (not counting the wait for the call's
@@ -378,19 +487,16 @@ int CallRun::run_candidate(bool timed) {
 int CallRun::compare() {
   if (captured())
     return compare_captured();
-  if (fail_ == kFailNone && st_.plan == UST__PLAN_SHADOW && ust__call_aa(&st_)) {
-    x_.side = with_snapshots(x_.aa_snaps);
-    mark(kAaBegin); // production again, timed: its spread against itself floors the promotion's delta
-    op_.redispatchBoxed(below_, &x_.side);
-    mark(kAaEnd);
-    x_.aa_returns.assign(x_.side.begin(), x_.side.end());
-  }
   if (fail_ == kFailNone)
     add_pairs(x_.snaps, x_.cand_returns, 0);
-  if (fail_ == kFailNone && st_.plan == UST__PLAN_SHADOW && ust__call_aa(&st_))
-    add_pairs(x_.aa_snaps, x_.aa_returns, 1);
   if (fail_ == kFailNone)
     add_input_pairs();
+  // production's runs again against the results it served (A/A in values),
+  // whatever the candidate did, where they fit beside the candidate's
+  if (arm_ran_)
+    add_aa_pairs(x_.arm_snaps, x_.arm_returns);
+  if (aa_ran_)
+    add_aa_pairs(x_.aa_snaps, x_.aa_returns);
   if (st_.flags & UST__DF_WAIT_VERDICT)
     ust__call_want_verdict(&st_);
   ust__call_compare(&st_, &call_, x_.pairs.data(), static_cast<int>(x_.pairs.size()), fail_,
@@ -408,6 +514,17 @@ int CallRun::verdict() { return ust__call_verdict(&st_, &call_) ? UST__EV_VERDIC
 int CallRun::cand_failed() {
   ust__call_cand_failed(&st_, fail_, msg_.c_str());
   return UST__EV_OK;
+}
+
+// The pairs of a run of production again (snaps: its written arguments;
+// returns), when all of them fit: the candidate's and the inputs' come
+// first.
+void CallRun::add_aa_pairs(const std::vector<at::Tensor> &snaps, const std::vector<c10::IValue> &returns) {
+  size_t most = n_returns_;
+  for (const at::Tensor &t : snaps)
+    most += t.defined();
+  if (x_.pairs.size() + most <= UST__MAX_PAIRS)
+    add_pairs(snaps, returns, 1);
 }
 
 // Every input the candidate got its own copy of (shadow), or that it read
@@ -551,10 +668,11 @@ void CallRun::add_pairs(const std::vector<at::Tensor> &snaps, const std::vector<
   std::vector<int> written;
   for (size_t i = 0; i < n_args_; i++)
     if (snaps[i].defined()) {
-      // production wrote the caller's argument and the other side the
-      // snapshot; serving, the other way round
+      // production wrote the caller's argument and the other side its
+      // copy; serving, production wrote the snapshot and the candidate
+      // the caller's argument (an A/A run its own copy)
       x_.names.push_back(ust__binding_arg_name(b_, static_cast<int>(i)));
-      prod.push_back(serving_ && !aa ? snaps[i] : x_.saved[i].toTensor());
+      prod.push_back(serving_ ? x_.snaps[i] : x_.saved[i].toTensor());
       other.push_back(serving_ && !aa ? x_.saved[i].toTensor() : snaps[i]);
       written.push_back(1);
     }

@@ -161,9 +161,9 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
 
 /* A slot for a sampled call (count: the route's sampling counter; pol NULL:
  * every call is); NULL when not sampled or none is free (the skip is
- * counted). */
+ * counted). arms: how its times may be taken (ust__slot_route's). */
 static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, atomic_uint_fast64_t *count,
-                       const ust__policy *pol, int serving, int remote, ust__call_state *st) {
+                       const ust__policy *pol, int serving, int remote, int arms, ust__call_state *st) {
 #if !defined(UST_GPU_CUDA) && !defined(UST_GPU_HIP)
   if (call->device != UST__DEV_CPU)
     return NULL;
@@ -174,7 +174,7 @@ static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, at
   ust__slot_route sr = {r, &r->verify, b->cand, serving, remote,
                         atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
                         atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed), call_tsol_ps(r, call, st),
-                        st->timed_kind};
+                        st->timed_kind, arms};
   return ust__shadow_acquire(b->router->shadow, &sr);
 }
 
@@ -427,29 +427,35 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
   if ((mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) &&
       (!ust__rollout_qualified(&r->rollout) || !ready_here(b->cand, r))) {
     /* Before its first served call the candidate qualifies on copies of the
-     * arguments, as in shadow: every call is shadowed until one passes. */
+     * arguments, as in shadow: every call is shadowed until one passes
+     * (production runs once: its times are no sample). */
     if (atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
       ust__verify_skipped(&r->verify, UST__SKIP_BUDGET);
     else if (cand_view(b, r, call, 0, &st->cand) == 0 &&
-             (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL, st)) != NULL) {
+             (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL, 0, st)) != NULL) {
       st->plan = UST__PLAN_SHADOW;
       return 1;
     }
   } else if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
     uint64_t c = atomic_fetch_add_explicit(&r->canary_seen, 1, memory_order_relaxed) + 1;
     if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, r, call, 1, &st->cand) == 0) {
-      st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1, 0, st);
+      /* A/A runs where the verified calls' times decide: a canary's promotion by speed */
+      const int aa = mode == UST__MODE_CANARY && pol->promotion.enabled && pol->promotion.min_speedup > 0;
+      st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1, 0, aa ? UST__DF_AA : 0, st);
       st->plan = st->slot != NULL ? UST__PLAN_SERVE_VERIFIED : UST__PLAN_SERVE;
       /* a host comparison concludes at once; a device one waits only when strict */
       if (st->slot != NULL && (call->device != UST__DEV_CUDA || pol->strict))
         st->flags = UST__DF_WAIT_VERDICT;
+      st->flags |= ust__shadow_arms(st->slot); /* the order its arms run in */
       return 1;
     }
   } else if (mode == UST__MODE_SHADOW && atomic_load_explicit(&r->verify.paused, memory_order_relaxed)) {
     skip_sampled(r, mode, pol, UST__SKIP_BUDGET);
   } else if (mode == UST__MODE_SHADOW && cand_view(b, r, call, 0, &st->cand) == 0) {
-    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL, st)) != NULL) {
-      st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself */
+    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL, UST__DF_ARMS | UST__DF_AA,
+                              st)) != NULL) {
+      st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself, beside the candidate */
+      st->flags |= ust__shadow_arms(st->slot);
       return 1;
     }
   }

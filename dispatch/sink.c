@@ -30,7 +30,7 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
       ust__rollout_passed(&r->rollout, v->stage, !v->serving, NAN);
     return;
   }
-  if (!v->have_times) {
+  if (v->replay) {
     /* a replay's verdict: it qualifies the candidate to serve, but has no
      * times to weigh a promotion with */
     if (v->kind == UST__VERDICT_PASSED && !v->serving)
@@ -39,15 +39,20 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
   }
   if (isfinite(v->aa_log_ratio))
     ust__rollout_aa(&r->rollout, v->aa_log_ratio);
-  ust__figs_timed(&r->figs, v->prod_ns, v->tsol_ps, v->timed_kind);
-  ust__figs_cand_time(&r->figs, v->cand_ns, v->tsol_ps, v->kind == UST__VERDICT_PASSED);
-  if (r->binding->cand != NULL && ust__verify_budget(&r->verify, &r->figs, r->binding->cand->max_slowdown))
-    ust__log(router->log, UST_LOG_WARN, "%s: shadowing stopped: the candidate's median is %.1fx production's, over "
-             "its budget of %gx", r->key_str, (double)atomic_load(&r->verify.paused_ratio_milli) / 1000.0,
-             r->binding->cand->max_slowdown);
+  if (v->have_times) {
+    ust__figs_timed(&r->figs, v->prod_ns, v->tsol_ps, v->timed_kind);
+    ust__figs_cand_time(&r->figs, v->cand_ns, v->tsol_ps, v->kind == UST__VERDICT_PASSED);
+    if (r->binding->cand != NULL && ust__verify_budget(&r->verify, &r->figs, r->binding->cand->max_slowdown))
+      ust__log(router->log, UST_LOG_WARN, "%s: shadowing stopped: the candidate's median is %.1fx production's, "
+               "over its budget of %gx", r->key_str, (double)atomic_load(&r->verify.paused_ratio_milli) / 1000.0,
+               r->binding->cand->max_slowdown);
+  }
+  /* the promotion's sample: the call's arms, both timed over the same scope
+   * in the order drawn, exact ns of each (no histogram bucket between) */
   if (v->kind == UST__VERDICT_PASSED)
     ust__rollout_passed(&r->rollout, v->stage, !v->serving,
-                        v->prod_ns > 0 && v->cand_ns > 0 ? log((double)v->cand_ns / (double)v->prod_ns) : NAN);
+                        v->paired && v->prod_ns > 0 && v->cand_ns > 0 ? log((double)v->cand_ns / (double)v->prod_ns)
+                                                                      : NAN);
 }
 
 /* 1 once a graph library changed one of r's captured calls in place (the

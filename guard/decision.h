@@ -25,6 +25,16 @@
  *   an abandon), and a candidate failure always reaches a verdict or the
  *   route's rollback.
  *
+ * The times of a verified call are taken over the same scope on both sides
+ * (the arms): production and the candidate each run on understudy's copies
+ * (shadow: production once more, after serving on the caller's arguments;
+ * verified serving: production on the snapshots), one right after the
+ * other, in the order the slot drew for the call (UST__DF_CAND_FIRST), so
+ * that neither warm caches nor position favour one. On an A/A call
+ * (UST__DF_AA) production runs once more on copies of its own, on the far
+ * side of its arm from the candidate's: its two runs, side by side as the
+ * pair's are, measure production's own spread.
+ *
  * Valid C and C++. Internal header: never installed.
  */
 #ifndef UST_GUARD_DECISION_H
@@ -46,6 +56,9 @@ enum {
   UST__DF_NO_SNAPSHOTS = 1, /* serving inside a graph capture: nothing is copied (or restorable) */
   UST__DF_WAIT_VERDICT = 2, /* serving verified: this call's verdict decides what it serves */
   UST__DF_CAPTURED = 4,     /* shadow captured into a CUDA graph, run at the replays its gate verifies */
+  UST__DF_ARMS = 8,         /* shadow: the pair is timed on copies (production again beside the candidate) */
+  UST__DF_CAND_FIRST = 16,  /* the candidate's arm runs before production's (else after) */
+  UST__DF_AA = 32,          /* A/A: production runs once more on copies, beside its own arm */
 };
 
 /* Why a captured call of a shadowed route holds production alone. */
@@ -76,6 +89,8 @@ typedef enum ust__step {
   UST__STEP_CAND_FAILED,   /* tell the route its candidate failed serving unverified: it rolls back */
   UST__STEP_RESTORE,       /* the snapshots (the values before the call) back into the caller's arguments */
   UST__STEP_COPY_BACK,     /* production's writes (in the snapshots) into the caller's arguments */
+  UST__STEP_PROD_ON_COPIES, /* shadow: production again, timed, on copies of its own: the candidate's counterpart */
+  UST__STEP_AA_ON_COPIES,  /* A/A: production once more, timed, on copies of its own */
   UST__STEP_COUNT
 } ust__step;
 
@@ -117,6 +132,8 @@ typedef struct ust__decision {
   int after;        /* the step after a pending ABANDON (UST__STEP_DONE: finish with pending) */
   int pending;      /* the outcome a pending ABANDON or COPY_BACK finishes with */
   int steps;        /* steps taken, bounded */
+  int arm;          /* the timed arms begun (their order: arm_step in decision.c) */
+  int prod_raised;  /* production raised on the snapshots */
 } ust__decision;
 
 /* Begin plan (ust__plan) with UST__DF_* flags; returns the first step. An
@@ -134,7 +151,7 @@ int ust__decision_next(ust__decision *d, int event);
  * path of an intercepted call runs this instead of the machine. */
 static inline void ust__decision_passed(ust__decision *d, int raised) {
   const ust__decision ended = {UST__PLAN_PASS, 0, UST__STEP_DONE, raised ? UST__OUT_RAISE : UST__OUT_PRODUCTION,
-                               0, 0, 0, 0, 0, 0, 0, 0, 1};
+                               0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0};
   *d = ended;
 }
 

@@ -353,50 +353,45 @@ int ust__rollout_qualified(const ust__route_rollout *p) {
   return atomic_load_explicit(&((ust__route_rollout *)p)->qualified, memory_order_acquire);
 }
 
-/* The A/A spread: the median of |T_production again / T_production - 1|
- * over the route's A/A checks; -1 with fewer than UST__AA_MIN. */
-static double aa_spread(const ust__route_rollout *p) {
-  const int n = p->n_aa < p->cap_aa ? p->n_aa : p->cap_aa;
+/* The A/A pairs kept (a ring of the newest UST__AA_KEPT). */
+static int aa_kept(const ust__route_rollout *p) { return p->n_aa < p->cap_aa ? p->n_aa : p->cap_aa; }
+
+/* Production's own spread on the route (ust__seq_aa_spread of its A/A
+ * pairs), once UST__AA_MIN are in; -1 before. Kept until the next pair. */
+static double aa_spread(ust__route_rollout *p) {
+  const int n = aa_kept(p);
   if (n < UST__AA_MIN)
     return -1;
-  double *v = malloc((size_t)n * sizeof *v);
-  if (v == NULL)
-    return -1;
-  memcpy(v, p->aa, (size_t)n * sizeof *v);
-  const double m = ust__median(v, n);
-  free(v);
-  return expm1(m);
+  if (p->aa_spread_at != p->n_aa) {
+    p->aa_spread = ust__seq_aa_spread(p->aa, n);
+    p->aa_spread_at = p->aa_spread >= 0 ? p->n_aa : -1; /* out of memory: tried again at the next look */
+  }
+  return p->aa_spread;
 }
 
-/* The delta a promotion judges with: the policy's, or production's own A/A
- * spread on the route when that is larger (an effect smaller than the
- * difference between two runs of production is not one). */
-static double effective_delta(const ust__promotion *pr, const ust__route_rollout *p) {
-  const double aa = aa_spread(p);
-  return aa > pr->delta && aa < 1 ? aa : pr->delta;
+/* The policy as the test reads it: with A/A on (the candidate's
+ * aa_sample), a decision waits for UST__AA_MIN pairs. */
+static ust__seq_rule rule_of(const ust__promotion *pr, const ust__route_rollout *p) {
+  const ust__seq_rule rule = {pr->alpha, pr->delta, pr->min_speedup, pr->max_samples,
+                              p->cand != NULL && p->cand->aa_sample > 0 ? UST__AA_MIN : 0};
+  return rule;
 }
 
-/* The thresholds a promotion judges against: below c_fast promotes, above
- * c_slow rejects. */
-static void thresholds(const ust__promotion *pr_in, const ust__route_rollout *p, double *c_fast, double *c_slow) {
-  ust__promotion d = *pr_in;
-  d.delta = effective_delta(pr_in, p);
-  const ust__promotion *pr = &d;
-  *c_fast = log1p(-pr->delta);
-  if (pr->min_speedup > 0 && -log(pr->min_speedup) < *c_fast)
-    *c_fast = -log(pr->min_speedup);
-  *c_slow = log1p(pr->delta);
+/* The test on the stage's samples now (the table's lock held). */
+static int test_now(ust__route_rollout *p, const ust__promotion *pr, ust__seq_state *st) {
+  const ust__seq_rule rule = rule_of(pr, p);
+  const int k = ust__seq_kstar(&p->kstar, p->n_samples, pr->alpha / 2);
+  return ust__seq_step(p->samples, p->n_samples, k, aa_spread(p), aa_kept(p), &rule, st);
 }
 
 /* "n 42: T_cand/T_prod median 0.912, 95 % sequence [0.874, 0.951], delta 0.05 (A/A 0.012, n 9), alpha 0.05" */
 static void evidence_text(char *out, size_t cap, const ust__promotion *pr, const ust__route_rollout *p,
-                          const ust__seq_verdict *v) {
-  const double aa = aa_spread(p);
+                          const ust__seq_verdict *v, const ust__seq_state *st) {
   char aa_text[48] = "";
-  if (aa >= 0)
-    snprintf(aa_text, sizeof aa_text, " (A/A %.3g, n %d)", aa, p->n_aa < p->cap_aa ? p->n_aa : p->cap_aa);
+  if (st->spread >= 0)
+    snprintf(aa_text, sizeof aa_text, " (A/A %.3g, n %d)", st->spread, aa_kept(p));
   snprintf(out, cap, "n %d: T_cand/T_prod median %.4g, %.0f %% sequence [%.4g, %.4g], delta %.3g%s, alpha %.3g",
-           v->n, exp(v->median), 100 * (1 - pr->alpha), exp(v->lower), exp(v->upper), effective_delta(pr, p), aa_text,
+           v->n, exp(v->median), 100 * (1 - pr->alpha), exp(v->lower), exp(v->upper), st->delta_used, aa_text,
            pr->alpha);
 }
 
@@ -412,9 +407,9 @@ void ust__rollout_aa(ust__route_rollout *p, double log_ratio) {
       p->cap_aa = cap;
     }
   }
-  /* the newest UST__AA_KEPT checks, in a ring once full */
+  /* the newest UST__AA_KEPT pairs, in a ring once full */
   if (p->cap_aa > 0)
-    p->aa[p->n_aa % p->cap_aa] = fabs(log_ratio);
+    p->aa[p->n_aa % p->cap_aa] = log_ratio;
   if (p->n_aa < INT_MAX)
     p->n_aa++;
   unlock(p->table);
@@ -477,10 +472,9 @@ void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, d
   if (pr.min_speedup <= 0) {
     snprintf(why, sizeof why, "%llu passes in %s (no speed gate)", (unsigned long long)passes, ust__mode_name(mode));
   } else {
-    double c_fast, c_slow;
-    thresholds(&pr, p, &c_fast, &c_slow);
-    const int d = ust__seq_check(p->samples, p->n_samples, pr.alpha, c_fast, c_slow);
-    if (d == UST__SEQ_OPEN && p->n_samples < pr.max_samples) {
+    ust__seq_state st;
+    const int d = test_now(p, &pr, &st);
+    if (d == UST__SEQ_OPEN) {
       if (e != NULL && strcmp(e->policy, "testing") != 0) {
         snprintf(e->policy, sizeof e->policy, "testing");
         e->policy_note[0] = '\0';
@@ -489,19 +483,27 @@ void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, d
       return;
     }
     ust__seq_verdict v;
-    ust__seq_judge(p->samples, p->n_samples, pr.alpha, c_fast, c_slow, &v);
+    ust__seq_judge(p->samples, p->n_samples, pr.alpha, st.c_fast, st.c_slow, &v);
     char ev[180];
-    evidence_text(ev, sizeof ev, &pr, p, &v);
+    evidence_text(ev, sizeof ev, &pr, p, &v, &st);
     if (d != UST__SEQ_FASTER) {
       const char *state = d == UST__SEQ_SLOWER ? "rejected" : "inconclusive";
+      char reason[64] = "the candidate is slower";
+      if (d == UST__SEQ_INCONCLUSIVE) {
+        const ust__seq_rule rule = rule_of(&pr, p);
+        ust__seq_why_text(&st, &rule, p->n_samples, aa_kept(p), reason, sizeof reason);
+      }
       if (e != NULL) {
         snprintf(e->policy, sizeof e->policy, "%s", state);
-        snprintf(e->policy_note, sizeof e->policy_note, "%s", ev);
+        if (d == UST__SEQ_INCONCLUSIVE) { /* the reason first: "A/A spread 0.12 > delta 0.05; n 400: ..." */
+          if (snprintf(e->policy_note, sizeof e->policy_note, "%s; %s", reason, ev) >= (int)sizeof e->policy_note)
+            e->policy_note[sizeof e->policy_note - 1] = '\0'; /* the evidence's tail cut */
+        } else
+          snprintf(e->policy_note, sizeof e->policy_note, "%s", ev);
         snprintf(e->cand, sizeof e->cand, "%s", cand_id(p)); /* the candidate it was taken on */
         t->dirty = 1; /* the decision and its evidence go to the state file */
       }
-      say(UST_LOG_INFO, "%s: promotion %s in %s (%s)", p->key,
-          d == UST__SEQ_SLOWER ? "rejected: the candidate is slower" : "inconclusive", ust__mode_name(mode), ev);
+      say(UST_LOG_INFO, "%s: promotion %s: %s in %s (%s)", p->key, state, reason, ust__mode_name(mode), ev);
       unlock(t);
       return;
     }
@@ -574,15 +576,14 @@ void ust__rollout_snapshot(ust__route_rollout *p, ust__rollout_snap *o) {
       state = e->policy;
     else
       state = "testing"; /* the minimum is reached; the next pass decides */
+    ust__seq_state st;
+    test_now(p, &pr, &st);
     o->promotion = pr;
-    o->promotion_delta = effective_delta(&pr, p);
-    o->aa_spread = aa_spread(p);
-    o->aa_samples = p->n_aa < p->cap_aa ? p->n_aa : p->cap_aa;
-    if (pr.min_speedup > 0 && p->n_samples > 0) {
-      double c_fast, c_slow;
-      thresholds(&pr, p, &c_fast, &c_slow);
-      ust__seq_judge(p->samples, p->n_samples, pr.alpha, c_fast, c_slow, &o->promotion_test);
-    }
+    o->promotion_delta = st.delta_used;
+    o->aa_spread = st.spread;
+    o->aa_samples = aa_kept(p);
+    if (pr.min_speedup > 0 && p->n_samples > 0)
+      ust__seq_judge(p->samples, p->n_samples, pr.alpha, st.c_fast, st.c_slow, &o->promotion_test);
     snprintf(o->promotion_state, sizeof o->promotion_state, "%s", state);
     if (e != NULL)
       snprintf(o->promotion_note, sizeof o->promotion_note, "%s", e->policy_note);

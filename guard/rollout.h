@@ -37,8 +37,11 @@ typedef struct ust__route_rollout {
   struct ust__rollout_entry *entry;     /* its row of the table; under the table's lock */
   double *samples;                      /* the stage's paired log-ratios (promotion); under the table's lock */
   int n_samples, cap_samples;
-  double *aa;                           /* |ln| of the A/A checks' time ratios (a ring of the newest); under the lock */
-  int n_aa, cap_aa;                     /* checks seen, room kept */
+  double *aa;                           /* the A/A pairs' ln(T_second / T_first) (a ring of the newest); under the lock */
+  int n_aa, cap_aa;                     /* pairs seen, room kept */
+  double aa_spread;                     /* ust__seq_aa_spread of the pairs kept when n_aa was aa_spread_at */
+  int aa_spread_at;
+  ust__seq_kcache kstar;                /* k* for the stage's samples (scorer/seqtest.c); under the lock */
   uint64_t seen_at_init;                /* its row's transitions when the route was made */
 } ust__route_rollout;
 
@@ -92,10 +95,11 @@ void ust__rollout_roll_back(ust__route_rollout *p, ust__evidence *ev);
  * to serve. log_ratio: ln(T_candidate / T_production) of the call, NAN when
  * it was not timed on both sides (not a sample then). */
 void ust__rollout_passed(ust__route_rollout *p, uint64_t stage, int on_copies, double log_ratio);
-/* An A/A check's ln(T_production again / T_production) on this route: its
- * spread sets a floor under the promotion's delta (UST__AA_MIN checks on). */
+/* An A/A pair's ln(T_second / T_first), production run twice side by side
+ * on this route: their spread widens the promotion's delta, and with A/A
+ * on (guard.aa_sample) the test decides nothing before UST__AA_MIN pairs. */
 void ust__rollout_aa(ust__route_rollout *p, double log_ratio);
-#define UST__AA_MIN 5
+#define UST__AA_MIN 8
 #define UST__AA_KEPT 1024
 /* A pass on copies of the arguments that cannot count toward promotion (a
  * replay's: no times): it qualifies the candidate to serve, unless the
@@ -124,7 +128,8 @@ typedef struct ust__rollout_snap {
   ust__promotion promotion;  /* the policy judged against */
   ust__seq_verdict promotion_test; /* the stage's samples now (n 0: none) */
   double promotion_delta;          /* the delta judged with: the policy's, or the A/A spread when larger */
-  double aa_spread;                /* median |T_prod again / T_prod - 1| of the A/A checks; -1 fewer than UST__AA_MIN */
+  double aa_spread;                /* expm1(median |ln(T_second / T_first)|) of the A/A pairs; -1 fewer than
+                                      UST__AA_MIN */
   int aa_samples;
   const ust__evidence *evidence; /* borrowed: evidence is never freed while the route lives */
 } ust__rollout_snap;

@@ -65,6 +65,7 @@ typedef struct shadow_slot {
   int fail;
   char msg[256];
   uint64_t call_no;  /* 1-based number of this shadow call on its route */
+  int arms;          /* the call's arms (UST__DF_ARMS, UST__DF_CAND_FIRST, UST__DF_AA), drawn at acquire */
   uint64_t copied;   /* bytes understudy copied for this call (snapshots, the candidate's inputs) */
   int *verdict_out;  /* the waiting caller's verdict (1 failed, 0 not), written when concluded */
   int failed;        /* this use's verdict: 1 when it failed */
@@ -345,7 +346,8 @@ static void enqueue_pending(shadow_slot *s) {
 static void retire_unfenced(shadow_slot *s) {
   tell(s);
   ust__verify_skipped(s->r.verify, UST__SKIP_ERROR);
-  ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN, s->r.timed_kind};
+  ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN,
+                    s->r.timed_kind, 0, 0};
   s->pool->sink->concluded(s->pool->sink_ctx, s->r.cookie, &v);
   ust__log(s->pool->log, UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
 }
@@ -354,6 +356,30 @@ static void retire_unfenced(shadow_slot *s) {
 #ifdef UST__SHADOW_GPU
 static int harvest_some(ust__shadow_pool *p, int max_queries);
 #endif
+
+/* A fair coin for the call_no-th slot of a route (splitmix64 of the two):
+ * which arm runs first. Drawn afresh for every call, so that whatever came
+ * before, each sample's order is even odds and position cannot favour an
+ * arm, whatever the pattern of the traffic. */
+static int coin(const void *route, uint64_t call_no) {
+  uint64_t z = (uint64_t)(uintptr_t)route ^ (call_no * 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (int)((z ^ (z >> 31)) >> 63);
+}
+
+/* The arms of the call_no-th slot of route r: armed as r allows, the
+ * candidate first on a coin, A/A on the candidate's share of the slots. A
+ * call without arms (a captured or remote shadow) has neither. */
+static int draw_arms(const ust__slot_route *r, uint64_t call_no) {
+  const int armed = r->serving || (r->arms & UST__DF_ARMS);
+  if (!armed || r->remote)
+    return 0;
+  int arms = (r->arms & UST__DF_ARMS) | (coin(r->cookie, call_no) ? UST__DF_CAND_FIRST : 0);
+  if ((r->arms & UST__DF_AA) && r->cand != NULL && r->cand->aa_sample > 0 && ust__sampled(call_no, r->cand->aa_q32))
+    arms |= UST__DF_AA;
+  return arms;
+}
 
 /* A serving thread that takes a slot first concludes the oldest pending
  * comparisons whose last event has completed (a few non-blocking queries),
@@ -387,18 +413,14 @@ void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r) {
   s->failed = 0;
   s->copied = 0;
   s->call_no = atomic_fetch_add_explicit(&r->verify->calls, 1, memory_order_relaxed) + 1;
+  s->arms = draw_arms(r, s->call_no);
   atomic_store(&s->state, SLOT_IN_CALL);
   return s;
 }
 
-int ust__shadow_aa(const void *slot) {
-  const shadow_slot *s = slot;
-  const ust__cand *c = s->r.cand;
-  /* Every A/A check is an extra production run: the same exact sampling as
-   * the timing decision, over the route's shadow calls (shadow mode only: a
-   * call the candidate serves has no A/A run). */
-  return c->aa_sample > 0 && !s->r.serving && ust__sampled(s->call_no, c->aa_q32);
-}
+int ust__shadow_arms(const void *slot) { return slot != NULL ? ((const shadow_slot *)slot)->arms : 0; }
+
+int ust__shadow_aa(const void *slot) { return (ust__shadow_arms(slot) & UST__DF_AA) != 0; }
 
 void ust__shadow_mark(void *slot, int mark, int device, void *stream) {
   shadow_slot *s = slot;
@@ -705,6 +727,7 @@ typedef struct judged {
   ust__shadow_pool *pool;
   const ust__slot_route *r;
   uint64_t call_no;
+  int reruns; /* production's runs again whose values the A/A pairs hold (1 when not known) */
   int n_pairs;
   const pair_meta *meta;
   const ust__cmp_stats *stats;
@@ -730,7 +753,7 @@ static int judge(const judged *j, ust__verdict *vd) {
     }
   }
   if (aa_seen) {
-    atomic_fetch_add_explicit(&v->aa_runs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&v->aa_runs, (uint64_t)j->reruns, memory_order_relaxed);
     if (aa_bad)
       atomic_fetch_add_explicit(&v->aa_mismatching, 1, memory_order_relaxed);
   }
@@ -796,7 +819,7 @@ static void conclude(shadow_slot *s) {
   ust__verify *v = s->r.verify;
   atomic_fetch_add_explicit(&v->bytes_copied, s->copied, memory_order_relaxed);
   ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN,
-                     s->r.timed_kind};
+                     s->r.timed_kind, 0, 0};
   const ust__cmp_stats *stats = s->host;
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu && s->pinned != NULL)
@@ -818,34 +841,40 @@ static void conclude(shadow_slot *s) {
     p->sink->concluded(p->sink_ctx, cookie, &vd);
     return;
   }
+  /* each run's span in ns, 0 where it was not timed (a run that raised, a
+   * call whose order was forced) */
+  double span[UST__MARK_COUNT / 2] = {0, 0, 0};
 #ifdef UST__SHADOW_GPU
   if (s->on_gpu) {
-    float ms_p = 0, ms_c = 0, ms_a = 0;
-    const unsigned need = (1u << UST__MARK_AA_BEGIN) - 1, aa = (1u << UST__MARK_AA_BEGIN) | (1u << UST__MARK_AA_END);
-    vd.have_times =
-        (s->ev_made & need) == need &&
-        UST__GPU_CHECK(s->pool->log, cudaEventElapsedTime(&ms_p, s->ev[UST__MARK_PROD_BEGIN], s->ev[UST__MARK_PROD_END])) == 0 &&
-        UST__GPU_CHECK(s->pool->log, cudaEventElapsedTime(&ms_c, s->ev[UST__MARK_CAND_BEGIN], s->ev[UST__MARK_CAND_END])) == 0;
-    vd.prod_ns = (uint64_t)((double)ms_p * 1e6 + 0.5);
-    vd.cand_ns = (uint64_t)((double)ms_c * 1e6 + 0.5);
-    if (vd.have_times && (s->ev_made & aa) == aa &&
-        cudaEventElapsedTime(&ms_a, s->ev[UST__MARK_AA_BEGIN], s->ev[UST__MARK_AA_END]) == cudaSuccess && ms_a > 0 &&
-        ms_p > 0)
-      vd.aa_log_ratio = log((double)ms_a / (double)ms_p);
+    for (int k = 0; k < UST__MARK_COUNT / 2; k++) {
+      const unsigned both = 3u << (2 * k);
+      float ms = 0;
+      if ((s->ev_made & both) == both &&
+          UST__GPU_CHECK(s->pool->log, cudaEventElapsedTime(&ms, s->ev[2 * k], s->ev[2 * k + 1])) == 0 && ms > 0)
+        span[k] = (double)ms * 1e6;
+    }
   } else
 #endif
   {
-    vd.have_times = 1;
-    vd.prod_ns = s->t[UST__MARK_PROD_END] - s->t[UST__MARK_PROD_BEGIN];
-    vd.cand_ns = s->t[UST__MARK_CAND_END] - s->t[UST__MARK_CAND_BEGIN];
-    const uint64_t aa_ns = s->t[UST__MARK_AA_END] > s->t[UST__MARK_AA_BEGIN] && s->t[UST__MARK_AA_BEGIN] > 0
-                               ? s->t[UST__MARK_AA_END] - s->t[UST__MARK_AA_BEGIN]
-                               : 0;
-    if (aa_ns > 0 && vd.prod_ns > 0)
-      vd.aa_log_ratio = log((double)aa_ns / (double)vd.prod_ns);
+    for (int k = 0; k < UST__MARK_COUNT / 2; k++)
+      if (s->t[2 * k] > 0 && s->t[2 * k + 1] > s->t[2 * k])
+        span[k] = (double)(s->t[2 * k + 1] - s->t[2 * k]);
   }
+  const double prod = span[UST__MARK_PROD_BEGIN / 2], cand = span[UST__MARK_CAND_BEGIN / 2],
+               again = span[UST__MARK_AA_BEGIN / 2];
+  vd.have_times = prod > 0 && cand > 0;
+  if (vd.have_times) {
+    vd.prod_ns = (uint64_t)(prod + 0.5);
+    vd.cand_ns = (uint64_t)(cand + 0.5);
+    vd.paired = s->arms != 0;
+  }
+  /* the A/A pair, second run over first: the candidate first, production's
+   * arm ran before the A/A run; else after it */
+  if (prod > 0 && again > 0)
+    vd.aa_log_ratio = (s->arms & UST__DF_CAND_FIRST) ? log(again / prod) : log(prod / again);
 
-  const judged j = {s->pool, &s->r, s->call_no, s->n_pairs, s->meta, stats, s->fail, s->msg};
+  const int reruns = ((s->arms & UST__DF_ARMS) != 0) + ((s->arms & UST__DF_AA) != 0);
+  const judged j = {s->pool, &s->r, s->call_no, reruns > 0 ? reruns : 1, s->n_pairs, s->meta, stats, s->fail, s->msg};
   s->failed = judge(&j, &vd);
   void *cookie = s->r.cookie;
   ust__shadow_pool *p = s->pool;
@@ -1013,8 +1042,8 @@ static void judge_replay(void *ctx, const ust__ring_entry *e) {
   r.serving = (e->runs & UST__GATE_RUN_SERVE) != 0;
   ust__verify *v = r.verify;
   const uint64_t call_no = atomic_fetch_add_explicit(&v->calls, 1, memory_order_relaxed) + 1;
-  ust__verdict vd = {UST__VERDICT_SKIPPED, r.serving, 0, 0, 0, r.tsol_ps, r.stage, r.remote, NAN, r.timed_kind};
-  const judged j = {p, &r, call_no, g->n_pairs, g->meta, e->stats, UST__FAIL_NONE, ""};
+  ust__verdict vd = {UST__VERDICT_SKIPPED, r.serving, 0, 0, 0, r.tsol_ps, r.stage, r.remote, NAN, r.timed_kind, 0, 1};
+  const judged j = {p, &r, call_no, 1, g->n_pairs, g->meta, e->stats, UST__FAIL_NONE, ""};
   judge(&j, &vd);
   p->sink->concluded(p->sink_ctx, g->r.cookie, &vd);
   h->judged++;

@@ -21,7 +21,7 @@ typedef enum ust__shadow_point {
   UST__MARK_PROD_END,
   UST__MARK_CAND_BEGIN,
   UST__MARK_CAND_END,
-  UST__MARK_AA_BEGIN, /* production's second run of an A/A check */
+  UST__MARK_AA_BEGIN, /* production's A/A run, beside its timed arm (guard/decision.h) */
   UST__MARK_AA_END,
   UST__MARK_COUNT
 } ust__shadow_point;
@@ -52,8 +52,13 @@ typedef struct ust__verdict {
   uint64_t tsol_ps;          /* the call's roofline floor; 0 unknown */
   uint64_t stage;            /* the route's transitions when the call began */
   int remote;                /* the candidate ran in its qualifying process: its time is not its kernel's */
-  double aa_log_ratio;       /* an A/A check's ln(T_production again / T_production); NAN: none */
+  /* the A/A pair's ln(T_production, second run / first run): production's
+   * two runs side by side, as the compared pair; NAN: none */
+  double aa_log_ratio;
   int timed_kind;            /* the estimate's stratum of production's time (UST__TIMED_*) */
+  int paired;                /* the times are the call's arms (same scope, the order drawn): a sample of the
+                                promotion's test; 0: production was timed serving, the candidate after it */
+  int replay;                /* a replay of a call captured into a graph: no times by nature */
 } ust__verdict;
 
 /* Where verdicts go: implemented by the router, which owns the routes the
@@ -94,13 +99,21 @@ typedef struct ust__slot_route {
   uint64_t stage;      /* the route's transitions now */
   uint64_t tsol_ps;    /* the call's floor; 0 unknown */
   int timed_kind;      /* the estimate's stratum of the call (UST__TIMED_*: sampled or steady) */
+  /* how its times may be taken (guard/decision.h): UST__DF_ARMS, a shadow
+   * timed on copies; UST__DF_AA, A/A runs on the candidate's share
+   * (cand->aa_sample) of the route's slots. The order of each slot's arms
+   * is drawn at random, for an armed shadow and for verified serving. */
+  int arms;
 } ust__slot_route;
 
 /* Take a slot for a call; NULL when max_inflight are in use (the skip is
  * counted on r->verify). Thread-safe. */
 void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r);
-/* 1 when this shadow call also runs production a second time (A/A); a
- * share of the route's shadow calls, spread exactly. */
+/* The slot's arms as decision flags (UST__DF_ARMS, UST__DF_CAND_FIRST,
+ * UST__DF_AA): the candidate first on a fair coin drawn per call, A/A on
+ * the candidate's share of the route's slots, spread exactly. */
+int ust__shadow_arms(const void *slot);
+/* 1 when the call runs production once more for A/A (UST__DF_AA). */
 int ust__shadow_aa(const void *slot);
 /* Record a point of the call: an event on stream (a GPU call) or the host
  * clock. device: ust__device; device_id: the GPU the call runs on, which the

@@ -265,9 +265,11 @@ static const ust__config_field fields[] = {
      .doc = "The relative tolerance of `allclose`."},
     /* production's own spread on each route, for the promotion's delta */
     {SEC_GUARD, "aa_sample", UST__FIELD_NUMBER, .lo = 0, .hi = 1, AT(ust__op_config, aa_sample),
-     .def = "0.03125",
-     .doc = "The share of shadow calls that also run production a second time (A/A), timed and compared: "
-            "production's own spread, which floors the promotion's `delta`. 0: none."},
+     .def = "0.25",
+     .doc = "The share of shadowed calls (and, where a canary's promotion is decided by speed, of its verified "
+            "calls) that run production once more beside its timed run (A/A), timed and compared: production's "
+            "own spread, which widens the promotion's `delta`; the test decides nothing before 8 such pairs. "
+            "0: none (the test judges with `delta` alone)."},
     {SEC_GUARD, "deadline_ms", UST__FIELD_NUMBER, .what = "a number of milliseconds", .lo = 0, .lo_open = 1,
      .hi = 3.6e6, AT(ust__op_config, deadline_ms), .def = "10000",
      .doc = "A candidate call that takes longer is `overdue`: a failure, its route rolled back when it returns "
@@ -297,7 +299,7 @@ static const ust__config_field fields[] = {
     {SEC_PROMOTION, "delta", UST__FIELD_NUMBER, .what = "a relative difference", .lo = 0, .hi = 1, .hi_open = 1,
      AT(ust__promotion, delta), .def = "0.05",
      .doc = "Promote when the confidence sequence lies below 1 − `delta`; reject (`rejected`) when it lies above "
-            "1 + `delta`. Production's own A/A spread floors it."},
+            "1 + `delta`; `inconclusive` when it lies between. Production's own A/A spread widens it when larger."},
     {SEC_PROMOTION, "max_samples", UST__FIELD_INTEGER, .lo = 10, .hi = 100000, AT(ust__promotion, max_samples),
      .def = "1000", .doc = "The paired samples a stage keeps; reaching them undecided is `inconclusive`."},
 

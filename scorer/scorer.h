@@ -377,4 +377,65 @@ void ust__seq_judge(const double *r, int n, double alpha, double c_fast, double 
  * (no sort): cheap enough to take at every sample. */
 int ust__seq_check(const double *r, int n, double alpha, double c_fast, double c_slow);
 
+/* k* of ust__signmix_kstar for n samples, from the one for n - 1 that c
+ * holds (k*(n) is k*(n-1) or one more: one evaluation); any other n or
+ * alpha computes it afresh. c starts zeroed; owned by the caller. */
+typedef struct ust__seq_kcache {
+  int n, k;
+  double alpha;
+} ust__seq_kcache;
+int ust__seq_kstar(ust__seq_kcache *c, int n, double alpha);
+
+/* A promotion's rule as the test reads it (the policy's numbers). */
+typedef struct ust__seq_rule {
+  double alpha;       /* error rate: each one-sided sequence at alpha / 2 */
+  double delta;       /* the smallest difference that counts, before production's own spread widens it */
+  double min_speedup; /* > 0: the speed-up to prove as well */
+  int max_samples;    /* undecided there: inconclusive */
+  int aa_min;         /* A/A pairs needed before any decision; 0: none asked (A/A off) */
+} ust__seq_rule;
+
+enum { UST__SEQ_INCONCLUSIVE = 3 };
+/* Why a test ended inconclusive. */
+enum {
+  UST__SEQ_WHY_NONE = 0,
+  UST__SEQ_WHY_WITHIN,    /* the sequence lies within the zone: neither faster nor slower by delta */
+  UST__SEQ_WHY_NOISE,     /* ... where production's own spread widened delta: the noise is larger than delta */
+  UST__SEQ_WHY_UNDECIDED, /* max_samples, neither */
+  UST__SEQ_WHY_NO_AA,     /* max_samples without the A/A pairs a decision needs */
+};
+
+/* Where the test stands after n paired samples r (borrowed). */
+typedef struct ust__seq_state {
+  int decision;      /* UST__SEQ_OPEN, _FASTER, _SLOWER, _INCONCLUSIVE */
+  int why;           /* UST__SEQ_WHY_*, when inconclusive */
+  double spread;     /* production's own spread (as ust__seq_aa_spread); -1: none yet */
+  double delta_used; /* delta, widened to the spread when that is larger (never dropped) */
+  double c_fast, c_slow; /* ln thresholds: promote below c_fast (-INFINITY: cannot), reject above c_slow */
+} ust__seq_state;
+
+/* Production's own spread from n A/A pairs' ln(T_second / T_first):
+ * expm1 of the median of |ln|, the typical relative difference between two
+ * runs of the same code side by side; -1 for none (or out of memory). aa
+ * is borrowed. */
+double ust__seq_aa_spread(const double *aa, int n);
+/* The test after n samples, with spread (ust__seq_aa_spread of n_aa
+ * pairs) and kstar = ust__signmix_kstar(n, rule->alpha / 2) (the caller
+ * may keep it in a ust__seq_kcache):
+ * - no decision before rule->aa_min A/A pairs;
+ * - delta_used = max(delta, spread): an effect smaller than two runs of
+ *   production differ by is none;
+ * - FASTER when at least kstar samples lie below c_fast = min(ln(1 -
+ *   delta_used), -ln(min_speedup)), SLOWER when kstar lie above c_slow =
+ *   ln(1 + delta_used): the sequence for the median past a threshold;
+ * - INCONCLUSIVE when at least kstar lie above c_fast and kstar below
+ *   c_slow (the sequence within the zone), or at max_samples undecided.
+ * Returns out->decision. */
+int ust__seq_step(const double *r, int n, int kstar, double spread, int n_aa, const ust__seq_rule *rule,
+                  ust__seq_state *out);
+/* "A/A spread 0.12 > delta 0.05", "within delta 0.05 of production",
+ * "undecided after 1000 samples", "3 A/A pairs of the 8 needed": why st is
+ * inconclusive, into out (cap bytes). */
+void ust__seq_why_text(const ust__seq_state *st, const ust__seq_rule *rule, int n, int n_aa, char *out, size_t cap);
+
 #endif /* UST_SCORER_H */

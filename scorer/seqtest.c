@@ -22,8 +22,20 @@
  * latency (a preempted call counts once, whatever it took).
  *
  * Closed form: with P(Beta(k+1, n-k+1) > 1/2) = P(Bin(n+1, 1/2) <= k),
- *     ln M = (n+1) ln 2 + ln B(k+1, n-k+1) + ln P(Bin(n+1, 1/2) <= k). */
+ *     ln M = (n+1) ln 2 + ln B(k+1, n-k+1) + ln P(Bin(n+1, 1/2) <= k).
+ *
+ * The samples must each be even odds around the true median when the
+ * candidate is production: the arms of a call run in an order drawn on a
+ * fair coin (guard/shadow.c), so an arm's position (warm caches, a second
+ * run's head start) adds to half the samples and takes from the other
+ * half, and P(r < c) for c < 0 stays under 1/2 whatever its size. What
+ * the order cannot cancel is bounded from measurement instead: production
+ * run twice side by side (A/A pairs) gives its own spread, which widens
+ * delta (ust__seq_step); a route noisier than delta ends inconclusive
+ * rather than promoted. tests/c/test_seqtest.c checks the error rates by
+ * simulation, order effects and heavy tails included. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,4 +122,78 @@ void ust__seq_judge(const double *r, int n, double alpha, double c_fast, double 
   }
   free(s);
   out->decision = out->upper < c_fast ? UST__SEQ_FASTER : out->lower > c_slow ? UST__SEQ_SLOWER : UST__SEQ_OPEN;
+}
+
+int ust__seq_kstar(ust__seq_kcache *c, int n, double alpha) {
+  if (c->alpha == alpha && c->n == n && n > 0)
+    return c->k;
+  int k;
+  if (c->alpha == alpha && c->n > 0 && n == c->n + 1)
+    /* M(k, n) <= M(k, n - 1) and M(k + 1, n) >= M(k, n - 1): one more sample
+     * keeps k* or adds one */
+    k = c->k <= n && ust__signmix_log(c->k, n) >= -log(alpha) ? c->k : c->k + 1;
+  else
+    k = ust__signmix_kstar(n, alpha);
+  c->alpha = alpha;
+  c->n = n;
+  c->k = k;
+  return k;
+}
+
+double ust__seq_aa_spread(const double *aa, int n) {
+  if (n <= 0 || aa == NULL)
+    return -1;
+  double *v = malloc((size_t)n * sizeof *v);
+  if (v == NULL)
+    return -1;
+  for (int i = 0; i < n; i++)
+    v[i] = fabs(aa[i]);
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  const double m = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  free(v);
+  return expm1(m);
+}
+
+int ust__seq_step(const double *r, int n, int kstar, double spread, int n_aa, const ust__seq_rule *rule,
+                  ust__seq_state *out) {
+  memset(out, 0, sizeof *out);
+  out->spread = spread;
+  out->delta_used = spread > rule->delta ? spread : rule->delta;
+  out->c_fast = out->delta_used < 1 ? log1p(-out->delta_used) : -INFINITY;
+  if (rule->min_speedup > 0 && -log(rule->min_speedup) < out->c_fast)
+    out->c_fast = -log(rule->min_speedup);
+  out->c_slow = log1p(out->delta_used);
+  const int aa_ready = rule->aa_min <= 0 || n_aa >= rule->aa_min;
+  if (aa_ready && kstar <= n && r != NULL) {
+    int below_fast = 0, above_fast = 0, below_slow = 0, above_slow = 0;
+    for (int i = 0; i < n; i++) {
+      below_fast += r[i] < out->c_fast;
+      above_fast += r[i] > out->c_fast;
+      below_slow += r[i] < out->c_slow;
+      above_slow += r[i] > out->c_slow;
+    }
+    if (below_fast >= kstar)
+      out->decision = UST__SEQ_FASTER;
+    else if (above_slow >= kstar)
+      out->decision = UST__SEQ_SLOWER;
+    else if (above_fast >= kstar && below_slow >= kstar)
+      out->decision = UST__SEQ_INCONCLUSIVE;
+    if (out->decision == UST__SEQ_INCONCLUSIVE)
+      out->why = spread > rule->delta ? UST__SEQ_WHY_NOISE : UST__SEQ_WHY_WITHIN;
+  }
+  if (out->decision == UST__SEQ_OPEN && n >= rule->max_samples) {
+    out->decision = UST__SEQ_INCONCLUSIVE;
+    out->why = !aa_ready ? UST__SEQ_WHY_NO_AA : spread > rule->delta ? UST__SEQ_WHY_NOISE : UST__SEQ_WHY_UNDECIDED;
+  }
+  return out->decision;
+}
+
+void ust__seq_why_text(const ust__seq_state *st, const ust__seq_rule *rule, int n, int n_aa, char *out, size_t cap) {
+  switch (st->why) {
+  case UST__SEQ_WHY_WITHIN: snprintf(out, cap, "within delta %.3g of production", st->delta_used); break;
+  case UST__SEQ_WHY_NOISE: snprintf(out, cap, "A/A spread %.3g > delta %.3g", st->spread, rule->delta); break;
+  case UST__SEQ_WHY_UNDECIDED: snprintf(out, cap, "undecided after %d samples", n); break;
+  case UST__SEQ_WHY_NO_AA: snprintf(out, cap, "%d A/A pairs of the %d needed", n_aa, rule->aa_min); break;
+  default: snprintf(out, cap, "open"); break;
+  }
 }

@@ -423,9 +423,12 @@ def routes_html(rep: dict, ops: list) -> str:
                         tr += f'; the {int(ro["transitions"]) - 1} before it are counted, not timed, by the report'
                 facts.append(("transitions", tr))
             if pr:
+                aa = pr.get("aa_spread") or {}
                 facts.append(("promotion", f'{escape(pr["state"])}: {int(pr.get("passes_in_stage", 0))} of '
                                            f'{int(pr.get("needed", 0))} passes in the stage, min speedup '
-                                           f'{pr.get("min_speedup", 0):g}'
+                                           f'{pr.get("min_speedup", 0):g}, delta {pr.get("delta_used", 0):.3g}'
+                                           + (f' (A/A spread {aa["median"]:.3g} of {int(aa.get("checks", 0))} '
+                                              f'pairs)' if aa.get("median") is not None else "")
                                            + (f' ({escape(pr["note"])})' if pr.get("note") else "")))
             cls = "route rolled-back" if ev else "route"
             out.append(f'<section class="{cls}" data-key="{escape(s["key"])}"><h3><code class="key">'

@@ -172,6 +172,10 @@ def format_verdicts(rep: dict, *, legend: bool = True) -> str:
                 if last.get("reason"):
                     what += f" ({last['reason']})"
             lines.append(what)
+        pr = (ro or {}).get("promotion") or {}
+        if pr.get("state") in ("rejected", "inconclusive", "dry_run") and pr.get("note"):
+            # a decision short of a move, its reason first: "inconclusive: A/A spread 0.12 > delta 0.05; n 400: ..."
+            lines.append(f"  promotion {pr['state']}: {pr['note']}")
     if legend:
         lines += [""] + _legend(VERDICT_LEGEND)
     return "\n".join(lines)

@@ -79,6 +79,7 @@
   X(hist_merge_exact)             \
   X(seqtest_martingale_matches_quadrature) \
   X(seqtest_decisions_on_synthetic_pairs) \
+  X(seqtest_promotion_error_rates_by_simulation) \
   X(config_defaults)              \
   X(config_errors_name_field)     \
   X(config_accepts_every_field_of_its_table_and_starts_from_its_defaults) \
@@ -124,6 +125,7 @@
   X(shares_near_one_stay_near_one) \
   X(decision_keeps_its_rules_on_every_path) \
   X(decision_named_paths) \
+  X(decision_arms_in_their_order) \
   X(decision_passed_is_the_machines_plain_call) \
   X(call_signature_keys_int_list_values) \
   X(tensor_list_argument_keys_on_its_first_tensor) \

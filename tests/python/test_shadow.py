@@ -438,15 +438,19 @@ def test_a_native_candidate_serving_an_op_with_an_int_result_hands_production_it
         assert (served["candidate"], served["production"], served["unlearned"]) == (0, 4, 3), served
 
 
-def test_aa_check_reports_production_spread(us):
+@pytest.mark.parametrize("aa_sample, reruns", [(1.0, 2), (0.0, 1)])
+def test_aa_check_reports_production_spread(us, aa_sample, reruns):
+    """Every shadowed call runs production again on copies of its own, as
+    the candidate's timed counterpart, and an A/A call once more: each run
+    is compared with the results production served."""
     inputs = rms_inputs(shapes=((8, 64),))
-    us.enable(shadow_config("rms_norm", native("rms_norm_cpu"), guard={"aa_sample": 1.0}))
+    us.enable(shadow_config("rms_norm", native("rms_norm_cpu"), guard={"aa_sample": aa_sample}))
     run_rms_norm(inputs, repeat=4)
     rep = us.report()
     us.disable()
     (r,) = routes(rep, "_C::rms_norm")
     aa = r["shadow"]["aa"]
-    assert aa["runs"] == 4 and aa["mismatching"] == 0
+    assert aa["runs"] == 4 * reruns and aa["mismatching"] == 0
     assert aa["max_abs_err"] == 0.0  # the CPU reference is deterministic
 
 
