@@ -68,9 +68,10 @@ ABOUT = {
         "a clock: the whole call from torch's entry point, and understudy's own part of it. Needs valgrind.",
         "UNDERSTUDY_LIB=build/libunderstudy.so python3 benchmarks/footprint.py --calls 100"),
     "kernel_time": (
-        "Accuracy of the kernel tracer (`timer.kind` `cupti`) in situ: every route's median time per call "
-        "against torch.profiler's durations of the same kernels, with the events timer beside it.",
-        "PYTHONPATH=python-shim python3 benchmarks/kernel_time.py --batch 1"),
+        "Accuracy of understudy's per-call device time in situ: every route's median time per call against "
+        "torch.profiler's durations of the same kernels, for held event pairs, plain pairs and the kernel "
+        "tracer (`timer.kind` `cupti`).",
+        "PYTHONPATH=python-shim python3 benchmarks/kernel_time.py --models mistral qwen-moe --batch 1 8"),
     "graph_replay": (
         "Replays of a CUDA graph attributed to their routes by the kernel tracer: a decode step run eagerly "
         "and replayed from a graph (`torch.cuda.graph`, or `--compile`), replay time against eager time.",
@@ -79,6 +80,11 @@ ABOUT = {
         "A decode step captured with its shadowed `_C::rms_norm`: verdicts in replays, serving under "
         "replay (canary, live), a wrong candidate rolled back, and what each layout costs a replay.",
         "PYTHONPATH=python-shim python3 benchmarks/graph_shadow.py --replays 1000 --rounds 5"),
+    "promotion": (
+        "False and true promotions of real shadowed candidates on the CPU: identical code (sleep, compute, "
+        "compute beside two CPU-bound processes), 10 % faster and 10 % slower, at least 100 routes each; the "
+        "arms timed on copies in a drawn order, A/A pairs beside them.",
+        "PYTHONPATH=python-shim python3 benchmarks/promotion.py"),
     "compare": (
         "The guard's comparison kernel against the device's copy bandwidth on 256 MB outputs, for a "
         "candidate within tolerance and one far outside it.",
