@@ -139,18 +139,21 @@ def test_an_equal_candidate_ends_inconclusive(us, problems):
 
 def test_a_difference_within_productions_own_spread_is_not_a_speedup(us, problems):
     """delta widens with production's own A/A spread on the route: with
-    production holding 0.8, 1, 1 or 1.25 times its time at random, two of
-    its runs differ by a quarter in a typical pair, and a candidate 20 %
+    production holding 0.7, 1, 1 or 1.4 times its time at random, two of
+    its runs differ by about a third in a typical pair, and a candidate 20 %
     faster than its median is no speedup: inconclusive, the spread the
     reason. With A/A off the same traffic promotes it (it is faster by 20 %
-    or more in 3 calls of 4), judged with delta alone."""
-    _prod["levels"] = (0.8, 1.0, 1.0, 1.25)
+    or more in 3 calls of 4), judged with delta alone. (Levels a quarter
+    apart gave a spread near the effect: its estimate from the first 8
+    pairs fell under 0.2 on a loaded machine and the candidate was
+    promoted.)"""
+    _prod["levels"] = (0.7, 1.0, 1.0, 1.4)
     ro, modes = run_route(us, problems, 0.8, calls=300, max_samples=250)
     us.disable()
     ro_off, modes_off = run_route(us, problems, 0.8, calls=600, max_samples=1000, aa_sample=0)
     pr = ro["promotion"]
     assert set(modes) == {"shadow"} and pr["state"] == "inconclusive", pr
-    assert pr["aa_spread"]["checks"] >= 8 and 0.15 < pr["aa_spread"]["median"] < 0.4, pr
+    assert pr["aa_spread"]["checks"] >= 8 and 0.25 < pr["aa_spread"]["median"] < 0.6, pr
     assert pr["delta"] == 0.05 and pr["delta_used"] == pr["aa_spread"]["median"], pr
     assert pr["note"].startswith(f"A/A spread {pr['delta_used']:.3g} > delta 0.05; n "), pr
     assert f"delta {pr['delta_used']:.3g} (A/A " in pr["note"]

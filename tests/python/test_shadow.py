@@ -219,7 +219,7 @@ def test_shadow_without_candidate_is_a_config_error(us):
         us.enable(shadow_config("rms_norm", {"native": "x.so", "sha256": "abc"}))
     with pytest.raises(understudy.ConfigError, match="does not bind"):
         us.enable(shadow_config("gemm", {"torch_op": "ns::x", "target": "aten::silu"}))
-    with pytest.raises(understudy.ConfigError, match="binds 6 ops .* name the one"):
+    with pytest.raises(understudy.ConfigError, match=r"binds \d+ ops .* name the one"):
         us.enable(shadow_config("gemm", {"torch_op": "ns::x"}))
 
 
