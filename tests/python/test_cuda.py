@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import DispatchCounter, all_bindings, bound_ops, calls_behind_queued_work
 from understudy.demo import TinyDecoder
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.gpu  # needs a CUDA device (conftest.py skips it without one)
 
 
 def run_model():

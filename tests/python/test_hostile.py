@@ -810,7 +810,7 @@ def _counts(p, word):
     return [int(v) for v in line if v.isdigit()]
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("mode", ["shadow", "live"])
 def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, device):
     """An out-of-memory sweep of the seam (libuv's kind): in a process of its
@@ -823,8 +823,6 @@ def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, d
     understudy's internal error or (a route that could not be made) an
     untracked call; and the routes are verified as before once memory is
     back."""
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     p = _sweep(tmp_path, _OOM_SWEEP, mode, device)
     lines = p.stdout.splitlines()
     injected = {ln.split(":")[0]: int(ln.split(": ")[1].split()[0]) for ln in lines if "allocations failed" in ln}

@@ -9,7 +9,7 @@ import torch
 
 from conftest import calls_behind_queued_work
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.gpu  # needs a CUDA device (conftest.py skips it without one)
 
 ALWAYS = {"kind": "cupti", "budget": 0, "window_ms": 200}
 

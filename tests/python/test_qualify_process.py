@@ -297,7 +297,7 @@ def test_qualify_config_errors_name_the_field(us, cand, message):
     assert message in str(e.value)
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.gpu
 
 
 def rms_qualifying(lib, qualify_calls=2, **op):

@@ -75,7 +75,7 @@ def calls(n, x):
     return [torch.ops.ust_rollout.scale(x) for _ in range(n)]
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def calls_until(mode, x, batch=10, limit=400):
@@ -311,7 +311,7 @@ def test_native_candidate_serves_live_in_place(us):
         torch.testing.assert_close(y, expected[i % 2], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_live_candidate_is_what_a_cuda_graph_replays(us, problems):
     x = torch.randn(16, 256, device="cuda")
     us.enable(config(mode="live", sample=0.0), problems=problems)
@@ -341,7 +341,7 @@ def test_live_candidate_is_what_a_cuda_graph_replays(us, problems):
     assert r["calls"] == 3 and ro["served"]["candidate"] == 0 and ro["served"]["production"] == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_cuda_wrong_after_n_strict_serves_production(us, problems):
     x = torch.randn(64, 512, device="cuda")
     WRONG["after"] = 3
