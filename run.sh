@@ -419,7 +419,7 @@ gpu_bench_checks() {
       failed=$((failed + 1))
     fi
   done
-  echo "run.sh benchmarks: passed=$passed failed=$failed"
+  echo "benchmarks: passed=$passed failed=$failed"
   [ "$failed" = 0 ]
 }
 
