@@ -590,12 +590,12 @@ def test_a_live_routes_device_time_counts_its_candidates_time(us, problems):
     assert served == n - 1, r["rollout"]  # the first call qualified it on copies, production serving
     assert len(SLOW_SPENT) == n  # each call ran it once: served, or on copies
     assert r["latency_ns"]["p50"] < min(SLOW_SPENT)  # production: microseconds
-    # The estimate weighs the means of timed calls past a key's first
-    # (UST__FIRST_TIMED, 3) by the calls (all 40): at least 40 times the
-    # shortest of those candidate runs; at most the test's clock around all
-    # 40 calls, scaled by 40 / 37 for the first calls the means leave out.
+    # The estimate counts the calls the candidate served at the mean of its
+    # timed runs (each one at least its own time: 39 times its shortest at
+    # least) and the one production served at production's estimate; both
+    # arms of each call ran inside the test's clock around it (at most).
     est = r["est_device_time_ns"]
-    lo, hi = n * min(SLOW_SPENT[3:]), around * n / (n - 3)
+    lo, hi = served * min(SLOW_SPENT), around
     assert lo <= est <= hi, (lo, est, hi)
     assert route(merge([rep]))["est_device_time_ns"] == pytest.approx(est, rel=1e-9)
     # before the worker's first window boundary the window spans everything since enable
