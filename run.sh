@@ -3,7 +3,12 @@
 #
 #   ./run.sh demo     set up, build, and run the demo (CPU, or CUDA when present)
 #   ./run.sh test     set up, build, and run every test (C runner and pytest, each also
-#                     against an ASan + UBSan build, the C runner under TSan and Valgrind, the HIP build)
+#                     against an ASan + UBSan build, the C runner under TSan and Valgrind, the HIP build):
+#                     every stage runs whatever the others did, a summary (stage, passed,
+#                     failed, skipped, seconds) closes the run, and it fails if any stage failed
+#   ./run.sh test-gpu on a machine with a CUDA device: build with the CUDA backend and run the
+#                     C runner there, every GPU test (pytest -m gpu) and short runs of the GPU
+#                     benchmarks, with the same summary; installs nothing
 #   ./run.sh bench    set up, build, and run the benchmarks
 #   ./run.sh build    set up and build only
 #   ./run.sh serve-deps
@@ -28,6 +33,8 @@
 # openai: SERVE_PINS) for the serving and the tensor-parallel ranks tests, and
 # hipcc and libamdhip64-dev to check that the GPU code builds as HIP
 # (UST_SKIP_HIP=1 skips that step, e.g. on a machine without apt).
+# A set-up that fails (apt, pip) or a main build that fails stops the run at
+# once; after that each stage's output is also kept in $BUILD_DIR/test-logs/.
 # PYTHON selects the interpreter (default python3); BUILD_DIR the build tree.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -80,6 +87,7 @@ setup() {
     fi
     UST_WHEELHOUSE=$(cd "$BUILD_DIR/wheelhouse" && pwd)
     export UST_WHEELHOUSE
+    [ -n "${UST_SKIP_HIP:-}" ] || install_hip
   fi
 }
 
@@ -153,19 +161,18 @@ build() {
   cmake --build "$BUILD_DIR" -j"$(nproc)"
 }
 
-hip_build() {
-  # The GPU code again as HIP (AMD), compiled by the distribution's hipcc
-  # toolchain: it cannot run here, it must build. Its C tests run (host-only).
+install_hip() {
+  # The distribution's hipcc toolchain for the HIP build, and the CMake its
+  # ROCm layout needs (>= 3.27, see CMakeLists.txt).
   if ! command -v hipcc >/dev/null; then
     if [ "$(id -u)" != 0 ]; then
-      echo "run.sh: hipcc missing and not root: apt-get install hipcc libamdhip64-dev" >&2
-      return 1
+      echo "run.sh: hipcc missing and not root: apt-get install hipcc libamdhip64-dev (or UST_SKIP_HIP=1)" >&2
+      exit 1
     fi
     log "installing hipcc libamdhip64-dev"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hipcc libamdhip64-dev >/dev/null
   fi
-  # The distribution's ROCm layout needs CMake >= 3.27 (see CMakeLists.txt).
   if ! "$PY" - <<'PYEOF'
 import re, subprocess, sys
 v = re.search(r"(\d+)\.(\d+)", subprocess.run(["cmake", "--version"], capture_output=True, text=True).stdout)
@@ -174,6 +181,11 @@ PYEOF
   then
     "$PY" -m pip install -q "cmake>=3.27"
   fi
+}
+
+hip_build() {
+  # The GPU code again as HIP (AMD), compiled by the distribution's hipcc
+  # toolchain: it cannot run here, it must build. Its C tests run (host-only).
   configure "$BUILD_DIR-hip" -DUST_TORCH=OFF -DUST_GPU=hip
   cmake --build "$BUILD_DIR-hip" -j"$(nproc)" --target ust_test_runner
   "$BUILD_DIR-hip/ust_test_runner"
@@ -210,7 +222,7 @@ sanitized_python_tests() {
   LD_PRELOAD="$runtime${LD_PRELOAD:+ $LD_PRELOAD}" PYTHONMALLOC=malloc CUDA_VISIBLE_DEVICES= \
     ASAN_OPTIONS="detect_leaks=0:halt_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     UNDERSTUDY_LIB="$dir/libunderstudy.so" UNDERSTUDY_CANDIDATES="$dir/candidates" \
-    "$PY" -m pytest -q --capture=sys tests/python "$@"
+    "$PY" -m pytest -q -rs --capture=sys tests/python "$@"
 }
 
 thread_sanitized_c_tests() {
@@ -230,6 +242,198 @@ valgrind_c_tests() {
   # confinement test is told so (it is run by the other builds).
   UST_TEST_UNDER_VALGRIND=1 UST_TEST_TIMEOUT_S=600 valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
     "$BUILD_DIR/ust_test_runner"
+}
+
+# ---- stages ------------------------------------------------------------------
+# `test` and `test-gpu` run their stages one after the other, each whatever
+# the others did, and close with a table: per stage, the tests that passed,
+# failed and were skipped (as its C runner or pytest counted them) and its
+# seconds. The run fails at its end when a stage failed. Set-up and the main
+# build are not stages: when they fail nothing can be tested, and the run
+# stops at once, saying so.
+STAGES=()   # "name|result|passed|failed|skipped|seconds", one per stage
+LOG_DIR=    # each stage's output, kept for its counts and for reading later
+RUN_START=$(date +%s)
+
+stop_on_setup_failure() {
+  set -E
+  trap 'echo "run.sh: set-up or build failed (line $LINENO: $BASH_COMMAND): no test ran" >&2' ERR
+}
+
+setup_done() {
+  trap - ERR
+  set +E
+  LOG_DIR="$BUILD_DIR/test-logs"
+  rm -rf "$LOG_DIR"
+  mkdir -p "$LOG_DIR"
+  STAGES+=("set-up and build|ok|-|-|-|$(($(date +%s) - RUN_START))")
+}
+
+# stage NAME COMMAND [ARGS...]: runs COMMAND (a function of this file, or a
+# program) in a subshell under set -e, its output shown and kept.
+stage() {
+  local name=$1 out rc t0
+  shift
+  log "$name"
+  out="$LOG_DIR/$(printf '%02d' ${#STAGES[@]})-$(printf '%s' "$name" | tr -cs 'A-Za-z0-9' '-' | sed 's/-*$//').log"
+  t0=$(date +%s)
+  set +e
+  ( set -e; "$@" ) 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  set -e
+  local counts
+  counts=$(stage_counts "$out")
+  STAGES+=("$name|$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")|$counts|$(($(date +%s) - t0))")
+}
+
+skip_stage() { STAGES+=("$1|skipped: $2|-|-|-|0"); }
+
+# "passed|failed|skipped" from a stage's output: the last closing line of a
+# C runner (its "name: passed=N failed=N [skipped=N]" line; run.sh's checks
+# print one too) and of pytest, added up; "-" where the output has none.
+stage_counts() {
+  "$PY" - "$1" <<'PYEOF'
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+n, found = {"passed": 0, "failed": 0, "skipped": 0}, set()
+runner = re.findall(r"^[\w.-]+: passed=(\d+) failed=(\d+)(?: skipped=(\d+))?", text, re.M)
+if runner:
+    p, f, s = runner[-1]
+    n["passed"] += int(p); n["failed"] += int(f); n["skipped"] += int(s or 0)
+    found |= {"passed", "failed"} | ({"skipped"} if s else set())
+closing = [l for l in text.splitlines() if re.search(r"\d+ (passed|failed|skipped|errors?|deselected)\b.* in [\d.]+s\b", l)]
+if closing:
+    for k, v in ((m[2], int(m[1])) for m in re.finditer(r"(\d+) (passed|failed|skipped|errors?)\b", closing[-1])):
+        k = "failed" if k.startswith("error") else k
+        n[k] += v
+    found |= {"passed", "failed", "skipped"}
+print("|".join(str(n[k]) if k in found else "-" for k in ("passed", "failed", "skipped")))
+PYEOF
+}
+
+# Prints the table; returns 1 when a stage failed.
+summary() {
+  local line name result p f s secs failed=()
+  log "summary of ./run.sh $1 (each stage's output: $LOG_DIR/)"
+  printf '%-58s %7s %7s %8s %8s  %s\n' stage passed failed skipped seconds result
+  for line in "${STAGES[@]}"; do
+    IFS='|' read -r name result p f s secs <<<"$line"
+    printf '%-58s %7s %7s %8s %8s  %s\n' "$name" "$p" "$f" "$s" "$secs" "$result"
+    case $result in ok | skipped*) ;; *) failed+=("$name") ;; esac
+  done
+  printf '%-58s %7s %7s %8s %8s\n' "total" "" "" "" "$(($(date +%s) - RUN_START))"
+  if [ ${#failed[@]} -gt 0 ]; then
+    printf '\nrun.sh: %d of %d stages failed:' "${#failed[@]}" "$((${#STAGES[@]} - 1))" >&2
+    printf ' "%s"' "${failed[@]}" >&2
+    printf '\n' >&2
+    return 1
+  fi
+  printf '\nrun.sh: every stage passed\n'
+}
+
+run_tests() {
+  stop_on_setup_failure
+  setup test
+  build
+  local torch_version
+  torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
+  setup_done
+  export UNDERSTUDY_TEST_SETUP=1 # the set-up installed what the tests need: a missing tool fails them
+  stage "C tests" "$BUILD_DIR/ust_test_runner"
+  stage "C tests, ASan + UBSan" sanitized_c_tests
+  stage "C tests, ThreadSanitizer" thread_sanitized_c_tests
+  stage "C tests, Valgrind Memcheck" valgrind_c_tests
+  stage "Python tests, libunderstudy.so under ASan + UBSan" sanitized_python_tests "$@"
+  if [ -z "${UST_SKIP_HIP:-}" ]; then
+    stage "HIP build (compile only) and its C tests" hip_build
+  else
+    skip_stage "HIP build (compile only) and its C tests" "UST_SKIP_HIP is set"
+  fi
+  stage "Python tests (torch $torch_version)" "$PY" -m pytest -q -rs tests/python "$@"
+  summary test
+}
+
+# ---- test-gpu ----------------------------------------------------------------
+# On a machine with a CUDA device: the library built with the CUDA backend
+# in $BUILD_DIR-cuda, its C runner (the ring, gate and comparison tests run on
+# the device there), every Python test marked gpu (tests/python/conftest.py:
+# the tests that need a CUDA device and skip without one) and short runs of
+# the GPU benchmarks. Nothing is installed: a GPU machine may reach no
+# registry. What is missing is named, and the run stops.
+gpu_setup() {
+  "$PY" - <<'PYEOF' || exit 1
+import sys
+try:
+    import torch
+except ImportError as e:
+    sys.exit(f"run.sh: no GPU: test-gpu needs a CUDA device (and torch in {sys.executable}: {e})")
+if not torch.cuda.is_available():
+    sys.exit(f"run.sh: no GPU: test-gpu needs a CUDA device (torch {torch.__version__} sees none)")
+PYEOF
+  if ! command -v nvcc >/dev/null && [ -z "${CUDACXX:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export CUDACXX=/usr/local/cuda/bin/nvcc
+  fi
+  local missing=()
+  command -v cmake >/dev/null || missing+=(cmake)
+  command -v nvcc >/dev/null || [ -n "${CUDACXX:-}" ] || missing+=("nvcc (CUDA's compiler)")
+  "$PY" -c 'import pytest' 2>/dev/null || missing+=("pytest (in $PY)")
+  if [ ${#need_apt[@]} -gt 0 ] && [ -z "${UST_DEPS_PREFIX:-}" ]; then
+    missing+=("the headers of ${need_apt[*]} (or UST_DEPS_PREFIX: a prefix with include/cjson/cJSON.h," \
+      "include/uthash.h, include/dlpack/dlpack.h and libcjson)")
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "run.sh: test-gpu installs nothing, and this machine lacks: ${missing[*]}" >&2
+    exit 1
+  fi
+}
+
+gpu_python_tests() {
+  local dir
+  dir=$(cd "$BUILD_DIR-cuda" && pwd)
+  UNDERSTUDY_LIB="$dir/libunderstudy.so" UNDERSTUDY_CANDIDATES="$dir/candidates" \
+    "$PY" -m pytest -q -rs -m gpu tests/python "$@"
+}
+
+# Short runs of the benchmarks that run on a GPU: each must run to its end
+# (their own checks included: the comparison's element counts, the replays
+# attributed, the verdicts given); the figures of such short runs are not
+# figures to keep. Closes with a line the summary reads.
+gpu_bench_checks() {
+  local dir passed=0 failed=0 b
+  dir=$(cd "$BUILD_DIR-cuda" && pwd)
+  local -a runs=(
+    "overhead.py --devices cuda --calls 2000 --rounds 3"
+    "compare.py --mb 16 --rounds 3"
+    "kernel_time.py --batch 1 --tokens 8"
+    "graph_replay.py --steps 5"
+    "graph_shadow.py --replays 100 --rounds 3 --batch-replays 50"
+    "e2e_overhead.py --device cuda --models mistral --batch 1 --tokens 8 --rounds 2"
+  )
+  for b in "${runs[@]}"; do
+    log "benchmarks/$b"
+    # shellcheck disable=SC2086 # each entry is a command line
+    if UNDERSTUDY_LIB="$dir/libunderstudy.so" PYTHONPATH=python-shim "$PY" benchmarks/$b; then
+      echo "ok benchmarks/$b"
+      passed=$((passed + 1))
+    else
+      echo "not ok benchmarks/$b (exit $?)"
+      failed=$((failed + 1))
+    fi
+  done
+  echo "benchmarks: passed=$passed failed=$failed"
+  [ "$failed" = 0 ]
+}
+
+run_gpu_tests() {
+  stop_on_setup_failure
+  gpu_setup
+  configure "$BUILD_DIR-cuda" -DUST_PYTHON="$(command -v "$PY")" -DUST_GPU=cuda
+  cmake --build "$BUILD_DIR-cuda" -j"$(nproc)"
+  setup_done
+  stage "C tests (CUDA build, on the GPU)" "$BUILD_DIR-cuda/ust_test_runner"
+  stage "Python GPU tests (pytest -m gpu)" gpu_python_tests "$@"
+  stage "GPU benchmarks, short runs" gpu_bench_checks
+  summary test-gpu
 }
 
 fuzz() {
@@ -269,18 +473,8 @@ cmd=${1:-}
 case "$cmd" in
   build) setup; build ;;
   demo) setup; build; log demo; PYTHONPATH=python-shim "$PY" -m understudy demo "${@:2}" ;;
-  test)
-    setup test; build
-    export UNDERSTUDY_TEST_SETUP=1 # the set-up installed what the tests need: a missing tool fails them
-    log "C tests"; "$BUILD_DIR/ust_test_runner"
-    log "C tests, ASan + UBSan"; sanitized_c_tests
-    log "C tests, ThreadSanitizer"; thread_sanitized_c_tests
-    log "C tests, Valgrind Memcheck"; valgrind_c_tests
-    log "Python tests, libunderstudy.so under ASan + UBSan"; sanitized_python_tests "${@:2}"
-    if [ -z "${UST_SKIP_HIP:-}" ]; then log "HIP build (compile only) and its C tests"; hip_build; fi
-    log "Python tests (torch $("$PY" -c 'import torch; print(torch.__version__)'))"
-    "$PY" -m pytest -q tests/python "${@:2}"
-    ;;
+  test) run_tests "${@:2}" ;;
+  test-gpu) run_gpu_tests "${@:2}" ;;
   bench)
     setup; build
     log "dispatcher overhead"; PYTHONPATH=python-shim "$PY" benchmarks/overhead.py "${@:2}"
@@ -289,5 +483,5 @@ case "$cmd" in
   fuzz) fuzz "${@:2}" ;;
   serve-deps) install_serve ;;
   serve-wheels) serve_wheels "${@:2}" ;;
-  *) echo "usage: ./run.sh demo|test|bench|build|fuzz|serve-deps|serve-wheels" >&2; exit 2 ;;
+  *) echo "usage: ./run.sh demo|test|test-gpu|bench|build|fuzz|serve-deps|serve-wheels" >&2; exit 2 ;;
 esac

@@ -9,10 +9,10 @@
  * callback, and flushes hand them to its completion callback.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cupti.h>
 
@@ -40,11 +40,28 @@ typedef struct buffer {
 } buffer;
 static buffer g_host, g_device;
 
-static uint64_t now_ticks(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)(((double)ts.tv_sec * 1e9 + (double)ts.tv_nsec) * g_ticks_per_ns);
+/* The tests' clock, ns: the host's (the tracer reads it as its monotonic
+ * clock, ust__cupti_clock) and the device's (records and cuptiGetTimestamp,
+ * in ticks). It moves only when read, by a fixed step, and when the test
+ * moves it: a window stays open, or falls due, exactly when the test says,
+ * however slowly the machine runs. The step lets the tracer's own waits
+ * (a closed window draining, at least DRAIN_MIN_NS and at most
+ * DRAIN_MAX_NS) end after a known number of readings. */
+static _Atomic uint64_t g_clock_ns = 1000000000ull;
+static _Atomic uint64_t g_clock_step_ns = 1000000ull;
+
+EXPORT uint64_t fake_cupti_clock_ns(void) {
+  const uint64_t step = atomic_load(&g_clock_step_ns);
+  return atomic_fetch_add(&g_clock_ns, step) + step;
 }
+
+/* Time passing between two steps of the test (a sleep, in real time). */
+EXPORT void fake_cupti_clock_advance(uint64_t ns) { atomic_fetch_add(&g_clock_ns, ns); }
+
+/* How far each reading moves the clock (1 ms until set). */
+EXPORT void fake_cupti_clock_step(uint64_t ns) { atomic_store(&g_clock_step_ns, ns); }
+
+static uint64_t now_ticks(void) { return (uint64_t)((double)fake_cupti_clock_ns() * g_ticks_per_ns); }
 
 static void *room(buffer *b, size_t n) {
   if (b->p == NULL) {

@@ -79,4 +79,10 @@
 
 #define TEST(name) void test_##name(void)
 
+/* The rounds of a test that repeats its work for statistics or for
+ * fuzzing: n, or a tenth of n under Valgrind (run.sh says so with
+ * $UST_TEST_UNDER_VALGRIND). Memcheck sees a bad access on a path's first
+ * pass, some 30 times slower than the other builds, which run every round. */
+static inline int ust_test_rounds(int n) { return getenv("UST_TEST_UNDER_VALGRIND") != NULL ? (n + 9) / 10 : n; }
+
 #endif

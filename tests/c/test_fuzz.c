@@ -30,7 +30,7 @@ TEST(parsers_survive_mutations) {
       " \"gemm\": {\"candidate\": {\"torch_op\": \"ns::mm.out\", \"target\": \"aten::mm.out\"}}}}"};
   uint64_t state = 0x243f6a8885a308d3ull;
   const ust_fuzz_target *config = ust_fuzz_target_find("config"), *problem = ust_fuzz_target_find("problem");
-  for (int i = 0; i < 10000; i++)
+  for (int i = 0; i < ust_test_rounds(10000); i++)
     survive(config, configs[i % 2], strlen(configs[i % 2]), 1, &state);
   DIR *d = opendir(UST_SOURCE_DIR "/problems");
   ASSERT_INT_EQ(d != NULL, 1);
@@ -48,7 +48,7 @@ TEST(parsers_survive_mutations) {
     ust__problem p;
     ASSERT_INT_EQ(ust__problem_parse(seed, path, &p), 0);
     ust__problem_free(&p);
-    survive(problem, seed, len, 1500, &state);
+    survive(problem, seed, len, ust_test_rounds(1500), &state);
     free(seed);
     files++;
   }

@@ -196,9 +196,11 @@ TEST(kernel_windows_never_reuse_a_slot_in_flight) {
   for (int w = 0; w < 100; w++) {
     const long before = atomic_load(&all_taken);
     ust__kt_open(k);
-    /* open until a call took a slot in it (a serialising checker such as
-     * Valgrind runs one thread at a time), at most about 20 ms */
-    for (int wait = 0; wait < 20 && atomic_load(&all_taken) == before; wait++)
+    /* open until a call took a slot in it, however long the serving
+     * threads take to be scheduled (a serialising checker such as Valgrind
+     * runs one thread at a time; a loaded machine may not run them for a
+     * while): every window sees a handover */
+    while (atomic_load(&all_taken) == before)
       usleep(1000);
     ust__kt_close(k);
     while (!ust__kt_quiet(k)) {
@@ -216,7 +218,7 @@ TEST(kernel_windows_never_reuse_a_slot_in_flight) {
   /* no launches: every call concluded once, as one without kernels */
   ASSERT_U64_EQ(t.calls_empty, (uint64_t)taken);
   ASSERT_U64_EQ(t.calls_timed + t.calls_dropped, 0);
-  ASSERT_TRUE(taken > 0);
+  ASSERT_TRUE(taken >= 100);
   ASSERT_U64_EQ(hist_count(&f), 0);
   ASSERT_U64_EQ(t.windows, 100);
   ust__figs_free(&f);

@@ -90,7 +90,7 @@ static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(co
 
 TEST(seqtest_decisions_on_synthetic_pairs) {
   const double alpha = 0.05, delta = 0.05;
-  const int max_n = 400, routes = 1000;
+  const int max_n = 400, routes = ust_test_rounds(1000);
   int *kstar = malloc((size_t)(max_n + 1) * sizeof *kstar);
   for (int n = 0; n <= max_n; n++)
     kstar[n] = ust__signmix_kstar(n, alpha / 2);

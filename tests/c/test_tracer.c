@@ -3,15 +3,17 @@
  * windows, both ways of joining kernels to calls, another client's clock,
  * standing down and resuming, calls whose kernels never came, buffers CUPTI
  * keeps past a tracer. The expected figures are the durations the test
- * gives the stand-in's kernels. */
+ * gives the stand-in's kernels. Time is the stand-in's clock, which the
+ * test moves: a window is open or due when the test says, however slowly
+ * the machine runs. */
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include <cupti.h>
 
 #include "dispatch/dispatch.h"
+#include "fake_cupti.h"
 #include "figs_probe.h"
 #include "runner.h"
 
@@ -28,6 +30,7 @@ typedef struct fake {
   int (*take_buffers)(int);
   void (*return_buffers)(void);
   void (*instantiate)(uint32_t, uint32_t);
+  fake_clock clock;
 } fake;
 
 static atomic_int profiler_on;
@@ -37,6 +40,7 @@ static ust__cupti *tracer(int callbacks, fake *f) {
   const ust__timer_opts o = {.kind = UST__TIMER_CUPTI, .window_ns = 50000000, .budget = 0,
                              .launch_cost_ns = 10000, .cupti_path = UST_FAKE_CUPTI,
                              .profiler_active = profiler_active, .callbacks = callbacks};
+  f->clock = fake_clock_install();
   ust__cupti *c = NULL;
   ASSERT_INT_EQ(ust__cupti_create(&o, NULL, &c), 0);
   ASSERT_INT_EQ(ust__cupti_present(c), 1);
@@ -127,7 +131,7 @@ TEST(tracer_times_calls_by_their_kernels_through_records) {
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
   ASSERT_INT_EQ(r.f.subscribed(), 0);
   ust__cupti_poll(r.c, 1, 1);
-  usleep(200000);
+  r.f.clock.advance(200000000); /* the next window is due (50 ms open, 100 ms apart) */
   one_window(&r);
   check_window(&r, "records");
   /* between windows nothing is traced */
@@ -146,7 +150,7 @@ TEST(tracer_times_calls_by_their_kernels_through_callbacks) {
   ASSERT_INT_EQ(r.f.subscribed(), 1); /* held through the window: the callbacks need it */
   ust__cupti_poll(r.c, 1, 1);
   ASSERT_INT_EQ(r.f.subscribed(), 0); /* and let go when it closes */
-  usleep(200000);
+  r.f.clock.advance(200000000);
   const int prev = ust_set_phase(UST_PHASE_DECODE); /* the launching thread's phase, seen by the callbacks */
   one_window(&r);
   ust_set_phase(prev);
@@ -168,7 +172,9 @@ TEST(tracer_converts_records_in_another_clients_clock) {
   rig r;
   rig_up(&r, 0, CUPTI_SUCCESS, 2.1);
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
-  usleep(50000); /* a window long enough to read the ratio to a per cent */
+  /* a window long enough to know the ratio to 0.1 %: the clock's readings
+   * around CUPTI's are 1 ms apart (its step) */
+  r.f.clock.advance(5000000000ull);
   timed(&r, &r.a, 1, "gemm", 1300);
   timed(&r, &r.b, 0, "triton_rms", 500);
   ust__cupti_poll(r.c, 1, 1);
@@ -192,7 +198,7 @@ TEST(tracer_stands_down_for_the_profiler_and_resumes) {
   ASSERT_INT_EQ(ust__cupti_tracing(r.c), UST__TRACING_OFF); /* events time the calls */
   ASSERT_TRUE(!r.f.enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)); /* the profiler's CUPTI is left alone */
   atomic_store(&profiler_on, 0);
-  usleep(1100000); /* it asks again a second later */
+  r.f.clock.advance(1100000000); /* it asks again a second later */
   ust__cupti_poll(r.c, 1, 0);
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
   ASSERT_INT_EQ(ust__cupti_tracing(r.c), UST__TRACING_WINDOW);
@@ -216,7 +222,7 @@ TEST(tracer_yields_to_an_injected_tool_not_to_an_idle_subscriber) {
   ust__cupti_poll(r.c, 1, 1);
   /* Nsight injected into the process holds it: the tracer stands down */
   setenv("CUDA_INJECTION64_PATH", "/opt/nsight/libToolsInjection64.so", 1);
-  usleep(200000); /* the next window is due (50 ms open, 100 ms apart) */
+  r.f.clock.advance(200000000); /* the next window is due (50 ms open, 100 ms apart) */
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 0);
   ust__timer_status st;
   ust__cupti_status(r.c, &st);
@@ -234,6 +240,7 @@ TEST(tracer_drops_calls_whose_kernels_never_came) {
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
   r.f.hold_kernels(1);
   timed(&r, &r.a, 1, "queued_gemm", 1000);
+  r.f.clock.step(50000000); /* the wait below reaches its end in 40 readings */
   ust__cupti_poll(r.c, 1, 1); /* waits at most 2 s for the kernel, then concludes */
   ASSERT_U64_EQ(hist_count(&r.a), 0);
   ASSERT_U64_EQ(atomic_load(&r.a.timing_dropped), 1);
@@ -253,7 +260,9 @@ TEST(tracer_buffers_outlive_the_tracer_they_were_handed_out_for) {
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
   r.f.keep_buffer(1);
   timed(&r, &r.a, 1, "kept", 1000);
+  r.f.clock.step(50000000); /* the kept kernel never comes: the drain's 2 s in 40 readings */
   ust__cupti_poll(r.c, 1, 1);
+  r.f.clock.step(1000000);
   ust__cupti_destroy(r.c);
   r.c = tracer(0, &r.f);
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
@@ -295,7 +304,7 @@ TEST(tracer_times_graph_replays_of_captured_calls) {
   /* graph 7 instantiated again later, as executable graph 12, while a
    * window holds the subscription: CUPTI's resource callback says so, and
    * its replays are graph 7's calls though 11 is not a captured graph */
-  usleep(200000);
+  r.f.clock.advance(200000000);
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
   r.f.instantiate(7, 12);
   const uint32_t late = r.f.graph_kernel(0, 12ull << 32 | 0, "gemm", 300);
@@ -310,7 +319,7 @@ TEST(tracer_times_graph_replays_of_captured_calls) {
   ASSERT_INT_EQ(ust__cupti_node_ids(r.c, nodes30, 1, ids), 0);
   ASSERT_INT_EQ(ust__cupti_graph_call(r.c, ids, 1, 1, &r.b, 0), 0);
   ust__cupti_graph_made(r.c, (void *)(uintptr_t)30, (void *)(uintptr_t)44);
-  usleep(200000);
+  r.f.clock.advance(200000000);
   ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
   r.f.graph_kernel(0, 45ull << 32 | 2, "rms_norm", 70);
   ust__cupti_poll(r.c, 1, 1);
@@ -361,7 +370,7 @@ TEST(tracer_grows_its_buffers_and_cuts_a_crowded_window) {
   timed(&r, &r.a, 1, "gemm", 700);
   const int got = r.f.take_buffers(40); /* beyond the 16 kept ready */
   ASSERT_INT_EQ(got, 40);
-  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1); /* not crowded yet: open */
+  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1); /* not crowded yet, nor due to close: open */
   ASSERT_INT_EQ(ust__cupti_tracing(r.c), UST__TRACING_WINDOW);
   const int more = r.f.take_buffers(40); /* past the bound: refused, counted */
   ASSERT_TRUE(more > 0 && more < 40);

@@ -82,6 +82,39 @@ def calls_behind_queued_work(call, n=10, cycles=2_000_000_000):
     return host_s, not done.query(), t0
 
 
+# ---- tests that need a CUDA device ----------------------------------------------
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA device; skipped where torch sees none (./run.sh test-gpu runs them: "
+        "pytest -m gpu)")
+
+
+def needs_cuda(item):
+    """Whether a test needs a CUDA device: it is marked gpu, or it carries a
+    skipif whose reason names CUDA (the older spelling of the same mark,
+    such as skipif(torch.cuda.device_count() < 2, reason="needs two CUDA
+    devices")), so that -m gpu selects it too."""
+    if item.get_closest_marker("gpu") is not None:
+        return True
+    return any("CUDA" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The one condition for skipping a GPU test: torch sees no CUDA device
+    (not the build, not the sanitizer pass: the sanitized pass hides the
+    devices with CUDA_VISIBLE_DEVICES, so torch sees none there)."""
+    import torch
+    cuda = torch.cuda.is_available()
+    for item in items:
+        if needs_cuda(item):
+            if item.get_closest_marker("gpu") is None:
+                item.add_marker(pytest.mark.gpu)
+            if not cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
 @pytest.fixture
 def us(tmp_path):
     """understudy, disabled again after the test whatever happens."""

@@ -12,7 +12,7 @@ import torch
 
 from test_shadow import _rms, candidate_op, native, rms_inputs, routes, shadow_config
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.gpu  # needs a CUDA device (conftest.py skips it without one)
 
 SHAPES = ((1, 4096), (8, 4096), (3, 5, 128))
 

@@ -182,8 +182,9 @@ def test_a_hanging_candidate_wedges_nothing(us, tmp_path):
     and metrics scrapes on every other thread. Now the control plane answers
     at once, disable() returns at its deadline saying how many calls are
     still inside, and finishes (the final report) when they return. The
-    candidate hangs 30 s: an answer within 5 s did not wait for it (under
-    ASan on a loaded two-core machine a scrape took 0.29 s)."""
+    candidate hangs until the test releases it (30 s at most): each answer
+    came while the hung call was still inside, so none waited for it,
+    however long the machine took to give it."""
     import threading
     import time
     name, entered, release = waiting_silu("ust_hostile::silu_hangs", 30)
@@ -199,33 +200,30 @@ def test_a_hanging_candidate_wedges_nothing(us, tmp_path):
     caller = threading.Thread(target=lambda: got.setdefault("y", F.silu(x)))
     caller.start()
     try:
-        assert entered.wait(10)
+        assert entered.wait(60)
 
         def scrape():
-            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=60) as r:
                 assert b"understudy_" in r.read()
 
         for what, fn in [("report", lambda: us.report(flush_timings=False)), ("is_enabled", us.is_enabled),
                          ("set_mode", lambda: us.set_mode("gemm", "off")), ("metrics scrape", scrape)]:
-            t0 = time.perf_counter()
             fn()
-            took = time.perf_counter() - t0
-            assert took < 5.0, f"{what} took {took * 1e3:.0f} ms beside a hanging candidate"
+            assert "y" not in got, f"{what} returned only once the hung call had"
         torch.mm(torch.randn(2, 2), torch.randn(2, 2))  # other ops keep working
         t0 = time.perf_counter()
         with pytest.raises(understudy.UnderstudyError, match="1 intercepted call had not returned after 0.5 s"):
             us.disable()
         took = time.perf_counter() - t0
-        assert 0.4 < took < 5.0, took
+        assert took > 0.4 and "y" not in got, took  # its deadline, not the hung call
         assert not us.is_enabled() and not report.exists()
     finally:
         release.set()
-        caller.join(10)
+        caller.join(60)
         server.stop()
     assert torch.equal(got["y"], F.silu(x))  # production served the hung call once it returned
-    for _ in range(200):
-        if report.exists():
-            break
+    deadline = time.monotonic() + 60  # a guard: the report comes with the call's return
+    while not report.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert report.exists(), "the final report is written once the last call returned"
     us.enable({"operators": {"silu": "observe"}, "report": {"interval_s": 0}})
@@ -279,7 +277,7 @@ def test_a_candidate_calling_disable_is_refused_not_deadlocked(us):
 
 
 HOSTILE_PATHS = """
-import json, os, sys, time
+import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import understudy
 d = sys.argv[2]
@@ -297,12 +295,13 @@ for name, cfg in [
     ("candidate 6 GiB", {"operators": {"silu": {"mode": "shadow", "candidate": {"native": sparse, "sha256": pin}}}}),
     ("state fifo", {"operators": {"silu": "observe"}, "state": {"path": fifo}}),
 ]:
-    t0 = time.perf_counter()
+    t0, rss0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         understudy.enable(cfg)
         print(name, "accepted")
     except understudy.UnderstudyError as e:
-        print(name, "|", round(time.perf_counter() - t0, 3), "|", e)
+        grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0  # KiB, at its peak
+        print(name, "|", round(time.perf_counter() - t0, 3), "|", grew, "|", e)
     assert not understudy.is_enabled()
 """
 
@@ -311,40 +310,56 @@ def test_paths_that_block_or_exhaust_are_refused_at_once(tmp_path):
     """A FIFO as the candidate or state path blocked enable() for ever;
     /dev/zero or a 6 GiB sparse file as the candidate was read into memory
     before being refused. Paths must be regular files of bounded size,
-    opened without blocking."""
+    opened without blocking: each enable returns (a blocked one would run
+    into the child's timeout), with the peak of the process's memory grown
+    by less than 64 MiB (not read), and says why."""
     import subprocess
     import sys
     from conftest import ROOT
     script = tmp_path / "paths.py"
     script.write_text(HOSTILE_PATHS)
     out = subprocess.run([sys.executable, str(script), str(ROOT / "python-shim"), str(tmp_path)],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     print(out.stdout)
     rows = {line.split(" |")[0]: line.split(" | ") for line in out.stdout.splitlines()}
     assert set(rows) == {"candidate fifo", "candidate /dev/zero", "candidate 6 GiB", "state fifo"}, out.stdout
-    for name, (_, took, msg) in rows.items():
-        assert float(took) < 0.5, (name, took)
-    assert "is not a regular file" in rows["candidate fifo"][2]
-    assert "is not a regular file" in rows["candidate /dev/zero"][2]
-    assert "more than the" in rows["candidate 6 GiB"][2]
-    assert "is not a regular file" in rows["state fifo"][2]
+    for name, (_, took, grew_kib, msg) in rows.items():
+        assert int(grew_kib) < 64 << 10, (name, took, grew_kib)
+    assert "is not a regular file" in rows["candidate fifo"][3]
+    assert "is not a regular file" in rows["candidate /dev/zero"][3]
+    assert "more than the" in rows["candidate 6 GiB"][3]
+    assert "is not a regular file" in rows["state fifo"][3]
 
 
 def test_configs_built_to_hurt_are_refused_quickly_and_by_name(us, tmp_path):
     """200,000 operators took 152 s to refuse (a quadratic duplicate check);
     a deeply nested config raised Python's RecursionError; trailing garbage
     was accepted; "silu\\u0000x" read as "silu"; a FIFO as the config path
-    blocked."""
+    blocked. The refusal of 200,000 costs about what writing that config as
+    JSON costs (twice as much here, a few times under ASan; 300 times when the
+    check was quadratic): the fastest of three of each, measured in the same
+    run, so the ratio holds on a slow machine as on a fast one."""
+    import json
     import os
     import time
+
+    def fastest(fn):
+        took = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            took.append(time.perf_counter() - t0)
+        return min(took)
+
+    def refuse():
+        with pytest.raises(understudy.ConfigError, match="lists 200000 operators; at most 4096"):
+            us.enable(big)
+
     big = {"operators": {f"op{i}": "observe" for i in range(200_000)}}
-    t0 = time.perf_counter()
-    with pytest.raises(understudy.ConfigError, match="lists 200000 operators; at most 4096"):
-        us.enable(big)
-    took = time.perf_counter() - t0
-    print(f"200,000 operators refused in {took:.3f} s")
-    assert took < 5.0  # 152 s when the check was quadratic; well under a second here, a few under ASan
+    written, refused = fastest(lambda: json.dumps(big)), fastest(refuse)
+    print(f"200,000 operators written as JSON in {written:.3f} s, refused in {refused:.3f} s")
+    assert refused < 20 * written, (written, refused)
     with pytest.raises(understudy.ConfigError, match="no operator named 'op0'"):
         us.enable({"operators": {f"op{i}": "observe" for i in range(4096)}})
     deep = {}
@@ -504,9 +519,20 @@ def test_a_full_disk_keeps_the_previous_report_and_state_file(tmp_path):
     import sys
     script = tmp_path / "serve.py"
     script.write_text(f"""
-import os, resource, signal, time, torch, torch.nn.functional as F, understudy
+import ctypes, os, resource, signal, sys, time, torch, torch.nn.functional as F, understudy
 d = {str(tmp_path)!r}
 report, state = os.path.join(d, "report.json"), os.path.join(d, "state.json")
+said = []
+def sink(level, msg, user):  # understudy's log, kept (to wait for a line) and on stderr as before
+    said.append(msg.decode())
+    print(msg.decode(), file=sys.stderr, flush=True)
+sink = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(sink)
+understudy._load().ust_set_log(sink, None, 1)  # warnings
+def wait_for(what, done):  # however long the worker takes; a minute at most, a guard against never
+    t0 = time.monotonic()
+    while not done():
+        assert time.monotonic() - t0 < 60, what
+        time.sleep(0.02)
 understudy.enable({{"operators": {{"silu": "observe"}}, "report": {{"path": report, "interval_s": 0}},
                    "state": {{"path": state}}}})
 x = torch.randn(4, 8)
@@ -514,10 +540,7 @@ F.silu(x)
 understudy.write_report()
 key = [s["key"] for o in understudy.report()["operators"] for s in o["shapes"] if s["op"] == "aten::silu"][0]
 understudy.set_mode(key=key, mode="off")
-for _ in range(100):
-    if os.path.exists(state):
-        break
-    time.sleep(0.02)
+wait_for("the worker saved the state", lambda: os.path.exists(state))
 time.sleep(0.3)
 old_report, old_state = open(report, "rb").read(), open(state, "rb").read()
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -531,7 +554,7 @@ try:
 except understudy.UnderstudyError as e:
     assert "report.json" in str(e), str(e)
     print("report error:", e)
-time.sleep(0.5)  # the worker tried to save the state
+wait_for("the worker tried to save the state", lambda: any("state file" in m for m in said))
 try:
     understudy.disable()  # its final report and state fail too, and it says so
     raise SystemExit("disable did not report the failed writes")
@@ -613,7 +636,7 @@ def test_a_call_finding_every_slot_taken_is_skipped_for_that_reason(us):
     (its candidate waits), another thread's call is served by production and
     counted as skipped for want of a slot."""
     import threading
-    name, inside, release = waiting_silu("ust_hostile::silu_waits", 10)
+    name, inside, release = waiting_silu("ust_hostile::silu_waits", 60)
     x = torch.randn(4, 8)
     want = F.silu(x)
     cfg = silu_config("shadow", {"torch_op": name, "target": "aten::silu"})
@@ -621,13 +644,13 @@ def test_a_call_finding_every_slot_taken_is_skipped_for_that_reason(us):
     us.enable(cfg)
     first = threading.Thread(target=lambda: F.silu(x))
     first.start()
-    assert inside.wait(10)
+    assert inside.wait(60)
     try:
         for _ in range(3):
             assert torch.equal(F.silu(x), want)  # production, at once
     finally:
         release.set()
-        first.join(10)
+        first.join(60)
     sh = silu_route(us.report())["shadow"]
     assert (sh["calls"], sh["passed"]) == (1, 1)
     assert sh["skipped"] == 3 and sh["skipped_by"] == {"no_slot": 3, "error": 0, "budget": 0, "capture": 0}
@@ -686,7 +709,9 @@ print(json.dumps({{"status": status, "parent_added": after - before}}), flush=Tr
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     child, parent = (json.loads(line) for line in r.stdout.strip().splitlines())
-    assert child["same"] and child["enabled"] is False and child["disable_s"] < 5
+    # disable returned (without the error of one that ran out its time) before its deadline, 30 s by
+    # default: it waited for no call of the threads the fork left behind
+    assert child["same"] and child["enabled"] is False and child["disable_s"] < 30
     assert child["child_calls"] == [7]  # a fresh engine of the child's own
     assert parent == {"status": 0, "parent_added": 5}
     rep = json.loads(report.read_text())  # the parent's final report, whole
@@ -810,7 +835,7 @@ def _counts(p, word):
     return [int(v) for v in line if v.isdigit()]
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("mode", ["shadow", "live"])
 def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, device):
     """An out-of-memory sweep of the seam (libuv's kind): in a process of its
@@ -823,8 +848,6 @@ def test_calls_whose_allocations_fail_are_served_by_production(tmp_path, mode, d
     understudy's internal error or (a route that could not be made) an
     untracked call; and the routes are verified as before once memory is
     back."""
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     p = _sweep(tmp_path, _OOM_SWEEP, mode, device)
     lines = p.stdout.splitlines()
     injected = {ln.split(":")[0]: int(ln.split(": ")[1].split()[0]) for ln in lines if "allocations failed" in ln}

@@ -105,7 +105,7 @@ def test_host_memory_flat_over_enable_disable_cycles(tmp_path):
     assert [s["threads"] for s in samples] == [base["threads"]] * len(samples)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["native", "torch_op"])
 def test_device_memory_returns_to_baseline(us, kind):
     """enable, shadow traffic with a CUDA candidate (the native one, or a

@@ -255,14 +255,12 @@ def test_an_isolated_build_stops_at_once_without_torch(installed, tmp_path):
     wheelhouse = pathlib.Path(os.environ.get("UST_WHEELHOUSE", ROOT / "build" / "wheelhouse"))
     need(any(wheelhouse.glob("scikit_build_core-*.whl")),
          f"no scikit-build-core wheel in {wheelhouse} (./run.sh test downloads it there)")
-    t0 = time.monotonic()
     r = installed.run(installed.python, "-m", "pip", "install", "--no-index", "--find-links", wheelhouse,
                       installed.clone, timeout=300)
-    seconds = time.monotonic() - t0
     out = r.stdout + r.stderr
     assert r.returncode != 0, out[-3000:]
     assert "understudy: this build cannot import torch." in out, out[-3000:]
     assert "pip install --no-build-isolation ." in out
-    assert "Getting requirements to build wheel" in out  # stopped there, before CMake ran
+    assert "Getting requirements to build wheel" in out  # stopped there, before CMake ran:
+    assert "Building wheel" not in out  # the step that would run it never came
     assert "torch" not in " ".join(line for line in out.splitlines() if "Collecting" in line or "Downloading" in line)
-    assert seconds < 60, seconds

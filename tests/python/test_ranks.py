@@ -155,9 +155,8 @@ def scrape(url):
 
 DEVICES = [
     pytest.param("cpu", id="cpu-gloo"),
-    pytest.param("cuda", id="cuda-nccl", marks=pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.device_count() < RANKS,
-        reason=f"needs {RANKS} CUDA GPUs (one a rank, NCCL)")),
+    pytest.param("cuda", id="cuda-nccl", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        torch.cuda.device_count() < RANKS, reason=f"needs {RANKS} CUDA GPUs (one a rank, NCCL)")]),
 ]
 
 

@@ -232,7 +232,7 @@ BF16 = {
 SEQUENTIAL, BATCHED_CONCURRENCY = 8, 16
 
 
-@pytest.mark.parametrize("device", sorted(BF16))
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_bfloat16_batched_under_understudy(tmp_path, device):
     """`transformers serve --continuous-batching` with a bfloat16 model,
     without and with understudy, on two phases of traffic: 8 requests one
@@ -252,8 +252,6 @@ def test_bfloat16_batched_under_understudy(tmp_path, device):
     holds them to."""
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     if device == "cpu":
         need_serve_modules()
     elif missing_modules():

@@ -11,7 +11,7 @@ import understudy
 from test_shadow import (DTYPES, _rms, served_under, _fused_add_calls, _fused_add_impl, _import_example, _reference, candidate_op,
                          native, poisoned_pair, rms_inputs, routes, run_rms_norm, shadow_config)
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.gpu  # needs a CUDA device (conftest.py skips it without one)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
