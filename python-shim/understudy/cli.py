@@ -1,9 +1,10 @@
 """The understudy command line (`understudy …`, `python -m understudy …`).
 
-Each subcommand is a row of COMMANDS: its name, a one-line help, a function
-that declares its arguments on an argparse sub-parser, and a function that
-runs it with the parsed arguments and returns the exit status. A new
-subcommand is two functions and a row.
+Each subcommand is a row of COMMANDS: its name, a one-line help, an example
+(shown by its --help), a function that declares its arguments on an argparse
+sub-parser (every argument with a help text), and a function that runs it
+with the parsed arguments and returns the exit status. A new subcommand is
+two functions and a row.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .tables import format_report, format_verdicts  # noqa: F401  (re-exported f
 class Command(NamedTuple):
     name: str
     help: str
+    example: str
     arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
 
@@ -32,8 +34,8 @@ def _fail(msg: str) -> int:
 # ---- report ---------------------------------------------------------------------------
 
 def _report_args(p):
-    p.add_argument("file")
-    p.add_argument("--shapes", type=int, default=8, help="shape keys shown per operator")
+    p.add_argument("file", help="a JSON report (report.path of a run, or one `understudy merge` wrote)")
+    p.add_argument("--shapes", type=int, default=8, help="shape keys shown per operator (default: 8)")
     p.add_argument("--all", action="store_true", help="also the operators that saw no call")
 
 
@@ -55,7 +57,7 @@ def _report(args) -> int:
 # ---- html -----------------------------------------------------------------------------
 
 def _html_args(p):
-    p.add_argument("report")
+    p.add_argument("report", help="a JSON report")
     p.add_argument("-o", "--out", required=True, help="the HTML file to write")
     p.add_argument("--all", action="store_true", help="also the operators that saw no call")
 
@@ -70,7 +72,7 @@ def _html(args) -> int:
 
 def _merge_args(p):
     p.add_argument("out", help="where the merged report is written (atomically)")
-    p.add_argument("reports", nargs="+")
+    p.add_argument("reports", nargs="+", metavar="report", help="the JSON reports to merge, one per process")
 
 
 def _merge(args) -> int:
@@ -112,7 +114,7 @@ def _s_agg_text(tot: dict) -> str:
 # ---- calibrate ------------------------------------------------------------------------
 
 def _calibrate_args(p):
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the hardware profile to write (JSON), for \"hardware\": {\"dir\": ...}")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
 
@@ -126,8 +128,8 @@ def _calibrate(args) -> int:
 # ---- export-atrex ---------------------------------------------------------------------
 
 def _export_atrex_args(p):
-    p.add_argument("out_dir")
-    p.add_argument("report")
+    p.add_argument("out_dir", help="the folder to write shapes.json and operator_importance.json into")
+    p.add_argument("report", help="a JSON report")
     p.add_argument("--problems-dir", default=None, help="operator definitions (default: the shipped problems/)")
 
 
@@ -150,8 +152,9 @@ def _export_atrex(args) -> int:
 
 def _demo_args(p):
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--tokens", type=int, default=24)
-    p.add_argument("--report", default="understudy-demo-report.json")
+    p.add_argument("--tokens", type=int, default=24, help="tokens generated per phase (default: 24)")
+    p.add_argument("--report", default="understudy-demo-report.json",
+                   help="the first phase's report (the others' names add -shadow and -rollout)")
     p.add_argument("--model", default="small", choices=["small", "llama-8b-shaped", "qwen3-moe-shaped"],
                    help="small (default), or HF models with real serving dimensions and 2 layers (GPU)")
 
@@ -484,18 +487,23 @@ def _doctor(args) -> int:
 
 
 COMMANDS = [
-    Command("report", "print a JSON report as a table", _report_args, _report),
-    Command("html", "write a report as one self-contained HTML page (roofline chart, verdicts)", _html_args, _html),
-    Command("merge", "merge reports from many processes into one, exactly", _merge_args, _merge),
-    Command("calibrate", "measure this device's copy bandwidth and matrix rates into a profile", _calibrate_args,
-            _calibrate),
-    Command("export-atrex", "write the observed workload as Atrex-Bench shapes and importance", _export_atrex_args,
-            _export_atrex),
-    Command("demo", "generate with a small decoder under understudy and print the report", _demo_args, _demo),
-    Command("run", "run a command with understudy enabled in its Python processes ($UNDERSTUDY_CONFIG)", _run_args,
-            _run),
-    Command("doctor", "tell which Python interpreters on PATH would enable understudy, and why not", _doctor_args,
-            _doctor),
+    Command("report", "print a JSON report as tables: operators by weight, shape keys, verdicts",
+            "understudy report understudy-report.json --shapes 20", _report_args, _report),
+    Command("html", "write a report as one self-contained HTML page (roofline chart, verdicts)",
+            "understudy html understudy-report.json -o report.html", _html_args, _html),
+    Command("merge", "merge reports from many processes into one, exactly",
+            "understudy merge merged.json /tmp/us-0.json /tmp/us-1.json", _merge_args, _merge),
+    Command("calibrate", "measure this device's copy bandwidth and matrix rates into a profile",
+            "understudy calibrate --device cpu --quick --out hw/cpu.json", _calibrate_args, _calibrate),
+    Command("export-atrex", "write the observed workload as Atrex-Bench shapes and importance",
+            "understudy export-atrex atrex-out understudy-report.json", _export_atrex_args, _export_atrex),
+    Command("demo", "generate with a small decoder under understudy and print the report",
+            "understudy demo --device cpu --tokens 16", _demo_args, _demo),
+    Command("run", "run a command with understudy enabled in its Python processes ($UNDERSTUDY_CONFIG)",
+            "understudy run --config '{\"report\": {\"path\": \"r-{pid}.json\"}}' -- transformers serve MODEL",
+            _run_args, _run),
+    Command("doctor", "tell which Python interpreters on PATH would enable understudy, and why not",
+            "understudy doctor transformers torchrun", _doctor_args, _doctor),
 ]
 
 
@@ -503,14 +511,28 @@ def parser() -> argparse.ArgumentParser:
     from understudy._version import __version__
 
     ap = argparse.ArgumentParser(prog="understudy", description="understudy: observe, shadow and roll out kernels "
-                                 "in a PyTorch serving process, scored against the roofline.")
+                                 "in a PyTorch serving process, scored against the roofline.",
+                                 epilog="example:\n  understudy run -- python3 serve.py",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"understudy {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="one of the commands below")
     for c in COMMANDS:
-        c.arguments(sub.add_parser(c.name, help=c.help, description=c.help))
+        c.arguments(sub.add_parser(c.name, help=c.help, description=c.help, epilog=f"example:\n  {c.example}",
+                                   formatter_class=argparse.RawDescriptionHelpFormatter))
     return ap
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    return next(c for c in COMMANDS if c.name == args.cmd).run(args)
+    try:
+        status = next(c for c in COMMANDS if c.name == args.cmd).run(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return status
+    except BrokenPipeError:
+        # The reader went away (`understudy report FILE | head`): the output
+        # that is left goes nowhere, quietly, and the status says why.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 128 + signal.SIGPIPE

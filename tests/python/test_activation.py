@@ -704,14 +704,28 @@ def test_version_is_one_number_everywhere(tmp_path):
 
 
 def test_help_lists_every_subcommand(tmp_path):
-    from understudy.cli import COMMANDS
+    """`understudy --help` lists every subcommand; each subcommand's --help
+    describes every argument and ends with an example of its use."""
+    import argparse
 
-    r = cli("--help", env=child_env(tmp_path, None, hook=False))
+    from understudy.cli import COMMANDS, parser
+
+    env = child_env(tmp_path, None, hook=False)
+    r = cli("--help", env=env)
     assert r.returncode == 0, r.stderr
     names = [c.name for c in COMMANDS]
     assert {"report", "merge", "calibrate", "export-atrex", "demo", "run", "doctor"} <= set(names)
     for n in names:
         assert f"    {n}" in r.stdout, n
+    assert "\nexample:\n  understudy " in r.stdout
+    (sub,) = [a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, p in sub.choices.items():
+        undescribed = [a.dest for a in p._actions if not a.help]
+        assert not undescribed, (name, undescribed)
+        r = cli(name, "--help", env=env)
+        assert r.returncode == 0, r.stderr
+        example = r.stdout.split("\nexample:\n", 1)[1].strip()
+        assert example.startswith(f"understudy {name} ") and "\n" not in example, (name, r.stdout)
 
 
 def test_entry_points_name_the_plugin_functions():
