@@ -226,7 +226,7 @@ def _run(args) -> int:
             print(f"understudy: run: cannot run '{cmd[0]}': {e.strerror}", file=sys.stderr)
             return 127
         status = _wait_passing_signals(child)
-        print(f"understudy: {_run_reports_line(record, config)}", file=sys.stderr, flush=True)
+        print(f"understudy: {_run_reports_line(record)}", file=sys.stderr, flush=True)
     finally:
         os.unlink(record)
     if status < 0:  # the command died of a signal: so does run, and its parent sees the same status
@@ -252,7 +252,7 @@ def _wait_passing_signals(child) -> int:
     return child.wait()
 
 
-def _run_reports_line(record: str, config: str) -> str:
+def _run_reports_line(record: str) -> str:
     """One line naming the reports the command's processes wrote, from the
     list they kept in record (activation.note_report)."""
     entries = []
