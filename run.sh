@@ -157,7 +157,8 @@ configure() {
 }
 
 build() {
-  configure "$BUILD_DIR" -DUST_PYTHON="$(command -v "$PY")" -DUST_GPU="${UST_GPU:-auto}"
+  configure "$BUILD_DIR" -DUST_PYTHON="$(command -v "$PY")" -DUST_TEST_CANDIDATES=ON -DUST_GPU="${UST_GPU:-$( \
+    [ "$cmd" = test ] && command -v nvcc >/dev/null && echo cuda || echo auto)}" # test: CUDA compiles wherever nvcc is
   cmake --build "$BUILD_DIR" -j"$(nproc)"
 }
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -485,7 +486,10 @@ static void resolve_candidates(ust__engine *e) {
 }
 
 /* Temp files of understudy's own naming left beside path by a process that
- * died mid-write (PATH.tmp.XXXXXX, ust__write_file_atomic): removed. */
+ * died mid-write (PATH.tmp.XXXXXX, ust__write_file_atomic): removed. The
+ * folder's flock, which a process writing a report there holds from its
+ * temp file to the rename (plugin/report.c), keeps another running
+ * process's report from being taken for one. */
 static void clean_stale_temps(ust__ctx *c, const char *path) {
   if (path == NULL)
     return;
@@ -498,6 +502,8 @@ static void clean_stale_temps(ust__ctx *c, const char *path) {
   DIR *d = opendir(dir);
   if (d == NULL)
     return;
+  while (flock(dirfd(d), LOCK_EX) != 0 && errno == EINTR) {
+  }
   const size_t blen = strlen(base);
   int removed = 0;
   for (struct dirent *ent; (ent = readdir(d)) != NULL;) {

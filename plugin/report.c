@@ -11,10 +11,16 @@
  * place those rules live, used alike by the in-process report and by merges
  * (ust_report_derive).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -1267,13 +1273,156 @@ cJSON *ust__report_build(ust__engine *e) {
   return root;
 }
 
+/* ---- the report file -------------------------------------------------------------- */
+
+/* One report.path may be configured in many processes (a server's processes
+ * share one config: vLLM's API server and its engine both load the plugin).
+ * Whether this process's report replaces the file at the configured path:
+ *   - no report there, or this process's own (same host and pid): replaced;
+ *   - a report with calls, and this process observed none: kept (said once);
+ *   - a report with calls of another process that still runs (same host and
+ *     its pid alive; on another host it is taken to run): kept, and this
+ *     process writes to a name of its own from then on, the path with -PID
+ *     before its extension (said once);
+ *   - otherwise (a report without calls, or of a process that has ended):
+ *     replaced.
+ * The look and the rename happen under an exclusive flock of the folder,
+ * which every process writing a report there takes, so two processes never
+ * both find the path free. A path passed to ust_report_write is written as
+ * asked. */
+
+/* Where this process last wrote its configured report, so that a file it
+ * wrote itself is not read again: the configured path, whether it went to
+ * the name of its own, and the file as it left it (an inode number alone
+ * is reused once another process's rename frees it). */
+static struct {
+  pthread_mutex_t lock;
+  pid_t pid;
+  char path[4096];
+  int own_name;
+  int known; /* st holds the file as written */
+  struct stat st;
+  int said_kept, said_own_name;
+} g_written = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int same_file(const struct stat *a, const struct stat *b) {
+  return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+         a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
+         a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+/* path with -pid before the extension of its last component. */
+static int own_name(const char *path, pid_t pid, char *out, size_t size) {
+  const char *slash = strrchr(path, '/');
+  const char *dot = strrchr(slash != NULL ? slash + 1 : path, '.');
+  const size_t stem = dot != NULL && dot != (slash != NULL ? slash + 1 : path) ? (size_t)(dot - path) : strlen(path);
+  return (size_t)snprintf(out, size, "%.*s-%ld%s", (int)stem, path, (long)pid, path + stem) < size ? 0 : -1;
+}
+
+typedef struct {
+  long pid;
+  char host[256];
+  double calls;
+} report_owner;
+
+/* The owner of the report at path: 1 when path holds a report, else 0. */
+static int read_owner(const char *path, report_owner *o) {
+  char *text = ust__read_text_file(path, 1u << 30);
+  cJSON *j = text != NULL ? cJSON_Parse(text) : NULL;
+  free(text);
+  const cJSON *schema = cJSON_GetObjectItemCaseSensitive(j, "schema");
+  const cJSON *pid = cJSON_GetObjectItemCaseSensitive(j, "pid");
+  const cJSON *host = cJSON_GetObjectItemCaseSensitive(j, "host");
+  const cJSON *calls = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "totals"), "calls");
+  int is = cJSON_IsString(schema) && strcmp(schema->valuestring, "understudy.report") == 0 && cJSON_IsNumber(pid);
+  if (is) {
+    o->pid = (long)pid->valuedouble;
+    snprintf(o->host, sizeof o->host, "%s", cJSON_IsString(host) ? host->valuestring : "");
+    o->calls = cJSON_IsNumber(calls) ? calls->valuedouble : 0;
+  }
+  cJSON_Delete(j);
+  ust__clear_error();
+  return is;
+}
+
+static int runs(const report_owner *o, const char *host) {
+  if (strcmp(o->host, host) != 0)
+    return 1; /* another machine's process: nothing here can tell, so it is not overwritten */
+  return o->pid > 0 && (kill((pid_t)o->pid, 0) == 0 || errno == EPERM);
+}
+
+/* Writes text, this process's report with calls calls, to the configured
+ * path (or the name of its own); under g_written.lock. */
+static int write_shared(ust__engine *e, const char *path, const char *text, double calls) {
+  const pid_t me = getpid();
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  char mine[4200];
+  if (own_name(path, me, mine, sizeof mine) != 0)
+    return ust__error(UST_EIO, "report: the path '%s' is too long", path);
+  if (g_written.pid != me || strcmp(g_written.path, path) != 0) {
+    g_written.pid = me;
+    snprintf(g_written.path, sizeof g_written.path, "%s", path);
+    g_written.own_name = g_written.known = 0;
+  }
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  snprintf(dir, sizeof dir, "%.*s", slash == NULL ? 1 : slash == path ? 1 : (int)(slash - path),
+           slash == NULL ? "." : path);
+  const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0)
+    while (flock(dfd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  const char *target = path;
+  struct stat st;
+  if (g_written.own_name) {
+    target = mine;
+  } else if (!(g_written.known && stat(path, &st) == 0 && same_file(&st, &g_written.st))) {
+    report_owner o;
+    if (read_owner(path, &o) && !(o.pid == (long)me && strcmp(o.host, host) == 0) && o.calls > 0) {
+      const char *on = strcmp(o.host, host) != 0 ? " on " : "", *there = *on ? o.host : "";
+      if (calls <= 0) {
+        if (!g_written.said_kept)
+          ust__log(&e->ctx->log, UST_LOG_WARN, "report: process %ld observed no call, and '%s' holds the report of "
+                   "process %ld%s%s with %.0f calls: left as it is", (long)me, path, o.pid, on, there, o.calls);
+        g_written.said_kept = 1;
+        target = NULL;
+      } else if (runs(&o, host)) {
+        if (!g_written.said_own_name)
+          ust__log(&e->ctx->log, UST_LOG_WARN, "report: '%s' holds the report of process %ld%s%s, still running, "
+                   "with %.0f calls: process %ld writes its own to '%s' (name the processes' reports apart with "
+                   "{pid} or {rank} in report.path)", path, o.pid, on, there, o.calls, (long)me, mine);
+        g_written.said_own_name = 1;
+        g_written.own_name = 1;
+        target = mine;
+      }
+    }
+  }
+  int rc = 0;
+  if (target != NULL) {
+    rc = ust__write_file_atomic(target, text, "report");
+    g_written.known = rc == 0 && target == path && stat(path, &g_written.st) == 0;
+  }
+  if (dfd >= 0)
+    close(dfd); /* and the flock with it */
+  return rc;
+}
+
 int ust__report_write_file(ust__engine *e, const char *path) {
   cJSON *j = ust__report_build(e);
+  const double calls = j != NULL ? num(cJSON_GetObjectItemCaseSensitive(j, "totals"), "calls") : 0;
   char *text = j != NULL ? cJSON_Print(j) : NULL;
   cJSON_Delete(j);
   if (text == NULL)
     return ust__error(UST_ENOMEM, "report: out of memory");
-  int rc = ust__write_file_atomic(path, text, "report");
+  int rc;
+  if (e->cfg.report_path != NULL && strcmp(path, e->cfg.report_path) == 0) {
+    pthread_mutex_lock(&g_written.lock);
+    rc = write_shared(e, path, text, calls);
+    pthread_mutex_unlock(&g_written.lock);
+  } else {
+    rc = ust__write_file_atomic(path, text, "report");
+  }
   free(text);
   return rc;
 }

@@ -234,6 +234,7 @@ def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLi
                 has_dir = False  # the library reports the JSON error with its position
         pdir = None if has_dir else problems_dir()
     _check(lib.ust_enable(text.encode(), None if pdir is None else os.fsencode(os.fspath(pdir))))
+    activation.note_report(text)  # under `understudy run`: the run names this process's report at its end
     global _enabled_with
     _enabled_with = config if config is not None else os.environ.get("UNDERSTUDY_CONFIG")
     metrics._on_enable(text)  # the config's "metrics" section; warns, never raises
@@ -386,6 +387,6 @@ def write_report(path: Optional[Union[str, os.PathLike]] = None) -> None:
 
 
 from .candidates import compare, native, register_candidate, sha256_of  # noqa: E402
-from . import graphs, metrics  # noqa: E402
+from . import activation, graphs, metrics  # noqa: E402
 from .metrics import metrics_text, serve_metrics  # noqa: E402
 from .activation import activate  # noqa: E402

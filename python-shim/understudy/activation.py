@@ -46,7 +46,12 @@ import sys
 import threading
 from typing import Optional
 
-__all__ = ["activate", "config_from_env", "candidate_modules_from_env", "import_candidate_modules"]
+__all__ = ["activate", "config_from_env", "candidate_modules_from_env", "import_candidate_modules", "own_report_name",
+           "note_report"]
+
+# Set by `understudy run`: a file where each process that enables understudy
+# adds a line naming its report, which the run reads when the command ends.
+RUN_REPORTS = "UNDERSTUDY_RUN_REPORTS"
 
 _lock = threading.RLock()  # reentrant: a candidate module imported under it may call activate()
 
@@ -174,6 +179,43 @@ def _activate(config: Optional[str], source: str) -> bool:
     atexit.register(_at_exit)
     _install_sigterm()
     return True
+
+
+def own_report_name(path: str, pid: int) -> str:
+    """The name process pid writes its report to when the configured path
+    holds the report of another process that still runs (the library's rule,
+    plugin/report.c): the path with -PID before its extension."""
+    head, base = os.path.split(path)
+    dot = base.rfind(".")
+    stem, ext = (base[:dot], base[dot:]) if dot > 0 else (base, "")
+    return os.path.join(head, f"{stem}-{pid}{ext}")
+
+
+def note_report(config_text: str) -> None:
+    """Under `understudy run` ($UNDERSTUDY_RUN_REPORTS set): adds a line for
+    this process to the run's list: its pid and, where the config names a
+    report, the absolute path it is written to (and the name of its own it
+    would take). Called by understudy.enable(); never raises."""
+    record = os.environ.get(RUN_REPORTS)
+    if not record:
+        return
+    try:
+        import json
+
+        import understudy
+
+        entry = {"pid": os.getpid()}
+        section = json.loads(config_text).get("report")
+        if isinstance(section, dict) and section.get("path"):
+            path = os.path.abspath(understudy.expand_path(section["path"]))
+            entry.update(path=path, own=own_report_name(path, os.getpid()))
+        fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            os.write(fd, (json.dumps(entry) + "\n").encode())  # one write: lines of processes never mix
+        finally:
+            os.close(fd)
+    except Exception:
+        pass
 
 
 def _names_report(text: str) -> bool:

@@ -206,26 +206,38 @@ def build_model(device: str, prefer_hf: bool = True, model: str = "small"):
 
 
 def _example(name: str):
+    """An example torch-op candidate's module: the copy installed with the
+    package (examples/), else the clone's examples/candidates/."""
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "candidates" / f"{name}.py"
+    here = pathlib.Path(__file__).resolve().parent
+    path = here / "examples" / f"{name}.py"
+    if not path.exists():
+        path = here.parents[1] / "examples" / "candidates" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"understudy_example_{name}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
+def _native_example(device: str):
+    """The demo's native rms_norm candidate for device: in the candidates/
+    folder beside the library, as pip installs it and as a build tree holds
+    it (the file may be missing: then rms_norm is observed only)."""
+    import understudy
+
+    return understudy.library_path().parent / "candidates" / (
+        "librms_norm_cuda.so" if device == "cuda" else "librms_norm_cpu.so")
+
+
 def shadow_config(device: str, report_path: str) -> tuple[dict, list[str]]:
     """The demo's shadow config and a line per candidate."""
-    import pathlib
-
     import understudy
 
     notes = []
     ops: dict = {"sdpa": "observe", "topk": "observe", "gemm": "observe", "grouped_mm": "observe"}
-    lib = pathlib.Path(__file__).resolve().parents[2] / "build" / "candidates" / (
-        "librms_norm_cuda.so" if device == "cuda" else "librms_norm_cpu.so")
+    lib = _native_example(device)
     if lib.exists():
         ops["rms_norm"] = {"mode": "shadow", "sample": 1.0, "candidate": understudy.native(lib, target="_C::rms_norm")}
         notes.append(f"rms_norm: native {lib.name} (pinned sha256 {ops['rms_norm']['candidate']['sha256'][:12]}...)")
@@ -352,14 +364,11 @@ def run_shadow_phase(device, generate, model, ids, tokens, report_path, extra=No
 def rollout_config(device: str, report_path: str) -> tuple[dict, list[str]]:
     """Candidates take the stage: the native rms_norm under a promotion
     policy, and a silu candidate served live that breaks after a while."""
-    import pathlib
-
     import understudy
 
     notes = []
     ops: dict = {}
-    lib = pathlib.Path(__file__).resolve().parents[2] / "build" / "candidates" / (
-        "librms_norm_cuda.so" if device == "cuda" else "librms_norm_cpu.so")
+    lib = _native_example(device)
     if lib.exists():
         ops["rms_norm"] = {"mode": "shadow", "sample": 0.5, "candidate": understudy.native(lib, target="_C::rms_norm"),
                            "promotion": {"min_verified": 8, "min_speedup": 1.0, "canary": 0.5}}

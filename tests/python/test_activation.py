@@ -513,10 +513,11 @@ def cli(*args, env=None, **kw):
                           env=env, **kw)
 
 
-def test_run_passes_the_config_and_takes_the_commands_place(tmp_path):
+def test_run_passes_the_config_and_the_commands_exit_status(tmp_path):
     """`understudy run` hands the command the config through
     UNDERSTUDY_CONFIG (a file as an absolute path: the command may change
-    directory) and becomes the command: its exit status is the command's."""
+    directory) and exits as the command did: its status, or the signal it
+    died of."""
     env = child_env(tmp_path, None, hook=False)
     inline = '{"report": {"path": "r-{pid}.json"}}'
     r = cli("run", "--config", inline, "--", "sh", "-c", 'printf %s "$UNDERSTUDY_CONFIG"; exit 7', env=env)
@@ -528,12 +529,161 @@ def test_run_passes_the_config_and_takes_the_commands_place(tmp_path):
     assert r.stdout == str(tmp_path / "c.json")
     r = cli("run", "--", "sh", "-c", 'printf %s "$UNDERSTUDY_CONFIG"', env=env)
     assert r.stdout == '{"report": {"path": "understudy-report-{pid}.json"}}'
+    r = cli("run", "--", "sh", "-c", 'kill -USR1 $$', env=env)
+    assert r.returncode == -signal.SIGUSR1, r.stderr
     r = cli("run", "--config", "{not json", "--", "true", env=env)
     assert r.returncode == 2 and "run: the config is not JSON" in r.stderr
     r = cli("run", "--", "no-such-command-here", env=env)
     assert r.returncode == 127 and "cannot run 'no-such-command-here'" in r.stderr
     r = cli("run", env=env)
     assert r.returncode == 2 and "no command given" in r.stderr
+
+
+def test_run_passes_sigterm_on_and_names_the_report(tmp_path):
+    """SIGTERM sent to `understudy run` reaches the command (a server under a
+    supervisor): its handler writes the report, and run says where at the
+    end, in one line, then dies of the same signal."""
+    script = tmp_path / "serve.py"
+    script.write_text(textwrap.dedent(CALLS) + "print('ready', flush=True)\nimport time\nwhile True: time.sleep(0.02)\n")
+    cfg = json.dumps(observe(tmp_path / "r-{pid}.json"))
+    p = subprocess.Popen([sys.executable, "-m", "understudy", "run", "--config", cfg, "--", sys.executable, str(script)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=child_env(tmp_path, None, hook=False), cwd=tmp_path)
+    assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.poll() is not None else ""
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=60)
+    err = p.stderr.read()
+    assert rc == -signal.SIGTERM, err
+    (rep,) = tmp_path.glob("r-*.json")
+    assert bound_ops(load_report(rep)) == EXPECTED
+    lines = [ln for ln in err.splitlines() if ln.startswith("understudy: run:")]
+    assert lines == [f"understudy: run: report written to {rep.name} (10 calls); read it with: "
+                     f"understudy report {rep.name}"], err
+
+
+# A console script of another interpreter, as pip writes one: the calls of
+# CALLS, then what its own metrics endpoint serves.
+CONSOLE_SCRIPT = """#!{python}
+import sys, urllib.request
+{calls}
+text = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+print("\\n".join(line for line in text.splitlines() if line.startswith("understudy_calls_total")))
+"""
+
+
+def another_interpreter(tmp_path):
+    """A second interpreter path that sees this torch but holds no start-up
+    hook: a venv with the system's site packages (on Python's own path the
+    clone's hook is not installed either, but a venv is a path of its own)."""
+    venv = tmp_path / "other-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True,
+                   timeout=120)
+    return venv / "bin" / "python"
+
+
+def test_run_enables_a_console_script_of_another_interpreter(tmp_path):
+    """`understudy run -- CMD`, where CMD is a console script whose first
+    line names another interpreter: its process enables understudy all the
+    same (through the folder run puts first on PYTHONPATH), the report and
+    the metrics are there, and run names the report in one line at the end.
+    The interpreter's own sitecustomize still runs."""
+    from conftest import free_port
+
+    python = another_interpreter(tmp_path)
+    port = free_port()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "tinytorch"
+    tool.write_text(CONSOLE_SCRIPT.format(python=python, calls=textwrap.dedent(CALLS), port=port))
+    tool.chmod(0o755)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text(f"open({str(tmp_path / 'theirs-ran')!r}, 'w').close()\n")
+    cfg = observe(tmp_path / "r-{pid}.json", metrics={"port": port})
+    env = child_env(tmp_path, None, hook=False)
+    del env["PYTHONPATH"]  # the command's interpreter finds understudy through run's folder alone
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    understudy_cli = f"import sys; sys.path.insert(0, {str(SHIM)!r}); from understudy.cli import main; sys.exit(main())"
+    r = subprocess.run([sys.executable, "-c", understudy_cli, "run", "--config", json.dumps(cfg), "--", "sh", "-c",
+                        f'PYTHONPATH="$PYTHONPATH:{theirs}" tinytorch'],
+                       capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (rep,) = tmp_path.glob("r-*.json")
+    assert bound_ops(load_report(rep)) == EXPECTED
+    assert [ln for ln in r.stdout.splitlines()
+            if ln.startswith('understudy_calls_total{key="aten::mm|cpu|') and ln.endswith(" 7.0")], r.stdout
+    assert (tmp_path / "theirs-ran").exists()
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("understudy:")]
+    assert lines == [f"understudy: run: report written to {rep.name} (10 calls); read it with: "
+                     f"understudy report {rep.name}"], r.stderr
+
+
+def test_run_where_understudy_cannot_load_says_so_once(tmp_path):
+    """A process of the command that cannot take understudy (here its library
+    cannot be loaded) says so on stderr once and runs on; run's last line says
+    no report came."""
+    python = another_interpreter(tmp_path)
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent(CALLS) + "torch.mm(a, a)\nprint('done')\n")
+    env = child_env(tmp_path, None, hook=False, UNDERSTUDY_LIB=str(tmp_path / "no-such-lib.so"))
+    r = subprocess.run([sys.executable, "-m", "understudy", "run", "--config",
+                        json.dumps(observe(tmp_path / "r.json")), "--", str(python), str(script)],
+                       capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    said = [ln for ln in r.stderr.splitlines() if "not enabled" in ln]
+    assert len(said) == 1 and "no-such-lib.so" in said[0], r.stderr
+    assert r.stderr.splitlines()[-1].startswith("understudy: run: no process of the command enabled understudy")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_run_names_every_report_of_its_processes(tmp_path):
+    """A command whose processes each write a report: run's one line names
+    them all and how to merge them."""
+    script = tmp_path / "two.py"
+    script.write_text(textwrap.dedent(CALLS) + textwrap.dedent("""
+        import subprocess, sys
+        if len(sys.argv) == 1:
+            subprocess.run([sys.executable, __file__, "child"], check=True)
+    """))
+    r = cli("run", "--config", json.dumps(observe(tmp_path / "r-{pid}.json")), "--", sys.executable, str(script),
+            env=child_env(tmp_path, None, hook=False), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    reps = sorted(p.name for p in tmp_path.glob("r-*.json"))
+    assert len(reps) == 2
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("understudy:")]
+    assert line.startswith("understudy: run: 2 reports written: ")
+    for name in reps:
+        assert f"{name} (10 calls)" in line
+    merge = line.split("; one report of them all: ")[1]
+    assert merge.startswith("understudy merge merged.json ") and sorted(merge.split()[3:]) == reps, line
+
+
+def test_doctor_tells_which_interpreters_enable_understudy(tmp_path):
+    """`understudy doctor CMD`: for a console script, the interpreter it
+    runs, and for each interpreter on PATH whether understudy comes on with
+    UNDERSTUDY_CONFIG alone and under `understudy run`, or why not."""
+    python = another_interpreter(tmp_path)
+    bare = tmp_path / "bare-venv"  # no system site packages: no torch
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "tinytorch"
+    tool.write_text(f"#!{python}\nimport torch\n")
+    tool.chmod(0o755)
+    env = child_env(tmp_path, None, hook=False)
+    env["PATH"] = os.pathsep.join([str(bin_dir), str(python.parent), str(bare / "bin"), env["PATH"]])
+    r = cli("doctor", "tinytorch", "no-such-tool", env=env)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert f"tinytorch ({tool}) runs {python}: Python " in out, out
+    assert "no-such-tool: not found on PATH" in out
+    block = out[out.index(str(python.parent / "python")):]
+    assert "UNDERSTUDY_CONFIG set: no: no understudy-autoload.pth" in block.splitlines()[1], block
+    assert block.splitlines()[2].split(":", 1)[1].strip() == "yes", block
+    bare_block = out[out.index(str(bare / "bin" / "python")):].splitlines()
+    assert "no torch" in bare_block[0]
+    assert bare_block[1].endswith("no: no torch here (understudy enables itself when torch is imported)")
+    assert bare_block[2].endswith("no: no torch here (understudy enables itself when torch is imported)")
 
 
 def test_version_is_one_number_everywhere(tmp_path):
@@ -554,14 +704,28 @@ def test_version_is_one_number_everywhere(tmp_path):
 
 
 def test_help_lists_every_subcommand(tmp_path):
-    from understudy.cli import COMMANDS
+    """`understudy --help` lists every subcommand; each subcommand's --help
+    describes every argument and ends with an example of its use."""
+    import argparse
 
-    r = cli("--help", env=child_env(tmp_path, None, hook=False))
+    from understudy.cli import COMMANDS, parser
+
+    env = child_env(tmp_path, None, hook=False)
+    r = cli("--help", env=env)
     assert r.returncode == 0, r.stderr
     names = [c.name for c in COMMANDS]
-    assert {"report", "merge", "calibrate", "export-atrex", "demo", "run"} <= set(names)
+    assert {"report", "merge", "calibrate", "export-atrex", "demo", "run", "doctor"} <= set(names)
     for n in names:
         assert f"    {n}" in r.stdout, n
+    assert "\nexample:\n  understudy " in r.stdout
+    (sub,) = [a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, p in sub.choices.items():
+        undescribed = [a.dest for a in p._actions if not a.help]
+        assert not undescribed, (name, undescribed)
+        r = cli(name, "--help", env=env)
+        assert r.returncode == 0, r.stderr
+        example = r.stdout.split("\nexample:\n", 1)[1].strip()
+        assert example.startswith(f"understudy {name} ") and "\n" not in example, (name, r.stdout)
 
 
 def test_entry_points_name_the_plugin_functions():

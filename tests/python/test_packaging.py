@@ -17,6 +17,7 @@ build; this module runs in the plain pass only).
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import signal
 import subprocess
@@ -81,14 +82,30 @@ def installed(tmp_path_factory):
     need(sees.returncode == 0, "a venv with the system site packages imports no torch or scikit-build-core here "
          f"({sys.executable} is itself in a venv whose packages a new venv does not see)")
     t0 = time.monotonic()
-    # UST_GPU=none: the CUDA comparison kernel would double the build's time and is not what is tested here.
-    r = subprocess.run([str(inst.python), "-m", "pip", "install", "--no-build-isolation", "--no-index",
-                        "--config-settings=cmake.define.UST_GPU=none", str(inst.clone)],
-                       capture_output=True, text=True, env=env, timeout=600, cwd=inst.work)
+    # As a user runs it: UST_GPU left to auto, and in a terminal (script(1) gives pip one) where
+    # there is script, so that what the terminal shows is what is tested.
+    pip = [str(inst.python), "-m", "pip", "install", "--no-build-isolation", "--no-index", str(inst.clone)]
+    if shutil.which("script"):
+        pip = ["script", "-qec", shlex.join(pip), "/dev/null"]
+    r = subprocess.run(pip, capture_output=True, text=True, env=env, timeout=600, cwd=inst.work,
+                       stdin=subprocess.DEVNULL)
     inst.pip_seconds = time.monotonic() - t0
     inst.pip_output = r.stdout + r.stderr
+    inst.pip_terminal = bool(shutil.which("script"))
     assert r.returncode == 0, inst.pip_output[-6000:]
     return inst
+
+
+def gpu_visible():
+    """Whether UST_GPU=auto may take a GPU as there: nvidia-smi lists one, or
+    CUDA_VISIBLE_DEVICES names devices."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "-1").strip() not in ("", "-1"):
+        return True
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0 and "GPU " in r.stdout
 
 
 def site_packages(inst):
@@ -118,6 +135,45 @@ def test_pip_builds_against_the_installed_torch_and_downloads_nothing(installed)
     assert not torch_file.startswith(str(installed.venv))
     assert built == loaded
     print(f"pip install from a clean clone: {installed.pip_seconds:.1f} s")
+
+
+def test_pip_says_which_gpu_backend_and_shows_its_progress(installed):
+    """The build's first line names the GPU backend and why; a machine with
+    nvcc but no visible GPU builds none (no CUDA compiled). In a terminal the
+    build's progress (ninja's [n/N] lines) shows without pip's -v."""
+    out = installed.pip_output.replace("\r", "\n")
+    backend = [ln.strip() for ln in out.splitlines() if "understudy: GPU backend" in ln]
+    assert backend and backend[0].startswith("-- understudy: GPU backend "), out[-3000:]
+    assert "(UST_GPU=auto: " in backend[0]
+    if not gpu_visible():
+        assert backend[0].startswith("-- understudy: GPU backend none "), backend
+        assert "Building CUDA" not in out
+    if installed.pip_terminal:
+        steps = [ln for ln in out.splitlines() if ln.strip().startswith("[1/")]
+        assert steps, out[-3000:]
+        assert out.index(backend[0]) < out.index(steps[0])
+
+
+def test_the_wheel_holds_what_it_ships_and_no_test_candidate(installed):
+    """The package's candidates/ holds the demo's native candidates only (the
+    test-only ones are built by ./run.sh), and examples/ the demo's torch-op
+    candidates."""
+    pkg = site_packages(installed) / "understudy"
+    want = {"librms_norm_cpu.so"} | ({"librms_norm_cuda.so"} if (pkg / "candidates" / "librms_norm_cuda.so").exists()
+                                     else set())
+    assert {p.name for p in (pkg / "candidates").iterdir()} == want
+    assert {p.name for p in (pkg / "examples").glob("*.py")} == {"wrong_silu.py", "triton_mm.py"}
+    assert (pkg / "startup" / "sitecustomize.py").exists()
+
+
+def test_the_demo_runs_from_the_installed_package(installed, tmp_path):
+    """`understudy demo` from a directory outside the clone: every phase runs
+    to its end (the native rms_norm candidate promoted, the wrong silu rolled
+    back) with nothing of the clone on any path."""
+    r = installed.run(installed.cli, "demo", "--device", "cpu", "--report", tmp_path / "demo.json", timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "rms_norm promoted: True; silu rolled back: True" in r.stdout, r.stdout[-3000:]
+    assert "rms_norm: native librms_norm_cpu.so" in r.stdout
 
 
 def test_the_installed_package_finds_its_own_files(installed):
@@ -245,6 +301,66 @@ def test_understudy_run(installed, tmp_path):
     assert "start-up hook is not installed" not in r.stderr
     (rep,) = tmp_path.glob("r-*.json")
     assert bound_ops(load_report(rep)) == EXPECTED
+
+
+# A console script of another interpreter: the calls of SCRIPT, then what its
+# own metrics endpoint serves.
+CONSOLE_SCRIPT = """#!{python}
+import urllib.request
+{calls}
+text = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+print("\\n".join(line for line in text.splitlines() if line.startswith("understudy_calls_total")))
+"""
+
+
+def test_understudy_run_reaches_a_console_script_of_another_interpreter(installed, tmp_path):
+    """The venv's `understudy run -- CMD`, where CMD is a console script of
+    the system's Python (as `transformers` and `torchrun` are in a venv made
+    with --system-site-packages): no understudy-autoload.pth there, yet its
+    process is observed: the report and the metrics are there, and run names
+    the report. `understudy doctor CMD` says the same beforehand."""
+    from conftest import free_port
+
+    other = pathlib.Path(sys.executable)
+    r = installed.run(other, "-c", "import json, site; print(json.dumps(site.getsitepackages()))")
+    need(not any((pathlib.Path(d) / "understudy-autoload.pth").exists() for d in json.loads(r.stdout)),
+         f"{other} has understudy's start-up hook installed: not another interpreter")
+    port = free_port()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "tinyserve"
+    calls = textwrap.dedent(SCRIPT).split("if len(sys.argv)")[0]
+    tool.write_text(CONSOLE_SCRIPT.format(python=other, calls=calls, port=port))
+    tool.chmod(0o755)
+    env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    d = installed.run(installed.cli, "doctor", "tinyserve", env=env)
+    assert d.returncode == 0, d.stderr
+    lines = d.stdout.splitlines()
+    at = [i for i, ln in enumerate(lines) if ln.startswith(f"tinyserve ({tool}) runs {other}")]
+    assert at, d.stdout
+    assert "no: no understudy-autoload.pth" in lines[at[0] + 1] and lines[at[0] + 2].endswith("yes"), d.stdout
+    cfg = json.dumps({"operators": {"gemm": "observe", "silu": "observe"}, "metrics": {"port": port},
+                      "report": {"path": str(tmp_path / "r-{pid}.json"), "interval_s": 0}})
+    r = installed.run(installed.cli, "run", "--config", cfg, "--", "tinyserve", env=env)
+    assert r.returncode == 0, r.stderr
+    (rep,) = tmp_path.glob("r-*.json")
+    assert bound_ops(load_report(rep)) == EXPECTED
+    assert [ln for ln in r.stdout.splitlines()
+            if ln.startswith('understudy_calls_total{key="aten::mm|cpu|') and ln.endswith(" 5.0")], r.stdout
+    assert r.stderr.splitlines()[-1] == f"understudy: run: report written to {rep} (7 calls); read it with: " \
+                                         f"understudy report {rep}", r.stderr
+
+
+def test_doctor_says_the_venv_enables_itself(installed):
+    """The venv pip installed into holds the start-up hook: UNDERSTUDY_CONFIG
+    alone enables understudy in its Python."""
+    env = clean_env(PATH=f"{installed.venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    r = installed.run(installed.cli, "doctor", env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    (at,) = [i for i, ln in enumerate(lines) if ln.startswith(str(installed.venv / "bin" / "python"))]
+    assert lines[at + 1].split(":", 1)[1].strip().startswith("yes (understudy-autoload.pth in "), r.stdout
+    assert lines[at + 2].split(":", 1)[1].strip() == "yes", r.stdout
 
 
 def test_an_isolated_build_stops_at_once_without_torch(installed, tmp_path):

@@ -61,3 +61,27 @@ def test_periodic_atomic_report_and_cli_table(us, report_path):
     out = subprocess.run([sys.executable, "-m", "understudy", "report", str(bad)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 2 and "cannot read report" in out.stderr
+
+
+def test_report_into_a_pipe_closed_early_ends_quietly(us, report_path):
+    """`understudy report FILE | head`: the reader leaves before the table is
+    written; the command ends without a traceback, with the status a closed
+    pipe gives (128 + SIGPIPE), as the shell's own tools do."""
+    import signal
+
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
+               "report": {"path": str(report_path), "interval_s": 0}})
+    for n in range(1, 200):  # keys enough for a table larger than a pipe's buffer
+        torch.mm(torch.ones(n, 2), torch.ones(2, 3))
+    us.disable()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"))
+    for args in (["--shapes", "1000"], []):
+        p = subprocess.Popen([sys.executable, "-m", "understudy", "report", str(report_path), *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        p.stdout.close()  # before the command has written anything
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 128 + signal.SIGPIPE, err
+        assert err == "", err
+    r = subprocess.run(f"'{sys.executable}' -m understudy report '{report_path}' --shapes 1000 | head -n 2",
+                       shell=True, capture_output=True, text=True, env=env, timeout=120)
+    assert len(r.stdout.splitlines()) == 2 and r.stderr == "", r.stderr
