@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import understudy
+from conftest import ROOT, candidate_dir
 from test_shadow import candidate_op, native
 
 REFUSED = "inside an intercepted call"
@@ -93,3 +94,53 @@ def test_a_native_candidate_cannot_promote_itself_through_the_loaded_library(us,
     # its own account of what understudy answered: UST_ESTATE (-6) to both
     assert "set_mode -6, report -6" in s["shadow"]["rollback"]["message"], s["shadow"]["rollback"]
     assert [o["mode"] for o in rep["operators"] if o["name"] == "silu"] == ["shadow"]
+
+
+def test_the_closure_is_resolved_with_the_search_path_the_loader_took_at_start_up(tmp_path):
+    """ld.so reads LD_LIBRARY_PATH once, when the process starts; a host
+    that clears it from os.environ before enable() changed what getenv says,
+    not where dlopen searches. The candidate needs a system library
+    (libanl.so.1) that an impostor of the same name shadows on the start-up
+    search path: the check finds the impostor where the loader would, and
+    refuses it; its constructor never runs. Ground truth: the impostor's
+    mark file, and /proc/self/maps of the host."""
+    import subprocess
+    import sys
+    cdir = candidate_dir()
+    if not (cdir / "libsilu_needs_libanl.so").exists():
+        pytest.skip("this build found no libanl.so.1 to link the test candidate against")
+    impostor_dir = cdir / "anl_impostor"
+    marker = tmp_path / "impostor-ran"
+    script = tmp_path / "host.py"
+    script.write_text(f"""
+import os, sys
+sys.path.insert(0, {str(ROOT / "python-shim")!r})
+import torch, understudy
+assert not any("libanl" in line for line in open("/proc/self/maps")), "the host loaded libanl already"
+del os.environ["LD_LIBRARY_PATH"]  # the host clears it; its loader keeps the start-up value
+cand = understudy.native({str(cdir / "libsilu_needs_libanl.so")!r})
+def mapped():
+    return sorted({{l.split()[-1] for l in open("/proc/self/maps") if "libanl" in l}})
+try:
+    understudy.enable({{"operators": {{"silu": {{"mode": "shadow", "candidate": cand}}}}}})
+    print("enabled; libanl mapped:", mapped())
+    understudy.disable()
+except understudy.ConfigError as e:
+    print("refused:", e)
+    print("libanl mapped:", mapped())
+""")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(impostor_dir), UST_DEP_MARKER=str(marker))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = out.stdout
+    assert f"which the loader would take from {impostor_dir}/libanl.so.1" in said, said
+    assert "refused:" in said and "libanl mapped: []" in said, said
+    assert not marker.exists()
+    # the same host without LD_LIBRARY_PATH at start-up: the system's library, no pin needed
+    env.pop("LD_LIBRARY_PATH")
+    script.write_text(script.read_text().replace('del os.environ["LD_LIBRARY_PATH"]', ""))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("enabled; libanl mapped:")]
+    assert "libanl.so.1" in line and "anl_impostor" not in line, out.stdout
+    assert not marker.exists()
