@@ -458,26 +458,18 @@ bool CallRun::returns_like_production() {
 }
 
 int CallRun::run_candidate(bool timed_run) {
-  const auto t0 = std::chrono::steady_clock::now();
   const auto run = [&] { fail_ = st_.cand.kind == kNative ? call_native() : call_torch_op(); };
+  ust__call_cand_begin(&st_);
   if (timed_run)
     timed(kCandBegin, run);
   else
     run();
-  const uint64_t took = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-  // a call this long is a failure whatever it returned: the route rolls
-  // back. A call run in the qualifying process is held to the deadline
-  // there, from when it was sent (not counting the wait for the call's
-  // stream that comes first on a GPU).
-  // (While captured, the call only enqueued its work: not held to it.)
-  if (st_.cand.deadline_ns > 0 && took > st_.cand.deadline_ns && st_.cand.proc == nullptr && !captured()) {
-    ust__call_overdue(&st_);
-    if (fail_ == kFailNone || fail_ == kFailSchema) {
-      fail_ = kFailOverdue;
-      msg_ = "candidate took " + std::to_string(took / 1000000) + " ms, over its deadline of " +
-             std::to_string(st_.cand.deadline_ns / 1000000) + " ms";
-    }
+  // a call past its deadline is a failure whatever it returned (its route
+  // was rolled back at the deadline, or is now)
+  char overdue[160];
+  if (ust__call_cand_end(&st_, overdue, sizeof overdue) && (fail_ == kFailNone || fail_ == kFailSchema)) {
+    fail_ = kFailOverdue;
+    msg_ = overdue;
   }
   if (fail_ == kFailRaised)
     return UST__EV_RAISED;

@@ -102,6 +102,10 @@ typedef struct ust__call_state {
   int nested_ok;    /* its floor may come from the bound ops it calls (its own roofline is absent or an estimate) */
   double own_flops, own_bytes; /* its own roofline's W and Q, noted once the call's floor is settled */
   void *graph;      /* shadow captured into the call's CUDA graph (plan SHADOW, flag UST__DF_CAPTURED) */
+  /* its candidate's call as the router's table of calls in flight holds it
+   * (guard/flight.h): 1 + its entry, 0 none; and the entry's generation */
+  int flight;
+  uint64_t flight_gen;
 } ust__call_state;
 
 /* Bound ops a call runs while it runs (an attention wrapper calling its
@@ -332,8 +336,15 @@ void ust__call_want_verdict(ust__call_state *st);
 int ust__call_verdict(ust__call_state *st, const ust__call *call);
 /* CAND_FAILED: the candidate failed serving unverified (fail, msg). */
 void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg);
-/* The candidate's call took longer than its deadline (it then fails). */
-void ust__call_overdue(ust__call_state *st);
+/* The candidate starts running for the call (the clock of its deadline). */
+void ust__call_cand_begin(ust__call_state *st);
+/* The candidate returned: 1 when its call was past its deadline (the
+ * engine's worker found it so while it ran, and rolled its route back; or
+ * it took longer), counted once as overdue, with msg saying how long; then
+ * the call fails. A call run in the qualifying process is held to the
+ * deadline there (ust__call_run_remote): never overdue here; nor is a call
+ * captured into a CUDA graph (it only enqueued its work). */
+int ust__call_cand_end(ust__call_state *st, char *msg, size_t cap);
 /* 1 when the call's floor should be summed from the bound ops production
  * calls (a timed or verified call whose own roofline is absent or an
  * estimate): the bridge then collects them (ust__binding_nested_floor) and

@@ -8,8 +8,8 @@
  * decision's steps; everything else here is C and never sees a torch header.
  *
  * A route is composed of parts declared by their owners: its figures
- * (scorer/), its verifications and its rollout (guard/), and what the
- * router keeps itself (its key, sampling counters, learned layouts). Each
+ * (scorer/), its verifications, its rollout and its candidate's calls in
+ * flight (guard/), and what the router keeps itself (its key, sampling counters, learned layouts). Each
  * part is written only by its owner's functions. Verdicts come back through
  * the router's sink (ust__router_sink).
  *
@@ -93,6 +93,7 @@ typedef struct ust__router {
   ust__timers *timers;
   int tracer; /* ust__timers_may_trace: else no call asks the timers whether a window is open */
   ust__shadow_pool *shadow;
+  ust__flights *flights; /* every candidate call in flight, swept at its deadline (ust__router_sweep) */
   ust__graphs *graphs; /* shadow captured into CUDA graphs */
   ust__rollout *rollout;
   ust__hw_ctx *hw;
@@ -176,6 +177,7 @@ typedef struct ust__route {
   ust__route_rollout rollout;   /* guard/ */
   ust__figs figs;               /* scorer/ */
   ust__verify verify;           /* guard/ */
+  ust__flight flight;           /* guard/ */
   char key_str[UST__KEY_MAX];   /* as the report spells it */
   /* the router's own: sampling counters and learned layouts */
   atomic_uint_fast64_t shadow_seen; /* calls considered for shadowing */
@@ -186,12 +188,21 @@ typedef struct ust__route {
 
 /* The router's sink for verdicts (guard/guard.h): cookies are routes. */
 extern const ust__verdict_sink_i ust__router_sink;
+/* Every candidate call found past its deadline while still inside, now_ns
+ * (ust__flights_sweep): counted overdue on its route, which is rolled back
+ * with the evidence "deadline" (the call goes on; its route admits no new
+ * candidate call). Returns how many; *next_ns: when the next deadline of a
+ * call inside passes (UINT64_MAX: none). The engine's worker. */
+int ust__router_sweep(ust__router *r, uint64_t now_ns, uint64_t *next_ns);
 /* The gate word (guard/gate.h) of r's captured calls now: what its replays
  * run, from its mode, shares, qualification and shadow budget; 0: production
  * alone (also once one of its captured calls changed in place). The sink's
  * gate. */
 uint64_t ust__route_gate(ust__route *r);
 
+/* The route table of max_routes, and room for UST__FLIGHTS candidate calls
+ * in flight at once over all routes (more are served by production). */
+#define UST__FLIGHTS 1024
 int ust__router_init(ust__router *r, int max_routes);
 void ust__router_free(ust__router *r);
 /* A binding's tally word (ust__binding.tally) for its operator's policy
@@ -234,6 +245,7 @@ typedef struct ust__route_snap {
   int has_cand;
   ust__rollout_snap rollout;
   ust__verify_snap verify;
+  ust__flight_snap flight;
   ust__figs_snap figs;
 } ust__route_snap;
 

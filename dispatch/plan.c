@@ -159,6 +159,33 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
   return h != NULL ? 0 : -1;
 }
 
+/* Whether the call may run its candidate now (guard/flight.h): 1 admitted,
+ * its place among the calls in flight in st; 0 when production serves it
+ * instead (a call of the candidate is inside past its deadline, or as many
+ * as it has earned; counted on the route). A call run in the qualifying
+ * process is tracked but held to its deadline there. */
+static int admit_cand(ust__binding *b, ust__route *r, int serving, ust__call_state *st) {
+  ust__flight_ticket tk;
+  const uint64_t deadline = st->cand.proc == NULL ? st->cand.deadline_ns : 0;
+  if (!ust__flight_admit(b->router->flights, &r->flight, r, deadline, serving, &tk))
+    return 0;
+  st->flight = tk.index + 1;
+  st->flight_gen = tk.gen;
+  return 1;
+}
+
+/* The call leaves the table of calls in flight, if it is there; 1 when the
+ * sweep found it past its deadline, with how long it ran in *ran_ns. */
+static int leave_flight(ust__call_state *st, uint64_t *ran_ns) {
+  ust__route *r = st->route;
+  *ran_ns = 0;
+  if (st->flight == 0 || r == NULL)
+    return 0;
+  ust__flight_ticket tk = {st->flight - 1, st->flight_gen};
+  st->flight = 0;
+  return ust__flight_end(r->binding->router->flights, &r->flight, &tk, ust__now_ns(), ran_ns);
+}
+
 /* A slot for a sampled call (count: the route's sampling counter; pol NULL:
  * every call is); NULL when not sampled or none is free (the skip is
  * counted). arms: how its times may be taken (ust__slot_route's). */
@@ -431,14 +458,15 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
      * (production runs once: its times are no sample). */
     if (atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
       ust__verify_skipped(&r->verify, UST__SKIP_BUDGET);
-    else if (cand_view(b, r, call, 0, &st->cand) == 0 &&
+    else if (cand_view(b, r, call, 0, &st->cand) == 0 && admit_cand(b, r, 0, st) &&
              (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL, 0, st)) != NULL) {
       st->plan = UST__PLAN_SHADOW;
       return 1;
     }
   } else if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
     uint64_t c = atomic_fetch_add_explicit(&r->canary_seen, 1, memory_order_relaxed) + 1;
-    if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, r, call, 1, &st->cand) == 0) {
+    if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, r, call, 1, &st->cand) == 0 &&
+        admit_cand(b, r, 1, st)) {
       /* A/A runs where the verified calls' times decide: a canary's promotion by speed */
       const int aa = mode == UST__MODE_CANARY && pol->promotion.enabled && pol->promotion.min_speedup > 0;
       st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1, 0, aa ? UST__DF_AA : 0, st);
@@ -451,7 +479,7 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
     }
   } else if (mode == UST__MODE_SHADOW && atomic_load_explicit(&r->verify.paused, memory_order_relaxed)) {
     skip_sampled(r, mode, pol, UST__SKIP_BUDGET);
-  } else if (mode == UST__MODE_SHADOW && cand_view(b, r, call, 0, &st->cand) == 0) {
+  } else if (mode == UST__MODE_SHADOW && cand_view(b, r, call, 0, &st->cand) == 0 && admit_cand(b, r, 0, st)) {
     if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL, UST__DF_ARMS | UST__DF_AA,
                               st)) != NULL) {
       st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself, beside the candidate */
@@ -459,6 +487,8 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
       return 1;
     }
   }
+  uint64_t ran;
+  leave_flight(st, &ran); /* admitted, but not sampled or no slot: production alone */
   return 0;
 }
 
@@ -584,6 +614,8 @@ UST__HOT void ust__call_end(const ust__call *call, ust__call_state *st, const us
   }
   if (d->notes & UST__NOTE_INTERNAL)
     ust__call_internal_error(r->binding);
+  uint64_t ran;
+  leave_flight(st, &ran); /* its candidate never ran, or ran without ust__call_cand_end */
   if (st->graph != NULL) /* a captured shadow the decision did not take to its comparison */
     graph_shadow_end(st, 0, UST__GW_CAPTURE);
   if (d->notes != 0)
@@ -645,10 +677,27 @@ void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg) {
   ust__rollout_roll_back(&r->rollout, e);
 }
 
-void ust__call_overdue(ust__call_state *st) {
+void ust__call_cand_begin(ust__call_state *st) {
   ust__route *r = st->route;
-  if (r != NULL)
-    ust__verify_overdue(&r->verify);
+  if (st->flight != 0 && r != NULL) {
+    const ust__flight_ticket tk = {st->flight - 1, st->flight_gen};
+    ust__flight_begin(r->binding->router->flights, &tk, ust__now_ns());
+  }
+}
+
+int ust__call_cand_end(ust__call_state *st, char *msg, size_t cap) {
+  ust__route *r = st->route;
+  uint64_t ran = 0;
+  const int swept = leave_flight(st, &ran);
+  const uint64_t deadline = st->cand.proc == NULL ? st->cand.deadline_ns : 0;
+  if (r == NULL || st->capturing || (!swept && (deadline == 0 || ran <= deadline)))
+    return 0;
+  if (!swept)
+    ust__verify_overdue(&r->verify); /* the sweep counted the others */
+  snprintf(msg, cap, "candidate took %llu ms, over its deadline of %llu ms%s", (unsigned long long)(ran / 1000000u),
+           (unsigned long long)(deadline / 1000000u),
+           swept ? " (its route was rolled back at the deadline, while the call ran)" : "");
+  return 1;
 }
 
 int ust__call_run_remote(ust__call_state *st, const struct ust_candidate_call *call, char *msg, size_t cap) {

@@ -26,7 +26,14 @@ int ust__router_init(ust__router *r, int max_routes) {
   atomic_init(&t->count, 0);
   atomic_init(&r->internal_errors, 0);
   t->slots = calloc(cap, sizeof *t->slots);
-  return t->slots == NULL ? ust__error(UST_ENOMEM, "out of memory for %u route slots", cap) : 0;
+  if (t->slots == NULL)
+    return ust__error(UST_ENOMEM, "out of memory for %u route slots", cap);
+  int rc = ust__flights_create(UST__FLIGHTS, &r->flights);
+  if (rc != 0) {
+    free(t->slots);
+    t->slots = NULL;
+  }
+  return rc;
 }
 
 static void route_free(ust__route *r) {
@@ -47,6 +54,8 @@ void ust__router_free(ust__router *r) {
     route_free(atomic_load(&t->slots[i]));
   free(t->slots);
   t->slots = NULL;
+  ust__flights_destroy(r->flights);
+  r->flights = NULL;
 }
 
 static ust__route *route_new(ust__router *router, const ust__route_key *key, uint64_t h, ust__binding *b) {
@@ -146,6 +155,7 @@ int ust__routes_snapshot(ust__router *router, ust__route_snap **out, int *n_out)
     x->has_cand = r->binding->cand != NULL;
     ust__rollout_snapshot(&r->rollout, &x->rollout); /* served counts first: they grow after calls */
     ust__verify_snapshot(&r->verify, &x->verify);
+    ust__flight_snapshot(&r->flight, &x->flight);
     rc = ust__figs_snapshot(&r->figs, &x->figs);
   }
   *n_out = n;

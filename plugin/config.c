@@ -272,8 +272,9 @@ static const ust__config_field fields[] = {
             "0: none (the test judges with `delta` alone)."},
     {SEC_GUARD, "deadline_ms", UST__FIELD_NUMBER, .what = "a number of milliseconds", .lo = 0, .lo_open = 1,
      .hi = 3.6e6, AT(ust__op_config, deadline_ms), .def = "10000",
-     .doc = "A candidate call that takes longer is `overdue`: a failure, its route rolled back when it returns "
-            "(production's result is served)."},
+     .doc = "A candidate call that takes longer is `overdue`: a failure, its route rolled back at the deadline "
+            "while the call still runs (production serves every later call; the call's own result is production's "
+            "once it returns)."},
     {SEC_GUARD, "max_slowdown", UST__FIELD_NUMBER, .lo = 1, .hi = INFINITY, AT(ust__op_config, max_slowdown),
      .def = "25",
      .doc = "Shadowing stops on a route whose candidate's median time is more than this many times production's "

@@ -130,6 +130,19 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   return j;
 }
 
+/* The candidate's calls in flight on the route (guard/flight.h). */
+static cJSON *flight_json(const ust__flight_snap *f) {
+  cJSON *j = cJSON_CreateObject();
+  add_num(j, "inside", (double)f->inside);
+  add_num(j, "overdue_inside", (double)f->overdue_inside);
+  add_num(j, "bound", (double)(1 + f->in_time));
+  add_num(j, "swept", (double)f->swept);
+  cJSON *held = cJSON_AddObjectToObject(j, "held");
+  for (int i = 0; i < UST__HELD_COUNT; i++)
+    add_num(held, ust__held_name(i), (double)f->held[i]);
+  return j;
+}
+
 static cJSON *rollout_json(const ust__route_snap *s) {
   const ust__rollout_snap *r = &s->rollout;
   cJSON *j = cJSON_CreateObject();
@@ -276,6 +289,7 @@ static cJSON *shape_json(const ust__route_snap *s) {
   if (s->has_cand) {
     cJSON_AddItemToObject(js, "shadow", shadow_json(s));
     cJSON_AddItemToObject(js, "rollout", rollout_json(s));
+    cJSON_AddItemToObject(js, "in_flight", flight_json(&s->flight));
   }
   return js;
 }

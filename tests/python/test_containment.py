@@ -144,3 +144,122 @@ except understudy.ConfigError as e:
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("enabled; libanl mapped:")]
     assert "libanl.so.1" in line and "anl_impostor" not in line, out.stdout
     assert not marker.exists()
+
+
+# ---- a candidate that hangs ------------------------------------------------------------
+
+SERVERS = 8
+AFTER = 10000  # calls each free thread completes while the hung call is still inside (and the measure)
+
+
+def _serve(x, want, counts, i, stop, errors):
+    try:
+        while not stop.is_set():
+            if not torch.equal(F.silu(x), want):
+                errors.append(f"thread {i}: a wrong result")
+            counts[i] += 1
+    except Exception as e:  # noqa: BLE001 - said, not swallowed: the test fails on it
+        errors.append(f"thread {i}: {e!r}")
+
+
+def _until(pred, what, timeout=120.0):
+    """Wait for pred(): a guard against a wait that never ends, not a timing
+    assertion (the order of events is what the test checks)."""
+    import time
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, what
+        time.sleep(0.005)
+
+
+def _free_threads_rate(counts, free, n):
+    """Calls per second of the free threads while each completes n more."""
+    import time
+    c0, t0 = [counts[i] for i in free], time.perf_counter()
+    _until(lambda: all(counts[i] - c >= n for i, c in zip(free, c0)), f"each free thread completes {n} calls")
+    return sum(counts[i] - c for i, c in zip(free, c0)) / (time.perf_counter() - t0)
+
+
+@pytest.mark.parametrize("mode, hang_from", [("shadow", 1), ("live", 1), ("live", 2)])
+def test_a_hung_candidate_holds_its_threads_alone_and_its_route_rolls_back_at_the_deadline(us, mode, hang_from):
+    """A candidate that never returns (until the test releases it) held
+    every serving thread that reached its route, and the route read
+    shadow/live until the call returned. Now a route admits one call of a
+    candidate that has returned none in time (one more per call returned in
+    time) and none while a call past its deadline is inside; the engine's
+    worker rolls it back at the deadline, while the call is still inside.
+    live from call 2: the first call qualifies on copies and returns, then
+    the candidate serves the caller's arguments and hangs there. Ground
+    truth: torch's silu computed before enable, the threads' own counts, and
+    the order of events (the rollback is read while the hung call has not
+    returned; every free thread completes AFTER calls after it)."""
+    import threading
+    release, entered, ran = threading.Event(), [], []
+
+    def hang(x):
+        ran.append(threading.current_thread().name)
+        if len(ran) >= hang_from:
+            entered.append(threading.current_thread().name)
+            release.wait(timeout=600)
+        return F.silu(x)
+
+    name = candidate_op(f"ust_contain::silu_hangs_{mode}_from_{hang_from}", hang, "aten::silu")
+    x = torch.randn(16, 64)
+    want = F.silu(x)
+    counts, errors, stop = [0] * SERVERS, [], threading.Event()
+    threads = [threading.Thread(target=_serve, args=(x, want, counts, i, stop, errors), name=f"server-{i}")
+               for i in range(SERVERS)]
+    # plain: the same threads through an observed route
+    us.enable({"operators": {"silu": "observe"}, "report": {"interval_s": 0}})
+    for t in threads:
+        t.start()
+    plain = _free_threads_rate(counts, range(1, SERVERS), AFTER)
+    stop.set()
+    for t in threads:
+        t.join()
+    us.disable()
+
+    us.enable({"operators": {"silu": {"mode": mode, "sample": 1.0, "guard": {"deadline_ms": 200},
+                                      "candidate": {"torch_op": name, "target": "aten::silu"}}},
+               "report": {"interval_s": 0}})
+    counts[:], stop = [0] * SERVERS, threading.Event()
+    threads = [threading.Thread(target=_serve, args=(x, want, counts, i, stop, errors), name=f"server-{i}")
+               for i in range(SERVERS)]
+    try:
+        for t in threads:
+            t.start()
+        _until(lambda: entered, "a call entered the hanging candidate")
+        _until(lambda: silu_route(us.report())["mode"] == "rolled_back", "the route rolled back")
+        # no call is admitted after it: those admitted before are inside the candidate, each found past
+        # its deadline in turn
+        _until(lambda: (f := silu_route(us.report())["in_flight"])["inside"] == len(set(entered)) == f["swept"],
+               "every call inside found past its deadline")
+        hung = silu_route(us.report())
+        assert not release.is_set()  # the hung calls have not returned: the rollback came at the deadline
+        stuck = sorted(set(entered))
+        free = [i for i in range(SERVERS) if f"server-{i}" not in stuck]
+        before = {n: counts[int(n.split("-")[1])] for n in stuck}
+        rate = _free_threads_rate(counts, free, AFTER)
+        # the stuck threads are still inside: none of them completed a call meanwhile
+        assert {n: counts[int(n.split("-")[1])] for n in stuck} == before
+        assert not release.is_set() and len(entered) == len(stuck)
+    finally:
+        release.set()
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    # one thread held (two in live from call 2: the first call returned in time, earning a second)
+    assert len(stuck) == 1 if hang_from == 1 else 1 <= len(stuck) <= 2, (stuck, ran, hung["in_flight"], hung["shadow"])
+    f = hung["in_flight"]
+    assert (f["inside"], f["overdue_inside"], f["swept"]) == (len(stuck), len(stuck), len(stuck)), f
+    ev = hung["shadow"]["rollback"]
+    assert ev["reason"] == "deadline" and "past its deadline of 200 ms" in ev["message"], ev
+    assert ev["while_serving"] == (hang_from == 2), ev
+    after = silu_route(us.report())
+    assert after["mode"] == "rolled_back" and after["shadow"]["overdue"] == len(stuck)
+    assert after["in_flight"]["inside"] == 0 and after["in_flight"]["overdue_inside"] == 0
+    assert after["rollout"]["served"]["candidate"] == 0  # the hung serving calls returned past the deadline
+    print(f"\n{mode} (hangs from call {hang_from}): {len(stuck)} thread(s) held; the {len(free)} free threads "
+          f"served {rate:.0f} calls/s while the hung call was inside, {plain:.0f} calls/s plain "
+          f"(ratio {rate / plain:.2f}); held: {after['in_flight']['held']}")
