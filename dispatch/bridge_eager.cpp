@@ -471,6 +471,8 @@ int CallRun::run_candidate(bool timed_run) {
     fail_ = kFailOverdue;
     msg_ = overdue;
   }
+  if (not_run_)
+    return UST__EV_NO_LAYOUT; // it could not run: production alone, no verdict
   if (fail_ == kFailRaised)
     return UST__EV_RAISED;
   return fail_ == kFailNone ? UST__EV_OK : UST__EV_FAILED;

@@ -364,6 +364,9 @@ void ust__call_nested_done(ust__call_state *st, const ust__nested *acc);
  * not be sent; an internal error); msg says what happened. */
 #define UST__CALL_REMOTE_LOST (-1000)
 #define UST__CALL_REMOTE_UNSENT (-1001)
+/* Or the process was busy with another thread's call: nothing ran there
+ * (counted); the call goes without its candidate, production serving. */
+#define UST__CALL_REMOTE_BUSY (-1002)
 struct ust_candidate_call;
 int ust__call_run_remote(ust__call_state *st, const struct ust_candidate_call *call, char *msg, size_t cap);
 /* An error of understudy's own on the call path (production served). */

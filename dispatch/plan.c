@@ -135,6 +135,9 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
       v->native = atomic_load_explicit(&c->loaded, memory_order_acquire);
     } else if (serving || (call->device != UST__DEV_CPU && !ust__procrun_gpu())) {
       return -1; /* qualifies first, on copies of the calls it sees in shadow */
+    } else if (ust__procrun_busy(c->proc)) {
+      ust__procrun_note_busy(c->proc); /* another thread's call is there: production alone, not waiting */
+      return -1;
     } else {
       v->proc = c->proc;
     }
@@ -701,7 +704,8 @@ int ust__call_cand_end(ust__call_state *st, char *msg, size_t cap) {
 }
 
 int ust__call_run_remote(ust__call_state *st, const struct ust_candidate_call *call, char *msg, size_t cap) {
-  _Static_assert(UST__CALL_REMOTE_LOST == UST__PROCRUN_LOST && UST__CALL_REMOTE_UNSENT == UST__PROCRUN_UNSENT,
+  _Static_assert(UST__CALL_REMOTE_LOST == UST__PROCRUN_LOST && UST__CALL_REMOTE_UNSENT == UST__PROCRUN_UNSENT &&
+                     UST__CALL_REMOTE_BUSY == UST__PROCRUN_BUSY,
                  "one set of codes");
   return ust__procrun_call(st->cand.proc, call, st->cand.deadline_ns, msg, cap);
 }

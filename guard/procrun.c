@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
@@ -100,15 +101,24 @@ typedef struct wire_answer {
 } wire_answer;
 
 struct ust__procrun {
-  pthread_mutex_t lock; /* one call at a time; guards fd, pid, pidfd, why */
+  /* one call at a time, never waited for by a serving thread or a reader
+   * (they try it, or read the atomics below); guards fd, pidfd, the arena */
+  pthread_mutex_t lock;
+  /* guards pid only around signalling and reaping the child, which are
+   * short: a process id is never signalled once it may name another */
+  pthread_mutex_t pid_lock;
   int fd;
   pid_t pid;   /* the child, leader of a process group of its own */
   int pidfd;   /* the child's process descriptor (-1 where the kernel has none) */
+  atomic_long pid_seen; /* pid, for readers: 0 once the child is reaped */
+  atomic_int in_call;   /* 1 while a call holds the runner */
+  /* 0; 2 while the first reason to lose the runner is written into why;
+   * 1 once lost (why then never changes) */
   atomic_int lost;
   char why[512];
   char name[WIRE_MAX_NAME], target[WIRE_MAX_NAME];
   unsigned abi;
-  atomic_uint_fast64_t runs, passed, routes_qualified;
+  atomic_uint_fast64_t runs, passed, routes_qualified, busy;
 #ifdef PROCRUN_GPU
   /* GPU calls' tensors, copied in and out on the call's stream; the event
    * follows the last copies out, which the next copies in wait for */
@@ -414,6 +424,7 @@ static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
   /* the child, unless it ended, and whatever it forked: its process group.
    * Only while the child is there (running, or unreaped): its id cannot
    * name another process group then. */
+  pthread_mutex_lock(&p->pid_lock);
   if (present)
     kill(-p->pid, SIGKILL);
   const int killed = present && !ended;
@@ -422,6 +433,8 @@ static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
   while ((got = waitpid(p->pid, &status, 0)) < 0 && errno == EINTR) {
   }
   p->pid = 0;
+  atomic_store(&p->pid_seen, 0);
+  pthread_mutex_unlock(&p->pid_lock);
   if (got < 0)
     snprintf(out, cap, "the qualifying process could not be waited for: %s", strerror(errno));
   else if (killed)
@@ -435,19 +448,27 @@ static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
     snprintf(out, cap, "the qualifying process ended");
 }
 
+/* The first reason to lose the runner, kept: 1 when this one is it. Any
+ * thread; readers see why whole once lost reads 1. */
+static int set_why(ust__procrun *p, const char *what, const char *ended) {
+  int none = 0;
+  if (!atomic_compare_exchange_strong(&p->lost, &none, 2))
+    return 0;
+  if (what != NULL && what[0] != '\0' && ended != NULL)
+    snprintf(p->why, sizeof p->why, "%s; %s", what, ended);
+  else
+    snprintf(p->why, sizeof p->why, "%s", what != NULL && what[0] != '\0' ? what : ended);
+  atomic_store_explicit(&p->lost, 1, memory_order_release);
+  return 1;
+}
+
 /* Lose the runner for good (under p->lock): the child is reaped, what
  * happened and how it ended kept as the evidence. */
 static void lose(ust__procrun *p, int grace_ms, const char *what) {
   char ended[160];
   reap(p, grace_ms, ended, sizeof ended);
   arena_drop(p); /* no call goes there again */
-  if (!atomic_load(&p->lost)) {
-    if (what != NULL && what[0] != '\0')
-      snprintf(p->why, sizeof p->why, "%s; %s", what, ended);
-    else
-      snprintf(p->why, sizeof p->why, "%s", ended);
-    atomic_store(&p->lost, 1);
-  }
+  set_why(p, what, ended);
 }
 
 /* What a failed receive means, for the evidence. */
@@ -488,6 +509,7 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
   if (p == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
   pthread_mutex_init(&p->lock, NULL);
+  pthread_mutex_init(&p->pid_lock, NULL);
   p->fd = -1;
   p->pidfd = -1;
   int sv[2];
@@ -547,6 +569,7 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
     return rc;
   }
   p->pid = pid;
+  atomic_store(&p->pid_seen, (long)pid);
 #ifdef SYS_pidfd_open
   p->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
 #endif
@@ -595,6 +618,7 @@ void ust__procrun_free(ust__procrun *p) {
   arena_drop(p);
   pthread_mutex_unlock(&p->lock);
   pthread_mutex_destroy(&p->lock);
+  pthread_mutex_destroy(&p->pid_lock);
   free(p);
 }
 
@@ -602,12 +626,13 @@ const char *ust__procrun_name(const ust__procrun *p) { return p->name; }
 const char *ust__procrun_target(const ust__procrun *p) { return p->target; }
 unsigned ust__procrun_abi(const ust__procrun *p) { return p->abi; }
 
-long ust__procrun_pid(ust__procrun *p) {
-  pthread_mutex_lock(&p->lock);
-  long pid = p->pid;
-  pthread_mutex_unlock(&p->lock);
-  return pid;
-}
+long ust__procrun_pid(ust__procrun *p) { return atomic_load_explicit(&p->pid_seen, memory_order_relaxed); }
+
+int ust__procrun_busy(ust__procrun *p) { return atomic_load_explicit(&p->in_call, memory_order_relaxed) != 0; }
+
+void ust__procrun_note_busy(ust__procrun *p) { atomic_fetch_add_explicit(&p->busy, 1, memory_order_relaxed); }
+
+uint64_t ust__procrun_busy_count(const ust__procrun *p) { return atomic_load(&((ust__procrun *)p)->busy); }
 
 uint64_t ust__procrun_runs(const ust__procrun *p) { return atomic_load(&((ust__procrun *)p)->runs); }
 void ust__procrun_note_passed(ust__procrun *p, int route_qualified) {
@@ -621,26 +646,34 @@ uint64_t ust__procrun_routes_qualified(const ust__procrun *p) {
 uint64_t ust__procrun_passed(const ust__procrun *p) { return atomic_load(&((ust__procrun *)p)->passed); }
 
 int ust__procrun_lost(ust__procrun *p, char *why, size_t cap) {
-  if (!atomic_load_explicit(&p->lost, memory_order_acquire))
+  int lost = atomic_load_explicit(&p->lost, memory_order_acquire);
+  if (lost == 0)
     return 0;
-  if (why != NULL && cap > 0) {
-    pthread_mutex_lock(&p->lock);
-    snprintf(why, cap, "%s", p->why);
-    pthread_mutex_unlock(&p->lock);
+  while (lost == 2) { /* the first reason is being written: a few instructions */
+    sched_yield();
+    lost = atomic_load_explicit(&p->lost, memory_order_acquire);
   }
+  if (why != NULL && cap > 0)
+    snprintf(why, cap, "%s", p->why);
   return 1;
 }
 
 void ust__procrun_refuse(ust__procrun *p, const char *why) {
-  pthread_mutex_lock(&p->lock);
-  if (!atomic_load(&p->lost)) {
+  if (!set_why(p, why != NULL ? why : "refused", NULL))
+    return;
+  if (pthread_mutex_trylock(&p->lock) == 0) {
     char ended[160];
     reap(p, 0, ended, sizeof ended);
     arena_drop(p);
-    snprintf(p->why, sizeof p->why, "%s", why != NULL ? why : "refused");
-    atomic_store_explicit(&p->lost, 1, memory_order_release);
+    pthread_mutex_unlock(&p->lock);
+    return;
   }
-  pthread_mutex_unlock(&p->lock);
+  /* a call holds the runner: the child (and whatever it forked) is killed
+   * now, and that call, seeing it end, reaps it */
+  pthread_mutex_lock(&p->pid_lock);
+  if (p->pid > 0)
+    kill(-p->pid, SIGKILL);
+  pthread_mutex_unlock(&p->pid_lock);
 }
 
 /* One value's record (a tensor: its shape, strides and span), as the
@@ -685,6 +718,81 @@ static int send_value(int fd, const ust_value *v, const DLTensor *t, int32_t dty
   return io;
 }
 
+/* One call, the runner held (p->lock, p->in_call): ust__procrun_call's. */
+static int call_held(ust__procrun *p, const ust_candidate_call *call, const DLTensor *const *tensors, int n_t,
+                     const uint64_t *off, uint64_t arena_bytes, int gpu, uint64_t deadline_ns, char *msg, size_t cap) {
+  wire_arena wa;
+  memset(&wa, 0, sizeof wa);
+#ifdef PROCRUN_GPU
+  if (gpu >= 0) {
+    if (arena_in(p, gpu, call->stream, tensors, n_t, off, arena_bytes > 0 ? arena_bytes : 1, msg, cap) != 0) {
+      return UST__PROCRUN_UNSENT;
+    }
+    memcpy(wa.handle, &p->arena_handle, sizeof wa.handle);
+    wa.bytes = p->arena_bytes;
+  }
+#endif
+  atomic_fetch_add(&p->runs, 1);
+  const uint64_t deadline = ust__now_ns() + deadline_ns;
+  wire_call wc = {WIRE_MAGIC, call->n_args, call->n_outputs, gpu};
+  int io = send_all(p->fd, &wc, sizeof wc, deadline, p->pidfd);
+  int t = 0; /* the tensors' index, in the order they are described */
+  for (int i = 0; io == 0 && i < call->n_args; i++) {
+    const ust_value *v = ust_candidate_arg(call, i);
+    const int is_t = v->kind == UST_VALUE_TENSOR;
+    io = send_value(p->fd, v, is_t ? &v->tensor : NULL, v->dtype, is_t ? off[t] : 0, deadline, p->pidfd);
+    t += is_t;
+  }
+  for (int k = 0; io == 0 && k < call->n_outputs; k++, t++)
+    io = send_value(p->fd, NULL, &call->outputs[k], call->output_dtypes != NULL ? call->output_dtypes[k] : 0, off[t],
+                    deadline, p->pidfd);
+  if (gpu >= 0 && io == 0)
+    io = send_all(p->fd, &wa, sizeof wa, deadline, p->pidfd);
+  for (int k = 0; gpu < 0 && io == 0 && k < n_t; k++)
+    io = send_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline, p->pidfd);
+  if (io != 0) {
+    lose_on(p, io, deadline_ns, "while taking a call");
+    ust__procrun_lost(p, msg, cap);
+    return UST__PROCRUN_LOST;
+  }
+  wire_answer a;
+  io = recv_all(p->fd, &a, sizeof a, deadline, p->pidfd);
+  if (io == 0 && (a.magic != WIRE_MAGIC || a.msg_len > WIRE_MAX_MSG))
+    io = -3;
+  char text[WIRE_MAX_MSG + 1] = "";
+  if (io == 0)
+    io = recv_text(p->fd, a.msg_len, text, sizeof text, deadline, p->pidfd);
+  for (int k = 0; gpu < 0 && io == 0 && a.status == 0 && k < n_t; k++)
+    io = recv_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline, p->pidfd);
+  if (io != 0) {
+    if (io == -3)
+      lose(p, 0, "the qualifying process answered out of protocol");
+    else
+      lose_on(p, io, deadline_ns, "while the candidate ran");
+    ust__procrun_lost(p, msg, cap);
+    return UST__PROCRUN_LOST;
+  }
+  snprintf(msg, cap, "%s", text);
+  if (a.status == UST__PROCRUN_UNSENT) {
+    /* the child could not take a GPU call (map the arena, make a stream):
+     * qualification cannot happen there, and no later call would fare
+     * better. A CPU call is never answered so. Either way the runner is
+     * lost, with what the child said. */
+    char what[WIRE_MAX_MSG + 64];
+    snprintf(what, sizeof what, "%s", gpu >= 0 ? text : "the qualifying process answered out of protocol");
+    lose(p, 0, what);
+    ust__procrun_lost(p, msg, cap);
+    return UST__PROCRUN_LOST;
+  }
+#ifdef PROCRUN_GPU
+  if (gpu >= 0 && a.status == 0 && arena_out(p, gpu, call->stream, tensors, n_t, off, msg, cap) != 0) {
+    return UST__PROCRUN_UNSENT;
+  }
+#endif
+  return a.status == UST__PROCRUN_LOST || a.status == UST__PROCRUN_BUSY ? -1 : a.status;
+}
+
+
 int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t deadline_ns, char *msg, size_t cap) {
   if (cap > 0)
     msg[0] = '\0';
@@ -719,87 +827,35 @@ int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t 
     off[k] = arena_bytes;
     arena_bytes += (uint64_t)span_of(tensors[k]);
   }
-  pthread_mutex_lock(&p->lock);
-  if (atomic_load(&p->lost) || p->fd < 0) {
-    snprintf(msg, cap, "%s", p->why[0] ? p->why : "the qualifying process is gone");
-    pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_LOST;
+  /* a call that finds the runner busy is not run (production serves it):
+   * no serving thread waits for another's call there */
+  if (pthread_mutex_trylock(&p->lock) != 0) {
+    ust__procrun_note_busy(p);
+    snprintf(msg, cap, "qualifying process: busy with another call");
+    return UST__PROCRUN_BUSY;
   }
-  wire_arena wa;
-  memset(&wa, 0, sizeof wa);
-#ifdef PROCRUN_GPU
-  if (gpu >= 0) {
-    if (arena_in(p, gpu, call->stream, tensors, n_t, off, arena_bytes > 0 ? arena_bytes : 1, msg, cap) != 0) {
-      pthread_mutex_unlock(&p->lock);
-      return UST__PROCRUN_UNSENT;
+  int rc;
+  if (ust__procrun_lost(p, msg, cap) || p->fd < 0) {
+    if (cap > 0 && msg[0] == '\0')
+      snprintf(msg, cap, "the qualifying process is gone");
+    if (p->fd >= 0 || p->pid > 0) { /* refused while a call held it, and not reaped since */
+      char ended[160];
+      reap(p, 0, ended, sizeof ended);
+      arena_drop(p);
     }
-    memcpy(wa.handle, &p->arena_handle, sizeof wa.handle);
-    wa.bytes = p->arena_bytes;
+    rc = UST__PROCRUN_LOST;
+  } else {
+    atomic_store(&p->in_call, 1);
+    rc = call_held(p, call, tensors, n_t, off, arena_bytes, gpu, deadline_ns, msg, cap);
+    if (rc != UST__PROCRUN_LOST && atomic_load(&p->lost) != 0) { /* refused meanwhile: reaped now */
+      char ended[160];
+      reap(p, 0, ended, sizeof ended);
+      arena_drop(p);
+    }
+    atomic_store(&p->in_call, 0);
   }
-#endif
-  atomic_fetch_add(&p->runs, 1);
-  const uint64_t deadline = ust__now_ns() + deadline_ns;
-  wire_call wc = {WIRE_MAGIC, call->n_args, call->n_outputs, gpu};
-  int io = send_all(p->fd, &wc, sizeof wc, deadline, p->pidfd);
-  int t = 0; /* the tensors' index, in the order they are described */
-  for (int i = 0; io == 0 && i < call->n_args; i++) {
-    const ust_value *v = ust_candidate_arg(call, i);
-    const int is_t = v->kind == UST_VALUE_TENSOR;
-    io = send_value(p->fd, v, is_t ? &v->tensor : NULL, v->dtype, is_t ? off[t] : 0, deadline, p->pidfd);
-    t += is_t;
-  }
-  for (int k = 0; io == 0 && k < call->n_outputs; k++, t++)
-    io = send_value(p->fd, NULL, &call->outputs[k], call->output_dtypes != NULL ? call->output_dtypes[k] : 0, off[t],
-                    deadline, p->pidfd);
-  if (gpu >= 0 && io == 0)
-    io = send_all(p->fd, &wa, sizeof wa, deadline, p->pidfd);
-  for (int k = 0; gpu < 0 && io == 0 && k < n_t; k++)
-    io = send_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline, p->pidfd);
-  if (io != 0) {
-    lose_on(p, io, deadline_ns, "while taking a call");
-    snprintf(msg, cap, "%s", p->why);
-    pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_LOST;
-  }
-  wire_answer a;
-  io = recv_all(p->fd, &a, sizeof a, deadline, p->pidfd);
-  if (io == 0 && (a.magic != WIRE_MAGIC || a.msg_len > WIRE_MAX_MSG))
-    io = -3;
-  char text[WIRE_MAX_MSG + 1] = "";
-  if (io == 0)
-    io = recv_text(p->fd, a.msg_len, text, sizeof text, deadline, p->pidfd);
-  for (int k = 0; gpu < 0 && io == 0 && a.status == 0 && k < n_t; k++)
-    io = recv_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline, p->pidfd);
-  if (io != 0) {
-    if (io == -3)
-      lose(p, 0, "the qualifying process answered out of protocol");
-    else
-      lose_on(p, io, deadline_ns, "while the candidate ran");
-    snprintf(msg, cap, "%s", p->why);
-    pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_LOST;
-  }
-  snprintf(msg, cap, "%s", text);
-  if (a.status == UST__PROCRUN_UNSENT) {
-    /* the child could not take a GPU call (map the arena, make a stream):
-     * qualification cannot happen there, and no later call would fare
-     * better. A CPU call is never answered so. Either way the runner is
-     * lost, with what the child said. */
-    char what[WIRE_MAX_MSG + 64];
-    snprintf(what, sizeof what, "%s", gpu >= 0 ? text : "the qualifying process answered out of protocol");
-    lose(p, 0, what);
-    snprintf(msg, cap, "%s", p->why);
-    pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_LOST;
-  }
-#ifdef PROCRUN_GPU
-  if (gpu >= 0 && a.status == 0 && arena_out(p, gpu, call->stream, tensors, n_t, off, msg, cap) != 0) {
-    pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_UNSENT;
-  }
-#endif
   pthread_mutex_unlock(&p->lock);
-  return a.status == UST__PROCRUN_LOST ? -1 : a.status;
+  return rc;
 }
 
 /* ---- the child's side ------------------------------------------------------------------- */

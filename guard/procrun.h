@@ -17,9 +17,11 @@
  * spins is the child's to lose; the results are copied back onto the call's
  * stream.
  *
- * Threading: a runner serves one call at a time (others wait for it); the
- * queries may be called from any thread. Nothing here aborts, exits or
- * raises a signal in the serving process (writes never raise SIGPIPE).
+ * Threading: a runner serves one call at a time; a call that finds it busy
+ * is not run there (UST__PROCRUN_BUSY, counted), so no serving thread waits
+ * for another's call. The queries may be called from any thread and never
+ * wait for a call (they read atomics). Nothing here aborts, exits or raises
+ * a signal in the serving process (writes never raise SIGPIPE).
  *
  * Includes only base/. Internal header: never installed.
  */
@@ -80,12 +82,21 @@ long ust__procrun_pid(ust__procrun *p);
  * stream, too many arguments, no device memory for the arena, or the child
  * could not map it); msg says why. */
 #define UST__PROCRUN_UNSENT (-1001)
+/* Or, nothing sent: another call holds the runner (counted,
+ * ust__procrun_busy_count). */
+#define UST__PROCRUN_BUSY (-1002)
 int ust__procrun_call(ust__procrun *p, const struct ust_candidate_call *call, uint64_t deadline_ns, char *msg,
                       size_t cap);
+/* 1 while a call holds the runner: a call planned now would find it busy. */
+int ust__procrun_busy(ust__procrun *p);
+/* A call not run there for that: counted. */
+void ust__procrun_note_busy(ust__procrun *p);
+/* Calls not run there because another held the runner. */
+uint64_t ust__procrun_busy_count(const ust__procrun *p);
 
 /* Refuse the candidate for good (a verification of a call it ran there
  * failed): the child is killed, why kept as the evidence. The first reason
- * stays. */
+ * stays. Never waits for a call in progress: that call reaps the child. */
 void ust__procrun_refuse(ust__procrun *p, const char *why);
 /* 1 once lost or refused; the evidence into why (cap bytes) when why is not NULL. */
 int ust__procrun_lost(ust__procrun *p, char *why, size_t cap);

@@ -315,6 +315,7 @@ static cJSON *candidate_json(const ust__candidate *c) {
       add_num(q, "runs", (double)ust__procrun_runs(pr));
       add_num(q, "passed", (double)ust__procrun_passed(pr));
       add_num(q, "routes_qualified", (double)ust__procrun_routes_qualified(pr));
+      add_num(q, "busy", (double)ust__procrun_busy_count(pr)); /* calls production served: another call was there */
       cJSON_AddBoolToObject(q, "loaded_here", atomic_load(&((ust__candidate *)c)->cand.loaded) != NULL);
       char why[600];
       if (ust__procrun_lost(pr, why, sizeof why))
