@@ -19,6 +19,7 @@
  * the build's POSIX level; prctl's death signal is Linux's. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -28,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -119,6 +121,8 @@ struct ust__procrun {
   char name[WIRE_MAX_NAME], target[WIRE_MAX_NAME];
   unsigned abi;
   atomic_uint_fast64_t runs, passed, routes_qualified, busy;
+  atomic_uint_fast64_t peak_rss_kb, cpu_us; /* what the child used (ust__procrun_usage) */
+  uint64_t memory_limit, cpu_limit;         /* its limits, as started */
 #ifdef PROCRUN_GPU
   /* GPU calls' tensors, copied in and out on the call's stream; the event
    * follows the last copies out, which the next copies in wait for */
@@ -395,6 +399,56 @@ static const char *signal_name(int sig) {
   }
 }
 
+/* What the child used, as far as known: the peak only grows. */
+static void note_usage(ust__procrun *p, uint64_t rss_kb, uint64_t cpu_us) {
+  uint64_t was = atomic_load(&p->peak_rss_kb);
+  while (rss_kb > was && !atomic_compare_exchange_weak(&p->peak_rss_kb, &was, rss_kb)) {
+  }
+  was = atomic_load(&p->cpu_us);
+  while (cpu_us > was && !atomic_compare_exchange_weak(&p->cpu_us, &was, cpu_us)) {
+  }
+}
+
+/* The running child's usage from /proc (its peak RSS, VmHWM, and its CPU
+ * time), after a call. Under p->lock: the child is not reaped meanwhile. */
+static void sample_usage(ust__procrun *p) {
+  if (p->pid <= 0)
+    return;
+  char path[64], buf[4096];
+  uint64_t rss_kb = 0, cpu_us = 0;
+  snprintf(path, sizeof path, "/proc/%ld/status", (long)p->pid);
+  FILE *f = fopen(path, "re");
+  if (f != NULL) {
+    while (fgets(buf, sizeof buf, f) != NULL)
+      if (sscanf(buf, "VmHWM: %" SCNu64, &rss_kb) == 1)
+        break;
+    fclose(f);
+  }
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)p->pid);
+  f = fopen(path, "re");
+  if (f != NULL) {
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *after = strrchr(buf, ')'); /* past the command's name, which may hold anything */
+    unsigned long long ut = 0, st = 0;
+    /* fields 3.. : state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    if (after != NULL && sscanf(after + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2) {
+      const long hz = sysconf(_SC_CLK_TCK);
+      cpu_us = hz > 0 ? (uint64_t)(ut + st) * 1000000u / (uint64_t)hz : 0;
+    }
+  }
+  note_usage(p, rss_kb, cpu_us);
+}
+
+void ust__procrun_get_usage(const ust__procrun *p, ust__procrun_usage *out) {
+  ust__procrun *q = (ust__procrun *)p;
+  out->peak_rss_kb = atomic_load(&q->peak_rss_kb);
+  out->cpu_us = atomic_load(&q->cpu_us);
+  out->memory_limit_bytes = p->memory_limit;
+  out->cpu_limit_s = p->cpu_limit;
+}
+
 /* Reap the child (killed first unless it ends by itself within grace_ms)
  * and say how it ended into out. Under p->lock. */
 static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
@@ -430,18 +484,30 @@ static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
   const int killed = present && !ended;
   int status = 0;
   pid_t got;
-  while ((got = waitpid(p->pid, &status, 0)) < 0 && errno == EINTR) {
+  struct rusage ru;
+  memset(&ru, 0, sizeof ru);
+  while ((got = wait4(p->pid, &status, 0, &ru)) < 0 && errno == EINTR) {
   }
   p->pid = 0;
   atomic_store(&p->pid_seen, 0);
   pthread_mutex_unlock(&p->pid_lock);
+  if (got > 0) /* its whole life, to its end */
+    note_usage(p, (uint64_t)ru.ru_maxrss,
+               (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000u +
+                   (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec));
   if (got < 0)
     snprintf(out, cap, "the qualifying process could not be waited for: %s", strerror(errno));
   else if (killed)
     snprintf(out, cap, "killed by understudy");
+  else if (WIFSIGNALED(status) && WTERMSIG(status) == SIGXCPU)
+    snprintf(out, cap, "the qualifying process used its CPU time limit (candidate.qualify_cpu_s: %llu s) and was "
+             "killed by SIGXCPU", (unsigned long long)p->cpu_limit);
   else if (WIFSIGNALED(status))
     snprintf(out, cap, "the qualifying process was killed by %s (signal %d)", signal_name(WTERMSIG(status)),
              WTERMSIG(status));
+  else if (WIFEXITED(status) && WEXITSTATUS(status) == UST__PROCRUN_EXIT_MEMORY && p->memory_limit > 0)
+    snprintf(out, cap, "the qualifying process crashed at its memory limit (candidate.qualify_memory_mb: %llu MiB "
+             "beyond its own)", (unsigned long long)(p->memory_limit >> 20));
   else if (WIFEXITED(status))
     snprintf(out, cap, "the qualifying process exited with status %d", WEXITSTATUS(status));
   else
@@ -458,6 +524,12 @@ static int set_why(ust__procrun *p, const char *what, const char *ended) {
     snprintf(p->why, sizeof p->why, "%s; %s", what, ended);
   else
     snprintf(p->why, sizeof p->why, "%s", what != NULL && what[0] != '\0' ? what : ended);
+  ust__procrun_usage u;
+  ust__procrun_get_usage(p, &u);
+  const size_t len = strlen(p->why);
+  if (u.peak_rss_kb > 0 || u.cpu_us > 0)
+    snprintf(p->why + len, sizeof p->why - len, " (the qualifying process: peak RSS %.1f MiB, CPU %.2f s)",
+             (double)u.peak_rss_kb / 1024.0, (double)u.cpu_us / 1e6);
   atomic_store_explicit(&p->lost, 1, memory_order_release);
   return 1;
 }
@@ -525,13 +597,26 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
     child_fd = fcntl(sv[1], F_DUPFD_CLOEXEC, 4);
     close(sv[1]);
   }
-  const char *argv[8 + 3 * 64];
+  const char *argv[12 + 3 * 64];
+  char mem[32], cpu[32];
   int n = 0;
   argv[n++] = spec->exe;
   argv[n++] = "--candidate";
   argv[n++] = spec->path;
   argv[n++] = "--sha256";
   argv[n++] = spec->sha256;
+  p->memory_limit = spec->memory_bytes;
+  p->cpu_limit = spec->cpu_s;
+  if (spec->memory_bytes > 0) {
+    snprintf(mem, sizeof mem, "%" PRIu64, spec->memory_bytes);
+    argv[n++] = "--memory-bytes";
+    argv[n++] = mem;
+  }
+  if (spec->cpu_s > 0) {
+    snprintf(cpu, sizeof cpu, "%" PRIu64, spec->cpu_s);
+    argv[n++] = "--cpu-s";
+    argv[n++] = cpu;
+  }
   for (int k = 0; k < spec->n_deps; k++) {
     argv[n++] = "--dep";
     argv[n++] = spec->dep_path[k];
@@ -543,6 +628,11 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
   posix_spawn_file_actions_init(&fa);
   posix_spawnattr_init(&attr);
   posix_spawn_file_actions_adddup2(&fa, child_fd, 3);
+  /* nothing of the serving process's stdio: what the candidate prints goes
+   * nowhere, and never fills a pipe someone must read */
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
   sigset_t none, defaults;
   sigemptyset(&none);
   sigemptyset(&defaults);
@@ -552,6 +642,7 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
   sigaddset(&defaults, SIGFPE);
   sigaddset(&defaults, SIGILL);
   sigaddset(&defaults, SIGABRT);
+  sigaddset(&defaults, SIGXCPU);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setpgroup(&attr, 0); /* a group of its own: what it forks ends with it */
@@ -847,6 +938,8 @@ int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t 
   } else {
     atomic_store(&p->in_call, 1);
     rc = call_held(p, call, tensors, n_t, off, arena_bytes, gpu, deadline_ns, msg, cap);
+    if (rc != UST__PROCRUN_LOST)
+      sample_usage(p);
     if (rc != UST__PROCRUN_LOST && atomic_load(&p->lost) != 0) { /* refused meanwhile: reaped now */
       char ended[160];
       reap(p, 0, ended, sizeof ended);
@@ -1017,8 +1110,43 @@ static int child_finish(int rc, char *msg, size_t cap) {
 }
 #endif
 
+uint64_t ust__procrun_data_bytes(void) {
+  /* /proc/self/statm: size resident shared text lib data dt, in pages; read
+   * with system calls alone (a signal handler calls this) */
+  const int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  char buf[256];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0)
+    return 0;
+  buf[n] = '\0';
+  int field = 0;
+  uint64_t v = 0;
+  for (const char *s = buf; *s != '\0'; s++) {
+    if (*s == ' ') {
+      if (++field == 6)
+        break;
+      v = 0;
+    } else if (*s >= '0' && *s <= '9') {
+      v = v * 10 + (uint64_t)(*s - '0');
+    }
+  }
+  return field >= 5 ? v * (uint64_t)getpagesize() : 0;
+}
+
+int ust__procrun_near_limit(uint64_t data, uint64_t limit) {
+  if (limit == 0 || data == 0)
+    return 0;
+  uint64_t reach = limit / 8;
+  if (reach < (64u << 20))
+    reach = 64u << 20;
+  return data + reach >= limit;
+}
+
 /* Read, run and answer one call: 1 done, 0 the socket closed, -1 broken. */
-static int serve_one(int fd, const ust_candidate *d, child_call *c) {
+static int serve_one(int fd, const ust_candidate *d, child_call *c, uint64_t data_limit) {
   wire_call wc;
   ssize_t k = recv(fd, &wc, 1, MSG_PEEK);
   if (k == 0)
@@ -1100,8 +1228,14 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
     rc = d->run(d->ctx, &cc, buf, sizeof buf);
     buf[sizeof buf - 1] = '\0';
     snprintf(msg, sizeof msg, "%s", buf);
-    if (rc == UST__PROCRUN_LOST || rc == UST__PROCRUN_UNSENT)
+    if (rc == UST__PROCRUN_LOST || rc == UST__PROCRUN_UNSENT || rc == UST__PROCRUN_BUSY)
       rc = -1;
+    const uint64_t data = rc != 0 ? ust__procrun_data_bytes() : 0;
+    if (rc != 0 && ust__procrun_near_limit(data, data_limit)) {
+      const size_t len = strnlen(msg, sizeof msg);
+      snprintf(msg + len, sizeof msg - len, "%sat its memory limit in the qualifying process (%llu of %llu MiB)",
+               len > 0 ? "; " : "", (unsigned long long)(data >> 20), (unsigned long long)(data_limit >> 20));
+    }
 #ifdef PROCRUN_GPU
     if (gpu >= 0)
       rc = child_finish(rc, msg, sizeof msg);
@@ -1114,12 +1248,12 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
   return io == 0 ? 1 : -1;
 }
 
-int ust__procrun_serve(int fd, const ust_candidate *d) {
+int ust__procrun_serve(int fd, const ust_candidate *d, uint64_t data_limit) {
   child_call *c = calloc(1, sizeof *c);
   if (c == NULL)
     return -1;
   int r;
-  while ((r = serve_one(fd, d, c)) == 1) {
+  while ((r = serve_one(fd, d, c, data_limit)) == 1) {
   }
   free(c);
   return r == 0 ? 0 : -1;

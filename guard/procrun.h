@@ -47,9 +47,16 @@ typedef struct ust__procrun_spec {
   const char *const *dep_path; /* pinned dependencies, n_deps each */
   const char *const *dep_sha256;
   uint64_t start_deadline_ns; /* how long the child may take to load the candidate and answer */
+  uint64_t memory_bytes;      /* the memory the candidate may take there (RLIMIT_DATA beyond the child's own); 0 none */
+  uint64_t cpu_s;             /* the CPU seconds the child may use (RLIMIT_CPU); 0 none */
 } ust__procrun_spec;
 
-/* Start the child and wait for it to load the candidate: 0 and a new runner
+/* The child's exit status when it crashed or failed within reach of its
+ * memory limit: refused as over it. */
+#define UST__PROCRUN_EXIT_MEMORY 86
+
+/* Start the child (stdio on /dev/null, a process group of its own that it
+ * cannot leave, its limits) and wait for it to load the candidate: 0 and a new runner
  * in *out, whose name, target and ABI version the candidate's descriptor
  * gave (ust__procrun_name, ...); else an error naming what went wrong (the
  * program cannot be started, the pin or the descriptor was refused there,
@@ -106,13 +113,28 @@ uint64_t ust__procrun_runs(const ust__procrun *p);
 void ust__procrun_note_passed(ust__procrun *p, int route_qualified);
 uint64_t ust__procrun_passed(const ust__procrun *p);
 uint64_t ust__procrun_routes_qualified(const ust__procrun *p);
+/* What the child used: its peak resident set (KiB) and CPU time (user and
+ * system, µs), read after each call and, once it ended, from its exit; and
+ * its limits (0: none). Any thread, lock-free. */
+typedef struct ust__procrun_usage {
+  uint64_t peak_rss_kb, cpu_us, memory_limit_bytes, cpu_limit_s;
+} ust__procrun_usage;
+void ust__procrun_get_usage(const ust__procrun *p, ust__procrun_usage *out);
 
 /* 1 when this build sends GPU tensors there. */
 int ust__procrun_gpu(void);
 
 /* The child's side: answer the calls arriving on fd with the candidate d
- * until the socket closes (returns 0) or the wire breaks (returns -1). */
-int ust__procrun_serve(int fd, const struct ust_candidate *d);
+ * until the socket closes (returns 0) or the wire breaks (returns -1).
+ * data_limit: the child's RLIMIT_DATA (0 none): a call that fails within
+ * reach of it says so in its message (ust__procrun_near_limit). */
+int ust__procrun_serve(int fd, const struct ust_candidate *d, uint64_t data_limit);
+/* The child's data memory now (private writable mappings and heap, as
+ * RLIMIT_DATA counts them), in bytes; 0 when unknown. Async-signal-safe. */
+uint64_t ust__procrun_data_bytes(void);
+/* 1 when data bytes are within reach of limit: an eighth of it, at least
+ * 64 MiB (an allocation that failed there was refused by the limit). */
+int ust__procrun_near_limit(uint64_t data, uint64_t limit);
 /* The child's first answer: status 0 with d's name, target and ABI, or an
  * error status with why (d NULL). */
 int ust__procrun_hello(int fd, const struct ust_candidate *d, int status, const char *why);

@@ -108,7 +108,8 @@ static int start_qualifying(const ust__op_config *oc, const ust__problem *p, con
   }
   /* loading it there gets the same deadline as a call */
   ust__procrun_spec spec = {exe, cc->path, cc->sha256, cc->n_deps, dep_paths, dep_pins,
-                            (uint64_t)(oc->deadline_ms * 1e6)};
+                            (uint64_t)(oc->deadline_ms * 1e6), (uint64_t)cc->qualify_memory_mb << 20,
+                            (uint64_t)cc->qualify_cpu_s};
   ust__procrun *proc = NULL;
   if ((rc = ust__procrun_start(&spec, &proc)) != 0)
     return ust__error(rc, "config: '%s.native' (qualifying in its own process): %s", field, ust_last_error());

@@ -249,6 +249,16 @@ static const ust__config_field fields[] = {
      .lo = 1, .hi = 1000000, AT(ust__cand_config, qualify_calls), .def = "3",
      .doc = "With `qualify` `process`: the passing verifications a route needs in that process before the "
             "candidate runs here on it."},
+    {SEC_CANDIDATE, "qualify_memory_mb", UST__FIELD_INTEGER, UST__FIELD_BY_HAND, .what = "a whole number of MiB",
+     .lo = 16, .hi = 16777216, AT(ust__cand_config, qualify_memory_mb), .def = "4096",
+     .doc = "With `qualify` `process`: the memory the candidate may take in that process, beyond what the "
+            "qualifying program maps before loading it (`RLIMIT_DATA`: its heap, anonymous mappings and thread "
+            "stacks; address space a GPU runtime reserves without using is not counted). A candidate that fails "
+            "or crashes there within an eighth of it (at least 64 MiB) is refused as over its memory limit."},
+    {SEC_CANDIDATE, "qualify_cpu_s", UST__FIELD_INTEGER, UST__FIELD_BY_HAND, .what = "a whole number of seconds",
+     .lo = 1, .hi = 31536000, AT(ust__cand_config, qualify_cpu_s), .def = "600",
+     .doc = "With `qualify` `process`: the CPU time that process may use over its life (`RLIMIT_CPU`); past it, it "
+            "is killed (`SIGXCPU`) and the candidate refused."},
 
     /* ---- operators.<name>.guard */
     {SEC_GUARD, "compare", UST__FIELD_CHOICE, UST__FIELD_BY_HAND, CHOICES("allclose", "exact", "set"),
@@ -743,7 +753,6 @@ static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *c
   if (rc != 0)
     return rc;
   const cJSON *qualify = cJSON_GetObjectItemCaseSensitive(c, "qualify");
-  const cJSON *qcalls = cJSON_GetObjectItemCaseSensitive(c, "qualify_calls");
   if (qualify != NULL) {
     if (!cJSON_IsString(qualify) || (strcmp(qualify->valuestring, "process") != 0 &&
                                      strcmp(qualify->valuestring, "here") != 0))
@@ -756,15 +765,20 @@ static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *c
       cc->qualify = UST__QUALIFY_PROCESS;
     }
   }
-  if (qcalls != NULL) {
-    const ust__config_field *f = field_find(SEC_CANDIDATE, "qualify_calls");
+  static const char *const process_only[] = {"qualify_calls", "qualify_memory_mb", "qualify_cpu_s"};
+  for (size_t i = 0; i < sizeof process_only / sizeof process_only[0]; i++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, process_only[i]);
+    if (v == NULL)
+      continue;
+    const ust__config_field *f = field_find(SEC_CANDIDATE, process_only[i]);
     if (cc->qualify != UST__QUALIFY_PROCESS)
-      return ust__error(UST_ECONFIG, "config: '%s.qualify_calls' applies only with \"qualify\": \"process\"", path);
-    if (!cJSON_IsNumber(qcalls) || !(qcalls->valuedouble >= f->lo && qcalls->valuedouble <= f->hi) ||
-        qcalls->valuedouble != (double)(int)qcalls->valuedouble)
-      return ust__error(UST_ECONFIG, "config: '%s.qualify_calls' must be a whole number of calls from %.0f to %.0f",
-                        path, f->lo, f->hi);
-    cc->qualify_calls = (int)qcalls->valuedouble;
+      return ust__error(UST_ECONFIG, "config: '%s.%s' applies only with \"qualify\": \"process\"", path,
+                        process_only[i]);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= f->lo && v->valuedouble <= f->hi) ||
+        v->valuedouble != (double)(int)v->valuedouble)
+      return ust__error(UST_ECONFIG, "config: '%s.%s' must be %s from %.0f to %.0f", path, process_only[i], f->what,
+                        f->lo, f->hi);
+    *(int *)((char *)cc + f->offset) = (int)v->valuedouble;
   }
   const cJSON *deps = cJSON_GetObjectItemCaseSensitive(c, "deps");
   if (deps != NULL && cJSON_GetObjectItemCaseSensitive(c, "native") == NULL)

@@ -137,9 +137,12 @@ static void load_qualified(ust__engine *e) {
     if (lc->proc == NULL || lc->dl != NULL)
       continue;
     int rc = ust__candidate_load_here(lc);
+    ust__procrun_usage u;
+    ust__procrun_get_usage(lc->proc, &u);
     if (rc == 1)
-      ust__log(&e->ctx->log, UST_LOG_INFO, "operator '%s': candidate %s qualified in its own process on a route; "
-               "loaded into this process", e->ops[i].op.name, lc->cand.name);
+      ust__log(&e->ctx->log, UST_LOG_INFO, "operator '%s': candidate %s qualified in its own process on a route "
+               "(there: peak RSS %.1f MiB, CPU %.2f s); loaded into this process", e->ops[i].op.name, lc->cand.name,
+               (double)u.peak_rss_kb / 1024.0, (double)u.cpu_us / 1e6);
   }
 }
 

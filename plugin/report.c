@@ -316,6 +316,12 @@ static cJSON *candidate_json(const ust__candidate *c) {
       add_num(q, "passed", (double)ust__procrun_passed(pr));
       add_num(q, "routes_qualified", (double)ust__procrun_routes_qualified(pr));
       add_num(q, "busy", (double)ust__procrun_busy_count(pr)); /* calls production served: another call was there */
+      ust__procrun_usage u;
+      ust__procrun_get_usage(pr, &u);
+      add_num(q, "peak_rss_mb", (double)u.peak_rss_kb / 1024.0);
+      add_num(q, "cpu_s", (double)u.cpu_us / 1e6);
+      add_num(q, "memory_limit_mb", (double)(u.memory_limit_bytes >> 20));
+      add_num(q, "cpu_limit_s", (double)u.cpu_limit_s);
       cJSON_AddBoolToObject(q, "loaded_here", atomic_load(&((ust__candidate *)c)->cand.loaded) != NULL);
       char why[600];
       if (ust__procrun_lost(pr, why, sizeof why))
