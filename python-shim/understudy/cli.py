@@ -116,7 +116,7 @@ def _s_agg_text(tot: dict) -> str:
 def _calibrate_args(p):
     p.add_argument("--out", required=True, help="the hardware profile to write (JSON), for \"hardware\": {\"dir\": ...}")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
+    p.add_argument("--quick", action="store_true", help="0.6 s of measuring a figure instead of 3 s")
 
 
 def _calibrate(args) -> int:
