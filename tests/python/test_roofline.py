@@ -12,7 +12,10 @@ the measured median and T_SOL over the held time, widened by the
 histogram's resolution (conftest.HIST_REL) where a median is read from it."""
 import itertools
 import json
+import os
 import statistics
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -671,6 +674,22 @@ def test_a_key_above_its_roof_is_flagged_in_the_report_table_page_and_metrics(us
     got = {s.labels["operator"]: s.value for f in text_string_to_metric_families(metrics_text(rep))
            for s in f.samples if s.name == "understudy_operator_above_roof_keys"}
     assert got == {"rms_norm": 3, "silu_and_mul": 0}
+
+    # `understudy merge` says so too, where it prints the merged S_agg
+    paths = []
+    for i in range(2):
+        r = json.loads(json.dumps(rep))
+        r["pid"] = (rep.get("pid") or 0) + i
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    out = subprocess.run([sys.executable, "-m", "understudy", "merge", str(tmp_path / "m.json"), *map(str, paths)],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "python-shim")))
+    assert out.returncode == 0, out.stderr
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert merged["totals"]["above_roof"] == 3
+    assert f"S_agg {merged['totals']['S_agg']:.4f}!" in out.stdout
+    assert f"3 shape keys above the roof: {ABOVE_ROOF_WORDS}" in out.stdout
 
 
 def test_the_candidates_headline_compares_both_arms_on_the_candidates_keys(us):
