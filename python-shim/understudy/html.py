@@ -596,7 +596,8 @@ section.route.rolled-back { border-left-color: #d62728; } .verdict { font-weight
 p.empty { color: #a60; } details summary { cursor: pointer; color: #555; font-size: 13px; }
 .above-roof { color: #e6550d; font-weight: 600; } p.headline { margin: 4px 0; }
 details.candidate { margin: 8px 0; } details.candidate > summary { font-size: 14px; color: #222; }
-span.kind { color: #777; }
+span.kind { color: #777; } table.candidates th { white-space: normal; }
+table.candidates td[data-field="candidate"] { overflow-wrap: anywhere; }
 """
 
 
