@@ -419,6 +419,13 @@ def test_html_page_renders_in_chromium_with_the_report_figures(report_file, tmp_
         assert f"{ev[k]:.4g}" in body
     assert f"{int(ev['mismatches'])} of {int(ev['elements'])}" in body
 
+    # as Chromium reads the page: a summary row per candidate, every point
+    # titled with its operator and key (shown on hover), the heaviest named
+    assert {tr.attrs["data-op"] for tr in dom.find("tr", "candidate")} == {"rms_norm", "silu"}
+    for p in points:
+        assert p.find("title")[0].all_text().startswith(f'{p.attrs["data-op"]}: {p.attrs["data-key"]}')
+    assert svg.find("text", "label")
+
 
 def test_candidate_summary_folded_cards_and_named_points(report_file):
     """The page's per-candidate summary holds figures computed here from the
