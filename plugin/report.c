@@ -588,6 +588,32 @@ static void set_s(cJSON *o, const char *k, double s) {
     set_null(o, k);
 }
 
+static void set_bool(cJSON *o, const char *k, int b) {
+  cJSON_DeleteItemFromObjectCaseSensitive(o, k);
+  cJSON_AddBoolToObject(o, k, b);
+}
+
+/* The candidates' headline: S of the candidates over their own scored shape
+ * keys beside production's S over the same keys, each the keys' S weighted
+ * by their device time, and the share of the device time those keys hold.
+ * S_agg_candidate counts 0 for every operator without a verified candidate,
+ * so a candidate on a sliver of the traffic reads as far worse than
+ * production; these figures compare the two arms where both ran. */
+typedef struct cand_sums {
+  double routes, time_ns, s_cand, s_prod; /* s_* are sums of S times the keys' device time */
+} cand_sums;
+
+static void put_cand_sums(cJSON *o, const char *k, const cand_sums *c, double total_ns) {
+  cJSON_DeleteItemFromObjectCaseSensitive(o, k);
+  cJSON *x = cJSON_AddObjectToObject(o, k);
+  if (x == NULL)
+    return;
+  add_num(x, "routes", c->routes);
+  add_num(x, "device_share", total_ns > 0 ? c->time_ns / total_ns : 0.0);
+  set_s(x, "S_candidate", c->time_ns > 0 ? c->s_cand / c->time_ns : -1);
+  set_s(x, "S_production", c->time_ns > 0 ? c->s_prod / c->time_ns : -1);
+}
+
 /* A histogram object's buckets as a sparse histogram (owned arrays), its
  * count taken from the buckets. */
 static int sparse_of(const cJSON *lat, ust__hist_sparse *out) {
@@ -837,12 +863,17 @@ int ust__report_derive(cJSON *root) {
   /* scored operators that have a candidate, overall and per phase: without
    * one, the candidates' S_agg is null (no candidate was measured), not 0 */
   int cand_ops = 0, cand_ops_ph[UST__N_PHASES] = {0};
+  /* shape keys measured faster than their floor (S > 1, by either arm): the
+   * profile is below what the device achieved, and the score says so */
+  double t_above = 0;
+  cand_sums t_cand = {0};
   svals sv = {0}, cv = {0}, sph[UST__N_PHASES] = {{0}}, cph[UST__N_PHASES] = {{0}};
   cJSON_ArrayForEach(op, ops) {
     const int has_cand = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(op, "candidate"));
     double calls = 0, timed = 0, captured = 0, est = 0, measured = 0, tsol_sum = 0, time_sum = 0;
     double est_ph[UST__N_PHASES] = {0};
-    int routes_ph[UST__N_PHASES] = {0}, cand_routes = 0, covered = 0;
+    int routes_ph[UST__N_PHASES] = {0}, cand_routes = 0, covered = 0, above = 0;
+    cand_sums o_cand = {0};
     sv.n = cv.n = 0;
     for (int p = 0; p < UST__N_PHASES; p++)
       sph[p].n = cph[p].n = 0;
@@ -877,6 +908,14 @@ int ust__report_derive(cJSON *root) {
                               ? ust__route_s(num(roof, "candidate_tsol_ns_sum"), nc, cp50) : -1;
         set_s(roof, "S", sp);
         set_s(roof, "S_candidate", sc);
+        set_bool(roof, "above_roof", sp > 1 || sc > 1);
+        above += sp > 1 || sc > 1;
+        if (sp >= 0 && sc >= 0) {
+          o_cand.routes++;
+          o_cand.time_ns += e_ns;
+          o_cand.s_cand += e_ns * sc;
+          o_cand.s_prod += e_ns * sp;
+        }
         /* the roofline chart's coordinates: FLOP per byte, and FLOP/s at
          * the median time (as S is), so a point lies S below its roof */
         const double wc = num(roof, "work_calls"), fl = num(roof, "flops_sum"), by = num(roof, "bytes_sum");
@@ -924,10 +963,17 @@ int ust__report_derive(cJSON *root) {
     add_num(jr, "scored_shapes", sv.n);
     set_s(jr, "S", s_op);
     set_s(jr, "S_weighted", time_sum > 0 ? tsol_sum / time_sum : -1);
+    add_num(jr, "above_roof", above);
+    t_above += above;
     if (has_cand) {
       const double s_c = cv.n > 0 ? ust__median(cv.v, cv.n) : -1;
       set_s(jr, "S_candidate", s_c);
       add_num(jr, "coverage", cand_routes > 0 ? (double)covered / cand_routes : 0.0);
+      put_cand_sums(jr, "candidate_routes", &o_cand, total_est);
+      t_cand.routes += o_cand.routes;
+      t_cand.time_ns += o_cand.time_ns;
+      t_cand.s_cand += o_cand.s_cand;
+      t_cand.s_prod += o_cand.s_prod;
       if (s_op >= 0) {
         s_agg_cand += w_op * (s_c >= 0 ? s_c : 0.0); /* an unverified candidate counts 0 where production scores */
         cand_ops++;
@@ -990,6 +1036,13 @@ int ust__report_derive(cJSON *root) {
     set_num(tot, "scored_share", keys_scored);
     set_s(tot, "S_agg", scored_w > 0 ? s_agg / scored_w : -1);
     set_s(tot, "S_agg_candidate", scored_w > 0 && cand_ops > 0 ? s_agg_cand / scored_w : -1);
+    set_num(tot, "above_roof", t_above);
+    int any_cand = 0;
+    cJSON_ArrayForEach(op, ops) any_cand |= cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(op, "candidate"));
+    if (any_cand)
+      put_cand_sums(tot, "candidate_routes", &t_cand, total_est);
+    else
+      set_null(tot, "candidate_routes");
     /* the kernel tracer's coverage: the share of all kernel time in its
      * windows that was launched inside timed calls of bound ops */
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(root, "timer");
@@ -1231,7 +1284,7 @@ static int add_window(cJSON *root, ust__engine *e) {
   const cJSON *tot = cJSON_GetObjectItemCaseSensitive(w, "totals");
   cJSON *jt = cJSON_AddObjectToObject(out, "totals");
   static const char *const tkeys[] = {"calls", "timed", "est_device_time_ns", "scored_share", "S_agg",
-                                      "S_agg_candidate", NULL};
+                                      "S_agg_candidate", "above_roof", "candidate_routes", NULL};
   for (const char *const *k = tkeys; *k != NULL; k++)
     copy_item(jt, tot, *k);
   cJSON *jops = cJSON_AddArrayToObject(out, "operators");
@@ -1248,6 +1301,7 @@ static int add_window(cJSON *root, ust__engine *e) {
     const cJSON *rl = cJSON_GetObjectItemCaseSensitive(op, "roofline");
     copy_item(jo, rl, "S");
     copy_item(jo, rl, "S_candidate");
+    copy_item(jo, rl, "above_roof");
     cJSON *jss = cJSON_AddArrayToObject(jo, "shapes");
     const cJSON *sh;
     cJSON_ArrayForEach(sh, shapes) {
@@ -1264,6 +1318,7 @@ static int add_window(cJSON *root, ust__engine *e) {
       const cJSON *srl = cJSON_GetObjectItemCaseSensitive(sh, "roofline");
       cJSON_AddItemToObject(js, "S", srl != NULL ? cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(srl, "S"), 0)
                                                  : cJSON_CreateNull());
+      copy_item(js, srl, "above_roof");
     }
   }
   cJSON_Delete(w);

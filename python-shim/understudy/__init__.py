@@ -241,6 +241,9 @@ def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLi
     graphs.set_keep(graphs.wants_keep(text))  # graphs made from now on kept, so their replays can be gated
     graphs.set_enabled(True)  # graphs captured from now on are seen
     graphs.install(lib)  # replays of torch's CUDA graphs gated from the host (never raises)
+    from . import hf_phases
+
+    hf_phases.install()  # prefill and decode read from transformers' generate and continuous batching
 
 
 _enabled_with: ConfigLike = None

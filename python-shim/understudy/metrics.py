@@ -297,6 +297,9 @@ class UnderstudyCollector:
                                    "the candidate's S_i (cumulative since enable)", labels=["operator"])
         cover = GaugeMetricFamily("understudy_operator_candidate_coverage_ratio",
                                   "shape keys with a verified candidate / shape keys seen", labels=["operator"])
+        above = GaugeMetricFamily("understudy_operator_above_roof_keys",
+                                  "shape keys measured faster than their roofline floor (S > 1, production or "
+                                  "candidate): profile below achieved, recalibrate", labels=["operator"])
         untracked = CounterMetricFamily("understudy_untracked_calls_total",
                                         "calls beyond max_routes (served, not keyed)", labels=["operator"])
         tallied = CounterMetricFamily("understudy_tallied_calls_total",
@@ -330,9 +333,11 @@ class UnderstudyCollector:
                 cratio.add_metric([op], rl["S_candidate"])
             if rl.get("coverage") is not None:
                 cover.add_metric([op], rl["coverage"])
+            if rl.get("scored_shapes"):
+                above.add_metric([op], float(rl.get("above_roof") or 0))
             untracked.add_metric([op], float(o.get("untracked", 0)))
             tallied.add_metric([op], float(o.get("tallied", 0)))
-        yield from (m for m in (routes, graphs, share, ratio, cratio, cover, untracked, tallied) if m.samples)
+        yield from (m for m in (routes, graphs, share, ratio, cratio, cover, above, untracked, tallied) if m.samples)
         tot = rep.get("totals") or {}
         ierr = CounterMetricFamily("understudy_internal_errors_total",
                                    "understudy's own failures (production served each call)")
@@ -344,6 +349,20 @@ class UnderstudyCollector:
         scored.add_metric([], float(tot.get("scored_share") or 0.0))
         yield scored
         yield from _timer_families(rep.get("timer") or {})
+        # the candidates against production where both ran: the same shape
+        # keys, each weighted by its device time
+        cr = tot.get("candidate_routes") or {}
+        for key, name, help_ in (
+                ("S_candidate", "understudy_candidate_routes_roofline_ratio",
+                 "S of the candidates over their own scored shape keys, weighted by device time"),
+                ("S_production", "understudy_candidate_routes_production_roofline_ratio",
+                 "production's S over the candidates' scored shape keys, weighted by device time"),
+                ("device_share", "understudy_candidate_routes_device_time_ratio",
+                 "the share of the estimated device time in the candidates' scored shape keys")):
+            if cr.get(key) is not None:
+                g = GaugeMetricFamily(name, help_)
+                g.add_metric([], float(cr[key]))
+                yield g
         # S_agg over all phases is a family of its own, without a phase label:
         # the per-phase family has no "all" series repeating the others.
         for key, name, help_ in (("S_agg", "understudy_aggregate_roofline_ratio",
