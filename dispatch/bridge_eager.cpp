@@ -467,11 +467,12 @@ int CallRun::run_candidate(bool timed_run) {
   const uint64_t took = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   // a call this long is a failure whatever it returned: the route rolls
-  // back. A call run in the qualifying process is held to the deadline
-  // there, from when it was sent (not counting the wait for the call's
-  // stream that comes first on a GPU).
+  // back. A call run in the qualifying process (or by a torch op's
+  // stand-in that qualifies it elsewhere) is held to the deadline there,
+  // from when it was sent (not counting the wait for the call's stream
+  // that comes first on a GPU).
   // (While captured, the call only enqueued its work: not held to it.)
-  if (st_.cand.deadline_ns > 0 && took > st_.cand.deadline_ns && st_.cand.proc == nullptr && !captured()) {
+  if (st_.cand.deadline_ns > 0 && took > st_.cand.deadline_ns && !st_.cand.remote && !captured()) {
     ust__call_overdue(&st_);
     if (fail_ == kFailNone || fail_ == kFailSchema) {
       fail_ = kFailOverdue;

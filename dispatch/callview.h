@@ -69,6 +69,8 @@ typedef struct ust__cand_view {
   int kind;                           /* UST__CAND_NATIVE or UST__CAND_TORCH_OP (guard/guard.h) */
   const struct ust_candidate *native; /* native: the loaded descriptor (NULL when proc runs it) */
   struct ust__procrun *proc;          /* native: its qualifying process runs this call; NULL: this process */
+  int remote;                         /* the call runs the candidate elsewhere, to qualify it: its qualifying
+                                         process (proc) or a torch op's overload `qualify` */
   int abi;                            /* native: its ABI version */
   void *torch_op;                     /* torch op: the seam's resolved handle, or NULL */
   const char *torch_op_name;          /* torch op: "ns::name", for messages */

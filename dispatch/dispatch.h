@@ -208,6 +208,11 @@ void ust__binding_fold_tallies(ust__binding *b);
  * or memory ran out. Thread-safe. */
 ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b);
 
+/* Whether a route of b with key k is one its candidate may run on: the
+ * candidate's key-dimension constraints (candidate.when) hold. 1 without a
+ * candidate or constraints. */
+int ust__route_when_holds(const ust__binding *b, const ust__route_key *k);
+
 const char *ust__phase_name(int phase);
 /* The calling thread's ust_phase (ust_set_phase). */
 int ust__thread_phase(void);

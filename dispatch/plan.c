@@ -113,10 +113,32 @@ void ust__call_nested_done(ust__call_state *st, const ust__nested *acc) {
  * for one qualifying in its own process, until the route qualified there
  * and the engine loaded it here. */
 static int ready_here(ust__cand *c, const ust__route *r) {
-  if (c == NULL || c->proc == NULL)
+  if (c == NULL || (c->proc == NULL && !c->torch_qualify))
     return 1;
-  return atomic_load_explicit(&c->loaded, memory_order_acquire) != NULL &&
-         atomic_load_explicit(&((ust__route *)r)->verify.proc_passed, memory_order_relaxed) >= c->qualify_calls;
+  const int passed =
+      atomic_load_explicit(&((ust__route *)r)->verify.proc_passed, memory_order_relaxed) >= c->qualify_calls;
+  return passed && (c->torch_qualify || atomic_load_explicit(&c->loaded, memory_order_acquire) != NULL);
+}
+
+int ust__route_when_holds(const ust__binding *b, const ust__route_key *k) {
+  const ust__cand *c = b->cand;
+  if (c == NULL)
+    return 1;
+  for (int w = 0; w < c->n_when; w++)
+    for (int d = 0; d < b->n_dims; d++)
+      if (strcmp(b->def->dims[d].name, c->when_dim[w]) == 0 && k->dims[d] != c->when_value[w])
+        return 0;
+  return 1;
+}
+
+/* A torch op's handle by name, resolved once and kept in *slot (the op may
+ * be defined after enable); NULL while it is not defined. */
+static void *torch_handle(ust__binding *b, _Atomic(void *) *slot, const char *qualname, const char *overload) {
+  void *h = atomic_load_explicit(slot, memory_order_acquire);
+  if (h == NULL && b->router->seam != NULL && b->router->seam->resolve_op != NULL &&
+      (h = b->router->seam->resolve_op(qualname, overload)) != NULL)
+    atomic_store_explicit(slot, h, memory_order_release);
+  return h;
 }
 
 /* The candidate as the bridge runs it for a call of route r (serving: the
@@ -128,6 +150,8 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
   memset(v, 0, sizeof *v);
   v->kind = c->kind;
   v->native = c->native;
+  if (c->n_when > 0 && !ust__route_when_holds(b, &r->key))
+    return -1; /* not a route the candidate is for: production's alone */
   if (c->kind == UST__CAND_NATIVE && c->proc != NULL) {
     if (ust__procrun_lost(c->proc, NULL, 0))
       return -1;
@@ -137,6 +161,7 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
       return -1; /* qualifies first, on copies of the calls it sees in shadow */
     } else {
       v->proc = c->proc;
+      v->remote = 1;
     }
   }
   v->abi = c->abi;
@@ -149,10 +174,13 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
   if (c->kind != UST__CAND_TORCH_OP)
     return 0;
   /* the op may be defined after enable: resolved at its first call then */
-  void *h = atomic_load_explicit(&c->seam_op, memory_order_acquire);
-  if (h == NULL && b->router->seam != NULL && b->router->seam->resolve_op != NULL &&
-      (h = b->router->seam->resolve_op(c->torch_op, c->torch_overload)) != NULL)
-    atomic_store_explicit(&c->seam_op, h, memory_order_release);
+  void *h = torch_handle(b, &c->seam_op, c->torch_op, c->torch_overload);
+  if (h != NULL && c->torch_qualify && !ready_here(c, r)) {
+    if (serving)
+      return -1; /* qualifies first, on copies of the calls it sees in shadow */
+    h = torch_handle(b, &c->seam_qualify_op, c->torch_op, "qualify");
+    v->remote = 1;
+  }
   if (h == NULL)
     atomic_fetch_add_explicit(&c->waiting, 1, memory_order_relaxed);
   v->torch_op = h;
@@ -432,7 +460,7 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
     if (atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
       ust__verify_skipped(&r->verify, UST__SKIP_BUDGET);
     else if (cand_view(b, r, call, 0, &st->cand) == 0 &&
-             (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL, 0, st)) != NULL) {
+             (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.remote, 0, st)) != NULL) {
       st->plan = UST__PLAN_SHADOW;
       return 1;
     }
@@ -452,7 +480,7 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
   } else if (mode == UST__MODE_SHADOW && atomic_load_explicit(&r->verify.paused, memory_order_relaxed)) {
     skip_sampled(r, mode, pol, UST__SKIP_BUDGET);
   } else if (mode == UST__MODE_SHADOW && cand_view(b, r, call, 0, &st->cand) == 0) {
-    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL, UST__DF_ARMS | UST__DF_AA,
+    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.remote, UST__DF_ARMS | UST__DF_AA,
                               st)) != NULL) {
       st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself, beside the candidate */
       st->flags |= ust__shadow_arms(st->slot);

@@ -29,6 +29,9 @@
 
 static cJSON *add_num(cJSON *o, const char *k, double v) { return cJSON_AddNumberToObject(o, k, v); }
 
+/* The candidate as a route names it: its source's label, else its name. */
+static const char *cand_label(const ust__cand *c) { return c->label[0] != '\0' ? c->label : c->name; }
+
 /* ---- additive figures ---------------------------------------------------------------- */
 
 static cJSON *hist_json(const ust__hist_sparse *s) {
@@ -123,8 +126,12 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(aa, "mismatching", (double)v->aa_mismatching);
   add_num(aa, "max_abs_err", v->aa_max_abs);
   add_num(aa, "max_rel_err", v->aa_max_rel);
-  if (s->rollout.evidence != NULL)
-    cJSON_AddItemToObject(j, "rollback", evidence_json(s->rollout.evidence));
+  if (s->rollout.evidence != NULL) {
+    cJSON *ev = evidence_json(s->rollout.evidence);
+    if (s->binding->cand != NULL) /* the candidate it names: the one the route ran, as configured */
+      cJSON_AddStringToObject(ev, "candidate", cand_label(s->binding->cand));
+    cJSON_AddItemToObject(j, "rollback", ev);
+  }
   else
     cJSON_AddNullToObject(j, "rollback");
   return j;
@@ -223,6 +230,46 @@ static cJSON *roofline_json(const ust__route_snap *s) {
   return j;
 }
 
+/* Where the candidate comes from (candidate.source, as configured) and the
+ * key dimensions it is for (candidate.when). */
+static void source_json(cJSON *jc, const ust__cand *c) {
+  cJSON *src = c->source_json != NULL ? cJSON_Parse(c->source_json) : NULL;
+  if (src != NULL)
+    cJSON_AddItemToObject(jc, "source", src);
+  else
+    cJSON_AddNullToObject(jc, "source");
+  if (c->n_when > 0) {
+    cJSON *w = cJSON_AddObjectToObject(jc, "when");
+    for (int k = 0; k < c->n_when; k++)
+      add_num(w, c->when_dim[k], (double)c->when_value[k]);
+  }
+}
+
+/* Which implementation serves a route: production (the bound op), the
+ * candidate (named), or both (canary); and, where the candidate does not
+ * run on the route, why. */
+static cJSON *served_by_json(const ust__route_snap *s) {
+  const ust__binding *b = s->binding;
+  const ust__cand *c = b->cand;
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "production", b->display);
+  if (c != NULL)
+    cJSON_AddStringToObject(j, "candidate", cand_label(c));
+  else
+    cJSON_AddNullToObject(j, "candidate");
+  const int mode = s->rollout.mode;
+  const int runs = c != NULL && ust__route_when_holds(b, &s->k);
+  const char *now = "production";
+  if (runs && s->rollout.qualified && mode == UST__MODE_LIVE)
+    now = "candidate";
+  else if (runs && s->rollout.qualified && mode == UST__MODE_CANARY)
+    now = "both";
+  cJSON_AddStringToObject(j, "now", now);
+  if (c != NULL && !runs)
+    cJSON_AddStringToObject(j, "why", "the route's key is outside the candidate's 'when'");
+  return j;
+}
+
 static cJSON *shape_json(const ust__route_snap *s) {
   const ust__binding *b = s->binding;
   cJSON *js = cJSON_CreateObject();
@@ -276,6 +323,7 @@ static cJSON *shape_json(const ust__route_snap *s) {
   if (s->has_cand) {
     cJSON_AddItemToObject(js, "shadow", shadow_json(s));
     cJSON_AddItemToObject(js, "rollout", rollout_json(s));
+    cJSON_AddItemToObject(js, "served_by", served_by_json(s));
   }
   return js;
 }
@@ -311,7 +359,11 @@ static cJSON *candidate_json(const ust__candidate *c) {
   } else {
     cJSON_AddStringToObject(jc, "op_state", atomic_load(&c->cand.seam_op) != NULL ? "resolved" : "waiting for op");
     add_num(jc, "calls_waiting_for_op", (double)atomic_load(&((ust__candidate *)c)->cand.waiting));
+    cJSON_AddStringToObject(jc, "qualify", c->cand.torch_qualify ? "process" : "here");
+    if (c->cand.torch_qualify)
+      add_num(jc, "qualify_calls", (double)c->cand.qualify_calls);
   }
+  source_json(jc, &c->cand);
   cJSON_AddStringToObject(jc, "compare", ust__cmp_kind_name(c->cand.compare));
   if (c->cand.atol >= 0)
     add_num(jc, "atol", c->cand.atol);
