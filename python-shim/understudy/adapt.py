@@ -252,7 +252,7 @@ def build(target: Target, fn: Callable, *, entry_name: str, args: Optional[Dict[
             continue  # its own default
         if not free:
             raise AdaptError(f"{entry_name}'s parameter '{p.name}' matches no argument of {target.schema}; "
-                             f"map it with args={{'{p.name}': ARGUMENT}}")
+                             f"map it to one (args={{'{p.name}': ARGUMENT}}, --arg {p.name}=ARGUMENT)")
         mapping[p.name] = free.pop(0)
         used.append(p.name)
     if not dest and any(target.args[mapping[p]].written for p in used):

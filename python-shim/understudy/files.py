@@ -515,3 +515,95 @@ def check(ref: str, *, like_schema: str, sha256: Optional[str] = None, args=None
     child = ChildRunner(spec, adapt.target_of(like_schema), start_timeout_s=start_timeout_s)
     child.stop()
     return {"sha256": digest, **child.info}
+
+
+# ---- adding a file to a config -------------------------------------------------------
+
+def operator_binding(target: str, problems=None) -> Optional[str]:
+    """The operator whose definition binds target ("_C::rms_norm" ->
+    "rms_norm"), among the definitions in problems (default: the shipped)."""
+    import json
+    import pathlib
+
+    from . import problems_dir
+
+    qual, _, overload = target.partition(".")
+    for f in sorted(pathlib.Path(problems or problems_dir()).glob("*.json")):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        for b in doc.get("bindings", []) if isinstance(doc, dict) else []:
+            if b.get("op") == qual and overload in b.get("overloads", [""]):
+                return doc.get("operator")
+    return None
+
+
+def add(ref: str, *, like: str, schema: Optional[str] = None, config: Optional[str] = None,
+        operator: Optional[str] = None, mode: Optional[str] = "shadow", sample: Optional[float] = None,
+        args: Optional[Dict[str, str]] = None, style: Optional[str] = None, init: Any = None,
+        qualify: str = "process", qualify_calls: int = 3, check_first: bool = True, problems=None) -> dict:
+    """Name a file's entry point as the candidate of an operator, pinned to
+    the file's bytes now, and return {"operator": NAME, "entry": {...}}:
+    the operator's config entry (its candidate {"file", "entry", "sha256",
+    "target", ...}). config: a JSON config file to write it into (made when
+    missing; its other fields kept), atomically. check_first: load and
+    adapt the entry in a process of its own first (the schema of like must
+    be known here: an op defined in this process, or schema=TEXT), so that
+    a bad file or entry is refused now, with the reason."""
+    import json
+
+    path, entry = split_ref(ref)
+    path = os.path.abspath(path)
+    _, digest = read_pinned(path, None)
+    info = {}
+    if check_first:
+        if schema is None:
+            try:
+                schema = adapt.target_named(like).schema
+            except ValueError as e:
+                raise FileCandidateError(f"--like {e}: import what defines it, or give its schema") from None
+        info = check(ref, like_schema=schema, sha256=digest, args=args, style=style, init=init)
+        entry = entry or info.get("entry")
+    if entry is None:
+        raise FileCandidateError(f"name the entry of '{path}' as FILE::ENTRY")
+    op = operator or operator_binding(like, problems)
+    if op is None:
+        raise FileCandidateError(f"no operator definition binds '{like}': name one with --operator")
+    cand = {"file": path, "entry": entry, "sha256": digest, "target": like, "qualify": qualify}
+    if qualify == "process":
+        cand["qualify_calls"] = int(qualify_calls)
+    if args:
+        cand["args"] = dict(args)
+    if style:
+        cand["style"] = style
+    if init is not None:
+        cand["init"] = init
+    op_entry: Dict[str, Any] = {}
+    doc: Dict[str, Any] = {}
+    if config is not None and os.path.exists(config):
+        try:
+            with open(config) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            raise FileCandidateError(f"config '{config}' cannot be read as JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise FileCandidateError(f"config '{config}' is not a JSON object")
+        old = (doc.get("operators") or {}).get(op)
+        op_entry = dict(old) if isinstance(old, dict) else ({"mode": old} if isinstance(old, str) else {})
+    if mode is not None:
+        op_entry["mode"] = mode
+    if sample is not None:
+        op_entry["sample"] = sample
+    op_entry["candidate"] = cand
+    if config is not None:
+        doc.setdefault("operators", {})
+        if not isinstance(doc["operators"], dict):
+            raise FileCandidateError(f"config '{config}': 'operators' is not an object")
+        doc["operators"][op] = op_entry
+        tmp = f"{config}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, config)
+    return {"operator": op, "entry": op_entry, "checked": info}
