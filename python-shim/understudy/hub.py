@@ -8,14 +8,15 @@ the module sees it. guard_kernelized(model) lifts each such module into two
 opaque ops with one schema, the module's activations then its parameters
 and buffers:
 
-    understudy_hub::<name>(Tensor hidden_states, Tensor weight) -> Tensor      the original forward
-    understudy_hub::<name>_hub(Tensor hidden_states, Tensor weight) -> Tensor  the hub layer's forward
+    understudy_hub::<name>_<id>(Tensor hidden_states, Tensor weight) -> Tensor    the original forward
+    understudy_hub::<name>_<id>_c(Tensor hidden_states, Tensor weight) -> Tensor  the hub layer's forward
 
 and installs a forward that calls the first. Production is the original
 forward and the candidate the hub kernel (reverse=True: the other way
 round, for a team that serves the hub kernel and checks it against the
 reference). The module's scalar attributes (an epsilon) are part of <name>,
-so they join every route's key. Each lifted op is an operator of its own
+so they join every route's key; <id> is a digest of the hub layer, its
+revision and the direction. Each lifted op is an operator of its own
 (`hub_<name>`), defined in a folder of definitions made for the process,
 and its candidate carries the kernel's repository and revision, found
 through kernels.get_loaded_kernels().
@@ -57,21 +58,25 @@ class Lifted:
     params: List[str]            # parameters then buffers, as named in the module
     reverse: bool
     source: dict                 # the hub kernel: repo, revision, layer, kernel id
+    hub_id: str                  # a digest of the hub layer's forward and revision, naming its op
     modules: List[Any] = field(default_factory=list)  # weak references to the modules it serves
     # whether the forward returns one tensor, learned from the op's first call (served without the op)
     checked: Dict[str, Any] = field(default_factory=lambda: {"ok": None})
 
     @property
     def operator(self) -> str:
-        return f"hub_{self.name}"[:63]
+        return f"hub_{self.name}_{self.hub_id}"
 
     @property
     def production_op(self) -> str:
-        return f"{NAMESPACE}::{self.name}"
+        return f"{NAMESPACE}::{self.name}_{self.hub_id}"
 
     @property
     def candidate_op(self) -> str:
-        return f"{NAMESPACE}::{self.name}_hub"
+        return f"{NAMESPACE}::{self.name}_{self.hub_id}_c"
+
+    def alive(self) -> bool:
+        return any(m() is not None for m in self.modules)
 
     def definition(self) -> dict:
         a0 = self.acts[0]
@@ -116,7 +121,7 @@ def _op_name(cls: type, attrs: Dict[str, Any]) -> str:
     base = re.sub(r"[^a-z0-9_]", "_", cls.__name__.lower())
     parts = [base] + [f"{re.sub(r'[^a-z0-9_]', '_', k.lower())}_{_enc(v)}" for k, v in sorted(attrs.items())]
     name = "_".join(parts)
-    if len(name) > 55:  # the operator adds "hub_" and must stay within 63 characters
+    if len(name) > 45:  # the operator adds "hub_" (and "_" and 8 for a reversed one) within 63 characters
         digest = hashlib.sha256(f"{cls.__module__}.{cls.__qualname__}{sorted(attrs.items())}".encode()).hexdigest()
         name = f"{base[:40]}_{digest[:12]}"
     return name
@@ -211,13 +216,14 @@ def _stand_in(module, overrides: Dict[str, Any]):
 
 def _impl(rec: Lifted, fn):
     n = len(rec.acts)
+    cls = rec.cls
 
     def impl(*args):
         module = getattr(_calling, "module", None)
-        if module is None or type(module) is not rec.cls:
-            module = next((m() for m in rec.modules if m() is not None), None)
+        if module is None or type(module) is not cls:
+            module = next((m() for r in lifted() if r.cls is cls for m in r.modules if m() is not None), None)
             if module is None:
-                raise RuntimeError(f"{rec.production_op}: no module of {rec.cls.__name__} is alive")
+                raise RuntimeError(f"{rec.production_op}: no module of {cls.__name__} is alive")
         stand = _stand_in(module, dict(zip(rec.params, args[n:])))
         out = fn(stand, *args[:n])
         import torch
@@ -228,13 +234,26 @@ def _impl(rec: Lifted, fn):
     return impl
 
 
+def _defined(qualname: str) -> bool:
+    import torch
+
+    try:
+        torch._C._get_schema(qualname, "")
+        return True
+    except RuntimeError:
+        return False
+
+
 def _define(rec: Lifted, original, hub_fn) -> None:
+    """The production op and the candidate op, with one schema: the
+    original forward and the hub layer's (the other way round reversed)."""
     from .candidates import _define as define
 
     sig = "(" + ", ".join([f"Tensor {a}" for a in rec.acts] + [f"Tensor {p}" for p in rec.params]) + ") -> Tensor"
     prod, cand = (hub_fn, original) if rec.reverse else (original, hub_fn)
-    define(NAMESPACE, rec.name, _impl(rec, prod), signature=sig)
-    define(NAMESPACE, rec.name + "_hub", _impl(rec, cand), signature=sig)
+    for op, fn in ((rec.production_op, prod), (rec.candidate_op, cand)):
+        if not _defined(op):
+            define(NAMESPACE, op.split("::", 1)[1], _impl(rec, fn), signature=sig)
 
 
 def _lifted_forward(rec: Lifted, serving, module):
@@ -244,7 +263,7 @@ def _lifted_forward(rec: Lifted, serving, module):
 
     names = rec.params
     checked = rec.checked
-    op = getattr(getattr(torch.ops, NAMESPACE), rec.name).default
+    op = getattr(getattr(torch.ops, NAMESPACE), rec.production_op.split("::", 1)[1]).default
     from . import sources
 
     def forward(self, *acts, **kw):
@@ -333,17 +352,22 @@ def guard_kernelized(model, *, reverse: bool = False, now: bool = True) -> List[
                 continue
             attrs = _scalars(m)
             name = _op_name(cls, attrs)
-            rec = _lifted.get(name)
+            source = attribute(hub_fn, m.__dict__.get("_kernel_repo"))
+            hub_id = hashlib.sha256(f"{hub_fn.__module__}.{hub_fn.__qualname__}@{source['revision']}"
+                                    f"{'/reverse' if reverse else ''}".encode()).hexdigest()[:8]
+            key = (name, hub_id)
+            rec = _lifted.get(key)
             if rec is None:
-                rec = Lifted(name, str(cls.kernel_layer_name), cls, attrs, acts, params, reverse,
-                             attribute(hub_fn, m.__dict__.get("_kernel_repo")))
+                rec = Lifted(name, str(cls.kernel_layer_name), cls, attrs, acts, params, reverse, source, hub_id)
                 _define(rec, cls.forward, hub_fn)
-                _lifted[name] = rec
+                _lifted[key] = rec
                 new = True
-            elif rec.reverse != reverse or rec.acts != acts or rec.params != params:
+            elif rec.acts != acts or rec.params != params:
                 out.append({"module": path, "class": cls.__name__, "lifted": False,
-                            "why": f"{rec.production_op} was lifted with another schema or direction"})
+                            "why": f"{rec.production_op} was lifted with another schema"})
                 continue
+            if not rec.alive():
+                new = True  # its operator was left out of the running config while none was alive
             rec.modules.append(weakref.ref(m))
             serving = hub_fn if reverse else cls.forward
             m.forward = _lifted_forward(rec, serving, m)
@@ -374,6 +398,8 @@ def expand(name: str, entry: dict, path: str) -> Dict[str, dict]:
     cand_rest = {k: v for k, v in entry["candidate"].items() if k != "hub"}
     ops = {}
     for rec in lifted():
+        if not rec.alive():
+            continue
         if layer is None or rec.layer == layer or rec.cls.__name__ == layer:
             if rec.reverse != reverse:
                 raise HubError(f"config: '{path}.hub.reverse' is {str(reverse).lower()}, but {rec.production_op} "

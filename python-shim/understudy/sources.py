@@ -83,7 +83,7 @@ def resolve(text: str, problems=None) -> str:
     cfg["operators"] = out
     if hub:
         from . import hub as hub_mod
-        recs = hub_mod.lifted()
+        recs = [r for r in hub_mod.lifted() if r.alive()]
         if recs:
             base = cfg.get("problems_dir") or problems
             if base is None:
@@ -157,7 +157,8 @@ def _watch_kernelize() -> None:
         if _patched:
             return
         try:
-            from kernels._internals.layer import kernelize as kz
+            import importlib
+            kz = importlib.import_module("kernels._internals.layer.kernelize")  # the module, not the function
         except Exception:
             return  # no kernels package: nothing can be kernelized
         original = getattr(kz, "kernelize_layer", None)
@@ -166,6 +167,9 @@ def _watch_kernelize() -> None:
 
         def kernelize_layer(module, *args, **kwargs):
             result = original(module, *args, **kwargs)
+            from . import is_enabled
+            if not (_state.uses_hub and is_enabled()):
+                return result  # understudy is not running a config with hub candidates: left to the host
             try:
                 from .hub import guard_kernelized, reverse_for
                 layer = str(getattr(type(module), "kernel_layer_name", ""))
