@@ -114,6 +114,10 @@ typedef struct ust__nested {
   int unscored;     /* of them, ones whose floor could not be computed */
   uint64_t tsol_ps; /* their floors, summed */
   double flops, bytes;
+  /* their work (the roofline's W and Q), summed whether or not a hardware
+   * profile gives a floor; unworked: those without a roofline to read */
+  double work_flops, work_bytes;
+  int unworked;
 } ust__nested;
 
 /* ---- bindings -------------------------------------------------------------------- */
@@ -334,6 +338,15 @@ void ust__call_want_verdict(ust__call_state *st);
 int ust__call_verdict(ust__call_state *st, const ust__call *call);
 /* CAND_FAILED: the candidate failed serving unverified (fail, msg). */
 void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg);
+/* The op names a route keeps of what its candidate calls. */
+#define UST__FALLBACK_OPS 12
+
+/* What one run of the candidate called (counted by the bridge around a
+ * sampled run in this process): aten ops and other ops it called directly,
+ * names[i] called counts[i] times (n names), and the bound ops it called
+ * with their work (bound). Noted on the call's route. */
+void ust__call_fallback(ust__call_state *st, const ust__call *call, uint64_t aten, uint64_t other, int n,
+                        const char *const *names, const uint32_t *counts, const ust__nested *bound);
 /* The candidate's call took longer than its deadline (it then fails). */
 void ust__call_overdue(ust__call_state *st);
 /* 1 when the call's floor should be summed from the bound ops production

@@ -245,6 +245,33 @@ static void source_json(cJSON *jc, const ust__cand *c) {
   }
 }
 
+/* What the route's candidate called inside its own runs (its sampled runs
+ * in this process): torch's ops by name, and the share of its work the
+ * bound ops among them did, by the roofline's W (FLOPs) and Q (bytes):
+ * work done outside the candidate, null where unknown. */
+static cJSON *fallback_json(const ust__route_snap *s) {
+  const ust__fallback_snap *f = &s->fallback;
+  cJSON *j = cJSON_CreateObject();
+  add_num(j, "runs", (double)f->runs);
+  add_num(j, "runs_calling_ops", (double)f->runs_calling);
+  add_num(j, "aten_calls", (double)f->aten_calls);
+  add_num(j, "other_calls", (double)f->other_calls);
+  cJSON *ops = cJSON_AddObjectToObject(j, "ops");
+  for (int i = 0; i < f->n_ops; i++)
+    add_num(ops, f->op[i], (double)f->op_calls[i]);
+  add_num(j, "bound_calls", (double)f->bound_calls);
+  const int known = f->bound_unscored == 0 && f->own_flops > 0;
+  if (known)
+    add_num(j, "work_share", (double)f->bound_flops / (double)f->own_flops);
+  else
+    cJSON_AddNullToObject(j, "work_share");
+  if (f->bound_unscored == 0 && f->own_bytes > 0)
+    add_num(j, "bytes_share", (double)f->bound_bytes / (double)f->own_bytes);
+  else
+    cJSON_AddNullToObject(j, "bytes_share");
+  return j;
+}
+
 /* Which implementation serves a route: production (the bound op), the
  * candidate (named), or both (canary); and, where the candidate does not
  * run on the route, why. */
@@ -267,6 +294,17 @@ static cJSON *served_by_json(const ust__route_snap *s) {
   cJSON_AddStringToObject(j, "now", now);
   if (c != NULL && !runs)
     cJSON_AddStringToObject(j, "why", "the route's key is outside the candidate's 'when'");
+  const ust__fallback_snap *f = &s->fallback;
+  if (f->runs > 0 && f->runs_calling > 0) {
+    /* a candidate that calls torch inside its runs, labelled with how much */
+    char label[160];
+    const int n = snprintf(label, sizeof label, "calls torch: %.3g aten calls per run",
+                           (double)f->aten_calls / (double)f->runs);
+    if (f->bound_unscored == 0 && f->own_flops > 0 && n > 0 && (size_t)n < sizeof label)
+      snprintf(label + n, sizeof label - (size_t)n, ", %.3g%% of its work in bound ops",
+               100.0 * (double)f->bound_flops / (double)f->own_flops);
+    cJSON_AddStringToObject(j, "fallback", label);
+  }
   return j;
 }
 
@@ -324,6 +362,7 @@ static cJSON *shape_json(const ust__route_snap *s) {
     cJSON_AddItemToObject(js, "shadow", shadow_json(s));
     cJSON_AddItemToObject(js, "rollout", rollout_json(s));
     cJSON_AddItemToObject(js, "served_by", served_by_json(s));
+    cJSON_AddItemToObject(js, "fallback", fallback_json(s));
   }
   return js;
 }

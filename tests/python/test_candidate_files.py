@@ -138,7 +138,11 @@ def test_added_model_new_qualifies_in_its_own_process_then_runs_here(us, tmp_pat
     assert src["kind"] == "file" and src["path"] == str(f) and src["sha256"] == cand["sha256"]
     assert src["form"] == "module" and src["style"] == "value" and src["args"]["hidden_states"] == "input"
     assert s["shadow"]["verified"] == 6 and s["shadow"]["passed"] == 6 and s["shadow"]["process_passed"] == 3
-    assert s["served_by"] == {"production": "_C::rms_norm", "candidate": src["label"], "now": "production"}
+    by = dict(s["served_by"])
+    # a ModelNew in torch: every op it runs is torch's (6 per run: pow, mean, add, rsqrt, mul, mul)
+    assert by.pop("fallback") == "calls torch: 6 aten calls per run, 0% of its work in bound ops"
+    assert s["fallback"]["runs"] == 3  # its runs here; those in its qualifying process are not seen
+    assert by == {"production": "_C::rms_norm", "candidate": src["label"], "now": "production"}
     assert src["label"].startswith("file rms_kb.py::ModelNew sha256:")
 
 
