@@ -83,3 +83,15 @@ def test_a_native_candidate_that_calls_nothing_carries_no_label(us):
     (s,) = [s for s in op["shapes"] if s["op"] == "aten::silu"]
     assert s["fallback"]["runs"] == 2 and s["fallback"]["aten_calls"] == 0 and s["fallback"]["ops"] == {}
     assert "fallback" not in s["served_by"]
+
+
+def test_the_metrics_say_which_implementation_serves(us):
+    pytest.importorskip("prometheus_client")
+    us.enable({"operators": {"gemm": {"mode": "shadow", "sample": 1.0,
+                                      "candidate": {"torch_op": _name, "target": "aten::mm"}}},
+               "report": {"interval_s": 0}})
+    torch.mm(torch.randn(8, 16), torch.randn(16, 4))
+    text = understudy.metrics_text(understudy.report())
+    assert ('understudy_candidate_info{candidate="ust_fallback_test::mm_half",kind="torch_op",operator="gemm",'
+            'source=""} 1.0') in text
+    assert 'understudy_routes_serving{implementation="production",operator="gemm"} 1.0' in text
