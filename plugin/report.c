@@ -29,9 +29,6 @@
 
 static cJSON *add_num(cJSON *o, const char *k, double v) { return cJSON_AddNumberToObject(o, k, v); }
 
-/* The candidate as a route names it: its source's label, else its name. */
-static const char *cand_label(const ust__cand *c) { return c->label[0] != '\0' ? c->label : c->name; }
-
 /* ---- additive figures ---------------------------------------------------------------- */
 
 static cJSON *hist_json(const ust__hist_sparse *s) {
@@ -129,7 +126,7 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   if (s->rollout.evidence != NULL) {
     cJSON *ev = evidence_json(s->rollout.evidence);
     if (s->binding->cand != NULL) /* the candidate it names: the one the route ran, as configured */
-      cJSON_AddStringToObject(ev, "candidate", cand_label(s->binding->cand));
+      cJSON_AddStringToObject(ev, "candidate", ust__report_cand_label(s->binding->cand));
     cJSON_AddItemToObject(j, "rollback", ev);
   }
   else
@@ -230,84 +227,6 @@ static cJSON *roofline_json(const ust__route_snap *s) {
   return j;
 }
 
-/* Where the candidate comes from (candidate.source, as configured) and the
- * key dimensions it is for (candidate.when). */
-static void source_json(cJSON *jc, const ust__cand *c) {
-  cJSON *src = c->source_json != NULL ? cJSON_Parse(c->source_json) : NULL;
-  if (src != NULL)
-    cJSON_AddItemToObject(jc, "source", src);
-  else
-    cJSON_AddNullToObject(jc, "source");
-  if (c->n_when > 0) {
-    cJSON *w = cJSON_AddObjectToObject(jc, "when");
-    for (int k = 0; k < c->n_when; k++)
-      add_num(w, c->when_dim[k], (double)c->when_value[k]);
-  }
-}
-
-/* What the route's candidate called inside its own runs (its sampled runs
- * in this process): torch's ops by name, and the share of its work the
- * bound ops among them did, by the roofline's W (FLOPs) and Q (bytes):
- * work done outside the candidate, null where unknown. */
-static cJSON *fallback_json(const ust__route_snap *s) {
-  const ust__fallback_snap *f = &s->fallback;
-  cJSON *j = cJSON_CreateObject();
-  add_num(j, "runs", (double)f->runs);
-  add_num(j, "runs_calling_ops", (double)f->runs_calling);
-  add_num(j, "aten_calls", (double)f->aten_calls);
-  add_num(j, "other_calls", (double)f->other_calls);
-  cJSON *ops = cJSON_AddObjectToObject(j, "ops");
-  for (int i = 0; i < f->n_ops; i++)
-    add_num(ops, f->op[i], (double)f->op_calls[i]);
-  add_num(j, "bound_calls", (double)f->bound_calls);
-  const int known = f->bound_unscored == 0 && f->own_flops > 0;
-  if (known)
-    add_num(j, "work_share", (double)f->bound_flops / (double)f->own_flops);
-  else
-    cJSON_AddNullToObject(j, "work_share");
-  if (f->bound_unscored == 0 && f->own_bytes > 0)
-    add_num(j, "bytes_share", (double)f->bound_bytes / (double)f->own_bytes);
-  else
-    cJSON_AddNullToObject(j, "bytes_share");
-  return j;
-}
-
-/* Which implementation serves a route: production (the bound op), the
- * candidate (named), or both (canary); and, where the candidate does not
- * run on the route, why. */
-static cJSON *served_by_json(const ust__route_snap *s) {
-  const ust__binding *b = s->binding;
-  const ust__cand *c = b->cand;
-  cJSON *j = cJSON_CreateObject();
-  cJSON_AddStringToObject(j, "production", b->display);
-  if (c != NULL)
-    cJSON_AddStringToObject(j, "candidate", cand_label(c));
-  else
-    cJSON_AddNullToObject(j, "candidate");
-  const int mode = s->rollout.mode;
-  const int runs = c != NULL && ust__route_when_holds(b, &s->k);
-  const char *now = "production";
-  if (runs && s->rollout.qualified && mode == UST__MODE_LIVE)
-    now = "candidate";
-  else if (runs && s->rollout.qualified && mode == UST__MODE_CANARY)
-    now = "both";
-  cJSON_AddStringToObject(j, "now", now);
-  if (c != NULL && !runs)
-    cJSON_AddStringToObject(j, "why", "the route's key is outside the candidate's 'when'");
-  const ust__fallback_snap *f = &s->fallback;
-  if (f->runs > 0 && f->runs_calling > 0) {
-    /* a candidate that calls torch inside its runs, labelled with how much */
-    char label[160];
-    const int n = snprintf(label, sizeof label, "calls torch: %.3g aten calls per run",
-                           (double)f->aten_calls / (double)f->runs);
-    if (f->bound_unscored == 0 && f->own_flops > 0 && n > 0 && (size_t)n < sizeof label)
-      snprintf(label + n, sizeof label - (size_t)n, ", %.3g%% of its work in bound ops",
-               100.0 * (double)f->bound_flops / (double)f->own_flops);
-    cJSON_AddStringToObject(j, "fallback", label);
-  }
-  return j;
-}
-
 static cJSON *shape_json(const ust__route_snap *s) {
   const ust__binding *b = s->binding;
   cJSON *js = cJSON_CreateObject();
@@ -361,8 +280,8 @@ static cJSON *shape_json(const ust__route_snap *s) {
   if (s->has_cand) {
     cJSON_AddItemToObject(js, "shadow", shadow_json(s));
     cJSON_AddItemToObject(js, "rollout", rollout_json(s));
-    cJSON_AddItemToObject(js, "served_by", served_by_json(s));
-    cJSON_AddItemToObject(js, "fallback", fallback_json(s));
+    cJSON_AddItemToObject(js, "served_by", ust__report_served_by(s));
+    cJSON_AddItemToObject(js, "fallback", ust__report_fallback(s));
   }
   return js;
 }
@@ -402,7 +321,7 @@ static cJSON *candidate_json(const ust__candidate *c) {
     if (c->cand.torch_qualify)
       add_num(jc, "qualify_calls", (double)c->cand.qualify_calls);
   }
-  source_json(jc, &c->cand);
+  ust__report_source(jc, &c->cand);
   cJSON_AddStringToObject(jc, "compare", ust__cmp_kind_name(c->cand.compare));
   if (c->cand.atol >= 0)
     add_num(jc, "atol", c->cand.atol);
