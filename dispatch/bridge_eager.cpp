@@ -504,7 +504,7 @@ int CallRun::run_candidate(bool timed_run) {
   const auto plain = [&] { fail_ = st_.cand.kind == kNative ? call_native() : call_torch_op(); };
   // a sampled run here (not one sent to a qualifying process, not captured)
   // counts what the candidate calls: ops of torch's it falls back to
-  const bool count = st_.slot != nullptr && !st_.cand.remote && !captured() && tl_fallback == nullptr;
+  bool count = st_.slot != nullptr && !st_.cand.remote && !captured() && tl_fallback == nullptr;
   FallbackCount fc;
   ust__nested bound{};
   const auto run = [&] {
@@ -516,7 +516,10 @@ int CallRun::run_candidate(bool timed_run) {
       h = at::addThreadLocalCallback(at::RecordFunctionCallback(fallback_start, fallback_end)
                                          .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
     } catch (...) {
-      h = 0;
+      // understudy's failure (out of memory): counted, and the run goes on uncounted
+      ust__call_internal_error(b_);
+      count = false;
+      return plain();
     }
     tl_fallback = &fc;
     {
