@@ -78,6 +78,8 @@ def resolve(text: str, problems=None) -> str:
         except ValueError as e:
             msg = str(e)
             raise _config_error(msg if msg.startswith("config:") else f"config: '{path}': {msg}") from None
+        except Exception as e:  # whatever making it raised (an import, torch refusing a definition): named
+            raise _config_error(f"config: '{path}': {type(e).__name__}: {e}") from None
     if not changed:
         return text
     cfg["operators"] = out
