@@ -172,6 +172,9 @@ def attribute(fn, repo=None) -> dict:
     if hit is not None:
         md = hit.metadata
         out.update({"kernel_id": md.id, "kernel": str(md.name), "version": md.version})
+        ops = _ops_of(md.id)
+        if ops:
+            out["ops"] = ops  # the dispatcher ops the kernel registered: its layer's calls reach them
         file = getattr(hit.module, "__file__", None)
         variant = pathlib.Path(file).parent if file else None
         if variant is not None:
@@ -195,6 +198,45 @@ def attribute(fn, repo=None) -> dict:
     short = out["revision"][:19] if out["revision"].startswith("sha256:") else out["revision"][:12]
     out["label"] = f"hub {out['repo']}@{short} {out['layer']}"
     return out
+
+
+def _ops_of(kernel_id: str) -> List[str]:
+    """The dispatcher ops a hub kernel registered: kernel-builder names
+    their namespace after the kernel's id (`_<name>_<backend>_<hash>`)."""
+    try:
+        import torch
+        names = torch._C._dispatch_get_all_op_names()
+    except Exception:
+        return []
+    ns = kernel_id if kernel_id.startswith("_") else f"_{kernel_id}"
+    return sorted(n for n in names if n.split("::", 1)[0] in (kernel_id, ns))
+
+
+def attribute_op(name: str) -> Optional[dict]:
+    """The hub kernel a dispatcher op ("_activation_cuda_0a1b2c::silu_and_mul")
+    belongs to, through kernels.get_loaded_kernels(): its repo, revision,
+    kernel id, name and version; None when no loaded kernel registered
+    its namespace."""
+    ns = name.split("::", 1)[0]
+    try:
+        import kernels
+        loaded = kernels.get_loaded_kernels()
+    except Exception:
+        return None
+    for lk in loaded:
+        kid = lk.metadata.id
+        if ns in (kid, f"_{kid}"):
+            out = {"op": name, "kernel_id": kid, "kernel": str(lk.metadata.name), "version": lk.metadata.version}
+            if lk.repo_info is not None:
+                out.update(repo=lk.repo_info.repo_id, revision=str(lk.repo_info.revision))
+            else:
+                file = getattr(lk.module, "__file__", None)
+                if file:
+                    variant = pathlib.Path(file).parent
+                    out.update(repo=str(variant.parent.parent if variant.parent.name == "build" else variant.parent),
+                               revision="sha256:" + _variant_digest(variant))
+            return out
+    return None
 
 
 def _stand_in(module, overrides: Dict[str, Any]):

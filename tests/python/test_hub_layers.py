@@ -152,6 +152,33 @@ def test_the_hub_rmsnorm_is_shadowed_per_shape_and_verified_on_every_call(us, hu
     assert torch.allclose(got.double(), want, atol=1e-5)
 
 
+def test_a_hub_kernels_own_ops_are_attributed_to_its_repo_and_revision(hub_norm, tmp_path):
+    """A kernel whose layer calls a dispatcher op it registers in its own
+    namespace (as kernel-builder's do, `_<name>_<backend>_<hash>::op`)."""
+    kid = f"_rmsnorm_ops_cpu_{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]}"
+    repo = kernel_repo(tmp_path, "rmsnorm-ops", "_unused", RIGHT)
+    variant = repo / "build" / "torch-cpu"
+    meta = json.loads((variant / "metadata.json").read_text())
+    meta["id"] = kid
+    (variant / "metadata.json").write_text(json.dumps(meta))
+    (variant / "__init__.py").write_text(textwrap.dedent(f'''
+        import torch
+        _lib = torch.library.Library("{kid}", "DEF")
+        _lib.define("scale(Tensor x, Tensor w) -> Tensor")
+        _lib.impl("scale", lambda x, w: x * w, "CompositeExplicitAutograd")
+        from . import layers
+        '''))
+    m = kernelize(model(), repo)
+    assert len({x["candidate"] for x in understudy.guard_kernelized(m)}) == 1
+    from understudy import hub
+    (lifted,) = [r for r in hub.lifted() if r.alive() and r.source["kernel_id"] == kid]
+    assert lifted.source["ops"] == [f"{kid}::scale"]
+    got = hub.attribute_op(f"{kid}::scale")
+    assert got["kernel_id"] == kid and got["repo"] == str(repo)
+    assert got["revision"] == "sha256:" + variant_digest(variant)
+    assert hub.attribute_op("aten::mm") is None
+
+
 def test_the_wrong_hub_variant_rolls_back_naming_repo_and_revision(us, hub_norm, repos):
     plain = logits(model())
     m = kernelize(model(), repos["wrong"])
