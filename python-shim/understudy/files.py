@@ -452,11 +452,43 @@ def register(spec: FileSpec) -> Registered:
         return reg
 
 
-def _defined(qualname: str) -> bool:
+def register_later(spec: FileSpec) -> dict:
+    """For a target not defined yet (vLLM's _C ops load after understudy is
+    enabled at start-up): the config entry now, its torch op named from the
+    pinned file and entry, and the op registered by a thread that waits for
+    the target (the engine counts the calls until then as waiting for the
+    op). A file that cannot be made a candidate then is one line on stderr."""
+    spec.path = os.path.abspath(spec.path)
+    if not spec.entry:
+        raise FileCandidateError(f"'{spec.path}': name the entry (FILE::ENTRY) of a candidate whose target "
+                                 f"{spec.target} is not defined yet")
+    _, digest = read_pinned(spec.path, spec.sha256)
+    spec.sha256 = digest
+    name = op_name(spec.path, spec.entry, digest)
+    if _defined(f"{NAMESPACE}::{name}"):
+        raise FileCandidateError(f"{NAMESPACE}::{name} is defined already, for another target")
+
+    def wait():
+        import time
+        while not _defined(spec.target):
+            time.sleep(0.2)
+        try:
+            register(spec)
+        except Exception as e:
+            sys.stderr.write(f"understudy: candidate {spec.path}::{spec.entry} for {spec.target}: {e}\n")
+
+    threading.Thread(target=wait, name="understudy-file-candidate", daemon=True).start()
+    reg = Registered(f"{NAMESPACE}::{name}", spec, digest, {"entry": spec.entry})
+    return reg.entry()
+
+
+def _defined(op: str) -> bool:
+    """Whether the dispatcher op ("ns::name" or "ns::name.overload") is defined."""
     import torch
 
+    qual, _, overload = op.partition(".")
     try:
-        torch._C._get_schema(qualname, "")
+        torch._C._get_schema(qual, overload)
         return True
     except RuntimeError:
         return False

@@ -121,7 +121,10 @@ def _file(cand: dict, entry: dict, path: str) -> dict:
                           args=dict(cand.get("args") or {}), style=cand.get("style"), init=cand.get("init"),
                           qualify=cand.get("qualify", "process"), qualify_calls=int(cand.get("qualify_calls", 3)),
                           deadline_ms=float(guard.get("deadline_ms", 10000)))
-    out = files.register(spec).entry()
+    if files._defined(target):
+        out = files.register(spec).entry()
+    else:
+        out = files.register_later(spec)  # its target comes later: registered once it is defined
     if "when" in cand:
         out["when"] = cand["when"]
     return out

@@ -239,3 +239,41 @@ def test_a_file_changed_since_it_was_pinned_is_a_config_error(us, tmp_path):
     with pytest.raises(understudy.ConfigError, match=r"operators.rms_norm.candidate.*not the pinned"):
         us.enable(cfg)
     assert not understudy.is_enabled()
+
+
+def test_a_file_whose_target_is_defined_later_waits_for_it(us, tmp_path, call_log):
+    """vLLM's _C ops are defined after understudy is enabled at start-up:
+    the file's op is registered once its target exists."""
+    f = tmp_path / "later.py"
+    f.write_text(KERNEL_FUNCTION)
+    us.enable({"operators": {"silu": {"mode": "shadow", "sample": 1.0, "candidate": {
+        "file": f"{f}::kernel_function", "sha256": understudy.sha256_of(f), "target": "ust_later_test::silu",
+        "qualify": "here", "args": {"weight": "y", "eps": "alpha"}}}},
+        "problems_dir": str(_later_problems(tmp_path)), "report": {"interval_s": 0}})
+    (op,) = [o for o in us.report()["operators"] if o["name"] == "silu"]
+    assert op["candidate"]["op_state"] == "waiting for op"
+    lib = torch.library.Library("ust_later_test", "DEF")
+    _keep.append(lib)
+    lib.define("silu(Tensor x, Tensor y, float alpha) -> Tensor")
+    lib.impl("silu", lambda x, y, alpha: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + alpha) * y, "CPU")
+    import time
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not any(n.startswith("understudy_file::later_kernel_function")
+                                             for n in torch._C._dispatch_get_all_op_names()):
+        time.sleep(0.05)
+    x, w = torch.randn(4, 8), torch.randn(8)
+    torch.ops.ust_later_test.silu(x, w, 1e-6)
+    (op,) = [o for o in us.report()["operators"] if o["name"] == "silu"]
+    (s,) = op["shapes"]
+    assert op["candidate"]["op_state"] == "resolved" and s["shadow"]["passed"] == 1 and len(ran_in(call_log)) == 1
+
+
+def _later_problems(tmp_path):
+    d = tmp_path / "problems"
+    d.mkdir()
+    for p in (ROOT / "problems").iterdir():
+        if p.name != "silu.json":
+            (d / p.name).symlink_to(p)
+    (d / "silu.json").write_text(json.dumps({"schema_version": 1, "operator": "silu", "bindings": [
+        {"op": "ust_later_test::silu", "key": {"M": "rows(x)", "N": "x[-1]"}}]}))
+    return d
