@@ -69,6 +69,8 @@ typedef struct ust__cand_view {
   int kind;                           /* UST__CAND_NATIVE or UST__CAND_TORCH_OP (guard/guard.h) */
   const struct ust_candidate *native; /* native: the loaded descriptor (NULL when proc runs it) */
   struct ust__procrun *proc;          /* native: its qualifying process runs this call; NULL: this process */
+  int remote;                         /* the call runs the candidate elsewhere, to qualify it: its qualifying
+                                         process (proc) or a torch op's overload `qualify` */
   int abi;                            /* native: its ABI version */
   void *torch_op;                     /* torch op: the seam's resolved handle, or NULL */
   const char *torch_op_name;          /* torch op: "ns::name", for messages */
@@ -116,6 +118,10 @@ typedef struct ust__nested {
   int unscored;     /* of them, ones whose floor could not be computed */
   uint64_t tsol_ps; /* their floors, summed */
   double flops, bytes;
+  /* their work (the roofline's W and Q), summed whether or not a hardware
+   * profile gives a floor; unworked: those without a roofline to read */
+  double work_flops, work_bytes;
+  int unworked;
 } ust__nested;
 
 /* ---- bindings -------------------------------------------------------------------- */
@@ -336,6 +342,15 @@ void ust__call_want_verdict(ust__call_state *st);
 int ust__call_verdict(ust__call_state *st, const ust__call *call);
 /* CAND_FAILED: the candidate failed serving unverified (fail, msg). */
 void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg);
+/* The op names a route keeps of what its candidate calls. */
+#define UST__FALLBACK_OPS 12
+
+/* What one run of the candidate called (counted by the bridge around a
+ * sampled run in this process): aten ops and other ops it called directly,
+ * names[i] called counts[i] times (n names), and the bound ops it called
+ * with their work (bound). Noted on the call's route. */
+void ust__call_fallback(ust__call_state *st, const ust__call *call, uint64_t aten, uint64_t other, int n,
+                        const char *const *names, const uint32_t *counts, const ust__nested *bound);
 /* The candidate starts running for the call (the clock of its deadline). */
 void ust__call_cand_begin(ust__call_state *st);
 /* The candidate returned: 1 when its call was past its deadline (the

@@ -169,6 +169,32 @@ typedef struct ust__route_key {
   int64_t dims[UST__MAX_DIMS];
 } ust__route_key;
 
+/* What a route's candidate called inside its own runs (counted on its
+ * sampled runs in this process): torch's ops it called directly, by name,
+ * and the bound ops among them, whose work (the roofline's W and Q) is work
+ * done outside the candidate's own kernels. The router's own part. */
+typedef struct ust__fallback {
+  atomic_uint_fast64_t runs;        /* candidate runs counted */
+  atomic_uint_fast64_t runs_calling; /* of them, runs that called any op */
+  atomic_uint_fast64_t aten_calls;  /* aten ops called directly */
+  atomic_uint_fast64_t other_calls; /* ops of other namespaces called directly */
+  atomic_uint_fast64_t bound_calls; /* bound ops called (at any depth) */
+  atomic_uint_fast64_t bound_unscored; /* of them, those without a roofline to read their work from */
+  atomic_uint_fast64_t bound_flops, bound_bytes; /* their W and Q, summed */
+  atomic_uint_fast64_t own_flops, own_bytes;     /* the runs' own calls' W and Q, summed (where known) */
+  atomic_int n_ops;                 /* names taken in op[] */
+  char op[UST__FALLBACK_OPS][UST__NAME_MAX + 32];
+  atomic_uint_fast64_t op_calls[UST__FALLBACK_OPS];
+} ust__fallback;
+
+typedef struct ust__fallback_snap {
+  uint64_t runs, runs_calling, aten_calls, other_calls, bound_calls, bound_unscored;
+  uint64_t bound_flops, bound_bytes, own_flops, own_bytes;
+  int n_ops;
+  char op[UST__FALLBACK_OPS][UST__NAME_MAX + 32];
+  uint64_t op_calls[UST__FALLBACK_OPS];
+} ust__fallback_snap;
+
 typedef struct ust__route {
   /* what every call reads (the key's match, its mode, its count) first */
   uint64_t hash;
@@ -184,6 +210,7 @@ typedef struct ust__route {
   atomic_uint_fast64_t canary_seen; /* canary: calls considered for the candidate */
   atomic_uint_fast64_t verify_seen; /* candidate-served calls considered for verification */
   _Atomic(ust__layout *) layouts[UST__MAX_LAYOUTS]; /* added once, freed with the route */
+  ust__fallback fallback;           /* what its candidate called inside its runs */
 } ust__route;
 
 /* The router's sink for verdicts (guard/guard.h): cookies are routes. */
@@ -219,6 +246,11 @@ void ust__binding_fold_tallies(ust__binding *b);
  * or memory ran out. Thread-safe. */
 ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b);
 
+/* Whether a route of b with key k is one its candidate may run on: the
+ * candidate's key-dimension constraints (candidate.when) hold. 1 without a
+ * candidate or constraints. */
+int ust__route_when_holds(const ust__binding *b, const ust__route_key *k);
+
 const char *ust__phase_name(int phase);
 /* The calling thread's ust_phase (ust_set_phase). */
 int ust__thread_phase(void);
@@ -247,12 +279,15 @@ typedef struct ust__route_snap {
   ust__verify_snap verify;
   ust__flight_snap flight;
   ust__figs_snap figs;
+  ust__fallback_snap fallback;
 } ust__route_snap;
 
 /* Every route made before the call, and those made meanwhile that it finds: a new
  * array of *n (free with ust__routes_snapshot_free). Never blocks a serving
  * thread: routes are read racily, rows of the rollout table briefly. */
 int ust__routes_snapshot(ust__router *r, ust__route_snap **out, int *n);
+/* A plain copy of a route's fallback figures (read racily, as the rest). */
+void ust__fallback_snapshot(const ust__fallback *f, ust__fallback_snap *o);
 void ust__routes_snapshot_free(ust__route_snap *s, int n);
 
 #endif /* UST_DISPATCH_H */

@@ -123,6 +123,27 @@ ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust_
 
 /* ---- snapshots for the report ---------------------------------------------------------- */
 
+void ust__fallback_snapshot(const ust__fallback *f, ust__fallback_snap *o) {
+  ust__fallback *m = (ust__fallback *)f;
+  o->runs = atomic_load(&m->runs);
+  o->runs_calling = atomic_load(&m->runs_calling);
+  o->aten_calls = atomic_load(&m->aten_calls);
+  o->other_calls = atomic_load(&m->other_calls);
+  o->bound_calls = atomic_load(&m->bound_calls);
+  o->bound_unscored = atomic_load(&m->bound_unscored);
+  o->bound_flops = atomic_load(&m->bound_flops);
+  o->bound_bytes = atomic_load(&m->bound_bytes);
+  o->own_flops = atomic_load(&m->own_flops);
+  o->own_bytes = atomic_load(&m->own_bytes);
+  int n = atomic_load_explicit(&m->n_ops, memory_order_acquire);
+  o->n_ops = n < UST__FALLBACK_OPS ? n : UST__FALLBACK_OPS;
+  for (int i = 0; i < o->n_ops; i++) {
+    memcpy(o->op[i], m->op[i], sizeof o->op[i]);
+    o->op[i][sizeof o->op[i] - 1] = '\0';
+    o->op_calls[i] = atomic_load(&m->op_calls[i]);
+  }
+}
+
 int ust__routes_snapshot(ust__router *router, ust__route_snap **out, int *n_out) {
   ust__route_table *t = &router->routes;
   /* routes made meanwhile land in any slot: the array grows to hold each
@@ -156,6 +177,7 @@ int ust__routes_snapshot(ust__router *router, ust__route_snap **out, int *n_out)
     ust__rollout_snapshot(&r->rollout, &x->rollout); /* served counts first: they grow after calls */
     ust__verify_snapshot(&r->verify, &x->verify);
     ust__flight_snapshot(&r->flight, &x->flight);
+    ust__fallback_snapshot(&r->fallback, &x->fallback);
     rc = ust__figs_snapshot(&r->figs, &x->figs);
   }
   *n_out = n;

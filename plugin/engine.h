@@ -92,4 +92,16 @@ int ust__report_write_file(ust__engine *e, const char *path);
  * the older one is dropped (the worker, every report.window_s). */
 void ust__report_window_rotate(ust__engine *e);
 
+/* plugin/report_sources.c: the candidate as a route names it (its
+ * source's label, else its name); its source and "when" added to its
+ * report object jc; a route's served_by and fallback objects (new cJSON
+ * trees, NULL when memory ran out). */
+const char *ust__report_cand_label(const ust__cand *c);
+void ust__report_source(struct cJSON *jc, const ust__cand *c);
+struct cJSON *ust__report_served_by(const ust__route_snap *s);
+struct cJSON *ust__report_fallback(const ust__route_snap *s);
+/* A route's rollout and its candidate's calls in flight (plugin/report_route.c). */
+struct cJSON *ust__report_rollout(const ust__route_snap *s);
+struct cJSON *ust__report_flight(const ust__flight_snap *f);
+
 #endif /* UST_ENGINE_H */

@@ -123,88 +123,14 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(aa, "mismatching", (double)v->aa_mismatching);
   add_num(aa, "max_abs_err", v->aa_max_abs);
   add_num(aa, "max_rel_err", v->aa_max_rel);
-  if (s->rollout.evidence != NULL)
-    cJSON_AddItemToObject(j, "rollback", evidence_json(s->rollout.evidence));
+  if (s->rollout.evidence != NULL) {
+    cJSON *ev = evidence_json(s->rollout.evidence);
+    if (s->binding->cand != NULL) /* the candidate it names: the one the route ran, as configured */
+      cJSON_AddStringToObject(ev, "candidate", ust__report_cand_label(s->binding->cand));
+    cJSON_AddItemToObject(j, "rollback", ev);
+  }
   else
     cJSON_AddNullToObject(j, "rollback");
-  return j;
-}
-
-/* The candidate's calls in flight on the route (guard/flight.h). */
-static cJSON *flight_json(const ust__flight_snap *f) {
-  cJSON *j = cJSON_CreateObject();
-  add_num(j, "inside", (double)f->inside);
-  add_num(j, "overdue_inside", (double)f->overdue_inside);
-  add_num(j, "bound", (double)(1 + f->in_time));
-  add_num(j, "swept", (double)f->swept);
-  cJSON *held = cJSON_AddObjectToObject(j, "held");
-  for (int i = 0; i < UST__HELD_COUNT; i++)
-    add_num(held, ust__held_name(i), (double)f->held[i]);
-  return j;
-}
-
-static cJSON *rollout_json(const ust__route_snap *s) {
-  const ust__rollout_snap *r = &s->rollout;
-  cJSON *j = cJSON_CreateObject();
-  cJSON_AddStringToObject(j, "mode", ust__mode_name(r->mode));
-  if (r->mode == UST__MODE_CANARY)
-    add_num(j, "canary", r->canary);
-  cJSON_AddStringToObject(j, "set_by", r->own ? "route" : "operator");
-  cJSON_AddBoolToObject(j, "qualified", r->qualified);
-  /* Every tracked call outside capture that the candidate did not serve was
-   * production's (its outputs, or its exception): derived, not counted per
-   * call. The snapshot read the served count before the calls. */
-  cJSON *sv = cJSON_AddObjectToObject(j, "served");
-  add_num(sv, "production", (double)(s->figs.calls - s->figs.captured - r->served_cand));
-  add_num(sv, "candidate", (double)r->served_cand);
-  add_num(sv, "candidate_verified", (double)r->served_cand_verified);
-  add_num(sv, "unlearned", (double)r->served_unlearned);
-  cJSON *cap = cJSON_AddObjectToObject(j, "captured");
-  add_num(cap, "production", (double)(s->figs.captured - r->captured_cand));
-  add_num(cap, "candidate", (double)r->captured_cand);
-  add_num(j, "transitions", (double)r->transitions);
-  if (r->has_last) {
-    cJSON *t = cJSON_AddObjectToObject(j, "last_transition");
-    cJSON_AddStringToObject(t, "from", r->last_from);
-    cJSON_AddStringToObject(t, "to", r->last_to);
-    cJSON_AddStringToObject(t, "by", r->last_by);
-    cJSON_AddStringToObject(t, "reason", r->last_reason);
-    add_num(t, "unix_ms", (double)r->last_unix_ms);
-  }
-  if (r->promotion_state[0] != '\0') {
-    cJSON *pr = cJSON_AddObjectToObject(j, "promotion");
-    cJSON_AddStringToObject(pr, "state", r->promotion_state);
-    add_num(pr, "passes_in_stage", (double)r->stage_passes);
-    add_num(pr, "needed", r->promotion_needed);
-    add_num(pr, "min_speedup", r->promotion_min_speedup);
-    add_num(pr, "alpha", r->promotion.alpha);
-    add_num(pr, "delta", r->promotion.delta);
-    /* the delta judged with: production's own A/A spread on the route when larger */
-    add_num(pr, "delta_used", r->promotion_delta);
-    cJSON *aa = cJSON_AddObjectToObject(pr, "aa_spread");
-    add_num(aa, "checks", r->aa_samples);
-    if (r->aa_spread >= 0)
-      add_num(aa, "median", r->aa_spread);
-    else
-      cJSON_AddNullToObject(aa, "median");
-    add_num(pr, "max_samples", r->promotion.max_samples);
-    const ust__seq_verdict *v = &r->promotion_test;
-    if (v->n > 0) {
-      /* the stage's paired samples, as ratios T_candidate / T_production */
-      cJSON *t = cJSON_AddObjectToObject(pr, "test");
-      add_num(t, "samples", v->n);
-      add_num(t, "ratio_median", exp(v->median));
-      if (isfinite(v->lower) && isfinite(v->upper)) {
-        add_num(t, "ratio_lower", exp(v->lower));
-        add_num(t, "ratio_upper", exp(v->upper));
-      } else {
-        cJSON_AddNullToObject(t, "ratio_lower");
-        cJSON_AddNullToObject(t, "ratio_upper");
-      }
-    }
-    if (r->promotion_note[0] != '\0')
-      cJSON_AddStringToObject(pr, "note", r->promotion_note);
-  }
   return j;
 }
 
@@ -288,8 +214,10 @@ static cJSON *shape_json(const ust__route_snap *s) {
     cJSON_AddItemToObject(js, "roofline", roofline_json(s));
   if (s->has_cand) {
     cJSON_AddItemToObject(js, "shadow", shadow_json(s));
-    cJSON_AddItemToObject(js, "rollout", rollout_json(s));
-    cJSON_AddItemToObject(js, "in_flight", flight_json(&s->flight));
+    cJSON_AddItemToObject(js, "rollout", ust__report_rollout(s));
+    cJSON_AddItemToObject(js, "in_flight", ust__report_flight(&s->flight));
+    cJSON_AddItemToObject(js, "served_by", ust__report_served_by(s));
+    cJSON_AddItemToObject(js, "fallback", ust__report_fallback(s));
   }
   return js;
 }
@@ -332,7 +260,11 @@ static cJSON *candidate_json(const ust__candidate *c) {
   } else {
     cJSON_AddStringToObject(jc, "op_state", atomic_load(&c->cand.seam_op) != NULL ? "resolved" : "waiting for op");
     add_num(jc, "calls_waiting_for_op", (double)atomic_load(&((ust__candidate *)c)->cand.waiting));
+    cJSON_AddStringToObject(jc, "qualify", c->cand.torch_qualify ? "process" : "here");
+    if (c->cand.torch_qualify)
+      add_num(jc, "qualify_calls", (double)c->cand.qualify_calls);
   }
+  ust__report_source(jc, &c->cand);
   cJSON_AddStringToObject(jc, "compare", ust__cmp_kind_name(c->cand.compare));
   if (c->cand.atol >= 0)
     add_num(jc, "atol", c->cand.atol);

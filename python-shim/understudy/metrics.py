@@ -29,6 +29,7 @@ import json
 import os
 import threading
 import warnings
+from collections import Counter
 from typing import Callable, Optional
 
 from . import UnderstudyError
@@ -381,6 +382,30 @@ class UnderstudyCollector:
             if g.samples:
                 yield g
         yield from _windowed_families(rep)
+        yield from _candidate_families(rep)
+
+
+def _candidate_families(rep: dict):
+    """Which implementation serves: each operator's candidate by its
+    source (value 1), and its routes by who serves them now."""
+    from prometheus_client.metrics_core import GaugeMetricFamily
+    info = GaugeMetricFamily("understudy_candidate_info", "an operator's candidate: its name and where it comes "
+                             "from, the label the report names it by (value 1)",
+                             labels=["operator", "candidate", "kind", "source"])
+    serving = GaugeMetricFamily("understudy_routes_serving", "routes of an operator with a candidate by the "
+                                "implementation that serves them now: production, candidate or both (canary)",
+                                labels=["operator", "implementation"])
+    for o in rep.get("operators", ()):
+        c = o.get("candidate")
+        if not isinstance(c, dict):
+            continue
+        src = c.get("source") if isinstance(c.get("source"), dict) else {}
+        info.add_metric([o["name"], str(c.get("name", "")), str(src.get("kind", c.get("kind", ""))),
+                         str(src.get("label", ""))], 1)
+        now = Counter(str((s.get("served_by") or {}).get("now", "production")) for s in o.get("shapes", ()))
+        for impl in ("production", "candidate", "both"):
+            serving.add_metric([o["name"], impl], float(now.get(impl, 0)))
+    yield from (m for m in (info, serving) if m.samples)
 
 
 def _timer_families(tm: dict):

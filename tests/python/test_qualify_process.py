@@ -287,7 +287,7 @@ def test_the_qualifying_program_missing_is_a_config_error(us, monkeypatch):
 
 
 @pytest.mark.parametrize("cand, message", [
-    ({"torch_op": "aten::silu", "qualify": "process"}, "native candidates only"),
+    ({"torch_op": "mylib::silu.out", "qualify": "process"}, "name the op without an overload"),
     ({"qualify": "elsewhere"}, "must be \"process\""),
     ({"qualify": "process", "qualify_calls": 0}, "whole number of calls from 1"),
     ({"qualify": "process", "qualify_calls": 2.5}, "whole number of calls from 1"),
