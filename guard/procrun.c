@@ -478,6 +478,8 @@ static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
   /* the child, unless it ended, and whatever it forked: its process group.
    * Only while the child is there (running, or unreaped): its id cannot
    * name another process group then. */
+  if (present && !ended)
+    sample_usage(p); /* its peak while it still has one to read (a process that ended has none) */
   pthread_mutex_lock(&p->pid_lock);
   if (present)
     kill(-p->pid, SIGKILL);
@@ -491,8 +493,10 @@ static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
   p->pid = 0;
   atomic_store(&p->pid_seen, 0);
   pthread_mutex_unlock(&p->pid_lock);
-  if (got > 0) /* its whole life, to its end */
-    note_usage(p, (uint64_t)ru.ru_maxrss,
+  /* its CPU time to its end; not ru_maxrss, which Linux carries over exec
+   * from the image forked off this process (this process's own RSS) */
+  if (got > 0)
+    note_usage(p, 0,
                (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000u +
                    (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec));
   if (got < 0)

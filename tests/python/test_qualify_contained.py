@@ -146,6 +146,9 @@ def test_a_candidate_leaking_memory_is_refused_at_its_memory_limit(us, call_log)
     allocation past it fails, the candidate crashes writing to it, and it is
     refused naming the limit, with the child's peak RSS and CPU time."""
     batch = inputs(5)
+    # a server far larger than the child: the child's figures are its own,
+    # not the image it was forked from (Linux keeps that peak over exec)
+    ballast = torch.ones(128 << 20)  # 512 MiB, resident
     cfg = qualifying("silu_leaks_100mb", qualify_calls=5)
     cfg["operators"]["silu"]["candidate"]["qualify_memory_mb"] = 256
     us.enable(cfg)
@@ -161,6 +164,7 @@ def test_a_candidate_leaking_memory_is_refused_at_its_memory_limit(us, call_log)
     (route,) = silu_routes(rep)
     assert route["mode"] == "rolled_back" and "memory limit" in route["shadow"]["rollback"]["message"]
     print(f"\nrefused: {q['refused']}")
+    del ballast
 
 
 def test_the_childs_limits_are_config_fields_checked_by_name(us):
