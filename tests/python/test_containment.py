@@ -197,17 +197,20 @@ def test_a_hung_candidate_holds_its_threads_alone_and_its_route_rolls_back_at_th
     the order of events (the rollback is read while the hung call has not
     returned; every free thread completes AFTER calls after it)."""
     import threading
-    release, entered, ran = threading.Event(), [], []
+    release, entered, ran, on_callers = threading.Event(), [], [], []
+    callers = []  # the serving threads' own input: a call that serves gets it, a call on copies does not
 
     def hang(x):
         ran.append(threading.current_thread().name)
         if len(ran) >= hang_from:
+            on_callers.append(x.data_ptr() in callers)
             entered.append(threading.current_thread().name)
             release.wait(timeout=600)
         return F.silu(x)
 
     name = candidate_op(f"ust_contain::silu_hangs_{mode}_from_{hang_from}", hang, "aten::silu")
     x = torch.randn(16, 64)
+    callers.append(x.data_ptr())
     want = F.silu(x)
     counts, errors, stop = [0] * SERVERS, [], threading.Event()
     threads = [threading.Thread(target=_serve, args=(x, want, counts, i, stop, errors), name=f"server-{i}")
@@ -258,7 +261,12 @@ def test_a_hung_candidate_holds_its_threads_alone_and_its_route_rolls_back_at_th
     assert (f["inside"], f["overdue_inside"], f["swept"]) == (len(stuck), len(stuck), len(stuck)), f
     ev = hung["shadow"]["rollback"]
     assert ev["reason"] == "deadline" and "past its deadline of 200 ms" in ev["message"], ev
-    assert ev["while_serving"] == (hang_from == 2), ev
+    # the rollback came at the first hung call's deadline: it served the
+    # caller's arguments (live, once qualified) or ran on copies (the first
+    # call; or a call begun before the first verdict qualified the route)
+    assert ev["while_serving"] == on_callers[0], (ev, on_callers)
+    if hang_from == 1:
+        assert on_callers[0] is False
     after = silu_route(us.report())
     assert after["mode"] == "rolled_back" and after["shadow"]["overdue"] == len(stuck)
     assert after["in_flight"]["inside"] == 0 and after["in_flight"]["overdue_inside"] == 0
