@@ -261,10 +261,12 @@ def test_a_hung_candidate_holds_its_threads_alone_and_its_route_rolls_back_at_th
     assert (f["inside"], f["overdue_inside"], f["swept"]) == (len(stuck), len(stuck), len(stuck)), f
     ev = hung["shadow"]["rollback"]
     assert ev["reason"] == "deadline" and "past its deadline of 200 ms" in ev["message"], ev
-    # the rollback came at the first hung call's deadline: it served the
+    # the rollback came at the deadline of a hung call that served the
     # caller's arguments (live, once qualified) or ran on copies (the first
-    # call; or a call begun before the first verdict qualified the route)
-    assert ev["while_serving"] == on_callers[0], (ev, on_callers)
+    # call; or a call begun before the first verdict qualified the route):
+    # with two inside, whichever began first (not always the first to
+    # reach the candidate's body)
+    assert ev["while_serving"] in on_callers and len(on_callers) == len(stuck), (ev, on_callers)
     if hang_from == 1:
         assert on_callers[0] is False
     after = silu_route(us.report())
