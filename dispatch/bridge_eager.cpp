@@ -2,6 +2,7 @@
 // its plan when its stream does not capture a graph, and what they share
 // with the captured and native paths (the pairs compared, the layout learned,
 // the torch-op candidate).
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -21,30 +22,51 @@ thread_local Scratch tl_scratch;
 // only: while it is added every op on the thread is recorded), and the
 // bound ops among them, whose work the nested scope sums. Depth 1 is the
 // candidate's own op (a torch op) or the first op a native one calls.
+// Names are copied: a record named by a string owns it and frees it when it
+// ends (an autograd.Function's apply is named by its class), so a pointer
+// kept past the record would read freed memory into the report.
 struct FallbackCount {
   int depth = 0;
   int direct = 1;  // the depth of the candidate's direct calls
   uint64_t aten = 0, other = 0;
   int n = 0;
-  std::array<const char *, UST__FALLBACK_OPS> names{};
+  std::array<std::array<char, UST__FALLBACK_NAME_MAX>, UST__FALLBACK_OPS> names;  // the first n written
+  std::array<const char *, UST__FALLBACK_OPS> name_of{};  // names[k].data(), as the router takes them
   std::array<uint32_t, UST__FALLBACK_OPS> counts{};
 };
 thread_local FallbackCount *tl_fallback = nullptr;
+
+// The bytes of name a route keeps: all of them, or those before the UTF-8
+// character that would not fit, so that a cut name stays UTF-8.
+size_t kept_length(const char *name) {
+  size_t n = strnlen(name, UST__FALLBACK_NAME_MAX);
+  if (n < UST__FALLBACK_NAME_MAX)
+    return n;
+  n = UST__FALLBACK_NAME_MAX - 1;
+  while (n > 0 && (static_cast<unsigned char>(name[n]) & 0xC0) == 0x80)
+    n--;
+  return n;
+}
 
 std::unique_ptr<at::ObserverContext> fallback_start(const at::RecordFunction &fn) {
   FallbackCount *c = tl_fallback;
   if (c == nullptr || ++c->depth != c->direct || fn.scope() != at::RecordScope::FUNCTION)
     return nullptr;
-  const char *name = fn.name();
+  const char *name = fn.name();  // the record's: valid until it ends
   if (std::strncmp(name, "aten::", 6) == 0)
     c->aten++;
   else
     c->other++;
+  const size_t len = kept_length(name);
   int k = 0;
-  while (k < c->n && std::strcmp(c->names[k], name) != 0)
+  while (k < c->n && !(std::strncmp(c->names[k].data(), name, len) == 0 && c->names[k][len] == '\0'))
     k++;
-  if (k == c->n && c->n < UST__FALLBACK_OPS)
-    c->names[c->n++] = name; // op names live as long as their operators
+  if (k == c->n && c->n < UST__FALLBACK_OPS) {
+    std::memcpy(c->names[k].data(), name, len);
+    c->names[k][len] = '\0';
+    c->name_of[k] = c->names[k].data();
+    c->n++;
+  }
   if (k < c->n)
     c->counts[k]++;
   return nullptr;
@@ -535,7 +557,7 @@ int CallRun::run_candidate(bool timed_run) {
   else
     run();
   if (count)
-    ust__call_fallback(&st_, &call_, fc.aten, fc.other, fc.n, fc.names.data(), fc.counts.data(), &bound);
+    ust__call_fallback(&st_, &call_, fc.aten, fc.other, fc.n, fc.name_of.data(), fc.counts.data(), &bound);
   // a call past its deadline is a failure whatever it returned (its route
   // was rolled back at the deadline, or is now)
   char overdue[160];

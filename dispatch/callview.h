@@ -342,8 +342,11 @@ void ust__call_want_verdict(ust__call_state *st);
 int ust__call_verdict(ust__call_state *st, const ust__call *call);
 /* CAND_FAILED: the candidate failed serving unverified (fail, msg). */
 void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg);
-/* The op names a route keeps of what its candidate calls. */
+/* The op names a route keeps of what its candidate calls, and the bytes
+ * of each name kept (NUL included): a longer name is cut at the start of a
+ * UTF-8 character (an autograd.Function's is its Python class's). */
 #define UST__FALLBACK_OPS 12
+#define UST__FALLBACK_NAME_MAX (UST__NAME_MAX + 32)
 
 /* What one run of the candidate called (counted by the bridge around a
  * sampled run in this process): aten ops and other ops it called directly,

@@ -183,7 +183,7 @@ typedef struct ust__fallback {
   atomic_uint_fast64_t bound_flops, bound_bytes; /* their W and Q, summed */
   atomic_uint_fast64_t own_flops, own_bytes;     /* the runs' own calls' W and Q, summed (where known) */
   atomic_int n_ops;                 /* names taken in op[] */
-  char op[UST__FALLBACK_OPS][UST__NAME_MAX + 32];
+  char op[UST__FALLBACK_OPS][UST__FALLBACK_NAME_MAX];
   atomic_uint_fast64_t op_calls[UST__FALLBACK_OPS];
 } ust__fallback;
 
@@ -191,7 +191,7 @@ typedef struct ust__fallback_snap {
   uint64_t runs, runs_calling, aten_calls, other_calls, bound_calls, bound_unscored;
   uint64_t bound_flops, bound_bytes, own_flops, own_bytes;
   int n_ops;
-  char op[UST__FALLBACK_OPS][UST__NAME_MAX + 32];
+  char op[UST__FALLBACK_OPS][UST__FALLBACK_NAME_MAX];
   uint64_t op_calls[UST__FALLBACK_OPS];
 } ust__fallback_snap;
 

@@ -95,3 +95,46 @@ def test_the_metrics_say_which_implementation_serves(us):
     assert ('understudy_candidate_info{candidate="ust_fallback_test::mm_half",kind="torch_op",operator="gemm",'
             'source=""} 1.0') in text
     assert 'understudy_routes_serving{implementation="production",operator="gemm"} 1.0' in text
+
+
+class MatmulByAnAutogradFunction(torch.autograd.Function):
+    """Named longer than a std::string holds inline: its apply's record owns
+    the name on the heap, and frees it when the record ends."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        return a @ b
+
+
+# a name past the bytes a route keeps of one, cut there in the middle of an "Ä"
+Unicode = type(torch.autograd.Function)("Ä" * 60, (torch.autograd.Function,),
+                                        {"forward": staticmethod(lambda ctx, x: x * 1)})
+
+
+def mm_by_functions(a, b):
+    return Unicode.apply(MatmulByAnAutogradFunction.apply(a, b))
+
+
+_by_functions = understudy.register_candidate("ust_fallback_test::mm_by_functions", mm_by_functions, like="aten::mm")
+
+
+def test_the_functions_a_candidate_applies_are_named_as_torch_records_them(us):
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with torch.autograd.profiler.profile() as prof:
+        mm_by_functions(a, b)
+    recorded = {e.name for e in prof.function_events}
+    assert {MatmulByAnAutogradFunction.__name__, Unicode.__name__} <= recorded
+    us.enable({"operators": {"gemm": {"mode": "shadow", "sample": 1.0,
+                                      "candidate": {"torch_op": _by_functions, "target": "aten::mm"}}},
+               "report": {"interval_s": 0}})
+    for _ in range(3):
+        torch.mm(a, b)
+    s = gemm_route(us.report())  # the report's text is UTF-8 throughout: it decodes
+    fb = s["fallback"]
+    assert s["shadow"]["passed"] == 3 and fb["runs"] == 3
+    # each name as the record had it while it ran, not memory freed since; the
+    # long one cut at the start of a character (95 bytes: 47 of them and half of one)
+    cut = Unicode.__name__.encode()[:95].decode(errors="ignore")
+    assert cut == "Ä" * 47
+    assert fb["ops"] == {MatmulByAnAutogradFunction.__name__: 3, cut: 3}
+    assert fb["other_calls"] == 6 and fb["aten_calls"] == 0  # the functions' own ops are theirs
