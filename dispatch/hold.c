@@ -90,7 +90,7 @@ int ust__hold_conclude(ust__hold *h, ust__hold_word *w, int device, int slot, ui
     return 0;
   }
   clean(w);
-  /* uncalibrated for good (the probe could not run): the pair as it is */
+  /* uncalibrated for good (the calibration could not run): the pair as it is */
   const double offset = state == UST__HOLD_CALIBRATED ? h->offset_ns[device] : 0.0;
   *ns = pair_ns > offset ? pair_ns - offset : 0.0;
   return 1;
@@ -113,7 +113,7 @@ int ust__hold_calibrate(ust__hold *h, int device) {
       off[n++] = pair - inner;
   }
   if (n < UST__HOLD_CALIBRATION_SAMPLES / 2) {
-    /* the probe could not run: the device's calls are timed by the plain pair */
+    /* the calibration could not run: the device's calls are timed by the plain pair */
     atomic_store_explicit(&h->state[device], UST__HOLD_UNAVAILABLE, memory_order_release);
     return UST__HOLD_UNAVAILABLE;
   }

@@ -9,9 +9,10 @@
  * call's own work and the stop event queue up behind it; the host releases
  * the hold once the call has returned (its work is all enqueued), so the
  * events bracket the work run back to back. What the pair adds around the
- * work on the device (the records and the first launch's latency, about 2 us
- * on an H100) is measured once per device with a probe kernel that reads the
- * device's clock at its start and end, and taken off.
+ * work on the device (the records and the first launch's latency, a few us)
+ * is measured once per device and taken off: a held pair around one empty
+ * kernel, less what one more kernel adds to a held chain of them (its own
+ * time and the gap before it).
  *
  * A serving process must survive what a benchmark never meets: a call that
  * synchronises inside (nonzero, .item(), an allocator that frees, another
@@ -50,9 +51,9 @@ typedef struct ust__hold_dev_i {
    * as a hint. */
   int (*expired)(void *ctx, int device, int slot, uint32_t seq);
   /* One calibration sample (synchronises a private stream, never a serving
-   * one): a held event pair around a probe kernel, its span, and the
-   * probe's own span read from the device's clock inside it, in ns.
-   * 0, or -1 (no sample). */
+   * one): a held event pair around one kernel, its span, and what one
+   * kernel more adds to a held chain of them, in ns; their difference is
+   * what a pair adds around its work. 0, or -1 (no sample). */
   int (*calibrate)(void *ctx, int device, double *pair_ns, double *inner_ns);
 } ust__hold_dev_i;
 

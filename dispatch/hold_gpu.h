@@ -15,9 +15,8 @@ extern "C" {
  * *expired to seq. A runtime error code: 0 when enqueued. */
 int ust__hold_launch(void *stream, const unsigned *release, unsigned seq, unsigned long long deadline_ticks,
                      unsigned *expired);
-/* Enqueues the calibration probe: one thread spins spin_ticks of the
- * device's clock and writes its first and last reading to out[0], out[1]. */
-int ust__hold_probe_launch(void *stream, unsigned long long *out, unsigned long long spin_ticks);
+/* Enqueues the calibration's work: n empty kernels of one thread. */
+int ust__hold_empty_launch(void *stream, int n);
 /* The device clock's ticks per ns (CUDA's %globaltimer counts ns; HIP's
  * wall clock runs at the device's wall-clock rate); 0 when unknown. */
 double ust__hold_ticks_per_ns(int device);

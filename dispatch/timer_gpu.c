@@ -49,10 +49,9 @@ typedef struct timer {
 
 /* A device's words the holds read and write: host memory mapped for the
  * device, a release word and an expired word per timer and one pair more for
- * the calibration; the calibration's own stream, events and probe readings. */
+ * the calibration; the calibration's own stream and events. */
 typedef struct hold_words {
   unsigned *host, *dev; /* [2 * (pool_size + 1)]: release words, then expired words */
-  unsigned long long *probe_host, *probe_dev;
   double ticks_per_ns;
   cudaStream_t stream; /* the calibration's, made by the harvest's thread */
   cudaEvent_t start, stop;
@@ -106,10 +105,7 @@ static hold_words *device_words(ust__timers *t, int device) {
     ok = UST__GPU_CHECK(t->log, cudaSetDevice(device)) == 0;
   ok = ok && (w->ticks_per_ns = ust__hold_ticks_per_ns(device)) > 0 &&
        UST__GPU_CHECK(t->log, cudaHostAlloc((void **)&w->host, n * sizeof *w->host, cudaHostAllocMapped)) == 0 &&
-       UST__GPU_CHECK(t->log, cudaHostGetDevicePointer((void **)&w->dev, w->host, 0)) == 0 &&
-       UST__GPU_CHECK(t->log, cudaHostAlloc((void **)&w->probe_host, 2 * sizeof *w->probe_host,
-                                            cudaHostAllocMapped)) == 0 &&
-       UST__GPU_CHECK(t->log, cudaHostGetDevicePointer((void **)&w->probe_dev, w->probe_host, 0)) == 0;
+       UST__GPU_CHECK(t->log, cudaHostGetDevicePointer((void **)&w->dev, w->host, 0)) == 0 ;
   if (prev >= 0 && prev != device)
     cudaSetDevice(prev);
   restore_capture_mode(mode);
@@ -119,8 +115,6 @@ static hold_words *device_words(ust__timers *t, int device) {
   } else if (w != NULL) {
     if (w->host != NULL)
       cudaFreeHost(w->host);
-    if (w->probe_host != NULL)
-      cudaFreeHost(w->probe_host);
     free(w);
     w = NULL;
   }
@@ -160,9 +154,34 @@ static int gpu_expired(void *ctx, int device, int slot, uint32_t seq) {
   return __atomic_load_n(&w->host[t->pool_size + 1 + slot], __ATOMIC_ACQUIRE) == seq;
 }
 
-/* One held pair around a probe of about 2 us, on the device's calibration
- * stream (made here, non-blocking: it waits for no serving stream), waited
- * for. The harvest's thread only. */
+/* A held pair around n empty kernels on the calibration's stream, waited
+ * for: its span in ns, or -1. The harvest's thread only. */
+static double calibration_pair(ust__timers *t, hold_words *w, int n) {
+  const int slot = t->pool_size; /* the calibration's own words */
+  const uint32_t seq = w->host[slot] + 1;
+  float ms = 0;
+  if (UST__GPU_CHECK(t->log, ust__hold_launch(w->stream, &w->dev[slot], seq,
+                                              (unsigned long long)(1e6 * w->ticks_per_ns),
+                                              &w->dev[t->pool_size + 1 + slot])) != 0)
+    return -1;
+  const int enqueued = UST__GPU_CHECK(t->log, cudaEventRecord(w->start, w->stream)) == 0 &&
+                       UST__GPU_CHECK(t->log, ust__hold_empty_launch(w->stream, n)) == 0 &&
+                       UST__GPU_CHECK(t->log, cudaEventRecord(w->stop, w->stream)) == 0;
+  __atomic_store_n(&w->host[slot], seq, __ATOMIC_RELEASE);
+  if (enqueued && UST__GPU_CHECK(t->log, cudaEventSynchronize(w->stop)) == 0 &&
+      UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, w->start, w->stop)) == 0 &&
+      __atomic_load_n(&w->host[t->pool_size + 1 + slot], __ATOMIC_ACQUIRE) != seq)
+    return (double)ms * 1e6;
+  return -1;
+}
+
+/* One calibration sample (dispatch/hold.h): a held pair around one empty
+ * kernel, and one around a chain of 1 + CHAIN of them, on the device's
+ * calibration stream (made here, non-blocking: it waits for no serving
+ * stream). The chain's growth per kernel is what a kernel adds when it runs
+ * behind another (its own time and the gap before it), so the first pair
+ * less that is what the pair adds around its work. The harvest's thread only. */
+#define CHAIN 16
 static int gpu_calibrate(void *ctx, int device, double *pair_ns, double *inner_ns) {
   ust__timers *t = ctx;
   hold_words *w = atomic_load_explicit(&t->words[device], memory_order_acquire);
@@ -180,24 +199,10 @@ static int gpu_calibrate(void *ctx, int device, double *pair_ns, double *inner_n
     w->stream = NULL;
     goto out;
   }
-  const int slot = t->pool_size; /* the calibration's own words */
-  const uint32_t seq = w->host[slot] + 1;
-  float ms = 0;
-  if (UST__GPU_CHECK(t->log, ust__hold_launch(w->stream, &w->dev[slot], seq,
-                                              (unsigned long long)(1e6 * w->ticks_per_ns),
-                                              &w->dev[t->pool_size + 1 + slot])) != 0)
-    goto out;
-  const int enqueued =
-      UST__GPU_CHECK(t->log, cudaEventRecord(w->start, w->stream)) == 0 &&
-      UST__GPU_CHECK(t->log, ust__hold_probe_launch(w->stream, w->probe_dev,
-                                                    (unsigned long long)(2000.0 * w->ticks_per_ns))) == 0 &&
-      UST__GPU_CHECK(t->log, cudaEventRecord(w->stop, w->stream)) == 0;
-  __atomic_store_n(&w->host[slot], seq, __ATOMIC_RELEASE);
-  if (enqueued && UST__GPU_CHECK(t->log, cudaEventSynchronize(w->stop)) == 0 &&
-      UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, w->start, w->stop)) == 0 &&
-      __atomic_load_n(&w->host[t->pool_size + 1 + slot], __ATOMIC_ACQUIRE) != seq) {
-    *pair_ns = (double)ms * 1e6;
-    *inner_ns = (double)(w->probe_host[1] - w->probe_host[0]) / w->ticks_per_ns;
+  const double one = calibration_pair(t, w, 1), chain = one < 0 ? -1 : calibration_pair(t, w, 1 + CHAIN);
+  if (one >= 0 && chain >= one) {
+    *pair_ns = one;
+    *inner_ns = (chain - one) / CHAIN;
     rc = 0;
   }
 out:
@@ -486,7 +491,6 @@ void ust__timers_destroy(ust__timers *t) {
       cudaStreamDestroy(w->stream);
     }
     cudaFreeHost(w->host);
-    cudaFreeHost(w->probe_host);
     free(w);
   }
   ust__tqueue_free(&t->pending);

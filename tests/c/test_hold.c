@@ -20,7 +20,7 @@ typedef struct fake_dev {
   } slot[SLOTS];
   int refuse_hold;    /* the next holds cannot be enqueued */
   int calibrations;   /* samples taken */
-  int calibrate_fail; /* the probe cannot run */
+  int calibrate_fail; /* the calibration cannot run */
 } fake_dev;
 
 /* Whether slot's hold seq gave up by now: never once released before its deadline. */
@@ -57,7 +57,7 @@ static int fake_expired(void *ctx, int device, int slot, uint32_t seq) {
   return gave_up(ctx, slot, seq);
 }
 
-/* A pair 2,300 ns longer than its probe, give or take 100. */
+/* A pair 2,300 ns longer than what one kernel more adds to a chain, give or take 100. */
 static int fake_calibrate(void *ctx, int device, double *pair_ns, double *inner_ns) {
   fake_dev *f = ctx;
   (void)device;
