@@ -4,7 +4,8 @@ For a small op on each available device, measures in one run the host time
 per call of: plain torch; understudy disabled (its interceptor stays
 registered once it was ever enabled, and passes calls through); enabled with
 the op's mode off; observing with every call keyed (key_every 1) and none
-timed (the untimed path alone), 1 in 16 timed, every call timed; observing
+timed (the untimed path alone), 1 in 16 timed, every call timed (by the plain
+event pair, and held: timer.hold "auto"); observing
 with 1 call in 64 (the defaults) or 1 in 16 keyed at random and the
 others tallied (none timed);
 observing at the defaults; with the CUPTI kernel tracer, between its
@@ -66,6 +67,12 @@ VARIANTS = {  # name -> (child, understudy config or None)
     "understudy, observe, defaults": ("understudy", {"operators": {"gemm": "observe"}}),
     "understudy, observe all": ("understudy", {"defaults": {"key_every": 1},
                                                "operators": {"gemm": {"mode": "observe", "sample": 1.0}}}),
+    # every call timed by a held pair (timer.hold "auto"): against the row
+    # above, what holding costs a timed call (a kernel launched more, the
+    # release); on the CPU the same as the row above
+    "understudy, observe all, held": ("understudy", {"defaults": {"key_every": 1},
+                                                     "operators": {"gemm": {"mode": "observe", "sample": 1.0}},
+                                                     "timer": {"hold": "auto"}}),
     # the kernel tracer (timer.kind "cupti"), in a process of its own: once
     # CUPTI traced API calls, every later launch of the process stays slower.
     # Between windows a call is counted and keyed (a key's first calls timed

@@ -265,11 +265,32 @@ def test_liger_rmsnorm_on_the_gpu_shadowed_then_canary(us, hub_norm, tmp_path):
     understudy.guard_kernelized(m)
     ids = IDS[0].cuda()
     with torch.no_grad():
-        m(ids)
+        plain = m(ids).logits  # the first call: served directly
+    counts = count_calls(m)
     us.enable({**CONFIG, "operators": {"hub": {"mode": "shadow", "sample": 1.0,
                                                "candidate": {"hub": {"layer": "RMSNorm"}}}}})
     with torch.no_grad():
         for _ in range(20):
-            m(ids)
+            assert torch.equal(m(ids).logits, plain)  # shadow: production's values, bit for bit
+    ops, routes = hub_routes(us.report())
+    assert routes and sum(s["calls"] for s in routes) == counts["n"] == 100
+    for s in routes:  # Liger's Triton kernel agrees with the original forward on every call, in bf16
+        assert s["device"] == "cuda" and s["shadow"]["verified"] == s["shadow"]["passed"] == s["calls"]
+    assert ops[0]["candidate"]["source"]["kind"] == "hub"
+    # canary: half the calls served by the hub kernel, the rest verified against the original
+    for s in routes:
+        understudy.set_mode(key=s["key"], mode="canary", canary=0.5)
+    with torch.no_grad():
+        got = [m(ids).logits for _ in range(40)]
     _, routes = hub_routes(us.report())
-    assert routes and all(s["shadow"]["verified"] > 0 for s in routes)
+    served = {k: sum(s["rollout"]["served"][k] for s in routes) for k in ("production", "candidate")}
+    assert all(s["rollout"]["mode"] == "canary" for s in routes), [s["rollout"] for s in routes]
+    # every call counted once by what served it: shadow's 100 by production, canary's 200 by either
+    assert served["candidate"] > 0 and served["production"] > 100 and sum(served.values()) == 300, served
+    assert all(s["shadow"]["failed"] == 0 for s in routes)
+    # what the caller got is the model's logits within bf16's rounding of the norm (a float64 RMSNorm
+    # between both kernels: each rounds to bf16)
+    assert all(torch.allclose(g.float(), plain.float(), atol=0.1, rtol=0.05) for g in got)
+    print(f"\nliger hub RMSNorm on {torch.cuda.get_device_name()}: routes {len(routes)}, "
+          f"shadow verified {sum(s['shadow']['verified'] for s in routes)} passed "
+          f"{sum(s['shadow']['passed'] for s in routes)} failed 0; canary served {served}")
