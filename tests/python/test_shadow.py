@@ -6,6 +6,7 @@ comparison, and the arguments the tests hand in.
 """
 import importlib.util
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -49,9 +50,19 @@ def _fused_add_impl(input, residual, weight, eps):
     input.copy_(_rms(s.to(input.dtype), weight, eps))
 
 
+# production's runs, counted by its kernel (a candidate calls _fused_add_impl
+# itself, uncounted)
+PRODUCTION_RUNS = Counter()
+
+
+def _fused_add_production(input, residual, weight, eps):
+    PRODUCTION_RUNS["fused_add_rms_norm"] += 1
+    _fused_add_impl(input, residual, weight, eps)
+
+
 for _key in ("CPU", "CUDA"):
     _lib.impl("rms_norm", _rms_norm_impl, _key)
-    _lib.impl("fused_add_rms_norm", _fused_add_impl, _key)
+    _lib.impl("fused_add_rms_norm", _fused_add_production, _key)
     _lib.impl("silu_and_mul", _silu_and_mul_impl, _key)
 
 
@@ -337,6 +348,38 @@ def test_in_place_op_is_judged_on_the_snapshot(us):
     (r,) = routes(rep, "_C::fused_add_rms_norm")
     ev = r["shadow"]["rollback"]
     assert ev["output"] == "residual" and ev["first_mismatch"]["flat_index"] == 0
+
+
+def in_place_aa_runs(us, device, aa_sample):
+    """Two shadowed calls of fused_add_rms_norm on device; the route and
+    production's runs in the calls without understudy and with it, counted
+    by production's kernel."""
+    name = candidate_op("ust_test::fused_add_cand", _fused_add_impl, "_C::fused_add_rms_norm")
+    inputs = rms_inputs(device, torch.bfloat16, shapes=((32, 2048),))
+    ran = []
+
+    def run():
+        before = PRODUCTION_RUNS["fused_add_rms_norm"]
+        out = _fused_add_calls(inputs)
+        ran.append(PRODUCTION_RUNS["fused_add_rms_norm"] - before)
+        return out
+
+    rep = served_under(us, shadow_config("fused_add_rms_norm", {"torch_op": name, "target": "_C::fused_add_rms_norm"},
+                                         guard={"aa_sample": aa_sample}), run)
+    (r,) = routes(rep, "_C::fused_add_rms_norm")
+    return r, ran
+
+
+@pytest.mark.parametrize("aa_sample, reruns", [(1.0, 2), (0.0, 1)])
+def test_in_place_op_aa_runs_count_production_run_again(us, aa_sample, reruns):
+    """shadow.aa.runs counts every run of production again (its timed arm on
+    copies, and the A/A run on an A/A call), each compared with what it
+    served: the runs of production's kernel beyond the served ones."""
+    r, ran = in_place_aa_runs(us, "cpu", aa_sample)
+    assert (r["shadow"]["passed"], r["shadow"]["failed"]) == (2, 0)
+    assert ran == [2, 2 + 2 * reruns]
+    assert r["shadow"]["aa"]["runs"] == ran[1] - ran[0] == 2 * reruns
+    assert r["shadow"]["aa"]["mismatching"] == 0
 
 
 def test_set_comparison_accepts_reordered_topk(us):

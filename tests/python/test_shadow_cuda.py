@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import understudy
-from test_shadow import (DTYPES, _rms, served_under, _fused_add_calls, _fused_add_impl, _import_example, _reference, candidate_op,
-                         native, poisoned_pair, rms_inputs, routes, run_rms_norm, shadow_config)
+from test_shadow import (DTYPES, _rms, served_under, _import_example, _reference, candidate_op, in_place_aa_runs, native,
+                         poisoned_pair, rms_inputs, routes, run_rms_norm, shadow_config)
 
 pytestmark = pytest.mark.gpu  # needs a CUDA device (conftest.py skips it without one)
 
@@ -93,12 +93,13 @@ def test_wrong_and_raising_torch_op_candidates_on_cuda(us):
 
 
 def test_in_place_op_on_cuda_judged_on_snapshot(us):
-    name = candidate_op("ust_test::fused_add_cand", _fused_add_impl, "_C::fused_add_rms_norm")
-    inputs = rms_inputs("cuda", torch.bfloat16, shapes=((32, 2048),))
-    rep = served_under(us, shadow_config("fused_add_rms_norm", {"torch_op": name, "target": "_C::fused_add_rms_norm"}, guard={"aa_sample": 1.0}), lambda: _fused_add_calls(inputs))
-    (r,) = routes(rep, "_C::fused_add_rms_norm")
+    r, ran = in_place_aa_runs(us, "cuda", 1.0)
     assert (r["shadow"]["passed"], r["shadow"]["failed"]) == (2, 0)
-    assert r["shadow"]["aa"]["runs"] == 2
+    # every call an A/A call: production runs again twice (its timed arm on
+    # copies, the A/A run), and shadow.aa.runs counts each run
+    assert ran == [2, 2 + 2 * 2]
+    assert r["shadow"]["aa"]["runs"] == ran[1] - ran[0] == 4
+    assert r["shadow"]["aa"]["mismatching"] == 0
 
 
 def test_shadow_does_not_wait_for_queued_work(us):
