@@ -243,12 +243,13 @@ def page_with(results: list, full_per_benchmark: int) -> str:
 
 
 def headline(results: list) -> Optional[tuple]:
-    """The newest GPU run of `generate` decode observed at the defaults, keys
-    steady, against plain torch."""
+    """The newest GPU run of `generate` decode observed at the defaults (no
+    --config, no --timer), keys steady, against plain torch."""
     for name, rec in newest_first(results):
         a = rec.get("args") or {}
         if (rec["benchmark"] == "e2e_overhead" and a.get("paired") and a.get("generate")
                 and list(a.get("modes") or []) == ["observe", "plain"] and a.get("steady")
+                and not a.get("config") and not a.get("timer")  # at the defaults
                 and (rec.get("machine") or {}).get("gpu")):
             return name, rec
     return None
