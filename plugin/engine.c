@@ -178,7 +178,7 @@ static void *worker_main(void *arg) {
       }
     }
     if (window > 0 && now >= next_window) {
-      ust__report_window_rotate(e);
+      ust__window_rotate(e);
       next_window = now + (uint64_t)(window * 1e9);
     }
     if (e->cfg.report_path != NULL && interval > 0 && now >= next_report) {
@@ -247,8 +247,8 @@ static void engine_free(ust__engine *e) {
   ust__config_free(&e->cfg);
   pthread_mutex_destroy(&e->worker_lock);
   pthread_mutex_destroy(&e->window_lock);
-  cJSON_Delete(e->window_base[0]);
-  cJSON_Delete(e->window_base[1]);
+  ust__window_base_free(e->window_base[0]);
+  ust__window_base_free(e->window_base[1]);
   pthread_cond_destroy(&e->worker_cond);
   free(e);
 }
