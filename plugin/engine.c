@@ -956,6 +956,23 @@ int ust_report_json(char **out) {
   return *out == NULL ? ust__error(UST_ENOMEM, "report: out of memory") : 0;
 }
 
+int ust_metrics_read(ust_metrics *m, const char *report_json, char **out) {
+  ust__clear_error();
+  if (m == NULL || out == NULL)
+    return ust__error(UST_EINVAL, "metrics: a reader and out are required");
+  *out = NULL;
+  if (refused_inside("metrics") != 0)
+    return UST_ESTATE;
+  if (report_json != NULL)
+    return ust__metrics_read_report(m, report_json, out);
+  ust__engine *e = engine_ref(ust__ctx_get(), "metrics");
+  if (e == NULL)
+    return UST_ESTATE;
+  const int rc = ust__metrics_read_engine(m, e, out);
+  engine_unref(e);
+  return rc;
+}
+
 unsigned long long ust_graph_capture_id(void *stream) { return ust__graph_capture_id(stream); }
 
 unsigned long long ust_graph_capture_hosted(void *stream) {

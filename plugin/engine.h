@@ -124,6 +124,12 @@ int ust__derive_readings(const ust__reading *r, int n, double replay_scale, ust_
 /* The index of op in e->ops, or -1. */
 int ust__engine_op_index(const ust__engine *e, const ust__operator *op);
 
+/* ---- the metrics' figures (metrics.c) --------------------------------------------------- */
+
+/* ust_metrics_read from e's routes, or from a report (report_json, borrowed). */
+int ust__metrics_read_engine(ust_metrics *m, ust__engine *e, char **out);
+int ust__metrics_read_report(ust_metrics *m, const char *report_json, char **out);
+
 /* ---- the report's recent window (window.c) --------------------------------------------- */
 
 /* The additive figures of every route at one moment. */

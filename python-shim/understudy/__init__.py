@@ -115,6 +115,10 @@ def _load():
             lib.ust_report_derive.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_expand_path.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_free.argtypes = [ctypes.c_void_p]
+            lib.ust_metrics_new.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+            lib.ust_metrics_free.argtypes = [ctypes.c_void_p]
+            lib.ust_metrics_free.restype = None
+            lib.ust_metrics_read.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_graph_bind.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p]
             lib.ust_graph_capture_hosted.argtypes = [ctypes.c_void_p]
             lib.ust_graph_capture_hosted.restype = ctypes.c_ulonglong

@@ -195,7 +195,7 @@ def test_no_candidate_means_no_candidate_score_anywhere(us, tmp_path):
     page = html.render(rep)
     assert f"S_agg candidates <b>{tables.DASH}</b>" in page
     text = metrics.metrics_text(rep)
-    assert re.search(r"^understudy_aggregate_roofline_ratio \S+$", text, re.M)
+    assert re.search(r"^understudy_aggregate_roofline_ratio\{engine=\"torch\"\} \S+$", text, re.M)
     assert not re.search(r"^understudy_(phase_)?aggregate_candidate_roofline_ratio", text, re.M)  # no series
     other = json.loads(json.dumps(rep))
     other["pid"] = (rep.get("pid") or 0) + 1

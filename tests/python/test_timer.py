@@ -86,7 +86,7 @@ def test_kernel_time_by_phase_merges_and_derives_its_coverage():
     assert (ph["prefill"]["kernel_ns"], ph["decode"]["kernel_ns"], ph["decode"]["attributed_ns"]) == (400, 3600, 2000)
     assert abs(ph["decode"]["coverage"] - 2000 / 3600) < 1e-12 and abs(ph["prefill"]["coverage"] - 0.25) < 1e-12
     text = metrics_text(m)
-    assert 'understudy_phase_kernel_coverage_ratio{phase="prefill"} 0.25' in text
+    assert 'understudy_phase_kernel_coverage_ratio{engine="torch",phase="prefill"} 0.25' in text
 
 
 def test_a_live_report_has_the_timer_phases(us):
@@ -102,10 +102,10 @@ def test_metrics_carry_the_timer_and_coverage():
     from understudy.metrics import metrics_text
     rep = merge_mod.merge([_report(1000, 600, [("rms_kernel", 300)])])
     text = metrics_text(rep)
-    assert 'understudy_timer_info{kind="cupti"' in text
-    assert "understudy_kernel_coverage_ratio 0.6" in text
-    assert 'understudy_window_kernel_seconds_total{attributed="no"} 4e-07' in text
-    assert 'understudy_unattributed_kernel_seconds{kernel="rms_kernel"} 3e-07' in text
+    assert 'understudy_timer_info{engine="torch",kind="cupti"' in text
+    assert 'understudy_kernel_coverage_ratio{engine="torch"} 0.6' in text
+    assert 'understudy_window_kernel_seconds_total{attributed="no",engine="torch"} 4e-07' in text
+    assert 'understudy_unattributed_kernel_seconds{engine="torch",kernel="rms_kernel"} 3e-07' in text
 
 
 def test_replayed_calls_count_in_the_device_time_estimate(us):
