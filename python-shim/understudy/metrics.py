@@ -504,32 +504,180 @@ def metrics_text(report: dict, *, top_keys: int = DEFAULT_TOP_KEYS) -> str:
 
 class MetricsServer:
     """An HTTP endpoint serving one collector's metrics (prometheus_client's
-    server, in a daemon thread); .port is the bound port, stop() closes it."""
+    exposition: text or OpenMetrics as the scraper asks, gzip where
+    accepted); .port is the bound port, stop() closes it.
 
-    def __init__(self, host: str, port: int, collector: UnderstudyCollector):
-        prom = _prom()
+    One thread accepts connections and watches them; a connection costs a
+    thread only once its request has arrived, and then one of `workers`
+    threads serves it. A connection that sends nothing for idle_timeout_s
+    is closed, so are the oldest beyond max_idle, and a request that comes
+    while every worker is busy and as many wait is answered by closing its
+    connection: idle or slow clients cannot take the threads a scrape needs.
+    stop() ends every thread and connection."""
+
+    def __init__(self, host: str, port: int, collector: UnderstudyCollector, *, workers: int = 2,
+                 idle_timeout_s: float = 10.0, max_idle: int = 64):
+        _prom()
+        import selectors
+        import socket
+        from prometheus_client.exposition import MetricsHandler
         self.collector = collector
         self.host = host
-        started = prom.start_http_server(port, addr=host, registry=_registry_of(collector))
-        if started is None:  # older prometheus_client versions return nothing to stop
-            raise MetricsUnavailable(-7, "UST_ENOTFOUND", "this prometheus_client's server cannot be stopped: "
-                                     "pip install -U prometheus_client")
-        self._httpd, self._thread = started
-        self.port = self._httpd.server_address[1]
+        self.idle_timeout_s = float(idle_timeout_s)
+        self.max_idle = int(max_idle)
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+        self._sock = socket.socket(family, kind, proto)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                self._sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            self._sock.bind(addr)
+            self._sock.listen(128)
+            self._sock.setblocking(False)
+        except OSError:
+            self._sock.close()
+            raise
+        self.port = self._sock.getsockname()[1]
+        self._handler = type("UnderstudyMetricsHandler", (MetricsHandler,),
+                             {"registry": _registry_of(collector), "timeout": self.idle_timeout_s})
+        self._selector = selectors.DefaultSelector()
+        self._read_event = selectors.EVENT_READ
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._sock, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._idle: dict = {}      # socket -> (address, deadline on the monotonic clock), oldest first
+        self._serving: set = set()  # sockets a worker holds
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(2 * max(1, int(workers)))  # serving and waiting
+        self._queue: list = []
+        self._queued = threading.Condition(self._lock)
+        self._stopping = False
+        self._workers = [threading.Thread(target=self._work, name=f"understudy-metrics-{i}", daemon=True)
+                         for i in range(max(1, int(workers)))]
+        for t in self._workers:
+            t.start()
+        self._thread = threading.Thread(target=self._watch, name="understudy-metrics", daemon=True)
+        self._thread.start()
+
+    def _watch(self):
+        import time
+        while not self._stopping:
+            try:
+                events = self._selector.select(timeout=min(1.0, self.idle_timeout_s))
+            except OSError:
+                break
+            for key, _ in events:
+                if key.fileobj is self._wake_r:
+                    continue
+                if key.fileobj is self._sock:
+                    self._accept(time.monotonic())
+                else:
+                    self._ready(key.fileobj)
+            now = time.monotonic()
+            for conn in [c for c, (_, deadline) in self._idle.items() if deadline <= now]:
+                self._drop(conn)
+
+    def _accept(self, now):
+        while True:
+            try:
+                conn, addr = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            while len(self._idle) >= self.max_idle:  # the oldest idle connection makes room
+                self._drop(next(iter(self._idle)))
+            try:
+                self._selector.register(conn, self._read_event, None)
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            self._idle[conn] = (addr, now + self.idle_timeout_s)
+
+    def _drop(self, conn):
+        self._idle.pop(conn, None)
+        try:
+            self._selector.unregister(conn)
+        except (KeyError, ValueError, OSError):
+            pass
+        conn.close()
+
+    def _ready(self, conn):
+        addr, _ = self._idle.pop(conn, (None, 0))
+        try:
+            self._selector.unregister(conn)
+        except (KeyError, ValueError, OSError):
+            pass
+        if not self._slots.acquire(blocking=False):  # every worker busy and as many waiting
+            conn.close()
+            return
+        with self._queued:
+            self._queue.append((conn, addr))
+            self._queued.notify()
+
+    def _work(self):
+        while True:
+            with self._queued:
+                while not self._queue and not self._stopping:
+                    self._queued.wait()
+                if self._stopping:
+                    return
+                conn, addr = self._queue.pop(0)
+                self._serving.add(conn)
+            try:
+                conn.setblocking(True)
+                self._handler(conn, addr, self)
+            except Exception:  # noqa: BLE001 - a client that went away, a timeout: the next one is served
+                pass
+            finally:
+                with self._lock:
+                    self._serving.discard(conn)
+                try:
+                    conn.close()
+                except OSError:
+                    pass
+                self._slots.release()
+
+    def threads(self) -> int:
+        """The threads this endpoint runs (alive)."""
+        return sum(t.is_alive() for t in [self._thread, *self._workers])
 
     def stop(self):
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        import socket
+        with self._queued:
+            self._stopping = True
+            self._queued.notify_all()
+            queued, self._queue = self._queue, []
+            for conn in self._serving:  # a worker blocked on a slow client returns at once
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
         self._thread.join(10)
+        for t in self._workers:
+            t.join(10)
+        for conn, _ in queued:
+            conn.close()
+        for conn in list(self._idle):
+            self._drop(conn)
+        self._selector.close()
+        for s in (self._sock, self._wake_r, self._wake_w):
+            s.close()
 
 
 def serve_metrics(port: int = 9464, host: str = DEFAULT_HOST, source=None, *,
-                  top_keys: int = DEFAULT_TOP_KEYS) -> MetricsServer:
+                  top_keys: int = DEFAULT_TOP_KEYS, idle_timeout_s: float = 10.0) -> MetricsServer:
     """Serve /metrics on host:port (port 0: any free port, see .port). Loopback
     by default: exposing it further is the operator's decision. Raises
     MetricsUnavailable without prometheus_client, OSError when the port
     cannot be bound."""
-    return MetricsServer(host, port, UnderstudyCollector(source, top_keys=top_keys))
+    return MetricsServer(host, port, UnderstudyCollector(source, top_keys=top_keys), idle_timeout_s=idle_timeout_s)
 
 
 class MultiprocessExporter:
