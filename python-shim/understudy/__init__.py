@@ -209,8 +209,8 @@ def _read_config_file(path: str) -> str:
         os.close(fd)
     try:
         return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(-2, "UST_ECONFIG", f"config file '{path}' is not UTF-8: {e}") from None
+    except UnicodeDecodeError as e:  # where, never the bytes: the file may be one the user did not write
+        raise ConfigError(-2, "UST_ECONFIG", f"config file '{path}' is not UTF-8 (byte {e.start})") from None
 
 
 def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLike]] = None) -> None:
