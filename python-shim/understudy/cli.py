@@ -31,6 +31,16 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _printable(text: str) -> str:
+    from .tables import printable
+    return printable(str(text))
+
+
+def _one_line(text: str) -> str:
+    """A message on one line, nothing in it a terminal would act on."""
+    return _printable(" ".join(str(text).split("\n")))
+
+
 # ---- report ---------------------------------------------------------------------------
 
 def _report_args(p):
@@ -79,28 +89,31 @@ def _merge(args) -> int:
     import tempfile
 
     from understudy import UnderstudyError
-    from understudy.merge import MergeError, merge
+    from understudy.merge import MergeError, merge_files
 
-    reports = []
-    for p in args.reports:
-        try:
-            with open(p) as f:
-                reports.append(json.load(f))
-        except (OSError, ValueError) as e:
-            return _fail(f"cannot read report '{p}': {e}")
     try:
-        merged = merge(reports)
+        text, totals = merge_files(args.reports)
     except (MergeError, UnderstudyError) as e:
-        return _fail(f"merge: {e}")
+        return _fail(f"merge: {_one_line(str(e))}")
     d = os.path.dirname(os.path.abspath(args.out))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".merge-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(merged, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, args.out)
-    print(f"merged {len(reports)} reports into {args.out}: {merged['totals']['calls']} calls, "
-          f"{merged['totals']['routes']} shape keys, S_agg {_s_agg_text(merged['totals'])}")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".merge-")
+    except OSError as e:
+        return _fail(f"merge: cannot write into '{d}': {e.strerror}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, args.out)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return _fail(f"merge: cannot write '{args.out}': {e.strerror}")
+    print(f"merged {len(args.reports)} reports into {_printable(args.out)}: {totals['calls']:.0f} calls, "
+          f"{totals['routes']:.0f} shape keys, S_agg {_s_agg_text(totals)}")
     return 0
 
 
