@@ -50,15 +50,22 @@ def _report_args(p):
 
 
 def _report(args) -> int:
+    from understudy.merge import MergeError, read_text
+
     try:
-        with open(args.file) as f:
-            rep = json.load(f)
-    except (OSError, ValueError) as e:
-        return _fail(f"cannot read report '{args.file}': {e}")
+        rep = json.loads(read_text(args.file))
+    except MergeError as e:
+        return _fail(_one_line(str(e)))
+    except ValueError as e:  # the parser's message gives a position, never the text
+        return _fail(f"cannot read report '{_printable(args.file)}': not JSON ({_one_line(str(e))})")
     if not isinstance(rep, dict) or rep.get("schema") != "understudy.report":
-        return _fail(f"'{args.file}' is not an understudy report")
-    print(format_report(rep, max_shapes=args.shapes, all_operators=args.all))
-    verdicts = format_verdicts(rep)
+        return _fail(f"'{_printable(args.file)}' is not an understudy report")
+    try:
+        table, verdicts = format_report(rep, max_shapes=args.shapes, all_operators=args.all), format_verdicts(rep)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:  # a field missing or of another kind
+        return _fail(f"'{_printable(args.file)}' is not a report this version reads ({type(e).__name__}: "
+                     f"{_one_line(str(e))[:80]})")
+    print(table)
     if verdicts:
         print("\n" + verdicts)
     return 0
