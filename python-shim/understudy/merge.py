@@ -479,11 +479,10 @@ def merge_files(paths: Iterable[str]) -> tuple:
         except MergeError as e:
             msg = str(e)
             raise MergeError(msg if p in msg else f"{p}: {msg}") from None
-    combined = m.combined()
     lib = _load()
+    text = json.dumps(m.combined(), separators=(",", ":")).encode()
+    del m  # the sums live on in text alone while the library derives
     out = ctypes.c_void_p()
-    text = json.dumps(combined, separators=(",", ":")).encode()
-    del combined
     _check(lib.ust_report_derive(text, ctypes.byref(out)))
     del text
     try:
