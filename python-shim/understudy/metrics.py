@@ -142,8 +142,8 @@ def _watch_hf_models(on: bool) -> None:
     if _hf_hook is not None:
         _hf_hook.remove()
         _hf_hook = None
-    if not on or "transformers" not in sys.modules or _labels["model_name"] or _host["model_name"]:
-        return
+    if not on or _labels["model_name"] or _host["model_name"] or _engine_of_host() != "transformers":
+        return  # vLLM and SGLang name their model on the command line; a hook would stay for nothing
     try:
         from torch.nn.modules.module import register_module_forward_pre_hook
     except ImportError:
