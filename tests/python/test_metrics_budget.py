@@ -78,3 +78,13 @@ def test_keys_get_series_only_where_asked(us, monkeypatch):
     labels = {(dict(lb)["engine"], dict(lb).get("model_name")) for (n, lb), _ in smp.items()
               if n.startswith("understudy_")}
     assert labels == {("my-engine", "tiny/llama-2l")}  # the model's name, seen at its first forward
+
+
+def test_the_model_a_vllm_or_sglang_command_line_serves():
+    """Their own metrics' model_name: the served name first, else the model."""
+    of = understudy.metrics._model_of_argv
+    assert of("vllm", ["vllm", "serve", "meta-llama/Llama-3.1-8B", "--port", "8000"]) == "meta-llama/Llama-3.1-8B"
+    assert of("vllm", ["vllm", "serve", "m", "--served-model-name", "prod-llama"]) == "prod-llama"
+    assert of("vllm", ["api_server.py", "--model=/models/x"]) == "/models/x"
+    assert of("sglang", ["-m", "sglang.launch_server", "--model-path", "Qwen/Qwen2-7B"]) == "Qwen/Qwen2-7B"
+    assert of("torch", ["train.py", "--model", "x"]) is None
