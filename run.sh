@@ -30,7 +30,9 @@
 # `test` also installs Chromium (the HTML report is rendered headless in a
 # test), Prometheus (promtool, the server) and prometheus_client for the
 # metrics tests, transformers with its serving extras (fastapi, uvicorn,
-# openai: SERVE_PINS) for the serving and the tensor-parallel ranks tests, and
+# openai: SERVE_PINS) for the serving and the tensor-parallel ranks tests,
+# kernels and flashinfer-bench (SOURCE_PINS, without their CUDA dependencies)
+# for the hub-layer and Solution tests, and
 # hipcc and libamdhip64-dev to check that the GPU code builds as HIP
 # (UST_SKIP_HIP=1 skips that step, e.g. on a machine without apt).
 # A set-up that fails (apt, pip) or a main build that fails stops the run at
@@ -47,6 +49,14 @@ log() { printf '\n== %s\n' "$*"; }
 # `test` and `serve-deps`): the GPU machine's image has transformers 5.17.0,
 # not the others
 SERVE_PINS=(transformers==5.17.0 fastapi==0.165.0 uvicorn==0.54.0 openai==3.57.0)
+
+# the kernel sources the candidate tests read (`test`): HF kernels (hub layers)
+# and FlashInfer-Bench (Definition and Solution models), each without its
+# declared dependencies, which would pull a CUDA torch (flashinfer-python);
+# what they import is installed beside them
+SOURCE_PINS=(kernels==0.19.1 flashinfer-bench==0.1.2)
+SOURCE_DEPS=(tomlkit==0.15.3 docstring-parser==0.18.0 "pydantic>=2.0.0" "pyyaml>=6" "huggingface-hub>=1.32.0"
+             "safetensors>=0.5.0" "packaging>=20.0")
 
 need_apt=()
 [ -f /usr/include/cjson/cJSON.h ] || need_apt+=(libcjson-dev)
@@ -78,6 +88,7 @@ setup() {
     { command -v promtool && command -v prometheus; } >/dev/null || install_prometheus
     "$PY" -c 'import prometheus_client' 2>/dev/null || "$PY" -m pip install -q prometheus_client
     install_serve # transformers (pinned) for the serving and the tensor-parallel ranks tests
+    install_sources # kernels and flashinfer-bench (pinned) for the hub-layer and Solution tests
     # The packaging test builds the package with pip, without isolation and
     # without an index: the build backend must be installed, and its wheels
     # at hand for the isolated build it also tries.
@@ -115,6 +126,19 @@ PYEOF
     log "installing transformers serving: ${SERVE_PINS[*]}"
     "$PY" -m pip install -q "transformers[serving]==${SERVE_PINS[0]#*==}" "${SERVE_PINS[@]:1}" prometheus_client
   fi
+}
+
+install_sources() {
+  if "$PY" - "${SOURCE_PINS[@]}" 2>/dev/null <<'PYEOF'
+import importlib.metadata as m, sys
+sys.exit(1 if any(m.version(n) != v for n, v in (p.split("==") for p in sys.argv[1:])) else 0)
+PYEOF
+  then
+    return 0
+  fi
+  log "installing ${SOURCE_PINS[*]} (without their CUDA dependencies)"
+  "$PY" -m pip install -q "${SOURCE_DEPS[@]}"
+  "$PY" -m pip install -q --no-deps "${SOURCE_PINS[@]}"
 }
 
 serve_wheels() {

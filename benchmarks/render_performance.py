@@ -92,6 +92,12 @@ ABOUT = {
         "a read of the JSON report, which a scrape once parsed holding the lock. On a shared machine the stalls "
         "carry the scheduler's pauses; the blocked time does not.",
         "PYTHONPATH=python-shim python3 benchmarks/scrape.py --routes 4096 65536"),
+    "calibrate": (
+        "How long `understudy calibrate --quick` takes on a CPU (the command from start to exit, and the "
+        "measuring alone), and its ceilings against the best rates plain torch calls reach in the same "
+        "process right after: fp32 `torch.mm` of square sizes 256 to 2048, copies of 256 KiB to 64 MiB. A "
+        "ratio below 1 would be a call faster than the profile's floor.",
+        "PYTHONPATH=python-shim python3 benchmarks/calibrate.py --runs 5"),
     "compare": (
         "The guard's comparison kernel against the device's copy bandwidth on 256 MB outputs, for a "
         "candidate within tolerance and one far outside it.",

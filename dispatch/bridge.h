@@ -341,6 +341,7 @@ private:
   bool arm_ran_ = false;  // production's arm ran on its copies (armed shadow)
   bool aa_ran_ = false;   // production's A/A run
   bool cand_first_native_ = false; // a native candidate ran before production, on the learned layout
+  bool not_run_ = false; // the candidate did not run: its qualifying process was busy with another call
   std::string msg_;
   std::exception_ptr prod_exc_;
   ust__layout layout_{};

@@ -4,7 +4,10 @@
 // the torch-op candidate).
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <optional>
+
+#include <ATen/record_function.h>
 
 #include "dispatch/bridge.h"
 
@@ -12,6 +15,45 @@ namespace ust_bridge {
 namespace {
 
 thread_local Scratch tl_scratch;
+
+// What a candidate calls while it runs: the ops it calls directly, seen by
+// a thread-local RecordFunction callback added for the run (a sampled run
+// only: while it is added every op on the thread is recorded), and the
+// bound ops among them, whose work the nested scope sums. Depth 1 is the
+// candidate's own op (a torch op) or the first op a native one calls.
+struct FallbackCount {
+  int depth = 0;
+  int direct = 1;  // the depth of the candidate's direct calls
+  uint64_t aten = 0, other = 0;
+  int n = 0;
+  std::array<const char *, UST__FALLBACK_OPS> names{};
+  std::array<uint32_t, UST__FALLBACK_OPS> counts{};
+};
+thread_local FallbackCount *tl_fallback = nullptr;
+
+std::unique_ptr<at::ObserverContext> fallback_start(const at::RecordFunction &fn) {
+  FallbackCount *c = tl_fallback;
+  if (c == nullptr || ++c->depth != c->direct || fn.scope() != at::RecordScope::FUNCTION)
+    return nullptr;
+  const char *name = fn.name();
+  if (std::strncmp(name, "aten::", 6) == 0)
+    c->aten++;
+  else
+    c->other++;
+  int k = 0;
+  while (k < c->n && std::strcmp(c->names[k], name) != 0)
+    k++;
+  if (k == c->n && c->n < UST__FALLBACK_OPS)
+    c->names[c->n++] = name; // op names live as long as their operators
+  if (k < c->n)
+    c->counts[k]++;
+  return nullptr;
+}
+
+void fallback_end(const at::RecordFunction &, at::ObserverContext *) {
+  if (tl_fallback != nullptr)
+    tl_fallback->depth--;
+}
 
 // "[2,3]"
 std::string shape_str(c10::IntArrayRef v) {
@@ -458,27 +500,51 @@ bool CallRun::returns_like_production() {
 }
 
 int CallRun::run_candidate(bool timed_run) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto run = [&] { fail_ = st_.cand.kind == kNative ? call_native() : call_torch_op(); };
+  const auto plain = [&] { fail_ = st_.cand.kind == kNative ? call_native() : call_torch_op(); };
+  // a sampled run here (not one sent to a qualifying process, not captured)
+  // counts what the candidate calls: ops of torch's it falls back to
+  bool count = st_.slot != nullptr && !st_.cand.remote && !captured() && tl_fallback == nullptr;
+  FallbackCount fc;
+  ust__nested bound{};
+  const auto run = [&] {
+    if (!count)
+      return plain();
+    fc.direct = st_.cand.kind == kNative ? 1 : 2;
+    at::CallbackHandle h = 0;
+    try {
+      h = at::addThreadLocalCallback(at::RecordFunctionCallback(fallback_start, fallback_end)
+                                         .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
+    } catch (...) {
+      // understudy's failure (out of memory): counted, and the run goes on uncounted
+      ust__call_internal_error(b_);
+      count = false;
+      return plain();
+    }
+    tl_fallback = &fc;
+    {
+      NestedScope nscope(ust__thread_state(), &bound);
+      plain();
+    }
+    tl_fallback = nullptr;
+    if (h != 0)
+      at::removeCallback(h);
+  };
+  ust__call_cand_begin(&st_);
   if (timed_run)
     timed(kCandBegin, run);
   else
     run();
-  const uint64_t took = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-  // a call this long is a failure whatever it returned: the route rolls
-  // back. A call run in the qualifying process is held to the deadline
-  // there, from when it was sent (not counting the wait for the call's
-  // stream that comes first on a GPU).
-  // (While captured, the call only enqueued its work: not held to it.)
-  if (st_.cand.deadline_ns > 0 && took > st_.cand.deadline_ns && st_.cand.proc == nullptr && !captured()) {
-    ust__call_overdue(&st_);
-    if (fail_ == kFailNone || fail_ == kFailSchema) {
-      fail_ = kFailOverdue;
-      msg_ = "candidate took " + std::to_string(took / 1000000) + " ms, over its deadline of " +
-             std::to_string(st_.cand.deadline_ns / 1000000) + " ms";
-    }
+  if (count)
+    ust__call_fallback(&st_, &call_, fc.aten, fc.other, fc.n, fc.names.data(), fc.counts.data(), &bound);
+  // a call past its deadline is a failure whatever it returned (its route
+  // was rolled back at the deadline, or is now)
+  char overdue[160];
+  if (ust__call_cand_end(&st_, overdue, sizeof overdue) && (fail_ == kFailNone || fail_ == kFailSchema)) {
+    fail_ = kFailOverdue;
+    msg_ = overdue;
   }
+  if (not_run_)
+    return UST__EV_NO_LAYOUT; // it could not run: production alone, no verdict
   if (fail_ == kFailRaised)
     return UST__EV_RAISED;
   return fail_ == kFailNone ? UST__EV_OK : UST__EV_FAILED;

@@ -161,6 +161,10 @@ int CallRun::call_native() {
     }
     if (rc == UST__CALL_REMOTE_UNSENT)
       throw std::runtime_error(buf);
+    if (rc == UST__CALL_REMOTE_BUSY) {
+      not_run_ = true; // counted there; the call goes without its candidate
+      return kFailNone;
+    }
   } else if (int f = guarded([&] { rc = d->run(d->ctx, &cc, buf, sizeof buf); })) {
     return f;
   }

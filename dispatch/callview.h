@@ -69,6 +69,8 @@ typedef struct ust__cand_view {
   int kind;                           /* UST__CAND_NATIVE or UST__CAND_TORCH_OP (guard/guard.h) */
   const struct ust_candidate *native; /* native: the loaded descriptor (NULL when proc runs it) */
   struct ust__procrun *proc;          /* native: its qualifying process runs this call; NULL: this process */
+  int remote;                         /* the call runs the candidate elsewhere, to qualify it: its qualifying
+                                         process (proc) or a torch op's overload `qualify` */
   int abi;                            /* native: its ABI version */
   void *torch_op;                     /* torch op: the seam's resolved handle, or NULL */
   const char *torch_op_name;          /* torch op: "ns::name", for messages */
@@ -102,6 +104,10 @@ typedef struct ust__call_state {
   int nested_ok;    /* its floor may come from the bound ops it calls (its own roofline is absent or an estimate) */
   double own_flops, own_bytes; /* its own roofline's W and Q, noted once the call's floor is settled */
   void *graph;      /* shadow captured into the call's CUDA graph (plan SHADOW, flag UST__DF_CAPTURED) */
+  /* its candidate's call as the router's table of calls in flight holds it
+   * (guard/flight.h): 1 + its entry, 0 none; and the entry's generation */
+  int flight;
+  uint64_t flight_gen;
 } ust__call_state;
 
 /* Bound ops a call runs while it runs (an attention wrapper calling its
@@ -112,6 +118,10 @@ typedef struct ust__nested {
   int unscored;     /* of them, ones whose floor could not be computed */
   uint64_t tsol_ps; /* their floors, summed */
   double flops, bytes;
+  /* their work (the roofline's W and Q), summed whether or not a hardware
+   * profile gives a floor; unworked: those without a roofline to read */
+  double work_flops, work_bytes;
+  int unworked;
 } ust__nested;
 
 /* ---- bindings -------------------------------------------------------------------- */
@@ -332,8 +342,24 @@ void ust__call_want_verdict(ust__call_state *st);
 int ust__call_verdict(ust__call_state *st, const ust__call *call);
 /* CAND_FAILED: the candidate failed serving unverified (fail, msg). */
 void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg);
-/* The candidate's call took longer than its deadline (it then fails). */
-void ust__call_overdue(ust__call_state *st);
+/* The op names a route keeps of what its candidate calls. */
+#define UST__FALLBACK_OPS 12
+
+/* What one run of the candidate called (counted by the bridge around a
+ * sampled run in this process): aten ops and other ops it called directly,
+ * names[i] called counts[i] times (n names), and the bound ops it called
+ * with their work (bound). Noted on the call's route. */
+void ust__call_fallback(ust__call_state *st, const ust__call *call, uint64_t aten, uint64_t other, int n,
+                        const char *const *names, const uint32_t *counts, const ust__nested *bound);
+/* The candidate starts running for the call (the clock of its deadline). */
+void ust__call_cand_begin(ust__call_state *st);
+/* The candidate returned: 1 when its call was past its deadline (the
+ * engine's worker found it so while it ran, and rolled its route back; or
+ * it took longer), counted once as overdue, with msg saying how long; then
+ * the call fails. A call run in the qualifying process is held to the
+ * deadline there (ust__call_run_remote): never overdue here; nor is a call
+ * captured into a CUDA graph (it only enqueued its work). */
+int ust__call_cand_end(ust__call_state *st, char *msg, size_t cap);
 /* 1 when the call's floor should be summed from the bound ops production
  * calls (a timed or verified call whose own roofline is absent or an
  * estimate): the bridge then collects them (ust__binding_nested_floor) and
@@ -353,6 +379,9 @@ void ust__call_nested_done(ust__call_state *st, const ust__nested *acc);
  * not be sent; an internal error); msg says what happened. */
 #define UST__CALL_REMOTE_LOST (-1000)
 #define UST__CALL_REMOTE_UNSENT (-1001)
+/* Or the process was busy with another thread's call: nothing ran there
+ * (counted); the call goes without its candidate, production serving. */
+#define UST__CALL_REMOTE_BUSY (-1002)
 struct ust_candidate_call;
 int ust__call_run_remote(ust__call_state *st, const struct ust_candidate_call *call, char *msg, size_t cap);
 /* An error of understudy's own on the call path (production served). */

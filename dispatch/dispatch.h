@@ -8,8 +8,8 @@
  * decision's steps; everything else here is C and never sees a torch header.
  *
  * A route is composed of parts declared by their owners: its figures
- * (scorer/), its verifications and its rollout (guard/), and what the
- * router keeps itself (its key, sampling counters, learned layouts). Each
+ * (scorer/), its verifications, its rollout and its candidate's calls in
+ * flight (guard/), and what the router keeps itself (its key, sampling counters, learned layouts). Each
  * part is written only by its owner's functions. Verdicts come back through
  * the router's sink (ust__router_sink).
  *
@@ -93,6 +93,7 @@ typedef struct ust__router {
   ust__timers *timers;
   int tracer; /* ust__timers_may_trace: else no call asks the timers whether a window is open */
   ust__shadow_pool *shadow;
+  ust__flights *flights; /* every candidate call in flight, swept at its deadline (ust__router_sweep) */
   ust__graphs *graphs; /* shadow captured into CUDA graphs */
   ust__rollout *rollout;
   ust__hw_ctx *hw;
@@ -168,6 +169,32 @@ typedef struct ust__route_key {
   int64_t dims[UST__MAX_DIMS];
 } ust__route_key;
 
+/* What a route's candidate called inside its own runs (counted on its
+ * sampled runs in this process): torch's ops it called directly, by name,
+ * and the bound ops among them, whose work (the roofline's W and Q) is work
+ * done outside the candidate's own kernels. The router's own part. */
+typedef struct ust__fallback {
+  atomic_uint_fast64_t runs;        /* candidate runs counted */
+  atomic_uint_fast64_t runs_calling; /* of them, runs that called any op */
+  atomic_uint_fast64_t aten_calls;  /* aten ops called directly */
+  atomic_uint_fast64_t other_calls; /* ops of other namespaces called directly */
+  atomic_uint_fast64_t bound_calls; /* bound ops called (at any depth) */
+  atomic_uint_fast64_t bound_unscored; /* of them, those without a roofline to read their work from */
+  atomic_uint_fast64_t bound_flops, bound_bytes; /* their W and Q, summed */
+  atomic_uint_fast64_t own_flops, own_bytes;     /* the runs' own calls' W and Q, summed (where known) */
+  atomic_int n_ops;                 /* names taken in op[] */
+  char op[UST__FALLBACK_OPS][UST__NAME_MAX + 32];
+  atomic_uint_fast64_t op_calls[UST__FALLBACK_OPS];
+} ust__fallback;
+
+typedef struct ust__fallback_snap {
+  uint64_t runs, runs_calling, aten_calls, other_calls, bound_calls, bound_unscored;
+  uint64_t bound_flops, bound_bytes, own_flops, own_bytes;
+  int n_ops;
+  char op[UST__FALLBACK_OPS][UST__NAME_MAX + 32];
+  uint64_t op_calls[UST__FALLBACK_OPS];
+} ust__fallback_snap;
+
 typedef struct ust__route {
   /* what every call reads (the key's match, its mode, its count) first */
   uint64_t hash;
@@ -176,22 +203,33 @@ typedef struct ust__route {
   ust__route_rollout rollout;   /* guard/ */
   ust__figs figs;               /* scorer/ */
   ust__verify verify;           /* guard/ */
+  ust__flight flight;           /* guard/ */
   char key_str[UST__KEY_MAX];   /* as the report spells it */
   /* the router's own: sampling counters and learned layouts */
   atomic_uint_fast64_t shadow_seen; /* calls considered for shadowing */
   atomic_uint_fast64_t canary_seen; /* canary: calls considered for the candidate */
   atomic_uint_fast64_t verify_seen; /* candidate-served calls considered for verification */
   _Atomic(ust__layout *) layouts[UST__MAX_LAYOUTS]; /* added once, freed with the route */
+  ust__fallback fallback;           /* what its candidate called inside its runs */
 } ust__route;
 
 /* The router's sink for verdicts (guard/guard.h): cookies are routes. */
 extern const ust__verdict_sink_i ust__router_sink;
+/* Every candidate call found past its deadline while still inside, now_ns
+ * (ust__flights_sweep): counted overdue on its route, which is rolled back
+ * with the evidence "deadline" (the call goes on; its route admits no new
+ * candidate call). Returns how many; *next_ns: when the next deadline of a
+ * call inside passes (UINT64_MAX: none). The engine's worker. */
+int ust__router_sweep(ust__router *r, uint64_t now_ns, uint64_t *next_ns);
 /* The gate word (guard/gate.h) of r's captured calls now: what its replays
  * run, from its mode, shares, qualification and shadow budget; 0: production
  * alone (also once one of its captured calls changed in place). The sink's
  * gate. */
 uint64_t ust__route_gate(ust__route *r);
 
+/* The route table of max_routes, and room for UST__FLIGHTS candidate calls
+ * in flight at once over all routes (more are served by production). */
+#define UST__FLIGHTS 1024
 int ust__router_init(ust__router *r, int max_routes);
 void ust__router_free(ust__router *r);
 /* A binding's tally word (ust__binding.tally) for its operator's policy
@@ -207,6 +245,11 @@ void ust__binding_fold_tallies(ust__binding *b);
 /* Find or insert the route for key. Lock-free; NULL when the table is full
  * or memory ran out. Thread-safe. */
 ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust__binding *b);
+
+/* Whether a route of b with key k is one its candidate may run on: the
+ * candidate's key-dimension constraints (candidate.when) hold. 1 without a
+ * candidate or constraints. */
+int ust__route_when_holds(const ust__binding *b, const ust__route_key *k);
 
 const char *ust__phase_name(int phase);
 /* The calling thread's ust_phase (ust_set_phase). */
@@ -234,13 +277,17 @@ typedef struct ust__route_snap {
   int has_cand;
   ust__rollout_snap rollout;
   ust__verify_snap verify;
+  ust__flight_snap flight;
   ust__figs_snap figs;
+  ust__fallback_snap fallback;
 } ust__route_snap;
 
 /* Every route made before the call, and those made meanwhile that it finds: a new
  * array of *n (free with ust__routes_snapshot_free). Never blocks a serving
  * thread: routes are read racily, rows of the rollout table briefly. */
 int ust__routes_snapshot(ust__router *r, ust__route_snap **out, int *n);
+/* A plain copy of a route's fallback figures (read racily, as the rest). */
+void ust__fallback_snapshot(const ust__fallback *f, ust__fallback_snap *o);
 void ust__routes_snapshot_free(ust__route_snap *s, int n);
 
 #endif /* UST_DISPATCH_H */

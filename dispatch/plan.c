@@ -7,6 +7,7 @@
  * returns were learned in) and the call's end.
  */
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -78,10 +79,29 @@ int ust__call_wants_nested(const ust__call_state *st) {
   return st->route != NULL && st->nested_ok && (st->timing != 0 || st->slot != NULL);
 }
 
+/* A call's work: its roofline's W (every path) and Q; -1 without one. */
+static int binding_work(const ust__binding *b, const ust__call *call, double *flops, double *bytes) {
+  double w[UST__N_PATHS], qr, qw;
+  if (!b->roofline.present || ust__roofline_eval(&b->roofline, call, 0, w, &qr, &qw) < 0)
+    return -1;
+  *flops = 0;
+  for (int p = 0; p < UST__N_PATHS; p++)
+    *flops += w[p];
+  *bytes = qr + qw;
+  return 0;
+}
+
 void ust__binding_nested_floor(ust__binding *b, const ust__call *call, ust__nested *acc) {
   const ust__hw_profile *hw = NULL;
   double seconds = 0, flops = 0, bytes = 0;
   acc->n++;
+  double wf = 0, wb = 0;
+  if (binding_work(b, call, &wf, &wb) == 0) {
+    acc->work_flops += wf;
+    acc->work_bytes += wb;
+  } else {
+    acc->unworked++;
+  }
   if (binding_floor(b, call, &hw, &seconds, &flops, &bytes) != 0) {
     acc->unscored++;
     return;
@@ -113,10 +133,32 @@ void ust__call_nested_done(ust__call_state *st, const ust__nested *acc) {
  * for one qualifying in its own process, until the route qualified there
  * and the engine loaded it here. */
 static int ready_here(ust__cand *c, const ust__route *r) {
-  if (c == NULL || c->proc == NULL)
+  if (c == NULL || (c->proc == NULL && !c->torch_qualify))
     return 1;
-  return atomic_load_explicit(&c->loaded, memory_order_acquire) != NULL &&
-         atomic_load_explicit(&((ust__route *)r)->verify.proc_passed, memory_order_relaxed) >= c->qualify_calls;
+  const int passed =
+      atomic_load_explicit(&((ust__route *)r)->verify.proc_passed, memory_order_relaxed) >= c->qualify_calls;
+  return passed && (c->torch_qualify || atomic_load_explicit(&c->loaded, memory_order_acquire) != NULL);
+}
+
+int ust__route_when_holds(const ust__binding *b, const ust__route_key *k) {
+  const ust__cand *c = b->cand;
+  if (c == NULL)
+    return 1;
+  for (int w = 0; w < c->n_when; w++)
+    for (int d = 0; d < b->n_dims; d++)
+      if (strcmp(b->def->dims[d].name, c->when_dim[w]) == 0 && k->dims[d] != c->when_value[w])
+        return 0;
+  return 1;
+}
+
+/* A torch op's handle by name, resolved once and kept in *slot (the op may
+ * be defined after enable); NULL while it is not defined. */
+static void *torch_handle(ust__binding *b, _Atomic(void *) *slot, const char *qualname, const char *overload) {
+  void *h = atomic_load_explicit(slot, memory_order_acquire);
+  if (h == NULL && b->router->seam != NULL && b->router->seam->resolve_op != NULL &&
+      (h = b->router->seam->resolve_op(qualname, overload)) != NULL)
+    atomic_store_explicit(slot, h, memory_order_release);
+  return h;
 }
 
 /* The candidate as the bridge runs it for a call of route r (serving: the
@@ -128,6 +170,8 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
   memset(v, 0, sizeof *v);
   v->kind = c->kind;
   v->native = c->native;
+  if (c->n_when > 0 && !ust__route_when_holds(b, &r->key))
+    return -1; /* not a route the candidate is for: production's alone */
   if (c->kind == UST__CAND_NATIVE && c->proc != NULL) {
     if (ust__procrun_lost(c->proc, NULL, 0))
       return -1;
@@ -135,8 +179,12 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
       v->native = atomic_load_explicit(&c->loaded, memory_order_acquire);
     } else if (serving || (call->device != UST__DEV_CPU && !ust__procrun_gpu())) {
       return -1; /* qualifies first, on copies of the calls it sees in shadow */
+    } else if (ust__procrun_busy(c->proc)) {
+      ust__procrun_note_busy(c->proc); /* another thread's call is there: production alone, not waiting */
+      return -1;
     } else {
       v->proc = c->proc;
+      v->remote = 1;
     }
   }
   v->abi = c->abi;
@@ -149,14 +197,45 @@ static int cand_view(ust__binding *b, const ust__route *r, const ust__call *call
   if (c->kind != UST__CAND_TORCH_OP)
     return 0;
   /* the op may be defined after enable: resolved at its first call then */
-  void *h = atomic_load_explicit(&c->seam_op, memory_order_acquire);
-  if (h == NULL && b->router->seam != NULL && b->router->seam->resolve_op != NULL &&
-      (h = b->router->seam->resolve_op(c->torch_op, c->torch_overload)) != NULL)
-    atomic_store_explicit(&c->seam_op, h, memory_order_release);
+  void *h = torch_handle(b, &c->seam_op, c->torch_op, c->torch_overload);
+  if (h != NULL && c->torch_qualify && !ready_here(c, r)) {
+    if (serving)
+      return -1; /* qualifies first, on copies of the calls it sees in shadow */
+    h = torch_handle(b, &c->seam_qualify_op, c->torch_op, "qualify");
+    v->remote = 1;
+  }
   if (h == NULL)
     atomic_fetch_add_explicit(&c->waiting, 1, memory_order_relaxed);
   v->torch_op = h;
   return h != NULL ? 0 : -1;
+}
+
+/* Whether the call may run its candidate now (guard/flight.h): 1 admitted,
+ * its place among the calls in flight in st; 0 when production serves it
+ * instead (a call of the candidate is inside past its deadline, or as many
+ * as it has earned; counted on the route). A call run in the qualifying
+ * process (native, or a torch op's qualifying overload) is tracked but held
+ * to its deadline there. */
+static int admit_cand(ust__binding *b, ust__route *r, int serving, ust__call_state *st) {
+  ust__flight_ticket tk;
+  const uint64_t deadline = st->cand.remote ? 0 : st->cand.deadline_ns;
+  if (!ust__flight_admit(b->router->flights, &r->flight, r, deadline, serving, &tk))
+    return 0;
+  st->flight = tk.index + 1;
+  st->flight_gen = tk.gen;
+  return 1;
+}
+
+/* The call leaves the table of calls in flight, if it is there; 1 when the
+ * sweep found it past its deadline, with how long it ran in *ran_ns. */
+static int leave_flight(ust__call_state *st, uint64_t *ran_ns) {
+  ust__route *r = st->route;
+  *ran_ns = 0;
+  if (st->flight == 0 || r == NULL)
+    return 0;
+  ust__flight_ticket tk = {st->flight - 1, st->flight_gen};
+  st->flight = 0;
+  return ust__flight_end(r->binding->router->flights, &r->flight, &tk, ust__now_ns(), ran_ns);
 }
 
 /* A slot for a sampled call (count: the route's sampling counter; pol NULL:
@@ -431,14 +510,15 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
      * (production runs once: its times are no sample). */
     if (atomic_load_explicit(&r->verify.paused, memory_order_relaxed))
       ust__verify_skipped(&r->verify, UST__SKIP_BUDGET);
-    else if (cand_view(b, r, call, 0, &st->cand) == 0 &&
-             (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.proc != NULL, 0, st)) != NULL) {
+    else if (cand_view(b, r, call, 0, &st->cand) == 0 && admit_cand(b, r, 0, st) &&
+             (st->slot = take_slot(b, call, r, &r->shadow_seen, NULL, 0, st->cand.remote, 0, st)) != NULL) {
       st->plan = UST__PLAN_SHADOW;
       return 1;
     }
   } else if (mode == UST__MODE_CANARY || mode == UST__MODE_LIVE) {
     uint64_t c = atomic_fetch_add_explicit(&r->canary_seen, 1, memory_order_relaxed) + 1;
-    if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, r, call, 1, &st->cand) == 0) {
+    if ((mode == UST__MODE_LIVE || ust__sampled(c, canary_q32)) && cand_view(b, r, call, 1, &st->cand) == 0 &&
+        admit_cand(b, r, 1, st)) {
       /* A/A runs where the verified calls' times decide: a canary's promotion by speed */
       const int aa = mode == UST__MODE_CANARY && pol->promotion.enabled && pol->promotion.min_speedup > 0;
       st->slot = take_slot(b, call, r, &r->verify_seen, pol, 1, 0, aa ? UST__DF_AA : 0, st);
@@ -451,14 +531,16 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
     }
   } else if (mode == UST__MODE_SHADOW && atomic_load_explicit(&r->verify.paused, memory_order_relaxed)) {
     skip_sampled(r, mode, pol, UST__SKIP_BUDGET);
-  } else if (mode == UST__MODE_SHADOW && cand_view(b, r, call, 0, &st->cand) == 0) {
-    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.proc != NULL, UST__DF_ARMS | UST__DF_AA,
+  } else if (mode == UST__MODE_SHADOW && cand_view(b, r, call, 0, &st->cand) == 0 && admit_cand(b, r, 0, st)) {
+    if ((st->slot = take_slot(b, call, r, &r->shadow_seen, pol, 0, st->cand.remote, UST__DF_ARMS | UST__DF_AA,
                               st)) != NULL) {
       st->plan = UST__PLAN_SHADOW; /* a shadowed call times production itself, beside the candidate */
       st->flags |= ust__shadow_arms(st->slot);
       return 1;
     }
   }
+  uint64_t ran;
+  leave_flight(st, &ran); /* admitted, but not sampled or no slot: production alone */
   return 0;
 }
 
@@ -584,6 +666,8 @@ UST__HOT void ust__call_end(const ust__call *call, ust__call_state *st, const us
   }
   if (d->notes & UST__NOTE_INTERNAL)
     ust__call_internal_error(r->binding);
+  uint64_t ran;
+  leave_flight(st, &ran); /* its candidate never ran, or ran without ust__call_cand_end */
   if (st->graph != NULL) /* a captured shadow the decision did not take to its comparison */
     graph_shadow_end(st, 0, UST__GW_CAPTURE);
   if (d->notes != 0)
@@ -645,14 +729,77 @@ void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg) {
   ust__rollout_roll_back(&r->rollout, e);
 }
 
-void ust__call_overdue(ust__call_state *st) {
+void ust__call_fallback(ust__call_state *st, const ust__call *call, uint64_t aten, uint64_t other, int n,
+                        const char *const *names, const uint32_t *counts, const ust__nested *bound) {
   ust__route *r = st->route;
-  if (r != NULL)
-    ust__verify_overdue(&r->verify);
+  if (r == NULL)
+    return;
+  ust__fallback *f = &r->fallback;
+  atomic_fetch_add_explicit(&f->runs, 1, memory_order_relaxed);
+  if (aten + other > 0)
+    atomic_fetch_add_explicit(&f->runs_calling, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->aten_calls, aten, memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->other_calls, other, memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->bound_calls, (uint64_t)bound->n, memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->bound_unscored, (uint64_t)bound->unworked, memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->bound_flops, (uint64_t)(bound->work_flops + 0.5), memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->bound_bytes, (uint64_t)(bound->work_bytes + 0.5), memory_order_relaxed);
+  double flops = 0, bytes = 0; /* the call's own work, without a hardware profile */
+  if (binding_work(r->binding, call, &flops, &bytes) == 0) {
+    atomic_fetch_add_explicit(&f->own_flops, (uint64_t)(flops + 0.5), memory_order_relaxed);
+    atomic_fetch_add_explicit(&f->own_bytes, (uint64_t)(bytes + 0.5), memory_order_relaxed);
+  }
+  for (int i = 0; i < n; i++) {
+    /* a name's slot: found, or claimed (names never leave; past the last
+     * slot a name is counted in the totals alone) */
+    int k, seen = atomic_load_explicit(&f->n_ops, memory_order_acquire);
+    for (k = 0; k < seen && k < UST__FALLBACK_OPS; k++)
+      if (strncmp(f->op[k], names[i], sizeof f->op[k] - 1) == 0)
+        break;
+    if (k == seen || k == UST__FALLBACK_OPS) {
+      static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+      pthread_mutex_lock(&names_lock);
+      seen = atomic_load_explicit(&f->n_ops, memory_order_relaxed);
+      for (k = 0; k < seen; k++)
+        if (strncmp(f->op[k], names[i], sizeof f->op[k] - 1) == 0)
+          break;
+      if (k == seen && seen < UST__FALLBACK_OPS) {
+        snprintf(f->op[k], sizeof f->op[k], "%s", names[i]);
+        atomic_store_explicit(&f->n_ops, seen + 1, memory_order_release);
+      }
+      pthread_mutex_unlock(&names_lock);
+    }
+    if (k < UST__FALLBACK_OPS)
+      atomic_fetch_add_explicit(&f->op_calls[k], counts[i], memory_order_relaxed);
+  }
+}
+
+void ust__call_cand_begin(ust__call_state *st) {
+  ust__route *r = st->route;
+  if (st->flight != 0 && r != NULL) {
+    const ust__flight_ticket tk = {st->flight - 1, st->flight_gen};
+    ust__flight_begin(r->binding->router->flights, &tk, ust__now_ns());
+  }
+}
+
+int ust__call_cand_end(ust__call_state *st, char *msg, size_t cap) {
+  ust__route *r = st->route;
+  uint64_t ran = 0;
+  const int swept = leave_flight(st, &ran);
+  const uint64_t deadline = st->cand.remote ? 0 : st->cand.deadline_ns;
+  if (r == NULL || st->capturing || (!swept && (deadline == 0 || ran <= deadline)))
+    return 0;
+  if (!swept)
+    ust__verify_overdue(&r->verify); /* the sweep counted the others */
+  snprintf(msg, cap, "candidate took %llu ms, over its deadline of %llu ms%s", (unsigned long long)(ran / 1000000u),
+           (unsigned long long)(deadline / 1000000u),
+           swept ? " (its route was rolled back at the deadline, while the call ran)" : "");
+  return 1;
 }
 
 int ust__call_run_remote(ust__call_state *st, const struct ust_candidate_call *call, char *msg, size_t cap) {
-  _Static_assert(UST__CALL_REMOTE_LOST == UST__PROCRUN_LOST && UST__CALL_REMOTE_UNSENT == UST__PROCRUN_UNSENT,
+  _Static_assert(UST__CALL_REMOTE_LOST == UST__PROCRUN_LOST && UST__CALL_REMOTE_UNSENT == UST__PROCRUN_UNSENT &&
+                     UST__CALL_REMOTE_BUSY == UST__PROCRUN_BUSY,
                  "one set of codes");
   return ust__procrun_call(st->cand.proc, call, st->cand.deadline_ns, msg, cap);
 }

@@ -26,7 +26,14 @@ int ust__router_init(ust__router *r, int max_routes) {
   atomic_init(&t->count, 0);
   atomic_init(&r->internal_errors, 0);
   t->slots = calloc(cap, sizeof *t->slots);
-  return t->slots == NULL ? ust__error(UST_ENOMEM, "out of memory for %u route slots", cap) : 0;
+  if (t->slots == NULL)
+    return ust__error(UST_ENOMEM, "out of memory for %u route slots", cap);
+  int rc = ust__flights_create(UST__FLIGHTS, &r->flights);
+  if (rc != 0) {
+    free(t->slots);
+    t->slots = NULL;
+  }
+  return rc;
 }
 
 static void route_free(ust__route *r) {
@@ -47,6 +54,8 @@ void ust__router_free(ust__router *r) {
     route_free(atomic_load(&t->slots[i]));
   free(t->slots);
   t->slots = NULL;
+  ust__flights_destroy(r->flights);
+  r->flights = NULL;
 }
 
 static ust__route *route_new(ust__router *router, const ust__route_key *key, uint64_t h, ust__binding *b) {
@@ -114,6 +123,27 @@ ust__route *ust__routes_get(ust__router *router, const ust__route_key *key, ust_
 
 /* ---- snapshots for the report ---------------------------------------------------------- */
 
+void ust__fallback_snapshot(const ust__fallback *f, ust__fallback_snap *o) {
+  ust__fallback *m = (ust__fallback *)f;
+  o->runs = atomic_load(&m->runs);
+  o->runs_calling = atomic_load(&m->runs_calling);
+  o->aten_calls = atomic_load(&m->aten_calls);
+  o->other_calls = atomic_load(&m->other_calls);
+  o->bound_calls = atomic_load(&m->bound_calls);
+  o->bound_unscored = atomic_load(&m->bound_unscored);
+  o->bound_flops = atomic_load(&m->bound_flops);
+  o->bound_bytes = atomic_load(&m->bound_bytes);
+  o->own_flops = atomic_load(&m->own_flops);
+  o->own_bytes = atomic_load(&m->own_bytes);
+  int n = atomic_load_explicit(&m->n_ops, memory_order_acquire);
+  o->n_ops = n < UST__FALLBACK_OPS ? n : UST__FALLBACK_OPS;
+  for (int i = 0; i < o->n_ops; i++) {
+    memcpy(o->op[i], m->op[i], sizeof o->op[i]);
+    o->op[i][sizeof o->op[i] - 1] = '\0';
+    o->op_calls[i] = atomic_load(&m->op_calls[i]);
+  }
+}
+
 int ust__routes_snapshot(ust__router *router, ust__route_snap **out, int *n_out) {
   ust__route_table *t = &router->routes;
   /* routes made meanwhile land in any slot: the array grows to hold each
@@ -146,6 +176,8 @@ int ust__routes_snapshot(ust__router *router, ust__route_snap **out, int *n_out)
     x->has_cand = r->binding->cand != NULL;
     ust__rollout_snapshot(&r->rollout, &x->rollout); /* served counts first: they grow after calls */
     ust__verify_snapshot(&r->verify, &x->verify);
+    ust__flight_snapshot(&r->flight, &x->flight);
+    ust__fallback_snapshot(&r->fallback, &x->fallback);
     rc = ust__figs_snapshot(&r->figs, &x->figs);
   }
   *n_out = n;

@@ -1,9 +1,12 @@
 /*
  * The router's sink (guard/guard.h): verdicts into routes, and what a
- * route's captured calls run at each replay (its gate).
+ * route's captured calls run at each replay (its gate); and the candidate
+ * calls found past their deadline while inside, into rollbacks.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "dispatch/dispatch.h"
 #include "guard/gate.h"
@@ -112,3 +115,31 @@ static int sink_replays_stale(void *ctx, void *cookie) {
 }
 
 const ust__verdict_sink_i ust__router_sink = {sink_failed, sink_concluded, sink_gate, sink_replays_stale};
+
+/* ---- calls past their deadline, while inside ------------------------------------------ */
+
+static void overdue_found(void *ctx, const ust__overdue_call *c) {
+  (void)ctx;
+  ust__route *r = c->cookie;
+  ust__verify_overdue(&r->verify);
+  ust__evidence *e = calloc(1, sizeof *e);
+  if (e != NULL) {
+    e->unix_ms = ust__unix_ms();
+    e->serving = c->serving;
+    e->served_at = atomic_load(&r->rollout.served_cand);
+    snprintf(e->reason, sizeof e->reason, "deadline");
+    snprintf(e->message, sizeof e->message, "a call of the candidate was still running %llu ms after it began, past "
+             "its deadline of %llu ms: the route rolled back while it runs", (unsigned long long)(c->ran_ns / 1000000u),
+             (unsigned long long)(c->deadline_ns / 1000000u));
+  }
+  ust__rollout_roll_back(&r->rollout, e); /* said in the log there */
+}
+
+int ust__router_sweep(ust__router *r, uint64_t now_ns, uint64_t *next_ns) {
+  if (r->flights == NULL) {
+    if (next_ns != NULL)
+      *next_ns = UINT64_MAX;
+    return 0;
+  }
+  return ust__flights_sweep(r->flights, now_ns, overdue_found, r, next_ns);
+}

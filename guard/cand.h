@@ -17,6 +17,8 @@ struct ust__procrun;
 
 enum { UST__CAND_NATIVE = 1, UST__CAND_TORCH_OP = 2 };
 
+#define UST__MAX_WHEN 8 /* candidate.when: key dimensions a route must have */
+
 /* A candidate as the guard runs and judges it. Filled by the engine's
  * loader (plugin/candidates.c), read-only while enabled. */
 typedef struct ust__cand {
@@ -45,6 +47,22 @@ typedef struct ust__cand {
   struct ust__procrun *proc;
   uint64_t qualify_calls;
   _Atomic(const struct ust_candidate *) loaded;
+  /* torch op with qualify "process": its overload `qualify` (a stand-in that
+   * runs the candidate in a process of its own) serves a route's shadows
+   * until qualify_calls of them passed there; the op itself from then on. */
+  int torch_qualify;
+  _Atomic(void *) seam_qualify_op;   /* the seam's handle of that overload once defined, else NULL */
+  /* where the candidate comes from, as the config's candidate.source said:
+   * the object as JSON text (the config's, which outlives the candidate;
+   * NULL: none) and its label,
+   * named in reports beside each route and in rollback evidence */
+  const char *source_json;
+  char label[UST__DISPLAY_MAX];
+  /* candidate.when: the key dimensions a route must have for the candidate
+   * to run on it; other routes are production's alone */
+  int n_when;
+  char when_dim[UST__MAX_WHEN][UST__NAME_MAX];
+  int64_t when_value[UST__MAX_WHEN];
 } ust__cand;
 
 #endif /* UST_GUARD_CAND_H */

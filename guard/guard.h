@@ -5,12 +5,13 @@
  * candidates as the guard runs and judges them (cand.h), what verifications
  * found (verify.h), the pool of shadow slots and the verdicts they conclude
  * (shadow.h), a shadow captured into CUDA graphs (graph.h, gate.h, ring.h),
- * and the rollout state machine with its table of per-key modes (rollout.h).
+ * the rollout state machine with its table of per-key modes (rollout.h), and
+ * the candidate calls in flight, swept at their deadline (flight.h).
  *
  * A route (dispatch/) is made of parts declared by their owners; the guard
- * declares two, and only guard code writes them: ust__verify (what its
- * verifications found) and ust__route_rollout (its mode and how it
- * changes). The guard knows nothing of routes beyond these parts: a shadow
+ * declares three, and only guard code writes them: ust__verify (what its
+ * verifications found), ust__route_rollout (its mode and how it changes)
+ * and ust__flight (its candidate's calls in flight). The guard knows nothing of routes beyond these parts: a shadow
  * slot carries an opaque cookie, and verdicts are published through one
  * sink (ust__verdict_sink_i) that the router owns.
  *
@@ -33,6 +34,7 @@
 #include "guard/compare.h"
 #include "guard/compare_sync.h"
 #include "guard/decision.h"
+#include "guard/flight.h"
 #include "guard/gate.h"
 #include "guard/graph.h"
 #include "guard/policy.h"

@@ -19,14 +19,17 @@
  * the build's POSIX level; prctl's death signal is Linux's. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -100,15 +103,26 @@ typedef struct wire_answer {
 } wire_answer;
 
 struct ust__procrun {
-  pthread_mutex_t lock; /* one call at a time; guards fd, pid, pidfd, why */
+  /* one call at a time, never waited for by a serving thread or a reader
+   * (they try it, or read the atomics below); guards fd, pidfd, the arena */
+  pthread_mutex_t lock;
+  /* guards pid only around signalling and reaping the child, which are
+   * short: a process id is never signalled once it may name another */
+  pthread_mutex_t pid_lock;
   int fd;
   pid_t pid;   /* the child, leader of a process group of its own */
   int pidfd;   /* the child's process descriptor (-1 where the kernel has none) */
+  atomic_long pid_seen; /* pid, for readers: 0 once the child is reaped */
+  atomic_int in_call;   /* 1 while a call holds the runner */
+  /* 0; 2 while the first reason to lose the runner is written into why;
+   * 1 once lost (why then never changes) */
   atomic_int lost;
   char why[512];
   char name[WIRE_MAX_NAME], target[WIRE_MAX_NAME];
   unsigned abi;
-  atomic_uint_fast64_t runs, passed, routes_qualified;
+  atomic_uint_fast64_t runs, passed, routes_qualified, busy;
+  atomic_uint_fast64_t peak_rss_kb, cpu_us; /* what the child used (ust__procrun_usage) */
+  uint64_t memory_limit, cpu_limit;         /* its limits, as started */
 #ifdef PROCRUN_GPU
   /* GPU calls' tensors, copied in and out on the call's stream; the event
    * follows the last copies out, which the next copies in wait for */
@@ -385,6 +399,56 @@ static const char *signal_name(int sig) {
   }
 }
 
+/* What the child used, as far as known: the peak only grows. */
+static void note_usage(ust__procrun *p, uint64_t rss_kb, uint64_t cpu_us) {
+  uint64_t was = atomic_load(&p->peak_rss_kb);
+  while (rss_kb > was && !atomic_compare_exchange_weak(&p->peak_rss_kb, &was, rss_kb)) {
+  }
+  was = atomic_load(&p->cpu_us);
+  while (cpu_us > was && !atomic_compare_exchange_weak(&p->cpu_us, &was, cpu_us)) {
+  }
+}
+
+/* The running child's usage from /proc (its peak RSS, VmHWM, and its CPU
+ * time), after a call. Under p->lock: the child is not reaped meanwhile. */
+static void sample_usage(ust__procrun *p) {
+  if (p->pid <= 0)
+    return;
+  char path[64], buf[4096];
+  uint64_t rss_kb = 0, cpu_us = 0;
+  snprintf(path, sizeof path, "/proc/%ld/status", (long)p->pid);
+  FILE *f = fopen(path, "re");
+  if (f != NULL) {
+    while (fgets(buf, sizeof buf, f) != NULL)
+      if (sscanf(buf, "VmHWM: %" SCNu64, &rss_kb) == 1)
+        break;
+    fclose(f);
+  }
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)p->pid);
+  f = fopen(path, "re");
+  if (f != NULL) {
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *after = strrchr(buf, ')'); /* past the command's name, which may hold anything */
+    unsigned long long ut = 0, st = 0;
+    /* fields 3.. : state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    if (after != NULL && sscanf(after + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2) {
+      const long hz = sysconf(_SC_CLK_TCK);
+      cpu_us = hz > 0 ? (uint64_t)(ut + st) * 1000000u / (uint64_t)hz : 0;
+    }
+  }
+  note_usage(p, rss_kb, cpu_us);
+}
+
+void ust__procrun_get_usage(const ust__procrun *p, ust__procrun_usage *out) {
+  ust__procrun *q = (ust__procrun *)p;
+  out->peak_rss_kb = atomic_load(&q->peak_rss_kb);
+  out->cpu_us = atomic_load(&q->cpu_us);
+  out->memory_limit_bytes = p->memory_limit;
+  out->cpu_limit_s = p->cpu_limit;
+}
+
 /* Reap the child (killed first unless it ends by itself within grace_ms)
  * and say how it ended into out. Under p->lock. */
 static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
@@ -414,25 +478,64 @@ static void reap(ust__procrun *p, int grace_ms, char *out, size_t cap) {
   /* the child, unless it ended, and whatever it forked: its process group.
    * Only while the child is there (running, or unreaped): its id cannot
    * name another process group then. */
+  if (present && !ended)
+    sample_usage(p); /* its peak while it still has one to read (a process that ended has none) */
+  pthread_mutex_lock(&p->pid_lock);
   if (present)
     kill(-p->pid, SIGKILL);
   const int killed = present && !ended;
   int status = 0;
   pid_t got;
-  while ((got = waitpid(p->pid, &status, 0)) < 0 && errno == EINTR) {
+  struct rusage ru;
+  memset(&ru, 0, sizeof ru);
+  while ((got = wait4(p->pid, &status, 0, &ru)) < 0 && errno == EINTR) {
   }
   p->pid = 0;
+  atomic_store(&p->pid_seen, 0);
+  pthread_mutex_unlock(&p->pid_lock);
+  /* its CPU time to its end; not ru_maxrss, which Linux carries over exec
+   * from the image forked off this process (this process's own RSS) */
+  if (got > 0)
+    note_usage(p, 0,
+               (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000u +
+                   (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec));
   if (got < 0)
     snprintf(out, cap, "the qualifying process could not be waited for: %s", strerror(errno));
   else if (killed)
     snprintf(out, cap, "killed by understudy");
+  else if (WIFSIGNALED(status) && WTERMSIG(status) == SIGXCPU)
+    snprintf(out, cap, "the qualifying process used its CPU time limit (candidate.qualify_cpu_s: %llu s) and was "
+             "killed by SIGXCPU", (unsigned long long)p->cpu_limit);
   else if (WIFSIGNALED(status))
     snprintf(out, cap, "the qualifying process was killed by %s (signal %d)", signal_name(WTERMSIG(status)),
              WTERMSIG(status));
+  else if (WIFEXITED(status) && WEXITSTATUS(status) == UST__PROCRUN_EXIT_MEMORY && p->memory_limit > 0)
+    snprintf(out, cap, "the qualifying process crashed at its memory limit (candidate.qualify_memory_mb: %llu MiB "
+             "beyond its own)", (unsigned long long)(p->memory_limit >> 20));
   else if (WIFEXITED(status))
     snprintf(out, cap, "the qualifying process exited with status %d", WEXITSTATUS(status));
   else
     snprintf(out, cap, "the qualifying process ended");
+}
+
+/* The first reason to lose the runner, kept: 1 when this one is it. Any
+ * thread; readers see why whole once lost reads 1. */
+static int set_why(ust__procrun *p, const char *what, const char *ended) {
+  int none = 0;
+  if (!atomic_compare_exchange_strong(&p->lost, &none, 2))
+    return 0;
+  if (what != NULL && what[0] != '\0' && ended != NULL)
+    snprintf(p->why, sizeof p->why, "%s; %s", what, ended);
+  else
+    snprintf(p->why, sizeof p->why, "%s", what != NULL && what[0] != '\0' ? what : ended);
+  ust__procrun_usage u;
+  ust__procrun_get_usage(p, &u);
+  const size_t len = strlen(p->why);
+  if (u.peak_rss_kb > 0 || u.cpu_us > 0)
+    snprintf(p->why + len, sizeof p->why - len, " (the qualifying process: peak RSS %.1f MiB, CPU %.2f s)",
+             (double)u.peak_rss_kb / 1024.0, (double)u.cpu_us / 1e6);
+  atomic_store_explicit(&p->lost, 1, memory_order_release);
+  return 1;
 }
 
 /* Lose the runner for good (under p->lock): the child is reaped, what
@@ -441,13 +544,7 @@ static void lose(ust__procrun *p, int grace_ms, const char *what) {
   char ended[160];
   reap(p, grace_ms, ended, sizeof ended);
   arena_drop(p); /* no call goes there again */
-  if (!atomic_load(&p->lost)) {
-    if (what != NULL && what[0] != '\0')
-      snprintf(p->why, sizeof p->why, "%s; %s", what, ended);
-    else
-      snprintf(p->why, sizeof p->why, "%s", ended);
-    atomic_store(&p->lost, 1);
-  }
+  set_why(p, what, ended);
 }
 
 /* What a failed receive means, for the evidence. */
@@ -488,6 +585,7 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
   if (p == NULL)
     return ust__error(UST_ENOMEM, "out of memory");
   pthread_mutex_init(&p->lock, NULL);
+  pthread_mutex_init(&p->pid_lock, NULL);
   p->fd = -1;
   p->pidfd = -1;
   int sv[2];
@@ -503,13 +601,26 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
     child_fd = fcntl(sv[1], F_DUPFD_CLOEXEC, 4);
     close(sv[1]);
   }
-  const char *argv[8 + 3 * 64];
+  const char *argv[12 + 3 * 64];
+  char mem[32], cpu[32];
   int n = 0;
   argv[n++] = spec->exe;
   argv[n++] = "--candidate";
   argv[n++] = spec->path;
   argv[n++] = "--sha256";
   argv[n++] = spec->sha256;
+  p->memory_limit = spec->memory_bytes;
+  p->cpu_limit = spec->cpu_s;
+  if (spec->memory_bytes > 0) {
+    snprintf(mem, sizeof mem, "%" PRIu64, spec->memory_bytes);
+    argv[n++] = "--memory-bytes";
+    argv[n++] = mem;
+  }
+  if (spec->cpu_s > 0) {
+    snprintf(cpu, sizeof cpu, "%" PRIu64, spec->cpu_s);
+    argv[n++] = "--cpu-s";
+    argv[n++] = cpu;
+  }
   for (int k = 0; k < spec->n_deps; k++) {
     argv[n++] = "--dep";
     argv[n++] = spec->dep_path[k];
@@ -521,6 +632,11 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
   posix_spawn_file_actions_init(&fa);
   posix_spawnattr_init(&attr);
   posix_spawn_file_actions_adddup2(&fa, child_fd, 3);
+  /* nothing of the serving process's stdio: what the candidate prints goes
+   * nowhere, and never fills a pipe someone must read */
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
   sigset_t none, defaults;
   sigemptyset(&none);
   sigemptyset(&defaults);
@@ -530,6 +646,7 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
   sigaddset(&defaults, SIGFPE);
   sigaddset(&defaults, SIGILL);
   sigaddset(&defaults, SIGABRT);
+  sigaddset(&defaults, SIGXCPU);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setpgroup(&attr, 0); /* a group of its own: what it forks ends with it */
@@ -547,6 +664,7 @@ int ust__procrun_start(const ust__procrun_spec *spec, ust__procrun **out) {
     return rc;
   }
   p->pid = pid;
+  atomic_store(&p->pid_seen, (long)pid);
 #ifdef SYS_pidfd_open
   p->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
 #endif
@@ -595,6 +713,7 @@ void ust__procrun_free(ust__procrun *p) {
   arena_drop(p);
   pthread_mutex_unlock(&p->lock);
   pthread_mutex_destroy(&p->lock);
+  pthread_mutex_destroy(&p->pid_lock);
   free(p);
 }
 
@@ -602,12 +721,13 @@ const char *ust__procrun_name(const ust__procrun *p) { return p->name; }
 const char *ust__procrun_target(const ust__procrun *p) { return p->target; }
 unsigned ust__procrun_abi(const ust__procrun *p) { return p->abi; }
 
-long ust__procrun_pid(ust__procrun *p) {
-  pthread_mutex_lock(&p->lock);
-  long pid = p->pid;
-  pthread_mutex_unlock(&p->lock);
-  return pid;
-}
+long ust__procrun_pid(ust__procrun *p) { return atomic_load_explicit(&p->pid_seen, memory_order_relaxed); }
+
+int ust__procrun_busy(ust__procrun *p) { return atomic_load_explicit(&p->in_call, memory_order_relaxed) != 0; }
+
+void ust__procrun_note_busy(ust__procrun *p) { atomic_fetch_add_explicit(&p->busy, 1, memory_order_relaxed); }
+
+uint64_t ust__procrun_busy_count(const ust__procrun *p) { return atomic_load(&((ust__procrun *)p)->busy); }
 
 uint64_t ust__procrun_runs(const ust__procrun *p) { return atomic_load(&((ust__procrun *)p)->runs); }
 void ust__procrun_note_passed(ust__procrun *p, int route_qualified) {
@@ -621,26 +741,34 @@ uint64_t ust__procrun_routes_qualified(const ust__procrun *p) {
 uint64_t ust__procrun_passed(const ust__procrun *p) { return atomic_load(&((ust__procrun *)p)->passed); }
 
 int ust__procrun_lost(ust__procrun *p, char *why, size_t cap) {
-  if (!atomic_load_explicit(&p->lost, memory_order_acquire))
+  int lost = atomic_load_explicit(&p->lost, memory_order_acquire);
+  if (lost == 0)
     return 0;
-  if (why != NULL && cap > 0) {
-    pthread_mutex_lock(&p->lock);
-    snprintf(why, cap, "%s", p->why);
-    pthread_mutex_unlock(&p->lock);
+  while (lost == 2) { /* the first reason is being written: a few instructions */
+    sched_yield();
+    lost = atomic_load_explicit(&p->lost, memory_order_acquire);
   }
+  if (why != NULL && cap > 0)
+    snprintf(why, cap, "%s", p->why);
   return 1;
 }
 
 void ust__procrun_refuse(ust__procrun *p, const char *why) {
-  pthread_mutex_lock(&p->lock);
-  if (!atomic_load(&p->lost)) {
+  if (!set_why(p, why != NULL ? why : "refused", NULL))
+    return;
+  if (pthread_mutex_trylock(&p->lock) == 0) {
     char ended[160];
     reap(p, 0, ended, sizeof ended);
     arena_drop(p);
-    snprintf(p->why, sizeof p->why, "%s", why != NULL ? why : "refused");
-    atomic_store_explicit(&p->lost, 1, memory_order_release);
+    pthread_mutex_unlock(&p->lock);
+    return;
   }
-  pthread_mutex_unlock(&p->lock);
+  /* a call holds the runner: the child (and whatever it forked) is killed
+   * now, and that call, seeing it end, reaps it */
+  pthread_mutex_lock(&p->pid_lock);
+  if (p->pid > 0)
+    kill(-p->pid, SIGKILL);
+  pthread_mutex_unlock(&p->pid_lock);
 }
 
 /* One value's record (a tensor: its shape, strides and span), as the
@@ -685,6 +813,81 @@ static int send_value(int fd, const ust_value *v, const DLTensor *t, int32_t dty
   return io;
 }
 
+/* One call, the runner held (p->lock, p->in_call): ust__procrun_call's. */
+static int call_held(ust__procrun *p, const ust_candidate_call *call, const DLTensor *const *tensors, int n_t,
+                     const uint64_t *off, uint64_t arena_bytes, int gpu, uint64_t deadline_ns, char *msg, size_t cap) {
+  wire_arena wa;
+  memset(&wa, 0, sizeof wa);
+#ifdef PROCRUN_GPU
+  if (gpu >= 0) {
+    if (arena_in(p, gpu, call->stream, tensors, n_t, off, arena_bytes > 0 ? arena_bytes : 1, msg, cap) != 0) {
+      return UST__PROCRUN_UNSENT;
+    }
+    memcpy(wa.handle, &p->arena_handle, sizeof wa.handle);
+    wa.bytes = p->arena_bytes;
+  }
+#endif
+  atomic_fetch_add(&p->runs, 1);
+  const uint64_t deadline = ust__now_ns() + deadline_ns;
+  wire_call wc = {WIRE_MAGIC, call->n_args, call->n_outputs, gpu};
+  int io = send_all(p->fd, &wc, sizeof wc, deadline, p->pidfd);
+  int t = 0; /* the tensors' index, in the order they are described */
+  for (int i = 0; io == 0 && i < call->n_args; i++) {
+    const ust_value *v = ust_candidate_arg(call, i);
+    const int is_t = v->kind == UST_VALUE_TENSOR;
+    io = send_value(p->fd, v, is_t ? &v->tensor : NULL, v->dtype, is_t ? off[t] : 0, deadline, p->pidfd);
+    t += is_t;
+  }
+  for (int k = 0; io == 0 && k < call->n_outputs; k++, t++)
+    io = send_value(p->fd, NULL, &call->outputs[k], call->output_dtypes != NULL ? call->output_dtypes[k] : 0, off[t],
+                    deadline, p->pidfd);
+  if (gpu >= 0 && io == 0)
+    io = send_all(p->fd, &wa, sizeof wa, deadline, p->pidfd);
+  for (int k = 0; gpu < 0 && io == 0 && k < n_t; k++)
+    io = send_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline, p->pidfd);
+  if (io != 0) {
+    lose_on(p, io, deadline_ns, "while taking a call");
+    ust__procrun_lost(p, msg, cap);
+    return UST__PROCRUN_LOST;
+  }
+  wire_answer a;
+  io = recv_all(p->fd, &a, sizeof a, deadline, p->pidfd);
+  if (io == 0 && (a.magic != WIRE_MAGIC || a.msg_len > WIRE_MAX_MSG))
+    io = -3;
+  char text[WIRE_MAX_MSG + 1] = "";
+  if (io == 0)
+    io = recv_text(p->fd, a.msg_len, text, sizeof text, deadline, p->pidfd);
+  for (int k = 0; gpu < 0 && io == 0 && a.status == 0 && k < n_t; k++)
+    io = recv_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline, p->pidfd);
+  if (io != 0) {
+    if (io == -3)
+      lose(p, 0, "the qualifying process answered out of protocol");
+    else
+      lose_on(p, io, deadline_ns, "while the candidate ran");
+    ust__procrun_lost(p, msg, cap);
+    return UST__PROCRUN_LOST;
+  }
+  snprintf(msg, cap, "%s", text);
+  if (a.status == UST__PROCRUN_UNSENT) {
+    /* the child could not take a GPU call (map the arena, make a stream):
+     * qualification cannot happen there, and no later call would fare
+     * better. A CPU call is never answered so. Either way the runner is
+     * lost, with what the child said. */
+    char what[WIRE_MAX_MSG + 64];
+    snprintf(what, sizeof what, "%s", gpu >= 0 ? text : "the qualifying process answered out of protocol");
+    lose(p, 0, what);
+    ust__procrun_lost(p, msg, cap);
+    return UST__PROCRUN_LOST;
+  }
+#ifdef PROCRUN_GPU
+  if (gpu >= 0 && a.status == 0 && arena_out(p, gpu, call->stream, tensors, n_t, off, msg, cap) != 0) {
+    return UST__PROCRUN_UNSENT;
+  }
+#endif
+  return a.status == UST__PROCRUN_LOST || a.status == UST__PROCRUN_BUSY ? -1 : a.status;
+}
+
+
 int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t deadline_ns, char *msg, size_t cap) {
   if (cap > 0)
     msg[0] = '\0';
@@ -719,87 +922,37 @@ int ust__procrun_call(ust__procrun *p, const ust_candidate_call *call, uint64_t 
     off[k] = arena_bytes;
     arena_bytes += (uint64_t)span_of(tensors[k]);
   }
-  pthread_mutex_lock(&p->lock);
-  if (atomic_load(&p->lost) || p->fd < 0) {
-    snprintf(msg, cap, "%s", p->why[0] ? p->why : "the qualifying process is gone");
-    pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_LOST;
+  /* a call that finds the runner busy is not run (production serves it):
+   * no serving thread waits for another's call there */
+  if (pthread_mutex_trylock(&p->lock) != 0) {
+    ust__procrun_note_busy(p);
+    snprintf(msg, cap, "qualifying process: busy with another call");
+    return UST__PROCRUN_BUSY;
   }
-  wire_arena wa;
-  memset(&wa, 0, sizeof wa);
-#ifdef PROCRUN_GPU
-  if (gpu >= 0) {
-    if (arena_in(p, gpu, call->stream, tensors, n_t, off, arena_bytes > 0 ? arena_bytes : 1, msg, cap) != 0) {
-      pthread_mutex_unlock(&p->lock);
-      return UST__PROCRUN_UNSENT;
+  int rc;
+  if (ust__procrun_lost(p, msg, cap) || p->fd < 0) {
+    if (cap > 0 && msg[0] == '\0')
+      snprintf(msg, cap, "the qualifying process is gone");
+    if (p->fd >= 0 || p->pid > 0) { /* refused while a call held it, and not reaped since */
+      char ended[160];
+      reap(p, 0, ended, sizeof ended);
+      arena_drop(p);
     }
-    memcpy(wa.handle, &p->arena_handle, sizeof wa.handle);
-    wa.bytes = p->arena_bytes;
+    rc = UST__PROCRUN_LOST;
+  } else {
+    atomic_store(&p->in_call, 1);
+    rc = call_held(p, call, tensors, n_t, off, arena_bytes, gpu, deadline_ns, msg, cap);
+    if (rc != UST__PROCRUN_LOST)
+      sample_usage(p);
+    if (rc != UST__PROCRUN_LOST && atomic_load(&p->lost) != 0) { /* refused meanwhile: reaped now */
+      char ended[160];
+      reap(p, 0, ended, sizeof ended);
+      arena_drop(p);
+    }
+    atomic_store(&p->in_call, 0);
   }
-#endif
-  atomic_fetch_add(&p->runs, 1);
-  const uint64_t deadline = ust__now_ns() + deadline_ns;
-  wire_call wc = {WIRE_MAGIC, call->n_args, call->n_outputs, gpu};
-  int io = send_all(p->fd, &wc, sizeof wc, deadline, p->pidfd);
-  int t = 0; /* the tensors' index, in the order they are described */
-  for (int i = 0; io == 0 && i < call->n_args; i++) {
-    const ust_value *v = ust_candidate_arg(call, i);
-    const int is_t = v->kind == UST_VALUE_TENSOR;
-    io = send_value(p->fd, v, is_t ? &v->tensor : NULL, v->dtype, is_t ? off[t] : 0, deadline, p->pidfd);
-    t += is_t;
-  }
-  for (int k = 0; io == 0 && k < call->n_outputs; k++, t++)
-    io = send_value(p->fd, NULL, &call->outputs[k], call->output_dtypes != NULL ? call->output_dtypes[k] : 0, off[t],
-                    deadline, p->pidfd);
-  if (gpu >= 0 && io == 0)
-    io = send_all(p->fd, &wa, sizeof wa, deadline, p->pidfd);
-  for (int k = 0; gpu < 0 && io == 0 && k < n_t; k++)
-    io = send_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline, p->pidfd);
-  if (io != 0) {
-    lose_on(p, io, deadline_ns, "while taking a call");
-    snprintf(msg, cap, "%s", p->why);
-    pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_LOST;
-  }
-  wire_answer a;
-  io = recv_all(p->fd, &a, sizeof a, deadline, p->pidfd);
-  if (io == 0 && (a.magic != WIRE_MAGIC || a.msg_len > WIRE_MAX_MSG))
-    io = -3;
-  char text[WIRE_MAX_MSG + 1] = "";
-  if (io == 0)
-    io = recv_text(p->fd, a.msg_len, text, sizeof text, deadline, p->pidfd);
-  for (int k = 0; gpu < 0 && io == 0 && a.status == 0 && k < n_t; k++)
-    io = recv_all(p->fd, tensor_bytes(tensors[k]), (size_t)span_of(tensors[k]), deadline, p->pidfd);
-  if (io != 0) {
-    if (io == -3)
-      lose(p, 0, "the qualifying process answered out of protocol");
-    else
-      lose_on(p, io, deadline_ns, "while the candidate ran");
-    snprintf(msg, cap, "%s", p->why);
-    pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_LOST;
-  }
-  snprintf(msg, cap, "%s", text);
-  if (a.status == UST__PROCRUN_UNSENT) {
-    /* the child could not take a GPU call (map the arena, make a stream):
-     * qualification cannot happen there, and no later call would fare
-     * better. A CPU call is never answered so. Either way the runner is
-     * lost, with what the child said. */
-    char what[WIRE_MAX_MSG + 64];
-    snprintf(what, sizeof what, "%s", gpu >= 0 ? text : "the qualifying process answered out of protocol");
-    lose(p, 0, what);
-    snprintf(msg, cap, "%s", p->why);
-    pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_LOST;
-  }
-#ifdef PROCRUN_GPU
-  if (gpu >= 0 && a.status == 0 && arena_out(p, gpu, call->stream, tensors, n_t, off, msg, cap) != 0) {
-    pthread_mutex_unlock(&p->lock);
-    return UST__PROCRUN_UNSENT;
-  }
-#endif
   pthread_mutex_unlock(&p->lock);
-  return a.status == UST__PROCRUN_LOST ? -1 : a.status;
+  return rc;
 }
 
 /* ---- the child's side ------------------------------------------------------------------- */
@@ -961,8 +1114,43 @@ static int child_finish(int rc, char *msg, size_t cap) {
 }
 #endif
 
+uint64_t ust__procrun_data_bytes(void) {
+  /* /proc/self/statm: size resident shared text lib data dt, in pages; read
+   * with system calls alone (a signal handler calls this) */
+  const int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  char buf[256];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0)
+    return 0;
+  buf[n] = '\0';
+  int field = 0;
+  uint64_t v = 0;
+  for (const char *s = buf; *s != '\0'; s++) {
+    if (*s == ' ') {
+      if (++field == 6)
+        break;
+      v = 0;
+    } else if (*s >= '0' && *s <= '9') {
+      v = v * 10 + (uint64_t)(*s - '0');
+    }
+  }
+  return field >= 5 ? v * (uint64_t)getpagesize() : 0;
+}
+
+int ust__procrun_near_limit(uint64_t data, uint64_t limit) {
+  if (limit == 0 || data == 0)
+    return 0;
+  uint64_t reach = limit / 8;
+  if (reach < (64u << 20))
+    reach = 64u << 20;
+  return data + reach >= limit;
+}
+
 /* Read, run and answer one call: 1 done, 0 the socket closed, -1 broken. */
-static int serve_one(int fd, const ust_candidate *d, child_call *c) {
+static int serve_one(int fd, const ust_candidate *d, child_call *c, uint64_t data_limit) {
   wire_call wc;
   ssize_t k = recv(fd, &wc, 1, MSG_PEEK);
   if (k == 0)
@@ -1044,8 +1232,14 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
     rc = d->run(d->ctx, &cc, buf, sizeof buf);
     buf[sizeof buf - 1] = '\0';
     snprintf(msg, sizeof msg, "%s", buf);
-    if (rc == UST__PROCRUN_LOST || rc == UST__PROCRUN_UNSENT)
+    if (rc == UST__PROCRUN_LOST || rc == UST__PROCRUN_UNSENT || rc == UST__PROCRUN_BUSY)
       rc = -1;
+    const uint64_t data = rc != 0 ? ust__procrun_data_bytes() : 0;
+    if (rc != 0 && ust__procrun_near_limit(data, data_limit)) {
+      const size_t len = strnlen(msg, sizeof msg);
+      snprintf(msg + len, sizeof msg - len, "%sat its memory limit in the qualifying process (%llu of %llu MiB)",
+               len > 0 ? "; " : "", (unsigned long long)(data >> 20), (unsigned long long)(data_limit >> 20));
+    }
 #ifdef PROCRUN_GPU
     if (gpu >= 0)
       rc = child_finish(rc, msg, sizeof msg);
@@ -1058,12 +1252,12 @@ static int serve_one(int fd, const ust_candidate *d, child_call *c) {
   return io == 0 ? 1 : -1;
 }
 
-int ust__procrun_serve(int fd, const ust_candidate *d) {
+int ust__procrun_serve(int fd, const ust_candidate *d, uint64_t data_limit) {
   child_call *c = calloc(1, sizeof *c);
   if (c == NULL)
     return -1;
   int r;
-  while ((r = serve_one(fd, d, c)) == 1) {
+  while ((r = serve_one(fd, d, c, data_limit)) == 1) {
   }
   free(c);
   return r == 0 ? 0 : -1;

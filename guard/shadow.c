@@ -802,9 +802,10 @@ static int judge(const judged *j, ust__verdict *vd) {
     vd->kind = UST__VERDICT_PASSED;
     atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&v->passed, 1, memory_order_relaxed);
-    if (j->r->remote && j->r->cand != NULL && j->r->cand->proc != NULL) {
+    if (j->r->remote && j->r->cand != NULL && (j->r->cand->proc != NULL || j->r->cand->torch_qualify)) {
       const uint64_t n = atomic_fetch_add_explicit(&v->proc_passed, 1, memory_order_relaxed) + 1;
-      ust__procrun_note_passed(j->r->cand->proc, n == j->r->cand->qualify_calls);
+      if (j->r->cand->proc != NULL)
+        ust__procrun_note_passed(j->r->cand->proc, n == j->r->cand->qualify_calls);
     }
     for (int i = 0; i < j->n_pairs; i++)
       if (!j->meta[i].aa && !j->meta[i].input && j->meta[i].compared) {

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "plugin/plugin.h"
 #include "plugin/verify.h"
 #include "understudy/candidate.h"
@@ -108,7 +110,8 @@ static int start_qualifying(const ust__op_config *oc, const ust__problem *p, con
   }
   /* loading it there gets the same deadline as a call */
   ust__procrun_spec spec = {exe, cc->path, cc->sha256, cc->n_deps, dep_paths, dep_pins,
-                            (uint64_t)(oc->deadline_ms * 1e6)};
+                            (uint64_t)(oc->deadline_ms * 1e6), (uint64_t)cc->qualify_memory_mb << 20,
+                            (uint64_t)cc->qualify_cpu_s};
   ust__procrun *proc = NULL;
   if ((rc = ust__procrun_start(&spec, &proc)) != 0)
     return ust__error(rc, "config: '%s.native' (qualifying in its own process): %s", field, ust_last_error());
@@ -158,6 +161,34 @@ int ust__candidate_load_here(ust__candidate *lc) {
   return 1;
 }
 
+/* The candidate's source (borrowed from the config, which the engine keeps
+ * as long as the candidate) and its label; its "when" checked against the
+ * key dimensions of every binding of the operator. */
+static int source_and_when(const ust__cand_config *cc, const ust__problem *p, const char *field, ust__cand *c) {
+  c->source_json = cc->source;
+  c->label[0] = '\0';
+  if (cc->source != NULL) {
+    cJSON *src = cJSON_Parse(cc->source);
+    const cJSON *label = cJSON_GetObjectItemCaseSensitive(src, "label");
+    if (cJSON_IsString(label))
+      snprintf(c->label, sizeof c->label, "%s", label->valuestring);
+    cJSON_Delete(src);
+  }
+  c->n_when = cc->n_when;
+  for (int k = 0; k < cc->n_when; k++) {
+    int found = 0;
+    for (int i = 0; i < p->n_bindings && !found; i++)
+      for (int d = 0; d < p->bindings[i].n_dims && !found; d++)
+        found = strcmp(p->bindings[i].dims[d].name, cc->when_dim[k]) == 0;
+    if (!found)
+      return ust__error(UST_ECONFIG, "config: '%s.when.%s' is no key dimension of operator '%s' (%s)", field,
+                        cc->when_dim[k], p->name, p->path);
+    snprintf(c->when_dim[k], sizeof c->when_dim[k], "%s", cc->when_dim[k]);
+    c->when_value[k] = cc->when_value[k];
+  }
+  return 0;
+}
+
 int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__candidate *lc) {
   memset(lc, 0, sizeof *lc);
   lc->dl_fd = -1;
@@ -174,6 +205,9 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
   c->deadline_ns = (uint64_t)(oc->deadline_ms * 1e6);
   c->max_slowdown = oc->max_slowdown;
   snprintf(lc->sha256, sizeof lc->sha256, "%s", cc->sha256);
+  int rc = source_and_when(cc, p, field, c);
+  if (rc != 0)
+    return rc;
   if (cc->kind == UST__CAND_TORCH_OP) {
     const char *dot = strchr(strstr(cc->torch_op, "::") + 2, '.');
     size_t qlen = dot != NULL ? (size_t)(dot - cc->torch_op) : strlen(cc->torch_op);
@@ -181,6 +215,10 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
     snprintf(c->torch_overload, sizeof c->torch_overload, "%s", dot != NULL ? dot + 1 : "");
     snprintf(c->name, sizeof c->name, "%s", cc->torch_op);
     snprintf(c->id, sizeof c->id, "torch_op:%s", cc->torch_op);
+    if (cc->qualify == UST__QUALIFY_PROCESS) {
+      c->torch_qualify = 1;
+      c->qualify_calls = (uint64_t)cc->qualify_calls;
+    }
     char tfield[UST__NAME_MAX + 64];
     snprintf(tfield, sizeof tfield, "%s.target", field);
     return pick_target(tfield, cc->target, p, c->target, sizeof c->target);
@@ -194,7 +232,7 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
   ust__dep_pin pins[UST__MAX_DEPS];
   for (int k = 0; k < cc->n_deps; k++)
     pins[k] = (ust__dep_pin){cc->dep_path[k], cc->dep_sha256[k]};
-  int rc = ust__dlopen_verified_closure(cc->path, cc->sha256, pins, cc->n_deps, &lc->deps, &lc->dl, &lc->dl_fd);
+  rc = ust__dlopen_verified_closure(cc->path, cc->sha256, pins, cc->n_deps, &lc->deps, &lc->dl, &lc->dl_fd);
   if (rc != 0) {
     ust__candidate_unload(lc);
     return ust__error(rc, "config: '%s.native': %s", field, ust_last_error());

@@ -244,11 +244,33 @@ static const ust__config_field fields[] = {
      AT(ust__cand_config, qualify), .def = "\"here\"",
      .doc = "`here`: a native candidate is loaded into this process at enable. `process`: it first runs in a "
             "process of its own (`understudy-qualify`), and this process loads it only once a route qualified "
-            "there."},
+            "there. A torch op qualifies through its overload `qualify` (`ns::name.qualify`, a stand-in that "
+            "runs it in a process of its own: the Python package's file and Solution candidates define one), "
+            "and runs here on a route once the route qualified."},
     {SEC_CANDIDATE, "qualify_calls", UST__FIELD_INTEGER, UST__FIELD_BY_HAND, .what = "a whole number of calls",
      .lo = 1, .hi = 1000000, AT(ust__cand_config, qualify_calls), .def = "3",
      .doc = "With `qualify` `process`: the passing verifications a route needs in that process before the "
             "candidate runs here on it."},
+    {SEC_CANDIDATE, "qualify_memory_mb", UST__FIELD_INTEGER, UST__FIELD_BY_HAND, .what = "a whole number of MiB",
+     .lo = 16, .hi = 16777216, AT(ust__cand_config, qualify_memory_mb), .def = "4096",
+     .doc = "With `qualify` `process`: the memory the candidate may take in that process, beyond what the "
+            "qualifying program maps before loading it (`RLIMIT_DATA`: its heap, anonymous mappings and thread "
+            "stacks; address space a GPU runtime reserves without using is not counted). A candidate that fails "
+            "or crashes there within an eighth of it (at least 64 MiB) is refused as over its memory limit."},
+    {SEC_CANDIDATE, "qualify_cpu_s", UST__FIELD_INTEGER, UST__FIELD_BY_HAND, .what = "a whole number of seconds",
+     .lo = 1, .hi = 31536000, AT(ust__cand_config, qualify_cpu_s), .def = "600",
+     .doc = "With `qualify` `process`: the CPU time that process may use over its life (`RLIMIT_CPU`); past it, it "
+            "is killed (`SIGXCPU`) and the candidate refused."},
+
+    {SEC_CANDIDATE, "source", UST__FIELD_MAP, UST__FIELD_BY_HAND, .def_words = "none",
+     .doc = "Where the candidate comes from, as an object the report repeats under the operator's `candidate` "
+            "(the Python package fills it: a file and its digest, a hub repository and revision, a Solution's "
+            "name and hash). Its `label`, a string, names the candidate beside every route it serves and in "
+            "rollback evidence."},
+    {SEC_CANDIDATE, "when", UST__FIELD_MAP, UST__FIELD_BY_HAND, .def_words = "none: every route",
+     .doc = "`{DIM: VALUE}`: key dimensions (as the operator's definition names them) a route must have for the "
+            "candidate to run on it, such as a Solution's constant axes; on other routes production serves "
+            "alone and the report says why. At most 8."},
 
     /* ---- operators.<name>.guard */
     {SEC_GUARD, "compare", UST__FIELD_CHOICE, UST__FIELD_BY_HAND, CHOICES("allclose", "exact", "set"),
@@ -272,8 +294,9 @@ static const ust__config_field fields[] = {
             "0: none (the test judges with `delta` alone)."},
     {SEC_GUARD, "deadline_ms", UST__FIELD_NUMBER, .what = "a number of milliseconds", .lo = 0, .lo_open = 1,
      .hi = 3.6e6, AT(ust__op_config, deadline_ms), .def = "10000",
-     .doc = "A candidate call that takes longer is `overdue`: a failure, its route rolled back when it returns "
-            "(production's result is served)."},
+     .doc = "A candidate call that takes longer is `overdue`: a failure, its route rolled back at the deadline "
+            "while the call still runs (production serves every later call; the call's own result is production's "
+            "once it returns)."},
     {SEC_GUARD, "max_slowdown", UST__FIELD_NUMBER, .lo = 1, .hi = INFINITY, AT(ust__op_config, max_slowdown),
      .def = "25",
      .doc = "Shadowing stops on a route whose candidate's median time is more than this many times production's "
@@ -737,6 +760,44 @@ static int parse_deps(const cJSON *d, const char *path, ust__cand_config *cc) {
   return 0;
 }
 
+/* "source": an object, kept as JSON text for the report; its "label" a
+ * string when present. */
+static int parse_source(const cJSON *c, const char *path, ust__cand_config *cc) {
+  const cJSON *src = cJSON_GetObjectItemCaseSensitive(c, "source");
+  if (src == NULL)
+    return 0;
+  const cJSON *label = cJSON_GetObjectItemCaseSensitive(src, "label");
+  if (!cJSON_IsObject(src) || (label != NULL && !cJSON_IsString(label)))
+    return ust__error(UST_ECONFIG, "config: '%s.source' must be an object (its 'label' a string)", path);
+  free(cc->source);
+  if ((cc->source = cJSON_PrintUnformatted(src)) == NULL)
+    return ust__error(UST_ENOMEM, "config: out of memory");
+  if (strlen(cc->source) > 16384)
+    return ust__error(UST_ECONFIG, "config: '%s.source' is %zu bytes as JSON; at most 16384", path,
+                      strlen(cc->source));
+  return 0;
+}
+
+/* "when": {DIM: integer, ...}: the key dimensions a route must have. The
+ * names are checked against the operator's definition when it is bound. */
+static int parse_when(const cJSON *c, const char *path, ust__cand_config *cc) {
+  const cJSON *w = cJSON_GetObjectItemCaseSensitive(c, "when");
+  if (w == NULL)
+    return 0;
+  if (!cJSON_IsObject(w) || cJSON_GetArraySize(w) > UST__MAX_WHEN)
+    return ust__error(UST_ECONFIG, "config: '%s.when' must be an object of at most %d key dimensions and their "
+                      "values", path, UST__MAX_WHEN);
+  cc->n_when = 0;
+  for (const cJSON *it = w->child; it != NULL; it = it->next) {
+    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int64_t)it->valuedouble ||
+        ust__copy_name(cc->when_dim[cc->n_when], UST__NAME_MAX, it->string) != 0)
+      return ust__error(UST_ECONFIG, "config: '%s.when.%s' must be a whole number (a key dimension's value)", path,
+                        it->string);
+    cc->when_value[cc->n_when++] = (int64_t)it->valuedouble;
+  }
+  return 0;
+}
+
 /* "candidate": {"native": PATH, "sha256": HEX, "deps": {...}, "target": OP} or
  * {"torch_op": "ns::name", "target": OP}. */
 static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *cc) {
@@ -746,29 +807,38 @@ static int parse_candidate(const cJSON *c, const char *path, ust__cand_config *c
   if (rc != 0)
     return rc;
   const cJSON *qualify = cJSON_GetObjectItemCaseSensitive(c, "qualify");
-  const cJSON *qcalls = cJSON_GetObjectItemCaseSensitive(c, "qualify_calls");
   if (qualify != NULL) {
     if (!cJSON_IsString(qualify) || (strcmp(qualify->valuestring, "process") != 0 &&
                                      strcmp(qualify->valuestring, "here") != 0))
       return ust__error(UST_ECONFIG, "config: '%s.qualify' must be \"process\" (the candidate qualifies in a process "
                         "of its own before this one loads it) or \"here\"", path);
     if (strcmp(qualify->valuestring, "process") == 0) {
-      if (cJSON_GetObjectItemCaseSensitive(c, "native") == NULL)
-        return ust__error(UST_ECONFIG, "config: '%s.qualify' applies to native candidates only (a torch op runs in "
-                          "this process)", path);
+      const cJSON *top = cJSON_GetObjectItemCaseSensitive(c, "torch_op");
+      if (cJSON_IsString(top) && strstr(top->valuestring, "::") != NULL &&
+          strchr(strstr(top->valuestring, "::") + 2, '.') != NULL)
+        return ust__error(UST_ECONFIG, "config: '%s.qualify' is \"process\" for torch op '%s': name the op without "
+                          "an overload (its overload 'qualify' runs it in a process of its own)", path,
+                          top->valuestring);
       cc->qualify = UST__QUALIFY_PROCESS;
     }
   }
-  if (qcalls != NULL) {
-    const ust__config_field *f = field_find(SEC_CANDIDATE, "qualify_calls");
+  static const char *const process_only[] = {"qualify_calls", "qualify_memory_mb", "qualify_cpu_s"};
+  for (size_t i = 0; i < sizeof process_only / sizeof process_only[0]; i++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, process_only[i]);
+    if (v == NULL)
+      continue;
+    const ust__config_field *f = field_find(SEC_CANDIDATE, process_only[i]);
     if (cc->qualify != UST__QUALIFY_PROCESS)
-      return ust__error(UST_ECONFIG, "config: '%s.qualify_calls' applies only with \"qualify\": \"process\"", path);
-    if (!cJSON_IsNumber(qcalls) || !(qcalls->valuedouble >= f->lo && qcalls->valuedouble <= f->hi) ||
-        qcalls->valuedouble != (double)(int)qcalls->valuedouble)
-      return ust__error(UST_ECONFIG, "config: '%s.qualify_calls' must be a whole number of calls from %.0f to %.0f",
-                        path, f->lo, f->hi);
-    cc->qualify_calls = (int)qcalls->valuedouble;
+      return ust__error(UST_ECONFIG, "config: '%s.%s' applies only with \"qualify\": \"process\"", path,
+                        process_only[i]);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= f->lo && v->valuedouble <= f->hi) ||
+        v->valuedouble != (double)(int)v->valuedouble)
+      return ust__error(UST_ECONFIG, "config: '%s.%s' must be %s from %.0f to %.0f", path, process_only[i], f->what,
+                        f->lo, f->hi);
+    *(int *)((char *)cc + f->offset) = (int)v->valuedouble;
   }
+  if ((rc = parse_source(c, path, cc)) != 0 || (rc = parse_when(c, path, cc)) != 0)
+    return rc;
   const cJSON *deps = cJSON_GetObjectItemCaseSensitive(c, "deps");
   if (deps != NULL && cJSON_GetObjectItemCaseSensitive(c, "native") == NULL)
     return ust__error(UST_ECONFIG, "config: '%s.deps' applies to native candidates only", path);
@@ -1098,6 +1168,7 @@ void ust__config_free(ust__config *cfg) {
   cfg->hardware_dir = cfg->hardware_profile = cfg->state_path = cfg->cupti_path = NULL;
   for (int i = 0; cfg->ops != NULL && i < cfg->n_ops; i++) {
     free(cfg->ops[i].cand.path);
+    free(cfg->ops[i].cand.source);
     for (int k = 0; k < cfg->ops[i].cand.n_deps; k++)
       free(cfg->ops[i].cand.dep_path[k]);
     free(cfg->ops[i].routes);

@@ -8,6 +8,8 @@
  *  - tkill, pidfd_send_signal, and a call of another numbering (i386's
  *    int $0x80 or x32's on x86-64): killed with SIGSYS;
  *  - ptrace, process_vm_readv, process_vm_writev: EPERM;
+ *  - setsid, setpgid: EPERM, so that the process and whatever it forks
+ *    stay in its process group, which the serving process ends with it;
  *  - everything else: allowed.
  */
 #define _GNU_SOURCE
@@ -51,7 +53,8 @@ int ust__confine_signals(void) {
     __NR_pidfd_send_signal,
 #endif
   };
-  static const long refused[] = {__NR_ptrace, __NR_process_vm_readv, __NR_process_vm_writev};
+  static const long refused[] = {__NR_ptrace, __NR_process_vm_readv, __NR_process_vm_writev, __NR_setsid,
+                                 __NR_setpgid};
   struct sock_filter f[80];
   int n = 0;
   /* jumps to the three returns, patched once their places are known: on a

@@ -137,9 +137,12 @@ static void load_qualified(ust__engine *e) {
     if (lc->proc == NULL || lc->dl != NULL)
       continue;
     int rc = ust__candidate_load_here(lc);
+    ust__procrun_usage u;
+    ust__procrun_get_usage(lc->proc, &u);
     if (rc == 1)
-      ust__log(&e->ctx->log, UST_LOG_INFO, "operator '%s': candidate %s qualified in its own process on a route; "
-               "loaded into this process", e->ops[i].op.name, lc->cand.name);
+      ust__log(&e->ctx->log, UST_LOG_INFO, "operator '%s': candidate %s qualified in its own process on a route "
+               "(there: peak RSS %.1f MiB, CPU %.2f s); loaded into this process", e->ops[i].op.name, lc->cand.name,
+               (double)u.peak_rss_kb / 1024.0, (double)u.cpu_us / 1e6);
   }
 }
 
@@ -157,6 +160,10 @@ static void *worker_main(void *arg) {
       break;
     pthread_mutex_unlock(&e->worker_lock);
     ust__timers_harvest(e->router.timers);
+    /* candidate calls past their deadline, still inside: their routes
+     * rolled back now, not when (or if) the calls return */
+    uint64_t next_deadline = UINT64_MAX;
+    ust__router_sweep(&e->router, ust__now_ns(), &next_deadline);
     int shadow_pending = ust__shadow_harvest(e->router.shadow);
     ust__graphs_tick(e->router.graphs);
     load_qualified(e);
@@ -190,7 +197,13 @@ static void *worker_main(void *arg) {
      * polled every 2 ms (a gate opens within 0.1 s of its route's change);
      * a host-only build only wakes for reports. */
     const int polling = ust__timers_used(e->router.timers) || shadow_pending > 0 || ust__graphs_open(e->router.graphs) > 0;
-    const uint64_t wait_ns = polling ? 2000000u : 100000000u;
+    uint64_t wait_ns = polling ? 2000000u : 100000000u;
+    const uint64_t after = ust__now_ns();
+    if (next_deadline != UINT64_MAX) { /* awake when the next call in flight passes its deadline */
+      const uint64_t until = next_deadline > after ? next_deadline - after + 1000000u : 0;
+      if (until < wait_ns)
+        wait_ns = until;
+    }
     static pthread_once_t device_exits = PTHREAD_ONCE_INIT; /* after the CUDA runtime's own (see stop_worker_at_exit) */
     if (polling)
       pthread_once(&device_exits, watch_exit);

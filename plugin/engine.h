@@ -150,4 +150,19 @@ int ust__window_readings(ust__engine *e, const ust__reading *now, int n, double 
                          double timer_elapsed_ns, ust__reading **out, int *n_out, double *since_unix_ms,
                          double *replay_scale);
 
+/* plugin/report_sources.c: the candidate as a route names it (its
+ * source's label, else its name); its source and "when" added to its
+ * report object jc; a route's served_by and fallback objects (new cJSON
+ * trees, NULL when memory ran out). */
+const char *ust__report_cand_label(const ust__cand *c);
+void ust__report_source(struct cJSON *jc, const ust__cand *c);
+struct cJSON *ust__report_served_by(const ust__route_snap *s);
+/* Who serves the route now (served_by.now): "production", "candidate" or
+ * "both" (canary). */
+const char *ust__report_served_now(const ust__route_snap *s);
+struct cJSON *ust__report_fallback(const ust__route_snap *s);
+/* A route's rollout and its candidate's calls in flight (plugin/report_route.c). */
+struct cJSON *ust__report_rollout(const ust__route_snap *s);
+struct cJSON *ust__report_flight(const ust__flight_snap *f);
+
 #endif /* UST_ENGINE_H */

@@ -432,14 +432,30 @@ static cJSON *series_out(ust_metrics *m) {
   return arr;
 }
 
+/* Who serves a route now (the report's served_by.now). */
+static const char *const serving[] = {"production", "candidate", "both"};
+#define N_SERVING 3
+
 /* What an operator says beside its routes' series. */
 typedef struct op_out {
   const char *name;
   int has_candidate, shown;
   double untracked, tallied, weight, S, S_candidate, coverage;
+  double above_roof; /* its keys above their roof; -1: none scored */
   double modes[N_MODES];
   double graph[3]; /* gated, observed, observe_only */
+  /* with a candidate: its name, its source's kind (else the candidate's) and
+   * label, and its routes by who serves them now */
+  const char *cand_name, *cand_source;
+  char cand_kind[64];
+  double serving[N_SERVING];
 } op_out;
+
+static void count_serving(op_out *o, const char *now) {
+  for (int i = 0; i < N_SERVING; i++)
+    if (strcmp(now, serving[i]) == 0)
+      o->serving[i]++;
+}
 
 static void count_route(op_out *o, const char *mode, int graph) {
   for (int i = 0; i < N_MODES; i++)
@@ -476,10 +492,46 @@ static cJSON *ops_out(const op_out *ops, int n_ops) {
       cJSON_AddItemToObject(jo, "S_candidate", num_or_null(o->S_candidate));
       cJSON_AddItemToObject(jo, "coverage", num_or_null(o->coverage));
     }
+    if (o->above_roof >= 0)
+      cJSON_AddNumberToObject(jo, "above_roof", o->above_roof);
     cJSON_AddNumberToObject(jo, "untracked", o->untracked);
     cJSON_AddNumberToObject(jo, "tallied", o->tallied);
   }
   return arr;
+}
+
+/* Each operator's candidate, whether or not its routes saw calls. */
+static cJSON *candidates_out(const op_out *ops, int n_ops) {
+  cJSON *arr = cJSON_CreateArray();
+  for (int i = 0; arr != NULL && i < n_ops; i++) {
+    const op_out *o = &ops[i];
+    if (!o->has_candidate)
+      continue;
+    cJSON *jc = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, jc);
+    cJSON_AddStringToObject(jc, "operator", o->name);
+    cJSON_AddStringToObject(jc, "candidate", o->cand_name != NULL ? o->cand_name : "");
+    cJSON_AddStringToObject(jc, "kind", o->cand_kind);
+    cJSON_AddStringToObject(jc, "source", o->cand_source != NULL ? o->cand_source : "");
+    cJSON *js = cJSON_AddObjectToObject(jc, "serving");
+    for (int k = 0; k < N_SERVING; k++)
+      cJSON_AddNumberToObject(js, serving[k], o->serving[k]);
+  }
+  return arr;
+}
+
+/* The candidates' headline (the report's totals.candidate_routes); null
+ * without a candidate. */
+static void cand_routes_out(cJSON *jt, int present, double routes, double share, double s_cand, double s_prod) {
+  if (!present) {
+    cJSON_AddNullToObject(jt, "candidate_routes");
+    return;
+  }
+  cJSON *c = cJSON_AddObjectToObject(jt, "candidate_routes");
+  cJSON_AddNumberToObject(c, "routes", routes);
+  cJSON_AddNumberToObject(c, "device_share", share);
+  cJSON_AddItemToObject(c, "S_candidate", num_or_null(s_cand));
+  cJSON_AddItemToObject(c, "S_production", num_or_null(s_prod));
 }
 
 static cJSON *head(const char *lib, const char *torch, double pid, double started, int keyed) {
@@ -500,12 +552,14 @@ static cJSON *head(const char *lib, const char *torch, double pid, double starte
 }
 
 static int finish(ust_metrics *m, cJSON *root, const op_out *ops, int n_ops, char **out) {
-  cJSON *jseries = series_out(m), *jops = ops_out(ops, n_ops);
+  cJSON *jseries = series_out(m), *jops = ops_out(ops, n_ops), *jcands = candidates_out(ops, n_ops);
   if (jseries != NULL)
     cJSON_AddItemToObject(root, "series", jseries);
   if (jops != NULL)
     cJSON_AddItemToObject(root, "operators", jops);
-  *out = jseries != NULL && jops != NULL ? cJSON_PrintUnformatted(root) : NULL;
+  if (jcands != NULL)
+    cJSON_AddItemToObject(root, "candidates", jcands);
+  *out = jseries != NULL && jops != NULL && jcands != NULL ? cJSON_PrintUnformatted(root) : NULL;
   cJSON_Delete(root);
   return *out != NULL ? 0 : ust__error(UST_ENOMEM, "metrics: out of memory");
 }
@@ -516,6 +570,8 @@ static void totals_out(cJSON *root, const ust__derive_totals *t, double internal
   cJSON_AddNumberToObject(jt, "scored_share", t->scored_share);
   cJSON_AddItemToObject(jt, "S_agg", num_or_null(t->S_agg));
   cJSON_AddItemToObject(jt, "S_agg_candidate", num_or_null(t->S_agg_candidate));
+  const ust__derive_cand *c = &t->candidate_routes;
+  cand_routes_out(jt, t->any_candidate, c->routes, c->device_share, c->S_candidate, c->S_production);
   cJSON *jp = cJSON_AddObjectToObject(jt, "phases");
   for (int p = 0; p < UST__N_PHASES; p++) {
     if (t->phases[p].est_device_time_ns <= 0)
@@ -569,6 +625,19 @@ static int window_out(ust__engine *e, cJSON *root, const ust__reading *r, int n,
   return rc;
 }
 
+/* An operator's candidate as the report names it: its name, its source's
+ * kind (else native or torch_op) and label. */
+static void cand_of_engine(op_out *o, const ust__cand *c) {
+  o->cand_name = c->name;
+  o->cand_source = c->label;
+  snprintf(o->cand_kind, sizeof o->cand_kind, "%s", c->kind == UST__CAND_NATIVE ? "native" : "torch_op");
+  cJSON *src = c->source_json != NULL ? cJSON_Parse(c->source_json) : NULL;
+  const cJSON *kind = cJSON_GetObjectItemCaseSensitive(src, "kind");
+  if (cJSON_IsString(kind))
+    snprintf(o->cand_kind, sizeof o->cand_kind, "%s", kind->valuestring);
+  cJSON_Delete(src);
+}
+
 int ust__metrics_read_engine(ust_metrics *m, ust__engine *e, char **out) {
   *out = NULL;
   ust__route_snap *snaps = NULL;
@@ -593,6 +662,8 @@ int ust__metrics_read_engine(ust_metrics *m, ust__engine *e, char **out) {
     const ust__engine_op *eo = &e->ops[o];
     ops[o].name = eo->op.name;
     ops[o].has_candidate = dops[o].has_candidate = eo->op.cand != NULL;
+    if (eo->op.cand != NULL)
+      cand_of_engine(&ops[o], eo->op.cand);
     for (int bi = 0; bi < e->n_bindings; bi++)
       if (e->bindings[bi].op == &eo->op) {
         ops[o].untracked += (double)atomic_load(&e->bindings[bi].untracked);
@@ -606,10 +677,13 @@ int ust__metrics_read_engine(ust_metrics *m, ust__engine *e, char **out) {
     const int o = r[i].in.op >= 0 ? r[i].in.op : 0;
     rows[i] = (row){.r = &r[i], .op = e->ops[o].op.name, .est = d[i].est_device_time_ns};
     count_route(&ops[o], r[i].mode, d[i].graph);
+    if (ops[o].has_candidate)
+      count_serving(&ops[o], ust__report_served_now(&snaps[i]));
     ops[o].shown = 1;
   }
   for (int o = 0; o < e->n_ops; o++) {
     ops[o].shown |= ops[o].untracked > 0 || ops[o].tallied > 0;
+    ops[o].above_roof = dops[o].scored_shapes > 0 ? dops[o].above_roof : -1;
     ops[o].weight = dops[o].weight;
     ops[o].S = dops[o].S;
     ops[o].S_candidate = dops[o].S_candidate;
@@ -669,6 +743,22 @@ static int graph_of(const cJSON *sh) {
   return UST__GRAPH_NONE;
 }
 
+/* An operator's candidate object in a report: its name, its source's kind
+ * (else its own) and label. */
+static void cand_of_report(op_out *o, const cJSON *c) {
+  const cJSON *src = cJSON_GetObjectItemCaseSensitive(c, "source");
+  o->cand_name = str(c, "name", "");
+  o->cand_source = str(src, "label", "");
+  snprintf(o->cand_kind, sizeof o->cand_kind, "%s", str(src, "kind", str(c, "kind", "")));
+}
+
+/* The candidates' headline as the report gives it. */
+static void cand_routes_of_report(cJSON *jt, const cJSON *tot) {
+  const cJSON *c = cJSON_GetObjectItemCaseSensitive(tot, "candidate_routes");
+  cand_routes_out(jt, cJSON_IsObject(c), num(c, "routes"), num(c, "device_share"), num_or(c, "S_candidate", -1),
+                  num_or(c, "S_production", -1));
+}
+
 /* The report's figures as it gives them: its derived ones are taken, not derived again. */
 static int read_report(ust_metrics *m, const cJSON *rep, char **out) {
   const cJSON *hist = cJSON_GetObjectItemCaseSensitive(rep, "histogram");
@@ -700,9 +790,12 @@ static int read_report(ust_metrics *m, const cJSON *rep, char **out) {
     x->S = num_or(rl, "S", -1);
     x->S_candidate = num_or(rl, "S_candidate", -1);
     x->coverage = num_or(rl, "coverage", -1);
+    x->above_roof = num(rl, "scored_shapes") > 0 ? num(rl, "above_roof") : -1;
     x->untracked = num(op, "untracked");
     x->tallied = num(op, "tallied");
     x->shown = x->untracked > 0 || x->tallied > 0;
+    if (x->has_candidate)
+      cand_of_report(x, cJSON_GetObjectItemCaseSensitive(op, "candidate"));
     cJSON_ArrayForEach(sh, cJSON_GetObjectItemCaseSensitive(op, "shapes")) {
       if (k == n)
         break;
@@ -712,6 +805,8 @@ static int read_report(ust_metrics *m, const cJSON *rep, char **out) {
         goto out;
       rows[k - 1] = (row){.r = &r[k - 1], .op = x->name, .est = num(sh, "est_device_time_ns")};
       count_route(x, r[k - 1].mode, graph_of(sh));
+      if (x->has_candidate)
+        count_serving(x, str(cJSON_GetObjectItemCaseSensitive(sh, "served_by"), "now", "production"));
       x->shown = 1;
     }
     o++;
@@ -728,6 +823,7 @@ static int read_report(ust_metrics *m, const cJSON *rep, char **out) {
   cJSON_AddNumberToObject(jt, "scored_share", num(tot, "scored_share"));
   cJSON_AddItemToObject(jt, "S_agg", num_or_null(num_or(tot, "S_agg", -1)));
   cJSON_AddItemToObject(jt, "S_agg_candidate", num_or_null(num_or(tot, "S_agg_candidate", -1)));
+  cand_routes_of_report(jt, tot);
   cJSON *jp = cJSON_AddObjectToObject(jt, "phases");
   cJSON_ArrayForEach(ph, cJSON_GetObjectItemCaseSensitive(tot, "phases")) {
     if (ph->string == NULL)

@@ -60,8 +60,14 @@ typedef struct ust__cand_config {
   char dep_sha256[UST__MAX_DEPS][65];
   char torch_op[UST__QUALNAME_MAX];    /* torch op: "ns::name" or "ns::name.overload" */
   char target[UST__QUALNAME_MAX + UST__NAME_MAX]; /* the binding it stands in for; "" = default */
-  int qualify;                         /* native: UST__QUALIFY_HERE or UST__QUALIFY_PROCESS */
+  int qualify;                         /* UST__QUALIFY_HERE or UST__QUALIFY_PROCESS */
   int qualify_calls;                   /* process: passing calls a route needs there before it runs here */
+  int qualify_memory_mb;               /* process: memory the candidate may take there (RLIMIT_DATA, beyond its own) */
+  int qualify_cpu_s;                   /* process: CPU seconds that process may use (RLIMIT_CPU) */
+  char *source;                        /* "source": the object as JSON text, owned; NULL: none */
+  int n_when;                          /* "when": key dimensions a route must have */
+  char when_dim[UST__MAX_WHEN][UST__NAME_MAX];
+  int64_t when_value[UST__MAX_WHEN];
 } ust__cand_config;
 
 enum { UST__QUALIFY_HERE = 0, UST__QUALIFY_PROCESS = 1 };
@@ -249,7 +255,8 @@ int ust__report_derive(struct cJSON *root);
  * From now on, on every thread of this process: a signal to any process but
  * itself and its own process group, or a system call of another numbering
  * (i386's, x32's), kills this process with SIGSYS; ptrace and
- * process_vm_readv/writev fail with EPERM. 0; or -1 where the kernel or the
+ * process_vm_readv/writev fail with EPERM, and so do setsid and setpgid (it
+ * and what it forks never leave its process group). 0; or -1 where the kernel or the
  * architecture (x86-64 and AArch64 have it) offers no filter, this process
  * then running unconfined and saying so on its standard error. Irrevocable:
  * for understudy-qualify (and the tests' forked children) only. */

@@ -4,6 +4,7 @@
  * end of a socket as descriptor 3:
  *
  *     understudy-qualify --candidate PATH --sha256 HEX [--dep PATH HEX]...
+ *                        [--memory-bytes N] [--cpu-s N]
  *
  * It verifies the pins and loads the candidate exactly as the serving
  * process would (plugin/verify.c), says hello with the descriptor's name,
@@ -14,17 +15,27 @@
  *
  * Before it starts a thread or loads the candidate (its constructors run
  * at load) this process confines itself (ust__confine_signals,
- * plugin/confine.c).
+ * plugin/confine.c) and takes its limits: the candidate may map
+ * --memory-bytes of data beyond what this process mapped by then
+ * (RLIMIT_DATA: a GPU runtime's reserved address space is not data, nor is
+ * a sanitizer's shadow counted against the candidate), and the process may
+ * use --cpu-s of CPU time (RLIMIT_CPU: SIGXCPU ends it). A crash within
+ * reach of the memory limit (an allocation it refused, then used) exits
+ * with UST__PROCRUN_EXIT_MEMORY, so that the serving process names the
+ * limit, not the crash.
  */
 
 /* close_range is Linux's. */
 #define _GNU_SOURCE
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,15 +61,64 @@ static void *watch_parent(void *arg) {
   return NULL;
 }
 
+static uint64_t data_limit; /* RLIMIT_DATA as set; 0 none */
+
+/* A crash (a fault, an abort) within reach of the memory limit: this
+ * process exits naming it; any other ends as the signal would. */
+static void on_crash(int sig) {
+  if (ust__procrun_near_limit(ust__procrun_data_bytes(), data_limit))
+    _exit(UST__PROCRUN_EXIT_MEMORY);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* The limits: 0, or why not (into why). */
+static int take_limits(uint64_t memory_bytes, uint64_t cpu_s, char *why, size_t cap) {
+  if (memory_bytes > 0) {
+    const uint64_t own = ust__procrun_data_bytes();
+    struct rlimit r = {(rlim_t)(own + memory_bytes), (rlim_t)(own + memory_bytes)};
+    if (own == 0 || setrlimit(RLIMIT_DATA, &r) != 0) {
+      snprintf(why, cap, "understudy-qualify: cannot limit its memory (RLIMIT_DATA): %s",
+               own == 0 ? "its data size is unknown (/proc/self/statm)" : strerror(errno));
+      return -1;
+    }
+    data_limit = own + memory_bytes;
+    static char alt[1 << 16]; /* a fault for want of memory may come with no stack left to run on */
+    stack_t ss = {.ss_sp = alt, .ss_size = sizeof alt, .ss_flags = 0};
+    sigaltstack(&ss, NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_crash;
+    sa.sa_flags = SA_ONSTACK | SA_RESETHAND | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+    sigaction(SIGABRT, &sa, NULL);
+  }
+  if (cpu_s > 0) {
+    struct rlimit r = {(rlim_t)cpu_s, (rlim_t)cpu_s + 5}; /* SIGXCPU at the limit; SIGKILL if it outlives it */
+    if (setrlimit(RLIMIT_CPU, &r) != 0) {
+      snprintf(why, cap, "understudy-qualify: cannot limit its CPU time (RLIMIT_CPU): %s", strerror(errno));
+      return -1;
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *path = NULL, *pin = NULL;
   ust__dep_pin deps[UST__MAX_DEPS];
   int n_deps = 0;
+  uint64_t memory_bytes = 0, cpu_s = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--candidate") == 0 && i + 1 < argc) {
       path = argv[++i];
     } else if (strcmp(argv[i], "--sha256") == 0 && i + 1 < argc) {
       pin = argv[++i];
+    } else if (strcmp(argv[i], "--memory-bytes") == 0 && i + 1 < argc) {
+      memory_bytes = strtoull(argv[++i], NULL, 10);
+    } else if (strcmp(argv[i], "--cpu-s") == 0 && i + 1 < argc) {
+      cpu_s = strtoull(argv[++i], NULL, 10);
     } else if (strcmp(argv[i], "--dep") == 0 && i + 2 < argc && n_deps < UST__MAX_DEPS) {
       deps[n_deps].path = argv[++i];
       deps[n_deps++].sha256 = argv[++i];
@@ -72,6 +132,11 @@ int main(int argc, char **argv) {
   close_range(FD + 1, ~0u, 0);
   signal(SIGPIPE, SIG_IGN);
   ust__confine_signals(); /* before any thread, before the candidate's constructors */
+  char limits_why[256];
+  if (take_limits(memory_bytes, cpu_s, limits_why, sizeof limits_why) != 0) {
+    ust__procrun_hello(FD, NULL, -1, limits_why);
+    return 1;
+  }
   pthread_t watcher;
   if (pthread_create(&watcher, NULL, watch_parent, (void *)(intptr_t)getppid()) == 0)
     pthread_detach(watcher);
@@ -94,5 +159,5 @@ int main(int argc, char **argv) {
   }
   if (ust__procrun_hello(FD, d, 0, NULL) != 0)
     return 1;
-  return ust__procrun_serve(FD, d) == 0 ? 0 : 1;
+  return ust__procrun_serve(FD, d, data_limit) == 0 ? 0 : 1;
 }

@@ -123,75 +123,14 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   add_num(aa, "mismatching", (double)v->aa_mismatching);
   add_num(aa, "max_abs_err", v->aa_max_abs);
   add_num(aa, "max_rel_err", v->aa_max_rel);
-  if (s->rollout.evidence != NULL)
-    cJSON_AddItemToObject(j, "rollback", evidence_json(s->rollout.evidence));
+  if (s->rollout.evidence != NULL) {
+    cJSON *ev = evidence_json(s->rollout.evidence);
+    if (s->binding->cand != NULL) /* the candidate it names: the one the route ran, as configured */
+      cJSON_AddStringToObject(ev, "candidate", ust__report_cand_label(s->binding->cand));
+    cJSON_AddItemToObject(j, "rollback", ev);
+  }
   else
     cJSON_AddNullToObject(j, "rollback");
-  return j;
-}
-
-static cJSON *rollout_json(const ust__route_snap *s) {
-  const ust__rollout_snap *r = &s->rollout;
-  cJSON *j = cJSON_CreateObject();
-  cJSON_AddStringToObject(j, "mode", ust__mode_name(r->mode));
-  if (r->mode == UST__MODE_CANARY)
-    add_num(j, "canary", r->canary);
-  cJSON_AddStringToObject(j, "set_by", r->own ? "route" : "operator");
-  cJSON_AddBoolToObject(j, "qualified", r->qualified);
-  /* Every tracked call outside capture that the candidate did not serve was
-   * production's (its outputs, or its exception): derived, not counted per
-   * call. The snapshot read the served count before the calls. */
-  cJSON *sv = cJSON_AddObjectToObject(j, "served");
-  add_num(sv, "production", (double)(s->figs.calls - s->figs.captured - r->served_cand));
-  add_num(sv, "candidate", (double)r->served_cand);
-  add_num(sv, "candidate_verified", (double)r->served_cand_verified);
-  add_num(sv, "unlearned", (double)r->served_unlearned);
-  cJSON *cap = cJSON_AddObjectToObject(j, "captured");
-  add_num(cap, "production", (double)(s->figs.captured - r->captured_cand));
-  add_num(cap, "candidate", (double)r->captured_cand);
-  add_num(j, "transitions", (double)r->transitions);
-  if (r->has_last) {
-    cJSON *t = cJSON_AddObjectToObject(j, "last_transition");
-    cJSON_AddStringToObject(t, "from", r->last_from);
-    cJSON_AddStringToObject(t, "to", r->last_to);
-    cJSON_AddStringToObject(t, "by", r->last_by);
-    cJSON_AddStringToObject(t, "reason", r->last_reason);
-    add_num(t, "unix_ms", (double)r->last_unix_ms);
-  }
-  if (r->promotion_state[0] != '\0') {
-    cJSON *pr = cJSON_AddObjectToObject(j, "promotion");
-    cJSON_AddStringToObject(pr, "state", r->promotion_state);
-    add_num(pr, "passes_in_stage", (double)r->stage_passes);
-    add_num(pr, "needed", r->promotion_needed);
-    add_num(pr, "min_speedup", r->promotion_min_speedup);
-    add_num(pr, "alpha", r->promotion.alpha);
-    add_num(pr, "delta", r->promotion.delta);
-    /* the delta judged with: production's own A/A spread on the route when larger */
-    add_num(pr, "delta_used", r->promotion_delta);
-    cJSON *aa = cJSON_AddObjectToObject(pr, "aa_spread");
-    add_num(aa, "checks", r->aa_samples);
-    if (r->aa_spread >= 0)
-      add_num(aa, "median", r->aa_spread);
-    else
-      cJSON_AddNullToObject(aa, "median");
-    add_num(pr, "max_samples", r->promotion.max_samples);
-    const ust__seq_verdict *v = &r->promotion_test;
-    if (v->n > 0) {
-      /* the stage's paired samples, as ratios T_candidate / T_production */
-      cJSON *t = cJSON_AddObjectToObject(pr, "test");
-      add_num(t, "samples", v->n);
-      add_num(t, "ratio_median", exp(v->median));
-      if (isfinite(v->lower) && isfinite(v->upper)) {
-        add_num(t, "ratio_lower", exp(v->lower));
-        add_num(t, "ratio_upper", exp(v->upper));
-      } else {
-        cJSON_AddNullToObject(t, "ratio_lower");
-        cJSON_AddNullToObject(t, "ratio_upper");
-      }
-    }
-    if (r->promotion_note[0] != '\0')
-      cJSON_AddStringToObject(pr, "note", r->promotion_note);
-  }
   return j;
 }
 
@@ -275,7 +214,10 @@ static cJSON *shape_json(const ust__route_snap *s) {
     cJSON_AddItemToObject(js, "roofline", roofline_json(s));
   if (s->has_cand) {
     cJSON_AddItemToObject(js, "shadow", shadow_json(s));
-    cJSON_AddItemToObject(js, "rollout", rollout_json(s));
+    cJSON_AddItemToObject(js, "rollout", ust__report_rollout(s));
+    cJSON_AddItemToObject(js, "in_flight", ust__report_flight(&s->flight));
+    cJSON_AddItemToObject(js, "served_by", ust__report_served_by(s));
+    cJSON_AddItemToObject(js, "fallback", ust__report_fallback(s));
   }
   return js;
 }
@@ -301,6 +243,13 @@ static cJSON *candidate_json(const ust__candidate *c) {
       add_num(q, "runs", (double)ust__procrun_runs(pr));
       add_num(q, "passed", (double)ust__procrun_passed(pr));
       add_num(q, "routes_qualified", (double)ust__procrun_routes_qualified(pr));
+      add_num(q, "busy", (double)ust__procrun_busy_count(pr)); /* calls production served: another call was there */
+      ust__procrun_usage u;
+      ust__procrun_get_usage(pr, &u);
+      add_num(q, "peak_rss_mb", (double)u.peak_rss_kb / 1024.0);
+      add_num(q, "cpu_s", (double)u.cpu_us / 1e6);
+      add_num(q, "memory_limit_mb", (double)(u.memory_limit_bytes >> 20));
+      add_num(q, "cpu_limit_s", (double)u.cpu_limit_s);
       cJSON_AddBoolToObject(q, "loaded_here", atomic_load(&((ust__candidate *)c)->cand.loaded) != NULL);
       char why[600];
       if (ust__procrun_lost(pr, why, sizeof why))
@@ -311,7 +260,11 @@ static cJSON *candidate_json(const ust__candidate *c) {
   } else {
     cJSON_AddStringToObject(jc, "op_state", atomic_load(&c->cand.seam_op) != NULL ? "resolved" : "waiting for op");
     add_num(jc, "calls_waiting_for_op", (double)atomic_load(&((ust__candidate *)c)->cand.waiting));
+    cJSON_AddStringToObject(jc, "qualify", c->cand.torch_qualify ? "process" : "here");
+    if (c->cand.torch_qualify)
+      add_num(jc, "qualify_calls", (double)c->cand.qualify_calls);
   }
+  ust__report_source(jc, &c->cand);
   cJSON_AddStringToObject(jc, "compare", ust__cmp_kind_name(c->cand.compare));
   if (c->cand.atol >= 0)
     add_num(jc, "atol", c->cand.atol);
@@ -567,6 +520,32 @@ static void set_s(cJSON *o, const char *k, double s) {
     set_null(o, k);
 }
 
+static void set_bool(cJSON *o, const char *k, int b) {
+  cJSON_DeleteItemFromObjectCaseSensitive(o, k);
+  cJSON_AddBoolToObject(o, k, b);
+}
+
+/* The candidates' headline (scorer/derive.c): S of the candidates over their
+ * own scored shape keys beside production's S over the same keys, and the
+ * share of the device time those keys hold. */
+static void put_cand(cJSON *o, const char *k, const ust__derive_cand *c) {
+  cJSON_DeleteItemFromObjectCaseSensitive(o, k);
+  cJSON *x = cJSON_AddObjectToObject(o, k);
+  if (x == NULL)
+    return;
+  add_num(x, "routes", c->routes);
+  add_num(x, "device_share", c->device_share);
+  set_s(x, "S_candidate", c->S_candidate);
+  set_s(x, "S_production", c->S_production);
+}
+
+static void put_cand_totals(cJSON *o, const ust__derive_totals *t) {
+  if (t->any_candidate)
+    put_cand(o, "candidate_routes", &t->candidate_routes);
+  else
+    set_null(o, "candidate_routes");
+}
+
 static void set_quantiles(cJSON *lat, double count, double p50, double p90, double p99) {
   if (lat == NULL)
     return;
@@ -667,6 +646,7 @@ static int write_shape(cJSON *sh, const ust__reading *r, const ust__derive_shape
     set_num(roof, "tsol_ns_mean", d->tsol_ns_mean);
     set_s(roof, "S", d->S);
     set_s(roof, "S_candidate", d->S_candidate);
+    set_bool(roof, "above_roof", d->above_roof);
     /* the roofline chart's coordinates: FLOP per byte, and FLOP/s at the
      * median time (as S is), so a point lies S below its roof */
     set_s(roof, "intensity", d->intensity);
@@ -691,9 +671,11 @@ static void write_op(cJSON *op, const ust__derive_op *d) {
   add_num(jr, "scored_shapes", d->scored_shapes);
   set_s(jr, "S", d->S);
   set_s(jr, "S_weighted", d->S_weighted);
+  add_num(jr, "above_roof", d->above_roof); /* its keys measured faster than their floor */
   if (d->has_candidate) {
     set_s(jr, "S_candidate", d->S_candidate);
     add_num(jr, "coverage", d->coverage);
+    put_cand(jr, "candidate_routes", &d->candidate_routes);
   }
   /* the same per phase: weights are shares of that phase's device time */
   cJSON_DeleteItemFromObjectCaseSensitive(op, "phases");
@@ -749,6 +731,8 @@ static void write_totals(cJSON *root, const ust__derive_totals *t) {
   set_num(tot, "scored_share", t->scored_share);
   set_s(tot, "S_agg", t->S_agg);
   set_s(tot, "S_agg_candidate", t->S_agg_candidate);
+  set_num(tot, "above_roof", t->above_roof);
+  put_cand_totals(tot, t);
   timer_coverage(cJSON_GetObjectItemCaseSensitive(root, "timer"));
   cJSON_DeleteItemFromObjectCaseSensitive(tot, "phases");
   cJSON *tp = cJSON_AddObjectToObject(tot, "phases");
@@ -879,6 +863,8 @@ static int add_window(cJSON *root, ust__engine *e) {
   add_num(jt, "scored_share", tot.scored_share);
   set_s(jt, "S_agg", tot.S_agg);
   set_s(jt, "S_agg_candidate", tot.S_agg_candidate);
+  add_num(jt, "above_roof", tot.above_roof);
+  put_cand_totals(jt, &tot);
   cJSON *jops = cJSON_AddArrayToObject(out, "operators");
   const cJSON *op;
   int o = 0;
@@ -898,6 +884,7 @@ static int add_window(cJSON *root, ust__engine *e) {
         set_s(jo, "S", dop->S);
         if (dop->has_candidate)
           set_s(jo, "S_candidate", dop->S_candidate);
+        add_num(jo, "above_roof", dop->above_roof);
         jss = cJSON_AddArrayToObject(jo, "shapes");
       }
       cJSON *js = cJSON_CreateObject();
@@ -907,6 +894,8 @@ static int add_window(cJSON *root, ust__engine *e) {
       add_num(js, "timed", d[i].timed);
       set_s(js, "p50_ns", d[i].timed > 0 ? d[i].p50 : -1);
       set_s(js, "S", w[i].in.has_roofline ? d[i].S : -1);
+      if (w[i].in.has_roofline)
+        cJSON_AddBoolToObject(js, "above_roof", d[i].above_roof);
     }
   }
 out:

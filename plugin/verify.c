@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -337,16 +338,74 @@ static int in_trusted_dir(const char *file) {
   return 0;
 }
 
+/* LD_LIBRARY_PATH as the loader holds it: the value the process started
+ * with (ld.so reads it once, at start-up, the last one set winning; a host
+ * that changes or clears os.environ later changes what getenv says, not
+ * where dlopen searches), and none in a set-user-ID process, whose loader
+ * ignores it. Read from the start-up environment block (/proc/self/environ):
+ * 0 with *out a new string ("" when it was not set; free with free), or an
+ * error when that block cannot be read. */
+#define STARTUP_ENV_MAX (16u << 20)
+static int startup_library_path(char **out) {
+  *out = NULL;
+  if (getauxval(AT_SECURE) != 0)
+    return (*out = strdup("")) != NULL ? 0 : ust__error(UST_ENOMEM, "out of memory");
+  const int fd = open("/proc/self/environ", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return ust__error(UST_EIO, "cannot read the process's start-up environment (/proc/self/environ), where the "
+                      "loader's LD_LIBRARY_PATH comes from: %s", strerror(errno));
+  size_t len = 0, cap = 0;
+  char *block = NULL;
+  int rc = 0;
+  for (;;) {
+    if (len + 4096 + 1 > cap) {
+      char *more = cap + 65536 <= STARTUP_ENV_MAX ? realloc(block, cap + 65536) : NULL;
+      if (more == NULL) {
+        rc = cap + 65536 > STARTUP_ENV_MAX
+                 ? ust__error(UST_EIO, "the process's start-up environment is over %u MiB", STARTUP_ENV_MAX >> 20)
+                 : ust__error(UST_ENOMEM, "out of memory");
+        break;
+      }
+      block = more;
+      cap += 65536;
+    }
+    const ssize_t k = read(fd, block + len, 4096);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k < 0)
+      rc = ust__error(UST_EIO, "reading the process's start-up environment (/proc/self/environ): %s", strerror(errno));
+    if (k <= 0)
+      break;
+    len += (size_t)k;
+  }
+  close(fd);
+  if (rc != 0) {
+    free(block);
+    return rc;
+  }
+  static const char key[] = "LD_LIBRARY_PATH=";
+  const char *value = "";
+  block[len] = '\0';
+  for (size_t at = 0; at < len; at += strlen(block + at) + 1)
+    if (strncmp(block + at, key, sizeof key - 1) == 0)
+      value = block + at + sizeof key - 1;
+  *out = strdup(value);
+  free(block);
+  return *out != NULL ? 0 : ust__error(UST_ENOMEM, "out of memory");
+}
+
 /* Where the loader would take name from, searching (as ld.so does) the
- * object's DT_RPATH (without DT_RUNPATH), LD_LIBRARY_PATH, its DT_RUNPATH
- * ($ORIGIN: the object's directory), then the trusted directories. Into
- * found: 0 not found, 1 from a search path, 2 from a trusted directory. */
-static int resolve_needed(const char *name, const elf_needs *nd, const char *origin, char *out, size_t cap) {
-  const char *lists[3] = {nd->runpath[0] == '\0' ? nd->rpath : "", getenv("LD_LIBRARY_PATH"), nd->runpath};
+ * object's DT_RPATH (without DT_RUNPATH), LD_LIBRARY_PATH (libpath: the
+ * loader's, startup_library_path), its DT_RUNPATH ($ORIGIN: the object's
+ * directory), then the trusted directories. Into found: 0 not found, 1 from
+ * a search path, 2 from a trusted directory. */
+static int resolve_needed(const char *name, const elf_needs *nd, const char *origin, const char *libpath, char *out,
+                          size_t cap) {
+  const char *lists[3] = {nd->runpath[0] == '\0' ? nd->rpath : "", libpath, nd->runpath};
   for (int l = 0; l < 3; l++) {
     const char *list = lists[l] != NULL ? lists[l] : "";
     while (*list != '\0') {
-      const char *end = strchr(list, ':');
+      const char *end = strpbrk(list, ":;"); /* the loader splits its lists at both */
       const size_t n = end != NULL ? (size_t)(end - list) : strlen(list);
       char dir[2 * PATH_MAX];
       if (n > 0 && n < sizeof dir) {
@@ -433,8 +492,12 @@ static int check_needs(const char *path, const unsigned char *bytes, size_t len,
       continue;
     }
     char where[PATH_MAX + 300];
+    char *libpath = NULL;
+    if (strchr(name, '/') == NULL && (rc = startup_library_path(&libpath)) != 0)
+      return ust__error(rc, "%s: finding its dependency %s: %s", path, name, ust_last_error());
     const int found = strchr(name, '/') != NULL ? (snprintf(where, sizeof where, "%s", name), in_trusted_dir(name) ? 2 : 1)
-                                                : resolve_needed(name, &nd, origin, where, sizeof where);
+                                                : resolve_needed(name, &nd, origin, libpath, where, sizeof where);
+    free(libpath);
     if (found == 2)
       continue; /* a system library */
     if (found == 1)

@@ -55,6 +55,62 @@ static int graph_status(const ust__derive_in *in) {
   return UST__GRAPH_NONE;
 }
 
+/* A key where both arms have an S counts in the candidates' headline. */
+static void add_cand(ust__derive_cand *c, double e_ns, double s_cand, double s_prod) {
+  c->routes++;
+  c->time_ns += e_ns;
+  c->s_cand += e_ns * s_cand;
+  c->s_prod += e_ns * s_prod;
+}
+
+static void add_cand_sums(ust__derive_cand *to, const ust__derive_cand *c) {
+  to->routes += c->routes;
+  to->time_ns += c->time_ns;
+  to->s_cand += c->s_cand;
+  to->s_prod += c->s_prod;
+}
+
+static void finish_cand(ust__derive_cand *c, double total_ns) {
+  c->device_share = total_ns > 0 ? c->time_ns / total_ns : 0.0;
+  c->S_candidate = c->time_ns > 0 ? c->s_cand / c->time_ns : -1;
+  c->S_production = c->time_ns > 0 ? c->s_prod / c->time_ns : -1;
+}
+
+/* A key's speedup, its S for either arm, its roofline chart's coordinates and
+ * whether it was measured above its roof (from its first pass). */
+static void derive_roofline(const ust__derive_in *x, ust__derive_shape *sh) {
+  sh->speedup = sh->S = sh->S_candidate = -1;
+  sh->intensity = sh->flops_mean = sh->achieved_flops_s = sh->cand_achieved_flops_s = -1;
+  if (x->has_shadow && sh->p50 > 0 && sh->cand_p50 > 0)
+    sh->speedup = sh->p50 / sh->cand_p50;
+  if (!x->has_roofline)
+    return;
+  const double nc = x->roof_calls;
+  sh->tsol_ns_mean = nc > 0 ? x->roof_tsol_ns / nc : 0.0;
+  sh->S = ust__route_s(x->roof_tsol_ns, nc, sh->p50);
+  sh->S_candidate = x->has_shadow && !x->rolled_back
+                        ? ust__route_s(x->cand_roof_tsol_ns, x->cand_roof_calls, sh->cand_p50) : -1;
+  /* the roofline chart's coordinates: FLOP per byte, and FLOP/s at the
+   * median time (as S is), so a point lies S below its roof */
+  const double wc = x->work_calls, w_mean = wc > 0 ? x->flops / wc : 0;
+  sh->intensity = wc > 0 && x->bytes > 0 ? x->flops / x->bytes : -1;
+  sh->flops_mean = wc > 0 ? w_mean : -1;
+  sh->achieved_flops_s = w_mean > 0 && sh->p50 > 0 ? w_mean / sh->p50 * 1e9 : -1;
+  sh->cand_achieved_flops_s = w_mean > 0 && sh->cand_p50 > 0 ? w_mean / sh->cand_p50 * 1e9 : -1;
+  /* faster than the floor, by either arm: the profile is below what the device achieved */
+  sh->above_roof = sh->S > 1 || sh->S_candidate > 1;
+}
+
+/* A key's shadow figures in the totals. */
+static void add_shadow(ust__derive_totals *tot, const ust__derive_in *x) {
+  if (!x->has_shadow)
+    return;
+  tot->shadow_calls += x->shadow_calls;
+  tot->verified += x->verified;
+  tot->failed += x->failed;
+  tot->rollbacks += x->rolled_back;
+}
+
 /* First pass: a key's quantiles, device-time estimate and graph status. */
 static void derive_key(const ust__derive_in *in, double replay_scale, ust__derive_shape *out) {
   memset(out, 0, sizeof *out);
@@ -128,29 +184,12 @@ int ust__derive(const ust__derive_in *in, int n, double replay_scale, ust__deriv
       sh->weight = total_est > 0 ? e_ns / total_est : 0.0;
       op->phases[ph].est_device_time_ns += e_ns;
       op->phases[ph].routes++;
-      sh->speedup = sh->S = sh->S_candidate = -1;
-      sh->intensity = sh->flops_mean = sh->achieved_flops_s = sh->cand_achieved_flops_s = -1;
-      if (x->has_shadow) {
-        if (sh->p50 > 0 && sh->cand_p50 > 0)
-          sh->speedup = sh->p50 / sh->cand_p50;
-        tot->shadow_calls += x->shadow_calls;
-        tot->verified += x->verified;
-        tot->failed += x->failed;
-        tot->rollbacks += x->rolled_back;
-      }
+      derive_roofline(x, sh);
+      add_shadow(tot, x);
       if (x->has_roofline) {
-        const double nc = x->roof_calls;
-        sh->tsol_ns_mean = nc > 0 ? x->roof_tsol_ns / nc : 0.0;
-        sh->S = ust__route_s(x->roof_tsol_ns, nc, sh->p50);
-        sh->S_candidate = x->has_shadow && !x->rolled_back
-                              ? ust__route_s(x->cand_roof_tsol_ns, x->cand_roof_calls, sh->cand_p50) : -1;
-        /* the roofline chart's coordinates: FLOP per byte, and FLOP/s at the
-         * median time (as S is), so a point lies S below its roof */
-        const double wc = x->work_calls, w_mean = wc > 0 ? x->flops / wc : 0;
-        sh->intensity = wc > 0 && x->bytes > 0 ? x->flops / x->bytes : -1;
-        sh->flops_mean = wc > 0 ? w_mean : -1;
-        sh->achieved_flops_s = w_mean > 0 && sh->p50 > 0 ? w_mean / sh->p50 * 1e9 : -1;
-        sh->cand_achieved_flops_s = w_mean > 0 && sh->cand_p50 > 0 ? w_mean / sh->cand_p50 * 1e9 : -1;
+        op->above_roof += sh->above_roof;
+        if (sh->S >= 0 && sh->S_candidate >= 0)
+          add_cand(&op->candidate_routes, e_ns, sh->S_candidate, sh->S);
         if (sh->S >= 0) {
           if ((rc = push(&sv, sh->S)) != 0 || (rc = push(&sph[ph], sh->S)) != 0)
             goto out;
@@ -184,9 +223,13 @@ int ust__derive(const ust__derive_in *in, int n, double replay_scale, ust__deriv
     op->S = sv.n > 0 ? ust__median(sv.v, sv.n) : -1;
     op->S_weighted = time_sum > 0 ? tsol_sum / time_sum : -1;
     op->S_candidate = op->coverage = -1;
+    tot->above_roof += op->above_roof;
     if (has_cand) {
       op->S_candidate = cv.n > 0 ? ust__median(cv.v, cv.n) : -1;
       op->coverage = cand_routes > 0 ? (double)covered / cand_routes : 0.0;
+      tot->any_candidate = 1;
+      add_cand_sums(&tot->candidate_routes, &op->candidate_routes);
+      finish_cand(&op->candidate_routes, total_est);
       if (op->S >= 0) {
         s_agg_cand += w_op * (op->S_candidate >= 0 ? op->S_candidate : 0.0); /* unverified counts 0 */
         cand_ops++;
@@ -230,6 +273,7 @@ int ust__derive(const ust__derive_in *in, int n, double replay_scale, ust__deriv
   tot->scored_share = keys_scored;
   tot->S_agg = scored_w > 0 ? s_agg / scored_w : -1;
   tot->S_agg_candidate = scored_w > 0 && cand_ops > 0 ? s_agg_cand / scored_w : -1;
+  finish_cand(&tot->candidate_routes, total_est);
   for (int p = 0; p < NP; p++) {
     tot->phases[p].est_device_time_ns = total_ph[p];
     tot->phases[p].scored_share = keys_scored_ph[p];

@@ -397,8 +397,20 @@ typedef struct ust__derive_shape {
   double speedup;                  /* -1 */
   double S, S_candidate;           /* -1 */
   double tsol_ns_mean, intensity, flops_mean, achieved_flops_s, cand_achieved_flops_s; /* -1 except the mean */
+  int above_roof;                  /* S or S_candidate > 1: measured faster than its floor */
   int graph;                       /* UST__GRAPH_* */
 } ust__derive_shape;
+
+/* The candidates' headline (candidate_routes): the keys where both arms have
+ * an S, the candidates' S and production's over them, each the keys' S
+ * weighted by their device time, and the share of the device time they
+ * hold. S_agg_candidate counts 0 for every operator without a verified
+ * candidate; these compare the two arms where both ran. */
+typedef struct ust__derive_cand {
+  double routes, device_share;
+  double S_candidate, S_production; /* -1 */
+  double time_ns, s_cand, s_prod;   /* the sums they are taken from (S times the keys' device time) */
+} ust__derive_cand;
 
 typedef struct ust__derive_phase {
   int routes;                      /* 0: the operator had no key in the phase */
@@ -411,6 +423,8 @@ typedef struct ust__derive_op {
   double calls, timed, captured, device_time_ns, est_device_time_ns, weight;
   int scored_shapes;
   double S, S_weighted, S_candidate, coverage; /* -1 */
+  int above_roof;                  /* its keys above their roof */
+  ust__derive_cand candidate_routes; /* with a candidate */
   ust__derive_phase phases[UST__DERIVE_PHASES];
 } ust__derive_op;
 
@@ -418,6 +432,9 @@ typedef struct ust__derive_totals {
   int routes;
   double calls, timed, captured, est_device_time_ns, shadow_calls, verified, failed, rollbacks;
   double scored_share, S_agg, S_agg_candidate; /* -1 */
+  double above_roof;               /* keys above their roof */
+  int any_candidate;               /* an operator has a candidate: candidate_routes stands */
+  ust__derive_cand candidate_routes;
   struct {
     double est_device_time_ns, scored_share, S_agg, S_agg_candidate; /* est 0: no call in the phase */
   } phases[UST__DERIVE_PHASES];

@@ -25,7 +25,8 @@ __all__ = [
     "UnderstudyError", "ConfigError", "ProblemError", "enable", "disable", "is_enabled",
     "set_mode", "report", "write_report", "flush", "library_path", "problems_dir",
     "register_candidate", "native", "sha256_of", "compare", "phase", "set_phase", "serve_metrics",
-    "metrics_text", "derive", "expand_path", "activate", "__version__",
+    "metrics_text", "derive", "expand_path", "activate", "candidate_from_file", "candidate_from_solution",
+    "guard_kernelized", "__version__",
 ]
 
 from ._version import __version__
@@ -225,11 +226,12 @@ def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLi
     then untouched.
     """
     lib = _load()
-    text = _config_text(config)
+    given = _config_text(config)
+    text = sources.resolve(given, problems)  # file, Solution and hub candidates made torch ops
     pdir = problems
     if pdir is None:
         has_dir = False
-        if isinstance(config, Mapping):
+        if isinstance(config, Mapping) and text is given:
             has_dir = "problems_dir" in config
         elif text:
             try:
@@ -238,6 +240,7 @@ def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLi
                 has_dir = False  # the library reports the JSON error with its position
         pdir = None if has_dir else problems_dir()
     _check(lib.ust_enable(text.encode(), None if pdir is None else os.fsencode(os.fspath(pdir))))
+    sources.remember(config, problems, given)
     activation.note_report(text)  # under `understudy run`: the run names this process's report at its end
     global _enabled_with
     _enabled_with = config if config is not None else os.environ.get("UNDERSTUDY_CONFIG")
@@ -245,6 +248,9 @@ def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLi
     graphs.set_keep(graphs.wants_keep(text))  # graphs made from now on kept, so their replays can be gated
     graphs.set_enabled(True)  # graphs captured from now on are seen
     graphs.install(lib)  # replays of torch's CUDA graphs gated from the host (never raises)
+    from . import hf_phases
+
+    hf_phases.install()  # prefill and decode read from transformers' generate and continuous batching
 
 
 _enabled_with: ConfigLike = None
@@ -295,7 +301,7 @@ def reload(config: ConfigLike = None) -> None:
     enable() was given (a file is read anew). Any other field that differs
     from the running config raises ConfigError naming it, and nothing is
     applied."""
-    text = _config_text(config if config is not None else _enabled_with)
+    text = sources.resolve(_config_text(config if config is not None else _enabled_with), sources._state.problems)
     _check(_load().ust_reload(text.encode()))
 
 
@@ -391,6 +397,9 @@ def write_report(path: Optional[Union[str, os.PathLike]] = None) -> None:
 
 
 from .candidates import compare, native, register_candidate, sha256_of  # noqa: E402
-from . import activation, graphs, metrics  # noqa: E402
+from . import activation, graphs, metrics, sources  # noqa: E402
+from .files import from_file as candidate_from_file  # noqa: E402
+from .hub import guard_kernelized  # noqa: E402
+from .solutions import from_solution as candidate_from_solution  # noqa: E402
 from .metrics import metrics_text, serve_metrics  # noqa: E402
 from .activation import activate  # noqa: E402

@@ -28,24 +28,32 @@ def register_candidate(name: str, fn: Callable, like: str, *,
     (Tensor(a!)) must write it in place, as production does, and return what
     production returns.
     """
-    import torch
-
     ns, sep, op = name.partition("::")
     if not sep or not ns or not op or "." in op:
         raise ValueError(f"candidate name '{name}' must look like 'namespace::op'")
-    qual, _, overload = like.partition(".")
-    try:
-        schema = torch._C._get_schema(qual, overload)
-    except RuntimeError:
-        raise ValueError(f"'{like}' is not a dispatcher op defined in this process") from None
-    signature = _definable_signature(str(schema))
+    _define(ns, op, fn, like, dispatch_key)
+    return name
+
+
+def _define(ns: str, op: str, fn: Callable, like: Optional[str] = None, dispatch_key: str = "CompositeExplicitAutograd",
+            *, signature: Optional[str] = None) -> None:
+    """Define ns::op (op may carry an overload: "name.qualify") with like's
+    schema, or with signature ("(Tensor x) -> Tensor"), implemented by fn."""
+    import torch
+
+    if signature is None:
+        qual, _, overload = like.partition(".")
+        try:
+            schema = torch._C._get_schema(qual, overload)
+        except RuntimeError:
+            raise ValueError(f"'{like}' is not a dispatcher op defined in this process") from None
+        signature = _definable_signature(str(schema))
     with _lock:
         lib = _libraries.get(ns)
         if lib is None:
             lib = _libraries[ns] = torch.library.Library(ns, "FRAGMENT")
         lib.define(op + signature)
         lib.impl(op, fn, dispatch_key)
-    return name
 
 
 def _definable_signature(schema_text: str) -> str:

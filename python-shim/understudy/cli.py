@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import Callable, NamedTuple
 
-from .tables import format_report, format_verdicts  # noqa: F401  (re-exported for callers of the CLI module)
+from .tables import ABOVE_ROOF_WORDS, format_report, format_verdicts, score  # noqa: F401  (format_*: re-exported)
 
 
 class Command(NamedTuple):
@@ -128,7 +128,9 @@ def _s_agg_text(tot: dict) -> str:
     """S_agg with the share of device time it covers, or why there is none."""
     if tot.get("S_agg") is None:
         return "none (no operator scored)"
-    return f"{tot['S_agg']:.4f} over {100 * tot.get('scored_share', 0):.1f} % of device time"
+    above = int(tot.get("above_roof") or 0)
+    return (f"{score(tot['S_agg'], '.4f')} over {100 * tot.get('scored_share', 0):.1f} % of device time"
+            + (f"; {above} shape key{'s' if above > 1 else ''} above the roof: {ABOVE_ROOF_WORDS}" if above else ""))
 
 
 # ---- calibrate ------------------------------------------------------------------------
@@ -136,7 +138,7 @@ def _s_agg_text(tot: dict) -> str:
 def _calibrate_args(p):
     p.add_argument("--out", required=True, help="the hardware profile to write (JSON), for \"hardware\": {\"dir\": ...}")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
+    p.add_argument("--quick", action="store_true", help="0.6 s of measuring a figure instead of 3 s")
 
 
 def _calibrate(args) -> int:
@@ -506,6 +508,74 @@ def _doctor(args) -> int:
     return 0
 
 
+# ---- candidate ------------------------------------------------------------------------
+
+def _candidate_args(p):
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION", help="add")
+    a = sub.add_parser("add", help="name an entry point in a file as an operator's candidate, pinned to its bytes",
+                       description="Load FILE::ENTRY in a process of its own, adapt it to the schema of --like, "
+                                   "and write the operator's candidate (the file, its entry, SHA-256 and target) "
+                                   "into --config, or print it. KernelBench's ModelNew and KernelAgent's "
+                                   "kernel_function are found without ::ENTRY.")
+    a.add_argument("ref", metavar="FILE::ENTRY", help="a Python file and its entry point (a function or a class)")
+    a.add_argument("--like", required=True, help="the op it stands in for (aten::silu, _C::rms_norm)")
+    a.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="a module to import first, which defines the --like op (vllm._C); repeatable")
+    a.add_argument("--schema", help="the --like op's schema, where it is not defined here "
+                                    "('_C::rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()')")
+    a.add_argument("--operator", help="the operator (default: the definition that binds --like)")
+    a.add_argument("--config", help="a JSON config file to write the candidate into (made when missing)")
+    a.add_argument("--mode", default="shadow", help="the operator's mode (default: shadow)")
+    a.add_argument("--sample", type=float, help="the operator's sample share")
+    a.add_argument("--arg", action="append", default=[], metavar="PARAM=ARG",
+                   help="map the entry's parameter PARAM to the op's argument ARG; repeatable")
+    a.add_argument("--style", choices=["value", "destination"], help="how the entry gives its results "
+                   "(default: destination when a parameter maps to an argument the op writes)")
+    a.add_argument("--init", help="a class entry's constructor arguments, as a JSON list or object")
+    a.add_argument("--qualify", choices=["process", "here"], default="process",
+                   help="process (default): it runs in a process of its own until a route qualified it")
+    a.add_argument("--qualify-calls", type=int, default=3, help="passing calls a route needs there (default 3)")
+
+
+def _candidate(args) -> int:
+    import importlib
+
+    from understudy import files
+
+    for m in args.imports:
+        try:
+            importlib.import_module(m)
+        except Exception as e:
+            return _fail(f"--import {m}: {type(e).__name__}: {e}")
+    mapping = {}
+    for item in args.arg:
+        p, sep, t = item.partition("=")
+        if not sep or not p or not t:
+            return _fail(f"--arg '{item}' must be PARAM=ARG")
+        mapping[p] = t
+    init = None
+    if args.init is not None:
+        try:
+            init = json.loads(args.init)
+        except ValueError as e:
+            return _fail(f"--init is not JSON: {e}")
+    try:
+        out = files.add(args.ref, like=args.like, schema=args.schema, config=args.config, operator=args.operator,
+                        mode=args.mode, sample=args.sample, args=mapping, style=args.style, init=init,
+                        qualify=args.qualify, qualify_calls=args.qualify_calls)
+    except ValueError as e:
+        return _fail(str(e))
+    chk = out["checked"]
+    if chk:
+        how = ", ".join(f"{p}->{t}" for p, t in chk.get("args", {}).items())
+        print(f"{args.ref}: {chk.get('form')} '{chk.get('entry')}', {chk.get('style')}-returning, {how}"
+              + (f"; ignores {', '.join(chk['ignores'])}" if chk.get("ignores") else ""), file=sys.stderr)
+    if args.config:
+        print(f"operators.{out['operator']}.candidate written to {args.config}", file=sys.stderr)
+    print(json.dumps({"operators": {out["operator"]: out["entry"]}}, indent=2))
+    return 0
+
+
 COMMANDS = [
     Command("report", "print a JSON report as tables: operators by weight, shape keys, verdicts",
             "understudy report understudy-report.json --shapes 20", _report_args, _report),
@@ -522,6 +592,9 @@ COMMANDS = [
     Command("run", "run a command with understudy enabled in its Python processes ($UNDERSTUDY_CONFIG)",
             "understudy run --config '{\"report\": {\"path\": \"r-{pid}.json\"}}' -- transformers serve MODEL",
             _run_args, _run),
+    Command("candidate", "add a candidate from a file (KernelBench ModelNew, KernelAgent kernel_function)",
+            "understudy candidate add kernels/rms.py::ModelNew --like _C::rms_norm --config understudy.json",
+            _candidate_args, _candidate),
     Command("doctor", "tell which Python interpreters on PATH would enable understudy, and why not",
             "understudy doctor transformers torchrun", _doctor_args, _doctor),
 ]

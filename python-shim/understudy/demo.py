@@ -263,7 +263,7 @@ def shadow_config(device: str, report_path: str) -> tuple[dict, list[str]]:
 
 def demo_hardware(device: str) -> tuple[dict | None, str | None]:
     """On a CPU no datasheet profile applies, so nothing would be scored: the
-    demo measures this host first (calibrate --quick, about two seconds) into
+    demo measures this host first (calibrate --quick, about 2.5 s) into
     a hardware directory beside the shipped profiles. Returns the config's
     "hardware" section (None on a GPU: its datasheet profile is shipped) and a
     line saying what was done."""

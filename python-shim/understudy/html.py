@@ -4,14 +4,20 @@ The page needs nothing but itself: styles and the roofline chart (SVG) are
 written inline, there is no script, font or image to fetch, and no link
 leaves the page. It shows
 
+- the candidates' headline (S over their own keys beside production's on the
+  same keys) and, where a key was measured above its roof, the flag;
 - the roofline: per shape key with a timed call and a floor, achieved FLOP/s
   (mean W over the median time) against arithmetic intensity (W/Q), on log
   axes, production and candidate, under the ceilings of the hardware profile
-  the key was scored against (the report's `hardware`);
-- operator weights and S, per phase;
+  the key was scored against (the report's `hardware`); the heaviest keys
+  named by their operator, every point named on hover (its SVG title), a
+  point above its roof ringed;
+- operator weights and S, per phase (an S above 1 marked);
 - every shape key, whole, with its latency quantiles (`-` where none of its
   calls was timed);
-- each candidate route: verdict counts, error statistics, its rollout
+- a summary per candidate (routes, verifications, rollbacks, the geometric
+  mean of its speedups, its worst errors, S against production's), then its
+  route cards folded under it: verdict counts, error statistics, its rollout
   timeline and, for a rollback, the evidence (the first mismatching index,
   max abs/rel and relative L2 error, non-finite counts).
 
@@ -25,12 +31,15 @@ import sys
 import tempfile
 from html import escape
 
-from .tables import DASH, REPORT_LEGEND, VERDICT_LEGEND, hidden_operators, rollback_line
+from .tables import (ABOVE_ROOF_WORDS, DASH, REPORT_LEGEND, VERDICT_LEGEND,
+                     above_roof_line, hidden_operators, rollback_line, score)
 
 # Operators' colours (Tableau 10): points of one operator share one.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
            "#393b79")  # Tableau's red left out: it marks rollbacks
 ROLLED_BACK = "#d62728"
+ABOVE_ROOF_COLOUR = "#e6550d"
+LABELS_AT_MOST = 12  # the heaviest points named on the chart; every point is named on hover
 MODE_COLOURS = {"off": "#bbbbbb", "observe": "#dddddd", "shadow": "#9ecae1", "canary": "#fdae6b", "live": "#74c476",
                 "rolled_back": "#fb6a4a", "mixed": "#cccccc"}
 
@@ -58,6 +67,14 @@ def _us(ns) -> str:
 
 def _f(v, fmt=".3f") -> str:
     return DASH if v is None else format(v, fmt)
+
+
+def _s(v) -> str:
+    """An S cell: marked, with the words on hover, when above 1 (above its roof)."""
+    if v is None or v <= 1:
+        return _f(v)
+    return (f'<span class="above-roof" title="above its roof (S &gt; 1): {escape(ABOVE_ROOF_WORDS)}">'
+            f'{escape(score(v))}</span>')
 
 
 def _key_html(key: str) -> str:
@@ -112,7 +129,8 @@ def chart_points(rep: dict, ops: list) -> tuple:
                 out[no_flops].append(s["key"])
             else:
                 base = {"key": s["key"], "op": o["name"], "colour": colour[o["name"]], "hardware": rf.get("hardware"),
-                        "intensity": rf["intensity"], "S": rf.get("S"), "mode": s.get("mode")}
+                        "intensity": rf["intensity"], "S": rf.get("S"), "mode": s.get("mode"),
+                        "weight": s.get("weight") or 0.0}
                 points.append(dict(base, series="production", flops_s=rf["achieved_flops_s"]))
                 if rf.get("candidate_achieved_flops_s"):
                     points.append(dict(base, series="candidate", flops_s=rf["candidate_achieved_flops_s"],
@@ -199,13 +217,35 @@ def roofline_svg(rep: dict, ops: list) -> tuple:
             x = X(pair["production"]["intensity"])
             e.append(f'<line class="pair" x1="{x:.2f}" y1="{Y(pair["production"]["flops_s"]):.2f}" x2="{x:.2f}" '
                      f'y2="{Y(pair["candidate"]["flops_s"]):.2f}" stroke="#aaaaaa" stroke-dasharray="2 2"/>')
+    # the heaviest keys named beside their points (drawn under every mark); a
+    # label that would overlap one already placed is left to the hover
+    placed = []
+    for p in sorted((p for p in points if p["series"] == "production"), key=lambda p: -p["weight"]):
+        if len(placed) >= LABELS_AT_MOST:
+            break
+        x, y = X(p["intensity"]), Y(p["flops_s"])
+        w = 6.5 * len(p["op"])
+        box = (x + 8, y - 14, x + 8 + w, y - 2) if x + 8 + w < PLOT["right"] else (x - 8 - w, y - 14, x - 8, y - 2)
+        if any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+            continue
+        placed.append(box)
+        e.append(f'<text class="label" data-key="{escape(p["key"])}" x="{box[0]:.2f}" y="{box[3] - 2:.2f}" '
+                 f'font-size="11" fill="{p["colour"]}">{escape(p["op"])}</text>')
+    for p in points:  # a point above its roof: a ring, and the words on hover
+        if p["S"] is not None and p["S"] > 1:
+            e.append(f'<circle class="above-roof-ring" data-key="{escape(p["key"])}" data-series="{p["series"]}" '
+                     f'cx="{X(p["intensity"]):.2f}" cy="{Y(p["flops_s"]):.2f}" r="9" fill="none" '
+                     f'stroke="{ABOVE_ROOF_COLOUR}" stroke-width="1.5" stroke-dasharray="3 2"/>')
     for p in sorted(points, key=lambda p: p["series"] != "candidate"):  # production drawn last, on top
         x, y = X(p["intensity"]), Y(p["flops_s"])
-        tip = (f'{p["key"]}\n{p["series"]}{" (" + p["candidate"] + ")" if p.get("candidate") else ""}: '
-               f'{_si(p["flops_s"], "FLOP/s")} at {p["intensity"]:.3g} FLOP/B, S {_f(p["S"])}'
-               f'{", rolled back" if p.get("rolled_back") else ""}')
+        above = p["S"] is not None and p["S"] > 1
+        tip = (f'{p["op"]}: {p["key"]}\n{p["series"]}{" (" + p["candidate"] + ")" if p.get("candidate") else ""}: '
+               f'{_si(p["flops_s"], "FLOP/s")} at {p["intensity"]:.3g} FLOP/B, S {score(p["S"])}'
+               f'{", rolled back" if p.get("rolled_back") else ""}'
+               f'{"; above its roof (S > 1): " + ABOVE_ROOF_WORDS if above else ""}')
         attrs = (f'class="point {p["series"]}" data-key="{escape(p["key"])}" data-op="{escape(p["op"])}" '
-                 f'data-series="{p["series"]}" data-intensity="{p["intensity"]!r}" data-flops-s="{p["flops_s"]!r}"')
+                 f'data-series="{p["series"]}" data-intensity="{p["intensity"]!r}" data-flops-s="{p["flops_s"]!r}"'
+                 + (' data-above-roof="1"' if above else ""))
         if p["series"] == "production":
             e.append(f'<circle {attrs} cx="{x:.2f}" cy="{y:.2f}" r="5" fill="{p["colour"]}" stroke="#ffffff" '
                      f'stroke-width="1"><title>{escape(tip)}</title></circle>')
@@ -231,6 +271,9 @@ def chart_legend(ops: list, rep: dict) -> str:
     marks = ('<span class="mk">&#9679;</span> production (its median) &nbsp; '
              '<span class="mk">&#9671;</span> candidate (its median over verified calls) &nbsp; '
              f'<span class="mk" style="color:{ROLLED_BACK}">&#10005;</span> candidate, rolled back &nbsp; '
+             f'<span class="mk" style="color:{ABOVE_ROOF_COLOUR}">&#9711;</span> above its roof (S &gt; 1): '
+             f'{escape(ABOVE_ROOF_WORDS)} &nbsp; '
+             'the heaviest keys are named beside their points, every point on hover &nbsp; '
              'solid lines: the profile&#8217;s roofs (memory bandwidth &#215; intensity, and each path&#8217;s peak); '
              'a key&#8217;s S is the factor by which it lies below its dtype&#8217;s roof at its intensity')
     return f'<p class="legend">{" &nbsp; ".join(shown)}</p><p class="legend">{marks}</p>'
@@ -258,19 +301,21 @@ def operators_table(rep: dict, ops: list) -> str:
         cells = [f'<td class="name">{escape(o["name"])}</td>', f'<td>{escape(o["mode"])}</td>',
                  f'<td class="n">{int(o["calls"])}</td>', f'<td class="n">{int(o.get("timed", 0))}</td>',
                  f'<td class="n">{_weight_bar(o["weight"]) if o.get("timed") else DASH}</td>',
-                 f'<td class="n">{_f(roof["S"]) if roof.get("scored_shapes") else DASH}</td>',
-                 f'<td class="n">{_f(roof.get("S_candidate")) if "coverage" in roof and roof["coverage"] else DASH}'
+                 f'<td class="n">{_s(roof["S"]) if roof.get("scored_shapes") else DASH}</td>',
+                 f'<td class="n">{_s(roof.get("S_candidate")) if "coverage" in roof and roof["coverage"] else DASH}'
                  f'</td>']
         for p in phases:
             ph = o.get("phases", {}).get(p)
             cells.append(f'<td class="n">{_f(ph["weight"]) if ph and ph.get("est_device_time_ns") else DASH}</td>')
-            cells.append(f'<td class="n">{_f(ph["S"]) if ph and p in scored_in else DASH}</td>')
+            cells.append(f'<td class="n">{_s(ph["S"]) if ph and p in scored_in else DASH}</td>')
         rows.append(f'<tr data-op="{escape(o["name"])}">{"".join(cells)}</tr>')
     tp = rep.get("totals", {}).get("phases", {})
     foot = ('<tr class="total"><td>S_agg</td><td></td><td></td><td></td><td></td>'
-            f'<td class="n">{_f(rep.get("totals", {}).get("S_agg"))}</td>'
-            f'<td class="n">{_f(rep.get("totals", {}).get("S_agg_candidate"))}</td>'
-            + "".join(f'<td></td><td class="n">{_f(tp[p].get("S_agg"))}</td>' for p in phases) + "</tr>")
+            f'<td class="n">{_s(rep.get("totals", {}).get("S_agg"))}</td>'
+            # not S_agg_candidate: it counts 0 for every operator without a
+            # candidate; the headline above the page compares the arms
+            '<td></td>'
+            + "".join(f'<td></td><td class="n">{_s(tp[p].get("S_agg"))}</td>' for p in phases) + "</tr>")
     return f'<table class="ops">{head}{"".join(rows)}{foot}</table>'
 
 
@@ -295,7 +340,7 @@ def shapes_table(ops: list) -> str:
                 f'<td class="n">{int(s["calls"])}</td><td class="n">{int(s.get("timed", 0))}</td>'
                 f'<td class="n">{int(s.get("captured", 0))}</td>'
                 + "".join(f'<td class="n q">{v}</td>' for v in q)
-                + f'<td class="n">{_f(s["weight"]) if timed else DASH}</td><td class="n">{_f(rf.get("S"))}</td>'
+                + f'<td class="n">{_f(s["weight"]) if timed else DASH}</td><td class="n">{_s(rf.get("S"))}</td>'
                 f'<td class="n">{_f(rf.get("intensity"), ".3g")}</td>'
                 f'<td class="n">{_si(rf.get("achieved_flops_s"), "FLOP/s")}</td></tr>')
     return f'<table class="shapes">{head}{"".join(rows)}</table>'
@@ -380,10 +425,95 @@ def evidence_html(ev: dict) -> str:
     return _dl(pairs)
 
 
-def routes_html(rep: dict, ops: list) -> str:
+def candidate_summaries(ops: list) -> list:
+    """Per operator with a candidate route, the candidate's figures over its
+    routes (shape keys with a shadow): routes, verifications passed and
+    failed, routes rolled back, the geometric mean of the routes' speedups
+    (production p50 / candidate p50, over the routes that have one), the
+    worst errors of its verifications (the passing ones' max abs and rel
+    errors, and a rollback's failing one), and the candidates' headline S
+    beside production's on the same keys (the report's
+    roofline.candidate_routes)."""
     out = []
     for o in ops:
+        shadows = [(s, s["shadow"]) for s in o.get("shapes", []) if s.get("shadow") is not None]
+        if not shadows:
+            continue
+        speedups = [sh["speedup"] for _, sh in shadows if sh.get("speedup")]
+        abs_errs = [sh.get("max_abs_err") or 0.0 for _, sh in shadows]
+        rel_errs = [sh.get("max_rel_err") or 0.0 for _, sh in shadows]
+        for _, sh in shadows:
+            ev = sh.get("rollback") or {}
+            if "max_abs_err" in ev:
+                abs_errs.append(ev["max_abs_err"])
+                rel_errs.append(ev["max_rel_err"])
         cand = o.get("candidate") or {}
+        cr = (o.get("roofline") or {}).get("candidate_routes") or {}
+        out.append({"operator": o["name"], "candidate": cand.get("name", "?"), "kind": cand.get("kind", "?"),
+                    "routes": len(shadows),
+                    "verified": sum(int(sh["verified"]) for _, sh in shadows),
+                    "passed": sum(int(sh["passed"]) for _, sh in shadows),
+                    "failed": sum(int(sh["failed"]) for _, sh in shadows),
+                    "rolled_back": sum(1 for s, sh in shadows if sh.get("rollback") or s.get("mode") == "rolled_back"),
+                    "speedup_routes": len(speedups),
+                    "speedup_geomean": math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None,
+                    "worst_abs_err": max(abs_errs), "worst_rel_err": max(rel_errs),
+                    "S_candidate": cr.get("S_candidate"), "S_production": cr.get("S_production"),
+                    "scored_routes": int(cr.get("routes") or 0), "device_share": cr.get("device_share")})
+    return out
+
+
+SUMMARY_LEGEND = (
+    ("routes", "shape keys where the candidate ran beside production"),
+    ("pass / fail", "verifications (outputs compared) that passed and failed, over its routes"),
+    ("rolled back", "routes rolled back to production"),
+    ("speedup (geomean)", "geometric mean over its routes of production's median latency / the candidate's"),
+    ("worst abs / rel error", "the largest max abs and max rel error of its verifications: the passing ones, "
+                              "and the failing one of each rollback"),
+    ("S candidate / S production", "S over the candidate's scored shape keys, and production's S over the same "
+                                   "keys, each weighted by the keys' device time"),
+    ("time share", "those keys' share of the estimated device time"),
+)
+
+
+def summary_html(ops: list) -> str:
+    """The per-candidate summary table."""
+    rows = []
+    for c in candidate_summaries(ops):
+        cells = [("candidate", f'{escape(c["candidate"])} <span class="kind">({escape(c["kind"])})</span>'),
+                 ("operator", escape(c["operator"])), ("routes", str(c["routes"])), ("passed", str(c["passed"])),
+                 ("failed", str(c["failed"])), ("rolled_back", str(c["rolled_back"])),
+                 ("speedup_geomean", f'{c["speedup_geomean"]:.3f}x' if c["speedup_geomean"] is not None else DASH),
+                 ("worst_abs_err", f'{c["worst_abs_err"]:.3g}'), ("worst_rel_err", f'{c["worst_rel_err"]:.3g}'),
+                 ("S_candidate", _s(c["S_candidate"])), ("S_production", _s(c["S_production"])),
+                 ("device_share", f'{100 * c["device_share"]:.1f} %' if c["scored_routes"] else DASH)]
+        rows.append(f'<tr class="candidate" data-candidate="{escape(c["candidate"])}" '
+                    f'data-op="{escape(c["operator"])}">'
+                    + "".join(f'<td class="{"name" if k in ("candidate", "operator") else "n"}" data-field="{k}">{v}'
+                              f'</td>' for k, v in cells) + "</tr>")
+    if not rows:
+        return ""
+    head = ("<tr><th>candidate</th><th>operator</th><th>routes</th><th>pass</th><th>fail</th><th>rolled back</th>"
+            "<th>speedup (geomean)</th><th>worst abs error</th><th>worst rel error</th><th>S candidate</th>"
+            "<th>S production</th><th>time share</th></tr>")
+    return f'<table class="candidates">{head}{"".join(rows)}</table>' + _legend_html(SUMMARY_LEGEND)
+
+
+def routes_html(rep: dict, ops: list) -> str:
+    """Each candidate route's card, folded by candidate (a candidate with a
+    rollback unfolded: its evidence is what a kernel author needs first)."""
+    out = []
+    summaries = {c["operator"]: c for c in candidate_summaries(ops)}
+    for o in ops:
+        cand = o.get("candidate") or {}
+        c = summaries.get(o["name"])
+        if c is None:
+            continue
+        out.append(f'<details class="candidate" data-candidate="{escape(c["candidate"])}" '
+                   f'data-op="{escape(o["name"])}"{" open" if c["rolled_back"] else ""}><summary>'
+                   f'{escape(c["candidate"])} for {escape(o["name"])}: {c["routes"]} route'
+                   f'{"s" if c["routes"] > 1 else ""}, {c["passed"]} verifications passed, {c["failed"]} failed'
+                   + (f', {c["rolled_back"]} rolled back' if c["rolled_back"] else "") + "</summary>")
         for s in o.get("shapes", []):
             sh = s.get("shadow")
             if sh is None:
@@ -437,6 +567,7 @@ def routes_html(rep: dict, ops: list) -> str:
             if ev:
                 out.append(f'<h4>rollback evidence: {escape(rollback_line(ev))}</h4>{evidence_html(ev)}')
             out.append("</section>")
+        out.append("</details>")
     return "\n".join(out) or "<p>No route ran a candidate.</p>"
 
 
@@ -463,7 +594,34 @@ dt { color: #555; } dd { margin: 0; } dl.legend { font-size: 12px; }
 section.route { border: 1px solid #ddd; border-left: 4px solid #74c476; padding: 6px 12px; margin: 10px 0; }
 section.route.rolled-back { border-left-color: #d62728; } .verdict { font-weight: 400; color: #555; }
 p.empty { color: #a60; } details summary { cursor: pointer; color: #555; font-size: 13px; }
+.above-roof { color: #e6550d; font-weight: 600; } p.headline { margin: 4px 0; }
+details.candidate { margin: 8px 0; } details.candidate > summary { font-size: 14px; color: #222; }
+span.kind { color: #777; } table.candidates th { white-space: normal; }
+table.candidates td[data-field="candidate"] { overflow-wrap: anywhere; }
 """
+
+
+def headline_html(rep: dict) -> str:
+    """The candidates against production where both ran (the report's
+    totals.candidate_routes), or nothing when no operator has a candidate."""
+    c = rep.get("totals", {}).get("candidate_routes")
+    if not c:
+        return ""
+    if not c.get("routes"):
+        return '<p class="headline">candidates: no shape key with a verified, scored candidate yet</p>'
+    return (f'<p class="headline">candidates on their own routes: S <b data-field="S_candidate">'
+            f'{_s(c["S_candidate"])}</b> against production&#8217;s <b data-field="S_production">'
+            f'{_s(c["S_production"])}</b> on the same {int(c["routes"])} shape key{"s" if c["routes"] > 1 else ""} '
+            f'({100 * c["device_share"]:.1f} % of the device time)</p>')
+
+
+def above_roof_html(rep: dict) -> str:
+    """The report's above-roof flag as a line of its own, or nothing."""
+    line = above_roof_line(rep)
+    if not line:
+        return ""
+    return (f'<p class="above-roof-flag" data-count="{int(rep["totals"]["above_roof"])}">'
+            f'<span class="above-roof">{escape(line)}</span></p>')
 
 
 def render(rep: dict, *, all_operators: bool = False, title: str = None) -> str:
@@ -481,7 +639,7 @@ def render(rep: dict, *, all_operators: bool = False, title: str = None) -> str:
     figures = [("calls", int(tot.get("calls", 0))), ("timed", int(tot.get("timed", 0))),
                ("captured", int(tot.get("captured", 0))), ("shape keys", int(tot.get("routes", 0))),
                ("device time", f'{tot.get("est_device_time_ns", 0) / 1e6:.3f} ms'),
-               ("S_agg", _f(tot.get("S_agg"))), ("S_agg candidates", _f(tot.get("S_agg_candidate"))),
+               ("S_agg", score(tot.get("S_agg"))),
                ("verified", int(tot.get("verified", 0))), ("failed", int(tot.get("failed", 0))),
                ("rollbacks", int(tot.get("rollbacks", 0))), ("internal errors", int(tot.get("internal_errors", 0)))]
     hw = ", ".join(escape(h["name"]) for h in rep.get("hardware", [])) or "none"
@@ -495,7 +653,7 @@ def render(rep: dict, *, all_operators: bool = False, title: str = None) -> str:
         + (f', merged from {int(rep["merged_from"])} reports' if rep.get("merged_from") else "")
         + f'; hardware profiles: {hw}</p>',
         '<p class="figures">' + "".join(f"<span>{escape(k)} <b>{escape(str(v))}</b></span>" for k, v in figures)
-        + "</p>",
+        + "</p>", headline_html(rep), above_roof_html(rep),
         "<h2>Roofline</h2>", chart, chart_legend(ops, rep) if "<svg" in chart else "",
         f'<p class="legend">{escape(chart_note)}</p>' if chart_note else "",
         "<h2>Operators: weight and S, per phase</h2>", operators_table(rep, ops),
@@ -506,7 +664,8 @@ def render(rep: dict, *, all_operators: bool = False, title: str = None) -> str:
     if hidden:
         parts.append(f'<details class="hidden-ops"><summary>{len(hidden)} operators without calls not shown '
                      f'(understudy html --all shows them)</summary><p>{escape(", ".join(hidden))}</p></details>')
-    parts += ["<h2>Candidates: verdicts and rollouts</h2>", routes_html(rep, ops), _legend_html(VERDICT_LEGEND)]
+    parts += ["<h2>Candidates: verdicts and rollouts</h2>", summary_html(ops), routes_html(rep, ops),
+              _legend_html(VERDICT_LEGEND)]
     parts += ["<h2>Shape keys</h2>", shapes_table(ops), _legend_html(REPORT_LEGEND + (
         ("W/Q", "arithmetic intensity: FLOPs per byte moved, as the operator's definition counts them"),
         ("achieved", "mean W over the median time")))]

@@ -287,6 +287,9 @@ def _figure_families(doc: dict, fams: _Families):
                         ["operator"])
     cover = fams.gauge("understudy_operator_candidate_coverage_ratio",
                        "shape keys with a verified candidate / shape keys seen", ["operator"])
+    above = fams.gauge("understudy_operator_above_roof_keys",
+                       "shape keys measured faster than their roofline floor (S > 1, production or candidate): "
+                       "profile below achieved, recalibrate", ["operator"])
     untracked = fams.counter("understudy_untracked_calls_total", "calls beyond max_routes (served, not keyed)",
                              ["operator"])
     tallied = fams.counter("understudy_tallied_calls_total",
@@ -309,9 +312,11 @@ def _figure_families(doc: dict, fams: _Families):
             fams.add(cratio, [op], o["S_candidate"])
         if o.get("coverage") is not None:
             fams.add(cover, [op], o["coverage"])
+        if o.get("above_roof") is not None:  # the library gives it where a key was scored
+            fams.add(above, [op], float(o["above_roof"]))
         fams.add(untracked, [op], float(o.get("untracked", 0)))
         fams.add(tallied, [op], float(o.get("tallied", 0)))
-    yield from (m for m in (routes, graphs, share, ratio, cratio, cover, untracked, tallied) if m.samples)
+    yield from (m for m in (routes, graphs, share, ratio, cratio, cover, above, untracked, tallied) if m.samples)
     tot = doc.get("totals") or {}
     ierr = fams.counter("understudy_internal_errors_total", "understudy's own failures (production served each call)")
     fams.add(ierr, [], float(tot.get("internal_errors", 0)))
@@ -322,6 +327,20 @@ def _figure_families(doc: dict, fams: _Families):
     fams.add(scored, [], float(tot.get("scored_share") or 0.0))
     yield scored
     yield from _timer_families(doc.get("timer") or {}, fams)
+    # the candidates against production where both ran: the same shape
+    # keys, each weighted by its device time
+    cr = tot.get("candidate_routes") or {}
+    for key, name, help_ in (
+            ("S_candidate", "understudy_candidate_routes_roofline_ratio",
+             "S of the candidates over their own scored shape keys, weighted by device time"),
+            ("S_production", "understudy_candidate_routes_production_roofline_ratio",
+             "production's S over the candidates' scored shape keys, weighted by device time"),
+            ("device_share", "understudy_candidate_routes_device_time_ratio",
+             "the share of the estimated device time in the candidates' scored shape keys")):
+        if cr.get(key) is not None:
+            g = fams.gauge(name, help_)
+            fams.add(g, [], float(cr[key]))
+            yield g
     # S_agg over all phases is a family of its own, without a phase label:
     # the per-phase family has no "all" series repeating the others.
     for key, name, help_ in (("S_agg", "understudy_aggregate_roofline_ratio",
@@ -340,6 +359,22 @@ def _figure_families(doc: dict, fams: _Families):
         if g.samples:
             yield g
     yield from _windowed_families(doc, fams)
+    yield from _candidate_families(doc, fams)
+
+
+def _candidate_families(doc: dict, fams: _Families):
+    """Which implementation serves: each operator's candidate by its
+    source (value 1), and its routes by who serves them now."""
+    info = fams.gauge("understudy_candidate_info", "an operator's candidate: its name and where it comes from, the "
+                      "label the report names it by (value 1)", ["operator", "candidate", "kind", "source"])
+    serving = fams.gauge("understudy_routes_serving", "routes of an operator with a candidate by the implementation "
+                         "that serves them now: production, candidate or both (canary)", ["operator", "implementation"])
+    for c in doc.get("candidates", ()):
+        fams.add(info, [c["operator"], str(c.get("candidate", "")), str(c.get("kind", "")), str(c.get("source", ""))],
+                 1)
+        for impl in ("production", "candidate", "both"):
+            fams.add(serving, [c["operator"], impl], float((c.get("serving") or {}).get(impl, 0)))
+    yield from (m for m in (info, serving) if m.samples)
 
 
 def _timer_families(tm: dict, fams: _Families):

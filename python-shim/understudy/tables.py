@@ -12,6 +12,13 @@ NO_SCORE_HINT = ("no hardware profile matches the device (a CPU has none shipped
 
 DASH = "-"
 
+# A score above 1 means a call ran faster than the floor the hardware
+# profile allows: the profile is below what the device achieved. Such a
+# score is printed with this mark, never bare.
+ABOVE_ROOF = "!"
+ABOVE_ROOF_WORDS = "profile below achieved — recalibrate"
+RECALIBRATE_HINT = "python -m understudy calibrate --out DIR/NAME.json, then \"hardware\": {\"dir\": DIR}"
+
 REPORT_LEGEND = (
     ("mode", "what the operator's routes do (off, observe, shadow, canary, live, rolled_back)"),
     ("calls", "calls seen (past a thread's warm-up, 1 in key_every keyed stands for key_every: an estimate)"),
@@ -19,6 +26,7 @@ REPORT_LEGEND = (
     ("p50/p90/p99 us", "production's latency over the timed calls, microseconds"),
     ("weight", "share of the estimated device time"),
     ("S", "roofline floor T_SOL / median time; 1 is the hardware's floor"),
+    (ABOVE_ROOF, f"after S: measured above its roof (S > 1): {ABOVE_ROOF_WORDS}"),
     (DASH, "not measured: none of the key's calls was timed (its first 3 and a sample after are by default; "
             "sample 0, or calls made during capture, time none), "
            "or no floor (no hardware profile, or a dtype without a peak)"),
@@ -64,8 +72,44 @@ def _us(ns) -> str:
     return f"{ns / 1000.0:.1f}"
 
 
-def _num(v, fmt: str) -> str:
-    return DASH if v is None else format(v, fmt)
+def score(v, fmt: str = ".3f") -> str:
+    """An S: '-' when null, marked when above 1 (above its roof)."""
+    return DASH if v is None else format(v, fmt) + (ABOVE_ROOF if v > 1 else "")
+
+
+def above_roof_line(rep: dict):
+    """The report's flag in one line, or None: how many shape keys were
+    measured above their roof (production or candidate)."""
+    n = int((rep.get("totals") or {}).get("above_roof") or 0)
+    if not n:
+        return None
+    return (f"{ABOVE_ROOF} {n} shape key{'s' if n > 1 else ''} measured above {'their' if n > 1 else 'its'} roof "
+            f"(S > 1): {ABOVE_ROOF_WORDS}: the hardware profile is below what the device achieved "
+            f"({RECALIBRATE_HINT})")
+
+
+def candidate_headline(rep: dict) -> list:
+    """The candidates against production where both ran: S of the
+    candidates over their own scored shape keys beside production's S over
+    the same keys (each weighted by the keys' device time), overall and per
+    operator with a candidate. [] when no operator has one."""
+    tot = (rep.get("totals") or {}).get("candidate_routes")
+    if not tot:
+        return []
+
+    def one(c):
+        if not c.get("routes"):
+            return "no shape key with a verified, scored candidate yet"
+        n = int(c["routes"])
+        return (f"S {score(c['S_candidate'])} against production's {score(c['S_production'])} on the same "
+                f"{n} shape key{'s' if n > 1 else ''} ({100 * c['device_share']:.1f} % of device time)")
+
+    lines = [f"candidates on their own routes: {one(tot)}"]
+    per_op = [o for o in rep.get("operators", []) if (o.get("roofline") or {}).get("candidate_routes")]
+    if len(per_op) > 1:
+        lines += [f"  {o['name']} ({(o.get('candidate') or {}).get('name', '?')}): "
+                  f"{one(o['roofline']['candidate_routes'])}" for o in per_op]
+    return lines
 
 
 def hidden_operators(rep: dict) -> list:
@@ -91,12 +135,14 @@ def format_report(rep: dict, *, max_shapes: int = 8, all_operators: bool = False
     if tot.get("S_agg") is not None:
         cov = [f"{o['name']} {o['roofline']['coverage']:.2f}" for o in rep.get("operators", [])
                if "coverage" in o.get("roofline", {})]
-        cand = tot.get("S_agg_candidate")
-        lines.append(f"roofline: S_agg production {tot['S_agg']:.3f}, candidates "
-                     f"{'-' if cand is None else format(cand, '.3f')} over the scored "
+        lines.append(f"roofline: S_agg production {score(tot['S_agg'])} over the scored "
                      f"{100 * tot.get('scored_share', 0):.1f} % of device time "
                      f"(S = T_SOL / median time; 1 is the hardware's floor)"
                      + (f"; candidate coverage: {', '.join(cov)}" if cov else ""))
+        lines += candidate_headline(rep)
+        flag = above_roof_line(rep)
+        if flag:
+            lines.append(flag)
     elif tot.get("calls"):
         lines.append("roofline: nothing scored (S_agg null): " + NO_SCORE_HINT)
     hidden = [] if all_operators else hidden_operators(rep)
@@ -110,7 +156,7 @@ def format_report(rep: dict, *, max_shapes: int = 8, all_operators: bool = False
         roof = op.get("roofline", {})
         rows.append((op["name"], op["mode"], str(int(op["calls"])), str(int(op["captured"])), "", "", "",
                      f"{op['weight']:.3f}" if op.get("timed") else DASH,
-                     f"{roof['S']:.3f}" if roof.get("scored_shapes") else DASH))
+                     score(roof["S"]) if roof.get("scored_shapes") else DASH))
         shapes = sorted(op.get("shapes", []), key=lambda s: (-s.get("weight", 0), -s.get("calls", 0), s["key"]))
         for s in shapes[:max_shapes]:
             lat = s["latency_ns"]
@@ -118,7 +164,7 @@ def format_report(rep: dict, *, max_shapes: int = 8, all_operators: bool = False
             rows.append(("  " + s["key"], "", str(int(s["calls"])), str(int(s["captured"])),
                          *(_us(lat[q]) if timed else DASH for q in ("p50", "p90", "p99")),
                          f"{s['weight']:.3f}" if timed else DASH,
-                         _num(s.get("roofline", {}).get("S"), ".3f")))
+                         score(s.get("roofline", {}).get("S"))))
         if len(shapes) > max_shapes:
             rows.append((f"  ... {len(shapes) - max_shapes} more shape keys (--shapes N shows more)",) + ("",) * 8)
     head = ("operator / shape key", "mode", "calls", "capt", "p50 us", "p90 us", "p99 us", "weight", "S")
@@ -181,7 +227,8 @@ def format_verdicts(rep: dict, *, legend: bool = True) -> str:
         return " ".join([f"{r[0]:<{widths[0]}}", f"{r[1]:<{widths[1]}}"]
                         + [f"{c:>{w}}" for c, w in zip(r[2:], widths[2:])]).rstrip()
 
-    lines = [line(head), "-" * len(line(head))]
+    lines = candidate_headline(rep)
+    lines += ([""] if lines else []) + [line(head), "-" * len(line(head))]
     for (op, s), r in zip(pairs, rows):
         lines.append(line(r))
         ev = s["shadow"].get("rollback")

@@ -277,7 +277,7 @@ static cJSON *table_context(const ust__config_field *f) {
       table_put(root, "operators.gemm.candidate.native", cJSON_CreateString("/tmp/ust-table-example.so"));
       table_put(root, "operators.gemm.candidate.sha256", cJSON_CreateString(TABLE_SHA));
     }
-    if (strcmp(f->name, "qualify_calls") == 0)
+    if (strncmp(f->name, "qualify_", 8) == 0) /* qualify_calls, _memory_mb, _cpu_s: with "process" alone */
       table_put(root, "operators.gemm.candidate.qualify", cJSON_CreateString("process"));
   }
   if (in_op && strstr(f->section, ".routes") != NULL)

@@ -51,6 +51,18 @@ static int confined(int c) {
       break;
     }
 #endif
+    case 12: /* leaving its process group: a new session, or another group */
+      r = setsid() == -1 && errno == EPERM && setpgid(0, 0) == -1 && errno == EPERM && getpgrp() == getpid() ? 0 : 1;
+      if (r == 0) {
+        const pid_t kid = fork(); /* and so for what it forks */
+        if (kid == 0)
+          _exit(setsid() == -1 && errno == EPERM && setpgid(0, 0) == -1 && errno == EPERM ? 0 : 1);
+        int kst = 1;
+        while (kid > 0 && waitpid(kid, &kst, 0) < 0 && errno == EINTR) {
+        }
+        r = kid > 0 && WIFEXITED(kst) && WEXITSTATUS(kst) == 0 ? 0 : 1;
+      }
+      break;
     default: r = 0;
     }
     _exit(r == 0 ? 0 : 1);
@@ -76,6 +88,7 @@ TEST(qualifying_process_confinement_kills_signals_to_others) {
   for (int c = 5; c <= 9; c++)
     ASSERT_INT_EQ(confined(c), -SIGSYS);
   ASSERT_INT_EQ(confined(10), REFUSED); /* ptrace fails */
+  ASSERT_INT_EQ(confined(12), 0);       /* setsid and setpgid fail, in it and in what it forks */
 #if defined(__x86_64__)
   ASSERT_INT_EQ(confined(11), -SIGSYS); /* another numbering */
 #endif

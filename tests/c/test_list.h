@@ -136,4 +136,7 @@
   X(a_captured_shadow_goes_beside_the_chain_within_its_bound) \
   X(report_derive_from_additive_figures) \
   X(state_file_is_never_written_larger_than_enable_reads) \
-  X(control_plane_stress)
+  X(control_plane_stress) \
+  X(flight_sweeps_a_call_at_its_deadline_and_holds_its_route_until_it_leaves) \
+  X(flight_bound_grows_with_calls_returned_in_time_and_restarts_after_a_sweep) \
+  X(flight_table_full_serves_production_and_says_so)

@@ -10,6 +10,16 @@
  *                        every descriptor (its id appended to
  *                        $UST_TEST_FORKED_LOG), then crashes
  *   UST_TEST_CRASH_ON_LOAD  its constructor does the same
+ *   UST_TEST_SETSID_FORK_AT=N  forks a process that tries to leave the
+ *                        qualifying process's group (setsid, else setpgid),
+ *                        appends "PID SETSID_RESULT ERRNO" to
+ *                        $UST_TEST_FORKED_LOG and sleeps a minute; the call
+ *                        itself is correct
+ *   UST_TEST_STDOUT_MB=N every call writes N MiB to its standard output (a
+ *                        marker, then filler), then is correct
+ *   UST_TEST_LEAK_MB=N   every call takes N MiB more, never freed, and
+ *                        writes each page of it without checking that the
+ *                        allocation succeeded
  *   UST_TEST_PROMOTES_ITSELF  every call asks the loaded understudy
  *                        ($UNDERSTUDY_LIB, dlopen RTLD_NOLOAD) to put aten::silu's
  *                        operator live, and to read its report, then returns
@@ -20,7 +30,9 @@
 /* kill and getppid are POSIX */
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
+#include <string.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -75,6 +87,42 @@ static int run(void *ctx, const ust_candidate_call *call, char *msg, size_t cap)
       fclose(f);
     }
     *(volatile int *)nowhere = n;
+  }
+#endif
+#ifdef UST_TEST_SETSID_FORK_AT
+  if (n == UST_TEST_SETSID_FORK_AT) {
+    const pid_t kid = fork();
+    if (kid == 0) {
+      int r = (int)setsid();
+      const int err = r == -1 ? errno : 0;
+      if (r == -1)
+        r = setpgid(0, 0);
+      const char *path = getenv("UST_TEST_FORKED_LOG");
+      FILE *f = path != NULL ? fopen(path, "a") : NULL;
+      if (f != NULL) {
+        fprintf(f, "%ld %d %d\n", (long)getpid(), r, err);
+        fclose(f);
+      }
+      sleep(60);
+      _exit(0);
+    }
+  }
+#endif
+#ifdef UST_TEST_STDOUT_MB
+  {
+    static char filler[1 << 16];
+    memset(filler, 'x', sizeof filler);
+    const char marker[] = "UST_TEST_STDOUT_MARKER\n";
+    ssize_t w = write(1, marker, sizeof marker - 1);
+    for (long left = (long)UST_TEST_STDOUT_MB << 20; left > 0 && w >= 0; left -= (long)sizeof filler)
+      w = write(1, filler, sizeof filler);
+  }
+#endif
+#ifdef UST_TEST_LEAK_MB
+  {
+    volatile char *leak = malloc((size_t)UST_TEST_LEAK_MB << 20); /* never freed, never checked */
+    for (size_t k = 0; k < ((size_t)UST_TEST_LEAK_MB << 20); k += 4096)
+      leak[k] = 1;
   }
 #endif
 #ifdef UST_TEST_PROMOTES_ITSELF

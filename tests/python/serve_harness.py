@@ -455,11 +455,13 @@ def check_report(rep, responses, *, layers, vocab_size, continuous_batching, sil
     total = sum(tokens)
     by_op = report_ops(rep)
     lm_calls = lm_lo = lm_hi = 0
+    lm_phases = Counter()  # the LM head's calls (one a forward) by the phase understudy read from transformers
     for o in rep["operators"]:
         for s in o["shapes"]:
             if s["op"] == "aten::mm" and int(s["dims"].get("N", -1)) == vocab_size:
                 m, c = int(s["dims"]["M"]), int(s["calls"])
                 lm_calls, lm_lo, lm_hi = lm_calls + c, lm_lo + c * _lower(m), lm_hi + c * m
+                lm_phases[s.get("phase", "unknown")] += c
     steps = lm_calls
     mm = by_op.get("aten::mm", {"calls": 0})["calls"]
     silu = by_op.get("aten::silu", {"calls": 0, "shadow": Counter()})
@@ -472,12 +474,23 @@ def check_report(rep, responses, *, layers, vocab_size, continuous_batching, sil
         if not ok:
             problems.append(what)
 
+    figures["phases"] = dict(lm_phases)
+    unknown = sorted({s["key"] for o in rep["operators"] for s in o["shapes"] if s.get("phase", "unknown") == "unknown"})
+    want(not unknown, f"keys without a phase (transformers' prefill and decode not read): {unknown[:4]}")
     if continuous_batching:
         want(max(tokens) <= steps <= total, f"steps (LM-head calls) {steps} outside [{max(tokens)}, {total}]")
         want(lm_lo <= total <= lm_hi, f"LM-head rows in [{lm_lo}, {lm_hi}] do not hold the {total} tokens")
         want(steps < total, f"{steps} steps for {total} tokens: no two requests were batched")
+        # a step holding a prompt is prefill: at least one, at most one per request (short prompts, one
+        # step each); the steps of one new token per request are decode
+        want(1 <= lm_phases["prefill"] <= len(responses) and lm_phases["decode"] >= 1,
+             f"steps by phase {dict(lm_phases)} for {len(responses)} requests")
     else:
         want(steps == total and lm_hi == total, f"LM-head calls {steps} (rows up to {lm_hi}) != {total} tokens")
+        # one generate() per request: its first token from the prefill, every other from a decode step
+        answered = sum(1 for t in tokens if t)
+        want(dict(lm_phases) == {"prefill": answered, "decode": total - answered},
+             f"forwards by phase {dict(lm_phases)} != prefill {answered}, decode {total - answered}")
     want(silu["calls"] == layers * steps, f"aten::silu calls {silu['calls']} != {layers} layers x {steps} forwards")
     want(sdpa == layers * steps, f"attention calls {sdpa} != {layers} layers x {steps} forwards")
     want(mm - lm_calls == 7 * layers * steps, f"layer GEMMs {mm - lm_calls} != 7 x {layers} layers x {steps} forwards")

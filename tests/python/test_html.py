@@ -12,6 +12,7 @@ import pathlib
 import re
 import shutil
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -417,6 +418,78 @@ def test_html_page_renders_in_chromium_with_the_report_figures(report_file, tmp_
     for k in ("max_abs_err", "max_rel_err", "rel_l2_err"):
         assert f"{ev[k]:.4g}" in body
     assert f"{int(ev['mismatches'])} of {int(ev['elements'])}" in body
+
+    # as Chromium reads the page: a summary row per candidate, every point
+    # titled with its operator and key (shown on hover), the heaviest named
+    assert {tr.attrs["data-op"] for tr in dom.find("tr", "candidate")} == {"rms_norm", "silu"}
+    for p in points:
+        assert p.find("title")[0].all_text().startswith(f'{p.attrs["data-op"]}: {p.attrs["data-key"]}')
+    assert svg.find("text", "label")
+
+
+def test_candidate_summary_folded_cards_and_named_points(report_file):
+    """The page's per-candidate summary holds figures computed here from the
+    report: routes, verifications passed and failed, routes rolled back, the
+    geometric mean of the routes' speedups, the worst errors (the passing
+    verifications' max abs and rel, and a rollback's failing one) and the
+    candidate's S against production's on the same keys, weighted by the
+    keys' device time. Each candidate's route cards are folded under it
+    (unfolded where it was rolled back); the heaviest points are named by
+    their operator beside them, and every point names its operator and key
+    on hover (its SVG title)."""
+    from understudy.html import LABELS_AT_MOST, render
+
+    rep = json.loads(report_file.read_text())
+    dom = Tree(render(rep)).root
+    rows = {tr.attrs["data-op"]: {td.attrs["data-field"]: td.all_text() for td in tr.find("td")}
+            for tr in dom.find("tr", "candidate")}
+    want = {}
+    for o in rep["operators"]:
+        keys = [s for s in o["shapes"] if "shadow" in s]
+        if not keys:
+            continue
+        sp = [s["shadow"]["speedup"] for s in keys if s["shadow"]["speedup"]]
+        errs = [(s["shadow"]["max_abs_err"], s["shadow"]["max_rel_err"]) for s in keys]
+        errs += [(s["shadow"]["rollback"]["max_abs_err"], s["shadow"]["rollback"]["max_rel_err"])
+                 for s in keys if (s["shadow"].get("rollback") or {}).get("max_abs_err") is not None]
+        scored = [s for s in keys if s["roofline"]["S"] is not None and s["roofline"]["S_candidate"] is not None]
+        t = sum(s["est_device_time_ns"] for s in scored)
+        want[o["name"]] = {
+            "candidate": f'{o["candidate"]["name"]} ({o["candidate"]["kind"]})', "operator": o["name"],
+            "routes": str(len(keys)), "passed": str(sum(s["shadow"]["passed"] for s in keys)),
+            "failed": str(sum(s["shadow"]["failed"] for s in keys)),
+            "rolled_back": str(sum(s["mode"] == "rolled_back" for s in keys)),
+            "speedup_geomean": f"{statistics.geometric_mean(sp):.3f}x" if sp else "-",
+            "worst_abs_err": f"{max(e[0] for e in errs):.3g}", "worst_rel_err": f"{max(e[1] for e in errs):.3g}",
+            "S_candidate": f"{sum(s['est_device_time_ns'] * s['roofline']['S_candidate'] for s in scored) / t:.3f}"
+            if t else "-",
+            "S_production": f"{sum(s['est_device_time_ns'] * s['roofline']['S'] for s in scored) / t:.3f}"
+            if t else "-",
+            "device_share": f"{100 * t / rep['totals']['est_device_time_ns']:.1f} %" if scored else "-"}
+    assert set(want) == {"rms_norm", "silu"}
+    assert rows == want
+    assert rows["rms_norm"]["passed"] == "9" and rows["silu"]["rolled_back"] == "1"
+    assert float(rows["silu"]["worst_abs_err"]) > 0  # the wrong tail's error, from the rollback's evidence
+
+    folds = {d.attrs["data-op"]: d for d in dom.find("details", "candidate")}
+    assert set(folds) == set(want)
+    for name, d in folds.items():
+        (o,) = [o for o in rep["operators"] if o["name"] == name]
+        assert {sec.attrs["data-key"] for sec in d.find("section", "route")} == \
+            {s["key"] for s in o["shapes"] if "shadow" in s}
+        assert ("open" in d.attrs) == (rows[name]["rolled_back"] != "0")
+    assert len(dom.find("section", "route")) == sum(int(r["routes"]) for r in rows.values())
+
+    (svg,) = [n for n in dom.find("svg") if n.attrs.get("id") == "roofline"]
+    points = {(p.attrs["data-key"], p.attrs["data-series"]): p for p in svg.find(cls="point")}
+    for (key, _), p in points.items():
+        assert p.find("title")[0].all_text().startswith(f'{p.attrs["data-op"]}: {key}\n')
+    labels = svg.find("text", "label")
+    assert 0 < len(labels) <= LABELS_AT_MOST
+    for lb in labels:
+        assert lb.all_text() == points[(lb.attrs["data-key"], "production")].attrs["data-op"]
+    heaviest = max((s for _, s in _all_shapes(rep) if (s["key"], "production") in points), key=lambda s: s["weight"])
+    assert heaviest["key"] in {lb.attrs["data-key"] for lb in labels}
 
 
 class RecordingProxy:

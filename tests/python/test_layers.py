@@ -112,8 +112,8 @@ def test_no_circle_of_calls_between_files():
 # A route is made of parts declared by their owners (dispatch/dispatch.h): its
 # figures (scorer/), its verifications and its rollout (guard/). A field of a
 # part is written only through its owner's functions; other folders read.
-PART_OWNERS = {"figs": "scorer", "verify": "guard", "rollout": "guard"}
-_PART = r"(?:->|\.)(figs|verify|rollout)(?:\[[^\]]*\])?(?:->|\.)(\w+)"
+PART_OWNERS = {"figs": "scorer", "verify": "guard", "rollout": "guard", "flight": "guard"}
+_PART = r"(?:->|\.)(figs|verify|rollout|flight)(?:\[[^\]]*\])?(?:->|\.)(\w+)"
 ATOMIC_WRITE = re.compile(r"\b(?:atomic_(?:fetch_\w+?|store|exchange|compare_exchange_\w+?)(?:_explicit)?|__atomic_\w+)"
                           r"\s*\(\s*&\s*[\w\[\]()*]*?" + _PART)
 PLAIN_WRITE = re.compile(_PART + r"(?:\[[^\]]*\])?\s*(?:\+\+|--|[-+*/|&^]?=(?!=))")

@@ -26,12 +26,12 @@ from test_shadow import native, rms_inputs, run_rms_norm
 # The figures plugin/report.c derives (ust__report_derive); every other field
 # of a report is additive or identity.
 DERIVED_TOTALS = ("calls", "timed", "captured", "routes", "est_device_time_ns", "shadow_calls", "verified", "failed",
-                  "rollbacks", "S_agg", "S_agg_candidate", "phases")
+                  "rollbacks", "S_agg", "S_agg_candidate", "phases", "above_roof", "candidate_routes")
 DERIVED_OP = ("calls", "timed", "captured", "device_time_ns", "est_device_time_ns", "weight", "roofline", "phases")
 DERIVED_SHAPE = ("timed", "device_time_ns", "est_device_time_ns", "weight")
 DERIVED_HIST = ("count", "p50", "p90", "p99")
 DERIVED_ROOF = ("tsol_ns_mean", "S", "S_candidate", "intensity", "flops_mean", "achieved_flops_s",
-                "candidate_achieved_flops_s")
+                "candidate_achieved_flops_s", "above_roof")
 ROOF_SUMS = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",
              "candidate_time_ns_sum", "work_calls", "flops_sum", "bytes_sum", "scored_by_callees")
 SHADOW_COUNTS = ("calls", "verified", "passed", "failed", "skipped", "unverifiable", "bytes_copied", "overdue",
@@ -396,18 +396,26 @@ def ref_quantile(buckets, q):
     raise AssertionError("rank beyond the buckets")
 
 
+def est_of(summed):
+    """{key: estimated device time} from a report's additive figures."""
+    est = {}
+    for o in summed["operators"]:
+        for s in o["shapes"]:
+            timed = sum(n for _, n in s["latency_ns"]["buckets"])
+            est[s["key"]] = s["latency_ns"]["sum"] * max(s["calls"] - s["captured"], 0) / timed if timed else 0.0
+    return est
+
+
 def reference(summed):
     """Weights, quantiles, S and S_agg in float64 from a report's additive figures."""
     routes = [(o, s) for o in summed["operators"] for s in o["shapes"]]
-    est = {}
-    for o, s in routes:
-        timed = sum(n for _, n in s["latency_ns"]["buckets"])
-        est[s["key"]] = s["latency_ns"]["sum"] * max(s["calls"] - s["captured"], 0) / timed if timed else 0.0
+    est = est_of(summed)
     total = sum(est.values())
     total_ph = Counter()
     for o, s in routes:
         total_ph[s["phase"]] += est[s["key"]]
-    ref = {"shapes": {}, "ops": {}, "S_agg": 0.0, "S_agg_candidate": 0.0, "phases": Counter()}
+    ref = {"shapes": {}, "ops": {}, "S_agg": 0.0, "S_agg_candidate": 0.0, "phases": Counter(),
+           "candidate_routes": Counter()}
     for o in summed["operators"]:
         has_cand = "candidate" in o
         sv, cv, ph_est, ph_sv = [], [], Counter(), {}
@@ -426,6 +434,13 @@ def reference(summed):
                 if roof["candidate_calls"] and cp50 > 0 and s["mode"] != "rolled_back":
                     r["S_candidate"] = roof["candidate_tsol_ns_sum"] / roof["candidate_calls"] / cp50
                     cv.append(r["S_candidate"])
+            if "S" in r and "S_candidate" in r:
+                # the candidates' headline: both arms over the keys where both have an S, by device time
+                c = ref["candidate_routes"]
+                c["routes"] += 1
+                c["time"] += est[s["key"]]
+                c["cand"] += est[s["key"]] * r["S_candidate"]
+                c["prod"] += est[s["key"]] * r["S"]
         w = sum(est[s["key"]] for s in o["shapes"]) / total
         s_op = statistics.median(sv) if sv else 0.0
         ref["ops"][o["name"]] = {"weight": w, "S": s_op}
@@ -530,6 +545,14 @@ def test_two_processes_merge_into_what_the_library_derives_from_their_sums(tmp_p
     assert merged["totals"]["S_agg"] == pytest.approx(ref["S_agg"], rel=1e-12) and ref["S_agg"] > 0
     assert merged["totals"]["S_agg_candidate"] == pytest.approx(ref["S_agg_candidate"], rel=1e-12)
     assert ref["S_agg_candidate"] > 0
+    c, got = ref["candidate_routes"], merged["totals"]["candidate_routes"]
+    assert c["routes"] >= 3 and got["routes"] == c["routes"]
+    assert got["device_share"] == pytest.approx(c["time"] / sum(est_of(summed).values()), rel=1e-12)
+    assert got["S_candidate"] == pytest.approx(c["cand"] / c["time"], rel=1e-12)
+    assert got["S_production"] == pytest.approx(c["prod"] / c["time"], rel=1e-12)
+    above = {k for k, r in ref["shapes"].items() if r.get("S", 0) > 1 or r.get("S_candidate", 0) > 1}
+    assert {k for k, s in shapes.items() if (s.get("roofline") or {}).get("above_roof")} == above
+    assert merged["totals"]["above_roof"] == len(above)
     assert set(merged["totals"]["phases"]) == set(ref["phases"]) == {"unknown", "decode"}
     for ph, v in ref["phases"].items():
         assert merged["totals"]["phases"][ph]["S_agg"] == pytest.approx(v, rel=1e-12), ph

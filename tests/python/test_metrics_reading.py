@@ -89,6 +89,17 @@ def test_live_figures_are_the_reports(us, top_keys):
         assert o["weight"] == r["weight"] and o["S"] == r["roofline"]["S"]
         assert sum(o["routes"].values()) == len(r["shapes"])
     assert fast["totals"]["S_agg"] == rep["totals"]["S_agg"] is not None
+    # the keys above their roof, the candidates' headline, who serves
+    for o in fast["operators"]:
+        rl = by_name[o["name"]]["roofline"]
+        assert o.get("above_roof") == (rl["above_roof"] if rl["scored_shapes"] else None)
+    assert fast["totals"]["candidate_routes"] == rep["totals"]["candidate_routes"] is not None
+    assert fast["candidates"] == slow["candidates"]
+    (c,) = fast["candidates"]
+    rms = by_name["rms_norm"]
+    assert (c["operator"], c["candidate"], c["kind"]) == ("rms_norm", rms["candidate"]["name"], rms["candidate"]["kind"])
+    assert c["serving"] == {impl: sum(s["served_by"]["now"] == impl for s in rms["shapes"])
+                            for impl in ("production", "candidate", "both")}
     assert {ph: x["S_agg"] for ph, x in fast["totals"]["phases"].items()} == \
         {ph: x["S_agg"] for ph, x in rep["totals"]["phases"].items()}
 

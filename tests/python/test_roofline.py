@@ -12,7 +12,10 @@ the measured median and T_SOL over the held time, widened by the
 histogram's resolution (conftest.HIST_REL) where a median is read from it."""
 import itertools
 import json
+import os
 import statistics
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -554,3 +557,209 @@ def test_an_attention_wrapper_is_floored_by_the_kernel_it_calls(us, batch):
     own = max(own_w / H200["p_peak"]["bf16"], (q.numel() * 2 + 2 * kv.numel() * 2 + out.numel() * 2)
               / H200["b_peak"]) * 1e9
     assert (want / own > 100) if batch == "decode" else (own / want > 50), (want, own)
+
+
+# A profile far below the host for fp32 (every rms_norm call beats its floor)
+# and above it for bf16 (a silu_and_mul call held for 0.2 ms floors at most
+# a few hundred ns).
+LOW_FP32 = {"schema_version": 1, "name": "low fp32 ceilings", "match": ["no such device"],
+            "p_peak": {"fp32": 1e3, "bf16": 1e11}, "b_peak": 1e12, "source": "a test's made-up figures"}
+
+
+def test_a_key_above_its_roof_is_flagged_in_the_report_table_page_and_metrics(us, tmp_path):
+    """A shape key measured faster than its floor (S > 1, by production or
+    the candidate) means the profile is below what the device achieved. The
+    report flags it per key (roofline.above_roof), counts it per operator
+    and in total, and the text table, the HTML page and the metrics show the
+    flag wherever such an S appears; keys below their roof are not flagged.
+
+    Ground truth: each call's floor evaluated here from the definitions'
+    W and Q over the test's arguments and the profile's figures, against the
+    time the test's clock measured around the call (which bounds the timed
+    one from above) for rms_norm, and against the time silu_and_mul's calls
+    are held for (which bounds it from below)."""
+    from html.parser import HTMLParser
+
+    from understudy.html import render
+    from understudy.metrics import metrics_text
+    from understudy.tables import ABOVE_ROOF_WORDS, format_report
+
+    hw = tmp_path / "hw"
+    hw.mkdir()
+    (hw / "low.json").write_text(json.dumps(LOW_FP32))
+    us.enable({"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "candidate": native("rms_norm_cpu")},
+                             "silu_and_mul": {"sample": 1.0}},
+               "hardware": {"dir": str(hw), "profile": LOW_FP32["name"]}})
+    inputs = rms_inputs(shapes=((8, 128), (64, 256), (3, 64)))
+    measured = clock_rms_norm(inputs, 3)
+    xs = [torch.randn(n, 64).to(torch.bfloat16) for n in (4, 32)]
+    hold = 200_000
+    with held_for(hold):
+        for x in xs:
+            for _ in range(3):
+                silu_and_mul(x)
+    rep = us.report()
+    us.disable()
+
+    want_above = set()
+    for x, w in inputs:
+        floor_ns = rms_floor_ns(x, w, LOW_FP32)
+        assert floor_ns > max(measured[x.shape[-1]])  # every call of the key beat its floor
+        (s,) = [s for s in routes(rep, "_C::rms_norm") if s["dims"]["N"] == x.shape[-1]]
+        want_above.add(s["key"])
+    for x in xs:
+        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
+        assert roofline_floor_ns("silu_and_mul", "_C::silu_and_mul", {"result": out, "input": x}, LOW_FP32) < hold
+    shapes = {s["key"]: s for o in rep["operators"] for s in o["shapes"]}
+    assert {k for k, s in shapes.items() if s["roofline"]["above_roof"]} == want_above
+    assert len(routes(rep, "_C::silu_and_mul")) == 2
+    assert all(0 < s["roofline"]["S"] < 1 for s in routes(rep, "_C::silu_and_mul"))
+    ops = {o["name"]: o for o in rep["operators"]}
+    assert ops["rms_norm"]["roofline"]["above_roof"] == 3 and ops["silu_and_mul"]["roofline"]["above_roof"] == 0
+    assert rep["totals"]["above_roof"] == 3 and rep["totals"]["S_agg"] > 1
+
+    # the text table: the flag's line, and every S above 1 marked
+    text = format_report(rep)
+    assert f"3 shape keys measured above their roof (S > 1): {ABOVE_ROOF_WORDS}" in text
+    rows = [ln.split() for ln in text.splitlines()]
+    for k, s in shapes.items():
+        (row,) = [r for r in rows if r and r[0] == k]
+        assert row[-1] == f"{s['roofline']['S']:.3f}" + ("!" if k in want_above else ""), row
+    (rms_row,) = [r for r in rows if r and r[0] == "rms_norm"]
+    assert rms_row[-1].endswith("!")
+    assert f"S_agg production {rep['totals']['S_agg']:.3f}!" in text
+
+    # the page: the flag with its count; the points above their roof marked
+    # (both arms of the rms_norm keys); every S cell above 1 marked
+    class Page(HTMLParser):
+        """The flag's count, the chart's points and the tables' rows (cells' text)."""
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.flag, self.points, self.rows, self.in_td = None, {}, [], False
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            classes = (a.get("class") or "").split()
+            if "above-roof-flag" in classes:
+                self.flag = a["data-count"]
+            if "point" in classes:
+                self.points[(a["data-key"], a["data-series"])] = a.get("data-above-roof") == "1"
+            if tag == "tr":
+                self.rows.append((a, []))
+            if tag == "td" and self.rows:
+                self.rows[-1][1].append("")
+                self.in_td = True
+
+        def handle_endtag(self, tag):
+            if tag == "td":
+                self.in_td = False
+
+        def handle_data(self, data):
+            if self.in_td:
+                self.rows[-1][1][-1] += data
+
+    page = Page()
+    page.feed(render(rep))
+    assert page.flag == "3"
+    assert page.points == {(k, series): k in want_above for k in shapes
+                           for series in (("production", "candidate") if k in want_above else ("production",))}
+    shape_s = {a["data-key"]: cells[10] for a, cells in page.rows if a.get("class") == "shape"}
+    assert shape_s == {k: f"{s['roofline']['S']:.3f}" + ("!" if k in want_above else "") for k, s in shapes.items()}
+    op_s = {a["data-op"]: cells[5:7] for a, cells in page.rows if "data-op" in a and a.get("class") != "candidate"}
+    assert op_s["rms_norm"] == [f"{ops['rms_norm']['roofline'][f]:.3f}!" for f in ("S", "S_candidate")]
+    assert op_s["silu_and_mul"][0] == f"{ops['silu_and_mul']['roofline']['S']:.3f}"
+
+    # the metrics: each operator's keys above their roof
+    from prometheus_client.parser import text_string_to_metric_families
+    got = {s.labels["operator"]: s.value for f in text_string_to_metric_families(metrics_text(rep))
+           for s in f.samples if s.name == "understudy_operator_above_roof_keys"}
+    assert got == {"rms_norm": 3, "silu_and_mul": 0}
+
+    # `understudy merge` says so too, where it prints the merged S_agg
+    paths = []
+    for i in range(2):
+        r = json.loads(json.dumps(rep))
+        r["pid"] = (rep.get("pid") or 0) + i
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    out = subprocess.run([sys.executable, "-m", "understudy", "merge", str(tmp_path / "m.json"), *map(str, paths)],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "python-shim")))
+    assert out.returncode == 0, out.stderr
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert merged["totals"]["above_roof"] == 3
+    assert f"S_agg {merged['totals']['S_agg']:.4f}!" in out.stdout
+    assert f"3 shape keys above the roof: {ABOVE_ROOF_WORDS}" in out.stdout
+
+
+def test_the_candidates_headline_compares_both_arms_on_the_candidates_keys(us):
+    """S_agg_candidate counts 0 for every operator without a candidate, so a
+    candidate on a small share of the time reads as far worse than
+    production. The headline compares the arms where both ran: S of the
+    candidate over its own scored keys beside production's S over the same
+    keys, each weighted by the keys' estimated device time, with the share
+    of the device time they hold; computed here from the keys' own S,
+    S_candidate and device time, and shown so by the text report, the
+    verdicts, the page and the metrics."""
+    from html.parser import HTMLParser
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from understudy.html import render
+    from understudy.metrics import metrics_text
+    from understudy.tables import format_verdicts
+
+    us.enable({"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "candidate": native("rms_norm_cpu")},
+                             "silu_and_mul": {"sample": 1.0}},
+               "hardware": {"profile": "H200"}})
+    with held_for(100_000):
+        run_rms_norm(rms_inputs(shapes=((8, 128), (64, 256), (3, 64))), repeat=3)
+    with held_for(2_000_000):  # most of the time: an operator without a candidate
+        for n in (4, 32):
+            for _ in range(3):
+                silu_and_mul(torch.randn(n, 64))
+    rep = us.report()
+    us.disable()
+
+    keys = [s for s in routes(rep, "_C::rms_norm") if s["roofline"]["S_candidate"] is not None]
+    assert len(keys) == 3
+    t = sum(s["est_device_time_ns"] for s in keys)
+    want = {"routes": 3, "device_share": t / rep["totals"]["est_device_time_ns"],
+            "S_candidate": sum(s["est_device_time_ns"] * s["roofline"]["S_candidate"] for s in keys) / t,
+            "S_production": sum(s["est_device_time_ns"] * s["roofline"]["S"] for s in keys) / t}
+    got = rep["totals"]["candidate_routes"]
+    assert got == pytest.approx(want, rel=1e-12)
+    (rms,) = [o for o in rep["operators"] if o["name"] == "rms_norm"]
+    assert rms["roofline"]["candidate_routes"] == pytest.approx(want, rel=1e-12)
+    assert want["device_share"] < 0.2 and rep["totals"]["S_agg_candidate"] < want["S_candidate"] / 3
+
+    line = (f"candidates on their own routes: S {want['S_candidate']:.3f} against production's "
+            f"{want['S_production']:.3f} on the same 3 shape keys ({100 * want['device_share']:.1f} % of device time)")
+    text = format_report(rep)
+    assert line in text and "candidates 0." not in text
+    assert format_verdicts(rep).splitlines()[0] == line
+
+    class Headline(HTMLParser):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.field, self.got = None, {}
+
+        def handle_starttag(self, tag, attrs):
+            self.field = dict(attrs).get("data-field") if tag == "b" else self.field
+
+        def handle_endtag(self, tag):
+            self.field = None if tag == "b" else self.field
+
+        def handle_data(self, data):
+            if self.field:
+                self.got[self.field] = data
+
+    page = Headline()
+    page.feed(render(rep).split('<p class="headline">', 1)[1].split("</p>", 1)[0])
+    assert page.got == {"S_candidate": f"{want['S_candidate']:.3f}", "S_production": f"{want['S_production']:.3f}"}
+
+    smp = {s.name: s.value for f in text_string_to_metric_families(metrics_text(rep)) for s in f.samples}
+    assert smp["understudy_candidate_routes_roofline_ratio"] == pytest.approx(want["S_candidate"], rel=1e-12)
+    assert smp["understudy_candidate_routes_production_roofline_ratio"] == pytest.approx(want["S_production"],
+                                                                                        rel=1e-12)
+    assert smp["understudy_candidate_routes_device_time_ratio"] == pytest.approx(want["device_share"], rel=1e-12)

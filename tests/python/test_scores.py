@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import understudy
-from conftest import ROOT
+from conftest import ROOT, series_labels
 from test_shadow import routes
 
 H200 = json.loads((ROOT / "problems" / "hardware" / "H200.json").read_text())
@@ -177,8 +177,8 @@ def test_scored_share_counts_the_keys_that_were_scored(us):
 def test_no_candidate_means_no_candidate_score_anywhere(us, tmp_path):
     """With no candidate registered, the candidates' S_agg is null (it was
     0: as if every candidate had been measured at S = 0), in the report,
-    per phase, in the text and HTML reports, in the metrics (no series) and
-    in a merge of two such reports."""
+    per phase, in the metrics (no series) and in a merge of two such
+    reports; the text and HTML reports show no candidates' headline."""
     from understudy import html, merge, metrics, tables
     x = torch.randn(32, 256)
     observe(us, "silu")
@@ -191,12 +191,14 @@ def test_no_candidate_means_no_candidate_score_anywhere(us, tmp_path):
     assert tot["phases"]["prefill"]["S_agg"] is not None and tot["phases"]["prefill"]["S_agg_candidate"] is None
     (op,) = [o for o in rep["operators"] if o["name"] == "silu"]
     assert "S_candidate" not in op["roofline"] and op["roofline"]["S"] is not None
-    assert "candidates -" in tables.format_report(rep)
+    assert tot["candidate_routes"] is None
+    assert "candidates" not in tables.format_report(rep) and tables.candidate_headline(rep) == []
     page = html.render(rep)
-    assert f"S_agg candidates <b>{tables.DASH}</b>" in page
+    assert 'class="headline"' not in page and "S_agg candidates" not in page
     text = metrics.metrics_text(rep)
-    assert re.search(r"^understudy_aggregate_roofline_ratio\{engine=\"torch\"\} \S+$", text, re.M)
+    assert re.search(r"^understudy_aggregate_roofline_ratio" + re.escape(series_labels()) + r" \S+$", text, re.M)
     assert not re.search(r"^understudy_(phase_)?aggregate_candidate_roofline_ratio", text, re.M)  # no series
+    assert not re.search(r"^understudy_candidate_routes_", text, re.M)
     other = json.loads(json.dumps(rep))
     other["pid"] = (rep.get("pid") or 0) + 1
     merged = merge.merge([rep, other])
