@@ -298,6 +298,17 @@ def _define(rec: Lifted, original, hub_fn) -> None:
             define(NAMESPACE, op.split("::", 1)[1], _impl(rec, fn), signature=sig)
 
 
+class _Running:
+    """What the running config makes of lifted ops: set by the config side
+    (understudy.sources) when it enables one that names hub candidates."""
+    pending = False   # ops lifted since the running config was made: read at each call of a lifted module
+    on_lifted = None  # callable(now=...): new ops were lifted
+    refresh = None    # callable(): enable again, with the ops lifted since
+
+
+running = _Running()
+
+
 def _lifted_forward(rec: Lifted, serving, module):
     """The forward installed on a lifted module: its op, or the forward
     that serves it for a call the op cannot take."""
@@ -306,7 +317,6 @@ def _lifted_forward(rec: Lifted, serving, module):
     names = rec.params
     checked = rec.checked
     op = getattr(getattr(torch.ops, NAMESPACE), rec.production_op.split("::", 1)[1]).default
-    from . import sources
 
     def forward(self, *acts, **kw):
         if kw or len(acts) != len(rec.acts):
@@ -322,8 +332,8 @@ def _lifted_forward(rec: Lifted, serving, module):
             return out
         if not checked["ok"]:
             return serving(self, *acts)
-        if sources.hub_pending:
-            sources.refresh_hub()  # operators lifted since understudy was enabled: enabled again with them
+        if running.pending and running.refresh is not None:
+            running.refresh()  # operators lifted since understudy was enabled: enabled again with them
         prev = getattr(_calling, "module", None)
         _calling.module = self
         try:
@@ -415,9 +425,8 @@ def guard_kernelized(model, *, reverse: bool = False, now: bool = True) -> List[
             m.forward = _lifted_forward(rec, serving, m)
             out.append({"module": path, "class": cls.__name__, "lifted": True, "operator": rec.operator,
                         "op": rec.production_op, "candidate": rec.source["label"]})
-    if new:
-        from . import sources
-        sources.hub_lifted(now=now)
+    if new and running.on_lifted is not None:
+        running.on_lifted(now=now)
     return out
 
 

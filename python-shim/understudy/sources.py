@@ -23,9 +23,10 @@ import sys
 import threading
 from typing import Any, Optional, Tuple
 
+from . import hub as _hub
+
 _FORMS = ("file", "solution", "hub")
 _lock = threading.RLock()
-hub_pending = False  # read on every call of a lifted module: ops lifted since the running config was made
 
 
 class _State:
@@ -67,9 +68,8 @@ def resolve(text: str, problems=None) -> str:
         path = f"operators.{name}.candidate"
         try:
             if form == "hub":
-                from . import hub as hub_mod
                 hub = True
-                out.update(hub_mod.expand(name, entry, path))
+                out.update(_hub.expand(name, entry, path))
             elif form == "file":
                 out[name] = {**entry, "candidate": _file(cand, entry, path)}
             else:
@@ -84,14 +84,13 @@ def resolve(text: str, problems=None) -> str:
         return text
     cfg["operators"] = out
     if hub:
-        from . import hub as hub_mod
-        recs = [r for r in hub_mod.lifted() if r.alive()]
+        recs = [r for r in _hub.lifted() if r.alive()]
         if recs:
             base = cfg.get("problems_dir") or problems
             if base is None:
                 from . import problems_dir
                 base = problems_dir()
-            cfg["problems_dir"] = str(hub_mod.write_definitions(pathlib.Path(base), recs))
+            cfg["problems_dir"] = str(_hub.write_definitions(pathlib.Path(base), recs))
     return json.dumps(cfg)
 
 
@@ -132,11 +131,10 @@ def _file(cand: dict, entry: dict, path: str) -> dict:
 
 def remember(config, problems, text: str) -> None:
     """What enable() was given, to enable again when hub ops are lifted."""
-    global hub_pending
     with _lock:
         _state.config, _state.problems, _state.text = config, problems, text
         _state.uses_hub = '"hub"' in (text or "") and resolve_uses_hub(text)
-        hub_pending = False
+        _hub.running.pending = False
     if _state.uses_hub:
         _watch_kernelize()
 
@@ -176,9 +174,8 @@ def _watch_kernelize() -> None:
             if not (_state.uses_hub and is_enabled()):
                 return result  # understudy is not running a config with hub candidates: left to the host
             try:
-                from .hub import guard_kernelized, reverse_for
                 layer = str(getattr(type(module), "kernel_layer_name", ""))
-                guard_kernelized(module, now=False, reverse=reverse_for(_state.text, layer))
+                _hub.guard_kernelized(module, now=False, reverse=_hub.reverse_for(_state.text, layer))
             except Exception as e:  # the host's kernelize goes on whatever understudy makes of the module
                 sys.stderr.write(f"understudy: {type(module).__name__} kernelized but not guarded: {e}\n")
             return result
@@ -191,27 +188,29 @@ def hub_lifted(now: bool = True) -> None:
     """guard_kernelized lifted new ops: with understudy running a config
     that names hub candidates, enable it again (now, or at the first call
     of a lifted module)."""
-    global hub_pending
     from . import is_enabled
 
     with _lock:
         if not (_state.uses_hub and is_enabled()):
             return
-        hub_pending = True
+        _hub.running.pending = True
     if now:
         refresh_hub()
 
 
 def refresh_hub() -> None:
-    global hub_pending
     from . import disable, enable, is_enabled
 
     with _lock:
-        if not hub_pending:
+        if not _hub.running.pending:
             return
-        hub_pending = False
+        _hub.running.pending = False
         if not is_enabled():
             return
         config, problems = _state.config, _state.problems
         disable()
         enable(config, problems=problems)
+
+
+_hub.running.on_lifted = hub_lifted
+_hub.running.refresh = refresh_hub

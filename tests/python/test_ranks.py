@@ -133,9 +133,18 @@ def per_operator(counts):
     return out
 
 
-def shape_calls(rep, operator=None):
-    return Counter({s["key"]: s["calls"] for o in rep["operators"] if operator in (None, o["name"])
-                    for s in o["shapes"]})
+def shape_calls(rep, operator=None, by_phase=True):
+    """Calls per shape key; by_phase False: each key's phases (generate's
+    prefill and decode, a route each) added together under the key alone."""
+    out = Counter()
+    for o in rep["operators"]:
+        if operator in (None, o["name"]):
+            for s in o["shapes"]:
+                key, phase = s["key"], s.get("phase")
+                if not by_phase and phase and key.endswith("|" + phase):
+                    key = key[:-len(phase) - 1]
+                out[key] += s["calls"]
+    return out
 
 
 def scrape(url):
@@ -218,7 +227,12 @@ def test_tensor_parallel_ranks(tmp_path, tiny_llama, device):
         assert truth["_c10d_functional::all_gather_into_tensor"] == NEW_TOKENS, res["counts"]
         assert truth["_c10d_functional::wait_tensor"] == NEW_TOKENS, res["counts"]
         assert bound_ops(rep) == truth, f"rank {r}"
-        assert shape_calls(rep, "collectives") == Counter(res["keys"]), f"rank {r}"
+        assert shape_calls(rep, "collectives", by_phase=False) == Counter(res["keys"]), f"rank {r}"
+        # generate's phases, read from HF: the first forward prefill, each later one decode
+        phases = Counter()
+        for s in {o["name"]: o for o in rep["operators"]}["collectives"]["shapes"]:
+            phases[s["phase"]] += s["calls"]
+        assert phases["prefill"] * (NEW_TOKENS - 1) == phases["decode"] and set(phases) == {"prefill", "decode"}, phases
         coll = {o["name"]: o for o in rep["operators"]}["collectives"]
         assert sum(s["calls"] for s in coll["shapes"]) == per_operator(truth)["collectives"] > 0
         assert coll["weight"] > 0 and coll["roofline"]["S"] is None, coll

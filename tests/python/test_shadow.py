@@ -579,8 +579,14 @@ def test_four_threads_shadow_with_exact_counts(us):
     (r,) = routes(rep, "_C::rms_norm")
     sh = r["shadow"]
     assert r["calls"] == 800
-    assert (sh["calls"], sh["verified"], sh["passed"], sh["failed"], sh["skipped"]) == (800, 800, 800, 0, 0)
-    assert r["latency_ns"]["count"] == 800 and sh["candidate_latency_ns"]["count"] == 800
+    # every call shadowed and verified, but those the guard held for production
+    # alone while the candidate had more calls inside than it has returned in
+    # time (its first calls, with four threads at once: guard/flight.h)
+    held = r["in_flight"]["held"]
+    assert held["overdue"] == held["full"] == 0 and held["bound"] < 800, held
+    shadowed = 800 - held["bound"]
+    assert (sh["calls"], sh["verified"], sh["passed"], sh["failed"], sh["skipped"]) == (shadowed, shadowed, shadowed, 0, 0)
+    assert r["latency_ns"]["count"] == 800 and sh["candidate_latency_ns"]["count"] == shadowed
 
 
 def test_read_only_argument_aliasing_a_written_one(us):
