@@ -171,7 +171,7 @@ static const ust__config_field fields[] = {
      * warm-up, 64 past it: each keyed one), 1 in 256 */
     {"defaults", "sample_steady", UST__FIELD_NUMBER, UST__FIELD_BY_HAND, .lo = 0, .hi = 1,
      AT(ust__config, default_sample_steady),
-     .def = "0.00390625",
+     .def = "3.90625e-3",
      .doc = "The timed share once a key has had `steady_after` calls, at most `sample`: it keeps timing's cost off "
             "keys already well measured. A `sample` given without `sample_steady` holds for every call."},
     {"defaults", "steady_after", UST__FIELD_COUNT, .lo = 0, .hi = 1e15, AT(ust__config, steady_after),

@@ -16,6 +16,7 @@ import torch
 
 import understudy
 from conftest import ROOT
+from test_qualify_process import call_log, ran_in  # noqa: F401 - call_log is a fixture
 from test_qualify_process import signals_reach_the_child  # noqa: F401 - autouse: a crash there ends as one
 
 SCHEMA = "_C::rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()"
@@ -74,17 +75,6 @@ KERNEL_FUNCTION = LOG + textwrap.dedent("""
         _log()
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 """)
-
-
-@pytest.fixture
-def call_log(tmp_path, monkeypatch):
-    path = tmp_path / "calls.log"
-    monkeypatch.setenv("UST_TEST_CALL_LOG", str(path))
-    return path
-
-
-def ran_in(path):
-    return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
 def cli(*args):
