@@ -161,11 +161,21 @@ cJSON *ust__json_parse(const char *text, const char *what, int kind) {
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
   if (root == NULL) {
-    char near[40] = "";
+    /* where, never what: the text may be a file the user did not write (a
+     * config path that links to a secret), whose bytes must not reach a log */
+    long line = 1, column = 1;
+    for (const char *p = text; end != NULL && p < end && *p != '\0'; p++) {
+      column++;
+      if (*p == '\n') {
+        line++;
+        column = 1;
+      }
+    }
     if (end != NULL)
-      snprintf(near, sizeof near, "%.32s", end);
-    ust__error(kind, "%s: not valid JSON, or more than one value (near '%s', offset %ld)", what, near,
-               end != NULL ? (long)(end - text) : -1L);
+      ust__error(kind, "%s: not valid JSON, or more than one value (line %ld, column %ld, offset %ld)", what, line,
+                 column, (long)(end - text));
+    else
+      ust__error(kind, "%s: not valid JSON, or more than one value", what);
     return NULL;
   }
   const char *dup = duplicate_key(root);
@@ -174,8 +184,8 @@ cJSON *ust__json_parse(const char *text, const char *what, int kind) {
     cJSON_Delete(root);
     return NULL;
   }
-  if (dup != NULL) {
-    ust__error(kind, "%s: the key '%s' appears twice in one object (which one holds is ambiguous)", what, dup);
+  if (dup != NULL) { /* the key is the text's, which is not quoted (above) */
+    ust__error(kind, "%s: a key appears twice in one object (which one holds is ambiguous)", what);
     cJSON_Delete(root);
     return NULL;
   }

@@ -85,6 +85,13 @@ ABOUT = {
         "compute beside two CPU-bound processes), 10 % faster and 10 % slower, at least 100 routes each; the "
         "arms timed on copies in a drawn order, A/A pairs beside them.",
         "PYTHONPATH=python-shim python3 benchmarks/promotion.py"),
+    "scrape": (
+        "What a Prometheus scrape costs a serving process at 4,096 and 65,536 routes: its time, and how long "
+        "a pure-Python serving thread beside it stalls (its longest gap) and waits on Python's lock (blocked, "
+        "from schedstat: neither running nor waiting for a core), against idle windows of the same length and "
+        "a read of the JSON report, which a scrape once parsed holding the lock. On a shared machine the stalls "
+        "carry the scheduler's pauses; the blocked time does not.",
+        "PYTHONPATH=python-shim python3 benchmarks/scrape.py --routes 4096 65536"),
     "calibrate": (
         "How long `understudy calibrate --quick` takes on a CPU (the command from start to exit, and the "
         "measuring alone), and its ceilings against the best rates plain torch calls reach in the same "

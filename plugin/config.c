@@ -340,9 +340,13 @@ static const ust__config_field fields[] = {
      .doc = "Serve an endpoint of its own on `port` + `$LOCAL_RANK`; 0: any free port, no rank added."},
     {"metrics", "host", UST__FIELD_STRING, UST__FIELD_BY_HAND, .def_words = "`127.0.0.1`",
      .doc = "The address the endpoint binds, at most 255 characters; only with `port`."},
-    {"metrics", "top_keys", UST__FIELD_INTEGER, .lo = 1, .hi = 65536, .def = "10",
-     .doc = "Shape keys per operator with series of their own, those with the most device time; the others are "
-            "summed into `key=\"other\"`."},
+    {"metrics", "top_keys", UST__FIELD_INTEGER, .lo = 0, .hi = 65536, .def = "0",
+     .doc = "Shape keys per operator with series of their own (a `key` label), those with the most device time; "
+            "the others are summed into `key=\"other\"`. 0: series per operator and phase only, no `key` label."},
+    {"metrics", "model_name", UST__FIELD_STRING, .def_words = "the host's (vLLM, SGLang, Hugging Face) where known",
+     .doc = "The `model_name` label on every series, to join them with the engine's own (vLLM's carry it)."},
+    {"metrics", "engine", UST__FIELD_STRING, .def_words = "`vllm`, `sglang`, `transformers` or `torch`, from the host",
+     .doc = "The `engine` label on every series."},
 };
 
 #undef CHOICES
@@ -1044,7 +1048,7 @@ static int parse_operators_seen(const cJSON *ops, ust__config *cfg, name_seen **
   return 0;
 }
 
-/* "metrics": {port, host, top_keys}. The Python package acts on it (an endpoint
+/* "metrics": {port, host, top_keys, model_name, engine}. The Python package acts on it (an endpoint
  * of its own, or the host's Prometheus registry); the core only checks it, so
  * that a mistake is refused at enable like any other field. The host by hand:
  * it needs the port. */

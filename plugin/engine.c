@@ -185,7 +185,7 @@ static void *worker_main(void *arg) {
       }
     }
     if (window > 0 && now >= next_window) {
-      ust__report_window_rotate(e);
+      ust__window_rotate(e);
       next_window = now + (uint64_t)(window * 1e9);
     }
     if (e->cfg.report_path != NULL && interval > 0 && now >= next_report) {
@@ -260,8 +260,8 @@ static void engine_free(ust__engine *e) {
   ust__config_free(&e->cfg);
   pthread_mutex_destroy(&e->worker_lock);
   pthread_mutex_destroy(&e->window_lock);
-  cJSON_Delete(e->window_base[0]);
-  cJSON_Delete(e->window_base[1]);
+  ust__window_base_free(e->window_base[0]);
+  ust__window_base_free(e->window_base[1]);
   pthread_cond_destroy(&e->worker_cond);
   free(e);
 }
@@ -967,6 +967,23 @@ int ust_report_json(char **out) {
   cJSON_Delete(j);
   engine_unref(e);
   return *out == NULL ? ust__error(UST_ENOMEM, "report: out of memory") : 0;
+}
+
+int ust_metrics_read(ust_metrics *m, const char *report_json, char **out) {
+  ust__clear_error();
+  if (m == NULL || out == NULL)
+    return ust__error(UST_EINVAL, "metrics: a reader and out are required");
+  *out = NULL;
+  if (refused_inside("metrics") != 0)
+    return UST_ESTATE;
+  if (report_json != NULL)
+    return ust__metrics_read_report(m, report_json, out);
+  ust__engine *e = engine_ref(ust__ctx_get(), "metrics");
+  if (e == NULL)
+    return UST_ESTATE;
+  const int rc = ust__metrics_read_engine(m, e, out);
+  engine_unref(e);
+  return rc;
 }
 
 unsigned long long ust_graph_capture_id(void *stream) { return ust__graph_capture_id(stream); }

@@ -68,7 +68,7 @@ typedef struct ust__engine {
    * last two window boundaries (the worker rotates them every window_s);
    * a report's window is its figures less the older one. */
   pthread_mutex_t window_lock;
-  struct cJSON *window_base[2]; /* owned; [0] older, may be NULL */
+  struct ust__window_base *window_base[2]; /* owned; [0] older, may be NULL */
 } ust__engine;
 
 typedef struct ust__ctx {
@@ -88,9 +88,67 @@ typedef struct ust__ctx {
 struct cJSON *ust__report_build(ust__engine *e);
 /* Write the report to path atomically: temp file, fsync, rename. */
 int ust__report_write_file(ust__engine *e, const char *path);
+/* The report's timer section (which timer, the tracer's windows) as a new
+ * cJSON object, or NULL when memory ran out. */
+struct cJSON *ust__report_timer(ust__engine *e);
+
+/* ---- readings: a route's additive figures as the derivation reads them (readings.c) ---- */
+
+/* One shape key. Built by ust__reading_of_snap or ust__reading_of_json; its
+ * in.lat and in.clat point into the reading itself (ust__reading_link again
+ * after moving one). */
+typedef struct ust__reading {
+  const char *key;              /* borrowed from the snapshot or the report */
+  const char *mode;             /* borrowed, or a static name */
+  ust__derive_in in;
+  ust__hist_sparse lat, clat;   /* owned */
+  int has_lat, has_clat;
+  /* the figures the metrics count beside the derivation's */
+  double timing_dropped, roof_unscored, passed, skipped, unverifiable, overdue, bytes_copied, aa_runs, aa_mismatching;
+  double served_prod, served_cand_verified, captured_cand, transitions;
+} ust__reading;
+
+/* A route of e from its snapshot s; s's histograms move into the reading. */
+void ust__reading_of_snap(const ust__engine *e, ust__route_snap *s, ust__reading *r);
+/* A report's shape sh of its operator number op. 0, or UST_ENOMEM (free r either way). */
+int ust__reading_of_json(const struct cJSON *sh, int op, ust__reading *r);
+/* A report's histogram object (its buckets in any order, repeats added) as a sparse histogram. */
+int ust__sparse_of_json(const struct cJSON *lat, ust__hist_sparse *out);
+void ust__reading_link(ust__reading *r);
+void ust__reading_free(ust__reading *r);
+/* Frees n readings and the array. */
+void ust__readings_free(ust__reading *r, int n);
+/* ust__derive over readings (their operators in [0, n_ops)). */
+int ust__derive_readings(const ust__reading *r, int n, double replay_scale, ust__derive_shape *shapes,
+                         ust__derive_op *ops, int n_ops, ust__derive_totals *tot);
+/* The index of op in e->ops, or -1. */
+int ust__engine_op_index(const ust__engine *e, const ust__operator *op);
+
+/* ---- the metrics' figures (metrics.c) --------------------------------------------------- */
+
+/* ust_metrics_read from e's routes, or from a report (report_json, borrowed). */
+int ust__metrics_read_engine(ust_metrics *m, ust__engine *e, char **out);
+int ust__metrics_read_report(ust_metrics *m, const char *report_json, char **out);
+
+/* ---- the report's recent window (window.c) --------------------------------------------- */
+
+/* The additive figures of every route at one moment. */
+typedef struct ust__window_base ust__window_base;
+
 /* Starts a new report window: the figures now become the newer boundary,
  * the older one is dropped (the worker, every report.window_s). */
-void ust__report_window_rotate(ust__engine *e);
+void ust__window_rotate(ust__engine *e);
+void ust__window_base_free(ust__window_base *b);
+/* The window of the readings now[0..n): each less its figures in e's older
+ * boundary (since enable without one), the keys without a call or a replay
+ * in between left out. *out: a new array of *n_out readings (free with
+ * ust__readings_free); their operators are now's. *since_unix_ms: where the
+ * window begins; *replay_scale: what a replay seen in the tracer's windows
+ * within it stands for. timer_window_ns, timer_elapsed_ns: the tracer's
+ * window time and the time since enable, now. 0, or UST_ENOMEM. */
+int ust__window_readings(ust__engine *e, const ust__reading *now, int n, double timer_window_ns,
+                         double timer_elapsed_ns, ust__reading **out, int *n_out, double *since_unix_ms,
+                         double *replay_scale);
 
 /* plugin/report_sources.c: the candidate as a route names it (its
  * source's label, else its name); its source and "when" added to its
@@ -99,6 +157,9 @@ void ust__report_window_rotate(ust__engine *e);
 const char *ust__report_cand_label(const ust__cand *c);
 void ust__report_source(struct cJSON *jc, const ust__cand *c);
 struct cJSON *ust__report_served_by(const ust__route_snap *s);
+/* Who serves the route now (served_by.now): "production", "candidate" or
+ * "both" (canary). */
+const char *ust__report_served_now(const ust__route_snap *s);
 struct cJSON *ust__report_fallback(const ust__route_snap *s);
 /* A route's rollout and its candidate's calls in flight (plugin/report_route.c). */
 struct cJSON *ust__report_rollout(const ust__route_snap *s);

@@ -525,133 +525,40 @@ static void set_bool(cJSON *o, const char *k, int b) {
   cJSON_AddBoolToObject(o, k, b);
 }
 
-/* The candidates' headline: S of the candidates over their own scored shape
- * keys beside production's S over the same keys, each the keys' S weighted
- * by their device time, and the share of the device time those keys hold.
- * S_agg_candidate counts 0 for every operator without a verified candidate,
- * so a candidate on a sliver of the traffic reads as far worse than
- * production; these figures compare the two arms where both ran. */
-typedef struct cand_sums {
-  double routes, time_ns, s_cand, s_prod; /* s_* are sums of S times the keys' device time */
-} cand_sums;
-
-static void put_cand_sums(cJSON *o, const char *k, const cand_sums *c, double total_ns) {
+/* The candidates' headline (scorer/derive.c): S of the candidates over their
+ * own scored shape keys beside production's S over the same keys, and the
+ * share of the device time those keys hold. */
+static void put_cand(cJSON *o, const char *k, const ust__derive_cand *c) {
   cJSON_DeleteItemFromObjectCaseSensitive(o, k);
   cJSON *x = cJSON_AddObjectToObject(o, k);
   if (x == NULL)
     return;
   add_num(x, "routes", c->routes);
-  add_num(x, "device_share", total_ns > 0 ? c->time_ns / total_ns : 0.0);
-  set_s(x, "S_candidate", c->time_ns > 0 ? c->s_cand / c->time_ns : -1);
-  set_s(x, "S_production", c->time_ns > 0 ? c->s_prod / c->time_ns : -1);
+  add_num(x, "device_share", c->device_share);
+  set_s(x, "S_candidate", c->S_candidate);
+  set_s(x, "S_production", c->S_production);
 }
 
-/* A histogram object's buckets as a sparse histogram (owned arrays), its
- * count taken from the buckets. */
-static int sparse_of(const cJSON *lat, ust__hist_sparse *out) {
-  memset(out, 0, sizeof *out);
-  const cJSON *b = cJSON_GetObjectItemCaseSensitive(lat, "buckets");
-  const int n = cJSON_IsArray(b) ? cJSON_GetArraySize(b) : 0;
-  const double sum = num(lat, "sum");
-  out->sum = sum >= 0 && sum < 1.8e19 ? (uint64_t)sum : 0;
-  if (n == 0)
-    return 0;
-  out->index = malloc((size_t)n * sizeof *out->index);
-  out->counts = malloc((size_t)n * sizeof *out->counts);
-  if (out->index == NULL || out->counts == NULL) {
-    ust__hist_sparse_free(out);
-    return ust__error(UST_ENOMEM, "report: out of memory");
-  }
-  /* Buckets by index, whatever order (and repeats) a merge handed in. */
-  uint64_t *dense = calloc(UST__HIST_BUCKETS, sizeof *dense);
-  if (dense == NULL) {
-    ust__hist_sparse_free(out);
-    return ust__error(UST_ENOMEM, "report: out of memory");
-  }
-  const cJSON *pair;
-  cJSON_ArrayForEach(pair, b) {
-    const cJSON *i = cJSON_GetArrayItem(pair, 0), *c = cJSON_GetArrayItem(pair, 1);
-    if (!cJSON_IsNumber(i) || !cJSON_IsNumber(c) || !(i->valuedouble >= 0) || i->valuedouble >= UST__HIST_BUCKETS ||
-        !(c->valuedouble >= 0) || !(c->valuedouble < 9.2e18))
-      continue;
-    dense[(uint32_t)i->valuedouble] += (uint64_t)c->valuedouble;
-  }
-  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++)
-    if (dense[i] != 0) {
-      out->index[out->n] = i;
-      out->counts[out->n++] = dense[i];
-      out->count += dense[i];
-    }
-  free(dense);
-  return 0;
+static void put_cand_totals(cJSON *o, const ust__derive_totals *t) {
+  if (t->any_candidate)
+    put_cand(o, "candidate_routes", &t->candidate_routes);
+  else
+    set_null(o, "candidate_routes");
 }
 
-/* Quantiles of a histogram object, in place; its median into *p50. */
-static int derive_hist(cJSON *lat, double *p50) {
-  *p50 = 0;
+static void set_quantiles(cJSON *lat, double count, double p50, double p90, double p99) {
   if (lat == NULL)
-    return 0;
-  ust__hist_sparse s;
-  if (sparse_of(lat, &s) != 0)
-    return UST_ENOMEM;
-  *p50 = ust__hist_sparse_quantile(&s, 0.50);
-  set_num(lat, "p50", *p50);
-  set_num(lat, "p90", ust__hist_sparse_quantile(&s, 0.90));
-  set_num(lat, "p99", ust__hist_sparse_quantile(&s, 0.99));
-  set_num(lat, "count", (double)s.count);
-  ust__hist_sparse_free(&s);
-  return 0;
+    return;
+  set_num(lat, "p50", p50);
+  set_num(lat, "p90", p90);
+  set_num(lat, "p99", p99);
+  set_num(lat, "count", count);
 }
 
-/* The calls of a route that its candidate served (rollout.served.candidate). */
-static double served_by_candidate(const cJSON *shape) {
-  return num(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(shape, "rollout"), "served"),
-             "candidate");
-}
-
-static int phase_index(const cJSON *shape) {
-  const cJSON *p = cJSON_GetObjectItemCaseSensitive(shape, "phase");
-  if (cJSON_IsString(p))
-    for (int i = 0; i < UST__N_PHASES; i++)
-      if (strcmp(p->valuestring, ust__phase_name(i)) == 0)
-        return i;
-  return 0;
-}
-
-static int is_rolled_back(const cJSON *shape) {
-  const cJSON *m = cJSON_GetObjectItemCaseSensitive(shape, "mode");
-  return cJSON_IsString(m) && strcmp(m->valuestring, "rolled_back") == 0;
-}
-
-/* Growable arrays of S values, per operator and phase. */
-typedef struct svals {
-  double *v;
-  int n, cap;
-} svals;
-
-static int push(svals *s, double x) {
-  if (s->n == s->cap) {
-    int cap = s->cap ? s->cap * 2 : 16;
-    double *v = realloc(s->v, (size_t)cap * sizeof *v);
-    if (v == NULL)
-      return ust__error(UST_ENOMEM, "report: out of memory");
-    s->v = v;
-    s->cap = cap;
-  }
-  s->v[s->n++] = x;
-  return 0;
-}
-
-/* A route under CUDA graphs, from its figures: "gated" (its captured calls
- * hold their shadow or both arms, decided at each replay), "observed" (its
- * captured calls are timed by their replays; no candidate's side was
- * captured), "observe-only" with the reasons verdicts do not flow there
- * (its kernels replayed by graphs understudy did not see captured, captured
- * calls a graph library changed in place, captured calls that hold
- * production alone, shadows left ungated in an executable graph, captured
- * calls in a graph handed out), or null
- * (no graph ran it). */
-static void derive_graph(cJSON *sh) {
+/* A route under CUDA graphs: its status (derived) and, when verdicts do not
+ * flow in its replays, why (scorer/derive.c decides the status from the same
+ * figures). */
+static void derive_graph(cJSON *sh, int status) {
   cJSON *g = cJSON_GetObjectItemCaseSensitive(sh, "graph");
   if (!cJSON_IsObject(g)) {
     cJSON_DeleteItemFromObjectCaseSensitive(sh, "graph");
@@ -688,23 +595,210 @@ static void derive_graph(cJSON *sh) {
     snprintf(why + n, sizeof why - n, "%s%.0f of its captured calls are in a graph whose raw handle was handed to code "
              "outside understudy, which may change its kernels in place unseen: production alone in its replays",
              n ? "; " : "", exposed);
-  const char *status = NULL;
-  if (why[0] != '\0')
-    status = "observe-only";
-  else if (num(sg, "shadowed") > 0)
-    status = "gated";
-  else if (num(sh, "captured") > 0 || num(sh, "replayed") > 0)
-    status = "observed";
+  const char *name = ust__graph_status_name(status);
   cJSON_DeleteItemFromObjectCaseSensitive(g, "status");
   cJSON_DeleteItemFromObjectCaseSensitive(g, "reason");
-  if (status != NULL)
-    cJSON_AddStringToObject(g, "status", status);
+  if (name != NULL)
+    cJSON_AddStringToObject(g, "status", name);
   else
     cJSON_AddNullToObject(g, "status");
-  if (why[0] != '\0')
+  if (status == UST__GRAPH_OBSERVE_ONLY && why[0] != '\0')
     cJSON_AddStringToObject(g, "reason", why);
   else
     cJSON_AddNullToObject(g, "reason");
+}
+
+/* A shape's derived figures, written in place. */
+static int write_shape(cJSON *sh, const ust__reading *r, const ust__derive_shape *d) {
+  cJSON *lat = cJSON_GetObjectItemCaseSensitive(sh, "latency_ns");
+  set_quantiles(lat, d->timed, d->p50, d->p90, d->p99);
+  set_num(sh, "timed", d->timed);
+  set_num(sh, "device_time_ns", num(lat, "sum"));
+  /* which timer produced the shape's figures, and the samples dropped, by why */
+  const double by_kernels = r->in.kernel_timed, by_held = r->in.held_timed;
+  const double by_rest = d->timed > by_kernels + by_held ? d->timed - by_kernels - by_held : 0;
+  cJSON_DeleteItemFromObjectCaseSensitive(sh, "timed_by");
+  cJSON *tb = cJSON_AddObjectToObject(sh, "timed_by");
+  cJSON_DeleteItemFromObjectCaseSensitive(sh, "dropped");
+  cJSON *dr = cJSON_AddObjectToObject(sh, "dropped");
+  if (tb == NULL || dr == NULL)
+    return ust__error(UST_ENOMEM, "report: out of memory");
+  set_num(tb, "kernels", by_kernels);
+  set_num(tb, "held_pair", by_held);
+  set_num(tb, r->in.on_host ? "host_clock" : "pair", by_rest);
+  set_num(dr, "no_timer", r->timing_dropped);
+  set_num(dr, "hold_expired", num(sh, "hold_expired"));
+  cJSON *shadow = cJSON_GetObjectItemCaseSensitive(sh, "shadow");
+  set_quantiles(cJSON_GetObjectItemCaseSensitive(shadow, "candidate_latency_ns"), d->cand_timed, d->cand_p50,
+                d->cand_p90, d->cand_p99);
+  if (d->replayed_est > 0)
+    set_num(sh, "replayed_est", d->replayed_est);
+  /* a route's calls: eager (dispatched and run), captured into a graph
+   * (dispatched once, run by its replays), replayed (seen in windows) */
+  set_num(sh, "eager", r->in.calls - r->in.captured);
+  derive_graph(sh, d->graph);
+  set_num(sh, "est_device_time_ns", d->est_device_time_ns);
+  set_num(sh, "weight", d->weight);
+  if (cJSON_IsObject(shadow))
+    set_s(shadow, "speedup", d->speedup);
+  cJSON *roof = cJSON_GetObjectItemCaseSensitive(sh, "roofline");
+  if (cJSON_IsObject(roof)) {
+    set_num(roof, "tsol_ns_mean", d->tsol_ns_mean);
+    set_s(roof, "S", d->S);
+    set_s(roof, "S_candidate", d->S_candidate);
+    set_bool(roof, "above_roof", d->above_roof);
+    /* the roofline chart's coordinates: FLOP per byte, and FLOP/s at the
+     * median time (as S is), so a point lies S below its roof */
+    set_s(roof, "intensity", d->intensity);
+    set_s(roof, "flops_mean", d->flops_mean);
+    set_s(roof, "achieved_flops_s", d->achieved_flops_s);
+    set_s(roof, "candidate_achieved_flops_s", d->cand_achieved_flops_s);
+  }
+  return 0;
+}
+
+static void write_op(cJSON *op, const ust__derive_op *d) {
+  set_num(op, "calls", d->calls);
+  set_num(op, "timed", d->timed);
+  set_num(op, "captured", d->captured);
+  set_num(op, "device_time_ns", d->device_time_ns);
+  set_num(op, "est_device_time_ns", d->est_device_time_ns);
+  set_num(op, "weight", d->weight);
+  /* S_i: the median over shape keys (the paper), and the time-weighted
+   * variant; for a candidate, over the keys where it verified correct */
+  cJSON_DeleteItemFromObjectCaseSensitive(op, "roofline");
+  cJSON *jr = cJSON_AddObjectToObject(op, "roofline");
+  add_num(jr, "scored_shapes", d->scored_shapes);
+  set_s(jr, "S", d->S);
+  set_s(jr, "S_weighted", d->S_weighted);
+  add_num(jr, "above_roof", d->above_roof); /* its keys measured faster than their floor */
+  if (d->has_candidate) {
+    set_s(jr, "S_candidate", d->S_candidate);
+    add_num(jr, "coverage", d->coverage);
+    put_cand(jr, "candidate_routes", &d->candidate_routes);
+  }
+  /* the same per phase: weights are shares of that phase's device time */
+  cJSON_DeleteItemFromObjectCaseSensitive(op, "phases");
+  cJSON *jp = cJSON_AddObjectToObject(op, "phases");
+  for (int p = 0; p < UST__N_PHASES; p++) {
+    const ust__derive_phase *x = &d->phases[p];
+    if (x->routes == 0)
+      continue;
+    cJSON *jx = cJSON_AddObjectToObject(jp, ust__phase_name(p));
+    add_num(jx, "est_device_time_ns", x->est_device_time_ns);
+    add_num(jx, "weight", x->weight);
+    set_s(jx, "S", x->S);
+    if (d->has_candidate)
+      set_s(jx, "S_candidate", x->S_candidate);
+  }
+}
+
+/* The kernel tracer's coverage: the share of all kernel time in its windows
+ * that was launched inside timed calls of bound ops, overall and by phase. */
+static void timer_coverage(cJSON *tm) {
+  if (!cJSON_IsObject(tm))
+    return;
+  const double kns = num(tm, "kernel_ns");
+  if (kns > 0)
+    set_num(tm, "coverage", num(tm, "attributed_ns") / kns);
+  else
+    cJSON_DeleteItemFromObjectCaseSensitive(tm, "coverage");
+  cJSON *tph;
+  cJSON_ArrayForEach(tph, cJSON_GetObjectItemCaseSensitive(tm, "phases")) {
+    const double pk = num(tph, "kernel_ns");
+    if (pk > 0)
+      set_num(tph, "coverage", num(tph, "attributed_ns") / pk);
+    else
+      cJSON_DeleteItemFromObjectCaseSensitive(tph, "coverage");
+  }
+}
+
+static void write_totals(cJSON *root, const ust__derive_totals *t) {
+  cJSON *tot = cJSON_GetObjectItemCaseSensitive(root, "totals");
+  if (!cJSON_IsObject(tot))
+    tot = cJSON_AddObjectToObject(root, "totals");
+  set_num(tot, "calls", t->calls);
+  set_num(tot, "timed", t->timed);
+  set_num(tot, "captured", t->captured);
+  set_num(tot, "routes", t->routes);
+  set_num(tot, "est_device_time_ns", t->est_device_time_ns);
+  set_num(tot, "shadow_calls", t->shadow_calls);
+  set_num(tot, "verified", t->verified);
+  set_num(tot, "failed", t->failed);
+  set_num(tot, "rollbacks", t->rollbacks);
+  /* S_agg over the operators that have an S, and the share of the device
+   * time whose shape keys were scored (scorer/derive.c) */
+  set_num(tot, "scored_share", t->scored_share);
+  set_s(tot, "S_agg", t->S_agg);
+  set_s(tot, "S_agg_candidate", t->S_agg_candidate);
+  set_num(tot, "above_roof", t->above_roof);
+  put_cand_totals(tot, t);
+  timer_coverage(cJSON_GetObjectItemCaseSensitive(root, "timer"));
+  cJSON_DeleteItemFromObjectCaseSensitive(tot, "phases");
+  cJSON *tp = cJSON_AddObjectToObject(tot, "phases");
+  for (int p = 0; p < UST__N_PHASES; p++) {
+    if (t->phases[p].est_device_time_ns <= 0)
+      continue;
+    cJSON *x = cJSON_AddObjectToObject(tp, ust__phase_name(p));
+    add_num(x, "est_device_time_ns", t->phases[p].est_device_time_ns);
+    add_num(x, "scored_share", t->phases[p].scored_share);
+    set_s(x, "S_agg", t->phases[p].S_agg);
+    set_s(x, "S_agg_candidate", t->phases[p].S_agg_candidate);
+  }
+}
+
+/* The readings of a report's shapes (sh_of: each reading's shape), and
+ * each operator's candidate, as the derivation takes them. */
+typedef struct json_readings {
+  ust__reading *r;
+  cJSON **sh_of;
+  ust__derive_op *ops;
+  int n, n_ops;
+} json_readings;
+
+static void json_readings_free(json_readings *j) {
+  ust__readings_free(j->r, j->n);
+  free(j->sh_of);
+  free(j->ops);
+}
+
+static int json_readings_of(cJSON *ops, json_readings *j) {
+  memset(j, 0, sizeof *j);
+  int n = 0, n_ops = 0;
+  cJSON *op, *sh;
+  cJSON_ArrayForEach(op, ops) {
+    n_ops++;
+    n += cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(op, "shapes"));
+  }
+  j->r = calloc((size_t)n + 1, sizeof *j->r);
+  j->sh_of = calloc((size_t)n + 1, sizeof *j->sh_of);
+  j->ops = calloc((size_t)n_ops + 1, sizeof *j->ops);
+  if (j->r == NULL || j->sh_of == NULL || j->ops == NULL)
+    return ust__error(UST_ENOMEM, "report: out of memory");
+  int o = 0;
+  cJSON_ArrayForEach(op, ops) {
+    j->ops[o].has_candidate = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(op, "candidate"));
+    cJSON_ArrayForEach(sh, cJSON_GetObjectItemCaseSensitive(op, "shapes")) {
+      if (j->n == n)
+        break;
+      j->sh_of[j->n] = sh;
+      const int rc = ust__reading_of_json(sh, o, &j->r[j->n]);
+      j->n++;
+      if (rc != 0)
+        return rc;
+    }
+    o++;
+  }
+  j->n_ops = n_ops;
+  return 0;
+}
+
+/* graph replays are seen only inside the tracer's windows: they stand for
+ * elapsed / window time as many */
+static double replay_scale_of(const cJSON *root) {
+  const cJSON *tmr = cJSON_GetObjectItemCaseSensitive(root, "timer");
+  const double win_ns = num(tmr, "window_ns"), elapsed_ns = num(tmr, "elapsed_ns");
+  return win_ns > 0 && elapsed_ns > win_ns ? elapsed_ns / win_ns : 1.0;
 }
 
 int ust__report_derive(cJSON *root) {
@@ -715,557 +809,106 @@ int ust__report_derive(cJSON *root) {
   if (scheme != NULL && (!cJSON_IsString(scheme) || strcmp(scheme->valuestring, UST__HIST_SCHEME) != 0))
     return ust__error(UST_EINVAL, "report: histogram scheme '%s', this library reads '%s'",
                       cJSON_IsString(scheme) ? scheme->valuestring : "?", UST__HIST_SCHEME);
-  int rc = 0;
-  /* First pass: per shape, quantiles and device time; the totals they add to. */
-  double total_est = 0, total_ph[UST__N_PHASES] = {0};
-  /* graph replays are seen only inside the tracer's windows: they stand for
-   * elapsed / window time as many */
-  const cJSON *tmr = cJSON_GetObjectItemCaseSensitive(root, "timer");
-  const double win_ns = num(tmr, "window_ns"), elapsed_ns = num(tmr, "elapsed_ns");
-  const double replay_scale = win_ns > 0 && elapsed_ns > win_ns ? elapsed_ns / win_ns : 1.0;
-  cJSON *op;
-  cJSON_ArrayForEach(op, ops) {
-    cJSON *sh;
-    cJSON_ArrayForEach(sh, cJSON_GetObjectItemCaseSensitive(op, "shapes")) {
-      double p50 = 0;
-      cJSON *lat = cJSON_GetObjectItemCaseSensitive(sh, "latency_ns");
-      if ((rc = derive_hist(lat, &p50)) != 0)
-        return rc;
-      const double timed = num(lat, "count");
-      set_num(sh, "timed", timed);
-      set_num(sh, "device_time_ns", num(lat, "sum"));
-      /* which timer produced the shape's figures, and the samples dropped, by why */
-      const double by_kernels = num(sh, "kernel_timed"), by_held = num(sh, "held_timed");
-      const double by_rest = timed > by_kernels + by_held ? timed - by_kernels - by_held : 0;
-      const cJSON *dev = cJSON_GetObjectItemCaseSensitive(sh, "device");
-      const int on_host = cJSON_IsString(dev) && strcmp(dev->valuestring, "cpu") == 0;
-      cJSON_DeleteItemFromObjectCaseSensitive(sh, "timed_by");
-      cJSON *tb = cJSON_AddObjectToObject(sh, "timed_by");
-      if (tb == NULL)
-        return ust__error(UST_ENOMEM, "report: out of memory");
-      set_num(tb, "kernels", by_kernels);
-      set_num(tb, "held_pair", by_held);
-      set_num(tb, on_host ? "host_clock" : "pair", by_rest);
-      cJSON_DeleteItemFromObjectCaseSensitive(sh, "dropped");
-      cJSON *dr = cJSON_AddObjectToObject(sh, "dropped");
-      if (dr == NULL)
-        return ust__error(UST_ENOMEM, "report: out of memory");
-      set_num(dr, "no_timer", num(sh, "timing_dropped"));
-      set_num(dr, "hold_expired", num(sh, "hold_expired"));
-      /* a replayed call is timed and runs without a dispatcher call: the
-       * estimate counts it beside the calls (scaled to the whole time) */
-      const double replayed = num(sh, "replayed") * replay_scale;
-      const ust__est_in in = {.timed = timed, .timed_sum_ns = num(lat, "sum"), .first_timed = num(sh, "first_timed"),
-                              .first_sum_ns = num(sh, "first_time_ns"), .steady_timed = num(sh, "steady_timed"),
-                              .steady_sum_ns = num(sh, "steady_time_ns"), .calls = num(sh, "calls") + replayed,
-                              .captured = num(sh, "captured"), .steady_calls = num(sh, "steady_calls")};
-      double est = ust__est_device_time(&in);
-      /* the calls the candidate served (canary, live) ran its kernels, not
-       * production's: they count at the candidate's mean time (its timed
-       * runs, verified calls and shadow runs), or production's while it has
-       * none */
-      const double served = served_by_candidate(sh);
-      cJSON *clat = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sh, "shadow"),
-                                                     "candidate_latency_ns");
-      double cp50 = 0; /* the candidate's quantiles and count, read by the second pass and below (a merged
-                        * report carries the buckets only) */
-      if ((rc = derive_hist(clat, &cp50)) != 0)
-        return rc;
-      const double eligible = num(sh, "calls") + replayed - num(sh, "captured");
-      if (served > 0 && eligible >= served && num(clat, "count") > 0)
-        est = est * (eligible - served) / eligible + served * num(clat, "sum") / num(clat, "count");
-      if (replayed > 0)
-        set_num(sh, "replayed_est", replayed);
-      /* a route's calls: eager (dispatched and run), captured into a graph
-       * (dispatched once, run by its replays), replayed (seen in windows) */
-      set_num(sh, "eager", num(sh, "calls") - num(sh, "captured"));
-      derive_graph(sh);
-      set_num(sh, "est_device_time_ns", est);
-      total_est += est;
-      total_ph[phase_index(sh)] += est;
-    }
+  json_readings j;
+  ust__derive_shape *d = NULL;
+  ust__derive_totals tot;
+  int rc = json_readings_of(ops, &j);
+  if (rc == 0 && (d = calloc((size_t)j.n + 1, sizeof *d)) == NULL)
+    rc = ust__error(UST_ENOMEM, "report: out of memory");
+  if (rc == 0)
+    rc = ust__derive_readings(j.r, j.n, replay_scale_of(root), d, j.ops, j.n_ops, &tot);
+  for (int i = 0; rc == 0 && i < j.n; i++)
+    rc = write_shape(j.sh_of[i], &j.r[i], &d[i]);
+  if (rc == 0) {
+    int o = 0;
+    cJSON *op;
+    cJSON_ArrayForEach(op, ops) write_op(op, &j.ops[o++]);
+    write_totals(root, &tot);
   }
-  double t_calls = 0, t_timed = 0, t_captured = 0, t_shadow = 0, t_verified = 0, t_failed = 0, t_rollbacks = 0;
-  double s_agg = 0, s_agg_cand = 0, s_agg_ph[UST__N_PHASES] = {0}, s_agg_cand_ph[UST__N_PHASES] = {0};
-  /* the device-time share of the operators that have an S: S_agg is taken over it */
-  double scored_w = 0, scored_w_ph[UST__N_PHASES] = {0};
-  /* the device-time share of the shape keys that have an S (scored_share),
-   * overall and within each phase */
-  double keys_scored = 0, keys_scored_ph[UST__N_PHASES] = {0};
-  /* scored operators that have a candidate, overall and per phase: without
-   * one, the candidates' S_agg is null (no candidate was measured), not 0 */
-  int cand_ops = 0, cand_ops_ph[UST__N_PHASES] = {0};
-  /* shape keys measured faster than their floor (S > 1, by either arm): the
-   * profile is below what the device achieved, and the score says so */
-  double t_above = 0;
-  cand_sums t_cand = {0};
-  svals sv = {0}, cv = {0}, sph[UST__N_PHASES] = {{0}}, cph[UST__N_PHASES] = {{0}};
-  cJSON_ArrayForEach(op, ops) {
-    const int has_cand = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(op, "candidate"));
-    double calls = 0, timed = 0, captured = 0, est = 0, measured = 0, tsol_sum = 0, time_sum = 0;
-    double est_ph[UST__N_PHASES] = {0};
-    int routes_ph[UST__N_PHASES] = {0}, cand_routes = 0, covered = 0, above = 0;
-    cand_sums o_cand = {0};
-    sv.n = cv.n = 0;
-    for (int p = 0; p < UST__N_PHASES; p++)
-      sph[p].n = cph[p].n = 0;
-    cJSON *sh;
-    cJSON_ArrayForEach(sh, cJSON_GetObjectItemCaseSensitive(op, "shapes")) {
-      const int ph = phase_index(sh);
-      const double e_ns = num(sh, "est_device_time_ns");
-      set_num(sh, "weight", total_est > 0 ? e_ns / total_est : 0.0);
-      est_ph[ph] += e_ns;
-      routes_ph[ph]++;
-      cJSON *lat = cJSON_GetObjectItemCaseSensitive(sh, "latency_ns");
-      const double p50 = num(lat, "p50");
-      cJSON *shadow = cJSON_GetObjectItemCaseSensitive(sh, "shadow");
-      double cp50 = 0;
-      if (cJSON_IsObject(shadow)) {
-        cp50 = num(cJSON_GetObjectItemCaseSensitive(shadow, "candidate_latency_ns"), "p50"); /* derived above */
-        if (p50 > 0 && cp50 > 0)
-          set_num(shadow, "speedup", p50 / cp50);
-        else
-          set_null(shadow, "speedup");
-        t_shadow += num(shadow, "calls");
-        t_verified += num(shadow, "verified");
-        t_failed += num(shadow, "failed");
-        t_rollbacks += is_rolled_back(sh);
-      }
-      cJSON *roof = cJSON_GetObjectItemCaseSensitive(sh, "roofline");
-      if (cJSON_IsObject(roof)) {
-        const double n = num(roof, "calls"), nc = num(roof, "candidate_calls");
-        set_num(roof, "tsol_ns_mean", n > 0 ? num(roof, "tsol_ns_sum") / n : 0.0);
-        const double sp = ust__route_s(num(roof, "tsol_ns_sum"), n, p50);
-        const double sc = cJSON_IsObject(shadow) && !is_rolled_back(sh)
-                              ? ust__route_s(num(roof, "candidate_tsol_ns_sum"), nc, cp50) : -1;
-        set_s(roof, "S", sp);
-        set_s(roof, "S_candidate", sc);
-        set_bool(roof, "above_roof", sp > 1 || sc > 1);
-        above += sp > 1 || sc > 1;
-        if (sp >= 0 && sc >= 0) {
-          o_cand.routes++;
-          o_cand.time_ns += e_ns;
-          o_cand.s_cand += e_ns * sc;
-          o_cand.s_prod += e_ns * sp;
-        }
-        /* the roofline chart's coordinates: FLOP per byte, and FLOP/s at
-         * the median time (as S is), so a point lies S below its roof */
-        const double wc = num(roof, "work_calls"), fl = num(roof, "flops_sum"), by = num(roof, "bytes_sum");
-        const double w_mean = wc > 0 ? fl / wc : 0;
-        set_s(roof, "intensity", wc > 0 && by > 0 ? fl / by : -1);
-        set_s(roof, "flops_mean", wc > 0 ? w_mean : -1);
-        set_s(roof, "achieved_flops_s", w_mean > 0 && p50 > 0 ? w_mean / p50 * 1e9 : -1);
-        set_s(roof, "candidate_achieved_flops_s", w_mean > 0 && cp50 > 0 ? w_mean / cp50 * 1e9 : -1);
-        if (sp >= 0) {
-          if ((rc = push(&sv, sp)) != 0 || (rc = push(&sph[ph], sp)) != 0)
-            goto out;
-          tsol_sum += num(roof, "tsol_ns_sum");
-          time_sum += num(roof, "time_ns_sum");
-          keys_scored += total_est > 0 ? e_ns / total_est : 0.0;
-          keys_scored_ph[ph] += total_ph[ph] > 0 ? e_ns / total_ph[ph] : 0.0;
-        }
-        if (cJSON_IsObject(shadow)) {
-          cand_routes++;
-          if (sc >= 0) {
-            if ((rc = push(&cv, sc)) != 0 || (rc = push(&cph[ph], sc)) != 0)
-              goto out;
-            covered++;
-          }
-        }
-      }
-      calls += num(sh, "calls");
-      timed += num(sh, "timed");
-      captured += num(sh, "captured");
-      est += e_ns;
-      measured += num(sh, "device_time_ns");
-    }
-    set_num(op, "calls", calls);
-    set_num(op, "timed", timed);
-    set_num(op, "captured", captured);
-    set_num(op, "device_time_ns", measured);
-    set_num(op, "est_device_time_ns", est);
-    const double w_op = total_est > 0 ? est / total_est : 0.0;
-    set_num(op, "weight", w_op);
-    /* S_i: the median over shape keys (the paper), and the time-weighted
-     * variant; for a candidate, over the keys where it verified correct. */
-    /* unscored is null, not 0: an operator nothing scored does not pull S_agg down */
-    const double s_op = sv.n > 0 ? ust__median(sv.v, sv.n) : -1;
-    cJSON_DeleteItemFromObjectCaseSensitive(op, "roofline");
-    cJSON *jr = cJSON_AddObjectToObject(op, "roofline");
-    add_num(jr, "scored_shapes", sv.n);
-    set_s(jr, "S", s_op);
-    set_s(jr, "S_weighted", time_sum > 0 ? tsol_sum / time_sum : -1);
-    add_num(jr, "above_roof", above);
-    t_above += above;
-    if (has_cand) {
-      const double s_c = cv.n > 0 ? ust__median(cv.v, cv.n) : -1;
-      set_s(jr, "S_candidate", s_c);
-      add_num(jr, "coverage", cand_routes > 0 ? (double)covered / cand_routes : 0.0);
-      put_cand_sums(jr, "candidate_routes", &o_cand, total_est);
-      t_cand.routes += o_cand.routes;
-      t_cand.time_ns += o_cand.time_ns;
-      t_cand.s_cand += o_cand.s_cand;
-      t_cand.s_prod += o_cand.s_prod;
-      if (s_op >= 0) {
-        s_agg_cand += w_op * (s_c >= 0 ? s_c : 0.0); /* an unverified candidate counts 0 where production scores */
-        cand_ops++;
-      }
-    }
-    if (s_op >= 0) {
-      s_agg += w_op * s_op;
-      scored_w += w_op;
-    }
-    /* The same per phase: weights are shares of that phase's device time. */
-    cJSON_DeleteItemFromObjectCaseSensitive(op, "phases");
-    cJSON *jp = cJSON_AddObjectToObject(op, "phases");
-    for (int p = 0; p < UST__N_PHASES; p++) {
-      if (routes_ph[p] == 0)
-        continue;
-      cJSON *x = cJSON_AddObjectToObject(jp, ust__phase_name(p));
-      const double wp = total_ph[p] > 0 ? est_ph[p] / total_ph[p] : 0.0;
-      const double sp_op = sph[p].n > 0 ? ust__median(sph[p].v, sph[p].n) : -1;
-      add_num(x, "est_device_time_ns", est_ph[p]);
-      add_num(x, "weight", wp);
-      set_s(x, "S", sp_op);
-      if (sp_op >= 0) {
-        s_agg_ph[p] += wp * sp_op;
-        scored_w_ph[p] += wp;
-      }
-      if (has_cand) {
-        const double sc_op = cph[p].n > 0 ? ust__median(cph[p].v, cph[p].n) : -1;
-        set_s(x, "S_candidate", sc_op);
-        if (sp_op >= 0) {
-          s_agg_cand_ph[p] += wp * (sc_op >= 0 ? sc_op : 0.0);
-          cand_ops_ph[p]++;
-        }
-      }
-    }
-    t_calls += calls;
-    t_timed += timed;
-    t_captured += captured;
-  }
-  {
-    cJSON *tot = cJSON_GetObjectItemCaseSensitive(root, "totals");
-    if (!cJSON_IsObject(tot))
-      tot = cJSON_AddObjectToObject(root, "totals");
-    int routes = 0;
-    cJSON_ArrayForEach(op, ops) routes += cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(op, "shapes"));
-    set_num(tot, "calls", t_calls);
-    set_num(tot, "timed", t_timed);
-    set_num(tot, "captured", t_captured);
-    set_num(tot, "routes", routes);
-    set_num(tot, "est_device_time_ns", total_est);
-    set_num(tot, "shadow_calls", t_shadow);
-    set_num(tot, "verified", t_verified);
-    set_num(tot, "failed", t_failed);
-    set_num(tot, "rollbacks", t_rollbacks);
-    /* S_agg = sum_i w_i S_i / sum_i w_i over the operators that have an S
-     * (null when nothing was scored): production's (the headroom left) and
-     * the candidates' (operators without a verified candidate count 0; null
-     * when no scored operator has a candidate). Beside it the share of the
-     * device time whose shape keys were scored: an operator's S stands for
-     * its unscored keys too, which this share does not count. */
-    set_num(tot, "scored_share", keys_scored);
-    set_s(tot, "S_agg", scored_w > 0 ? s_agg / scored_w : -1);
-    set_s(tot, "S_agg_candidate", scored_w > 0 && cand_ops > 0 ? s_agg_cand / scored_w : -1);
-    set_num(tot, "above_roof", t_above);
-    int any_cand = 0;
-    cJSON_ArrayForEach(op, ops) any_cand |= cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(op, "candidate"));
-    if (any_cand)
-      put_cand_sums(tot, "candidate_routes", &t_cand, total_est);
-    else
-      set_null(tot, "candidate_routes");
-    /* the kernel tracer's coverage: the share of all kernel time in its
-     * windows that was launched inside timed calls of bound ops */
-    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(root, "timer");
-    if (cJSON_IsObject(tm)) {
-      const double kns = num(tm, "kernel_ns");
-      if (kns > 0)
-        set_num((cJSON *)tm, "coverage", num(tm, "attributed_ns") / kns);
-      else
-        cJSON_DeleteItemFromObjectCaseSensitive((cJSON *)tm, "coverage");
-      cJSON *tph;
-      cJSON_ArrayForEach(tph, cJSON_GetObjectItemCaseSensitive(tm, "phases")) {
-        const double pk = num(tph, "kernel_ns");
-        if (pk > 0)
-          set_num(tph, "coverage", num(tph, "attributed_ns") / pk);
-        else
-          cJSON_DeleteItemFromObjectCaseSensitive(tph, "coverage");
-      }
-    }
-    cJSON_DeleteItemFromObjectCaseSensitive(tot, "phases");
-    cJSON *tp = cJSON_AddObjectToObject(tot, "phases");
-    for (int p = 0; p < UST__N_PHASES; p++) {
-      if (total_ph[p] <= 0)
-        continue;
-      cJSON *x = cJSON_AddObjectToObject(tp, ust__phase_name(p));
-      add_num(x, "est_device_time_ns", total_ph[p]);
-      add_num(x, "scored_share", keys_scored_ph[p]);
-      set_s(x, "S_agg", scored_w_ph[p] > 0 ? s_agg_ph[p] / scored_w_ph[p] : -1);
-      set_s(x, "S_agg_candidate",
-            scored_w_ph[p] > 0 && cand_ops_ph[p] > 0 ? s_agg_cand_ph[p] / scored_w_ph[p] : -1);
-    }
-  }
-out:
-  free(sv.v);
-  free(cv.v);
-  for (int p = 0; p < UST__N_PHASES; p++) {
-    free(sph[p].v);
-    free(cph[p].v);
-  }
+  free(d);
+  json_readings_free(&j);
   return rc;
 }
 
 /* ---- the recent window ------------------------------------------------------------- */
 
-/* o.k -= base.k for each additive field named in keys (absent counts 0) */
-static void sub_fields(cJSON *o, const cJSON *base, const char *const *keys) {
-  for (; *keys != NULL; keys++) {
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, *keys);
-    if (cJSON_IsNumber(v)) {
-      const double d = v->valuedouble - num(base, *keys);
-      cJSON_SetNumberValue(v, d > 0 ? d : 0);
-    }
-  }
-}
-
-/* A histogram less its earlier self, bucket by bucket. */
-static int sub_hist(cJSON *lat, const cJSON *base) {
-  if (lat == NULL || base == NULL)
-    return 0;
-  ust__hist_sparse now, then;
-  if (sparse_of(lat, &now) != 0)
-    return UST_ENOMEM;
-  if (sparse_of(base, &then) != 0) {
-    ust__hist_sparse_free(&now);
-    return UST_ENOMEM;
-  }
-  cJSON *b = cJSON_CreateArray();
-  double count = 0;
-  for (int i = 0, j = 0; b != NULL && i < now.n; i++) {
-    while (j < then.n && then.index[j] < now.index[i])
-      j++;
-    const uint64_t before = j < then.n && then.index[j] == now.index[i] ? then.counts[j] : 0;
-    if (now.counts[i] > before) {
-      cJSON *pair = cJSON_CreateArray();
-      cJSON_AddItemToArray(pair, cJSON_CreateNumber(now.index[i]));
-      cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)(now.counts[i] - before)));
-      cJSON_AddItemToArray(b, pair);
-      count += (double)(now.counts[i] - before);
-    }
-  }
-  const double sum = now.sum > then.sum ? (double)(now.sum - then.sum) : 0;
-  ust__hist_sparse_free(&now);
-  ust__hist_sparse_free(&then);
-  if (b == NULL)
-    return UST_ENOMEM;
-  cJSON_ReplaceItemInObjectCaseSensitive(lat, "buckets", b);
-  set_num(lat, "count", count);
-  set_num(lat, "sum", sum);
-  return 0;
-}
-
-/* base's shape keys, by key */
-typedef struct base_shape {
-  const char *key;
-  const cJSON *shape;
-  UT_hash_handle hh;
-} base_shape;
-
-static base_shape *index_shapes(const cJSON *base, base_shape *cells, int cap) {
-  base_shape *by_key = NULL;
-  int n = 0;
-  const cJSON *op, *sh;
-  cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(base, "operators"))
-  cJSON_ArrayForEach(sh, cJSON_GetObjectItemCaseSensitive(op, "shapes")) {
-    const cJSON *key = cJSON_GetObjectItemCaseSensitive(sh, "key");
-    base_shape *found = NULL;
-    if (n == cap || !cJSON_IsString(key))
-      continue;
-    HASH_FIND_STR(by_key, key->valuestring, found);
-    if (found != NULL)
-      continue;
-    cells[n].key = key->valuestring;
-    cells[n].shape = sh;
-    HASH_ADD_KEYPTR(hh, by_key, cells[n].key, strlen(cells[n].key), &cells[n]);
-    n++;
-  }
-  return by_key;
-}
-
-static int count_shapes(const cJSON *doc) {
-  int n = 0;
-  const cJSON *op;
-  cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(doc, "operators"))
-  n += cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(op, "shapes"));
-  return n;
-}
-
-/* The additive figures of now less those of base (NULL: since enable), as
- * a report of its own: shape keys without a call in between are left out. */
-static cJSON *window_doc(const cJSON *now, const cJSON *base) {
-  static const char *const shape_keys[] = {"calls", "estimated", "captured", "timing_dropped", "first_timed",
-                                            "first_time_ns",
-                                            "steady_timed", "steady_time_ns", "steady_calls", "kernel_timed",
-                                            "kernel_span_ns", "replayed", "held_timed", "hold_expired", NULL};
-  static const char *const roof_keys[] = {"calls", "unscored", "scored_by_callees", "tsol_ns_sum", "time_ns_sum",
-                                          "candidate_calls", "candidate_tsol_ns_sum", "candidate_time_ns_sum",
-                                          "work_calls", "flops_sum", "bytes_sum", NULL};
-  static const char *const shadow_keys[] = {"calls", "verified", "passed", "failed", "skipped", "unverifiable", NULL};
-  static const char *const graph_keys[] = {"unseen_kernels", "unseen_ns", "changed", "dropped", NULL};
-  const int n_base = base != NULL ? count_shapes(base) : 0;
-  base_shape *cells = n_base > 0 ? calloc((size_t)n_base, sizeof *cells) : NULL;
-  if (n_base > 0 && cells == NULL)
-    return NULL;
-  base_shape *by_key = cells != NULL ? index_shapes(base, cells, n_base) : NULL;
-  cJSON *w = cJSON_CreateObject();
-  cJSON *ops = w != NULL ? cJSON_AddArrayToObject(w, "operators") : NULL;
-  if (ops == NULL)
-    goto oom;
-  const cJSON *op;
-  cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(now, "operators")) {
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(op, "name");
-    if (!cJSON_IsString(name))
-      continue;
-    cJSON *wo = cJSON_CreateObject();
-    cJSON_AddItemToArray(ops, wo);
-    cJSON_AddStringToObject(wo, "name", name->valuestring);
-    if (cJSON_GetObjectItemCaseSensitive(op, "candidate") != NULL)
-      cJSON_AddItemToObject(wo, "candidate", cJSON_CreateObject());
-    cJSON *shapes = cJSON_AddArrayToObject(wo, "shapes");
-    const cJSON *sh;
-    cJSON_ArrayForEach(sh, cJSON_GetObjectItemCaseSensitive(op, "shapes")) {
-      const cJSON *key = cJSON_GetObjectItemCaseSensitive(sh, "key");
-      base_shape *cell = NULL;
-      if (by_key != NULL && cJSON_IsString(key))
-        HASH_FIND_STR(by_key, key->valuestring, cell);
-      const cJSON *bsh = cell != NULL ? cell->shape : NULL;
-      if (num(sh, "calls") - num(bsh, "calls") <= 0 && num(sh, "replayed") - num(bsh, "replayed") <= 0)
-        continue; /* neither called nor replayed in the interval */
-      cJSON *ws = cJSON_Duplicate(sh, 1);
-      if (ws == NULL)
-        goto oom;
-      cJSON_AddItemToArray(shapes, ws);
-      /* a route's verdicts and timeline are the totals' business; the calls
-       * the candidate served in the interval stay (the device-time estimate
-       * counts them at its time) */
-      const double served = served_by_candidate(sh) - served_by_candidate(bsh);
-      cJSON_DeleteItemFromObjectCaseSensitive(ws, "rollout");
-      cJSON *wserved = cJSON_AddObjectToObject(cJSON_AddObjectToObject(ws, "rollout"), "served");
-      if (wserved == NULL || add_num(wserved, "candidate", served) == NULL)
-        goto oom;
-      sub_fields(ws, bsh, shape_keys);
-      sub_fields(cJSON_GetObjectItemCaseSensitive(ws, "graph"), cJSON_GetObjectItemCaseSensitive(bsh, "graph"),
-                 graph_keys);
-      if (sub_hist(cJSON_GetObjectItemCaseSensitive(ws, "latency_ns"),
-                   cJSON_GetObjectItemCaseSensitive(bsh, "latency_ns")) != 0)
-        goto oom;
-      sub_fields(cJSON_GetObjectItemCaseSensitive(ws, "roofline"), cJSON_GetObjectItemCaseSensitive(bsh, "roofline"),
-                 roof_keys);
-      cJSON *wsh = cJSON_GetObjectItemCaseSensitive(ws, "shadow");
-      const cJSON *bshd = cJSON_GetObjectItemCaseSensitive(bsh, "shadow");
-      sub_fields(wsh, bshd, shadow_keys);
-      if (sub_hist(cJSON_GetObjectItemCaseSensitive(wsh, "candidate_latency_ns"),
-                   cJSON_GetObjectItemCaseSensitive(bshd, "candidate_latency_ns")) != 0)
-        goto oom;
-    }
-  }
-  {
-    /* the tracer's windows within the interval: the scale of its replays */
-    const cJSON *tn = cJSON_GetObjectItemCaseSensitive(now, "timer");
-    const cJSON *tb = cJSON_GetObjectItemCaseSensitive(base, "timer");
-    cJSON *tw = cJSON_AddObjectToObject(w, "timer");
-    if (tw == NULL)
-      goto oom;
-    add_num(tw, "window_ns", num(tn, "window_ns") - num(tb, "window_ns"));
-    add_num(tw, "elapsed_ns", num(tn, "elapsed_ns") - num(tb, "elapsed_ns"));
-  }
-  HASH_CLEAR(hh, by_key);
-  free(cells);
-  return w;
-oom:
-  HASH_CLEAR(hh, by_key);
-  free(cells);
-  cJSON_Delete(w);
-  return NULL;
-}
-
-/* dst.k = a copy of src.k, when src has k */
-static void copy_item(cJSON *dst, const cJSON *src, const char *k) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(src, k);
-  if (v != NULL)
-    cJSON_AddItemToObject(dst, k, cJSON_Duplicate(v, 0));
-}
-
-/* The window's figures, derived, in brief: per operator and shape key
- * with calls in it, calls, weight and S; in total S_agg. */
+/* The window's figures, derived, in brief: per operator and shape key with
+ * calls in it, calls, weight and S; in total S_agg. */
 static int add_window(cJSON *root, ust__engine *e) {
-  pthread_mutex_lock(&e->window_lock);
-  const cJSON *base = e->window_base[0] != NULL ? e->window_base[0] : e->window_base[1];
-  cJSON *w = window_doc(root, base);
-  const double since = base != NULL ? num(base, "generated_unix_ms") : (double)e->started_unix_ms;
-  pthread_mutex_unlock(&e->window_lock);
-  if (w == NULL || ust__report_derive(w) != 0) {
-    cJSON_Delete(w);
-    return UST_ENOMEM;
-  }
+  const cJSON *tmr = cJSON_GetObjectItemCaseSensitive(root, "timer");
+  json_readings now;
+  ust__reading *w = NULL;
+  ust__derive_shape *d = NULL;
+  ust__derive_totals tot;
+  int nw = 0;
+  double since = 0, scale = 1;
+  int rc = json_readings_of(cJSON_GetObjectItemCaseSensitive(root, "operators"), &now);
+  if (rc == 0)
+    rc = ust__window_readings(e, now.r, now.n, num(tmr, "window_ns"), num(tmr, "elapsed_ns"), &w, &nw, &since,
+                              &scale);
+  if (rc == 0 && (d = calloc((size_t)nw + 1, sizeof *d)) == NULL)
+    rc = ust__error(UST_ENOMEM, "report: out of memory");
+  if (rc == 0)
+    rc = ust__derive_readings(w, nw, scale, d, now.ops, now.n_ops, &tot);
+  if (rc != 0)
+    goto out;
   cJSON *out = cJSON_AddObjectToObject(root, "window");
   add_num(out, "since_unix_ms", since);
   add_num(out, "span_s", (num(root, "generated_unix_ms") - since) / 1000.0);
   add_num(out, "window_s", e->cfg.report_window_s);
-  const cJSON *tot = cJSON_GetObjectItemCaseSensitive(w, "totals");
   cJSON *jt = cJSON_AddObjectToObject(out, "totals");
-  static const char *const tkeys[] = {"calls", "timed", "est_device_time_ns", "scored_share", "S_agg",
-                                      "S_agg_candidate", "above_roof", "candidate_routes", NULL};
-  for (const char *const *k = tkeys; *k != NULL; k++)
-    copy_item(jt, tot, *k);
+  add_num(jt, "calls", tot.calls);
+  add_num(jt, "timed", tot.timed);
+  add_num(jt, "est_device_time_ns", tot.est_device_time_ns);
+  add_num(jt, "scored_share", tot.scored_share);
+  set_s(jt, "S_agg", tot.S_agg);
+  set_s(jt, "S_agg_candidate", tot.S_agg_candidate);
+  add_num(jt, "above_roof", tot.above_roof);
+  put_cand_totals(jt, &tot);
   cJSON *jops = cJSON_AddArrayToObject(out, "operators");
   const cJSON *op;
-  cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(w, "operators")) {
-    const cJSON *shapes = cJSON_GetObjectItemCaseSensitive(op, "shapes");
-    if (cJSON_GetArraySize(shapes) == 0)
-      continue;
-    cJSON *jo = cJSON_CreateObject();
-    cJSON_AddItemToArray(jops, jo);
-    copy_item(jo, op, "name");
-    add_num(jo, "calls", num(op, "calls"));
-    add_num(jo, "weight", num(op, "weight"));
-    const cJSON *rl = cJSON_GetObjectItemCaseSensitive(op, "roofline");
-    copy_item(jo, rl, "S");
-    copy_item(jo, rl, "S_candidate");
-    copy_item(jo, rl, "above_roof");
-    cJSON *jss = cJSON_AddArrayToObject(jo, "shapes");
-    const cJSON *sh;
-    cJSON_ArrayForEach(sh, shapes) {
+  int o = 0;
+  cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(root, "operators")) {
+    const ust__derive_op *dop = &now.ops[o++];
+    cJSON *jo = NULL, *jss = NULL;
+    for (int i = 0; i < nw; i++) {
+      if (w[i].in.op != o - 1)
+        continue;
+      if (jo == NULL) {
+        jo = cJSON_CreateObject();
+        cJSON_AddItemToArray(jops, jo);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(op, "name");
+        cJSON_AddStringToObject(jo, "name", cJSON_IsString(name) ? name->valuestring : "");
+        add_num(jo, "calls", dop->calls);
+        add_num(jo, "weight", dop->weight);
+        set_s(jo, "S", dop->S);
+        if (dop->has_candidate)
+          set_s(jo, "S_candidate", dop->S_candidate);
+        add_num(jo, "above_roof", dop->above_roof);
+        jss = cJSON_AddArrayToObject(jo, "shapes");
+      }
       cJSON *js = cJSON_CreateObject();
       cJSON_AddItemToArray(jss, js);
-      copy_item(js, sh, "key");
-      add_num(js, "calls", num(sh, "calls"));
-      add_num(js, "timed", num(sh, "timed"));
-      const cJSON *lat = cJSON_GetObjectItemCaseSensitive(sh, "latency_ns");
-      if (num(lat, "count") > 0)
-        add_num(js, "p50_ns", num(lat, "p50"));
-      else
-        cJSON_AddNullToObject(js, "p50_ns");
-      const cJSON *srl = cJSON_GetObjectItemCaseSensitive(sh, "roofline");
-      cJSON_AddItemToObject(js, "S", srl != NULL ? cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(srl, "S"), 0)
-                                                 : cJSON_CreateNull());
-      copy_item(js, srl, "above_roof");
+      cJSON_AddStringToObject(js, "key", w[i].key);
+      add_num(js, "calls", w[i].in.calls);
+      add_num(js, "timed", d[i].timed);
+      set_s(js, "p50_ns", d[i].timed > 0 ? d[i].p50 : -1);
+      set_s(js, "S", w[i].in.has_roofline ? d[i].S : -1);
+      if (w[i].in.has_roofline)
+        cJSON_AddBoolToObject(js, "above_roof", d[i].above_roof);
     }
   }
-  cJSON_Delete(w);
-  return 0;
+out:
+  free(d);
+  ust__readings_free(w, nw);
+  json_readings_free(&now);
+  return rc;
 }
 
-void ust__report_window_rotate(ust__engine *e) {
-  cJSON *now = report_raw(e);
-  if (now == NULL)
-    return; /* out of memory: the window grows until the next rotation */
-  pthread_mutex_lock(&e->window_lock);
-  cJSON_Delete(e->window_base[0]);
-  e->window_base[0] = e->window_base[1];
-  e->window_base[1] = now;
-  pthread_mutex_unlock(&e->window_lock);
+cJSON *ust__report_timer(ust__engine *e) {
+  cJSON *tm = timer_json(e->router.timers, ust__now_ns() - e->started_ns);
+  timer_coverage(tm);
+  return tm;
 }
 
 cJSON *ust__report_build(ust__engine *e) {

@@ -56,6 +56,21 @@ cJSON *ust__report_fallback(const ust__route_snap *s) {
   return j;
 }
 
+/* Whether the route's candidate runs on it: it has one, and the route's key
+ * is inside the candidate's "when". */
+static int cand_runs(const ust__route_snap *s) {
+  return s->binding->cand != NULL && ust__route_when_holds(s->binding, &s->k);
+}
+
+const char *ust__report_served_now(const ust__route_snap *s) {
+  const int mode = s->rollout.mode, runs = cand_runs(s);
+  if (runs && s->rollout.qualified && mode == UST__MODE_LIVE)
+    return "candidate";
+  if (runs && s->rollout.qualified && mode == UST__MODE_CANARY)
+    return "both";
+  return "production";
+}
+
 /* Which implementation serves a route: production (the bound op), the
  * candidate (named), or both (canary); and, where the candidate does not
  * run on the route, why. */
@@ -68,14 +83,8 @@ cJSON *ust__report_served_by(const ust__route_snap *s) {
     cJSON_AddStringToObject(j, "candidate", ust__report_cand_label(c));
   else
     cJSON_AddNullToObject(j, "candidate");
-  const int mode = s->rollout.mode;
-  const int runs = c != NULL && ust__route_when_holds(b, &s->k);
-  const char *now = "production";
-  if (runs && s->rollout.qualified && mode == UST__MODE_LIVE)
-    now = "candidate";
-  else if (runs && s->rollout.qualified && mode == UST__MODE_CANARY)
-    now = "both";
-  cJSON_AddStringToObject(j, "now", now);
+  const int runs = cand_runs(s);
+  cJSON_AddStringToObject(j, "now", ust__report_served_now(s));
   if (c != NULL && !runs)
     cJSON_AddStringToObject(j, "why", "the route's key is outside the candidate's 'when'");
   const ust__fallback_snap *f = &s->fallback;

@@ -351,6 +351,102 @@ double ust__route_s(double tsol_sum_ns, double scored_calls, double p50_ns);
 /* The median of v[0..n) (sorts v); 0 for n == 0. */
 double ust__median(double *v, int n);
 
+/* ---- a report's derived figures from its additive ones (derive.c) ---------------------
+ *
+ * One derivation for every reader: the JSON report (plugin/report.c reads
+ * its shapes into these structs and writes the results back), a merge of
+ * reports (the same, from the merged JSON), the report's recent window and
+ * the Prometheus metrics (read from a route snapshot, no JSON between). */
+
+#define UST__DERIVE_PHASES 3 /* unknown, prefill, decode: dispatch's UST__N_PHASES */
+
+/* How a route stands under CUDA graphs (the report's graph.status). */
+enum {
+  UST__GRAPH_NONE = 0,     /* no graph ran it (null) */
+  UST__GRAPH_OBSERVED,     /* its captured calls are timed by their replays */
+  UST__GRAPH_GATED,        /* its captured calls hold their shadow, decided at each replay */
+  UST__GRAPH_OBSERVE_ONLY, /* verdicts do not flow in its replays (the report's graph.reason says why) */
+};
+const char *ust__graph_status_name(int status); /* "observed", "gated", "observe-only"; NULL for NONE */
+
+/* One shape key's additive figures. */
+typedef struct ust__derive_in {
+  int op;                /* the index of its operator in the ops array */
+  int phase;             /* [0, UST__DERIVE_PHASES) */
+  int on_host;           /* timed by the host clock (a CPU key) */
+  int has_shadow;        /* its operator has a candidate: shadow and rollout figures */
+  int has_roofline;      /* its binding has a roofline: the roof_* figures */
+  int rolled_back;       /* its mode is rolled_back */
+  const ust__hist_sparse *lat, *clat; /* borrowed; NULL: none (clat: without shadow) */
+  double calls, captured, replayed, kernel_timed, held_timed;
+  double first_timed, first_time_ns, steady_timed, steady_time_ns, steady_calls;
+  double served_cand;    /* calls its candidate served */
+  double roof_calls, roof_tsol_ns, roof_time_ns, cand_roof_calls, cand_roof_tsol_ns, cand_roof_time_ns;
+  double work_calls, flops, bytes;
+  double shadow_calls, verified, failed;
+  double unseen_kernels, graph_changed;                           /* its graph figures */
+  double graph_plain, graph_ungated, graph_exposed, graph_shadowed; /* its shadow's graph figures */
+} ust__derive_in;
+
+/* -1 stands for null (unknown) in the fields that say so. */
+typedef struct ust__derive_shape {
+  double timed, p50, p90, p99;     /* production's histogram */
+  double cand_timed, cand_p50, cand_p90, cand_p99;
+  double replayed_est;             /* replays seen in the tracer's windows, scaled to the whole time */
+  double est_device_time_ns, weight;
+  double speedup;                  /* -1 */
+  double S, S_candidate;           /* -1 */
+  double tsol_ns_mean, intensity, flops_mean, achieved_flops_s, cand_achieved_flops_s; /* -1 except the mean */
+  int above_roof;                  /* S or S_candidate > 1: measured faster than its floor */
+  int graph;                       /* UST__GRAPH_* */
+} ust__derive_shape;
+
+/* The candidates' headline (candidate_routes): the keys where both arms have
+ * an S, the candidates' S and production's over them, each the keys' S
+ * weighted by their device time, and the share of the device time they
+ * hold. S_agg_candidate counts 0 for every operator without a verified
+ * candidate; these compare the two arms where both ran. */
+typedef struct ust__derive_cand {
+  double routes, device_share;
+  double S_candidate, S_production; /* -1 */
+  double time_ns, s_cand, s_prod;   /* the sums they are taken from (S times the keys' device time) */
+} ust__derive_cand;
+
+typedef struct ust__derive_phase {
+  int routes;                      /* 0: the operator had no key in the phase */
+  double est_device_time_ns, weight;
+  double S, S_candidate;           /* -1 */
+} ust__derive_phase;
+
+typedef struct ust__derive_op {
+  int has_candidate;               /* in: its S_candidate and coverage are derived */
+  double calls, timed, captured, device_time_ns, est_device_time_ns, weight;
+  int scored_shapes;
+  double S, S_weighted, S_candidate, coverage; /* -1 */
+  int above_roof;                  /* its keys above their roof */
+  ust__derive_cand candidate_routes; /* with a candidate */
+  ust__derive_phase phases[UST__DERIVE_PHASES];
+} ust__derive_op;
+
+typedef struct ust__derive_totals {
+  int routes;
+  double calls, timed, captured, est_device_time_ns, shadow_calls, verified, failed, rollbacks;
+  double scored_share, S_agg, S_agg_candidate; /* -1 */
+  double above_roof;               /* keys above their roof */
+  int any_candidate;               /* an operator has a candidate: candidate_routes stands */
+  ust__derive_cand candidate_routes;
+  struct {
+    double est_device_time_ns, scored_share, S_agg, S_agg_candidate; /* est 0: no call in the phase */
+  } phases[UST__DERIVE_PHASES];
+} ust__derive_totals;
+
+/* Derive in[0..n) of ops[0..n_ops) (each ops[i].has_candidate set by the
+ * caller): shapes[0..n) and ops are written, tot too. replay_scale: what a
+ * replay seen in the tracer's windows stands for (elapsed / window time, 1
+ * without windows). 0, or UST_ENOMEM. */
+int ust__derive(const ust__derive_in *in, int n, double replay_scale, ust__derive_shape *shapes, ust__derive_op *ops,
+                int n_ops, ust__derive_totals *tot);
+
 /* ---- the sequential comparison of a candidate with production (seqtest.c) ---------- */
 
 /* ln of the sign-test mixture martingale after n paired samples of which k

@@ -171,6 +171,32 @@ UST_API int ust_report_json(char **out);
  * ust_free). Needs no enabled engine. Thread-safe. */
 UST_API int ust_report_derive(const char *report_json, char **out);
 
+/* ---- the figures of the Prometheus metrics ---------------------------------- */
+
+/* A reader of the figures understudy's Prometheus metrics expose, folded
+ * into series: per operator and phase, or with top_keys > 0 per operator,
+ * shape key and phase for the top_keys keys of each operator with the most
+ * estimated device time, the others summed into key "other". A reader keeps
+ * each counter as the sum of what its routes added between reads, so every
+ * counter only grows for the reader's life, whichever series a route is
+ * counted in and across a disable and enable. Opaque; one thread at a time. */
+typedef struct ust_metrics ust_metrics;
+
+/* A new reader in *out (free with ust_metrics_free); top_keys in [0, 65536]. */
+UST_API int ust_metrics_new(int top_keys, ust_metrics **out);
+/* ust_metrics_free(NULL) is a no-op. */
+UST_API void ust_metrics_free(ust_metrics *m);
+/* The figures now, folded into m's series, as a JSON document whose size
+ * follows the series, not the routes (schema "understudy.metrics",
+ * docs/metrics.md): from this process's routes when report_json is NULL,
+ * read from their snapshot and derived with no JSON report built (never
+ * waits for the device: timings in flight appear at a later read; never
+ * blocks a serving thread), else from report_json (borrowed), whose derived
+ * figures are taken as it gives them. *out receives a new string (free
+ * with ust_free). UST_ESTATE when understudy is not enabled (report_json
+ * NULL) or from inside an intercepted call. */
+UST_API int ust_metrics_read(ust_metrics *m, const char *report_json, char **out);
+
 /* Expand a path template as enable expands the config's report.path and
  * state.path: {pid} is this process's id; {rank} and {local_rank} come from
  * the launcher's environment, the first set of RANK, OMPI_COMM_WORLD_RANK,

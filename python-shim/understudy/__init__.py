@@ -116,6 +116,10 @@ def _load():
             lib.ust_report_derive.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_expand_path.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_free.argtypes = [ctypes.c_void_p]
+            lib.ust_metrics_new.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+            lib.ust_metrics_free.argtypes = [ctypes.c_void_p]
+            lib.ust_metrics_free.restype = None
+            lib.ust_metrics_read.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
             lib.ust_graph_bind.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p]
             lib.ust_graph_capture_hosted.argtypes = [ctypes.c_void_p]
             lib.ust_graph_capture_hosted.restype = ctypes.c_ulonglong
@@ -206,8 +210,8 @@ def _read_config_file(path: str) -> str:
         os.close(fd)
     try:
         return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(-2, "UST_ECONFIG", f"config file '{path}' is not UTF-8: {e}") from None
+    except UnicodeDecodeError as e:  # where, never the bytes: the file may be one the user did not write
+        raise ConfigError(-2, "UST_ECONFIG", f"config file '{path}' is not UTF-8 (byte {e.start})") from None
 
 
 def enable(config: ConfigLike = None, *, problems: Optional[Union[str, os.PathLike]] = None) -> None:

@@ -31,6 +31,16 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _printable(text: str) -> str:
+    from .tables import printable
+    return printable(str(text))
+
+
+def _one_line(text: str) -> str:
+    """A message on one line, nothing in it a terminal would act on."""
+    return _printable(" ".join(str(text).split("\n")))
+
+
 # ---- report ---------------------------------------------------------------------------
 
 def _report_args(p):
@@ -40,15 +50,22 @@ def _report_args(p):
 
 
 def _report(args) -> int:
+    from understudy.merge import MergeError, read_text
+
     try:
-        with open(args.file) as f:
-            rep = json.load(f)
-    except (OSError, ValueError) as e:
-        return _fail(f"cannot read report '{args.file}': {e}")
+        rep = json.loads(read_text(args.file))
+    except MergeError as e:
+        return _fail(_one_line(str(e)))
+    except ValueError as e:  # the parser's message gives a position, never the text
+        return _fail(f"cannot read report '{_printable(args.file)}': not JSON ({_one_line(str(e))})")
     if not isinstance(rep, dict) or rep.get("schema") != "understudy.report":
-        return _fail(f"'{args.file}' is not an understudy report")
-    print(format_report(rep, max_shapes=args.shapes, all_operators=args.all))
-    verdicts = format_verdicts(rep)
+        return _fail(f"'{_printable(args.file)}' is not an understudy report")
+    try:
+        table, verdicts = format_report(rep, max_shapes=args.shapes, all_operators=args.all), format_verdicts(rep)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:  # a field missing or of another kind
+        return _fail(f"'{_printable(args.file)}' is not a report this version reads ({type(e).__name__}: "
+                     f"{_one_line(str(e))[:80]})")
+    print(table)
     if verdicts:
         print("\n" + verdicts)
     return 0
@@ -79,28 +96,31 @@ def _merge(args) -> int:
     import tempfile
 
     from understudy import UnderstudyError
-    from understudy.merge import MergeError, merge
+    from understudy.merge import MergeError, merge_files
 
-    reports = []
-    for p in args.reports:
-        try:
-            with open(p) as f:
-                reports.append(json.load(f))
-        except (OSError, ValueError) as e:
-            return _fail(f"cannot read report '{p}': {e}")
     try:
-        merged = merge(reports)
+        text, totals = merge_files(args.reports)
     except (MergeError, UnderstudyError) as e:
-        return _fail(f"merge: {e}")
+        return _fail(f"merge: {_one_line(str(e))}")
     d = os.path.dirname(os.path.abspath(args.out))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".merge-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(merged, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, args.out)
-    print(f"merged {len(reports)} reports into {args.out}: {merged['totals']['calls']} calls, "
-          f"{merged['totals']['routes']} shape keys, S_agg {_s_agg_text(merged['totals'])}")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".merge-")
+    except OSError as e:
+        return _fail(f"merge: cannot write into '{d}': {e.strerror}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, args.out)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return _fail(f"merge: cannot write '{args.out}': {e.strerror}")
+    print(f"merged {len(args.reports)} reports into {_printable(args.out)}: {totals['calls']:.0f} calls, "
+          f"{totals['routes']:.0f} shape keys, S_agg {_s_agg_text(totals)}")
     return 0
 
 

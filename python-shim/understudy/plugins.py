@@ -15,6 +15,7 @@ def vllm() -> None:
     """vllm.general_plugins: understudy in this vLLM process."""
     from .activation import activate
 
+    _note_engine("vllm")
     activate(source="vLLM plugin")
 
 
@@ -22,4 +23,14 @@ def sglang() -> None:
     """sglang.srt.plugins: understudy in this SGLang process."""
     from .activation import activate
 
+    _note_engine("sglang")
     activate(source="SGLang plugin")
+
+
+def _note_engine(engine: str) -> None:
+    """The engine label of the metrics (never raises: metrics are optional)."""
+    try:
+        from .metrics import _note_host
+        _note_host(engine=engine)
+    except Exception:  # noqa: BLE001
+        pass

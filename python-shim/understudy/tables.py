@@ -6,6 +6,7 @@ timed, S of a key without a floor), operators that saw no call are left out
 unless asked for, and each table ends with a legend of its columns."""
 from __future__ import annotations
 
+
 NO_SCORE_HINT = ("no hardware profile matches the device (a CPU has none shipped): "
                  "python -m understudy calibrate --quick --out DIR/cpu.json, then \"hardware\": {\"dir\": DIR}")
 
@@ -39,6 +40,27 @@ VERDICT_LEGEND = (
              "(the report's skipped_by counts each)"),
     ("speedup", "production's median latency / the candidate's; - when either was not timed"),
 )
+
+
+def printable(text: str) -> str:
+    """text with what a terminal would act on escaped as Python writes it:
+    control characters (escape sequences, carriage returns, newlines),
+    format characters that reorder text (bidirectional overrides), and any
+    other character str.isprintable() refuses."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def printable_strings(obj):
+    """obj (a report) with every string in it, keys too, made printable()."""
+    if isinstance(obj, str):
+        return printable(obj)
+    if isinstance(obj, dict):
+        return {printable_strings(k): printable_strings(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [printable_strings(v) for v in obj]
+    return obj
 
 
 def _legend(rows) -> list:
@@ -97,7 +119,9 @@ def hidden_operators(rep: dict) -> list:
 
 def format_report(rep: dict, *, max_shapes: int = 8, all_operators: bool = False, legend: bool = True) -> str:
     """A readable table of a report: operators by weight, their hottest shape
-    keys. Operators without calls only with all_operators."""
+    keys. Operators without calls only with all_operators. Strings from the
+    report are printed with control characters escaped (printable())."""
+    rep = printable_strings(rep)
     lines = []
     tot = rep.get("totals", {})
     lines.append(f"understudy report (schema {rep.get('schema')} v{rep.get('version')}, "
@@ -184,7 +208,9 @@ def rollback_line(ev: dict) -> str:
 
 
 def format_verdicts(rep: dict, *, legend: bool = True) -> str:
-    """Shadow verdicts per route: verified / passed / failed, speedup, rollbacks with evidence."""
+    """Shadow verdicts per route: verified / passed / failed, speedup, rollbacks with evidence
+    (strings from the report with control characters escaped)."""
+    rep = printable_strings(rep)
     pairs = [(op, s) for op in rep.get("operators", []) for s in op.get("shapes", []) if "shadow" in s]
     if not pairs:
         return ""

@@ -115,6 +115,15 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
 
 
+def series_labels(**labels):
+    """A series' labels as the exposition writes them: these and the ones
+    every series carries in this process now (engine, from what it has
+    imported, and model_name where known), sorted."""
+    from understudy.metrics import const_labels
+    both = dict(const_labels(), **labels)
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(both.items())) + "}"
+
+
 @pytest.fixture
 def us(tmp_path):
     """understudy, disabled again after the test whatever happens."""

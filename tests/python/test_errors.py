@@ -129,3 +129,31 @@ def test_unknown_op_in_a_definition_is_accepted_and_inert(us, tmp_path):
     (s,) = rep["operators"][0]["shapes"]
     assert s["key"] == "ust_test_ns::rms_norm|cpu|f32,f32,f32|M=6,N=8" and s["calls"] == 1
     us.disable()
+
+
+@pytest.mark.parametrize("text", ["SECRET-KEY-7f3a0c9d not json at all",
+                                  '{"operators": {"silu": "observe"}, "SECRET_NAME": 1, "SECRET_NAME": 2}',
+                                  '{"operators": {"silu": "observe"}}\nSECRET-TRAILER'])
+def test_parse_errors_say_where_not_what(us, tmp_path, monkeypatch, text):
+    """A config path linked to a file the user did not write: the error
+    names the file and where it stops being a config, never its bytes."""
+    secret = tmp_path / "credentials"
+    secret.write_text(text)
+    link = tmp_path / "understudy.json"
+    link.symlink_to(secret)
+    monkeypatch.setenv("UNDERSTUDY_CONFIG", str(link))
+    with pytest.raises(understudy.ConfigError) as e:
+        us.enable()
+    assert "SECRET" not in str(e.value) and "config" in str(e.value)
+    if "not json" in text:
+        assert "line 1, column 1" in str(e.value)
+
+
+def test_problem_file_parse_errors_say_where_not_what(us, tmp_path):
+    import shutil
+    probs = tmp_path / "problems"
+    shutil.copytree(understudy.problems_dir(), probs)
+    (probs / "silu.json").write_text('{"schema_version": 1,\n  "operator": SECRET-VALUE-99}')
+    with pytest.raises(understudy.ProblemError) as e:
+        us.enable({"operators": {"silu": "observe"}}, problems=probs)
+    assert "SECRET" not in str(e.value) and "silu.json" in str(e.value) and "line 2" in str(e.value)

@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import understudy
-from conftest import candidate_dir
+from conftest import candidate_dir, series_labels
 
 
 class TopLevelOps(TorchDispatchMode):
@@ -92,9 +92,10 @@ def test_the_metrics_say_which_implementation_serves(us):
                "report": {"interval_s": 0}})
     torch.mm(torch.randn(8, 16), torch.randn(16, 4))
     text = understudy.metrics_text(understudy.report())
-    assert ('understudy_candidate_info{candidate="ust_fallback_test::mm_half",kind="torch_op",operator="gemm",'
-            'source=""} 1.0') in text
-    assert 'understudy_routes_serving{implementation="production",operator="gemm"} 1.0' in text
+    info = series_labels(candidate="ust_fallback_test::mm_half", kind="torch_op", operator="gemm", source="")
+    assert f"understudy_candidate_info{info} 1.0" in text
+    serving = series_labels(implementation="production", operator="gemm")
+    assert f"understudy_routes_serving{serving} 1.0" in text
 
 
 class MatmulByAnAutogradFunction(torch.autograd.Function):

@@ -131,7 +131,7 @@ def test_exposition_passes_promtool_and_carries_the_report(us, tmp_path):
         with counter:
             for n in (3, 5, 7):
                 torch.nn.functional.silu(torch.randn(n, 7))
-    server = understudy.serve_metrics(port=0)
+    server = understudy.serve_metrics(port=0, top_keys=10)
     try:
         status, ctype, text = get(f"http://127.0.0.1:{server.port}/metrics")
     finally:
@@ -208,7 +208,7 @@ def test_no_series_double_counts(us, tmp_path):
         by_phase[dict(lb)["phase"]] += v
     assert by_phase == {"decode": 4, "prefill": 4, "unknown": 3}
     (agg,) = pick(smp, "understudy_aggregate_roofline_ratio").items()
-    assert agg[0] == frozenset() and agg[1] == tot["S_agg"]
+    assert agg[0] == frozenset(understudy.metrics.const_labels()) and agg[1] == tot["S_agg"]
     per_phase = {dict(lb)["phase"]: v for lb, v in pick(smp, "understudy_phase_aggregate_roofline_ratio").items()}
     assert per_phase == {ph: x["S_agg"] for ph, x in tot["phases"].items()}
     assert set(per_phase) == {"decode", "prefill", "unknown"}
@@ -326,7 +326,7 @@ def test_metrics_escape_labels():
     rep = {"operators": [{"name": 'we"ird\\op', "weight": 0.5, "shapes": [
         {"key": 'k"1\\\n', "op": "x", "calls": 2, "latency_ns": {"count": 0, "sum": 0, "buckets": []}}]}],
         "totals": {}}
-    smp = samples(understudy.metrics_text(rep))
+    smp = samples(understudy.metrics_text(rep, top_keys=1))
     assert one(smp, "understudy_operator_device_time_ratio", operator='we"ird\\op') == 0.5
     assert one(smp, "understudy_calls_total", operator='we"ird\\op', key='k"1\\\n') == 2
 
@@ -385,9 +385,12 @@ def test_a_report_that_cannot_be_read_counts_an_error_and_not_enabled_does_not()
     ({"port": 9464, "host": 127001}, "'metrics.host' must be a non-empty string"),
     ({"port": 9464, "host": ""}, "'metrics.host' must be a non-empty string"),
     ({"host": "127.0.0.1"}, "'metrics.host' needs 'metrics.port'"),
-    ({"top_keys": 0}, "'metrics.top_keys' must be an integer in [1, 65536]"),
-    ({"port": 9464, "path": "/metrics"}, "unknown field 'metrics.path' (expected one of: port, host, top_keys)"),
-    ([9464], "'metrics' must be an object {port, host, top_keys}"),
+    ({"top_keys": -1}, "'metrics.top_keys' must be an integer in [0, 65536]"),
+    ({"model_name": ""}, "'metrics.model_name' must be a non-empty string"),
+    ({"engine": 3}, "'metrics.engine' must be a non-empty string"),
+    ({"port": 9464, "path": "/metrics"},
+     "unknown field 'metrics.path' (expected one of: port, host, top_keys, model_name, engine)"),
+    ([9464], "'metrics' must be an object {port, host, top_keys, model_name, engine}"),
 ])
 def test_metrics_section_is_checked(us, section, message):
     with pytest.raises(understudy.ConfigError) as e:
@@ -622,7 +625,7 @@ def test_multiprocess_mode_appears_in_the_hosts_metrics(tmp_path):
         assert one(smp, "host_requests_total") == 7
         assert sum(pick(smp, "understudy_latency_seconds_count", operator="rms_norm").values()) == 9
         (enabled,) = pick(smp, "understudy_enabled").items()
-        assert dict(enabled[0]) == {"pid": f"understudy-{p.pid}"} and enabled[1] == 1
+        assert dict(enabled[0]) == {"pid": f"understudy-{p.pid}", "engine": "torch"} and enabled[1] == 1
         promtool_check(scrape(), tmp_path)
     finally:
         stop_worker(p)

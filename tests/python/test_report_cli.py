@@ -85,3 +85,41 @@ def test_report_into_a_pipe_closed_early_ends_quietly(us, report_path):
     r = subprocess.run(f"'{sys.executable}' -m understudy report '{report_path}' --shapes 1000 | head -n 2",
                        shell=True, capture_output=True, text=True, env=env, timeout=120)
     assert len(r.stdout.splitlines()) == 2 and r.stderr == "", r.stderr
+
+
+def _cli_report(path, env):
+    return subprocess.run([sys.executable, "-m", "understudy", "report", str(path)], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_control_characters_from_a_report_are_escaped(us, report_path):
+    """A shape key, an operator name and a rollback reason carrying terminal
+    escapes, a carriage return and a bidirectional override: printed as
+    escapes, never as the characters."""
+    us.enable({"operators": {"gemm": {"mode": "observe", "sample": 1.0}},
+               "report": {"path": str(report_path), "interval_s": 0}})
+    torch.mm(torch.ones(2, 2), torch.ones(2, 2))
+    us.disable()
+    rep = load_report(report_path)
+    (op,) = [o for o in rep["operators"] if o["shapes"]]
+    op["name"] = "gemm\u202eevil"
+    op["shapes"][0]["key"] = "aten::mm\x1b[2J\x1b[31m|cpu\rOWNED"
+    report_path.write_text(__import__("json").dumps(rep))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"))
+    out = _cli_report(report_path, env)
+    assert out.returncode == 0, out.stderr
+    assert not any(c in out.stdout for c in ("\x1b", "\r", "\u202e"))
+    assert "aten::mm\\x1b[2J\\x1b[31m|cpu\\rOWNED" in out.stdout and "gemm\\u202eevil" in out.stdout
+
+
+def test_a_fifo_is_refused_and_a_bad_file_named_without_its_bytes(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python-shim"))
+    fifo = tmp_path / "r.json"
+    os.mkfifo(fifo)
+    out = _cli_report(fifo, env)
+    assert out.returncode == 2 and "not a regular file" in out.stderr and "Traceback" not in out.stderr
+    secret = tmp_path / "secret.json"
+    secret.write_text("SECRET-TOKEN-3b1f\x1b[31m not json")
+    out = _cli_report(secret, env)
+    assert out.returncode == 2 and "SECRET" not in out.stderr and "\x1b" not in out.stderr
+    assert "cannot read report" in out.stderr and out.stderr.count("\n") == 1

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import understudy
-from conftest import ROOT
+from conftest import ROOT, series_labels
 from test_shadow import routes
 
 H200 = json.loads((ROOT / "problems" / "hardware" / "H200.json").read_text())
@@ -196,7 +196,7 @@ def test_no_candidate_means_no_candidate_score_anywhere(us, tmp_path):
     page = html.render(rep)
     assert 'class="headline"' not in page and "S_agg candidates" not in page
     text = metrics.metrics_text(rep)
-    assert re.search(r"^understudy_aggregate_roofline_ratio \S+$", text, re.M)
+    assert re.search(r"^understudy_aggregate_roofline_ratio" + re.escape(series_labels()) + r" \S+$", text, re.M)
     assert not re.search(r"^understudy_(phase_)?aggregate_candidate_roofline_ratio", text, re.M)  # no series
     assert not re.search(r"^understudy_candidate_routes_", text, re.M)
     other = json.loads(json.dumps(rep))
