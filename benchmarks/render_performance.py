@@ -92,6 +92,12 @@ ABOUT = {
         "a read of the JSON report, which a scrape once parsed holding the lock. On a shared machine the stalls "
         "carry the scheduler's pauses; the blocked time does not.",
         "PYTHONPATH=python-shim python3 benchmarks/scrape.py --routes 4096 65536"),
+    "hung_candidate": (
+        "A candidate that never returns, `guard.deadline_ms` 200, eight serving threads on the CPU: the "
+        "throughput of the threads it did not take while its call is inside, over the same threads observed "
+        "without it (arms alternating, median over rounds), and how long after its first call the route rolled "
+        "back.",
+        "PYTHONPATH=python-shim python3 benchmarks/hung_candidate.py --rounds 7"),
     "calibrate": (
         "How long `understudy calibrate --quick` takes on a CPU (the command from start to exit, and the "
         "measuring alone), and its ceilings against the best rates plain torch calls reach in the same "
