@@ -277,6 +277,10 @@ def test_liger_rmsnorm_on_the_gpu_shadowed_then_canary(us, hub_norm, tmp_path):
     for s in routes:  # Liger's Triton kernel agrees with the original forward on every call, in bf16
         assert s["device"] == "cuda" and s["shadow"]["verified"] == s["shadow"]["passed"] == s["calls"]
     assert ops[0]["candidate"]["source"]["kind"] == "hub"
+    for s in routes:  # the figures of both arms on the GPU's roofline, and the promotion's standing
+        r, p = s["roofline"], s["rollout"]["promotion"]
+        print(f"\nliger hub RMSNorm {s['key']}: S production {r['S']}, S candidate {r['S_candidate']}, "
+              f"promotion {p['state']}: {p.get('note')}")
     # canary: half the calls served by the hub kernel, the rest verified against the original
     for s in routes:
         understudy.set_mode(key=s["key"], mode="canary", canary=0.5)
