@@ -9,7 +9,9 @@
  * the results to the slot's pinned host buffer, a last event marks the end,
  * and whoever harvests next (the worker, or a serving thread waiting for its
  * verdict) concludes the slot once that event has completed. The number of
- * slots bounds the shadow work in flight.
+ * slots bounds the shadow work in flight. What a GPU slot asks of the
+ * runtime goes through guard/shadow_dev.h, so that this file is the same in
+ * every build.
  *
  * A slot writes the route's ust__verify counters (the guard's part); what the
  * route makes of a verdict (times, rollbacks, promotions) goes to the pool's
@@ -26,16 +28,11 @@
 #include "guard/guard.h"
 #include "guard/procrun.h"
 #include "guard/ring.h"
-
-#if defined(UST_GPU_CUDA) || defined(UST_GPU_HIP)
-#define UST__SHADOW_GPU 1
-#include "base/gpu_runtime.h"
-#endif
+#include "guard/shadow_dev.h"
 
 #define MAX_SLOT_PAIRS UST__MAX_PAIRS
 /* pending comparisons a serving thread queries before it takes a slot */
 #define UST__ACQUIRE_QUERIES 4
-#define MAX_DEVICES 64
 
 typedef struct pair_meta {
   const char *name;
@@ -71,24 +68,7 @@ typedef struct shadow_slot {
   int failed;        /* this use's verdict: 1 when it failed */
   atomic_int state;  /* slot_state */
   atomic_uint_fast64_t uses; /* incremented at each release: a flush waits for it to move */
-#ifdef UST__SHADOW_GPU
-  int device;                 /* of this use */
-  unsigned ev_made;           /* bit i: ev[i] exists (events live for one use) */
-  cudaEvent_t ev[UST__MARK_COUNT + 1];
-  ust__cmp_stats *dev_stats;  /* this slot's part of the device's arena */
-  ust__cmp_stats *pinned;     /* and of its pinned host arena */
-#endif
 } shadow_slot;
-
-#ifdef UST__SHADOW_GPU
-/* Per device, the result buffers of every slot, allocated at the first
- * shadowed call on that device: allocation may synchronise the device, so
- * it happens once there and never again on the serving path. */
-typedef struct gpu_arena {
-  ust__cmp_stats *dev;
-  ust__cmp_stats *pinned;
-} gpu_arena;
-#endif
 
 /* A shadowed call captured into a CUDA graph: its route and its pairs'
  * metadata, to judge each replay's statistics from the ring. */
@@ -107,7 +87,7 @@ typedef struct graph_site {
 static _Atomic uint32_t g_pool_generations;
 
 struct ust__shadow_pool {
-  pthread_mutex_t lock; /* the free list, the pending list, the arenas, the sites */
+  pthread_mutex_t lock; /* the free list, the pending list, the sites, dev's arenas */
   graph_site **sites;   /* sites[i] is index i + 1; never moved once added */
   uint32_t n_sites, cap_sites;
   uint32_t site_base;   /* this pool's generation, above SITE_INDEX_BITS */
@@ -120,9 +100,7 @@ struct ust__shadow_pool {
   int n_free;
   int *pending; /* GPU slots whose results are in flight */
   int n_pending;
-#ifdef UST__SHADOW_GPU
-  gpu_arena arenas[MAX_DEVICES];
-#endif
+  ust__shadow_dev *dev; /* the slots' device parts: arenas, events (NULL without a GPU) */
 };
 
 static void atomic_max_u64(atomic_uint_fast64_t *a, uint64_t v) {
@@ -131,149 +109,8 @@ static void atomic_max_u64(atomic_uint_fast64_t *a, uint64_t v) {
     ;
 }
 
-const char *ust__skip_name(int reason) {
-  static const char *const names[UST__SKIP_COUNT] = {"no_slot", "error", "budget", "capture"};
-  return reason >= 0 && reason < UST__SKIP_COUNT ? names[reason] : "error";
-}
-
-void ust__verify_skipped(ust__verify *v, int reason) {
-  if (reason < 0 || reason >= UST__SKIP_COUNT)
-    reason = UST__SKIP_ERROR;
-  atomic_fetch_add_explicit(&v->skipped_by[reason], 1, memory_order_relaxed);
-}
-
-void ust__verify_overdue(ust__verify *v) { atomic_fetch_add_explicit(&v->overdue, 1, memory_order_relaxed); }
-
-void ust__verify_graph_shadowed(ust__verify *v, int beside) {
-  atomic_fetch_add_explicit(&v->graph_shadowed, 1, memory_order_relaxed);
-  if (beside)
-    atomic_fetch_add_explicit(&v->graph_beside, 1, memory_order_relaxed);
-}
-
-uint64_t ust__verify_failed_call(ust__verify *v) {
-  const uint64_t n = atomic_fetch_add_explicit(&v->calls, 1, memory_order_relaxed) + 1;
-  atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&v->failed, 1, memory_order_relaxed);
-  return n;
-}
-
-int ust__verify_budget(ust__verify *v, ust__figs *f, double max_slowdown) {
-  if (max_slowdown <= 0 || atomic_load_explicit(&v->paused, memory_order_relaxed) ||
-      atomic_load_explicit(&f->cand_hist.count, memory_order_relaxed) < 5)
-    return 0;
-  const double tp = ust__hist_quantile_live(&f->hist, 0.5), tc = ust__hist_quantile_live(&f->cand_hist, 0.5);
-  if (!(tp > 0) || !(tc > max_slowdown * tp))
-    return 0;
-  int expected = 0;
-  if (!atomic_compare_exchange_strong(&v->paused, &expected, 1))
-    return 0;
-  atomic_store(&v->paused_ratio_milli, (uint64_t)(tc / tp * 1000.0 + 0.5));
-  return 1;
-}
-
-void ust__verify_snapshot(ust__verify *v, ust__verify_snap *o) {
-  o->calls = atomic_load(&v->calls);
-  o->verified = atomic_load(&v->verified);
-  o->passed = atomic_load(&v->passed);
-  o->failed = atomic_load(&v->failed);
-  o->skipped = 0;
-  for (int i = 0; i < UST__SKIP_COUNT; i++)
-    o->skipped += o->skipped_by[i] = atomic_load(&v->skipped_by[i]);
-  o->unverifiable = atomic_load(&v->unverifiable);
-  o->aa_runs = atomic_load(&v->aa_runs);
-  o->aa_mismatching = atomic_load(&v->aa_mismatching);
-  o->max_abs = ust__bits_to_double(atomic_load(&v->max_abs_bits));
-  o->max_rel = ust__bits_to_double(atomic_load(&v->max_rel_bits));
-  o->aa_max_abs = ust__bits_to_double(atomic_load(&v->aa_max_abs_bits));
-  o->aa_max_rel = ust__bits_to_double(atomic_load(&v->aa_max_rel_bits));
-  o->bytes_copied = atomic_load(&v->bytes_copied);
-  o->overdue = atomic_load(&v->overdue);
-  o->proc_passed = atomic_load(&v->proc_passed);
-  o->paused = atomic_load(&v->paused);
-  o->paused_ratio = (double)atomic_load(&v->paused_ratio_milli) / 1000.0;
-  o->graph_shadowed = atomic_load(&v->graph_shadowed);
-  o->graph_plain = atomic_load(&v->graph_plain);
-  o->graph_beside = atomic_load(&v->graph_beside);
-  o->graph_why = atomic_load(&v->graph_why);
-  o->graph_ungated = atomic_load(&v->graph_ungated);
-  o->graph_dropped = atomic_load(&v->graph_dropped);
-  o->graph_exposed = atomic_load(&v->graph_exposed);
-}
-
-const char *ust__graph_why_text(int why) {
-  static const char *const texts[UST__GW_COUNT] = {
-      "",
-      "a torch-op candidate: its allocations cannot be captured into a conditional body",
-      "the candidate still qualifies in its own process",
-      "this build has no CUDA conditional graph nodes",
-      "the shadow could not be captured (the log says why)",
-      "the shadow holds graph nodes a conditional body cannot hold (events, host calls, ...)",
-      "an argument or result the graph cannot copy or compare (not a contiguous CUDA tensor, a tensor list, "
-      "resized by production), or a set comparison",
-      "the candidate failed while it was captured",
-      "its copies beside the chain do not fit: over shadow.graph_beside_max_mb, or no device memory (the log says which)",
-      "the candidate says it cannot be captured into a graph (UST_CANDIDATE_NO_CAPTURE)",
-  };
-  return why > 0 && why < UST__GW_COUNT ? texts[why] : "";
-}
-
-void ust__verify_graph_plain(ust__verify *v, int why) {
-  atomic_fetch_add_explicit(&v->graph_plain, 1, memory_order_relaxed);
-  atomic_store_explicit(&v->graph_why, why, memory_order_relaxed);
-}
-
-#ifdef UST__SHADOW_GPU
-/* Calls that are not capture-safe run in the relaxed capture mode, so a
- * capture running in another thread stays valid; the thread's own mode is
- * restored after. */
-static int arena_get(ust__shadow_pool *p, int device, gpu_arena *out) {
-  if (device < 0 || device >= MAX_DEVICES)
-    return -1;
-  pthread_mutex_lock(&p->lock);
-  gpu_arena *a = &p->arenas[device];
-  int rc = 0;
-  if (a->dev == NULL) {
-    size_t bytes = sizeof(ust__cmp_stats) * MAX_SLOT_PAIRS * (size_t)p->n_slots;
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    if (UST__GPU_CHECK(p->log, cudaMalloc((void **)&a->dev, bytes)) != 0) {
-      a->dev = NULL;
-      rc = -1;
-    } else if (UST__GPU_CHECK(p->log, cudaHostAlloc((void **)&a->pinned, bytes, cudaHostAllocDefault)) != 0) {
-      cudaFree(a->dev);
-      a->dev = NULL;
-      a->pinned = NULL;
-      rc = -1;
-    }
-    cudaThreadExchangeStreamCaptureMode(&mode);
-  }
-  *out = *a;
-  pthread_mutex_unlock(&p->lock);
-  return rc;
-}
-
-static void slot_events_free(shadow_slot *s) {
-  for (int i = 0; i < UST__MARK_COUNT + 1; i++)
-    if (s->ev_made & (1u << i))
-      cudaEventDestroy(s->ev[i]);
-  s->ev_made = 0;
-}
-
-/* Record event i of this use on stream (creating it: events are cheap and
- * per use, so a slot serves any device). */
-static int slot_record(shadow_slot *s, int i, cudaStream_t stream) {
-  if (!(s->ev_made & (1u << i))) {
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    int rc = UST__GPU_CHECK(s->pool->log, cudaEventCreateWithFlags(&s->ev[i], cudaEventDefault));
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    if (rc != 0)
-      return -1;
-    s->ev_made |= 1u << i;
-  }
-  return UST__GPU_CHECK(s->pool->log, cudaEventRecord(s->ev[i], stream)) == 0 ? 0 : -1;
-}
-#endif
+/* A slot's index in its pool: how the device part names it. */
+static int slot_index(const shadow_slot *s) { return (int)(s - s->pool->slots); }
 
 int ust__shadow_pool_create(int max_inflight, ust__log_sink *log, const ust__verdict_sink_i *sink, void *sink_ctx,
                             ust__shadow_pool **out) {
@@ -288,7 +125,8 @@ int ust__shadow_pool_create(int max_inflight, ust__log_sink *log, const ust__ver
   p->slots = calloc((size_t)max_inflight, sizeof *p->slots);
   p->free_list = calloc((size_t)max_inflight, sizeof *p->free_list);
   p->pending = calloc((size_t)max_inflight, sizeof *p->pending);
-  if (p->slots == NULL || p->free_list == NULL || p->pending == NULL)
+  if (p->slots == NULL || p->free_list == NULL || p->pending == NULL ||
+      ust__shadow_dev_create(max_inflight, log, &p->lock, &p->dev) != 0)
     goto oom;
   /* generations 1 .. 2^15 - 1, then again from 1 */
   p->site_base = (atomic_fetch_add(&g_pool_generations, 1) % ((1u << (32 - SITE_INDEX_BITS)) - 1u) + 1u)
@@ -320,10 +158,8 @@ static void tell(shadow_slot *s) {
 
 static void release(shadow_slot *s) {
   tell(s);
-#ifdef UST__SHADOW_GPU
-  slot_events_free(s);
-#endif
   ust__shadow_pool *p = s->pool;
+  ust__shadow_dev_events_free(p->dev, slot_index(s));
   atomic_store(&s->state, SLOT_FREE);
   atomic_fetch_add(&s->uses, 1);
   pthread_mutex_lock(&p->lock);
@@ -331,7 +167,6 @@ static void release(shadow_slot *s) {
   pthread_mutex_unlock(&p->lock);
 }
 
-#ifdef UST__SHADOW_GPU
 static void enqueue_pending(shadow_slot *s) {
   ust__shadow_pool *p = s->pool;
   pthread_mutex_lock(&p->lock);
@@ -351,11 +186,8 @@ static void retire_unfenced(shadow_slot *s) {
   s->pool->sink->concluded(s->pool->sink_ctx, s->r.cookie, &v);
   ust__log(s->pool->log, UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
 }
-#endif
 
-#ifdef UST__SHADOW_GPU
 static int harvest_some(ust__shadow_pool *p, int max_queries);
-#endif
 
 /* A fair coin for the call_no-th slot of a route (splitmix64 of the two):
  * which arm runs first. Drawn afresh for every call, so that whatever came
@@ -385,10 +217,8 @@ static int draw_arms(const ust__slot_route *r, uint64_t call_no) {
  * comparisons whose last event has completed (a few non-blocking queries),
  * so slots come back at the pace of the calls, not of the worker's polls. */
 void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r) {
-#ifdef UST__SHADOW_GPU
   if (__atomic_load_n(&p->n_pending, __ATOMIC_RELAXED) > 0)
     harvest_some(p, UST__ACQUIRE_QUERIES);
-#endif
   pthread_mutex_lock(&p->lock);
   int idx = p->n_free > 0 ? p->free_list[--p->n_free] : -1;
   pthread_mutex_unlock(&p->lock);
@@ -404,11 +234,7 @@ void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r) {
   s->fail = UST__FAIL_NONE;
   s->msg[0] = '\0';
   memset(s->t, 0, sizeof s->t);
-#ifdef UST__SHADOW_GPU
-  s->device = -1;
-  s->ev_made = 0;
-  s->dev_stats = s->pinned = NULL;
-#endif
+  ust__shadow_dev_slot_reset(p->dev, idx);
   s->verdict_out = NULL;
   s->failed = 0;
   s->copied = 0;
@@ -426,31 +252,18 @@ void ust__shadow_mark(void *slot, int mark, int device, void *stream) {
   shadow_slot *s = slot;
   if (s == NULL || mark < 0 || mark >= UST__MARK_COUNT)
     return;
-#ifdef UST__SHADOW_GPU
   /* The stream may be NULL: CUDA's legacy default stream. */
-  if (device == UST__DEV_CUDA) {
+  if (device == UST__DEV_CUDA && ust__shadow_dev_available()) {
     if (s->aborted)
       return;
-    if (s->device < 0) {
-      gpu_arena a;
-      size_t idx = (size_t)(s - s->pool->slots);
-      if (UST__GPU_CHECK(s->pool->log, cudaGetDevice(&s->device)) != 0 || arena_get(s->pool, s->device, &a) != 0) {
-        s->aborted = 1;
-        return;
-      }
-      s->dev_stats = a.dev + idx * MAX_SLOT_PAIRS;
-      s->pinned = a.pinned + idx * MAX_SLOT_PAIRS;
-    }
-    if (slot_record(s, mark, (cudaStream_t)stream) != 0) {
+    ust__shadow_dev *d = s->pool->dev;
+    if (ust__shadow_dev_bind(d, slot_index(s)) != 0 || ust__shadow_dev_record(d, slot_index(s), mark, stream) != 0) {
       s->aborted = 1;
       return;
     }
     s->on_gpu = 1;
     return;
   }
-#endif
-  (void)device;
-  (void)stream;
   s->t[mark] = ust__now_ns();
 }
 
@@ -528,16 +341,13 @@ static void conclude(shadow_slot *s);
  * its buffers: its last event is recorded and a harvest concludes it; if
  * that event cannot be recorded the slot is retired. Host slots conclude now. */
 static void release_after_device(shadow_slot *s, void *stream) {
-#ifdef UST__SHADOW_GPU
   if (s->on_gpu) {
-    if (slot_record(s, UST__MARK_COUNT, (cudaStream_t)stream) == 0)
+    if (ust__shadow_dev_record(s->pool->dev, slot_index(s), UST__MARK_COUNT, stream) == 0)
       enqueue_pending(s);
     else
       retire_unfenced(s);
     return;
   }
-#endif
-  (void)stream;
   conclude(s);
 }
 
@@ -639,14 +449,12 @@ void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *p
   if (n_pairs > MAX_SLOT_PAIRS)
     n_pairs = MAX_SLOT_PAIRS;
   s->n_pairs = n_pairs;
-#ifdef UST__SHADOW_GPU
+  /* on_gpu: only a build with a GPU backend records device marks */
   const int gpu = device == UST__DEV_CUDA && s->on_gpu && !s->aborted;
-  if (gpu && UST__GPU_CHECK(s->pool->log, cudaMemsetAsync(s->dev_stats, 0, sizeof(ust__cmp_stats) * (size_t)n_pairs,
-                                                          (cudaStream_t)stream)) != 0)
+  ust__shadow_dev *d = s->pool->dev;
+  ust__cmp_stats *dev_stats = gpu ? ust__shadow_dev_stats(d, slot_index(s)) : NULL;
+  if (gpu && ust__shadow_dev_zero(d, dev_stats, n_pairs, stream) != 0)
     s->aborted = 1;
-#else
-  const int gpu = 0;
-#endif
   if (device != UST__DEV_CPU && !gpu)
     s->aborted = 1; /* device memory is never read on the host */
   for (int i = 0; i < n_pairs && !s->aborted; i++) {
@@ -660,20 +468,14 @@ void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *p
       ust__compare_host(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol, &s->host[i]);
       continue;
     }
-#ifdef UST__SHADOW_GPU
-    if (ust__compare_launch(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol, &s->dev_stats[i],
+    if (ust__compare_launch(p->prod_dense, p->cand_dense, p->prod_dtype, n, kind, m->atol, m->rtol, &dev_stats[i],
                             stream) != 0) {
       ust__log(s->pool->log, UST_LOG_WARN, "shadow: %s", ust_last_error());
       s->aborted = 1;
     }
-#endif
   }
-#ifdef UST__SHADOW_GPU
-  if (s->on_gpu && !s->aborted &&
-      UST__GPU_CHECK(s->pool->log, cudaMemcpyAsync(s->pinned, s->dev_stats, sizeof(ust__cmp_stats) * (size_t)n_pairs,
-                                                   cudaMemcpyDeviceToHost, (cudaStream_t)stream)) != 0)
+  if (s->on_gpu && !s->aborted && ust__shadow_dev_fetch(d, slot_index(s), n_pairs, stream) != 0)
     s->aborted = 1;
-#endif
   release_after_device(s, stream);
 }
 
@@ -687,9 +489,7 @@ void ust__shadow_abandon(void *slot, int device, void *stream) {
   release_after_device(s, stream);
 }
 
-#ifdef UST__SHADOW_GPU
 static int harvest_once(ust__shadow_pool *p);
-#endif
 
 void ust__shadow_want_verdict(void *slot, int *out) {
   shadow_slot *s = slot;
@@ -699,25 +499,15 @@ void ust__shadow_want_verdict(void *slot, int *out) {
 }
 
 int ust__shadow_verdict(ust__shadow_pool *p, int *out, int device, void *stream, int wait) {
-#ifdef UST__SHADOW_GPU
-  if (wait && device == UST__DEV_CUDA && __atomic_load_n(out, __ATOMIC_ACQUIRE) < 0) {
+  if (wait && device == UST__DEV_CUDA && ust__shadow_dev_available() && __atomic_load_n(out, __ATOMIC_ACQUIRE) < 0) {
     /* the call's stream done, its slot is concluded by whoever harvests first */
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    UST__GPU_CHECK(p->log, cudaStreamSynchronize((cudaStream_t)stream));
-    cudaThreadExchangeStreamCaptureMode(&mode);
+    ust__shadow_dev_stream_sync(p->dev, stream);
     while (__atomic_load_n(out, __ATOMIC_ACQUIRE) < 0) {
       harvest_once(p);
       if (__atomic_load_n(out, __ATOMIC_ACQUIRE) < 0)
         usleep(20);
     }
   }
-#else
-  (void)p;
-  (void)device;
-  (void)stream;
-  (void)wait;
-#endif
   return __atomic_load_n(out, __ATOMIC_ACQUIRE);
 }
 
@@ -822,10 +612,9 @@ static void conclude(shadow_slot *s) {
   ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN,
                      s->r.timed_kind, 0, 0};
   const ust__cmp_stats *stats = s->host;
-#ifdef UST__SHADOW_GPU
-  if (s->on_gpu && s->pinned != NULL)
-    stats = s->pinned;
-#endif
+  const ust__cmp_stats *pinned = s->on_gpu ? ust__shadow_dev_results(s->pool->dev, slot_index(s)) : NULL;
+  if (pinned != NULL)
+    stats = pinned;
   if (s->aborted) {
     if (s->fail != UST__FAIL_NONE) {
       /* failed already, on the host-known failure */
@@ -845,22 +634,11 @@ static void conclude(shadow_slot *s) {
   /* each run's span in ns, 0 where it was not timed (a run that raised, a
    * call whose order was forced) */
   double span[UST__MARK_COUNT / 2] = {0, 0, 0};
-#ifdef UST__SHADOW_GPU
-  if (s->on_gpu) {
-    for (int k = 0; k < UST__MARK_COUNT / 2; k++) {
-      const unsigned both = 3u << (2 * k);
-      float ms = 0;
-      if ((s->ev_made & both) == both &&
-          UST__GPU_CHECK(s->pool->log, cudaEventElapsedTime(&ms, s->ev[2 * k], s->ev[2 * k + 1])) == 0 && ms > 0)
-        span[k] = (double)ms * 1e6;
-    }
-  } else
-#endif
-  {
-    for (int k = 0; k < UST__MARK_COUNT / 2; k++)
-      if (s->t[2 * k] > 0 && s->t[2 * k + 1] > s->t[2 * k])
-        span[k] = (double)(s->t[2 * k + 1] - s->t[2 * k]);
-  }
+  for (int k = 0; k < UST__MARK_COUNT / 2; k++)
+    if (s->on_gpu)
+      span[k] = ust__shadow_dev_elapsed_ns(s->pool->dev, slot_index(s), 2 * k, 2 * k + 1);
+    else if (s->t[2 * k] > 0 && s->t[2 * k + 1] > s->t[2 * k])
+      span[k] = (double)(s->t[2 * k + 1] - s->t[2 * k]);
   const double prod = span[UST__MARK_PROD_BEGIN / 2], cand = span[UST__MARK_CAND_BEGIN / 2],
                again = span[UST__MARK_AA_BEGIN / 2];
   vd.have_times = prod > 0 && cand > 0;
@@ -883,27 +661,23 @@ static void conclude(shadow_slot *s) {
   p->sink->concluded(p->sink_ctx, cookie, &vd);
 }
 
-#ifdef UST__SHADOW_GPU
 /* Take the completed slots off the pending list under the lock, then
  * conclude them outside it. Never blocks. Events are queried while other
  * threads may capture graphs: in the relaxed capture mode, which keeps their
  * captures valid; the calling thread's own mode is restored after. */
 static int harvest_some(ust__shadow_pool *p, int max_queries) {
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
+  const int mode = ust__shadow_dev_relaxed_begin();
   int done[64], n_done = 0, kept = 0;
   pthread_mutex_lock(&p->lock);
   for (int i = 0; i < p->n_pending; i++) {
     shadow_slot *s = &p->slots[p->pending[i]];
-    cudaError_t q = n_done < 64 && i < max_queries ? cudaEventQuery(s->ev[UST__MARK_COUNT]) : cudaErrorNotReady;
-    if (q == cudaErrorNotReady) {
+    const int q = n_done < 64 && i < max_queries ? ust__shadow_dev_query(p->dev, p->pending[i]) : 1;
+    if (q > 0) {
       p->pending[kept++] = p->pending[i];
       continue;
     }
-    if (q != cudaSuccess) {
-      UST__GPU_CHECK(p->log, q);
+    if (q < 0)
       s->aborted = 1;
-    }
     atomic_store(&s->state, SLOT_CONCLUDING);
     done[n_done++] = p->pending[i];
   }
@@ -912,27 +686,19 @@ static int harvest_some(ust__shadow_pool *p, int max_queries) {
   pthread_mutex_unlock(&p->lock);
   for (int i = 0; i < n_done; i++)
     conclude(&p->slots[done[i]]);
-  cudaThreadExchangeStreamCaptureMode(&mode);
+  ust__shadow_dev_relaxed_end(mode);
   return left + n_done;
 }
 
 static int harvest_once(ust__shadow_pool *p) { return harvest_some(p, INT_MAX); }
-#endif
 
-int ust__shadow_harvest(ust__shadow_pool *p) {
-#ifdef UST__SHADOW_GPU
-  return harvest_once(p);
-#else
-  (void)p;
-  return 0;
-#endif
-}
+/* Without a GPU every slot concludes in its call: nothing is ever pending. */
+int ust__shadow_harvest(ust__shadow_pool *p) { return ust__shadow_dev_available() ? harvest_once(p) : 0; }
 
 /* Waits for the comparisons pending or being concluded when it starts, by
  * polling: no lock is held while the device works, so serving threads keep
  * taking and returning slots meanwhile. */
 void ust__shadow_harvest_all_sync(ust__shadow_pool *p) {
-#ifdef UST__SHADOW_GPU
   for (int i = 0; i < p->n_slots; i++) {
     shadow_slot *s = &p->slots[i];
     int st = atomic_load(&s->state);
@@ -945,9 +711,6 @@ void ust__shadow_harvest_all_sync(ust__shadow_pool *p) {
         usleep(50);
     }
   }
-#else
-  (void)p;
-#endif
 }
 
 /* ---- calls captured into CUDA graphs ------------------------------------------------ */
@@ -987,7 +750,8 @@ int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, cons
                              void *stream, ust__cmp_stats *dev_stats, const ust__ring_dev *ring,
                              const unsigned long long *when, uint32_t *site) {
   *site = 0;
-#ifdef UST__SHADOW_GPU
+  if (!ust__shadow_dev_available())
+    return ust__error(UST_EGPU, "shadow: this build has no GPU backend");
   uint32_t id = 0;
   int rc = ust__shadow_site_add(p, r, pairs, n_pairs, UST__DEV_CUDA, &id);
   if (rc != 0)
@@ -995,8 +759,7 @@ int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, cons
   pthread_mutex_lock(&p->lock);
   const graph_site *g = p->sites[(id & SITE_INDEX_MASK) - 1];
   pthread_mutex_unlock(&p->lock);
-  rc = UST__GPU_CHECK(p->log, cudaMemsetAsync(dev_stats, 0, sizeof(ust__cmp_stats) * (size_t)n_pairs,
-                                             (cudaStream_t)stream));
+  rc = ust__shadow_dev_zero(p->dev, dev_stats, n_pairs, stream);
   for (int i = 0; i < n_pairs && rc == 0; i++)
     if (g->meta[i].compared)
       rc = ust__compare_launch(pairs[i].prod_dense, pairs[i].cand_dense, pairs[i].prod_dtype, ust__dl_numel(&pairs[i].prod),
@@ -1006,10 +769,6 @@ int ust__shadow_site_capture(ust__shadow_pool *p, const ust__slot_route *r, cons
   if (rc == 0)
     *site = id;
   return rc;
-#else
-  (void)p, (void)r, (void)pairs, (void)n_pairs, (void)stream, (void)dev_stats, (void)ring, (void)when;
-  return ust__error(UST_EGPU, "shadow: this build has no GPU backend");
-#endif
 }
 
 typedef struct site_harvest {
@@ -1062,14 +821,7 @@ void ust__shadow_pool_destroy(ust__shadow_pool *p) {
   if (p == NULL)
     return;
   ust__shadow_harvest_all_sync(p);
-#ifdef UST__SHADOW_GPU
-  for (int d = 0; d < MAX_DEVICES; d++) {
-    if (p->arenas[d].dev != NULL) {
-      cudaFree(p->arenas[d].dev);
-      cudaFreeHost(p->arenas[d].pinned);
-    }
-  }
-#endif
+  ust__shadow_dev_destroy(p->dev);
   for (uint32_t i = 0; i < p->n_sites; i++)
     free(p->sites[i]);
   free(p->sites);
