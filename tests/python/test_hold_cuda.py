@@ -55,7 +55,9 @@ def test_a_held_pair_times_a_launch_bound_call_by_its_kernels(us):
     assert dev["calibration"] == "calibrated" and 0 < dev["pair_offset_ns"] < 20000
     assert held["timed_by"]["held_pair"] == held["timed"] >= 300 and held["dropped"]["hold_expired"] == 0
     ratio = held["latency_ns"]["p50"] / 1e3 / truth
-    assert 0.85 < ratio < 1.15, (held["latency_ns"]["p50"], truth)
+    # a held figure keeps the device's turnaround before the kernel (docs/timing.md), about a
+    # microsecond on an 8 us GEMM, and the histogram's buckets are about 4 % wide
+    assert 0.9 < ratio < 1.25, (held["latency_ns"]["p50"], truth)
     plain, off = figures["off"]
     assert off["state"] == "off" and off["held"] == 0 and plain["timed_by"]["held_pair"] == 0
     # the plain pair spans the host's launch of the call as well as its kernel

@@ -39,10 +39,12 @@ WRONG = RIGHT.replace("return self.weight * x.to(hidden_states.dtype)",
 def kernel_repo(root: pathlib.Path, name: str, kid: str, layers: str) -> pathlib.Path:
     # a kernel id is unique per build: kernels reuses a module already imported under it
     kid = f"{kid}_{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
-    variant = root / name / "build" / "torch-cpu"
+    # torch-universal (pure Python, any backend): kernels resolves a layer's variant by the system's
+    # backend, so a torch-cpu variant is not found where torch sees a GPU
+    variant = root / name / "build" / "torch-universal"
     variant.mkdir(parents=True)
     (variant / "metadata.json").write_text(json.dumps({
-        "id": kid, "name": name, "version": 1, "license": "Apache-2.0", "backend": {"type": "cpu"},
+        "id": kid, "name": name, "version": 1, "license": "Apache-2.0", "backend": {"type": "universal"},
         "python-depends": []}))
     (variant / "__init__.py").write_text("from . import layers\n")
     (variant / "layers.py").write_text(textwrap.dedent(layers))
@@ -140,8 +142,8 @@ def test_the_hub_rmsnorm_is_shadowed_per_shape_and_verified_on_every_call(us, hu
     src = o["candidate"]["source"]
     assert src["kind"] == "hub" and src["repo"] == str(repos["right"])
     assert src["kernel_id"].startswith("_rmsnorm_right_cpu_0a1b2c_") and src["kernel"] == "rmsnorm-right"
-    assert src["revision"] == "sha256:" + variant_digest(repos["right"] / "build" / "torch-cpu")
-    assert src["variant"] == "torch-cpu" and src["layer"] == "RMSNorm"
+    assert src["revision"] == "sha256:" + variant_digest(repos["right"] / "build" / "torch-universal")
+    assert src["variant"] == "torch-universal" and src["layer"] == "RMSNorm"
     assert all(s["served_by"]["candidate"] == src["label"] and s["served_by"]["now"] == "production" for s in routes)
     # the guard's verdict agrees with a float64 RMSNorm: the hub layer is right
     x = torch.randn(3, 64, dtype=torch.float64)
@@ -157,7 +159,7 @@ def test_a_hub_kernels_own_ops_are_attributed_to_its_repo_and_revision(hub_norm,
     namespace (as kernel-builder's do, `_<name>_<backend>_<hash>::op`)."""
     kid = f"_rmsnorm_ops_cpu_{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]}"
     repo = kernel_repo(tmp_path, "rmsnorm-ops", "_unused", RIGHT)
-    variant = repo / "build" / "torch-cpu"
+    variant = repo / "build" / "torch-universal"
     meta = json.loads((variant / "metadata.json").read_text())
     meta["id"] = kid
     (variant / "metadata.json").write_text(json.dumps(meta))
@@ -190,7 +192,7 @@ def test_the_wrong_hub_variant_rolls_back_naming_repo_and_revision(us, hub_norm,
     _, routes = hub_routes(us.report())
     assert routes and all(s["mode"] == "rolled_back" for s in routes)
     ev = routes[0]["shadow"]["rollback"]
-    digest = variant_digest(repos["wrong"] / "build" / "torch-cpu")
+    digest = variant_digest(repos["wrong"] / "build" / "torch-universal")
     assert ev["reason"] == "mismatch" and abs(ev["max_abs_err"] - 0.125) < 1e-3
     assert ev["candidate"] == f"hub {repos['wrong']}@sha256:{digest[:12]} RMSNorm"
 
@@ -251,9 +253,9 @@ def test_liger_rmsnorm_on_the_gpu_shadowed_then_canary(us, hub_norm, tmp_path):
             def forward(self, hidden_states):
                 return _L.forward(self, hidden_states)
         """)
-    meta = json.loads((repo / "build" / "torch-cpu" / "metadata.json").read_text())
+    meta = json.loads((repo / "build" / "torch-universal" / "metadata.json").read_text())
     meta["backend"] = {"type": "cuda"}
-    (repo / "build" / "torch-cpu").rename(repo / "build" / "torch-cuda")
+    (repo / "build" / "torch-universal").rename(repo / "build" / "torch-cuda")
     (repo / "build" / "torch-cuda" / "metadata.json").write_text(json.dumps(meta))
     m = model().cuda().to(torch.bfloat16)
     for x in norms(m):
@@ -278,9 +280,9 @@ def test_liger_rmsnorm_on_the_gpu_shadowed_then_canary(us, hub_norm, tmp_path):
         assert s["device"] == "cuda" and s["shadow"]["verified"] == s["shadow"]["passed"] == s["calls"]
     assert ops[0]["candidate"]["source"]["kind"] == "hub"
     for s in routes:  # the figures of both arms on the GPU's roofline, and the promotion's standing
-        r, p = s["roofline"], s["rollout"]["promotion"]
+        r, p = s["roofline"], s["rollout"].get("promotion") or {}
         print(f"\nliger hub RMSNorm {s['key']}: S production {r['S']}, S candidate {r['S_candidate']}, "
-              f"promotion {p['state']}: {p.get('note')}")
+              f"promotion {p.get('state')}: {p.get('note')}")
     # canary: half the calls served by the hub kernel, the rest verified against the original
     for s in routes:
         understudy.set_mode(key=s["key"], mode="canary", canary=0.5)
