@@ -119,25 +119,10 @@ static double num(const cJSON *o, const char *k) {
 static const cJSON *obj(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
 
 int ust__sparse_of_json(const cJSON *lat, ust__hist_sparse *out) {
-  memset(out, 0, sizeof *out);
-  const cJSON *b = obj(lat, "buckets");
-  const int n = cJSON_IsArray(b) ? cJSON_GetArraySize(b) : 0;
+  const cJSON *b = cJSON_IsArray(obj(lat, "buckets")) ? obj(lat, "buckets") : NULL;
   const double sum = num(lat, "sum");
-  out->sum = sum >= 0 && sum < 1.8e19 ? (uint64_t)sum : 0;
-  if (n == 0)
-    return 0;
-  out->index = malloc((size_t)n * sizeof *out->index);
-  out->counts = malloc((size_t)n * sizeof *out->counts);
-  if (out->index == NULL || out->counts == NULL) {
-    ust__hist_sparse_free(out);
-    return ust__error(UST_ENOMEM, "report: out of memory");
-  }
   /* Buckets by index, whatever order (and repeats) a merge handed in. */
-  uint64_t *dense = calloc(UST__HIST_BUCKETS, sizeof *dense);
-  if (dense == NULL) {
-    ust__hist_sparse_free(out);
-    return ust__error(UST_ENOMEM, "report: out of memory");
-  }
+  uint64_t dense[UST__HIST_BUCKETS] = {0};
   const cJSON *pair;
   cJSON_ArrayForEach(pair, b) {
     const cJSON *i = cJSON_GetArrayItem(pair, 0), *c = cJSON_GetArrayItem(pair, 1);
@@ -146,14 +131,7 @@ int ust__sparse_of_json(const cJSON *lat, ust__hist_sparse *out) {
       continue;
     dense[(uint32_t)i->valuedouble] += (uint64_t)c->valuedouble;
   }
-  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++)
-    if (dense[i] != 0) {
-      out->index[out->n] = i;
-      out->counts[out->n++] = dense[i];
-      out->count += dense[i];
-    }
-  free(dense);
-  return 0;
+  return ust__hist_sparse_of_dense(dense, sum >= 0 && sum < 1.8e19 ? (uint64_t)sum : 0, out);
 }
 
 int ust__reading_of_json(const cJSON *sh, int op, ust__reading *r) {

@@ -87,32 +87,35 @@ double ust__figs_speedup(ust__figs *f) {
   return tp > 0 && tc > 0 ? tp / tc : 0;
 }
 
-int ust__hist_sparse_take(const ust__hist *h, ust__hist_sparse *out) {
+int ust__hist_sparse_of_dense(const uint64_t *dense, uint64_t sum, ust__hist_sparse *out) {
   memset(out, 0, sizeof *out);
-  uint32_t idx[UST__HIST_BUCKETS];
-  uint64_t cnt[UST__HIST_BUCKETS];
+  out->sum = sum;
   int n = 0;
-  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++) {
-    uint64_t c = atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
-    if (c != 0) {
-      idx[n] = i;
-      cnt[n++] = c;
-      out->count += c; /* the buckets are the truth: a snapshot taken while others record stays consistent */
-    }
-  }
-  out->sum = atomic_load_explicit(&h->sum, memory_order_relaxed);
+  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++)
+    n += dense[i] != 0;
   if (n == 0)
     return 0;
   out->index = malloc((size_t)n * sizeof *out->index);
   out->counts = malloc((size_t)n * sizeof *out->counts);
   if (out->index == NULL || out->counts == NULL) {
     ust__hist_sparse_free(out);
-    return ust__error(UST_ENOMEM, "out of memory for a histogram snapshot");
+    return ust__error(UST_ENOMEM, "out of memory for a histogram's buckets");
   }
-  memcpy(out->index, idx, (size_t)n * sizeof *idx);
-  memcpy(out->counts, cnt, (size_t)n * sizeof *cnt);
-  out->n = n;
+  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++)
+    if (dense[i] != 0) {
+      out->index[out->n] = i;
+      out->counts[out->n++] = dense[i];
+      out->count += dense[i];
+    }
   return 0;
+}
+
+int ust__hist_sparse_take(const ust__hist *h, ust__hist_sparse *out) {
+  uint64_t dense[UST__HIST_BUCKETS];
+  for (uint32_t i = 0; i < UST__HIST_BUCKETS; i++)
+    dense[i] = atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
+  /* the buckets are the truth (count is their sum): a snapshot taken while others record stays consistent */
+  return ust__hist_sparse_of_dense(dense, atomic_load_explicit(&h->sum, memory_order_relaxed), out);
 }
 
 void ust__hist_sparse_free(ust__hist_sparse *s) {

@@ -296,6 +296,9 @@ typedef struct ust__hist_sparse {
 } ust__hist_sparse;
 
 int ust__hist_sparse_take(const ust__hist *h, ust__hist_sparse *out);
+/* The non-zero buckets of dense (UST__HIST_BUCKETS counts), with sum, into
+ * *out (emptied first). 0, or UST_ENOMEM (out left empty). */
+int ust__hist_sparse_of_dense(const uint64_t *dense, uint64_t sum, ust__hist_sparse *out);
 void ust__hist_sparse_free(ust__hist_sparse *s);
 /* ust__hist_quantile's rule over the non-zero buckets. */
 double ust__hist_sparse_quantile(const ust__hist_sparse *s, double q);
