@@ -286,7 +286,8 @@ def understudy_config(work, metrics_port, *, silu_sample=1.0, more_operators=Non
 
 
 def serve_and_drive(work, model_dir, traffic, *, config_for=None, continuous_batching=True, device="cpu",
-                    cb_args=(), extra_args=(), keep_sanitizer=False, start_timeout=300, scrape_every=0.05, name="run"):
+                    cb_args=(), extra_args=(), keep_sanitizer=False, start_timeout=300, scrape_every=0.05, name="run",
+                    launch=None):
     """Start `transformers serve` on model_dir (with understudy when
     config_for is given: a function of the metrics port returning the
     config), send the traffic, phase after phase (each a list of requests
@@ -295,14 +296,19 @@ def serve_and_drive(work, model_dir, traffic, *, config_for=None, continuous_bat
     responses (all phases, in order) and phases (one list a phase), wall_s
     (the traffic), start_s, scrapes [(t, text)], the traffic's start and end
     (monotonic), the final scrape's text, whether libunderstudy.so was
-    mapped, the exit status, the report (or None) and the log's tail."""
+    mapped, the exit status, the report (or None) and the log's tail.
+    launch, when given, turns (command, environment, config) into the ones
+    started (the config then reaches the server its own way, not through
+    UNDERSTUDY_CONFIG)."""
     work = pathlib.Path(work)
     work.mkdir(parents=True, exist_ok=True)
     port, mport = free_port(), free_port()
     config = config_for(mport) if config_for else None
-    env = server_env(work, config=config, keep_sanitizer=keep_sanitizer)
+    env = server_env(work, config=None if launch else config, keep_sanitizer=keep_sanitizer)
     cmd = serve_command(model_dir, port, continuous_batching=continuous_batching, device=device, cb_args=cb_args,
                         extra=extra_args)
+    if launch:
+        cmd, env = launch(cmd, env, config)
     server = Server(cmd, env, work / f"server-{name}.log", port)
     scraper = Scraper(mport, every=scrape_every) if config else None
     out = {"name": name, "config": config, "scrapes": [], "final_scrape": None, "phases": []}

@@ -217,6 +217,89 @@ def test_plain_generate_under_understudy(tmp_path, model_dir, reqs, reference):
     print(summary(us, figures), f"; without understudy {base['wall_s']:.2f} s")
 
 
+# ---- `understudy run -- transformers serve` from a venv -------------------------------------
+
+RUN_REQUESTS, RUN_CONCURRENCY = 12, 4
+
+
+def venv_with_understudy(root):
+    """A venv made with --system-site-packages (torch and transformers are the
+    base interpreter's) that holds understudy, as a pip install into it
+    would: the package on its path and the start-up hook in its
+    site-packages. Its bin/ has no `transformers`: that console script stays
+    the base interpreter's, whose site-packages hold no hook."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    site = H.pathlib.Path(site)
+    assert site.is_relative_to(venv) and site != H.pathlib.Path(sysconfig.get_paths()["purelib"])
+    (site / "00-understudy-package.pth").write_text(f"{H.SHIM}\n")  # before the hook's .pth is processed
+    (site / "understudy-autoload.pth").write_text((H.SHIM / "understudy-autoload.pth").read_text())
+    return venv
+
+
+@pytest.mark.skipif(sanitized(), reason="run in the plain pass (the server's interpreter is started by a console "
+                    "script, without the sanitizer's preload)")
+def test_understudy_run_observes_transformers_serve_from_a_venv(tmp_path, model_dir, reqs, reference):
+    """The README's set-up: understudy in a venv with the system's site
+    packages, the server started as `understudy run --config CFG --
+    transformers serve ...` from that venv, where `transformers` on PATH is
+    the base interpreter's console script (its first line names the base
+    interpreter, whose site-packages hold no start-up hook) and nothing on
+    PYTHONPATH enables understudy. The server is observed all the same:
+    the same answers as model.generate(), a final report that counts the
+    calls the model's structure makes (SiLU shadowed by the torch-op
+    candidate), metrics scraped while requests ran that end equal to the
+    report, and run's one line at the end naming the report."""
+    import shutil
+    import sys
+
+    script = H.pathlib.Path(sys.executable).parent / "transformers"
+    if not script.exists():
+        why = f"no `transformers` console script beside {sys.executable}"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    venv = venv_with_understudy(tmp_path)
+    assert not (venv / "bin" / "transformers").exists()
+
+    def launch(cmd, env, config):
+        assert cmd[:2] == [sys.executable, str(script)], cmd
+        env = dict(env)
+        # no folder of the harness's hook: the caller's own entries only
+        env["PYTHONPATH"] = os.pathsep.join(env["PYTHONPATH"].split(os.pathsep)[1:])
+        env["PATH"] = os.pathsep.join([str(venv / "bin"), str(script.parent), env["PATH"]])
+        env["VIRTUAL_ENV"] = str(venv)
+        assert shutil.which("transformers", path=env["PATH"]) == str(script)
+        return [str(venv / "bin" / "python"), "-m", "understudy", "run", "--config", H.json.dumps(config), "--",
+                "transformers", *cmd[2:]], env
+
+    work = tmp_path / "with"
+    us = H.serve_and_drive(work, model_dir, [(reqs[:RUN_REQUESTS], RUN_CONCURRENCY)], name="run",
+                           config_for=lambda port: H.understudy_config(work, port), continuous_batching=True,
+                           cb_args=CB_ARGS, launch=launch)
+    assert us["report"] is not None, f"no report from the server under `understudy run`: {us['log']}"
+    assert us["report_files"] == [f"report-{us['report']['pid']}.json"], us["report_files"]
+    assert H.check_responses(us["responses"]) == []
+    for i, (r, ref) in enumerate(zip(us["responses"], reference)):
+        assert (r["content"], r["completion_tokens"]) == (ref["content"], ref["tokens"]), f"request {i}"
+    figures, during = checked(us, LAYERS, VOCAB)
+    name, calls = us["report_files"][0], us["report"]["totals"]["calls"]
+    assert calls == sum(figures["calls"].values()), (calls, figures["calls"])
+    said = [ln for ln in us["log"].splitlines() if ln.startswith("understudy:")]
+    assert said == [f"understudy: run: report written to {name} ({calls} calls); read it with: "
+                    f"understudy report {name}"], us["log"]
+    assert us["returncode"] == -15, (us["returncode"], us["log"])
+    print(summary(us, figures), f"; start {us['start_s']:.1f} s; mid-traffic scrapes saw {during}")
+
+
 # ---- bfloat16, two phases of traffic: the CPU (tiny) and CUDA (Llama-3-8B's shape) -----------
 
 # cpu: the tiny Llama in bfloat16, a cache of 512 blocks of 32 tokens, up to 512 tokens a step.
