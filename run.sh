@@ -312,6 +312,43 @@ stage() {
 
 skip_stage() { STAGES+=("$1|skipped: $2|-|-|-|0"); }
 
+# stage_beside NAME COMMAND [ARGS...]: a stage run in the background, beside
+# the stages that follow (the machine's cores are otherwise half idle: the
+# test processes mostly run one thread and wait on their children); its
+# output goes to its log alone and is shown when stage_join collects it. Its
+# row keeps its place in the table.
+BESIDE=()   # "index|pid|log", one per stage running in the background
+stage_beside() {
+  local name=$1 out index=${#STAGES[@]}
+  shift
+  out="$LOG_DIR/$(printf '%02d' "$index")-$(printf '%s' "$name" | tr -cs 'A-Za-z0-9' '-' | sed 's/-*$//').log"
+  log "$name: started beside the stages below (its output follows when it ends: $out)"
+  STAGES+=("$name|running|-|-|-|0")
+  (
+    t0=$(date +%s)
+    set +e
+    ( set -e; "$@" ) >"$out" 2>&1 </dev/null
+    echo "$? $(($(date +%s) - t0))" >"$out.status"
+  ) &
+  BESIDE+=("$index|$!|$out")
+}
+
+# Waits for every stage started by stage_beside; shows each one's output and
+# fills in its row.
+stage_join() {
+  local entry index pid out rc secs name
+  for entry in "${BESIDE[@]}"; do
+    IFS='|' read -r index pid out <<<"$entry"
+    wait "$pid" || true
+    name=${STAGES[$index]%%|*}
+    log "$name (run beside the stages above)"
+    cat "$out"
+    read -r rc secs <"$out.status" 2>/dev/null || { rc=1; secs=0; }
+    STAGES[index]="$name|$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")|$(stage_counts "$out")|$secs"
+  done
+  BESIDE=()
+}
+
 # "passed|failed|skipped" from a stage's output: the last closing line of a
 # C runner (its "name: passed=N failed=N [skipped=N]" line; run.sh's checks
 # print one too) and of pytest, added up; "-" where the output has none.
@@ -364,16 +401,18 @@ run_tests() {
   setup_done
   export UNDERSTUDY_TEST_SETUP=1 # the set-up installed what the tests need: a missing tool fails them
   stage "C tests" "$BUILD_DIR/ust_test_runner"
+  # the longest stage, beside all the others
+  stage_beside "Python tests, libunderstudy.so under ASan + UBSan" sanitized_python_tests "$@"
   stage "C tests, ASan + UBSan" sanitized_c_tests
   stage "C tests, ThreadSanitizer" thread_sanitized_c_tests
   stage "C tests, Valgrind Memcheck" valgrind_c_tests
-  stage "Python tests, libunderstudy.so under ASan + UBSan" sanitized_python_tests "$@"
   if [ -z "${UST_SKIP_HIP:-}" ]; then
     stage "HIP build (compile only) and its C tests" hip_build
   else
     skip_stage "HIP build (compile only) and its C tests" "UST_SKIP_HIP is set"
   fi
   stage "Python tests (torch $torch_version)" "$PY" -m pytest -q -rs tests/python "$@"
+  stage_join
   summary test
 }
 
