@@ -11,6 +11,8 @@
 //                         CUDA graph (a shadow captured beside production)
 //   bridge_native.cpp     a native candidate's arguments and outputs (the
 //                         candidate ABI, include/understudy/candidate.h)
+//   bridge_repro.cpp      a shadowed call kept while its verdict is pending,
+//                         its route's once it failed (ust__repro)
 //   bridge_seam.cpp       the seam's table for the C core (ust__seam_i)
 // The seam decides nothing itself; every exception of understudy's own is
 // caught in it and turned into an event, and production's exceptions reach
@@ -27,6 +29,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -237,6 +240,13 @@ struct Scratch {
 // The calling thread's buffers.
 Scratch &thread_scratch();
 
+// A failing call kept to be replayed (bridge_repro.h); destroyed through
+// its C table (it may have been handed to the router).
+class Repro;
+struct ReproDrop {
+  void operator()(Repro *r) const;
+};
+
 // One intercepted call whose plan is not a plain pass: performs the steps
 // the decision names. Every step returns its event; none throws. Its eager
 // steps are in bridge_eager.cpp, the captured ones in bridge_captured.cpp, a
@@ -319,6 +329,12 @@ private:
   int compare_captured();
   bool prod_side_kept();
 
+  // the call kept while its verdict is pending, where its route wants a
+  // failing call kept (bridge_repro.cpp)
+  uint64_t keep_inputs(); // the bytes it copied
+  void keep_outputs(const std::vector<at::Tensor> &prod, const std::vector<at::Tensor> &other);
+  void hand_keep();
+
   // a native candidate's arguments and outputs (bridge_native.cpp)
   void call_values();
   void set_outputs();
@@ -347,6 +363,7 @@ private:
   ust__layout layout_{};
   void *side_ = nullptr; // a captured shadow's open part: the stream the candidate runs on
   at::Tensor stats_;     // its comparison's statistics (device memory the graph keeps)
+  std::unique_ptr<Repro, ReproDrop> repro_;
 };
 
 // Runs a call's plan from step (the decision's first) to its end, then hands

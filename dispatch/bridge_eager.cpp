@@ -257,7 +257,7 @@ int CallRun::snapshot() {
       continue; // already a private copy
     x_.cin[i] = snapshot_of(x_.saved[i].toTensor());
   }
-  uint64_t bytes = 0;
+  uint64_t bytes = keep_inputs();
   for (const auto *v : {&x_.snaps, &x_.arm_snaps, &x_.aa_snaps, &x_.inputs, &x_.cin})
     for (const at::Tensor &t : *v)
       if (t.defined())
@@ -587,6 +587,7 @@ int CallRun::compare() {
     add_aa_pairs(x_.aa_snaps, x_.aa_returns);
   if (st_.flags & UST__DF_WAIT_VERDICT)
     ust__call_want_verdict(&st_);
+  hand_keep();
   ust__call_compare(&st_, &call_, x_.pairs.data(), static_cast<int>(x_.pairs.size()), fail_,
                     msg_.empty() ? nullptr : msg_.c_str());
   return UST__EV_OK;
@@ -785,6 +786,8 @@ void CallRun::add_pairs(const std::vector<at::Tensor> &snaps, const std::vector<
     other.push_back(other_returns[j].toTensor());
     written.push_back(0);
   }
+  if (!aa)
+    keep_outputs(prod, other);
   if (st_.cand.compare == UST__CMP_SET) {
     as_sets(prod);
     as_sets(other);

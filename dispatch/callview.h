@@ -342,6 +342,38 @@ void ust__call_want_verdict(ust__call_state *st);
 int ust__call_verdict(ust__call_state *st, const ust__call *call);
 /* CAND_FAILED: the candidate failed serving unverified (fail, msg). */
 void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg);
+
+/* A failing call kept to be replayed (the bridge's, dispatch/bridge_repro.cpp):
+ * its arguments' values and layouts, both sides' outputs, the op and the
+ * candidate. The router keeps a route's first one; the report shows it. */
+typedef struct ust__repro {
+  /* The call as the text of a JSON object, made on the first ask (device
+   * memory is read then, on the asking thread) and kept; NULL when it could
+   * not be made. Owned by the repro; thread-safe. */
+  const char *(*text)(struct ust__repro *self);
+  /* Called once the call failed, on the thread that concluded it: a repro
+   * of host tensors makes its text now, before the caller's tensors change
+   * (device tensors are understudy's own copies, read at the first ask). */
+  void (*settle)(struct ust__repro *self);
+  void (*destroy)(struct ust__repro *self);
+  /* why the call failed, set when it is kept */
+  char reason[32];
+  char output[80];
+  int64_t first_mismatch; /* flat, in the output named; -1 none */
+} ust__repro;
+/* The bytes of a failing call the call's route would keep: its candidate's
+ * guard.repro_bytes while the route has none kept yet; 0 otherwise. */
+uint64_t ust__call_repro_bound(const ust__call_state *st);
+/* Before COMPARE (with a slot): keep is told the call's verdict when it is
+ * concluded, on whichever thread concludes it; a failed call's keep becomes
+ * its route's (the first one: later ones are destroyed), others are
+ * destroyed. Owned from here on; destroyed now when the call has no slot. */
+void ust__call_keep(ust__call_state *st, ust__repro *keep);
+/* The calling thread into the relaxed stream-capture mode and back (the
+ * mode it had): a device copy made then leaves another thread's capture
+ * valid. No-ops in a build without a GPU backend. */
+int ust__call_relaxed_begin(void);
+void ust__call_relaxed_end(int mode);
 /* The op names a route keeps of what its candidate calls, and the bytes
  * of each name kept (NUL included): a longer name is cut at the start of a
  * UTF-8 character (an autograd.Function's is its Python class's). */

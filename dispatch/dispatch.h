@@ -211,6 +211,7 @@ typedef struct ust__route {
   atomic_uint_fast64_t verify_seen; /* candidate-served calls considered for verification */
   _Atomic(ust__layout *) layouts[UST__MAX_LAYOUTS]; /* added once, freed with the route */
   ust__fallback fallback;           /* what its candidate called inside its runs */
+  _Atomic(ust__repro *) repro;      /* its first failing call kept to be replayed; owned */
 } ust__route;
 
 /* The router's sink for verdicts (guard/guard.h): cookies are routes. */
@@ -280,6 +281,7 @@ typedef struct ust__route_snap {
   ust__flight_snap flight;
   ust__figs_snap figs;
   ust__fallback_snap fallback;
+  ust__repro *repro; /* borrowed: lives as long as the route */
 } ust__route_snap;
 
 /* Every route made before the call, and those made meanwhile that it finds: a new

@@ -43,6 +43,9 @@ static void route_free(ust__route *r) {
   ust__rollout_route_free(&r->rollout);
   for (int i = 0; i < UST__MAX_LAYOUTS; i++)
     free(atomic_load(&r->layouts[i]));
+  ust__repro *kept = atomic_load(&r->repro);
+  if (kept != NULL)
+    kept->destroy(kept);
   free(r);
 }
 
@@ -178,6 +181,7 @@ int ust__routes_snapshot(ust__router *router, ust__route_snap **out, int *n_out)
     ust__verify_snapshot(&r->verify, &x->verify);
     ust__flight_snapshot(&r->flight, &x->flight);
     ust__fallback_snapshot(&r->fallback, &x->fallback);
+    x->repro = atomic_load(&r->repro);
     rc = ust__figs_snapshot(&r->figs, &x->figs);
   }
   *n_out = n;

@@ -1,7 +1,8 @@
 /*
  * The router's sink (guard/guard.h): verdicts into routes, and what a
- * route's captured calls run at each replay (its gate); and the candidate
- * calls found past their deadline while inside, into rollbacks.
+ * route's captured calls run at each replay (its gate); the candidate
+ * calls found past their deadline while inside, into rollbacks; and a
+ * route's first failing call, kept to be replayed.
  */
 #include <math.h>
 #include <stdint.h>
@@ -10,6 +11,7 @@
 
 #include "dispatch/dispatch.h"
 #include "guard/gate.h"
+#include "guard/shadow_dev.h"
 
 
 /* ---- the sink: verdicts into routes ------------------------------------------------ */
@@ -143,3 +145,43 @@ int ust__router_sweep(ust__router *r, uint64_t now_ns, uint64_t *next_ns) {
   }
   return ust__flights_sweep(r->flights, now_ns, overdue_found, r, next_ns);
 }
+
+/* ---- a failing call kept to be replayed ------------------------------------------- */
+
+uint64_t ust__call_repro_bound(const ust__call_state *st) {
+  const ust__route *r = st->route;
+  if (r == NULL || r->binding->cand == NULL || atomic_load_explicit(&r->repro, memory_order_relaxed) != NULL)
+    return 0;
+  return r->binding->cand->repro_bytes;
+}
+
+/* A call's keeper, told its verdict (ust__shadow_keep): a failed call's
+ * becomes its route's first, anything else goes. */
+static void keep_done(void *ctx, void *cookie, const ust__keep_verdict *v) {
+  ust__repro *keep = ctx;
+  ust__route *r = cookie;
+  if (v->failed && r != NULL) {
+    snprintf(keep->reason, sizeof keep->reason, "%s", v->reason != NULL ? v->reason : "");
+    snprintf(keep->output, sizeof keep->output, "%s", v->output != NULL ? v->output : "");
+    keep->first_mismatch = v->first_mismatch;
+    keep->settle(keep);
+    ust__repro *none = NULL;
+    if (atomic_compare_exchange_strong(&r->repro, &none, keep))
+      return;
+  }
+  keep->destroy(keep);
+}
+
+void ust__call_keep(ust__call_state *st, ust__repro *keep) {
+  if (keep == NULL)
+    return;
+  if (st->slot == NULL) {
+    keep->destroy(keep);
+    return;
+  }
+  ust__shadow_keep(st->slot, keep, keep_done);
+}
+
+int ust__call_relaxed_begin(void) { return ust__shadow_dev_relaxed_begin(); }
+
+void ust__call_relaxed_end(int mode) { ust__shadow_dev_relaxed_end(mode); }

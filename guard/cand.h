@@ -40,6 +40,7 @@ typedef struct ust__cand {
   uint32_t aa_q32;
   uint64_t deadline_ns;              /* a call of the candidate longer than this is overdue */
   double max_slowdown;               /* the shadow budget: a candidate this many times slower is not shadowed */
+  uint64_t repro_bytes;              /* a route's first failing call is kept when its arguments fit; 0: never */
   /* qualify "process": the candidate runs in its own process (proc) until
    * a route's qualify_calls verifications there passed, and in this one
    * (loaded, NULL until the engine loaded it after the first such route)

@@ -66,6 +66,10 @@ typedef struct shadow_slot {
   uint64_t copied;   /* bytes understudy copied for this call (snapshots, the candidate's inputs) */
   int *verdict_out;  /* the waiting caller's verdict (1 failed, 0 not), written when concluded */
   int failed;        /* this use's verdict: 1 when it failed */
+  /* the caller's keeper of the call (ust__shadow_keep) and why the call failed */
+  void *keep;
+  void (*keep_done)(void *ctx, void *cookie, const ust__keep_verdict *v);
+  ust__keep_verdict why;
   atomic_int state;  /* slot_state */
   atomic_uint_fast64_t uses; /* incremented at each release: a flush waits for it to move */
 } shadow_slot;
@@ -156,8 +160,25 @@ static void tell(shadow_slot *s) {
   s->verdict_out = NULL;
 }
 
+/* The keeper told, once: the call failed (s->why) or not. */
+static void hand_keep(shadow_slot *s) {
+  if (s->keep_done == NULL)
+    return;
+  void (*done)(void *, void *, const ust__keep_verdict *) = s->keep_done;
+  ust__keep_verdict v = s->why;
+  v.failed = s->failed;
+  if (!v.failed)
+    v.reason = v.output = NULL, v.first_mismatch = -1;
+  else if (v.reason == NULL)
+    v.reason = ust__fail_name(s->fail);
+  s->keep_done = NULL;
+  done(s->keep, s->r.cookie, &v);
+  s->keep = NULL;
+}
+
 static void release(shadow_slot *s) {
   tell(s);
+  hand_keep(s);
   ust__shadow_pool *p = s->pool;
   ust__shadow_dev_events_free(p->dev, slot_index(s));
   atomic_store(&s->state, SLOT_FREE);
@@ -180,6 +201,8 @@ static void enqueue_pending(shadow_slot *s) {
  * buffers may still be written, so it never goes back to the pool. */
 static void retire_unfenced(shadow_slot *s) {
   tell(s);
+  s->failed = 0;
+  hand_keep(s);
   ust__verify_skipped(s->r.verify, UST__SKIP_ERROR);
   ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN,
                     s->r.timed_kind, 0, 0};
@@ -237,6 +260,9 @@ void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r) {
   ust__shadow_dev_slot_reset(p->dev, idx);
   s->verdict_out = NULL;
   s->failed = 0;
+  s->keep = NULL;
+  s->keep_done = NULL;
+  s->why = (ust__keep_verdict){0, NULL, NULL, -1};
   s->copied = 0;
   s->call_no = atomic_fetch_add_explicit(&r->verify->calls, 1, memory_order_relaxed) + 1;
   s->arms = draw_arms(r, s->call_no);
@@ -491,6 +517,14 @@ void ust__shadow_abandon(void *slot, int device, void *stream) {
 
 static int harvest_once(ust__shadow_pool *p);
 
+void ust__shadow_keep(void *slot, void *ctx, void (*done)(void *ctx, void *cookie, const ust__keep_verdict *v)) {
+  shadow_slot *s = slot;
+  if (s == NULL)
+    return;
+  s->keep = ctx;
+  s->keep_done = done;
+}
+
 void ust__shadow_want_verdict(void *slot, int *out) {
   shadow_slot *s = slot;
   *out = -1;
@@ -523,6 +557,7 @@ typedef struct judged {
   const ust__cmp_stats *stats;
   int fail;        /* a failure known on the host (reported already) */
   const char *msg; /* its message */
+  ust__keep_verdict *why; /* filled when the call failed (NULL: not asked) */
 } judged;
 
 /* Judge the pairs into vd->kind, counting into the route's figures and
@@ -580,6 +615,11 @@ static int judge(const judged *j, ust__verdict *vd) {
     }
   }
   if (reason != NULL) {
+    if (j->why != NULL) {
+      j->why->reason = reason;
+      j->why->output = bad != NULL ? bad->name : NULL;
+      j->why->first_mismatch = bad_stats != NULL ? ust__cmp_first_mismatch(bad_stats) : -1;
+    }
     vd->kind = UST__VERDICT_FAILED;
     atomic_fetch_add_explicit(&v->verified, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&v->failed, 1, memory_order_relaxed);
@@ -653,7 +693,8 @@ static void conclude(shadow_slot *s) {
     vd.aa_log_ratio = (s->arms & UST__DF_CAND_FIRST) ? log(again / prod) : log(prod / again);
 
   const int reruns = ((s->arms & UST__DF_ARMS) != 0) + ((s->arms & UST__DF_AA) != 0);
-  const judged j = {s->pool, &s->r, s->call_no, reruns > 0 ? reruns : 1, s->n_pairs, s->meta, stats, s->fail, s->msg};
+  const judged j = {s->pool, &s->r, s->call_no, reruns > 0 ? reruns : 1, s->n_pairs, s->meta, stats, s->fail, s->msg,
+                    &s->why};
   s->failed = judge(&j, &vd);
   void *cookie = s->r.cookie;
   ust__shadow_pool *p = s->pool;

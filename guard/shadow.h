@@ -133,6 +133,19 @@ void ust__shadow_finish(void *slot, int device, void *stream, const ust__pair *p
                         const char *msg);
 /* Release a slot without a verdict (counted skipped). */
 void ust__shadow_abandon(void *slot, int device, void *stream);
+/* What a call's keeper learns when the call is concluded (ust__shadow_keep):
+ * whether it failed and, if so, why. */
+typedef struct ust__keep_verdict {
+  int failed;
+  const char *reason;     /* as the evidence says it ("mismatch", "wrote input", "raised", ...) */
+  const char *output;     /* the output (or input) that failed, or NULL */
+  int64_t first_mismatch; /* its first mismatching element (flat), or -1 */
+} ust__keep_verdict;
+/* Before ust__shadow_finish: done(ctx, route cookie, verdict) is called
+ * once, when the call is concluded (skipped, abandoned or retired: not
+ * failed), on whichever thread concludes it, under no lock of the guard's;
+ * done owns ctx from then on. Not called when slot is NULL. */
+void ust__shadow_keep(void *slot, void *ctx, void (*done)(void *ctx, void *cookie, const ust__keep_verdict *v));
 /* Before ust__shadow_finish: the caller will ask for this call's verdict
  * into *out (-1 until concluded, then 1 failed, 0 not). */
 void ust__shadow_want_verdict(void *slot, int *out);

@@ -204,6 +204,7 @@ int ust__candidate_load(const ust__op_config *oc, const ust__problem *p, ust__ca
   c->aa_q32 = ust__share_q32(oc->aa_sample);
   c->deadline_ns = (uint64_t)(oc->deadline_ms * 1e6);
   c->max_slowdown = oc->max_slowdown;
+  c->repro_bytes = (uint64_t)oc->repro_bytes;
   snprintf(lc->sha256, sizeof lc->sha256, "%s", cc->sha256);
   int rc = source_and_when(cc, p, field, c);
   if (rc != 0)

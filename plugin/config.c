@@ -301,6 +301,13 @@ static const ust__config_field fields[] = {
      .def = "25",
      .doc = "Shadowing stops on a route whose candidate's median time is more than this many times production's "
             "(once the candidate has 5 timings); the report shows the route `paused`."},
+    {SEC_GUARD, "repro_bytes", UST__FIELD_NUMBER, .what = "a number of bytes", .lo = 0, .hi = 1 << 30,
+     AT(ust__op_config, repro_bytes), .def = "4194304",
+     .doc = "A route's first failing verification is kept whole in the report when the call's tensor arguments "
+            "(and both sides' outputs) fit in this many bytes: every argument's dtype, shape, strides, offset "
+            "and values, both sides' values at the worst elements, and the candidate's identity; "
+            "`understudy repro REPORT` replays it in a fresh process. Larger calls keep the evidence alone. "
+            "0: never."},
 
     /* ---- operators.<name>.promotion */
     {SEC_PROMOTION, "min_verified", UST__FIELD_INTEGER, .lo = 1, .hi = 1 << 30,

@@ -96,6 +96,7 @@ typedef struct ust__op_config {
   double aa_sample;  /* fraction of shadow calls that also run production twice */
   double deadline_ms; /* a candidate call longer than this is overdue: counted, and its route rolled back */
   double max_slowdown; /* shadowing stops on a route whose candidate's median is this many times production's */
+  double repro_bytes;  /* a failing call whose inputs fit is kept whole in the report, to be replayed */
 } ust__op_config;
 
 /* A loaded candidate: what the guard runs and judges, and what keeps it

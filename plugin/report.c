@@ -131,6 +131,20 @@ static cJSON *shadow_json(const ust__route_snap *s) {
   }
   else
     cJSON_AddNullToObject(j, "rollback");
+  /* the first failing call, kept whole to be replayed (`understudy repro`) */
+  const char *call = s->repro != NULL ? s->repro->text(s->repro) : NULL;
+  if (call != NULL && s->binding->cand != NULL) {
+    cJSON *rp = cJSON_AddObjectToObject(j, "repro");
+    cJSON *cd = cJSON_AddObjectToObject(rp, "candidate");
+    const ust__cand *c = s->binding->cand;
+    cJSON_AddStringToObject(cd, "kind", c->kind == UST__CAND_NATIVE ? "native" : "torch_op");
+    cJSON_AddStringToObject(cd, "name", c->name);
+    cJSON_AddStringToObject(cd, "id", c->id);
+    cJSON_AddStringToObject(cd, "label", ust__report_cand_label(c));
+    cJSON_AddItemToObject(rp, "call", cJSON_CreateRaw(call));
+  } else {
+    cJSON_AddNullToObject(j, "repro");
+  }
   return j;
 }
 

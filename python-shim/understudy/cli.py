@@ -576,6 +576,74 @@ def _candidate(args) -> int:
     return 0
 
 
+def _repro_args(p):
+    p.add_argument("report", help="a report (JSON) that keeps a failing call (a route's shadow.repro)")
+    p.add_argument("--route", default=None, metavar="KEY", help="the route whose kept call to replay (default: "
+                   "the first one kept)")
+    p.add_argument("--config", default=None, help="the config that named the candidate (JSON or a path): needed "
+                   "for candidates from files, Solutions or hub layers; a native candidate or a torch op defined "
+                   "by --import is found from the report alone")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (one that registers the candidate's torch op); repeatable")
+    p.add_argument("--device", default=None, help="replay on this device (default: the call's own)")
+    p.add_argument("--list", action="store_true", help="list the kept calls and exit")
+    p.add_argument("--workload", default=None, metavar="DIR",
+                   help="instead of replaying, write the call as a FlashInfer-Bench workload into the dataset "
+                        "folder DIR (needs --definition)")
+    p.add_argument("--definition", default=None, metavar="FILE", help="the FlashInfer-Bench Definition (JSON) the "
+                   "workload is of")
+    p.add_argument("--arg", action="append", default=[], metavar="INPUT=ARG",
+                   help="a Definition input that is the op's argument ARG (where the names differ); repeatable")
+
+
+def _repro(args) -> int:
+    import importlib
+    import importlib.util
+
+    from understudy import repro
+
+    for m in args.imports:
+        try:
+            if m.endswith(".py"):
+                spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(m))[0], m)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+            else:
+                importlib.import_module(m)
+        except Exception as e:
+            return _fail(f"repro: --import {m}: {type(e).__name__}: {e}")
+    try:
+        rep = repro.load(args.report)
+        if args.list:
+            for c in repro.kept(rep):
+                call = c["repro"]["call"]
+                print(f"{c['key']}: {call['reason']}" + (f" in {call['output']}" if call.get("output") else "")
+                      + f", candidate {c['repro']['candidate'].get('label')}, {call['bytes']} bytes kept")
+            return 0
+        if args.workload is not None:
+            if args.definition is None:
+                return _fail("repro: --workload needs --definition FILE (the FlashInfer-Bench Definition)")
+            mapping = {}
+            for item in args.arg:
+                k, sep, v = item.partition("=")
+                if not sep or not k or not v:
+                    return _fail(f"repro: --arg '{item}' must be INPUT=ARG")
+                mapping[k] = v
+            w = repro.export_workload(rep, args.workload, definition=args.definition, key=args.route,
+                                      args=mapping or None)
+            print(f"workload {w['workload']['uuid']} of {w['definition']} written to {args.workload} "
+                  f"(axes {w['workload']['axes']})")
+            return 0
+        config = None
+        if args.config is not None:
+            config = json.loads(args.config) if args.config.lstrip().startswith("{") else repro.load(args.config)
+        r = repro.replay(rep, key=args.route, config=config, device=args.device)
+    except (repro.ReproError, ValueError) as e:
+        return _fail(f"repro: {e}")
+    print(repro.summary(r))
+    return 0 if r["same"] else 1
+
+
 COMMANDS = [
     Command("report", "print a JSON report as tables: operators by weight, shape keys, verdicts",
             "understudy report understudy-report.json --shapes 20", _report_args, _report),
@@ -595,6 +663,8 @@ COMMANDS = [
     Command("candidate", "add a candidate from a file (KernelBench ModelNew, KernelAgent kernel_function)",
             "understudy candidate add kernels/rms.py::ModelNew --like _C::rms_norm --config understudy.json",
             _candidate_args, _candidate),
+    Command("repro", "replay a failing call a report keeps, or export it as a FlashInfer-Bench workload",
+            "understudy repro understudy-report.json --import my_kernels", _repro_args, _repro),
     Command("doctor", "tell which Python interpreters on PATH would enable understudy, and why not",
             "understudy doctor transformers torchrun", _doctor_args, _doctor),
 ]

@@ -56,6 +56,7 @@
   X(gate_snap_launches_its_body_from_the_device_once_the_copies_are_made) \
   X(gate_copy_copies_in_served_replays_only_at_any_alignment) \
   X(graph_replays_are_judged_as_eager_calls) \
+  X(a_kept_call_is_told_its_verdict_once_whatever_the_end) \
   X(replays_of_a_route_changed_in_place_are_dropped_not_judged) \
   X(graph_calls_refused_or_dropped_leave_every_gate_closed) \
   X(a_later_pool_never_judges_an_earlier_pools_replays) \

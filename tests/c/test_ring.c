@@ -574,6 +574,88 @@ TEST(graph_replays_are_judged_as_eager_calls) {
   ust__shadow_pool_destroy(pool);
 }
 
+/* A keeper's log (ust__shadow_keep): what each kept call was told. */
+typedef struct kept_log {
+  int n, failed[8];
+  char reason[8][32], output[8][80];
+  int64_t first[8];
+  void *cookie[8];
+} kept_log;
+
+static void keep_told(void *ctx, void *cookie, const ust__keep_verdict *v) {
+  kept_log *k = ctx;
+  if (k->n < 8) {
+    k->failed[k->n] = v->failed;
+    snprintf(k->reason[k->n], 32, "%s", v->reason != NULL ? v->reason : "-");
+    snprintf(k->output[k->n], 80, "%s", v->output != NULL ? v->output : "-");
+    k->first[k->n] = v->first_mismatch;
+    k->cookie[k->n] = cookie;
+  }
+  k->n++;
+}
+
+TEST(a_kept_call_is_told_its_verdict_once_whatever_the_end) {
+  /* Five host calls, each with a keeper: a passing one, one off at flat
+   * index 21 of "out", one that wrote its input "x", one the candidate
+   * raised in, and one abandoned. Each keeper is told once, with the
+   * reason, the output and the first mismatch of the evidence. */
+  ust__shadow_pool *pool = NULL;
+  ASSERT_INT_EQ(ust__shadow_pool_create(4, NULL, &log_sink, NULL, &pool), 0);
+  memset(&g_log, 0, sizeof g_log);
+  ust__verify v;
+  memset(&v, 0, sizeof v);
+  ust__cand cand;
+  memset(&cand, 0, sizeof cand);
+  cand.atol = cand.rtol = -1;
+  int64_t shape[2] = {4, 8};
+  float prod[32], off[32], x[32], x_written[32];
+  for (int i = 0; i < 32; i++)
+    prod[i] = off[i] = x[i] = x_written[i] = (float)i * 0.5f;
+  off[21] += 3.0f;
+  x_written[3] = -9.0f;
+  const float *cands[3] = {prod, off, prod};
+  const float *x_after[3] = {x, x, x_written};
+  kept_log k;
+  memset(&k, 0, sizeof k);
+  ust__slot_route r = {&v, &v, &cand, 0, 0, 0, 0, 0};
+  for (int c = 0; c < 5; c++) {
+    void *slot = ust__shadow_acquire(pool, &r);
+    ASSERT_TRUE(slot != NULL);
+    ust__shadow_keep(slot, &k, keep_told);
+    if (c == 4) {
+      ust__shadow_abandon(slot, UST__DEV_CPU, NULL);
+      continue;
+    }
+    if (c == 3) {
+      ust__shadow_finish(slot, UST__DEV_CPU, NULL, NULL, 0, UST__FAIL_RAISED, "candidate raised: boom");
+      continue;
+    }
+    ust__pair pairs[2];
+    memset(pairs, 0, sizeof pairs);
+    pairs[0] = (ust__pair){.name = "out", .prod_dtype = UST__DT_F32, .cand_dtype = UST__DT_F32,
+                           .prod = cpu_f32(prod, shape), .cand = cpu_f32((float *)cands[c], shape),
+                           .prod_dense = prod, .cand_dense = cands[c]};
+    pairs[1] = (ust__pair){.name = "x", .input_arg = 1, .prod_dtype = UST__DT_F32, .cand_dtype = UST__DT_F32,
+                           .prod = cpu_f32(x, shape), .cand = cpu_f32((float *)x_after[c], shape),
+                           .prod_dense = x, .cand_dense = x_after[c]};
+    ust__shadow_finish(slot, UST__DEV_CPU, NULL, pairs, 2, UST__FAIL_NONE, NULL);
+  }
+  ASSERT_INT_EQ(k.n, 5);
+  const int failed[5] = {0, 1, 1, 1, 0};
+  const char *reason[5] = {"-", "mismatch", "wrote input", "raised", "-"};
+  const char *output[5] = {"-", "out", "x", "-", "-"};
+  const int64_t first[5] = {-1, 21, 3, -1, -1};
+  for (int c = 0; c < 5; c++) {
+    ASSERT_INT_EQ(k.failed[c], failed[c]);
+    ASSERT_STR_EQ(k.reason[c], reason[c]);
+    ASSERT_STR_EQ(k.output[c], output[c]);
+    ASSERT_INT_EQ(k.first[c], first[c]);
+    ASSERT_TRUE(k.cookie[c] == &v);
+  }
+  ASSERT_INT_EQ(g_log.failures, 3);
+  ust__shadow_pool_destroy(pool);
+}
+
 static int g_stale;
 static int say_stale(void *ctx, void *route) {
   (void)ctx, (void)route;
