@@ -41,7 +41,7 @@ const char *dtype_name(c10::ScalarType s) {
 
 // Elements of the storage a view reaches, from its offset: the span a
 // replay needs (a stride-0 dimension reaches one element).
-int64_t span_of(const at::Tensor &t) {
+int64_t storage_span(const at::Tensor &t) {
   if (t.numel() == 0)
     return 0;
   int64_t last = 0;
@@ -116,7 +116,7 @@ void put_tensor(std::ostringstream &o, const at::Tensor &t) {
   put_ints(o, t.strides());
   o << ",\"storage_offset\":" << t.storage_offset() << ",\"device\":";
   put_string(o, t.device().str());
-  const int64_t span = span_of(t);
+  const int64_t span = storage_span(t);
   at::Tensor flat = t.as_strided({span}, {1}, t.storage_offset()).to(at::kCPU).contiguous();
   o << ",\"span\":" << span << ",\"data\":";
   put_base64(o, static_cast<const uint8_t *>(flat.const_data_ptr()), flat.nbytes());
@@ -186,7 +186,7 @@ Repro::~Repro() = default;
 bool Repro::fits(const at::Tensor &t) {
   if (dtype_name(t.scalar_type()) == nullptr || !t.has_storage() || t.is_sparse())
     return false;
-  used_ += static_cast<uint64_t>(span_of(t)) * t.element_size();
+  used_ += static_cast<uint64_t>(storage_span(t)) * t.element_size();
   return used_ <= bound_;
 }
 

@@ -157,7 +157,7 @@ uint64_t ust__call_repro_bound(const ust__call_state *st) {
 
 /* A call's keeper, told its verdict (ust__shadow_keep): a failed call's
  * becomes its route's first, anything else goes. */
-static void keep_done(void *ctx, void *cookie, const ust__keep_verdict *v) {
+static void repro_concluded(void *ctx, void *cookie, const ust__keep_verdict *v) {
   ust__repro *keep = ctx;
   ust__route *r = cookie;
   if (v->failed && r != NULL) {
@@ -179,7 +179,7 @@ void ust__call_keep(ust__call_state *st, ust__repro *keep) {
     keep->destroy(keep);
     return;
   }
-  ust__shadow_keep(st->slot, keep, keep_done);
+  ust__shadow_keep(st->slot, keep, repro_concluded);
 }
 
 int ust__call_relaxed_begin(void) { return ust__shadow_dev_relaxed_begin(); }

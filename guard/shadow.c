@@ -67,8 +67,8 @@ typedef struct shadow_slot {
   int *verdict_out;  /* the waiting caller's verdict (1 failed, 0 not), written when concluded */
   int failed;        /* this use's verdict: 1 when it failed */
   /* the caller's keeper of the call (ust__shadow_keep) and why the call failed */
-  void *keep;
-  void (*keep_done)(void *ctx, void *cookie, const ust__keep_verdict *v);
+  void *keeper_ctx;
+  void (*keeper)(void *ctx, void *cookie, const ust__keep_verdict *v);
   ust__keep_verdict why;
   atomic_int state;  /* slot_state */
   atomic_uint_fast64_t uses; /* incremented at each release: a flush waits for it to move */
@@ -161,24 +161,24 @@ static void tell(shadow_slot *s) {
 }
 
 /* The keeper told, once: the call failed (s->why) or not. */
-static void hand_keep(shadow_slot *s) {
-  if (s->keep_done == NULL)
+static void tell_keeper(shadow_slot *s) {
+  if (s->keeper == NULL)
     return;
-  void (*done)(void *, void *, const ust__keep_verdict *) = s->keep_done;
+  void (*done)(void *, void *, const ust__keep_verdict *) = s->keeper;
   ust__keep_verdict v = s->why;
   v.failed = s->failed;
   if (!v.failed)
     v.reason = v.output = NULL, v.first_mismatch = -1;
   else if (v.reason == NULL)
     v.reason = ust__fail_name(s->fail);
-  s->keep_done = NULL;
-  done(s->keep, s->r.cookie, &v);
-  s->keep = NULL;
+  s->keeper = NULL;
+  done(s->keeper_ctx, s->r.cookie, &v);
+  s->keeper_ctx = NULL;
 }
 
 static void release(shadow_slot *s) {
   tell(s);
-  hand_keep(s);
+  tell_keeper(s);
   ust__shadow_pool *p = s->pool;
   ust__shadow_dev_events_free(p->dev, slot_index(s));
   atomic_store(&s->state, SLOT_FREE);
@@ -202,7 +202,7 @@ static void enqueue_pending(shadow_slot *s) {
 static void retire_unfenced(shadow_slot *s) {
   tell(s);
   s->failed = 0;
-  hand_keep(s);
+  tell_keeper(s);
   ust__verify_skipped(s->r.verify, UST__SKIP_ERROR);
   ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN,
                     s->r.timed_kind, 0, 0};
@@ -260,8 +260,8 @@ void *ust__shadow_acquire(ust__shadow_pool *p, const ust__slot_route *r) {
   ust__shadow_dev_slot_reset(p->dev, idx);
   s->verdict_out = NULL;
   s->failed = 0;
-  s->keep = NULL;
-  s->keep_done = NULL;
+  s->keeper_ctx = NULL;
+  s->keeper = NULL;
   s->why = (ust__keep_verdict){0, NULL, NULL, -1};
   s->copied = 0;
   s->call_no = atomic_fetch_add_explicit(&r->verify->calls, 1, memory_order_relaxed) + 1;
@@ -521,8 +521,8 @@ void ust__shadow_keep(void *slot, void *ctx, void (*done)(void *ctx, void *cooki
   shadow_slot *s = slot;
   if (s == NULL)
     return;
-  s->keep = ctx;
-  s->keep_done = done;
+  s->keeper_ctx = ctx;
+  s->keeper = done;
 }
 
 void ust__shadow_want_verdict(void *slot, int *out) {
