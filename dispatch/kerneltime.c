@@ -493,6 +493,7 @@ static uint64_t name_hash(const char *name) {
 static void name_learn(ust__kt *k, const char *name, ust__figs *figs) {
   if (name == NULL || figs == NULL)
     return;
+  ust__figs_kernel_name(figs, name); /* the route's own list: which kernels served it */
   const uint64_t h = name_hash(name);
   id_slot *e = id_find(&k->names, h, 0);
   if (e == NULL) {

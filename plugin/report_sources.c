@@ -5,6 +5,8 @@
  * candidate called inside its own runs (its fallback to torch).
  */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cjson/cJSON.h>
 
@@ -71,6 +73,26 @@ const char *ust__report_served_now(const ust__route_snap *s) {
   return "production";
 }
 
+/* The C++ runtime's demangler, where the library has one (a build with the
+ * torch bridge); weak: a build without it names kernels as the tracer did. */
+extern char *__cxa_demangle(const char *mangled, char *buf, size_t *len, int *status) __attribute__((weak));
+
+/* A kernel's name as torch.profiler shows it: demangled where it is a
+ * mangled C++ name and the demangler is there. */
+static cJSON *kernel_name_json(const char *name) {
+  if (__cxa_demangle != NULL && strncmp(name, "_Z", 2) == 0) {
+    int status = 0;
+    char *plain = __cxa_demangle(name, NULL, NULL, &status);
+    if (plain != NULL && status == 0) {
+      cJSON *j = cJSON_CreateString(plain);
+      free(plain);
+      return j;
+    }
+    free(plain);
+  }
+  return cJSON_CreateString(name);
+}
+
 /* Which implementation serves a route: production (the bound op), the
  * candidate (named), or both (canary); and, where the candidate does not
  * run on the route, why. */
@@ -79,6 +101,10 @@ cJSON *ust__report_served_by(const ust__route_snap *s) {
   const ust__cand *c = b->cand;
   cJSON *j = cJSON_CreateObject();
   cJSON_AddStringToObject(j, "production", b->display);
+  /* the kernels production ran for the route, where the kernel tracer saw its calls */
+  cJSON *kn = cJSON_AddArrayToObject(j, "production_kernels");
+  for (int i = 0; i < UST__FIGS_KERNEL_NAMES && s->figs.kernel_names[i] != NULL; i++)
+    cJSON_AddItemToArray(kn, kernel_name_json(s->figs.kernel_names[i]));
   if (c != NULL)
     cJSON_AddStringToObject(j, "candidate", ust__report_cand_label(c));
   else

@@ -164,6 +164,8 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->kernel_span_ns = atomic_load(&f->kernel_span_ns);
   out->replayed = atomic_load(&f->replayed);
   out->unseen_kernels = atomic_load(&f->unseen_kernels);
+  for (int i = 0; i < UST__FIGS_KERNEL_NAMES; i++)
+    out->kernel_names[i] = atomic_load_explicit(&f->kernel_names[i], memory_order_acquire);
   out->unseen_ns = atomic_load(&f->unseen_ns);
   out->graph_changed = atomic_load(&f->graph_changed);
   out->estimated = atomic_load(&f->estimated); /* before calls: never more than its share of them */
@@ -220,4 +222,16 @@ double ust__median(double *v, int n) {
     return 0;
   qsort(v, (size_t)n, sizeof *v, cmp_double);
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void ust__figs_kernel_name(ust__figs *f, const char *name) {
+  if (f == NULL || name == NULL)
+    return;
+  for (int i = 0; i < UST__FIGS_KERNEL_NAMES; i++) {
+    const char *had = atomic_load_explicit(&f->kernel_names[i], memory_order_acquire);
+    if (had == NULL && atomic_compare_exchange_strong(&f->kernel_names[i], &had, name))
+      return;
+    if (had == name || strcmp(had, name) == 0)
+      return;
+  }
 }

@@ -162,6 +162,8 @@ typedef struct ust__roof_sums {
   atomic_uint_fast64_t time_ns; /* sum of their measured times */
 } ust__roof_sums;
 
+#define UST__FIGS_KERNEL_NAMES 4
+
 typedef struct ust__figs {
   atomic_uint_fast64_t calls;          /* every call on the route */
   /* of those, the ones not seen one by one: a call keyed at random stands
@@ -195,6 +197,10 @@ typedef struct ust__figs {
    * off): their replays are seen by name only, neither timed as calls,
    * verified nor routed; and their summed durations */
   atomic_uint_fast64_t unseen_kernels, unseen_ns;
+  /* the names of the kernels production ran in its eager calls, as the
+   * kernel tracer saw them (the tracer's strings, which live as long as the
+   * process): the first UST__FIGS_KERNEL_NAMES, each once */
+  _Atomic(const char *) kernel_names[UST__FIGS_KERNEL_NAMES];
   /* captured calls of its whose nodes a graph library changed in place in
    * an executable graph (a node's parameters set, or the executable graph
    * updated from another graph), seen by the kernel tracer's callbacks:
@@ -275,6 +281,10 @@ static inline void ust__figs_nested_scored(ust__figs *f) {
 static inline void ust__figs_replayed(ust__figs *f) { atomic_fetch_add_explicit(&f->replayed, 1, memory_order_relaxed); }
 /* A kernel ns long of a name the route's calls ran, run by a graph no bound
  * op was seen captured into. */
+/* Production ran a kernel called name in a call of the route (kept once,
+ * among the first UST__FIGS_KERNEL_NAMES; name must live as long as the
+ * process). */
+void ust__figs_kernel_name(ust__figs *f, const char *name);
 static inline void ust__figs_unseen_kernel(ust__figs *f, uint64_t ns) {
   atomic_fetch_add_explicit(&f->unseen_kernels, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&f->unseen_ns, ns, memory_order_relaxed);
@@ -315,6 +325,7 @@ typedef struct ust__figs_snap {
   uint64_t steady_timed, steady_time_ns, late_captured;
   uint64_t kernel_timed, kernel_span_ns, replayed, unseen_kernels, unseen_ns, graph_changed;
   uint64_t held_timed, hold_expired;
+  const char *kernel_names[UST__FIGS_KERNEL_NAMES]; /* NULL past the last */
   const struct ust__hw_profile *hw;
   ust__hist_sparse hist, cand_hist;
   ust__roof_snap prod, cand;

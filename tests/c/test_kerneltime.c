@@ -72,6 +72,21 @@ TEST(kernel_records_join_calls_in_any_order) {
   ASSERT_U64_EQ(t.names[0].ns, 400);
   ASSERT_U64_EQ(t.names[0].kernels, 2);
   ASSERT_STR_EQ(t.names[1].name, "copy");
+  /* each route names the kernels production ran in its own calls (a
+   * nested call's are the inner route's), each once */
+  ASSERT_STR_EQ(atomic_load(&outer.kernel_names[0]), "outer_pre");
+  ASSERT_STR_EQ(atomic_load(&outer.kernel_names[1]), "outer_post");
+  ASSERT_TRUE(atomic_load(&outer.kernel_names[2]) == NULL);
+  ASSERT_STR_EQ(atomic_load(&inner.kernel_names[0]), "inner_gemm");
+  ASSERT_TRUE(atomic_load(&inner.kernel_names[1]) == NULL);
+  ASSERT_STR_EQ(atomic_load(&other.kernel_names[0]), "other");
+  ASSERT_TRUE(atomic_load(&other.kernel_names[1]) == NULL);
+  /* more names than a route keeps: the first ones stay */
+  const char *many[6] = {"k0", "k1", "k2", "k3", "k4", "k0"};
+  for (int i = 0; i < 6; i++)
+    ust__figs_kernel_name(&other, many[i]);
+  ASSERT_STR_EQ(atomic_load(&other.kernel_names[1]), "k0");
+  ASSERT_STR_EQ(atomic_load(&other.kernel_names[3]), "k2");
   ust__figs_free(&outer);
   ust__figs_free(&inner);
   ust__figs_free(&other);

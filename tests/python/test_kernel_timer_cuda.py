@@ -38,13 +38,16 @@ def route(rep, op, **dims):
     return None
 
 
-def profiler_mm_us(a, b, n):
-    """torch.profiler's per-call kernel time of the same mm (the ground truth)."""
+def profiler_mm_us(a, b, n, names=None):
+    """torch.profiler's per-call kernel time of the same mm (the ground
+    truth); names, a set, receives the names of the kernels it ran."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         mm_calls(a, b, n)
     per_call = [e.device_time_total for e in prof.events() if e.name == "aten::mm"]
     assert len(per_call) == n
+    if names is not None:
+        names.update(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     return statistics.median(per_call)
 
 
@@ -74,9 +77,13 @@ def test_cupti_times_calls_by_their_kernels(us, correlation):
     s = route(rep, "aten::mm", M=2048, N=2048, K=2048)
     assert s["calls"] == 203 and s["kernel_timed"] >= 100, s
     ours = s["latency_ns"]["p50"] / 1e3
-    truth = profiler_mm_us(a, b, 200)
+    profiled = set()
+    truth = profiler_mm_us(a, b, 200, profiled)
+    served = s["served_by"]["production_kernels"]
     print(f"\nmm 2048^3 bf16 ({tm['correlation']}): understudy (CUPTI) p50 {ours:.2f} us, torch.profiler {truth:.2f} us, "
-          f"{tm['windows']} windows, {tm['calls_timed']} calls timed by kernels")
+          f"{tm['windows']} windows, {tm['calls_timed']} calls timed by kernels; production's kernels {served}")
+    # which kernels served the route: the ones torch.profiler saw the same mm run, named as it names them
+    assert served and set(served) <= profiled, (served, profiled)
     assert abs(ours / truth - 1) < 0.10
     # the kernels' span is reported apart: one kernel, span = sum
     assert s["kernel_span_ns"] > 0
