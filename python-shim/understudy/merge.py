@@ -219,7 +219,7 @@ class _Merger:
             _rollout_add(t.setdefault("_rollout", None), s["rollout"], t)
         if "shadow" in s:
             sh = t.setdefault("_shadow", {k: 0 for k in ADD_SHADOW} | {
-                "max_abs_err": 0.0, "max_rel_err": 0.0, "_cand": None, "rollback": None, "skipped_by": {},
+                "max_abs_err": 0.0, "max_rel_err": 0.0, "_cand": None, "rollback": None, "repro": None, "skipped_by": {},
                 "aa": {"runs": 0, "mismatching": 0, "max_abs_err": 0.0, "max_rel_err": 0.0},
                 "graph": {"shadowed": 0, "plain": 0, "beside": 0, "ungated": 0, "exposed": 0, "reason": None}})
             for k in ADD_SHADOW:
@@ -239,8 +239,12 @@ class _Merger:
                 sh["graph"][k] += _n(gr.get(k), "shadow.graph." + k)
             sh["graph"]["reason"] = sh["graph"]["reason"] or gr.get("reason")
             ev = s["shadow"].get("rollback")
+            kept = s["shadow"].get("repro")
             if ev and (sh["rollback"] is None or _n(ev["unix_ms"], "shadow.rollback.unix_ms") < sh["rollback"]["unix_ms"]):
                 sh["rollback"] = ev
+                sh["repro"] = kept or sh["repro"]  # the earliest rollback's kept call, else any
+            elif kept and sh["repro"] is None:
+                sh["repro"] = kept
         if "roofline" in s:
             rf = t.setdefault("_roof", {k: 0 for k in ADD_ROOF} | {"hardware": None})
             for k in ADD_ROOF:
@@ -266,7 +270,7 @@ class _Merger:
                     s["shadow"] = {k: sh[k] for k in ADD_SHADOW} | {
                         "skipped_by": sh["skipped_by"], "max_abs_err": sh["max_abs_err"],
                         "max_rel_err": sh["max_rel_err"], "candidate_latency_ns": _hist_json(sh["_cand"]),
-                        "aa": sh["aa"], "graph": sh["graph"], "rollback": sh["rollback"]}
+                        "aa": sh["aa"], "graph": sh["graph"], "rollback": sh["rollback"], "repro": sh["repro"]}
                 if "_rollout" in t:
                     s["rollout"] = t["_rollout"]
                 shapes.append(s)

@@ -141,6 +141,36 @@ def test_a_failing_call_is_kept_whole_and_replays_in_a_fresh_process(us, tmp_pat
     assert listed.returncode == 0 and listed.stdout.startswith(only_route(rep)["key"] + ": mismatch in result 0")
 
 
+def test_a_merge_keeps_the_kept_call_of_the_earliest_rollback(us, tmp_path, candidates):
+    """Two processes' reports of one route, one keeping a failing call: the
+    merged report keeps it, and it replays from the merged report."""
+    path, mod = candidates
+    views, planted = traffic()
+    report = tmp_path / "report.json"
+    us.enable(shadow(mod.SATURATING, None, report))
+    for x in views:
+        torch.nn.functional.silu(x)
+    us.disable()
+    rep = load_report(report)
+    other = json.loads(json.dumps(rep))
+    other["pid"] += 1
+    sh = only_route(other)["shadow"]
+    sh["repro"] = None
+    sh["rollback"]["unix_ms"] += 1000  # a later rollback, without a kept call
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    merged = tmp_path / "merged.json"
+    r = subprocess.run([sys.executable, "-m", "understudy", "merge", merged, report, tmp_path / "other.json"],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                           [str(ROOT / "python-shim")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                          if p])))
+    assert r.returncode == 0, r.stderr
+    m = load_report(merged)
+    assert only_route(m)["shadow"]["repro"] == only_route(rep)["shadow"]["repro"]
+    check_kept(m, views, planted, at=4)
+    res = replay_cli(merged, "--import", path)
+    assert res.returncode == 0 and res.stdout.rstrip().endswith("; reproduced"), res.stdout + res.stderr
+
+
 def test_a_replay_with_a_corrected_candidate_says_it_is_not_reproduced(us, tmp_path, candidates):
     path, mod = candidates
     views, _ = traffic()
