@@ -315,7 +315,10 @@ BF16 = {
 SEQUENTIAL, BATCHED_CONCURRENCY = 8, 16
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", [
+    pytest.param("cpu", marks=pytest.mark.skipif(sanitized(), reason="run in the plain pass (the sanitized pass keeps "
+                                                 "to the float32 server with continuous batching, for time)")),
+    pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_bfloat16_batched_under_understudy(tmp_path, device):
     """`transformers serve --continuous-batching` with a bfloat16 model,
     without and with understudy, on two phases of traffic: 8 requests one
