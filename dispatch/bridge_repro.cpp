@@ -106,8 +106,10 @@ void put_base64(std::ostringstream &o, const uint8_t *p, size_t n) {
 }
 
 // A tensor as the repro keeps it: its layout, and the storage it spans as
-// bytes on the host.
-void put_tensor(std::ostringstream &o, const at::Tensor &t) {
+// bytes on the host; values, when defined, holds its elements in a layout
+// of its own (understudy's copy): they are laid out as t's, the storage
+// between them zero.
+void put_tensor(std::ostringstream &o, const at::Tensor &t, const at::Tensor &values = at::Tensor()) {
   o << "{\"dtype\":";
   put_string(o, dtype_name(t.scalar_type()));
   o << ",\"shape\":";
@@ -117,7 +119,14 @@ void put_tensor(std::ostringstream &o, const at::Tensor &t) {
   o << ",\"storage_offset\":" << t.storage_offset() << ",\"device\":";
   put_string(o, t.device().str());
   const int64_t span = storage_span(t);
-  at::Tensor flat = t.as_strided({span}, {1}, t.storage_offset()).to(at::kCPU).contiguous();
+  at::Tensor flat;
+  if (values.defined()) {
+    at::Tensor host = at::zeros({t.storage_offset() + span}, t.options().device(at::kCPU));
+    host.as_strided(t.sizes(), t.strides(), t.storage_offset()).copy_(values.to(at::kCPU));
+    flat = host.narrow(0, t.storage_offset(), span);
+  } else {
+    flat = t.as_strided({span}, {1}, t.storage_offset()).to(at::kCPU).contiguous();
+  }
   o << ",\"span\":" << span << ",\"data\":";
   put_base64(o, static_cast<const uint8_t *>(flat.const_data_ptr()), flat.nbytes());
   o << '}';
@@ -160,6 +169,7 @@ bool put_value(std::ostringstream &o, const c10::IValue &v) {
 struct Repro::Arg {
   std::string name, type;
   c10::IValue value; // tensors: the values before the call
+  at::Tensor layout; // defined: value holds the values, this the caller's layout
 };
 
 struct Repro::Out {
@@ -168,16 +178,13 @@ struct Repro::Out {
 };
 
 Repro::Repro(const c10::OperatorHandle &op, ust__binding *b, const ust__call &call, bool serving, uint64_t bound)
-    : ust__repro{}, bound_(bound), serving_(serving) {
+    : ust__repro{}, bound_(bound), serving_(serving), op_handle_(op) {
   text = &Repro::text_of;
   settle = &Repro::settle_of;
   destroy = &Repro::destroy_of;
   first_mismatch = -1;
   op_ = ust__binding_qualname(b);
   overload_ = ust__binding_overload(b);
-  std::ostringstream s;
-  s << op.schema();
-  schema_ = s.str();
   device_ = call.device == UST__DEV_CPU ? "cpu" : "cuda:" + std::to_string(call.device_id);
 }
 
@@ -197,7 +204,14 @@ bool Repro::add_arg(const char *name, const std::string &type, const c10::IValue
     for (const at::Tensor &t : v.toTensorList().vec())
       if (t.defined() && !fits(t))
         return false;
-  args_.push_back(Arg{name, type, v});
+  args_.push_back(Arg{name, type, v, at::Tensor()});
+  return true;
+}
+
+bool Repro::add_arg(const char *name, const std::string &type, const at::Tensor &caller, const at::Tensor &values) {
+  if (!fits(caller))
+    return false;
+  args_.push_back(Arg{name, type, values, caller});
   return true;
 }
 
@@ -252,12 +266,16 @@ void Repro::put_worst(std::ostringstream &o, const Out &w) const {
 
 std::string Repro::make() {
   std::ostringstream o;
+  o.exceptions(std::ios::badbit | std::ios::failbit); // a stream that cannot grow throws, never truncates
+  std::ostringstream schema;
+  schema.exceptions(std::ios::badbit | std::ios::failbit);
+  schema << op_handle_.schema();
   o << "{\"format\":\"understudy-repro/1\",\"op\":";
   put_string(o, op_);
   o << ",\"overload\":";
   put_string(o, overload_);
   o << ",\"schema\":";
-  put_string(o, schema_);
+  put_string(o, schema.str());
   o << ",\"device\":";
   put_string(o, device_);
   o << ",\"serving\":" << (serving_ ? "true" : "false") << ",\"reason\":";
@@ -271,7 +289,10 @@ std::string Repro::make() {
     put_string(o, a.name);
     o << ",\"type\":";
     put_string(o, a.type);
-    if (a.value.isTensor() && a.value.toTensor().defined()) {
+    if (a.layout.defined()) {
+      o << ",\"tensor\":";
+      put_tensor(o, a.layout, a.value.toTensor());
+    } else if (a.value.isTensor() && a.value.toTensor().defined()) {
       o << ",\"tensor\":";
       put_tensor(o, a.value.toTensor());
     } else if (a.value.isTensorList()) {
@@ -352,10 +373,12 @@ void ReproDrop::operator()(Repro *r) const {
 }
 
 // At the snapshot: every argument as it is before the call. A written one
-// is copied now (both sides write theirs); on a GPU a read-only one is the
-// candidate's private copy (the caller's may change before the report reads
-// it); on the host the caller's own, settled at the verdict, which the call
-// reaches before it returns.
+// is copied now (both sides write theirs); a read-only one that shares
+// storage with a written one is understudy's copy of it, taken before; on a
+// GPU any other read-only one is the candidate's private copy (the caller's
+// may change before the report reads it), on the host the caller's own,
+// settled at the verdict, which the call reaches before it returns. A copy
+// holds the values; the layout kept is the caller's.
 uint64_t CallRun::keep_inputs() {
   const uint64_t bound = ust__call_repro_bound(&st_);
   if (bound == 0 || st_.slot == nullptr || st_.cand.remote || captured())
@@ -366,20 +389,22 @@ uint64_t CallRun::keep_inputs() {
   const bool gpu = call_.device != UST__DEV_CPU;
   for (size_t i = 0; i < n_args_; i++) {
     c10::IValue v = x_.saved[i];
+    at::Tensor values; // understudy's copy of a read-only argument, in a layout of its own
     if (is_defined_tensor(v) && v.toTensor().has_storage()) {
       if (x_.snaps[i].defined()) {
         v = snapshot_of(v.toTensor());
         copied += v.toTensor().nbytes();
+      } else if (gpu && x_.cin[i].defined()) {
+        values = x_.cin[i];
+      } else if (x_.inputs[i].defined()) {
+        values = x_.inputs[i]; // it shares storage with a written one: the copy holds it as it was
       }
-      else if (gpu && x_.cin[i].defined())
-        v = x_.cin[i];
-      else if (x_.inputs[i].defined())
-        v = x_.inputs[i];
     } else if (gpu && x_.cin_lists[i].isTensorList()) {
       v = x_.cin_lists[i];
     }
     const std::string type = i < schema.size() ? schema[i].type()->str() : "";
-    if (!repro_->add_arg(ust__binding_arg_name(b_, static_cast<int>(i)), type, v)) {
+    const char *name = ust__binding_arg_name(b_, static_cast<int>(i));
+    if (!(values.defined() ? repro_->add_arg(name, type, v.toTensor(), values) : repro_->add_arg(name, type, v))) {
       repro_.reset();
       return copied;
     }

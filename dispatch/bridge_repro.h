@@ -28,11 +28,15 @@ public:
   // not fit the bound, or a tensor's dtype is not one a repro keeps: the
   // repro is then dropped.
   bool add_arg(const char *name, const std::string &type, const c10::IValue &v);
+  // The same, for a tensor whose values are held by a copy of another
+  // layout (understudy's own): the argument's layout is the caller's.
+  bool add_arg(const char *name, const std::string &type, const at::Tensor &caller, const at::Tensor &values);
   // A compared output: production's and the candidate's, as compared.
   bool add_output(const char *name, const at::Tensor &prod, const at::Tensor &cand);
 
 private:
   struct Arg;
+  struct Layout;
   struct Out;
   bool fits(const at::Tensor &t);
   std::string make();
@@ -43,7 +47,8 @@ private:
 
   uint64_t bound_, used_ = 0;
   bool serving_;
-  std::string op_, overload_, schema_, device_;
+  c10::OperatorHandle op_handle_;
+  std::string op_, overload_, device_;
   std::vector<Arg> args_;
   std::vector<Out> outs_;
   std::mutex mu_;

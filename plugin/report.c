@@ -226,11 +226,12 @@ static cJSON *shape_json(const ust__route_snap *s) {
   cJSON_AddItemToObject(js, "latency_ns", hist_json(&s->figs.hist));
   if (b->roofline.present)
     cJSON_AddItemToObject(js, "roofline", roofline_json(s));
+  /* which implementation serves the route: every route says, with or without a candidate */
+  cJSON_AddItemToObject(js, "served_by", ust__report_served_by(s));
   if (s->has_cand) {
     cJSON_AddItemToObject(js, "shadow", shadow_json(s));
     cJSON_AddItemToObject(js, "rollout", ust__report_rollout(s));
     cJSON_AddItemToObject(js, "in_flight", ust__report_flight(&s->flight));
-    cJSON_AddItemToObject(js, "served_by", ust__report_served_by(s));
     cJSON_AddItemToObject(js, "fallback", ust__report_fallback(s));
   }
   return js;
