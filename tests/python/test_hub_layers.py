@@ -269,8 +269,10 @@ def test_liger_rmsnorm_on_the_gpu_shadowed_then_canary(us, hub_norm, tmp_path):
     with torch.no_grad():
         plain = m(ids).logits  # the first call: served directly
     counts = count_calls(m)
-    us.enable({**CONFIG, "operators": {"hub": {"mode": "shadow", "sample": 1.0,
-                                               "candidate": {"hub": {"layer": "RMSNorm"}}}}})
+    # the promotion policy in dry run: it decides on the shadow's paired times and records what it would
+    # do, changing no mode (the canary below is set by hand)
+    us.enable({**CONFIG, "operators": {"hub": {"mode": "shadow", "sample": 1.0, "promotion": {
+        "min_verified": 50, "dry_run": True}, "candidate": {"hub": {"layer": "RMSNorm"}}}}})
     with torch.no_grad():
         for _ in range(20):
             assert torch.equal(m(ids).logits, plain)  # shadow: production's values, bit for bit

@@ -318,7 +318,8 @@ def test_a_failing_cuda_call_is_kept_and_replays_on_the_gpu(us, tmp_path, candid
     us.enable(shadow(mod.SATURATING, None, report))
     for x in views:
         torch.nn.functional.silu(x)
-    kept_before = [v.clone() for v in views]
+    # as the candidate saw them: the same layouts, the values before the caller changes one
+    kept_before = [v._base.clone().as_strided(v.shape, v.stride(), v.storage_offset()) for v in views]
     views[4].fill_(-1.0)  # the caller reuses its tensor: the kept call is the one the candidate saw
     us.disable()
     check_kept(load_report(report), kept_before, planted, at=4, device="cuda")
