@@ -246,7 +246,7 @@ sanitized_python_tests() {
   LD_PRELOAD="$runtime${LD_PRELOAD:+ $LD_PRELOAD}" PYTHONMALLOC=malloc CUDA_VISIBLE_DEVICES= \
     ASAN_OPTIONS="detect_leaks=0:halt_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     UNDERSTUDY_LIB="$dir/libunderstudy.so" UNDERSTUDY_CANDIDATES="$dir/candidates" \
-    "$PY" -m pytest -q -rs --capture=sys tests/python "$@"
+    "$PY" -m pytest -q -rs --durations=25 --capture=sys tests/python "$@"
 }
 
 thread_sanitized_c_tests() {
@@ -411,7 +411,7 @@ run_tests() {
   else
     skip_stage "HIP build (compile only) and its C tests" "UST_SKIP_HIP is set"
   fi
-  stage "Python tests (torch $torch_version)" "$PY" -m pytest -q -rs tests/python "$@"
+  stage "Python tests (torch $torch_version)" "$PY" -m pytest -q -rs --durations=25 tests/python "$@"
   stage_join
   summary test
 }
