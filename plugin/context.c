@@ -29,6 +29,8 @@ const char *ust_torch_version(void) {
 uint32_t ust_abi_version(void) { return UST_ABI_VERSION; }
 uint32_t ust_candidate_abi_version(void) { return UST_CANDIDATE_ABI_VERSION; }
 
+int ust_confine_qualifying_process(void) { return ust__confine_signals(); }
+
 void ust_set_log(ust_log_cb cb, void *user, int max_level) { ust__log_sink_set(&context.log, cb, user, max_level); }
 
 ust__hook *ust__ctx_hook(ust__ctx *c, const ust__binding *b);

@@ -87,6 +87,17 @@ UST_API uint32_t ust_candidate_abi_version(void);
  * library was built without one. Static storage. */
 UST_API const char *ust_torch_version(void);
 
+/* For a candidate's qualifying process only (understudy-qualify, and the
+ * Python process a file candidate qualifies in), before it loads the
+ * candidate: from now on, on every thread of the calling process, a signal
+ * to any process but itself and its own process group, or a system call of
+ * another numbering, kills it with SIGSYS; ptrace, process_vm_readv/writev,
+ * setsid and setpgid fail with EPERM. 0; or -1 where the kernel or the
+ * architecture offers no filter (the process then runs unconfined, and says
+ * so on its standard error). Irrevocable: never call it in a serving
+ * process. */
+UST_API int ust_confine_qualifying_process(void);
+
 typedef enum ust_log_level {
   UST_LOG_ERROR = 0,
   UST_LOG_WARN = 1,

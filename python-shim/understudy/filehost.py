@@ -8,7 +8,9 @@ the answer says what the entry is or why it cannot be. Each later message
 is one call's arguments in schema order; the answer carries the arguments
 the target writes, as the entry left them, and what it returned, or the
 error it raised. The process ends when the socket closes. It runs the
-candidate and nothing of understudy's engine.
+candidate and nothing of understudy's engine, confined as a native
+candidate's qualifying process is: it cannot signal another process, trace
+one, or leave its process group.
 """
 from __future__ import annotations
 
@@ -17,10 +19,24 @@ import sys
 import traceback
 
 
+def confine() -> None:
+    """This process confined as a native candidate's qualifying process is
+    (ust_confine_qualifying_process): the file it loads next cannot signal
+    the serving process or leave this process group. Where the library
+    cannot be loaded here, the process runs unconfined and says so."""
+    import understudy
+
+    try:
+        understudy._load().ust_confine_qualifying_process()
+    except Exception as e:  # the library or its symbol is missing: the qualification still runs
+        print(f"understudy: a file candidate's qualifying process runs unconfined: {e}", file=sys.stderr)
+
+
 def main(argv) -> int:
     from understudy import adapt, files
 
     sock = socket.socket(fileno=int(argv[1]))
+    confine()  # before the candidate's file runs any code
     spec_msg = files._recv(sock)
     if spec_msg is None:
         return 0

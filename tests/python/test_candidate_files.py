@@ -179,6 +179,37 @@ def test_a_crash_in_the_qualifying_process_rolls_back_and_production_serves(us, 
     assert len(ran_in(call_log)) == 1 and ran_in(call_log)[0] != os.getpid()
 
 
+def test_a_file_signalling_the_serving_process_from_its_qualifying_process_is_killed(us, tmp_path, call_log):
+    """The process a file qualifies in runs as the same user: the file could
+    signal the serving process. It is confined as a native candidate's
+    qualifying process is, before the file runs: setsid fails there
+    (EPERM), and a signal to its parent (this process) kills it with
+    SIGSYS, never arriving here."""
+    import signal
+
+    got = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+    try:
+        f = tmp_path / "signals.py"
+        f.write_text(LOG + "import os, signal\n\ndef kernel_function(x, weight, eps):\n    _log()\n"
+                     "    try:\n        os.setsid()\n    except PermissionError:\n        _log()\n"
+                     "    os.kill(os.getppid(), signal.SIGUSR1)\n    return x\n")
+        entry = understudy.candidate_from_file(f"{f}::kernel_function", like="_C::rms_norm")
+        us.enable({"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "candidate": entry}},
+                   "report": {"interval_s": 0}})
+        x, w = torch.randn(4, 16), torch.randn(16)
+        for _ in range(3):
+            assert torch.equal(rms_call(x, w), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
+        _, (s,) = route(us.report())
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    ev = s["shadow"]["rollback"]
+    assert s["mode"] == "rolled_back" and "SIGSYS" in ev["message"], ev
+    assert got == []  # the signal never reached this process
+    child = ran_in(call_log)[0]
+    assert ran_in(call_log) == [child, child] and child != os.getpid()  # setsid failed there, then it was killed
+
+
 def test_an_entry_that_raises_rolls_back_with_its_error(us, tmp_path):
     f = tmp_path / "raises.py"
     f.write_text("def kernel_function(x, weight, eps):\n    raise NotImplementedError('no tail handling')\n")
