@@ -284,20 +284,13 @@ stop_on_setup_failure() {
   trap 'echo "run.sh: set-up or build failed (line $LINENO: $BASH_COMMAND): no test ran" >&2' ERR
 }
 
-# The folder of the stages' logs, and the set-up's row (first, filled in by
-# setup_done): before the first stage, which may start before the build ends.
-open_logs() {
-  LOG_DIR="$BUILD_DIR/test-logs"
-  rm -rf "$LOG_DIR"
-  mkdir -p "$LOG_DIR"
-  STAGES=("set-up and build|running|-|-|-|0")
-}
-
 setup_done() {
   trap - ERR
   set +E
-  [ -n "$LOG_DIR" ] || open_logs
-  STAGES[0]="set-up and build|ok|-|-|-|$(($(date +%s) - RUN_START))"
+  LOG_DIR="$BUILD_DIR/test-logs"
+  rm -rf "$LOG_DIR"
+  mkdir -p "$LOG_DIR"
+  STAGES+=("set-up and build|ok|-|-|-|$(($(date +%s) - RUN_START))")
 }
 
 # stage NAME COMMAND [ARGS...]: runs COMMAND (a function of this file, or a
@@ -331,28 +324,13 @@ stage_beside() {
   out="$LOG_DIR/$(printf '%02d' "$index")-$(printf '%s' "$name" | tr -cs 'A-Za-z0-9' '-' | sed 's/-*$//').log"
   log "$name: started beside the stages below (its output follows when it ends: $out)"
   STAGES+=("$name|running|-|-|-|0")
-  set -m # a process group of its own, which stop_beside can end whole
   (
-    trap - ERR # the set-up's trap is the main run's, not this stage's
-    set +E
     t0=$(date +%s)
     set +e
     ( set -e; "$@" ) >"$out" 2>&1 </dev/null
     echo "$? $(($(date +%s) - t0))" >"$out.status"
   ) &
   BESIDE+=("$index|$!|$out")
-  set +m
-  trap stop_beside EXIT # a run that stops early (the build failed, Ctrl-C) leaves nothing running
-}
-
-# Ends the stages still running in the background, with what they started.
-stop_beside() {
-  local entry index pid out
-  for entry in "${BESIDE[@]}"; do
-    IFS='|' read -r index pid out <<<"$entry"
-    kill -TERM -- "-$pid" 2>/dev/null || true
-  done
-  BESIDE=()
 }
 
 # Waits for every stage started by stage_beside; shows each one's output and
@@ -417,16 +395,14 @@ summary() {
 run_tests() {
   stop_on_setup_failure
   setup test
-  export UNDERSTUDY_TEST_SETUP=1 # the set-up installed what the tests need: a missing tool fails them
-  open_logs
-  # the longest stage, beside all the others from the start: it builds a tree
-  # of its own (build-asan-py) while the main build runs
-  stage_beside "Python tests, libunderstudy.so under ASan + UBSan" sanitized_python_tests "$@"
   build
   local torch_version
   torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
   setup_done
+  export UNDERSTUDY_TEST_SETUP=1 # the set-up installed what the tests need: a missing tool fails them
   stage "C tests" "$BUILD_DIR/ust_test_runner"
+  # the longest stage, beside all the others
+  stage_beside "Python tests, libunderstudy.so under ASan + UBSan" sanitized_python_tests "$@"
   stage "C tests, ASan + UBSan" sanitized_c_tests
   stage "C tests, ThreadSanitizer" thread_sanitized_c_tests
   stage "C tests, Valgrind Memcheck" valgrind_c_tests
