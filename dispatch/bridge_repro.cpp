@@ -167,8 +167,7 @@ bool put_value(std::ostringstream &o, const c10::IValue &v) {
 } // namespace
 
 struct Repro::Arg {
-  std::string name, type;
-  c10::IValue value; // tensors: the values before the call
+  c10::IValue value; // tensors: the values before the call (its name and type: the schema's, in order)
   at::Tensor layout; // defined: value holds the values, this the caller's layout
 };
 
@@ -197,21 +196,21 @@ bool Repro::fits(const at::Tensor &t) {
   return used_ <= bound_;
 }
 
-bool Repro::add_arg(const char *name, const std::string &type, const c10::IValue &v) {
+bool Repro::add_arg(const c10::IValue &v) {
   if (v.isTensor() && v.toTensor().defined() && !fits(v.toTensor()))
     return false;
   if (v.isTensorList())
     for (const at::Tensor &t : v.toTensorList().vec())
       if (t.defined() && !fits(t))
         return false;
-  args_.push_back(Arg{name, type, v, at::Tensor()});
+  args_.push_back(Arg{v, at::Tensor()});
   return true;
 }
 
-bool Repro::add_arg(const char *name, const std::string &type, const at::Tensor &caller, const at::Tensor &values) {
+bool Repro::add_arg(const at::Tensor &caller, const at::Tensor &values) {
   if (!fits(caller))
     return false;
-  args_.push_back(Arg{name, type, values, caller});
+  args_.push_back(Arg{values, caller});
   return true;
 }
 
@@ -283,12 +282,13 @@ std::string Repro::make() {
   o << ",\"output\":";
   put_string(o, output);
   o << ",\"first_mismatch\":" << first_mismatch << ",\"args\":[";
-  for (size_t i = 0; i < args_.size(); i++) {
+  const auto &schema_args = op_handle_.schema().arguments();
+  for (size_t i = 0; i < args_.size() && i < schema_args.size(); i++) {
     const Arg &a = args_[i];
     o << (i ? "," : "") << "{\"name\":";
-    put_string(o, a.name);
+    put_string(o, schema_args[i].name());
     o << ",\"type\":";
-    put_string(o, a.type);
+    put_string(o, schema_args[i].type()->str());
     if (a.layout.defined()) {
       o << ",\"tensor\":";
       put_tensor(o, a.layout, a.value.toTensor());
@@ -385,7 +385,6 @@ uint64_t CallRun::keep_inputs() {
     return 0;
   uint64_t copied = 0;
   repro_.reset(new Repro(op_, b_, call_, serving_, bound));
-  const auto &schema = op_.schema().arguments();
   const bool gpu = call_.device != UST__DEV_CPU;
   for (size_t i = 0; i < n_args_; i++) {
     c10::IValue v = x_.saved[i];
@@ -402,9 +401,7 @@ uint64_t CallRun::keep_inputs() {
     } else if (gpu && x_.cin_lists[i].isTensorList()) {
       v = x_.cin_lists[i];
     }
-    const std::string type = i < schema.size() ? schema[i].type()->str() : "";
-    const char *name = ust__binding_arg_name(b_, static_cast<int>(i));
-    if (!(values.defined() ? repro_->add_arg(name, type, v.toTensor(), values) : repro_->add_arg(name, type, v))) {
+    if (!(values.defined() ? repro_->add_arg(v.toTensor(), values) : repro_->add_arg(v))) {
       repro_.reset();
       return copied;
     }

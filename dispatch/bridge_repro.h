@@ -22,15 +22,16 @@ public:
   Repro(const Repro &) = delete;
   Repro &operator=(const Repro &) = delete;
 
-  // The next argument, named and typed as the schema says: v's tensors as
+  // The next argument (named and typed as the schema says, when the text is
+  // made): v's tensors as
   // they were before the call (the caller keeps them unchanged until the
   // repro is settled, or they are understudy's copies). false when it does
   // not fit the bound, or a tensor's dtype is not one a repro keeps: the
   // repro is then dropped.
-  bool add_arg(const char *name, const std::string &type, const c10::IValue &v);
+  bool add_arg(const c10::IValue &v);
   // The same, for a tensor whose values are held by a copy of another
   // layout (understudy's own): the argument's layout is the caller's.
-  bool add_arg(const char *name, const std::string &type, const at::Tensor &caller, const at::Tensor &values);
+  bool add_arg(const at::Tensor &caller, const at::Tensor &values);
   // A compared output: production's and the candidate's, as compared.
   bool add_output(const char *name, const at::Tensor &prod, const at::Tensor &cand);
 
