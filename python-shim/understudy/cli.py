@@ -537,22 +537,46 @@ def _candidate_args(p):
     a.add_argument("--qualify-calls", type=int, default=3, help="passing calls a route needs there (default 3)")
 
 
-def _candidate(args) -> int:
+def _import_modules(imports):
+    """--import's modules (names, or .py paths), imported in turn; the
+    message naming the first that fails, or None."""
     import importlib
+    import importlib.util
 
+    for m in imports:
+        try:
+            if m.endswith(".py"):
+                spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(m))[0], m)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+            else:
+                importlib.import_module(m)
+        except Exception as e:
+            return f"--import {m}: {type(e).__name__}: {e}"
+    return None
+
+
+def _pairs(items, what):
+    """--arg's A=B items as a dict; ValueError naming one without '='."""
+    out = {}
+    for item in items:
+        a, sep, b = item.partition("=")
+        if not sep or not a or not b:
+            raise ValueError(f"--arg '{item}' must be {what}")
+        out[a] = b
+    return out
+
+
+def _candidate(args) -> int:
     from understudy import files
 
-    for m in args.imports:
-        try:
-            importlib.import_module(m)
-        except Exception as e:
-            return _fail(f"--import {m}: {type(e).__name__}: {e}")
-    mapping = {}
-    for item in args.arg:
-        p, sep, t = item.partition("=")
-        if not sep or not p or not t:
-            return _fail(f"--arg '{item}' must be PARAM=ARG")
-        mapping[p] = t
+    why = _import_modules(args.imports)
+    if why is not None:
+        return _fail(why)
+    try:
+        mapping = _pairs(args.arg, "PARAM=ARG")
+    except ValueError as e:
+        return _fail(str(e))
     init = None
     if args.init is not None:
         try:
@@ -597,21 +621,11 @@ def _repro_args(p):
 
 
 def _repro(args) -> int:
-    import importlib
-    import importlib.util
-
     from understudy import repro
 
-    for m in args.imports:
-        try:
-            if m.endswith(".py"):
-                spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(m))[0], m)
-                mod = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(mod)
-            else:
-                importlib.import_module(m)
-        except Exception as e:
-            return _fail(f"repro: --import {m}: {type(e).__name__}: {e}")
+    why = _import_modules(args.imports)
+    if why is not None:
+        return _fail(f"repro: {why}")
     try:
         rep = repro.load(args.report)
         if args.list:
@@ -623,12 +637,7 @@ def _repro(args) -> int:
         if args.workload is not None:
             if args.definition is None:
                 return _fail("repro: --workload needs --definition FILE (the FlashInfer-Bench Definition)")
-            mapping = {}
-            for item in args.arg:
-                k, sep, v = item.partition("=")
-                if not sep or not k or not v:
-                    return _fail(f"repro: --arg '{item}' must be INPUT=ARG")
-                mapping[k] = v
+            mapping = _pairs(args.arg, "INPUT=ARG")
             w = repro.export_workload(rep, args.workload, definition=args.definition, key=args.route,
                                       args=mapping or None)
             print(f"workload {w['workload']['uuid']} of {w['definition']} written to {args.workload} "

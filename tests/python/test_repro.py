@@ -52,7 +52,7 @@ def candidates(tmp_path_factory):
     return path, mod
 
 
-def shadow(op, cand, report=None, **guard):
+def shadow(op, report=None, **guard):
     cfg = {"operators": {"silu": {"mode": "shadow", "sample": 1.0, "guard": guard,
                                   "candidate": {"torch_op": op, "target": "aten::silu"}}},
            "defaults": {"key_every": 1}, "report": {"interval_s": 0}}
@@ -75,6 +75,14 @@ def traffic(device="cpu", planted_at=4, calls=6):
             x[5, 7] = 9.0
         views.append(x)
     return views, (5, 7)
+
+
+def silu_shadowed(us, op, views, report):
+    """understudy enabled with op shadowing aten::silu (its report at
+    report), and silu called on each view; the caller disables it."""
+    us.enable(shadow(op, report))
+    for x in views:
+        torch.nn.functional.silu(x)
 
 
 def replay_cli(*args, cwd=None):
@@ -126,9 +134,7 @@ def test_a_failing_call_is_kept_whole_and_replays_in_a_fresh_process(us, tmp_pat
     path, mod = candidates
     views, planted = traffic()
     report = tmp_path / "report.json"
-    us.enable(shadow(mod.SATURATING, None, report))
-    for x in views:
-        torch.nn.functional.silu(x)
+    silu_shadowed(us, mod.SATURATING, views, report)
     us.disable()
     rep = load_report(report)
     check_kept(rep, views, planted, at=4)
@@ -147,9 +153,7 @@ def test_a_merge_keeps_the_kept_call_of_the_earliest_rollback(us, tmp_path, cand
     path, mod = candidates
     views, planted = traffic()
     report = tmp_path / "report.json"
-    us.enable(shadow(mod.SATURATING, None, report))
-    for x in views:
-        torch.nn.functional.silu(x)
+    silu_shadowed(us, mod.SATURATING, views, report)
     us.disable()
     rep = load_report(report)
     other = json.loads(json.dumps(rep))
@@ -175,11 +179,9 @@ def test_a_replay_with_a_corrected_candidate_says_it_is_not_reproduced(us, tmp_p
     path, mod = candidates
     views, _ = traffic()
     report = tmp_path / "report.json"
-    us.enable(shadow(mod.SATURATING, None, report))
-    for x in views:
-        torch.nn.functional.silu(x)
+    silu_shadowed(us, mod.SATURATING, views, report)
     us.disable()
-    fixed = json.dumps(shadow(mod.RIGHT, None))
+    fixed = json.dumps(shadow(mod.RIGHT))
     r = replay_cli(report, "--import", path, "--config", fixed)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "replayed: passed (1 verified); NOT reproduced" in r.stdout
@@ -194,7 +196,7 @@ def test_calls_over_the_bound_keep_the_evidence_alone(us, candidates):
     views, _ = traffic(planted_at=0, calls=1)
     nbytes = 40 * 70 * 4  # the view spans nearly all of its storage
     for bound, kept in ((nbytes // 2, False), (0, False), (4 * nbytes, True)):
-        us.enable(shadow(mod.SATURATING, None, repro_bytes=bound))
+        us.enable(shadow(mod.SATURATING, repro_bytes=bound))
         torch.nn.functional.silu(views[0])
         rep = us.report()
         us.disable()
@@ -208,9 +210,7 @@ def test_calls_over_the_bound_keep_the_evidence_alone(us, candidates):
 def test_a_passing_route_keeps_nothing_and_repro_says_so(us, tmp_path, candidates):
     _, mod = candidates
     report = tmp_path / "report.json"
-    us.enable(shadow(mod.RIGHT, None, report))
-    for x in traffic()[0]:
-        torch.nn.functional.silu(x)
+    silu_shadowed(us, mod.RIGHT, traffic()[0], report)
     us.disable()
     assert only_route(load_report(report))["shadow"]["repro"] is None
     r = replay_cli(report)
@@ -285,9 +285,7 @@ def test_the_kept_call_exports_as_a_flashinfer_bench_workload(us, tmp_path, cand
     _, mod = candidates
     views, _ = traffic()
     report = tmp_path / "report.json"
-    us.enable(shadow(mod.SATURATING, None, report))
-    for x in views:
-        torch.nn.functional.silu(x)
+    silu_shadowed(us, mod.SATURATING, views, report)
     us.disable()
     (tmp_path / "def.json").write_text(json.dumps(DEFINITION))
     out = tmp_path / "dataset"
@@ -315,9 +313,7 @@ def test_a_failing_cuda_call_is_kept_and_replays_on_the_gpu(us, tmp_path, candid
     path, mod = candidates
     views, planted = traffic(device="cuda")
     report = tmp_path / "report.json"
-    us.enable(shadow(mod.SATURATING, None, report))
-    for x in views:
-        torch.nn.functional.silu(x)
+    silu_shadowed(us, mod.SATURATING, views, report)
     # as the candidate saw them: the same layouts, the values before the caller changes one
     kept_before = [v._base.clone().as_strided(v.shape, v.stride(), v.storage_offset()) for v in views]
     views[4].fill_(-1.0)  # the caller reuses its tensor: the kept call is the one the candidate saw
