@@ -1,4 +1,4 @@
-"""Does the promotion policy promote a candidate that is not faster? Real runs on the CPU.
+"""Does the promotion policy promote a candidate that is not faster? Real runs, CPU and GPU.
 
 Production and the candidate are torch ops defined here (torch-op candidates
 registered with understudy.register_candidate), doing the same work scaled
@@ -15,6 +15,13 @@ rejected, or inconclusive. Rows:
 - 10 % faster, 10 % slower: the candidate does 0.9 or 1.1 times
   production's matrix products.
 
+With --device cuda the rows are a Triton kernel's instead (Triton is
+imported only then): production and the candidate launch the same kernel,
+which writes 3 x and spends its time in a chain of dependent multiply-adds
+per element (--iters of them, about --kernel-us microseconds; the run
+measures and prints the kernel's own time first), the candidate with 1.0,
+0.9 or 1.1 times production's chain.
+
 Targets (issue 51): false promotions at most 5 % in every identical row;
 10 % faster promoted and 10 % slower rejected in at least 90 % of the
 routes, within max_samples. The table prints the counts (inconclusive, and
@@ -23,6 +30,7 @@ median paired samples a decision took and the median delta it was judged
 with (production's own A/A spread widens it).
 
     PYTHONPATH=python-shim python3 benchmarks/promotion.py [--routes 100] [--threads 4]
+    PYTHONPATH=python-shim python3 benchmarks/promotion.py --device cuda
 
 Routes run one after another, but for the sleep row (--threads at a time:
 sleeping routes do not compete for the cores). The machine is shared and
@@ -56,10 +64,16 @@ ROWS = [  # name, work, the candidate's share of production's work, CPU hogs bes
     ("10 % faster, compute", "compute", 0.9, 0),
     ("10 % slower, compute", "compute", 1.1, 0),
 ]
+GPU_ROWS = [
+    ("identical, Triton", "triton", 1.0, 0),
+    ("10 % faster, Triton", "triton", 0.9, 0),
+    ("10 % slower, Triton", "triton", 1.1, 0),
+]
 
 _lib = torch.library.Library("ust_bench_promo", "DEF")
 _lib.define("sleep(Tensor x) -> Tensor")
 _lib.define("compute(Tensor x) -> Tensor")
+_lib.define("triton(Tensor x) -> Tensor")
 
 
 def hold(seconds):
@@ -84,9 +98,56 @@ def prod_compute(x):
 _lib.impl("sleep", prod_sleep, "CPU")
 _lib.impl("compute", prod_compute, "CPU")
 
+_triton = {}  # "kernel": the jitted kernel, "iters": production's chain (set by use_triton)
+
+
+def use_triton(iters):
+    """Define the Triton kernel and production's CUDA implementation."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def burn(x_ptr, y_ptr, spin_ptr, n, iters, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        acc = x
+        for _ in range(iters):  # a dependent chain: time in proportion to iters
+            acc = acc * 0.999 + 0.001
+        tl.store(y_ptr + offs, x * 3, mask=mask)
+        tl.store(spin_ptr + offs, acc, mask=mask)  # keeps the chain live
+
+    _triton.update(kernel=burn, iters=iters)
+    _lib.impl("triton", lambda x: launch(x, iters), "CUDA")
+
+
+def launch(x, iters):
+    y = torch.empty_like(x)
+    spin = torch.empty_like(x)
+    n = x.numel()
+    _triton["kernel"][((n + 255) // 256,)](x, y, spin, n, iters, BLOCK=256)
+    return y
+
+
+def kernel_us(iters, n):
+    """The kernel's own time for an N-wide route: the median of 50 event-timed launches."""
+    x = torch.randn(ROWS_X, n, device="cuda")
+    for _ in range(5):
+        launch(x, iters)
+    times = []
+    for _ in range(50):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        launch(x, iters)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
 PROBLEMS = {work: {"schema_version": 1, "operator": f"promo_{work}", "description": "a benchmark's op",
                    "bindings": [{"op": f"ust_bench_promo::{work}", "key": {"N": "x[-1]"}}]}
-            for work in ("sleep", "compute")}
+            for work in ("sleep", "compute", "triton")}
 
 
 _candidates = {}
@@ -101,6 +162,11 @@ def candidate(work, share):
         def run(x):
             hold(SLEEP_S * share)
             return x * 3
+    elif work == "triton":
+        iters = round(_triton["iters"] * share)
+
+        def run(x):
+            return launch(x, iters)
     else:
         reps = round(REPS * share)
 
@@ -151,7 +217,7 @@ def run_route(work, n, max_calls, check_every, lock, out):
 
 
 def calls_until_decided(work, n, max_calls, check_every, lock, out):
-    x = torch.randn(ROWS_X, n)
+    x = torch.randn(ROWS_X, n, device="cuda" if work == "triton" else "cpu")
     op = getattr(torch.ops.ust_bench_promo, work)
     key = None
     for i in range(1, max_calls + 1):
@@ -236,20 +302,37 @@ def main():
     ap.add_argument("--max-calls", type=int, default=1300, help="calls a route gets to decide in")
     ap.add_argument("--check-every", type=int, default=10, help="calls between looks at the report")
     ap.add_argument("--first-n", type=int, default=64, help="the first route's N (its key): N, N+1, ...")
-    ap.add_argument("--rows", nargs="*", default=[r[0] for r in ROWS], help="rows to run, by name")
+    ap.add_argument("--rows", nargs="*", default=None, help="rows to run, by name (default: the device's)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cpu: the sleep and matrix-product rows; cuda: the Triton rows")
+    ap.add_argument("--iters", type=int, default=40000, help="cuda: production's multiply-adds per element")
     args = ap.parse_args()
+    table_rows = GPU_ROWS if args.device == "cuda" else ROWS
+    if args.rows is None:
+        args.rows = [r[0] for r in table_rows]
+    notes = [f"compute: {REPS} products of a {ROWS_X} x N float32 matrix by its transpose, one torch thread; "
+             f"sleep: {SLEEP_S * 1e3:g} ms", "true ratio: the candidate's work over production's"]
+    title = "shadow promotions of torch-op candidates on the CPU, shipped defaults"
+    if args.device == "cuda":
+        use_triton(args.iters)
+        first, last = kernel_us(args.iters, args.first_n), kernel_us(args.iters, args.first_n + args.routes - 1)
+        print(f"production's kernel: {first:.1f} us at N={args.first_n}, {last:.1f} us at "
+              f"N={args.first_n + args.routes - 1} ({torch.cuda.get_device_name()})", flush=True)
+        notes = [f"triton: one launch over {ROWS_X} x N float32 elements, {args.iters} dependent multiply-adds "
+                 f"per element in production; its own time (CUDA events, median of 50): {first:.1f} us at the "
+                 f"first route, {last:.1f} us at the last", "true ratio: the candidate's chain over production's"]
+        title = "shadow promotions of Triton torch-op candidates on the GPU, shipped defaults"
     torch.set_num_threads(1)  # one core per route's work: the other is the hogs' (or another tenant's)
     columns = ["row", "true ratio", "routes", "promoted", "rejected", "inconclusive", "of which noise > delta",
                "undecided", "median samples", "median delta", "target", "met", "seconds"]
     print(f"{'row':<32} {'ratio':>5} {'routes':>6} {'promoted':>8} {'rejected':>8} {'inconclusive':>12} "
           f"{'by noise':>9} {'undecided':>9} {'median samples':>14} {'median delta':>11}  {'target':<18} {'met':<4} "
           f"{'s':>5}")
-    rows = [run_row(*r, args) for r in ROWS if r[0] in args.rows]
+    rows = [run_row(*r, args) for r in table_rows if r[0] in args.rows]
     _results.write("promotion", [_results.table(
-        "shadow promotions of torch-op candidates on the CPU, shipped defaults", columns, rows,
+        title, columns, rows,
         [None, ".2f", None, None, None, None, None, None, ".0f", ".3f", None, None, None])], args=args,
-        notes=[f"compute: {REPS} products of a {ROWS_X} x N float32 matrix by its transpose, one torch thread; "
-               f"sleep: {SLEEP_S * 1e3:g} ms", "true ratio: the candidate's work over production's"])
+        notes=notes, device=args.device)
 
 
 if __name__ == "__main__":

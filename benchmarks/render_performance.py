@@ -81,10 +81,11 @@ ABOUT = {
         "replay (canary, live), a wrong candidate rolled back, and what each layout costs a replay.",
         "PYTHONPATH=python-shim python3 benchmarks/graph_shadow.py --replays 1000 --rounds 5"),
     "promotion": (
-        "False and true promotions of real shadowed candidates on the CPU: identical code (sleep, compute, "
-        "compute beside two CPU-bound processes), 10 % faster and 10 % slower, at least 100 routes each; the "
-        "arms timed on copies in a drawn order, A/A pairs beside them.",
-        "PYTHONPATH=python-shim python3 benchmarks/promotion.py"),
+        "False and true promotions of real shadowed candidates: on the CPU identical code (sleep, compute, "
+        "compute beside two CPU-bound processes), 10 % faster and 10 % slower; on a GPU (`--device cuda`) "
+        "the same Triton kernel as production, and one with a 10 % shorter or longer chain of work; at least "
+        "100 routes each; the arms timed on copies in a drawn order, A/A pairs beside them.",
+        "PYTHONPATH=python-shim python3 benchmarks/promotion.py [--device cuda]"),
     "scrape": (
         "What a Prometheus scrape costs a serving process at 4,096 and 65,536 routes: its time, and how long "
         "a pure-Python serving thread beside it stalls (its longest gap) and waits on Python's lock (blocked, "
