@@ -1,10 +1,11 @@
-"""The process a file candidate qualifies in (understudy.files.ChildRunner).
+"""The process a file or Solution candidate qualifies in (understudy.files.ChildRunner).
 
     python -m understudy.filehost FD
 
-FD is its end of a socket pair. The first message names the file, its pin,
-the entry and the target's schema; the file is loaded and adapted here, and
-the answer says what the entry is or why it cannot be. Each later message
+FD is its end of a socket pair. The first message names the candidate and
+the target's schema: a file, its pin and the entry, or a FlashInfer-Bench
+Solution with its Definition and content hash; the candidate is loaded and
+adapted here, and the answer says what it is or why it cannot be. Each later message
 is one call's arguments in schema order; the answer carries the arguments
 the target writes, as the entry left them, and what it returned, or the
 error it raised. The process ends when the socket closes. It runs the
@@ -42,10 +43,16 @@ def main(argv) -> int:
         return 0
     try:
         target = adapt.target_of(spec_msg["schema"])
-        spec = files.FileSpec(path=spec_msg["path"], entry=spec_msg.get("entry"), target=target.name,
-                              sha256=spec_msg.get("sha256"), args=spec_msg.get("args") or {},
-                              style=spec_msg.get("style"), init=spec_msg.get("init"))
-        impl, info = files.build_impl(spec, target)
+        if spec_msg.get("kind") == "solution":
+            from understudy import solutions
+
+            impl, info = solutions.build_impl(spec_msg["solution"], spec_msg["definition"], target,
+                                              spec_msg.get("args"), pin=spec_msg["hash"])
+        else:
+            spec = files.FileSpec(path=spec_msg["path"], entry=spec_msg.get("entry"), target=target.name,
+                                  sha256=spec_msg.get("sha256"), args=spec_msg.get("args") or {},
+                                  style=spec_msg.get("style"), init=spec_msg.get("init"))
+            impl, info = files.build_impl(spec, target)
     except Exception as e:
         files._send(sock, {"ok": False, "error": str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"})
         return 0

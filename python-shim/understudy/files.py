@@ -243,12 +243,17 @@ def _recv(sock: socket.socket):
 
 
 class ChildRunner:
-    """The serving side of one qualifying process: it loaded the file and
-    runs calls sent to it, one at a time. Lost for good on a crash, a hang
-    past the deadline or a broken answer; every later call then raises."""
+    """The serving side of one qualifying process: it loaded the candidate
+    (a file's entry, a Solution) and runs calls sent to it, one at a time.
+    Lost for good on a crash, a hang past the deadline or a broken answer;
+    every later call then raises. label names the candidate in messages;
+    hello is the first message (understudy.filehost reads it), the
+    target's schema added; a candidate the process cannot load raises
+    error."""
 
-    def __init__(self, spec: FileSpec, target: adapt.Target, *, start_timeout_s: float = 300.0):
-        self.spec, self.target = spec, target
+    def __init__(self, label: str, hello: dict, target: adapt.Target, *, deadline_ms: float = 10000.0,
+                 start_timeout_s: float = 300.0, error: type = FileCandidateError):
+        self.label, self.target, self.deadline_ms = label, target, deadline_ms
         self.lost: Optional[str] = None
         self.runs = 0
         self._lock = threading.Lock()
@@ -268,8 +273,7 @@ class ChildRunner:
         _children.append(self)
         self._sock.settimeout(start_timeout_s)
         try:
-            _send(self._sock, {"path": spec.path, "entry": spec.entry, "sha256": spec.sha256, "args": spec.args,
-                               "style": spec.style, "init": spec.init, "schema": target.schema})
+            _send(self._sock, {**hello, "schema": target.schema})
             reply = _recv(self._sock)
         except (OSError, socket.timeout) as e:
             reply = None
@@ -277,12 +281,12 @@ class ChildRunner:
         else:
             why = None
         if reply is None:
-            why = why or self._ended("while it loaded the file")
+            why = why or self._ended("while it loaded the candidate")
             self.stop()
-            raise FileCandidateError(f"{spec.path}::{spec.entry}: its qualifying process failed: {why}")
+            raise error(f"{label}: its qualifying process failed: {why}")
         if not reply.get("ok"):
             self.stop()
-            raise FileCandidateError(reply.get("error", "its qualifying process refused it"))
+            raise error(reply.get("error", "its qualifying process refused it"))
         self.info = reply.get("info", {})
         self.pid = self.proc.pid
 
@@ -322,18 +326,17 @@ class ChildRunner:
         import torch
 
         vals = adapt.positional(self.target, args, kwargs)
-        label = f"{self.spec.path}::{self.spec.entry}"
+        label = self.label
         with self._lock:
             if self.lost is not None:
                 raise RuntimeError(f"{label} was refused in its qualifying process: {self.lost}")
             self.runs += 1
-            deadline = self.spec.deadline_ms / 1000.0
-            self._sock.settimeout(deadline)
+            self._sock.settimeout(self.deadline_ms / 1000.0)
             try:
                 _send(self._sock, {"args": vals})
                 reply = _recv(self._sock)
             except socket.timeout:
-                self._lose(f"it did not answer within {self.spec.deadline_ms:.0f} ms and was killed")
+                self._lose(f"it did not answer within {self.deadline_ms:.0f} ms and was killed")
                 raise RuntimeError(f"{label}: {self.lost}") from None
             except Exception as e:
                 why = self._ended("during a call") if isinstance(e, OSError) else f"a broken answer ({e})"
@@ -360,6 +363,14 @@ class ChildRunner:
 
 
 _children: List[ChildRunner] = []
+
+
+def spawn(spec: FileSpec, target: adapt.Target, *, start_timeout_s: float = 300.0) -> ChildRunner:
+    """The qualifying process of a file's entry."""
+    hello = {"kind": "file", "path": spec.path, "entry": spec.entry, "sha256": spec.sha256, "args": spec.args,
+             "style": spec.style, "init": spec.init}
+    return ChildRunner(f"{spec.path}::{spec.entry}", hello, target, deadline_ms=spec.deadline_ms,
+                       start_timeout_s=start_timeout_s)
 
 
 def _stop_children() -> None:
@@ -428,11 +439,13 @@ def register(spec: FileSpec) -> Registered:
     spec.sha256 = digest
     key = f"{spec.path}|{spec.entry}|{digest}|{spec.target}|{spec.qualify}|{sorted(spec.args.items())}|{spec.style}"
     with _reg_lock:
-        if key in _registered:
-            return _registered[key]
+        if key in _registered:  # the same op; how many calls qualify a route is the entry's own
+            reg = _registered[key]
+            reg.spec.qualify_calls = spec.qualify_calls
+            return reg
         child = None
         if spec.qualify == "process":
-            child = ChildRunner(spec, target)
+            child = spawn(spec, target)
             info, impl_here = child.info, _lazy_here(spec, target)
         else:
             impl_here, info = build_impl(spec, target)
@@ -544,7 +557,7 @@ def check(ref: str, *, like_schema: str, sha256: Optional[str] = None, args=None
                     style=style, init=init)
     _, digest = read_pinned(spec.path, sha256)
     spec.sha256 = digest
-    child = ChildRunner(spec, adapt.target_of(like_schema), start_timeout_s=start_timeout_s)
+    child = spawn(spec, adapt.target_of(like_schema), start_timeout_s=start_timeout_s)
     child.stop()
     return {"sha256": digest, **child.info}
 

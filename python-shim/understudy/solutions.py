@@ -112,14 +112,19 @@ def _materialize(s) -> pathlib.Path:
     return root
 
 
-def _entry(s):
+def _check_language(s) -> None:
     lang = str(getattr(s.spec.language, "value", s.spec.language))
     if lang not in ("python", "triton"):
         raise SolutionError(f"Solution '{s.name}' is written in {lang}: only python and triton Solutions are "
                             "imported (build others into a native candidate)")
-    file, symbol = s.spec.entry_point.split("::")
+    file, _, _ = s.spec.entry_point.partition("::")
     if not file.endswith(".py"):
         raise SolutionError(f"Solution '{s.name}': entry point '{s.spec.entry_point}' is not a Python file")
+
+
+def _entry(s):
+    _check_language(s)
+    file, symbol = s.spec.entry_point.split("::")
     root = _materialize(s)
     pkg = f"_ust_sol_{s.hash()[:16]}"
     modname = pkg + "." + ".".join(pathlib.PurePosixPath(file).with_suffix("").parts)
@@ -238,42 +243,104 @@ def _when(d, adapter: adapt.Adapter, target: str, problems) -> Dict[str, int]:
     return when
 
 
-def register(solution, *, definition=None, target: str, args: Optional[Dict[str, str]] = None,
-             pin: Optional[str] = None, problems=None) -> dict:
-    """Make a Solution a torch op with target's schema; returns the config's
-    candidate entry. pin: the Solution's content hash it must have."""
-    from .candidates import _define
+def _adapted(d, s, tgt: adapt.Target, args: Optional[Dict[str, str]], fn=None):
+    """The Solution's value form (_value_form) adapted to tgt: (impl, adapter).
+    fn None: the Solution's code is not imported, and impl must not be
+    called (the adapter alone is wanted: its mapping, what it describes)."""
+    run = _value_form(d, s, fn)
+    try:
+        a = adapt.build(tgt, run, entry_name=f"Solution '{s.name}'", args=args, style="value")
+    except adapt.AdaptError as e:
+        raise SolutionError(str(e)) from None
+    missing = [n for n in d.inputs if n not in a.mapping]
+    if missing:
+        raise SolutionError(f"Solution '{s.name}': Definition input '{missing[0]}' maps to no argument of "
+                            f"{tgt.schema}; map it with args")
+    n_out = len(tgt.written) + sum(1 for x in tgt.return_aliases if x is None)
+    if n_out != len(d.outputs):
+        raise SolutionError(f"Definition '{d.name}' has {len(d.outputs)} output(s) ({', '.join(d.outputs)}); "
+                            f"{tgt.name} writes or returns {n_out}")
+    return a.wrap(run), a
 
+
+def _pinned(solution, definition, pin: Optional[str]):
     d, s = load(solution, definition)
     h = s.hash()
     if pin is not None and pin.lower() != h:
         raise SolutionError(f"Solution '{s.name}' has content hash {h}, not the pinned {pin}: its sources, entry "
                             "point or Definition changed")
+    return d, s, h
+
+
+def build_impl(solution, definition, tgt: adapt.Target, args: Optional[Dict[str, str]] = None,
+               pin: Optional[str] = None):
+    """The Solution imported and adapted to tgt, here: (impl, info)."""
+    d, s, h = _pinned(solution, definition, pin)
+    _check_language(s)
+    impl, a = _adapted(d, s, tgt, args, _entry(s))
+    return impl, {"solution": s.name, "hash": h, **a.describe()}
+
+
+def _lazy_here(d, s, tgt: adapt.Target, args):
+    """The op's implementation in this process: the Solution imported here
+    at its first call, once a route qualified it in its own process."""
+    lock = threading.Lock()
+    state: Dict[str, Any] = {}
+
+    def impl(*a, **kw):
+        fn = state.get("impl")
+        if fn is None:
+            with lock:
+                fn = state.get("impl")
+                if fn is None:
+                    fn, _ = _adapted(d, s, tgt, args, _entry(s))
+                    state["impl"] = fn
+        return fn(*a, **kw)
+
+    return impl
+
+
+def register(solution, *, definition=None, target: str, args: Optional[Dict[str, str]] = None,
+             pin: Optional[str] = None, problems=None, qualify: str = "process", qualify_calls: int = 3,
+             deadline_ms: float = 10000.0) -> dict:
+    """Make a Solution a torch op with target's schema; returns the config's
+    candidate entry. pin: the Solution's content hash it must have.
+    qualify "process" (the default): this process does not import the
+    Solution at first; the op's overload `qualify` runs it in a process of
+    its own (understudy.filehost) until a route qualified it, as a file
+    candidate's (understudy.files). "here": imported here now."""
+    from .candidates import _define
+    from .files import ChildRunner
+
+    if qualify not in ("here", "process"):
+        raise SolutionError(f"qualify must be 'here' or 'process', not {qualify!r}")
+    d, s, h = _pinned(solution, definition, pin)
     try:
         tgt = adapt.target_named(target)
     except ValueError as e:
         raise SolutionError(f"Solution '{s.name}': target {e}") from None
-    key = f"{h}|{target}|{sorted((args or {}).items())}"
+    key = f"{h}|{target}|{sorted((args or {}).items())}|{qualify}"
     with _lock:
-        if key in _registered:
-            return dict(_registered[key])
-        run = _value_form(d, s, _entry(s))
-        try:
-            a = adapt.build(tgt, run, entry_name=f"Solution '{s.name}'", args=args, style="value")
-        except adapt.AdaptError as e:
-            raise SolutionError(str(e)) from None
-        missing = [n for n in d.inputs if n not in a.mapping]
-        if missing:
-            raise SolutionError(f"Solution '{s.name}': Definition input '{missing[0]}' maps to no argument of "
-                                f"{tgt.schema}; map it with args")
-        n_out = len(tgt.written) + sum(1 for x in tgt.return_aliases if x is None)
-        if n_out != len(d.outputs):
-            raise SolutionError(f"Definition '{d.name}' has {len(d.outputs)} output(s) ({', '.join(d.outputs)}); "
-                                f"{target} writes or returns {n_out}")
-        impl = a.wrap(run)
+        if key in _registered:  # the same op; how many calls qualify a route is the entry's own
+            out = dict(_registered[key])
+            if "qualify_calls" in out:
+                out["qualify_calls"] = int(qualify_calls)
+            return out
+        _check_language(s)
+        child = None
+        if qualify == "process":
+            _, a = _adapted(d, s, tgt, args)  # the mapping, checked here without importing the Solution
+            hello = {"kind": "solution", "solution": s.model_dump(mode="json"),
+                     "definition": d.model_dump(mode="json"), "hash": h, "args": dict(args or {})}
+            child = ChildRunner(f"solution {s.name}", hello, tgt, deadline_ms=deadline_ms, error=SolutionError)
+            impl = _lazy_here(d, s, tgt, args)
+        else:
+            impl, a = _adapted(d, s, tgt, args, _entry(s))
         base = re.sub(r"[^a-z0-9_]", "_", s.name.lower())[:40]
-        op = f"{base}_{h[:10]}"
+        op = f"{base}_{h[:10]}" + ("_q" if child is not None else "")
         _define(NAMESPACE, op, impl, target)
+        if child is not None:
+            _define(NAMESPACE, op + ".qualify", child, target)
         when = _when(d, a, target, problems)
         lang = str(getattr(s.spec.language, "value", s.spec.language))
         source = {"kind": "solution", "label": f"solution {s.name} sha1:{h[:12]}", "solution": s.name,
@@ -282,6 +349,9 @@ def register(solution, *, definition=None, target: str, args: Optional[Dict[str,
                   "destination_passing": bool(s.spec.destination_passing_style), "const_axes": dict(d.const_axes),
                   **{k: v for k, v in a.describe().items() if k != "style"}}
         entry = {"torch_op": f"{NAMESPACE}::{op}", "target": target, "source": source}
+        if child is not None:
+            entry["qualify"] = "process"
+            entry["qualify_calls"] = int(qualify_calls)
         if when:
             entry["when"] = when
         _registered[key] = entry
@@ -289,20 +359,22 @@ def register(solution, *, definition=None, target: str, args: Optional[Dict[str,
 
 
 def from_solution(solution, *, definition=None, like: str, args: Optional[Dict[str, str]] = None,
-                  pin: Optional[str] = None) -> dict:
+                  pin: Optional[str] = None, qualify: str = "process", qualify_calls: int = 3) -> dict:
     """A FlashInfer-Bench Solution as a candidate for the op `like` (defined
     in this process): its config entry. solution: a Solution JSON path (or
     one holding "definition" and "solution"), dict or model; definition: the
     Definition likewise. args: {Definition name: target argument} where
     names differ beyond the common aliases. pin: its content hash (default:
-    the hash it has now)."""
-    return register(solution, definition=definition, target=like, args=args, pin=pin)
+    the hash it has now). qualify: "process" (runs in a process of its own
+    until a route qualified it) or "here"."""
+    return register(solution, definition=definition, target=like, args=args, pin=pin, qualify=qualify,
+                    qualify_calls=int(qualify_calls))
 
 
-_KEYS = {"solution", "definition", "hash", "target", "args", "when"}
+_KEYS = {"solution", "definition", "hash", "target", "args", "when", "qualify", "qualify_calls"}
 
 
-def from_config(cand: dict, path: str) -> dict:
+def from_config(cand: dict, path: str, deadline_ms: float = 10000.0) -> dict:
     unknown = set(cand) - _KEYS
     if unknown:
         raise SolutionError(f"config: '{path}' has no field '{sorted(unknown)[0]}' with 'solution' "
@@ -314,8 +386,17 @@ def from_config(cand: dict, path: str) -> dict:
     target = cand.get("target")
     if not isinstance(target, str) or "::" not in target:
         raise SolutionError(f"config: '{path}.target' must name the serving op that computes the Definition")
+    qualify = cand.get("qualify", "process")
+    if qualify not in ("here", "process"):
+        raise SolutionError(f"config: '{path}.qualify' must be \"process\" (the Solution qualifies in a process of "
+                            "its own before this one imports it) or \"here\"")
+    calls = cand.get("qualify_calls", 3)
+    if qualify != "process" and "qualify_calls" in cand:
+        raise SolutionError(f"config: '{path}.qualify_calls' applies only with \"qualify\": \"process\"")
+    if not isinstance(calls, int) or isinstance(calls, bool) or not 1 <= calls <= 1000000:
+        raise SolutionError(f"config: '{path}.qualify_calls' must be a whole number of calls from 1 to 1000000")
     out = register(cand["solution"], definition=cand.get("definition"), target=target, args=cand.get("args"),
-                   pin=pin)
+                   pin=pin, qualify=qualify, qualify_calls=calls, deadline_ms=deadline_ms)
     if "when" in cand:
         out["when"] = cand["when"]
     return out

@@ -74,7 +74,9 @@ def resolve(text: str, problems=None) -> str:
                 out[name] = {**entry, "candidate": _file(cand, entry, path)}
             else:
                 from . import solutions
-                out[name] = {**entry, "candidate": solutions.from_config(cand, path)}
+                guard = entry.get("guard") if isinstance(entry.get("guard"), dict) else {}
+                out[name] = {**entry, "candidate": solutions.from_config(
+                    cand, path, deadline_ms=float(guard.get("deadline_ms", 10000)))}
         except ValueError as e:
             msg = str(e)
             raise _config_error(msg if msg.startswith("config:") else f"config: '{path}': {msg}") from None

@@ -1,9 +1,10 @@
 """FlashInfer-Bench Solutions as candidates (understudy.solutions): an RMSNorm
 Definition with a constant hidden size, and Python Solutions written here,
 destination-passing and value-returning, for vLLM's `_C::rms_norm`. Ground
-truth: each call of a Solution's entry appends a line to $UST_TEST_CALL_LOG;
-results are compared with a float64 reference."""
+truth: each call of a Solution's entry appends the id of the process it ran
+in to $UST_TEST_CALL_LOG; results are compared with a float64 reference."""
 import json
+import os
 
 import pytest
 import torch
@@ -25,7 +26,8 @@ DEFINITION = {
     "reference": "import torch\n\ndef run(hidden_states, weight):\n    x = hidden_states\n"
                  "    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight\n",
 }
-LOG = "import os\n\ndef _log():\n    with open(os.environ['UST_TEST_CALL_LOG'], 'a') as f:\n        f.write('1\\n')\n"
+LOG = ("import os\n\ndef _log():\n    with open(os.environ['UST_TEST_CALL_LOG'], 'a') as f:\n"
+       "        f.write(f'{os.getpid()}\\n')\n")
 DPS = LOG + ("import torch\n\ndef run(h, w, out):\n    _log()\n"
              "    out.copy_(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w)\n")
 VALUE = LOG + ("import torch\nfrom .helpers import scale\n\ndef run(h, w):\n    _log()\n"
@@ -47,8 +49,13 @@ def call_log(tmp_path, monkeypatch):
     return path
 
 
+def pids(path):
+    """The process of each call of the Solution's entry, in order."""
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
 def calls(path):
-    return len(path.read_text().split()) if path.exists() else 0
+    return len(pids(path))
 
 
 def write(tmp_path, sol):
@@ -68,7 +75,7 @@ def test_a_solution_is_shadowed_on_the_routes_its_definition_covers(us, tmp_path
         solution("rms_val", VALUE, False, [{"path": "helpers.py", "content": HELPERS}])
     path, dpath, h = write(tmp_path, sol)
     us.enable({"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "candidate": {
-        "solution": path, "definition": dpath, "hash": h, "target": "_C::rms_norm"}}},
+        "solution": path, "definition": dpath, "hash": h, "target": "_C::rms_norm", "qualify": "here"}}},
         "report": {"interval_s": 0}})
     g = torch.Generator().manual_seed(0)
     w64, w32 = torch.randn(64, generator=g), torch.randn(32, generator=g)
@@ -95,7 +102,7 @@ def test_a_wrong_solution_rolls_back_naming_it(us, tmp_path, call_log):
     wrong = DPS.replace("+ 1e-6) * w)", "+ 1e-6) * w + 0.5)")
     path, dpath, h = write(tmp_path, solution("rms_wrong", wrong, True))
     us.enable({"operators": {"rms_norm": {"mode": "canary", "canary": 0.5, "sample": 1.0, "candidate": {
-        "solution": path, "definition": dpath, "hash": h, "target": "_C::rms_norm"}}},
+        "solution": path, "definition": dpath, "hash": h, "target": "_C::rms_norm", "qualify": "here"}}},
         "report": {"interval_s": 0}})
     x, w = torch.randn(4, 64), torch.randn(64)
     for _ in range(4):
@@ -126,3 +133,75 @@ def test_a_solution_that_does_not_fit_its_target_is_refused(tmp_path):
     path, dpath, _ = write(tmp_path, cuda)
     with pytest.raises(ValueError, match="only python and triton Solutions"):
         understudy.candidate_from_solution(path, definition=dpath, like="_C::rms_norm")
+
+
+def test_a_solution_qualifies_in_its_own_process_then_runs_here(us, tmp_path, call_log):
+    """By default a Solution's code is not imported into the serving process
+    at first: each route's first qualify_calls shadows run it in a process
+    of its own (understudy.filehost), then the route runs it here."""
+    path, dpath, h = write(tmp_path, solution("rms_qualified", DPS, True))  # a Solution no other test registers
+    us.enable({"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "candidate": {
+        "solution": path, "definition": dpath, "hash": h, "target": "_C::rms_norm", "qualify_calls": 2}}},
+        "report": {"interval_s": 0}})
+    assert calls(call_log) == 0
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(64, generator=g)
+    xs = [torch.randn(6, 64, generator=g) for _ in range(5)]
+    for x in xs:  # shadow: production served, bit for bit what it computes alone
+        assert torch.equal(rms_call(x, w), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
+    ran = pids(call_log)
+    assert len(ran) == 5 and all(p != os.getpid() for p in ran[:2]) and ran[2:] == [os.getpid()] * 3, ran
+    op, routes = shapes(us.report())
+    (s,) = routes.values()
+    assert op["candidate"]["qualify"] == "process" and op["candidate"]["qualify_calls"] == 2
+    assert s["shadow"]["verified"] == 5 and s["shadow"]["passed"] == 5 and s["shadow"]["process_passed"] == 2
+    # named again with another count: the same op, the entry with that count
+    from understudy import files
+
+    started = len(files._children)
+    first = understudy.candidate_from_solution(path, definition=dpath, like="_C::rms_norm", qualify_calls=2)
+    again = understudy.candidate_from_solution(path, definition=dpath, like="_C::rms_norm", qualify_calls=7)
+    assert again["torch_op"] == first["torch_op"] and (first["qualify_calls"], again["qualify_calls"]) == (2, 7)
+    assert len(files._children) == started  # no other qualifying process was started for it
+
+
+def test_a_solution_crashing_its_qualifying_process_rolls_back_and_production_serves(us, tmp_path, call_log):
+    crash = LOG + "import os, signal\n\ndef run(h, w, out):\n    _log()\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+    path, dpath, h = write(tmp_path, solution("rms_crash", crash, True))
+    us.enable({"operators": {"rms_norm": {"mode": "shadow", "sample": 1.0, "candidate": {
+        "solution": path, "definition": dpath, "hash": h, "target": "_C::rms_norm"}}},
+        "report": {"interval_s": 0}})
+    x, w = torch.randn(4, 64), torch.randn(64)
+    for _ in range(3):
+        assert torch.equal(rms_call(x, w), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
+    _, routes = shapes(us.report())
+    (s,) = routes.values()
+    ev = s["shadow"]["rollback"]
+    assert s["mode"] == "rolled_back" and "SIGSEGV" in ev["message"], ev
+    assert ev["candidate"] == f"solution rms_crash sha1:{h[:12]}"
+    assert len(pids(call_log)) == 1 and pids(call_log)[0] != os.getpid()
+
+
+def test_a_solution_whose_import_fails_is_refused_with_the_reason_from_its_process(us, tmp_path):
+    bad = "raise RuntimeError('import-time failure')\n"
+    path, dpath, h = write(tmp_path, solution("rms_bad", bad, True))
+    with pytest.raises(understudy.ConfigError, match="importing main.py raised RuntimeError: import-time failure"):
+        us.enable({"operators": {"rms_norm": {"mode": "shadow", "candidate": {
+            "solution": path, "definition": dpath, "hash": h, "target": "_C::rms_norm"}}}})
+    assert not understudy.is_enabled()
+    # qualify "here" imports it in this process, and fails the same way
+    with pytest.raises(ValueError, match="importing main.py raised RuntimeError: import-time failure"):
+        understudy.candidate_from_solution(path, definition=dpath, like="_C::rms_norm", qualify="here")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"qualify": "elsewhere"}, "qualify' must be \"process\""),
+    ({"qualify": "here", "qualify_calls": 2}, "qualify_calls' applies only with \"qualify\": \"process\""),
+    ({"qualify_calls": 0}, "qualify_calls' must be a whole number of calls from 1"),
+])
+def test_a_bad_qualify_field_is_a_config_error_naming_it(us, tmp_path, extra, message):
+    path, dpath, h = write(tmp_path, solution("rms_dps", DPS, True))
+    with pytest.raises(understudy.ConfigError, match=r"operators\.rms_norm\.candidate\." + message.split("'")[0]):
+        us.enable({"operators": {"rms_norm": {"mode": "shadow", "candidate": {
+            "solution": path, "definition": dpath, "hash": h, "target": "_C::rms_norm", **extra}}}})
+    assert not understudy.is_enabled()
