@@ -236,6 +236,8 @@ sanitized_python_tests() {
   # A report ends the process (exit status 1); --capture=sys leaves native
   # stderr uncaptured so that the report is printed, not lost with the process
   # (understudy's warnings from the tests' deliberate failures show as well).
+  # The tests' own Python subprocesses keep the sanitizer but not
+  # PYTHONMALLOC (tests/python/conftest.py says why).
   local dir="$BUILD_DIR-asan-py" cc runtime
   configure "$dir" -DUST_PYTHON="$(command -v "$PY")" -DUST_TORCH=ON -DUST_SANITIZE=ON -DUST_GPU=none \
     -DCMAKE_BUILD_TYPE=Debug
@@ -312,25 +314,50 @@ stage() {
 
 skip_stage() { STAGES+=("$1|skipped: $2|-|-|-|0"); }
 
-# stage_beside NAME COMMAND [ARGS...]: a stage run in the background, beside
-# the stages that follow (the machine's cores are otherwise half idle: the
-# test processes mostly run one thread and wait on their children); its
-# output goes to its log alone and is shown when stage_join collects it. Its
-# row keeps its place in the table.
+# stage_beside NAME COMMAND [ARGS...] [--then NAME COMMAND [ARGS...]]...: stages
+# run one after the other in the background, beside the stages that follow
+# (the machine's cores are otherwise half idle: the test processes mostly
+# run one thread and wait on their children); their output goes to their
+# logs alone and is shown when stage_join collects them. Their rows keep
+# their places in the table.
 BESIDE=()   # "index|pid|log", one per stage running in the background
 stage_beside() {
-  local name=$1 out index=${#STAGES[@]}
-  shift
-  out="$LOG_DIR/$(printf '%02d' "$index")-$(printf '%s' "$name" | tr -cs 'A-Za-z0-9' '-' | sed 's/-*$//').log"
-  log "$name: started beside the stages below (its output follows when it ends: $out)"
-  STAGES+=("$name|running|-|-|-|0")
+  local groups=() group=() arg
+  for arg in "$@"; do
+    if [ "$arg" = --then ]; then
+      groups+=("$(printf '%q ' "${group[@]}")")
+      group=()
+    else
+      group+=("$arg")
+    fi
+  done
+  groups+=("$(printf '%q ' "${group[@]}")")
+  local g name out index outs=()
+  for g in "${groups[@]}"; do
+    eval "set -- $g"
+    name=$1 index=${#STAGES[@]}
+    out="$LOG_DIR/$(printf '%02d' "$index")-$(printf '%s' "$name" | tr -cs 'A-Za-z0-9' '-' | sed 's/-*$//').log"
+    log "$name: started beside the stages below (its output follows when it ends: $out)"
+    STAGES+=("$name|running|-|-|-|0")
+    outs+=("$index|$out")
+  done
   (
-    t0=$(date +%s)
-    set +e
-    ( set -e; "$@" ) >"$out" 2>&1 </dev/null
-    echo "$? $(($(date +%s) - t0))" >"$out.status"
+    local k=0 t0
+    for g in "${groups[@]}"; do
+      eval "set -- $g"
+      out=${outs[k]#*|}
+      shift
+      t0=$(date +%s)
+      set +e
+      ( set -e; "$@" ) >"$out" 2>&1 </dev/null
+      echo "$? $(($(date +%s) - t0))" >"$out.status"
+      k=$((k + 1))
+    done
   ) &
-  BESIDE+=("$index|$!|$out")
+  local pid=$!
+  for g in "${outs[@]}"; do
+    BESIDE+=("${g%%|*}|$pid|${g#*|}")
+  done
 }
 
 # Waits for every stage started by stage_beside; shows each one's output and
@@ -401,16 +428,15 @@ run_tests() {
   setup_done
   export UNDERSTUDY_TEST_SETUP=1 # the set-up installed what the tests need: a missing tool fails them
   stage "C tests" "$BUILD_DIR/ust_test_runner"
-  # the longest stage, beside all the others
-  stage_beside "Python tests, libunderstudy.so under ASan + UBSan" sanitized_python_tests "$@"
+  # two streams of about the same length: the sanitized Python tests, then
+  # Memcheck and the HIP build, beside the other C runs and the plain pytest
+  local hip=(--then "HIP build (compile only) and its C tests" hip_build)
+  [ -z "${UST_SKIP_HIP:-}" ] || hip=()
+  stage_beside "Python tests, libunderstudy.so under ASan + UBSan" sanitized_python_tests "$@" \
+    --then "C tests, Valgrind Memcheck" valgrind_c_tests "${hip[@]}"
+  [ -z "${UST_SKIP_HIP:-}" ] || skip_stage "HIP build (compile only) and its C tests" "UST_SKIP_HIP is set"
   stage "C tests, ASan + UBSan" sanitized_c_tests
   stage "C tests, ThreadSanitizer" thread_sanitized_c_tests
-  stage "C tests, Valgrind Memcheck" valgrind_c_tests
-  if [ -z "${UST_SKIP_HIP:-}" ]; then
-    stage "HIP build (compile only) and its C tests" hip_build
-  else
-    skip_stage "HIP build (compile only) and its C tests" "UST_SKIP_HIP is set"
-  fi
   stage "Python tests (torch $torch_version)" "$PY" -m pytest -q -rs --durations=25 tests/python "$@"
   stage_join
   summary test
