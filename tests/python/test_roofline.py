@@ -731,7 +731,10 @@ def test_the_candidates_headline_compares_both_arms_on_the_candidates_keys(us):
     assert got == pytest.approx(want, rel=1e-12)
     (rms,) = [o for o in rep["operators"] if o["name"] == "rms_norm"]
     assert rms["roofline"]["candidate_routes"] == pytest.approx(want, rel=1e-12)
-    assert want["device_share"] < 0.2 and rep["totals"]["S_agg_candidate"] < want["S_candidate"] / 3
+    # S_agg_candidate: rms_norm's S_candidate at its weight, silu_and_mul's time counting 0 (the share of
+    # each comes from the calls' measured times, so it is read from the report, not assumed)
+    assert 0 < rms["weight"] < 1 and want["device_share"] == pytest.approx(rms["weight"], rel=1e-9)
+    assert rep["totals"]["S_agg_candidate"] == pytest.approx(rms["weight"] * rms["roofline"]["S_candidate"], rel=1e-9)
 
     line = (f"candidates on their own routes: S {want['S_candidate']:.3f} against production's "
             f"{want['S_production']:.3f} on the same 3 shape keys ({100 * want['device_share']:.1f} % of device time)")
