@@ -507,9 +507,10 @@ def _defined(op: str) -> bool:
         return False
 
 
-def _lazy_here(spec: FileSpec, target: adapt.Target) -> Callable:
-    """The op's implementation in this process: the file loaded here (from
-    the pinned bytes) at its first call, once a route qualified it."""
+def lazy(build: Callable[[], Callable]) -> Callable:
+    """An op's implementation in this process, made by build() at its first
+    call (a file or Solution candidate loaded here once a route qualified it
+    in its own process)."""
     lock = threading.Lock()
     state: Dict[str, Callable] = {}
 
@@ -519,11 +520,15 @@ def _lazy_here(spec: FileSpec, target: adapt.Target) -> Callable:
             with lock:
                 fn = state.get("impl")
                 if fn is None:
-                    fn, _ = build_impl(spec, target)
-                    state["impl"] = fn
+                    fn = state["impl"] = build()
         return fn(*args, **kwargs)
 
     return impl
+
+
+def _lazy_here(spec: FileSpec, target: adapt.Target) -> Callable:
+    """The file loaded here (from the pinned bytes) at the op's first call."""
+    return lazy(lambda: build_impl(spec, target)[0])
 
 
 def from_file(ref: str, *, like: str, sha256: Optional[str] = None, args: Optional[Dict[str, str]] = None,

@@ -281,25 +281,6 @@ def build_impl(solution, definition, tgt: adapt.Target, args: Optional[Dict[str,
     return impl, {"solution": s.name, "hash": h, **a.describe()}
 
 
-def _lazy_here(d, s, tgt: adapt.Target, args):
-    """The op's implementation in this process: the Solution imported here
-    at its first call, once a route qualified it in its own process."""
-    lock = threading.Lock()
-    state: Dict[str, Any] = {}
-
-    def impl(*a, **kw):
-        fn = state.get("impl")
-        if fn is None:
-            with lock:
-                fn = state.get("impl")
-                if fn is None:
-                    fn, _ = _adapted(d, s, tgt, args, _entry(s))
-                    state["impl"] = fn
-        return fn(*a, **kw)
-
-    return impl
-
-
 def register(solution, *, definition=None, target: str, args: Optional[Dict[str, str]] = None,
              pin: Optional[str] = None, problems=None, qualify: str = "process", qualify_calls: int = 3,
              deadline_ms: float = 10000.0) -> dict:
@@ -310,7 +291,7 @@ def register(solution, *, definition=None, target: str, args: Optional[Dict[str,
     its own (understudy.filehost) until a route qualified it, as a file
     candidate's (understudy.files). "here": imported here now."""
     from .candidates import _define
-    from .files import ChildRunner
+    from .files import ChildRunner, lazy
 
     if qualify not in ("here", "process"):
         raise SolutionError(f"qualify must be 'here' or 'process', not {qualify!r}")
@@ -333,7 +314,7 @@ def register(solution, *, definition=None, target: str, args: Optional[Dict[str,
             hello = {"kind": "solution", "solution": s.model_dump(mode="json"),
                      "definition": d.model_dump(mode="json"), "hash": h, "args": dict(args or {})}
             child = ChildRunner(f"solution {s.name}", hello, tgt, deadline_ms=deadline_ms, error=SolutionError)
-            impl = _lazy_here(d, s, tgt, args)
+            impl = lazy(lambda: _adapted(d, s, tgt, args, _entry(s))[0])  # imported here once qualified
         else:
             impl, a = _adapted(d, s, tgt, args, _entry(s))
         base = re.sub(r"[^a-z0-9_]", "_", s.name.lower())[:40]
