@@ -28,6 +28,11 @@ thread_local Scratch tl_scratch;
 struct FallbackCount {
   int depth = 0;
   int direct = 1;  // the depth of the candidate's direct calls
+  // inside a kernel-tracing window, the spans whose kernels count: the run's
+  // (-1: none) and the direct call's open now (-1: none)
+  ust__call_state *st = nullptr;
+  const ust__call *call = nullptr;
+  int run_span = -1, op_span = -1;
   uint64_t aten = 0, other = 0;
   int n = 0;
   std::array<std::array<char, UST__FALLBACK_NAME_MAX>, UST__FALLBACK_OPS> names;  // the first n written
@@ -69,12 +74,20 @@ std::unique_ptr<at::ObserverContext> fallback_start(const at::RecordFunction &fn
   }
   if (k < c->n)
     c->counts[k]++;
+  if (c->run_span >= 0)
+    c->op_span = ust__call_span_begin(c->st, c->call);
   return nullptr;
 }
 
 void fallback_end(const at::RecordFunction &, at::ObserverContext *) {
-  if (tl_fallback != nullptr)
-    tl_fallback->depth--;
+  FallbackCount *c = tl_fallback;
+  if (c == nullptr)
+    return;
+  if (c->depth == c->direct && c->op_span >= 0) {
+    ust__call_span_end(c->st, c->op_span, UST__SPAN_OP);
+    c->op_span = -1;
+  }
+  c->depth--;
 }
 
 // "[2,3]"
@@ -542,12 +555,16 @@ int CallRun::run_candidate(bool timed_run) {
       count = false;
       return plain();
     }
+    fc.st = &st_;
+    fc.call = &call_;
+    fc.run_span = ust__call_span_begin(&st_, &call_);
     tl_fallback = &fc;
     {
       NestedScope nscope(ust__thread_state(), &bound);
       plain();
     }
     tl_fallback = nullptr;
+    ust__call_span_end(&st_, fc.run_span, UST__SPAN_RUN);
     if (h != 0)
       at::removeCallback(h);
   };

@@ -386,6 +386,13 @@ void ust__call_relaxed_end(int mode);
  * with their work (bound). Noted on the call's route. */
 void ust__call_fallback(ust__call_state *st, const ust__call *call, uint64_t aten, uint64_t other, int n,
                         const char *const *names, const uint32_t *counts, const ust__nested *bound);
+/* Around a counted run of the candidate on a CUDA call, and around each op
+ * it calls directly: inside a kernel-tracing window, a span whose kernels
+ * count on the route's fallback; a token, or -1 outside a window. Ended on
+ * the same thread, innermost first, with its role. */
+enum { UST__SPAN_RUN = 1, UST__SPAN_OP = 2 };
+int ust__call_span_begin(ust__call_state *st, const ust__call *call);
+void ust__call_span_end(ust__call_state *st, int token, int role);
 /* The candidate starts running for the call (the clock of its deadline). */
 void ust__call_cand_begin(ust__call_state *st);
 /* The candidate returned: 1 when its call was past its deadline (the

@@ -185,6 +185,7 @@ typedef struct ust__fallback {
   atomic_int n_ops;                 /* names taken in op[] */
   char op[UST__FALLBACK_OPS][UST__FALLBACK_NAME_MAX];
   atomic_uint_fast64_t op_calls[UST__FALLBACK_OPS];
+  ust__kt_sink kernels; /* the kernels of its runs inside tracing windows, and of the ops it called */
 } ust__fallback;
 
 typedef struct ust__fallback_snap {
@@ -193,6 +194,7 @@ typedef struct ust__fallback_snap {
   int n_ops;
   char op[UST__FALLBACK_OPS][UST__FALLBACK_NAME_MAX];
   uint64_t op_calls[UST__FALLBACK_OPS];
+  uint64_t kernel_runs, kernels, kernel_ns, op_kernels, op_ns;
 } ust__fallback_snap;
 
 typedef struct ust__route {
@@ -288,6 +290,8 @@ typedef struct ust__route_snap {
  * array of *n (free with ust__routes_snapshot_free). Never blocks a serving
  * thread: routes are read racily, rows of the rollout table briefly. */
 int ust__routes_snapshot(ust__router *r, ust__route_snap **out, int *n);
+/* A call's work: its roofline's W (every path) and Q; -1 without one. */
+int ust__binding_work(const ust__binding *b, const ust__call *call, double *flops, double *bytes);
 /* A plain copy of a route's fallback figures (read racily, as the rest). */
 void ust__fallback_snapshot(const ust__fallback *f, ust__fallback_snap *o);
 void ust__routes_snapshot_free(ust__route_snap *s, int n);

@@ -233,6 +233,13 @@ void ust__kt_end(ust__kt *k, int slot, ust__figs *figs, uint64_t tsol_ps, int ki
 
 void ust__kt_cancel(ust__kt *k, int slot) { end_slot(k, slot, 2); }
 
+void ust__kt_end_span(ust__kt *k, int slot, ust__kt_sink *sink, int role) {
+  ust__kt_call *c = &k->calls[slot];
+  c->sink = sink;
+  c->role = role;
+  end_slot(k, slot, sink != NULL ? 1 : 2);
+}
+
 /* The call slot + 1 a launch belongs to, or 0. Called with the lock held. */
 static uint32_t corr_get(ust__kt *k, uint32_t corr) {
   const id_slot *e = id_find(&k->corrs, corr, 0);
@@ -671,6 +678,31 @@ uint64_t ust__kt_outstanding(ust__kt *k) {
   return n;
 }
 
+/* The spans of candidates' runs, their children's kernels summed in: each
+ * run seen whole counts into its sink with its kernels, and each op span
+ * inside such a run with its own (complete NULL: none is known whole). */
+static void conclude_spans(ust__kt *k, uint32_t n_calls, const int *complete) {
+  for (uint32_t i = 0; i < n_calls && complete != NULL; i++) {
+    const ust__kt_call *c = &k->calls[i];
+    if (c->sink == NULL || atomic_load_explicit(&c->ended, memory_order_acquire) != 1)
+      continue;
+    int run = c->role == UST__KT_RUN ? (int)i : c->parent;
+    while (run >= 0 && k->calls[run].role != UST__KT_RUN)
+      run = k->calls[run].parent;
+    if (run < 0 || !complete[run] || k->calls[run].sink != c->sink ||
+        atomic_load_explicit(&k->calls[run].ended, memory_order_acquire) != 1)
+      continue;
+    if (c->role == UST__KT_RUN) {
+      atomic_fetch_add_explicit(&c->sink->runs, 1, memory_order_relaxed);
+      atomic_fetch_add_explicit(&c->sink->kernels, c->kernels, memory_order_relaxed);
+      atomic_fetch_add_explicit(&c->sink->kernel_ns, c->sum_ns, memory_order_relaxed);
+    } else {
+      atomic_fetch_add_explicit(&c->sink->op_kernels, c->kernels, memory_order_relaxed);
+      atomic_fetch_add_explicit(&c->sink->op_ns, c->sum_ns, memory_order_relaxed);
+    }
+  }
+}
+
 void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
   const uint32_t n_calls = window_calls(k);
   pthread_mutex_lock(&k->lock);
@@ -780,6 +812,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     if (complete != NULL && !complete[i])
       complete[c->parent] = 0;
   }
+  conclude_spans(k, n_calls, complete);
   for (uint32_t i = 0; i < n_calls; i++) {
     ust__kt_call *c = &k->calls[i];
     if (atomic_load_explicit(&c->ended, memory_order_acquire) != 1 || c->figs == NULL)

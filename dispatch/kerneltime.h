@@ -32,8 +32,22 @@
 #define UST__KT_TOP 10               /* unattributed kernels named in a report */
 #define UST__KT_NAME_MAX 160
 
+/* Where the kernels of a candidate's run are counted (its route's
+ * fallback): runs the tracer saw whole, their kernels and kernel time, and
+ * of those the kernels launched inside the ops the candidate called.
+ * Additive; written at a window's conclusion. */
+typedef struct ust__kt_sink {
+  atomic_uint_fast64_t runs, kernels, kernel_ns; /* UST__KT_RUN spans */
+  atomic_uint_fast64_t op_kernels, op_ns;        /* UST__KT_OP spans inside them */
+} ust__kt_sink;
+
+#define UST__KT_RUN 1 /* a span: a candidate's run */
+#define UST__KT_OP 2  /* a span: an op the candidate called, inside its run */
+
 typedef struct ust__kt_call {
   ust__figs *figs;      /* the route's figures; set at the call's end */
+  ust__kt_sink *sink;   /* or a span's sink (figs NULL), and its role (UST__KT_RUN, UST__KT_OP) */
+  int role;
   uint64_t tsol_ps;
   int kind;             /* why it was timed (UST__TIMED_*) */
   int parent;           /* the slot of the call it is nested in, or -1 */
@@ -87,6 +101,10 @@ void ust__kt_open(ust__kt *k);
 int ust__kt_begin(ust__kt *k, uint64_t *ext);
 void ust__kt_end(ust__kt *k, int slot, ust__figs *figs, uint64_t tsol_ps, int kind);
 void ust__kt_cancel(ust__kt *k, int slot);
+/* End a slot begun for a span of a candidate's run (role UST__KT_RUN or
+ * UST__KT_OP) instead of a call: its kernels are counted into sink at the
+ * window's conclusion, an op's only inside a run seen whole. */
+void ust__kt_end_span(ust__kt *k, int slot, ust__kt_sink *sink, int role);
 /* 1 while a window is open (relaxed: a hint for the router). */
 int ust__kt_window_open(const ust__kt *k);
 /* Close the window to new calls. */

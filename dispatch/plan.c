@@ -79,8 +79,7 @@ int ust__call_wants_nested(const ust__call_state *st) {
   return st->route != NULL && st->nested_ok && (st->timing != 0 || st->slot != NULL);
 }
 
-/* A call's work: its roofline's W (every path) and Q; -1 without one. */
-static int binding_work(const ust__binding *b, const ust__call *call, double *flops, double *bytes) {
+int ust__binding_work(const ust__binding *b, const ust__call *call, double *flops, double *bytes) {
   double w[UST__N_PATHS], qr, qw;
   if (!b->roofline.present || ust__roofline_eval(&b->roofline, call, 0, w, &qr, &qw) < 0)
     return -1;
@@ -96,7 +95,7 @@ void ust__binding_nested_floor(ust__binding *b, const ust__call *call, ust__nest
   double seconds = 0, flops = 0, bytes = 0;
   acc->n++;
   double wf = 0, wb = 0;
-  if (binding_work(b, call, &wf, &wb) == 0) {
+  if (ust__binding_work(b, call, &wf, &wb) == 0) {
     acc->work_flops += wf;
     acc->work_bytes += wb;
   } else {
@@ -727,51 +726,6 @@ void ust__call_cand_failed(ust__call_state *st, int fail, const char *msg) {
     e->served_at = atomic_load(&r->rollout.served_cand);
   }
   ust__rollout_roll_back(&r->rollout, e);
-}
-
-void ust__call_fallback(ust__call_state *st, const ust__call *call, uint64_t aten, uint64_t other, int n,
-                        const char *const *names, const uint32_t *counts, const ust__nested *bound) {
-  ust__route *r = st->route;
-  if (r == NULL)
-    return;
-  ust__fallback *f = &r->fallback;
-  atomic_fetch_add_explicit(&f->runs, 1, memory_order_relaxed);
-  if (aten + other > 0)
-    atomic_fetch_add_explicit(&f->runs_calling, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&f->aten_calls, aten, memory_order_relaxed);
-  atomic_fetch_add_explicit(&f->other_calls, other, memory_order_relaxed);
-  atomic_fetch_add_explicit(&f->bound_calls, (uint64_t)bound->n, memory_order_relaxed);
-  atomic_fetch_add_explicit(&f->bound_unscored, (uint64_t)bound->unworked, memory_order_relaxed);
-  atomic_fetch_add_explicit(&f->bound_flops, (uint64_t)(bound->work_flops + 0.5), memory_order_relaxed);
-  atomic_fetch_add_explicit(&f->bound_bytes, (uint64_t)(bound->work_bytes + 0.5), memory_order_relaxed);
-  double flops = 0, bytes = 0; /* the call's own work, without a hardware profile */
-  if (binding_work(r->binding, call, &flops, &bytes) == 0) {
-    atomic_fetch_add_explicit(&f->own_flops, (uint64_t)(flops + 0.5), memory_order_relaxed);
-    atomic_fetch_add_explicit(&f->own_bytes, (uint64_t)(bytes + 0.5), memory_order_relaxed);
-  }
-  for (int i = 0; i < n; i++) {
-    /* a name's slot: found, or claimed (names never leave; past the last
-     * slot a name is counted in the totals alone) */
-    int k, seen = atomic_load_explicit(&f->n_ops, memory_order_acquire);
-    for (k = 0; k < seen && k < UST__FALLBACK_OPS; k++)
-      if (strncmp(f->op[k], names[i], sizeof f->op[k] - 1) == 0)
-        break;
-    if (k == seen || k == UST__FALLBACK_OPS) {
-      static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
-      pthread_mutex_lock(&names_lock);
-      seen = atomic_load_explicit(&f->n_ops, memory_order_relaxed);
-      for (k = 0; k < seen; k++)
-        if (strncmp(f->op[k], names[i], sizeof f->op[k] - 1) == 0)
-          break;
-      if (k == seen && seen < UST__FALLBACK_OPS) {
-        snprintf(f->op[k], sizeof f->op[k], "%s", names[i]);
-        atomic_store_explicit(&f->n_ops, seen + 1, memory_order_release);
-      }
-      pthread_mutex_unlock(&names_lock);
-    }
-    if (k < UST__FALLBACK_OPS)
-      atomic_fetch_add_explicit(&f->op_calls[k], counts[i], memory_order_relaxed);
-  }
 }
 
 void ust__call_cand_begin(ust__call_state *st) {

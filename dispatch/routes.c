@@ -145,6 +145,11 @@ void ust__fallback_snapshot(const ust__fallback *f, ust__fallback_snap *o) {
     o->op[i][sizeof o->op[i] - 1] = '\0';
     o->op_calls[i] = atomic_load(&m->op_calls[i]);
   }
+  o->kernel_runs = atomic_load(&m->kernels.runs);
+  o->kernels = atomic_load(&m->kernels.kernels);
+  o->kernel_ns = atomic_load(&m->kernels.kernel_ns);
+  o->op_kernels = atomic_load(&m->kernels.op_kernels);
+  o->op_ns = atomic_load(&m->kernels.op_ns);
 }
 
 int ust__routes_snapshot(ust__router *router, ust__route_snap **out, int *n_out) {

@@ -841,6 +841,12 @@ void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, 
     ust__kt_cancel(c->kt, slot);
 }
 
+void ust__cupti_end_span(ust__cupti *c, int slot, ust__kt_sink *sink, int role) {
+  if (!atomic_load_explicit(&c->by_callbacks, memory_order_relaxed))
+    c->api.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, NULL);
+  ust__kt_end_span(c->kt, slot, sink, role);
+}
+
 int ust__cupti_maps_graphs(const ust__cupti *c) {
   return c != NULL && c->api.graph_node_id != NULL && atomic_load_explicit(&((ust__cupti *)c)->traced, memory_order_relaxed);
 }

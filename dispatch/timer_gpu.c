@@ -354,6 +354,15 @@ void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs
 
 void ust__timers_graph_made(ust__timers *t, void *stream) { ust__cupti_capture_made(t->cupti, t->log, stream); }
 
+int ust__timers_span_begin(ust__timers *t) {
+  return ust__cupti_tracing(t->cupti) == UST__TRACING_WINDOW ? ust__cupti_begin(t->cupti) : -1;
+}
+
+void ust__timers_span_end(ust__timers *t, int token, ust__kt_sink *sink, int role) {
+  if (token >= 0)
+    ust__cupti_end_span(t->cupti, token, sink, role);
+}
+
 void ust__timers_cancel(ust__timers *t, int token) {
   if (token & CUPTI_TOKEN) {
     ust__cupti_end(t->cupti, token & ~CUPTI_TOKEN, NULL, 0, 0);

@@ -28,6 +28,8 @@ void ust__timers_status(ust__timers *t, ust__timer_status *out) {
 int ust__timers_begin(ust__timers *t, int device_id, void *stream, ust__hold_word *hold) { return -1; }
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind) {}
 void ust__timers_cancel(ust__timers *t, int token) {}
+int ust__timers_span_begin(ust__timers *t) { return -1; }
+void ust__timers_span_end(ust__timers *t, int token, ust__kt_sink *sink, int role) {}
 int ust__timers_capture_mark(ust__timers *t, void *stream, uint32_t *from) {
   *from = 0;
   return -1;

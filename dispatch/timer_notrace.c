@@ -39,6 +39,9 @@ int ust__cupti_begin(ust__cupti *c) {
 void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int kind) {
   (void)c, (void)slot, (void)figs, (void)tsol_ps, (void)kind;
 }
+void ust__cupti_end_span(ust__cupti *c, int slot, ust__kt_sink *sink, int role) {
+  (void)c, (void)slot, (void)sink, (void)role;
+}
 
 void ust__cupti_status(ust__cupti *c, ust__timer_status *out) {
   (void)c;

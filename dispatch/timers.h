@@ -100,6 +100,12 @@ void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs
  * shadow's parts): the executable graph of the capture is numbered past
  * them (ust__kt_graph_made). Slow path: capture only. */
 void ust__timers_graph_made(ust__timers *t, void *stream);
+/* Inside a tracing window only: a slot for a span of a candidate's run (the
+ * run, UST__KT_RUN, or an op it called, UST__KT_OP), or -1; ended on the
+ * same thread by ust__timers_span_end, whose kernels are then counted into
+ * sink (ust__kt_end_span). */
+int ust__timers_span_begin(ust__timers *t);
+void ust__timers_span_end(ust__timers *t, int token, ust__kt_sink *sink, int role);
 /* Release a timer whose call raised; nothing is recorded. */
 void ust__timers_cancel(ust__timers *t, int token);
 /* Move completed timings into their figures; returns how many are still
@@ -128,6 +134,8 @@ int ust__cupti_present(const ust__cupti *c);
  * the call is not timed) on the same thread. */
 int ust__cupti_begin(ust__cupti *c);
 void ust__cupti_end(ust__cupti *c, int slot, ust__figs *figs, uint64_t tsol_ps, int kind);
+/* Or ended as a span of a candidate's run (ust__kt_end_span). */
+void ust__cupti_end_span(ust__cupti *c, int slot, ust__kt_sink *sink, int role);
 void ust__cupti_status(ust__cupti *c, ust__timer_status *out);
 /* 1 when captured calls can be mapped to their graph nodes (the tracer is
  * on and CUPTI names nodes). */

@@ -55,6 +55,21 @@ cJSON *ust__report_fallback(const ust__route_snap *s) {
     add_num(j, "bytes_share", (double)f->bound_bytes / (double)f->own_bytes);
   else
     cJSON_AddNullToObject(j, "bytes_share");
+  /* its kernels, where the kernel tracer saw its runs whole (null: none) */
+  if (f->kernel_runs > 0) {
+    cJSON *k = cJSON_AddObjectToObject(j, "kernels");
+    add_num(k, "runs", (double)f->kernel_runs);
+    add_num(k, "kernels", (double)f->kernels);
+    add_num(k, "kernels_in_ops", (double)f->op_kernels);
+    add_num(k, "kernel_ns", (double)f->kernel_ns);
+    add_num(k, "kernel_ns_in_ops", (double)f->op_ns);
+    if (f->kernel_ns > 0)
+      add_num(k, "time_share", (double)f->op_ns / (double)f->kernel_ns);
+    else
+      cJSON_AddNullToObject(k, "time_share");
+  } else {
+    cJSON_AddNullToObject(j, "kernels");
+  }
   return j;
 }
 
@@ -119,9 +134,13 @@ cJSON *ust__report_served_by(const ust__route_snap *s) {
     char label[160];
     const int n = snprintf(label, sizeof label, "calls torch: %.3g aten calls per run",
                            (double)f->aten_calls / (double)f->runs);
-    if (f->bound_unscored == 0 && f->own_flops > 0 && n > 0 && (size_t)n < sizeof label)
-      snprintf(label + n, sizeof label - (size_t)n, ", %.3g%% of its work in bound ops",
-               100.0 * (double)f->bound_flops / (double)f->own_flops);
+    int m = n;
+    if (f->bound_unscored == 0 && f->own_flops > 0 && m > 0 && (size_t)m < sizeof label)
+      m += snprintf(label + m, sizeof label - (size_t)m, ", %.3g%% of its work in bound ops",
+                    100.0 * (double)f->bound_flops / (double)f->own_flops);
+    if (f->kernel_runs > 0 && f->kernel_ns > 0 && m > 0 && (size_t)m < sizeof label)
+      snprintf(label + m, sizeof label - (size_t)m, ", %.3g%% of its kernel time in theirs",
+               100.0 * (double)f->op_ns / (double)f->kernel_ns);
     cJSON_AddStringToObject(j, "fallback", label);
   }
   return j;

@@ -93,6 +93,67 @@ TEST(kernel_records_join_calls_in_any_order) {
   ust__kt_destroy(k);
 }
 
+TEST(kernel_spans_of_a_candidates_run_count_its_kernels_and_those_of_the_ops_it_called) {
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  ust__kt_sink sink = {0}, other_sink = {0};
+  ust__figs bound;
+  ASSERT_INT_EQ(ust__figs_init(&bound), 0);
+  ust__kt_open(k);
+  /* run 1: the candidate's own kernel (1), an op it called (2, 3), a bound
+   * op called inside that op (4, its own route's call), then its own again (5) */
+  uint64_t e_run, e_op, e_bound, e_run2, e_op2, e_lone;
+  const int run = ust__kt_begin(k, &e_run);
+  const int op = ust__kt_begin(k, &e_op);
+  const int bnd = ust__kt_begin(k, &e_bound);
+  ust__kt_end(k, bnd, &bound, 0, 0);
+  ust__kt_end_span(k, op, &sink, UST__KT_OP);
+  ust__kt_end_span(k, run, &sink, UST__KT_RUN);
+  /* run 2 lost a kernel record: neither it nor its op counts */
+  const int run2 = ust__kt_begin(k, &e_run2);
+  const int op2 = ust__kt_begin(k, &e_op2);
+  ust__kt_end_span(k, op2, &sink, UST__KT_OP);
+  ust__kt_end_span(k, run2, &sink, UST__KT_RUN);
+  /* an op span outside any run (its run's span could not be had) counts nowhere */
+  const int lone = ust__kt_begin(k, &e_lone);
+  ust__kt_end_span(k, lone, &other_sink, UST__KT_OP);
+  ust__kt_ext(k, 1, e_run);
+  ust__kt_ext(k, 2, e_op);
+  ust__kt_ext(k, 3, e_op);
+  ust__kt_ext(k, 4, e_bound);
+  ust__kt_ext(k, 5, e_run);
+  ust__kt_kernel(k, 1, 0, 100, 130, "own");
+  ust__kt_kernel(k, 2, 0, 200, 270, "torch_a");
+  ust__kt_kernel(k, 3, 0, 300, 311, "torch_b");
+  ust__kt_kernel(k, 4, 0, 400, 450, "gemm");
+  ust__kt_kernel(k, 5, 0, 500, 505, "own_tail");
+  ust__kt_ext(k, 6, e_run2);
+  ust__kt_launch(k, 6, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_ext(k, 7, e_op2);
+  ust__kt_launch(k, 7, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_kernel(k, 7, 0, 600, 640, "torch_a"); /* 6's record never came */
+  ust__kt_ext(k, 8, e_lone);
+  ust__kt_kernel(k, 8, 0, 700, 790, "torch_a");
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  ASSERT_U64_EQ(atomic_load(&sink.runs), 1);
+  ASSERT_U64_EQ(atomic_load(&sink.kernels), 5);
+  ASSERT_U64_EQ(atomic_load(&sink.kernel_ns), 30 + 70 + 11 + 50 + 5);
+  ASSERT_U64_EQ(atomic_load(&sink.op_kernels), 3);
+  ASSERT_U64_EQ(atomic_load(&sink.op_ns), 70 + 11 + 50);
+  ASSERT_U64_EQ(atomic_load(&other_sink.runs) + atomic_load(&other_sink.op_kernels), 0);
+  /* the bound op inside is its own route's call, timed by its kernel alone */
+  ASSERT_U64_EQ(hist_count(&bound), 1);
+  ASSERT_U64_EQ(hist_sum(&bound), 50);
+  ASSERT_STR_EQ(atomic_load(&bound.kernel_names[0]), "gemm");
+  ASSERT_TRUE(atomic_load(&bound.kernel_names[1]) == NULL);
+  ust__kt_totals t;
+  ust__kt_totals_get(k, &t);
+  ASSERT_U64_EQ(t.calls_timed, 1); /* spans are no calls */
+  ust__figs_free(&bound);
+  ust__kt_destroy(k);
+}
+
 TEST(kernel_records_lost_or_stale_do_not_make_figures) {
   ust__kt *k;
   ASSERT_INT_EQ(ust__kt_create(&k), 0);

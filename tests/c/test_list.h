@@ -66,6 +66,7 @@
   X(gate_decides_each_replay_as_the_modes_decide_eager_calls) \
   X(a_site_that_cannot_serve_is_verified_as_in_shadow) \
   X(kernel_records_lost_or_stale_do_not_make_figures) \
+  X(kernel_spans_of_a_candidates_run_count_its_kernels_and_those_of_the_ops_it_called) \
   X(kernel_windows_never_reuse_a_slot_in_flight) \
   X(kernel_windows_keep_to_their_budget) \
   X(kernel_graph_replays_are_their_captured_calls) \
