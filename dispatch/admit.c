@@ -221,6 +221,8 @@ UST__HOT int ust__binding_needs_names(const ust__binding *b) {
   return atomic_load_explicit(&((ust__binding *)b)->resolved, memory_order_acquire) != 2;
 }
 
+int ust__binding_reads_lengths(const ust__binding *b) { return b->roofline.present && b->roofline.reads_values; }
+
 const char *ust__binding_display(const ust__binding *b) { return b->display; }
 const char *ust__binding_qualname(const ust__binding *b) { return b->qualname; }
 const char *ust__binding_overload(const ust__binding *b) { return b->overload; }

@@ -312,6 +312,7 @@ void CallRun::copy_written(size_t i) {
 int CallRun::prod_on_args() {
   ust__nested nested{};
   const bool collect = ust__call_wants_nested(&st_) != 0;
+  ust__call_nested_open(&st_, &nested);
   // an armed shadow times production on its copies, beside the candidate:
   // this run serves the caller (and collects its nested ops' floors)
   const bool timed_here = (st_.flags & UST__DF_ARMS) == 0;

@@ -69,10 +69,13 @@ template <class Source>
       resolve_names(b, op);
     ust__arg args[Source::kArgs];
     ust__call call;
-    if (src.view(args, &call, t->phase))
+    if (src.view(args, &call, t->phase)) {
+      if (__builtin_expect(ust__binding_reads_lengths(b), 0)) // a varlen batch's floor reads its lengths
+        src.data(args, call);
       ust__binding_nested_floor(b, &call, t->nested);
-    else
+    } else {
       t->nested->n++, t->nested->unscored++;
+    }
   } catch (...) {
     t->nested->n++;
     t->nested->unscored++;
@@ -88,6 +91,7 @@ template <class Source>
   try {
     if (st.nested_ok && ust__call_wants_nested(&st)) {
       ust__nested callees{};
+      ust__call_nested_open(&st, &callees);
       {
         NestedScope nscope(th, &callees);
         src.pass(below);
@@ -145,6 +149,8 @@ template <class Source>
     if (ust__binding_needs_names(b))
       resolve_names(b, op);
     if (src.view(args, &call, th->phase)) {
+      if (__builtin_expect(ust__binding_reads_lengths(b), 0)) // a varlen batch's floor reads its lengths
+        src.data(args, call);
       settled = ust__call_settle(b, &call, static_cast<unsigned>(weight), &st) != 0;
       counted = true;
     }
@@ -222,6 +228,7 @@ template <size_t Room> struct Boxed {
   const c10::OperatorHandle &op;
   torch::jit::Stack *stack;
   bool view(ust__arg *args, ust__call *call, int phase) { return build_view(op, *stack, args, Room, call, phase); }
+  void data(ust__arg *args, const ust__call &call) { fill_data(op, *stack, args, call.nargs); }
   void pass(c10::DispatchKeySet below) { op.redispatchBoxed(below, stack); }
   bool plan(c10::DispatchKeySet below, ust__binding *b, ust__arg *args, const ust__call &call, ust__call_state &st,
             ust__decision &d, int step) {
@@ -271,6 +278,12 @@ struct Typed {
       (view_arg(a, args[i++], call), ...);
     }, in);
     return view_end(call);
+  }
+  void data(ust__arg *args, const ust__call &) {
+    std::apply([&](const auto &...a) {
+      size_t i = 0;
+      (data_arg(a, args[i++]), ...);
+    }, in);
   }
   [[gnu::always_inline]] void pass(c10::DispatchKeySet below) {
     out.emplace(std::apply(

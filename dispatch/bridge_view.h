@@ -103,6 +103,18 @@ inline void view_arg(const c10::SymInt &v, ust__arg &a, ust__call *) {
   }
 }
 
+// The data pointer of a typed call's tensor argument, where a view needs
+// them (ust__binding_reads_lengths); other arguments carry none.
+inline void data_arg(const at::Tensor &t, ust__arg &a) {
+  if (a.kind == UST__ARG_TENSOR)
+    a.t.data = data_of(t);
+}
+inline void data_arg(const std::optional<at::Tensor> &t, ust__arg &a) {
+  if (t.has_value())
+    data_arg(*t, a);
+}
+template <class T> inline void data_arg(const T &, ust__arg &) {}
+
 // A typed call's Scalar: viewed as the IValue boxing it would make (an int,
 // a float, a bool; a complex or an unsigned value past int64 stays OTHER).
 inline void view_arg(const c10::Scalar &v, ust__arg &a, ust__call *call) { view_arg(c10::IValue(v), a, call); }

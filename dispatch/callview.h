@@ -122,6 +122,11 @@ typedef struct ust__nested {
    * profile gives a floor; unworked: those without a roofline to read */
   double work_flops, work_bytes;
   int unworked;
+  /* the outer call whose floor they make, where its timer can wait for a
+   * callee's lengths on the device (ust__call_nested_open): its route, and
+   * its timer's token + 1 (0: none) */
+  void *outer;
+  int token1;
 } ust__nested;
 
 /* ---- bindings -------------------------------------------------------------------- */
@@ -294,6 +299,10 @@ static inline __attribute__((always_inline)) void ust__hook_release(const ust__e
 void ust__binding_tallied(struct ust__binding *b, unsigned n);
 /* 1 until the binding's argument names were resolved against a schema. */
 int ust__binding_needs_names(const struct ust__binding *b);
+/* 1 when the binding's roofline reads the lengths of a varlen batch from
+ * tensor values: a keyed call's view then carries its tensors' data
+ * pointers, so that a timed call's floor can read (or copy) them. */
+int ust__binding_reads_lengths(const struct ust__binding *b);
 /* Resolve argument names (borrowed), which arguments the schema marks
  * written (schema_writes, by index; the operator's curated list is added)
  * and which are an out= overload's outputs (schema_outs: overwritten, with
@@ -407,6 +416,9 @@ int ust__call_cand_end(ust__call_state *st, char *msg, size_t cap);
  * estimate): the bridge then collects them (ust__binding_nested_floor) and
  * hands the sum over (ust__call_nested_done) before the call ends. */
 int ust__call_wants_nested(const ust__call_state *st);
+/* Before production runs with acc collecting: the call's timer, where a
+ * callee's floor bounded for lengths on the device waits for them. */
+void ust__call_nested_open(const ust__call_state *st, ust__nested *acc);
 /* A bound call made inside another: its floor into acc (b's argument names
  * resolved). */
 void ust__binding_nested_floor(struct ust__binding *b, const ust__call *call, ust__nested *acc);

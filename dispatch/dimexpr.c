@@ -270,25 +270,15 @@ static int64_t scalar_type_size(int64_t st) {
   return st == 44 ? 1 : -1; /* Float8_e8m0fnu */
 }
 
-/* The lengths of one operand of a call, as read: n sequences. */
-typedef struct seq_lens {
-  const unsigned char *data;
-  int64_t stride; /* bytes between values */
-  int wide;       /* int64 values (else int32) */
-  int offsets;
-  int64_t n;
-} seq_lens;
-
 /* Sequences read at most: a batch's (thousands); a tensor longer than this
  * is not read on the call path (its bounds stand in). */
 #define SEQ_MAX 65536
 
-/* 0 with the operand's lengths in *out; 1 when every source is None; -1
- * when a source is not a 1-D int32 or int64 tensor; UST__DIM_UNREAD when
- * the values are not in host memory the view points at. */
-static int seq_open(const ust__seq_operand *o, const ust__call *call, seq_lens *out) {
-  for (int k = 0; k < o->n; k++) {
-    const int idx = o->arg_index[k];
+int ust__dim_seq_source(const ust__dim_prog *p, int k, const ust__call *call, ust__seq_view *out) {
+  const ust__seq_operand *o = &p->seq[k];
+  memset(out, 0, sizeof *out);
+  for (int j = 0; j < o->n; j++) {
+    const int idx = o->arg_index[j];
     if (idx < 0 || idx >= call->nargs)
       return -1;
     const ust__arg *a = &call->args[idx];
@@ -299,21 +289,32 @@ static int seq_open(const ust__seq_operand *o, const ust__call *call, seq_lens *
         dt.lanes != 1)
       return -1;
     const int64_t numel = a->t.shape[0];
-    out->offsets = o->offsets[k];
-    out->n = o->offsets[k] ? numel - 1 : numel;
+    out->arg = idx;
+    out->offsets = o->offsets[j];
+    out->n = o->offsets[j] ? numel - 1 : numel;
     if (out->n < 0)
       return -1;
-    if (a->t.device.device_type != kDLCPU || a->t.data == NULL || out->n > SEQ_MAX)
-      return UST__DIM_UNREAD;
     out->wide = dt.bits == 64;
     out->stride = (a->t.strides != NULL ? a->t.strides[0] : 1) * (dt.bits / 8);
-    out->data = (const unsigned char *)a->t.data + a->t.byte_offset;
+    out->data = a->t.data != NULL ? (const unsigned char *)a->t.data + a->t.byte_offset : NULL;
+    out->host = a->t.device.device_type == kDLCPU && a->t.data != NULL;
     return 0;
   }
   return 1;
 }
 
-static int64_t seq_value(const seq_lens *l, int64_t i) {
+int64_t ust__dim_seq_divisor(const ust__dim_prog *p, const ust__call *call) {
+  if (p->kind != UST__DIM_SEQCDIV)
+    return 1;
+  if (p->div_index < 0 || p->div_index >= call->nargs)
+    return -1;
+  const ust__arg *d = &call->args[p->div_index];
+  const int64_t div = p->div_kind == UST__DIM_SIZE ? (d->kind == UST__ARG_TENSOR ? ust__dim_size(d, p->div_dim) : -1)
+                                                   : (d->kind == UST__ARG_INT ? d->i : -1);
+  return div > 0 ? div : -1;
+}
+
+static int64_t seq_value(const ust__seq_view *l, int64_t i) {
   const unsigned char *at = l->data + i * l->stride;
   if (l->wide) {
     int64_t v;
@@ -326,41 +327,27 @@ static int64_t seq_value(const seq_lens *l, int64_t i) {
 }
 
 /* The i-th length; -1 for a negative one (offsets that fall). */
-static int64_t seq_len(const seq_lens *l, int64_t i) {
+static int64_t seq_len(const ust__seq_view *l, int64_t i) {
   const int64_t v = l->offsets ? seq_value(l, i + 1) - seq_value(l, i) : seq_value(l, i);
   return v >= 0 ? v : -1;
 }
 
-static int64_t seq_eval(const ust__dim_prog *p, const ust__call *call) {
-  seq_lens a, b;
-  int rc = seq_open(&p->seq[0], call, &a);
-  if (rc != 0)
-    return rc == 1 ? 0 : rc;
-  int64_t div = 1;
-  if (p->kind == UST__DIM_SEQDOT) {
-    rc = seq_open(&p->seq[1], call, &b);
-    if (rc != 0)
-      return rc == 1 ? 0 : rc;
-    if (b.n < a.n)
-      return -1;
-  } else if (p->kind == UST__DIM_SEQCDIV) {
-    if (p->div_index < 0 || p->div_index >= call->nargs)
-      return -1;
-    const ust__arg *d = &call->args[p->div_index];
-    div = p->div_kind == UST__DIM_SIZE ? (d->kind == UST__ARG_TENSOR ? ust__dim_size(d, p->div_dim) : -1)
-                                       : (d->kind == UST__ARG_INT ? d->i : -1);
-    if (div <= 0)
-      return -1;
-  }
+int64_t ust__dim_seq_value(const ust__dim_prog *p, const ust__seq_view *a, const ust__seq_view *b, int64_t div) {
+  if (a == NULL)
+    return 0; /* every source None */
+  if (p->kind == UST__DIM_SEQDOT && (b == NULL || b->n < a->n))
+    return b == NULL ? 0 : -1;
+  if (div <= 0)
+    return -1;
   int64_t sum = 0;
-  for (int64_t i = 0; i < a.n; i++) {
-    const int64_t l = seq_len(&a, i);
+  for (int64_t i = 0; i < a->n; i++) {
+    const int64_t l = seq_len(a, i);
     if (l < 0)
       return -1;
     int64_t term = l;
     switch (p->kind) {
     case UST__DIM_SEQDOT: {
-      const int64_t l2 = seq_len(&b, i);
+      const int64_t l2 = seq_len(b, i);
       if (l2 < 0 || __builtin_mul_overflow(l, l2, &term))
         return -1;
       break;
@@ -378,6 +365,29 @@ static int64_t seq_eval(const ust__dim_prog *p, const ust__call *call) {
       return -1;
   }
   return sum;
+}
+
+/* The operand k's lengths where the host can read them: 0; 1 when every
+ * source is None; -1 malformed; UST__DIM_UNREAD when they are not in host
+ * memory the view points at (or too many to read on the call path). */
+static int seq_open(const ust__dim_prog *p, int k, const ust__call *call, ust__seq_view *out) {
+  const int rc = ust__dim_seq_source(p, k, call, out);
+  if (rc != 0)
+    return rc;
+  return out->host && out->n <= SEQ_MAX ? 0 : UST__DIM_UNREAD;
+}
+
+static int64_t seq_eval(const ust__dim_prog *p, const ust__call *call) {
+  ust__seq_view a, b;
+  int rc = seq_open(p, 0, call, &a);
+  if (rc != 0)
+    return rc == 1 ? 0 : rc;
+  if (p->kind == UST__DIM_SEQDOT) {
+    rc = seq_open(p, 1, call, &b);
+    if (rc != 0)
+      return rc == 1 ? 0 : rc;
+  }
+  return ust__dim_seq_value(p, &a, &b, ust__dim_seq_divisor(p, call));
 }
 
 int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call) {

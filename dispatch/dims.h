@@ -80,6 +80,21 @@ const char *ust__dim_missing(const ust__dim_prog *p);
  * values make no lengths); UST__DIM_UNREAD for lengths the host cannot
  * read now. Reads values only from host memory the view points at. */
 int64_t ust__dim_eval(const ust__dim_prog *p, const ust__call *call);
+/* Where a sequence form's lengths are in a call, whether or not the host
+ * can read them: operand k's (0, or seqdot's second) first source that is
+ * not None (stride in bytes; data NULL in a view without data pointers;
+ * host: in host memory the view points at). The divisor of a seqcdiv (1
+ * for the other forms; -1 when missing); and a form's value over lengths
+ * the host can read (a NULL: every source None, the value 0). Used to
+ * evaluate a call's lengths later, once copied from the device. */
+typedef struct ust__seq_view {
+  const unsigned char *data;
+  int64_t stride, n;
+  int wide, offsets, host, arg;
+} ust__seq_view;
+int ust__dim_seq_source(const ust__dim_prog *p, int k, const ust__call *call, ust__seq_view *out);
+int64_t ust__dim_seq_divisor(const ust__dim_prog *p, const ust__call *call);
+int64_t ust__dim_seq_value(const ust__dim_prog *p, const ust__seq_view *a, const ust__seq_view *b, int64_t div);
 /* v in its bucket: UST__BUCKET_POW2 rounds up to a power of two (v > 1);
  * inline, as it runs on every call of a bucketed key. */
 static inline int64_t ust__dim_bucket(int bucket, int64_t v) {

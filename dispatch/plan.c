@@ -23,8 +23,9 @@
 /* A binding's floor for one call: 0 with seconds, W (FLOPs, every path)
  * and Q (bytes), and the profile; -1 when it has no roofline, no profile
  * matches, or a dimension is missing. */
+enum { FLOOR_BOUNDED = 1, FLOOR_TF32 = 2 }; /* how a floor was taken */
 static int binding_floor(const ust__binding *b, const ust__call *call, const ust__hw_profile **hw_out,
-                         double *seconds, double *flops, double *bytes) {
+                         double *seconds, double *flops, double *bytes, int *how) {
   if (!b->roofline.present)
     return -1;
   const ust__hw_profile *hw = ust__hw_for_call(b->router->hw, call);
@@ -37,9 +38,11 @@ static int binding_floor(const ust__binding *b, const ust__call *call, const ust
                    seam->tf32_matmul != NULL && seam->tf32_matmul(call->device);
   /* exact, or with bounds where the lengths of a varlen batch live on the
    * device (the definition's estimate says which) */
-  if (ust__roofline_eval(&b->roofline, call, tf32, w, &qr, &qw) < 0 ||
-      ust__roofline_tsol_quiet(hw, w, qr + qw, seconds) != 0)
+  const int rc = ust__roofline_eval(&b->roofline, call, tf32, w, &qr, &qw);
+  if (rc < 0 || ust__roofline_tsol_quiet(hw, w, qr + qw, seconds) != 0)
     return -1;
+  if (how != NULL)
+    *how = (rc == UST__ROOF_BOUNDED ? FLOOR_BOUNDED : 0) | (tf32 ? FLOOR_TF32 : 0);
   *flops = 0;
   for (int p = 0; p < UST__N_PATHS; p++)
     *flops += w[p];
@@ -51,12 +54,23 @@ static int binding_floor(const ust__binding *b, const ust__call *call, const ust
 
 /* The call's own floor in ps (0: unknown). Its work is noted now, or, for a
  * call whose floor may still come from its nested ops, kept in st for
- * ust__call_nested_done. */
-static uint64_t call_tsol_ps(ust__route *r, const ust__call *call, ust__call_state *st) {
+ * ust__call_nested_done. A floor bounded for lengths on the device is also
+ * left in *defer (when given) for its timer (*deferring 1). */
+static uint64_t call_tsol_ps_of(ust__route *r, const ust__call *call, ust__call_state *st, ust__floor_defer *defer,
+                                int *deferring) {
   const ust__binding *b = r->binding;
   const ust__hw_profile *hw = NULL;
   double seconds = 0, flops = 0, bytes = 0;
-  const int ok = binding_floor(b, call, &hw, &seconds, &flops, &bytes) == 0;
+  int how = 0;
+  const int ok = binding_floor(b, call, &hw, &seconds, &flops, &bytes, &how) == 0;
+  if (ok && defer != NULL && (how & FLOOR_BOUNDED) && ust__roofline_defer(&b->roofline, call, how & FLOOR_TF32, defer) == 0) {
+    defer->hw = hw;
+    defer->figs = &r->figs;
+    defer->bound_tsol_ps = (uint64_t)(seconds * 1e12 + 0.5);
+    defer->bound_flops = flops;
+    defer->bound_bytes = bytes;
+    *deferring = 1;
+  }
   if (st->nested_ok) {
     st->own_flops = ok ? flops : 0;
     st->own_bytes = ok ? bytes : 0;
@@ -73,6 +87,10 @@ static uint64_t call_tsol_ps(ust__route *r, const ust__call *call, ust__call_sta
   ust__figs_note_hw(&r->figs, hw);
   ust__figs_note_work(&r->figs, flops, bytes);
   return (uint64_t)(seconds * 1e12 + 0.5);
+}
+
+static uint64_t call_tsol_ps(ust__route *r, const ust__call *call, ust__call_state *st) {
+  return call_tsol_ps_of(r, call, st, NULL, NULL);
 }
 
 int ust__call_wants_nested(const ust__call_state *st) {
@@ -101,13 +119,31 @@ void ust__binding_nested_floor(ust__binding *b, const ust__call *call, ust__nest
   } else {
     acc->unworked++;
   }
-  if (binding_floor(b, call, &hw, &seconds, &flops, &bytes) != 0) {
+  int how = 0;
+  if (binding_floor(b, call, &hw, &seconds, &flops, &bytes, &how) != 0) {
     acc->unscored++;
     return;
+  }
+  ust__route *outer = acc->outer;
+  ust__floor_defer defer; /* the outer's timer waits for this callee's lengths (one callee a call) */
+  if (acc->token1 > 0 && (how & FLOOR_BOUNDED) &&
+      ust__roofline_defer(&b->roofline, call, how & FLOOR_TF32, &defer) == 0) {
+    defer.hw = hw;
+    defer.figs = &outer->figs;
+    defer.bound_tsol_ps = (uint64_t)(seconds * 1e12 + 0.5);
+    defer.bound_flops = flops;
+    defer.bound_bytes = bytes;
+    if (ust__timers_defer_floor(outer->binding->router->timers, acc->token1 - 1, &defer, UST__FLOOR_CALLEES) == 0)
+      acc->token1 = 0;
   }
   acc->tsol_ps += (uint64_t)(seconds * 1e12 + 0.5);
   acc->flops += flops;
   acc->bytes += bytes;
+}
+
+void ust__call_nested_open(const ust__call_state *st, ust__nested *acc) {
+  acc->outer = st->route;
+  acc->token1 = st->route != NULL && st->timing == 2 ? st->gpu_slot + 1 : 0;
 }
 
 void ust__call_nested_done(ust__call_state *st, const ust__nested *acc) {
@@ -118,9 +154,13 @@ void ust__call_nested_done(ust__call_state *st, const ust__nested *acc) {
     st->tsol_ps = acc->tsol_ps;
     if (st->slot != NULL)
       ust__shadow_set_floor(st->slot, acc->tsol_ps);
+    if (st->timing == 2) /* a deferral of its own floor's is let go */
+      ust__timers_floor_settled(r->binding->router->timers, st->gpu_slot, UST__FLOOR_CALLEES);
     ust__figs_nested_scored(&r->figs);
     ust__figs_note_work(&r->figs, acc->flops, acc->bytes);
   } else if (st->tsol_ps > 0) {
+    if (st->timing == 2) /* a deferral of its callees' floor is let go */
+      ust__timers_floor_settled(r->binding->router->timers, st->gpu_slot, UST__FLOOR_OWN);
     ust__figs_note_work(&r->figs, st->own_flops, st->own_bytes);
   } else if (r->binding->roofline.present) {
     ust__figs_unscored(&r->figs);
@@ -546,7 +586,9 @@ static UST__NOINLINE int begin_candidate(ust__binding *b, ust__route *r, int mod
 /* a call chosen to be timed: its floor, and its timer started */
 static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust__call *call, int legacy,
                                        ust__call_state *st) {
-  st->tsol_ps = call_tsol_ps(r, call, st);
+  ust__floor_defer defer; /* a varlen floor whose lengths are on the device waits for them */
+  int deferring = 0;
+  st->tsol_ps = call_tsol_ps_of(r, call, st, call->device == UST__DEV_CPU ? NULL : &defer, &deferring);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;
     st->t0_ns = ust__now_ns();
@@ -556,6 +598,8 @@ static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust
       st->timing = 2;
     else
       ust__figs_timing_dropped(&r->figs);
+    if (st->gpu_slot >= 0 && deferring)
+      ust__timers_defer_floor(b->router->timers, st->gpu_slot, &defer, UST__FLOOR_OWN);
   }
 }
 

@@ -81,6 +81,32 @@ void ust__roofline_resolve(ust__roofline_prog *p, int nargs, const char *const *
   }
 }
 
+/* W's path for a call: its dtype's, TF32 where allowed; -1 unknown. */
+static int w_path(const ust__roofline_prog *p, const ust__call *call, int tf32) {
+  if (p->w_dtype_index < 0 || p->w_dtype_index >= call->nargs || call->args[p->w_dtype_index].kind != UST__ARG_TENSOR)
+    return -1;
+  const int path = ust__path_of_dtype(call->args[p->w_dtype_index].dtype);
+  return path == UST__PATH_FP32 && p->w_tf32 && tf32 ? UST__PATH_TF32 : path;
+}
+
+/* W (on path: -1 when unknown, an error unless W is 0), Q read and written
+ * from the vars' values: 0, or -1. */
+static int formulas(const ust__roofline_prog *p, const double *vals, int path, double w[UST__N_PATHS],
+                    double *q_read, double *q_write) {
+  double wv = 0;
+  if (ust__expr_eval_quiet(p->w, vals, &wv) != 0 || ust__expr_eval_quiet(p->q_read, vals, q_read) != 0 ||
+      ust__expr_eval_quiet(p->q_write, vals, q_write) != 0)
+    return -1;
+  for (int k = 0; k < UST__N_PATHS; k++)
+    w[k] = 0;
+  if (wv != 0) {
+    if (path < 0)
+      return -1;
+    w[path] = wv;
+  }
+  return 0;
+}
+
 int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, int tf32, double w[UST__N_PATHS],
                        double *q_read, double *q_write) {
   if (!p->present)
@@ -110,24 +136,99 @@ int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, int t
       if (ust__dim_reads_values(&p->vars[v]))
         vals[v] = bounds[v];
   }
-  double wv = 0;
-  if (ust__expr_eval_quiet(p->w, vals, &wv) != 0 || ust__expr_eval_quiet(p->q_read, vals, q_read) != 0 ||
-      ust__expr_eval_quiet(p->q_write, vals, q_write) != 0)
+  if (formulas(p, vals, w_path(p, call, tf32), w, q_read, q_write) != 0)
     return -1;
-  for (int d = 0; d < UST__N_PATHS; d++)
-    w[d] = 0;
-  if (wv != 0) {
-    if (p->w_dtype_index < 0 || p->w_dtype_index >= call->nargs ||
-        call->args[p->w_dtype_index].kind != UST__ARG_TENSOR)
-      return -1;
-    int path = ust__path_of_dtype(call->args[p->w_dtype_index].dtype);
-    if (path < 0)
-      return -1;
-    if (path == UST__PATH_FP32 && p->w_tf32 && tf32)
-      path = UST__PATH_TF32;
-    w[path] = wv;
-  }
   return unread ? UST__ROOF_BOUNDED : 0;
+}
+
+/* The source of d holding argument src's values (added where new), or -1. */
+static int defer_source(ust__floor_defer *d, const ust__seq_view *src, const ust__call *call) {
+  for (int i = 0; i < d->n_src; i++)
+    if (d->srcs[i].arg == src->arg)
+      return i;
+  const ust__arg *a = &call->args[src->arg];
+  const int esize = src->wide ? 8 : 4;
+  const int dev = a->t.device.device_type;
+  const size_t at = d->n_src > 0 ? d->srcs[d->n_src - 1].at + d->srcs[d->n_src - 1].bytes : 0;
+  const int64_t numel = a->t.shape[0];
+  if (d->n_src == UST__DEFER_SOURCES || src->data == NULL || src->stride != esize ||
+      (dev != kDLCUDA && dev != kDLROCM && dev != kDLCUDAManaged) || numel < 0 ||
+      (size_t)numel * (size_t)esize > UST__DEFER_BYTES - at)
+    return -1;
+  d->srcs[d->n_src].dev = src->data;
+  d->srcs[d->n_src].at = at;
+  d->srcs[d->n_src].bytes = (size_t)numel * (size_t)esize;
+  d->srcs[d->n_src].numel = numel;
+  d->srcs[d->n_src].wide = src->wide;
+  d->srcs[d->n_src].arg = src->arg;
+  return d->n_src++;
+}
+
+int ust__roofline_defer(const ust__roofline_prog *p, const ust__call *call, int tf32, ust__floor_defer *d) {
+  if (!p->present || !p->reads_values)
+    return -1;
+  d->prog = p;
+  d->n_src = 0;
+  d->path = w_path(p, call, tf32);
+  for (int v = 0; v < p->n_vars; v++) {
+    const ust__dim_prog *dp = &p->vars[v];
+    if (!ust__dim_reads_values(dp)) {
+      const int64_t x = ust__dim_eval(dp, call);
+      if (x < 0)
+        return -1;
+      d->vals[v] = (double)x;
+      continue;
+    }
+    d->div[v] = ust__dim_seq_divisor(dp, call);
+    for (int k = 0; k < 2; k++) {
+      d->src[v][k] = -1;
+      d->offsets[v][k] = 0;
+      if (k == 1 && dp->kind != UST__DIM_SEQDOT)
+        continue;
+      ust__seq_view src;
+      const int rc = ust__dim_seq_source(dp, k, call, &src);
+      if (rc < 0 || (rc == 0 && src.host))
+        return -1; /* malformed, or read on the host already: no deferral */
+      if (rc == 1)
+        continue;
+      const int i = defer_source(d, &src, call);
+      if (i < 0)
+        return -1;
+      d->src[v][k] = (int8_t)i;
+      d->offsets[v][k] = (int8_t)src.offsets;
+    }
+  }
+  return 0;
+}
+
+int ust__floor_resolve(const ust__floor_defer *d, const unsigned char *staged, double w[UST__N_PATHS],
+                       double *q_read, double *q_write) {
+  const ust__roofline_prog *p = d->prog;
+  double vals[UST__MAX_RVARS];
+  for (int v = 0; v < p->n_vars; v++) {
+    const ust__dim_prog *dp = &p->vars[v];
+    if (!ust__dim_reads_values(dp)) {
+      vals[v] = d->vals[v];
+      continue;
+    }
+    ust__seq_view views[2];
+    for (int k = 0; k < 2; k++) {
+      const int i = d->src[v][k];
+      if (i < 0)
+        continue;
+      views[k] = (ust__seq_view){.data = staged + d->srcs[i].at, .stride = d->srcs[i].wide ? 8 : 4,
+                                 .n = d->srcs[i].numel - d->offsets[v][k], .wide = d->srcs[i].wide,
+                                 .offsets = d->offsets[v][k], .host = 1, .arg = d->srcs[i].arg};
+      if (views[k].n < 0)
+        return -1;
+    }
+    const int64_t x = ust__dim_seq_value(dp, d->src[v][0] >= 0 ? &views[0] : NULL,
+                                         d->src[v][1] >= 0 ? &views[1] : NULL, d->div[v]);
+    if (x < 0)
+      return -1;
+    vals[v] = (double)x;
+  }
+  return formulas(p, vals, d->path, w, q_read, q_write);
 }
 
 void ust__roofline_free(ust__roofline_prog *p) {

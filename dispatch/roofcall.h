@@ -42,6 +42,43 @@ int ust__roofline_eval(const ust__roofline_prog *p, const ust__call *call, int t
                        double *q_read, double *q_write);
 void ust__roofline_free(ust__roofline_prog *p);
 
+/* A call's floor deferred until the lengths of its varlen batch, on the
+ * device, are in host memory: copied in stream order before the timed work
+ * (dispatch/timer_gpu.c) and read once the timing completes, so that the
+ * floor is each sequence's, not the bound, without waiting on the device.
+ * The vars that read no lengths are evaluated at the call; each var that
+ * reads lengths keeps where its operands lie in the copied bytes. */
+#define UST__DEFER_SOURCES 4
+#define UST__DEFER_BYTES 16384 /* bytes of lengths copied for one call at most */
+typedef struct ust__floor_defer {
+  const ust__roofline_prog *prog;  /* borrowed: its binding's */
+  const struct ust__hw_profile *hw; /* the call's device's profile */
+  ust__figs *figs;                 /* its route's: where its work is noted */
+  int path;                        /* the path W is booked on */
+  uint64_t bound_tsol_ps;          /* the bounded floor, and work, the lengths' own replace */
+  double bound_flops, bound_bytes;
+  double vals[UST__MAX_RVARS];     /* the vars that read no lengths */
+  int64_t div[UST__MAX_RVARS];     /* a seqcdiv's divisor */
+  int8_t src[UST__MAX_RVARS][2];   /* a length var's operands: a source below, -1 every source None */
+  int8_t offsets[UST__MAX_RVARS][2];
+  int n_src;
+  struct {
+    const void *dev;    /* the tensor's values on the device */
+    size_t at, bytes;   /* where they go in the copied bytes, and how many */
+    int64_t numel;
+    int wide, arg;
+  } srcs[UST__DEFER_SOURCES];
+} ust__floor_defer;
+/* 0 with the call's deferral in *d (prog, vals, sources; hw, figs and the
+ * bounds are the caller's) when every length the roofline reads is in one
+ * contiguous tensor on the device and they fit UST__DEFER_BYTES; else -1
+ * (the call keeps its bound). */
+int ust__roofline_defer(const ust__roofline_prog *p, const ust__call *call, int tf32, ust__floor_defer *d);
+/* W per path and the bytes of the deferred call, its lengths read from
+ * staged (the copied bytes): 0, or -1 when they make no lengths. */
+int ust__floor_resolve(const ust__floor_defer *d, const unsigned char *staged, double w[UST__N_PATHS],
+                       double *q_read, double *q_write);
+
 /* ---- the hardware a call runs on ---------------------------------------------------- */
 
 #define UST__HW_MAX_DEVICES 64

@@ -14,6 +14,10 @@
  * pair adds around its work is measured once per device (the harvest's
  * thread, on a private stream) and taken off at conclusion.
  *
+ * A varlen call whose lengths are on the device (dispatch/roofcall.h) has
+ * them copied, in stream order right after its stop event, into a pinned
+ * area the timer holds; its floor is taken from them once they are in.
+ *
  * A kernel tracer (timer_cupti.c on CUDA; timer_notrace.c, always off, on
  * HIP) takes over inside its windows:
  * a call begun while one is open is timed by its kernels (token with
@@ -39,6 +43,9 @@
 typedef struct timer {
   cudaEvent_t start, stop;
   int device; /* -1 until its events exist */
+  int stage;       /* its staged lengths' area, -1: none */
+  int stage_part;  /* whose floor they are (UST__FLOOR_*); 0: let go */
+  int stage_ok;    /* their copies were enqueued */
   ust__figs *figs;
   uint64_t tsol_ps;
   int kind; /* why it was timed (UST__TIMED_*) */
@@ -57,6 +64,17 @@ typedef struct hold_words {
   cudaEvent_t start, stop;
 } hold_words;
 
+/* A device's areas for the lengths of varlen calls (pinned, written by
+ * copies on the calls' streams) and the deferrals they are read for. */
+#define STAGES 32
+typedef struct stage_pool {
+  unsigned char *pinned; /* STAGES * UST__DEFER_BYTES */
+  cudaEvent_t copied[STAGES]; /* recorded behind each area's copies */
+  ust__floor_defer rec[STAGES];
+  int free_list[STAGES]; /* under the timers' lock */
+  int n_free;
+} stage_pool;
+
 typedef struct device_pool {
   timer *timers;
   int *free_list; /* stack of free timer indices */
@@ -74,6 +92,8 @@ struct ust__timers {
   _Atomic(hold_words *) words[MAX_DEVICES];
   atomic_int words_made[MAX_DEVICES]; /* 0 not yet, 1 being made, 2 made (words NULL: none) */
   ust__cupti *cupti; /* the kernel tracer (timer_cupti.c; a HIP build's is always off, timer_notrace.c) */
+  _Atomic(stage_pool *) stages[MAX_DEVICES];
+  atomic_int stages_made[MAX_DEVICES]; /* 0 not yet, 1 being made, 2 made (stages NULL: none) */
 };
 
 /* The calling thread's capture mode, relaxed until restore_capture_mode. */
@@ -212,6 +232,137 @@ out:
   return rc;
 }
 
+/* ---- staged lengths of varlen calls (dispatch/roofcall.h) ------------------------ */
+
+/* The device's staging areas, made at its first deferred floor (outside the
+ * lock: a pinned allocation may wait for the device); NULL when they could
+ * not be made (its calls keep their bounds). */
+static stage_pool *device_stages(ust__timers *t, int device) {
+  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
+  if (sp != NULL || atomic_load_explicit(&t->stages_made[device], memory_order_acquire) == 2)
+    return sp;
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&t->stages_made[device], &expected, 1))
+    return NULL; /* another thread makes them: this call keeps its bound */
+  sp = calloc(1, sizeof *sp);
+  int prev = -1, ok = sp != NULL && UST__GPU_CHECK(t->log, cudaGetDevice(&prev)) == 0;
+  enum cudaStreamCaptureMode mode = relax_capture_mode();
+  if (ok && prev != device)
+    ok = UST__GPU_CHECK(t->log, cudaSetDevice(device)) == 0;
+  ok = ok && UST__GPU_CHECK(t->log, cudaHostAlloc((void **)&sp->pinned, (size_t)STAGES * UST__DEFER_BYTES,
+                                                  cudaHostAllocDefault)) == 0;
+  int events = 0;
+  while (ok && events < STAGES &&
+         (ok = UST__GPU_CHECK(t->log, cudaEventCreateWithFlags(&sp->copied[events], cudaEventDisableTiming)) == 0))
+    events++;
+  if (!ok) {
+    while (events > 0)
+      cudaEventDestroy(sp->copied[--events]);
+    if (sp != NULL && sp->pinned != NULL)
+      cudaFreeHost(sp->pinned);
+  }
+  if (prev >= 0 && prev != device)
+    cudaSetDevice(prev);
+  restore_capture_mode(mode);
+  if (ok) {
+    for (int i = 0; i < STAGES; i++)
+      sp->free_list[i] = STAGES - 1 - i;
+    sp->n_free = STAGES;
+    atomic_store_explicit(&t->stages[device], sp, memory_order_release);
+  } else {
+    free(sp);
+    sp = NULL;
+  }
+  atomic_store_explicit(&t->stages_made[device], 2, memory_order_release);
+  return sp;
+}
+
+static void stage_give_back(ust__timers *t, stage_pool *sp, timer *s) {
+  pthread_mutex_lock(&t->lock);
+  sp->free_list[sp->n_free++] = s->stage;
+  pthread_mutex_unlock(&t->lock);
+  s->stage = -1;
+}
+
+/* After the stop event: the staged call's lengths copied into its area on
+ * the call's stream, and the area's event recorded behind them. */
+static void stage_copy(ust__timers *t, timer *s, int device, void *stream) {
+  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
+  const ust__floor_defer *d = &sp->rec[s->stage];
+  unsigned char *area = sp->pinned + (size_t)s->stage * UST__DEFER_BYTES;
+  int ok = 1;
+  for (int k = 0; k < d->n_src && ok; k++)
+    ok = UST__GPU_CHECK(t->log, cudaMemcpyAsync(area + d->srcs[k].at, d->srcs[k].dev, d->srcs[k].bytes,
+                                                cudaMemcpyDeviceToHost, (cudaStream_t)stream)) == 0;
+  s->stage_ok = ok && UST__GPU_CHECK(t->log, cudaEventRecord(sp->copied[s->stage], (cudaStream_t)stream)) == 0;
+}
+
+/* Whether a staged timer's lengths are in (sync: wait for them): 1, or 0
+ * not yet; a copy that failed is in (its floor keeps the bound). */
+static int stage_ready(ust__timers *t, timer *s, int device, int sync) {
+  if (s->stage < 0 || !s->stage_ok)
+    return 1;
+  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
+  const cudaError_t q = sync ? cudaEventSynchronize(sp->copied[s->stage]) : cudaEventQuery(sp->copied[s->stage]);
+  if (q == cudaErrorNotReady)
+    return 0;
+  if (q != cudaSuccess) {
+    (void)cudaGetLastError();
+    s->stage_ok = 0;
+  }
+  return 1;
+}
+
+/* A timed call's floor with its staged lengths' part in place of the bound
+ * (tsol_ps as given when they did not come or were let go), the work noted
+ * corrected by as much; the area given back. */
+static uint64_t stage_conclude(ust__timers *t, timer *s, int device, uint64_t tsol_ps) {
+  if (s->stage < 0)
+    return tsol_ps;
+  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
+  const ust__floor_defer *d = &sp->rec[s->stage];
+  double w[UST__N_PATHS], qr = 0, qw = 0, seconds = 0;
+  if (s->stage_part != 0 && s->stage_ok && tsol_ps >= d->bound_tsol_ps &&
+      ust__floor_resolve(d, sp->pinned + (size_t)s->stage * UST__DEFER_BYTES, w, &qr, &qw) == 0 &&
+      ust__roofline_tsol_quiet(d->hw, w, qr + qw, &seconds) == 0) {
+    tsol_ps = tsol_ps - d->bound_tsol_ps + (uint64_t)(seconds * 1e12 + 0.5);
+    double flops = 0;
+    for (int p = 0; p < UST__N_PATHS; p++)
+      flops += w[p];
+    ust__figs_adjust_work(d->figs, flops - d->bound_flops, qr + qw - d->bound_bytes);
+  }
+  stage_give_back(t, sp, s);
+  return tsol_ps;
+}
+
+int ust__timers_defer_floor(ust__timers *t, int token, const ust__floor_defer *d, int part) {
+  if (token < 0 || (token & CUPTI_TOKEN))
+    return -1;
+  const int device = token >> 20;
+  timer *s = &t->pools[device].timers[token & 0xfffff];
+  stage_pool *sp = s->stage < 0 ? device_stages(t, device) : NULL;
+  if (sp == NULL)
+    return -1;
+  pthread_mutex_lock(&t->lock);
+  const int i = sp->n_free > 0 ? sp->free_list[--sp->n_free] : -1;
+  pthread_mutex_unlock(&t->lock);
+  if (i < 0)
+    return -1;
+  sp->rec[i] = *d;
+  s->stage = i;
+  s->stage_part = part;
+  s->stage_ok = 0;
+  return 0;
+}
+
+void ust__timers_floor_settled(ust__timers *t, int token, int part) {
+  if (token < 0 || (token & CUPTI_TOKEN))
+    return;
+  timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
+  if (s->stage >= 0 && s->stage_part != part)
+    s->stage_part = 0;
+}
+
 static const ust__hold_dev_i gpu_hold_dev = {gpu_hold, gpu_release, gpu_expired, gpu_calibrate};
 
 int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_sink *log, ust__timers **out) {
@@ -331,6 +482,7 @@ int ust__timers_begin(ust__timers *t, int device, void *stream, ust__hold_word *
   timer *s = &p->timers[idx];
   s->seq = 0;
   s->hold = hold;
+  s->stage = -1;
   if (timer_events(t, s, device) != 0) {
     give_back(t, device << 20 | idx);
     return -1;
@@ -355,6 +507,8 @@ void ust__timers_captured(ust__timers *t, void *stream, uint32_t from, ust__figs
 void ust__timers_graph_made(ust__timers *t, void *stream) { ust__cupti_capture_made(t->cupti, t->log, stream); }
 
 int ust__timers_span_begin(ust__timers *t) {
+  if (!atomic_load_explicit(&t->used, memory_order_relaxed)) /* GPU work the tracer's windows can see */
+    atomic_store_explicit(&t->used, 1, memory_order_relaxed);
   return ust__cupti_tracing(t->cupti) == UST__TRACING_WINDOW ? ust__cupti_begin(t->cupti) : -1;
 }
 
@@ -369,7 +523,9 @@ void ust__timers_cancel(ust__timers *t, int token) {
     return;
   }
   /* a call that raised, or was served by a candidate: its hold released, no strike */
-  ust__hold_end(&t->hold, NULL, token >> 20, token & 0xfffff, t->pools[token >> 20].timers[token & 0xfffff].seq);
+  timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
+  ust__hold_end(&t->hold, NULL, token >> 20, token & 0xfffff, s->seq);
+  stage_conclude(t, s, token >> 20, 0); /* no copies were made: the area goes back */
   give_back(t, token);
 }
 
@@ -385,31 +541,39 @@ void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, u
   const int recorded = UST__GPU_CHECK(t->log, cudaEventRecord(s->stop, (cudaStream_t)stream)) == 0;
   s->struck = ust__hold_end(&t->hold, s->hold, token >> 20, token & 0xfffff, s->seq); /* released whatever happened */
   if (!recorded) {
+    stage_conclude(t, s, token >> 20, 0);
     give_back(t, token);
     return;
   }
+  if (s->stage >= 0 && s->stage_part != 0)
+    stage_copy(t, s, token >> 20, stream);
   ust__tqueue_push(&t->pending, token);
 }
 
 /* A completed (or failed) timer into its figures, and back to its pool: 1;
- * 0 for a held one whose device is not calibrated yet (it waits). */
-static int conclude(ust__timers *t, int token, cudaError_t q) {
+ * 0 for a held one whose device is not calibrated yet, or one whose staged
+ * lengths are not in yet (sync: waited for), which waits. */
+static int conclude(ust__timers *t, int token, cudaError_t q, int sync) {
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   float ms = 0;
+  if (q == cudaSuccess && !stage_ready(t, s, token >> 20, sync))
+    return 0;
   if (q == cudaSuccess && UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, s->start, s->stop)) == 0) {
     double ns = 0;
     const int held =
         ust__hold_conclude(&t->hold, s->hold, token >> 20, token & 0xfffff, s->seq, s->struck, (double)ms * 1e6, &ns);
     if (held < 0)
       return 0;
+    const uint64_t tsol_ps = stage_conclude(t, s, token >> 20, s->tsol_ps);
     if (held == 0) {
       ust__figs_hold_expired(s->figs);
     } else {
-      ust__figs_timed(s->figs, (uint64_t)(ns + 0.5), s->tsol_ps, s->kind);
+      ust__figs_timed(s->figs, (uint64_t)(ns + 0.5), tsol_ps, s->kind);
       if (s->seq != 0)
         ust__figs_held(s->figs);
     }
   } else {
+    stage_conclude(t, s, token >> 20, 0);
     ust__figs_timing_dropped(s->figs);
   }
   s->figs = NULL;
@@ -447,7 +611,7 @@ static int harvest(ust__timers *t, int sync) {
     for (int i = 0; i < n; i++) {
       cudaEvent_t stop = t->pools[taken[i] >> 20].timers[taken[i] & 0xfffff].stop;
       const cudaError_t q = sync ? cudaEventSynchronize(stop) : cudaEventQuery(stop);
-      if (q == cudaErrorNotReady || !conclude(t, taken[i], q))
+      if (q == cudaErrorNotReady || !conclude(t, taken[i], q, sync))
         back[kept++] = taken[i];
     }
     left = ust__tqueue_settle(&t->pending, n, back, kept);
@@ -501,6 +665,15 @@ void ust__timers_destroy(ust__timers *t) {
     }
     cudaFreeHost(w->host);
     free(w);
+  }
+  for (int d = 0; d < MAX_DEVICES; d++) {
+    stage_pool *sp = atomic_load(&t->stages[d]);
+    if (sp == NULL)
+      continue;
+    for (int i = 0; i < STAGES; i++)
+      cudaEventDestroy(sp->copied[i]);
+    cudaFreeHost(sp->pinned);
+    free(sp);
   }
   ust__tqueue_free(&t->pending);
   pthread_mutex_destroy(&t->lock);

@@ -26,6 +26,8 @@ void ust__timers_status(ust__timers *t, ust__timer_status *out) {
   out->kind = "host";
 }
 int ust__timers_begin(ust__timers *t, int device_id, void *stream, ust__hold_word *hold) { return -1; }
+int ust__timers_defer_floor(ust__timers *t, int token, const ust__floor_defer *d, int part) { return -1; }
+void ust__timers_floor_settled(ust__timers *t, int token, int part) {}
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind) {}
 void ust__timers_cancel(ust__timers *t, int token) {}
 int ust__timers_span_begin(ust__timers *t) { return -1; }

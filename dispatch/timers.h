@@ -12,6 +12,7 @@
 #include "base/base.h"
 #include "dispatch/hold.h"
 #include "dispatch/kerneltime.h"
+#include "dispatch/roofcall.h"
 #include "scorer/scorer.h"
 
 /* ---- timers (dispatch/timer_host.c, dispatch/timer_gpu.c) ---------------------------
@@ -74,6 +75,19 @@ int ust__timers_used(const ust__timers *t);
  * operator's standing (hold: its binding's word) or the device says not; a
  * token, or -1 when no timer is free. */
 int ust__timers_begin(ust__timers *t, int device_id, void *stream, ust__hold_word *hold);
+/* A timed call's floor, or part of it, waits for the lengths of a varlen
+ * batch on the device (dispatch/roofcall.h): copied on the call's stream
+ * right after its stop event, and read once they are in: the floor given
+ * at its end then has d's bounded part (d->bound_tsol_ps) replaced by the
+ * lengths' own, and the work noted on d->figs is corrected the same way.
+ * part: the call's own floor (UST__FLOOR_OWN) or its bound callees'
+ * (UST__FLOOR_CALLEES). 0 when taken; -1 (the bound stands) for a kernel
+ * tracer's token, a timer that has one already, no staging area free. */
+enum { UST__FLOOR_OWN = 1, UST__FLOOR_CALLEES = 2 };
+int ust__timers_defer_floor(ust__timers *t, int token, const ust__floor_defer *d, int part);
+/* The floor that stands for the call is part's: a deferral of the other
+ * part is let go, neither read nor applied. */
+void ust__timers_floor_settled(ust__timers *t, int token, int part);
 /* Record the end event (releasing the hold) and queue the timing for figs,
  * with the call's roofline floor (0: unknown). */
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind);

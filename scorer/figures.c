@@ -82,6 +82,11 @@ void ust__figs_note_work(ust__figs *f, double flops, double bytes) {
   atomic_fetch_add_explicit(&f->work_calls, 1, memory_order_relaxed);
 }
 
+void ust__figs_adjust_work(ust__figs *f, double dflops, double dbytes) {
+  add_double(&f->flops_bits, dflops);
+  add_double(&f->bytes_bits, dbytes);
+}
+
 double ust__figs_speedup(ust__figs *f) {
   double tp = ust__hist_quantile_live(&f->hist, 0.5), tc = ust__hist_quantile_live(&f->cand_hist, 0.5);
   return tp > 0 && tc > 0 ? tp / tc : 0;

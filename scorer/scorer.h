@@ -239,6 +239,9 @@ void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw);
 /* The work of a call whose floor was evaluated: W (FLOPs, every path) and
  * Q (bytes read and written). Thread-safe, lock-free. */
 void ust__figs_note_work(ust__figs *f, double flops, double bytes);
+/* Correct the work noted (no call counted): a call's floor whose bounded
+ * part was replaced once its lengths were read (dispatch/roofcall.h). */
+void ust__figs_adjust_work(ust__figs *f, double dflops, double dbytes);
 
 /* Counts of a route's calls, each written here alone (the figures are the
  * scorer's part of a route): inline, as every keyed call's plan runs some.

@@ -119,6 +119,7 @@
   X(int8_and_fp8_products_have_their_paths) \
   X(sequence_lengths_read_from_host_tensors) \
   X(varlen_attention_floored_by_each_sequence) \
+  X(varlen_floor_deferred_reads_the_lengths_copied_from_the_device) \
   X(decode_attention_floored_by_each_sequence) \
   X(varlen_definitions_read_their_lengths) \
   X(reload_accepts_operators_given_as_mode_strings) \

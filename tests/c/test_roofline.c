@@ -679,6 +679,26 @@ TEST(sequence_lengths_read_from_host_tensors) {
   ASSERT_INT_EQ(ust__dim_eval(&p, &call), UST__DIM_UNREAD);
 }
 
+/* A mixed batch of NS_MIXED sequences (decodes, a chunk of prefill, a
+ * whole prompt): its offsets and lengths as FA2 takes them; T, the longest
+ * query and the longest key. */
+enum { NS_MIXED = 6 };
+static const int64_t mixed_lq[NS_MIXED] = {1, 1, 1, 5, 128, 1}, mixed_lk[NS_MIXED] = {37, 4096, 900, 300, 128, 1};
+static void mixed_batch(int32_t *cu_q, int32_t *cu_k, int32_t *used, int64_t *T, int64_t *mq, int64_t *mk) {
+  int64_t keys = 0;
+  *T = *mq = *mk = 0;
+  cu_q[0] = cu_k[0] = 0;
+  for (int i = 0; i < NS_MIXED; i++) {
+    *T += mixed_lq[i];
+    keys += mixed_lk[i];
+    *mq = mixed_lq[i] > *mq ? mixed_lq[i] : *mq;
+    *mk = mixed_lk[i] > *mk ? mixed_lk[i] : *mk;
+    cu_q[i + 1] = (int32_t)*T;
+    cu_k[i + 1] = (int32_t)keys;
+    used[i] = (int32_t)mixed_lk[i];
+  }
+}
+
 /* vLLM's FA2 kernel on a mixed batch over a paged cache: each sequence's
  * query-key pairs (bottom-right causal), keys, values and block-table
  * entries. With the lengths where the host cannot read them the floor takes
@@ -689,21 +709,16 @@ TEST(varlen_attention_floored_by_each_sequence) {
   ASSERT_INT_EQ(ust__problems_load_dir(UST_SOURCE_DIR "/problems", &set), 0);
   const ust__binding_def *def = binding_of(&set, "_vllm_fa2_C::varlen_fwd");
   ASSERT_TRUE(def != NULL);
-  enum { NS = 6 };
-  const int64_t lq[NS] = {1, 1, 1, 5, 128, 1}, lk[NS] = {37, 4096, 900, 300, 128, 1};
+  enum { NS = NS_MIXED };
+  const int64_t *lq = mixed_lq, *lk = mixed_lk;
   const int64_t Hq = 32, Hk = 8, D = 128, bs = 16, E = 2;
-  int64_t T = 0, mq = 0, mk = 0, blocks = 0, keys = 0, pairs = 0;
-  int32_t cu_q[NS + 1] = {0}, cu_k[NS + 1] = {0}, used[NS];
+  int64_t T, mq, mk, blocks = 0, keys = 0, pairs = 0;
+  int32_t cu_q[NS + 1], cu_k[NS + 1], used[NS];
+  mixed_batch(cu_q, cu_k, used, &T, &mq, &mk);
   for (int i = 0; i < NS; i++) {
-    T += lq[i];
     keys += lk[i];
     blocks += cdiv64(lk[i], bs);
     pairs += lq[i] * lk[i] - lq[i] * (lq[i] - 1) / 2;
-    mq = lq[i] > mq ? lq[i] : mq;
-    mk = lk[i] > mk ? lk[i] : mk;
-    cu_q[i + 1] = (int32_t)T;
-    cu_k[i + 1] = (int32_t)keys;
-    used[i] = (int32_t)lk[i];
   }
   const int64_t width = cdiv64(mk, bs);
   varlen_call c;
@@ -728,6 +743,72 @@ TEST(varlen_attention_floored_by_each_sequence) {
   ASSERT_TRUE(wb >= w_true && qrb >= qr_true && qwb == qw_true);
   fprintf(stderr, "mixed batch of %d: W %.4g exact, %.4g bounded (%.1fx); Q_read %.4g, %.4g (%.1fx)\n", NS, w_true, wb,
           wb / w_true, qr_true, qrb, qrb / qr_true);
+  ust__problems_free(&set);
+}
+
+/* The same mixed batch with its lengths on the device: the call's floor is
+ * deferred, its lengths copied (here by memcpy, as the timer's copy in
+ * stream order would) into a staging area, and resolved from there: each
+ * sequence's floor, as with host lengths, not the bound. The copy holds
+ * only what the roofline reads: cu_seqlens_q and seqused_k, once each
+ * (seqused_k is read by three vars; cu_seqlens_k is its alternative). */
+TEST(varlen_floor_deferred_reads_the_lengths_copied_from_the_device) {
+  ust__problem_set set;
+  ASSERT_INT_EQ(ust__problems_load_dir(UST_SOURCE_DIR "/problems", &set), 0);
+  const ust__binding_def *def = binding_of(&set, "_vllm_fa2_C::varlen_fwd");
+  ASSERT_TRUE(def != NULL);
+  enum { NS = NS_MIXED };
+  int64_t T, mq, mk;
+  int32_t cu_q[NS + 1], cu_k[NS + 1], used[NS];
+  mixed_batch(cu_q, cu_k, used, &T, &mq, &mk);
+  varlen_call c;
+  ust__call call = fa2_call(&c, T, 32, 8, 128, 16, cdiv64(mk, 16), NS, cu_q, cu_k, used, mq, mk);
+  ust__roofline_prog prog;
+  ASSERT_INT_EQ(ust__roofline_compile(&def->roofline, def->op, &prog), 0);
+  ust__roofline_resolve(&prog, call.nargs, fa2_names, def->op, NULL);
+  double exact[UST__N_PATHS], eqr, eqw;
+  ASSERT_INT_EQ(ust__roofline_eval(&prog, &call, 0, exact, &eqr, &eqw), 0);
+  ust__floor_defer d;
+  ASSERT_INT_EQ(ust__roofline_defer(&prog, &call, 0, &d), -1); /* host lengths: read at the call */
+  for (int a = 4; a <= 6; a++)
+    c.args[a].t.device.device_type = kDLCUDA;
+  double wb[UST__N_PATHS], qrb, qwb;
+  ASSERT_INT_EQ(ust__roofline_eval(&prog, &call, 0, wb, &qrb, &qwb), UST__ROOF_BOUNDED);
+  ASSERT_INT_EQ(ust__roofline_defer(&prog, &call, 0, &d), 0);
+  ASSERT_INT_EQ(d.n_src, 2);
+  ASSERT_TRUE(d.srcs[0].dev == cu_q && d.srcs[0].bytes == sizeof cu_q && d.srcs[0].at == 0);
+  ASSERT_TRUE(d.srcs[1].dev == used && d.srcs[1].bytes == sizeof used && d.srcs[1].at == sizeof cu_q);
+  unsigned char staged[UST__DEFER_BYTES];
+  for (int i = 0; i < d.n_src; i++)
+    memcpy(staged + d.srcs[i].at, d.srcs[i].dev, d.srcs[i].bytes);
+  /* the device's lengths change after the copy: the copy's stand */
+  used[1] = 1;
+  double w[UST__N_PATHS], qr, qw;
+  ASSERT_INT_EQ(ust__floor_resolve(&d, staged, w, &qr, &qw), 0);
+  for (int p = 0; p < UST__N_PATHS; p++)
+    ASSERT_DBL_NEAR(w[p], exact[p], 0);
+  ASSERT_DBL_NEAR(qr, eqr, 0);
+  ASSERT_DBL_NEAR(qw, eqw, 0);
+  ASSERT_TRUE(wb[UST__PATH_BF16] > 2 * exact[UST__PATH_BF16]); /* what the bound would have said */
+  /* copied lengths that make none (falling offsets): no floor */
+  int32_t falling[NS + 1];
+  memcpy(falling, cu_q, sizeof falling);
+  falling[3] = 0;
+  memcpy(staged, falling, sizeof falling);
+  ASSERT_INT_EQ(ust__floor_resolve(&d, staged, w, &qr, &qw), -1);
+  /* no seqused_k: cu_seqlens_k, its alternative, is copied instead */
+  c.args[6].kind = UST__ARG_NONE;
+  ASSERT_INT_EQ(ust__roofline_defer(&prog, &call, 0, &d), 0);
+  ASSERT_TRUE(d.n_src == 2 && d.srcs[1].dev == cu_k);
+  c.args[6].kind = UST__ARG_TENSOR;
+  /* a strided view, or more lengths than a copy holds: the bound stands */
+  int64_t two[1] = {2};
+  c.args[6].t.strides = two;
+  ASSERT_INT_EQ(ust__roofline_defer(&prog, &call, 0, &d), -1);
+  c.args[6].t.strides = NULL;
+  c.shapes[6][0] = UST__DEFER_BYTES / 4;
+  ASSERT_INT_EQ(ust__roofline_defer(&prog, &call, 0, &d), -1);
+  ust__roofline_free(&prog);
   ust__problems_free(&set);
 }
 

@@ -559,6 +559,42 @@ def test_an_attention_wrapper_is_floored_by_the_kernel_it_calls(us, batch):
     assert (want / own > 100) if batch == "decode" else (own / want > 50), (want, own)
 
 
+def test_a_varlen_call_with_host_lengths_is_floored_by_each_sequence(us):
+    """FA2 called directly on a mixed batch whose lengths are host tensors:
+    the keyed call's view carries their data, and the floor is each
+    sequence's (bottom-right causal pairs, keys, block-table entries), not
+    the bound that takes every sequence as long as the longest. Ground truth:
+    the definition's W and Q written out here over the batch."""
+    Hq, Hk, D, bs = 32, 8, 128, 16
+    seqs = [(1, 37), (1, 4096), (1, 900), (5, 300), (128, 128), (1, 1)]
+    T, n = sum(q for q, _ in seqs), len(seqs)
+    max_q, max_k = max(q for q, _ in seqs), max(k for _, k in seqs)
+    width = -(-max_k // bs)
+    bf = torch.bfloat16
+    q = torch.empty(T, Hq, D, dtype=bf)
+    cache = torch.empty(n * width, bs, Hk, D, dtype=bf)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(q for q, _ in seqs)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(k for _, k in seqs)), dtype=torch.int32)
+    used = torch.tensor([k for _, k in seqs], dtype=torch.int32)
+    table = torch.arange(n * width, dtype=torch.int32).reshape(n, width)
+    us.enable({"operators": {"unified_attention": {"mode": "observe", "sample": 1.0}},
+               "hardware": {"profile": "H200"}})
+    for _ in range(3):
+        torch.ops._vllm_fa2_C.varlen_fwd(q, cache, cache, torch.empty_like(q), cu_q, cu_k, used, None, table, None,
+                                         max_q, max_k, 0.0, 0.125, False, True, -1, -1, 0.0, False, None)
+    rep = us.report()
+    (r,) = routes(rep, "_vllm_fa2_C::varlen_fwd")
+    pairs = sum(qn * kn - qn * (qn - 1) // 2 for qn, kn in seqs)
+    w = 2 * Hq * (D + D) * pairs
+    read = (T * Hq * D * 2 + sum(k for _, k in seqs) * Hk * (D + D) * 2 + 4 * (n + 1) + 4 * n
+            + 4 * sum(-(-k // bs) for _, k in seqs))
+    want = max(w / H200["p_peak"]["bf16"], (read + T * Hq * D * 2) / H200["b_peak"]) * 1e9
+    assert r["roofline"]["calls"] == 3
+    assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, rel=1e-9, abs=1e-3)
+    # the bound (every sequence as long as the longest) would read 4.5 times the keys
+    assert n * max_k > 4 * sum(k for _, k in seqs)
+
+
 # A profile far below the host for fp32 (every rms_norm call beats its floor)
 # and above it for bf16 (a silu_and_mul call held for 0.2 ms floors at most
 # a few hundred ns).
