@@ -131,6 +131,8 @@ def test_a_varlen_call_with_its_lengths_on_the_gpu_is_floored_by_each_sequence(u
     (r,) = routes(rep, FA2)
     assert r["calls"] == 20 and r["roofline"]["calls"] == 20, r
     want = (floor_ns(BATCH_A) + floor_ns(BATCH_B)) / 2
+    print(f"FA2 on {torch.cuda.get_device_name()}: floor {r['roofline']['tsol_ns_mean']:.1f} ns a call, by hand "
+          f"{want:.1f}, the bound {(bound_ns(BATCH_A) + bound_ns(BATCH_B)) / 2:.1f}")
     assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, rel=1e-6), (r["roofline"], want)
     # the bound would have read several times higher: the case tells them apart
     assert (bound_ns(BATCH_A) + bound_ns(BATCH_B)) / 2 > 3 * want
@@ -154,4 +156,6 @@ def test_vllms_attention_wrapper_is_floored_by_each_sequence_of_the_kernel_it_ca
     assert routes(rep, FA2) == []  # inside the wrapper: part of its call
     assert r["calls"] == 20 and r["roofline"]["calls"] == 20 and r["roofline"]["scored_by_callees"] == 20, r
     want = (floor_ns(BATCH_A) + floor_ns(BATCH_B)) / 2
+    print(f"attention wrapper on {torch.cuda.get_device_name()}: floor {r['roofline']['tsol_ns_mean']:.1f} ns a call, "
+          f"by hand {want:.1f}")
     assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, rel=1e-6), (r["roofline"], want)
