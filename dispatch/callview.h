@@ -103,6 +103,7 @@ typedef struct ust__call_state {
   ust__cand_view cand;
   int nested_ok;    /* its floor may come from the bound ops it calls (its own roofline is absent or an estimate) */
   double own_flops, own_bytes; /* its own roofline's W and Q, noted once the call's floor is settled */
+  int floor_tag1;   /* its shadow slot's floor waits for lengths on the device (ust__timers_stage; 0: none) */
   void *graph;      /* shadow captured into the call's CUDA graph (plan SHADOW, flag UST__DF_CAPTURED) */
   /* its candidate's call as the router's table of calls in flight holds it
    * (guard/flight.h): 1 + its entry, 0 none; and the entry's generation */

@@ -154,6 +154,8 @@ void ust__call_nested_done(ust__call_state *st, const ust__nested *acc) {
     st->tsol_ps = acc->tsol_ps;
     if (st->slot != NULL)
       ust__shadow_set_floor(st->slot, acc->tsol_ps);
+    ust__timers_stage_floor(r->binding->router->timers, st->floor_tag1, 0); /* its own floor's lengths let go */
+    st->floor_tag1 = 0;
     if (st->timing == 2) /* a deferral of its own floor's is let go */
       ust__timers_floor_settled(r->binding->router->timers, st->gpu_slot, UST__FLOOR_CALLEES);
     ust__figs_nested_scored(&r->figs);
@@ -289,11 +291,19 @@ static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, at
   uint64_t n = atomic_fetch_add_explicit(count, 1, memory_order_relaxed) + 1;
   if (pol != NULL && !ust__sampled(n, pol->sample_q32))
     return NULL;
+  ust__floor_defer defer; /* a varlen floor whose lengths are on the device waits for them */
+  int deferring = 0;
+  const uint64_t tsol_ps = call_tsol_ps_of(r, call, st, call->device == UST__DEV_CPU ? NULL : &defer, &deferring);
+  const int tag1 = deferring ? ust__timers_stage(b->router->timers, call->device_id, &defer) : 0;
   ust__slot_route sr = {r, &r->verify, b->cand, serving, remote,
                         atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
-                        atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed), call_tsol_ps(r, call, st),
-                        st->timed_kind, arms};
-  return ust__shadow_acquire(b->router->shadow, &sr);
+                        atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed), tsol_ps,
+                        st->timed_kind, arms, tag1};
+  void *slot = ust__shadow_acquire(b->router->shadow, &sr);
+  if (slot == NULL)
+    ust__timers_stage_floor(b->router->timers, tag1, 0); /* its area back */
+  st->floor_tag1 = slot != NULL ? tag1 : 0;
+  return slot;
 }
 
 /* A call the route's sampling would have verified, but that goes without:
@@ -743,6 +753,9 @@ void ust__call_compare(ust__call_state *st, const ust__call *call, const ust__pa
                        const char *msg) {
   void *slot = st->slot;
   st->slot = NULL;
+  if (st->floor_tag1 > 0) /* before the comparison that fences the verdict; the sink reads them */
+    ust__timers_stage_copy(((ust__route *)st->route)->binding->router->timers, st->floor_tag1, call->stream);
+  st->floor_tag1 = 0;
   ust__shadow_finish(slot, call->device, call->stream, pairs, n_pairs, fail, msg);
 }
 
@@ -750,6 +763,7 @@ void ust__call_abandon(ust__call_state *st, const ust__call *call) {
   graph_shadow_end(st, 0, UST__GW_CAPTURE);
   void *slot = st->slot;
   st->slot = NULL;
+  st->floor_tag1 = 0; /* not copied: the sink gives its area back */
   ust__shadow_abandon(slot, call->device, call->stream);
 }
 

@@ -25,12 +25,14 @@ static void sink_failed(void *ctx, void *cookie, ust__evidence *ev) {
 static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
   ust__router *router = ctx;
   ust__route *r = cookie;
+  /* the floor, from the lengths copied for it where it waited for them */
+  const uint64_t tsol_ps = ust__timers_stage_floor(router->timers, v->floor_tag1, v->tsol_ps);
   if (v->remote) {
     /* a call run in the qualifying process: production's time counts, the
      * candidate's is the wire's, not its kernel's: neither scored nor held
      * against the budget */
     if (v->have_times)
-      ust__figs_timed(&r->figs, v->prod_ns, v->tsol_ps, v->timed_kind);
+      ust__figs_timed(&r->figs, v->prod_ns, tsol_ps, v->timed_kind);
     if (v->kind == UST__VERDICT_PASSED)
       ust__rollout_passed(&r->rollout, v->stage, !v->serving, NAN);
     return;
@@ -45,8 +47,8 @@ static void sink_concluded(void *ctx, void *cookie, const ust__verdict *v) {
   if (isfinite(v->aa_log_ratio))
     ust__rollout_aa(&r->rollout, v->aa_log_ratio);
   if (v->have_times) {
-    ust__figs_timed(&r->figs, v->prod_ns, v->tsol_ps, v->timed_kind);
-    ust__figs_cand_time(&r->figs, v->cand_ns, v->tsol_ps, v->kind == UST__VERDICT_PASSED);
+    ust__figs_timed(&r->figs, v->prod_ns, tsol_ps, v->timed_kind);
+    ust__figs_cand_time(&r->figs, v->cand_ns, tsol_ps, v->kind == UST__VERDICT_PASSED);
     if (r->binding->cand != NULL && ust__verify_budget(&r->verify, &r->figs, r->binding->cand->max_slowdown))
       ust__log(router->log, UST_LOG_WARN, "%s: shadowing stopped: the candidate's median is %.1fx production's, "
                "over its budget of %gx", r->key_str, (double)atomic_load(&r->verify.paused_ratio_milli) / 1000.0,

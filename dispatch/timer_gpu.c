@@ -71,6 +71,7 @@ typedef struct stage_pool {
   unsigned char *pinned; /* STAGES * UST__DEFER_BYTES */
   cudaEvent_t copied[STAGES]; /* recorded behind each area's copies */
   ust__floor_defer rec[STAGES];
+  unsigned char ok[STAGES]; /* a tagged area's copies were enqueued (ust__timers_stage) */
   int free_list[STAGES]; /* under the timers' lock */
   int n_free;
 } stage_pool;
@@ -277,24 +278,57 @@ static stage_pool *device_stages(ust__timers *t, int device) {
   return sp;
 }
 
-static void stage_give_back(ust__timers *t, stage_pool *sp, timer *s) {
+/* An area for d's lengths (its record copied in), or -1 when none is free. */
+static int stage_take(ust__timers *t, stage_pool *sp, const ust__floor_defer *d) {
   pthread_mutex_lock(&t->lock);
-  sp->free_list[sp->n_free++] = s->stage;
+  const int i = sp->n_free > 0 ? sp->free_list[--sp->n_free] : -1;
   pthread_mutex_unlock(&t->lock);
-  s->stage = -1;
+  if (i >= 0)
+    sp->rec[i] = *d;
+  return i;
 }
 
-/* After the stop event: the staged call's lengths copied into its area on
- * the call's stream, and the area's event recorded behind them. */
-static void stage_copy(ust__timers *t, timer *s, int device, void *stream) {
-  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
-  const ust__floor_defer *d = &sp->rec[s->stage];
-  unsigned char *area = sp->pinned + (size_t)s->stage * UST__DEFER_BYTES;
+static void stage_release(ust__timers *t, stage_pool *sp, int i) {
+  pthread_mutex_lock(&t->lock);
+  sp->free_list[sp->n_free++] = i;
+  pthread_mutex_unlock(&t->lock);
+}
+
+/* Area i's lengths copied into it on stream (on device, made current for
+ * the copies when it is not), then, with copied set, its event recorded
+ * behind them: 1 when all were enqueued. */
+static int stage_copy(ust__timers *t, stage_pool *sp, int i, int device, void *stream, int copied) {
+  const ust__floor_defer *d = &sp->rec[i];
+  unsigned char *area = sp->pinned + (size_t)i * UST__DEFER_BYTES;
+  int prev = device;
+  if (cudaGetDevice(&prev) != cudaSuccess || (prev != device && cudaSetDevice(device) != cudaSuccess)) {
+    (void)cudaGetLastError();
+    return 0;
+  }
   int ok = 1;
   for (int k = 0; k < d->n_src && ok; k++)
     ok = UST__GPU_CHECK(t->log, cudaMemcpyAsync(area + d->srcs[k].at, d->srcs[k].dev, d->srcs[k].bytes,
                                                 cudaMemcpyDeviceToHost, (cudaStream_t)stream)) == 0;
-  s->stage_ok = ok && UST__GPU_CHECK(t->log, cudaEventRecord(sp->copied[s->stage], (cudaStream_t)stream)) == 0;
+  if (ok && copied)
+    ok = UST__GPU_CHECK(t->log, cudaEventRecord(sp->copied[i], (cudaStream_t)stream)) == 0;
+  if (prev != device)
+    cudaSetDevice(prev);
+  return ok;
+}
+
+/* A floor with area i's lengths in place of its bounded part (tsol_ps as
+ * given when they make none), the work noted corrected by as much. */
+static uint64_t stage_apply(const stage_pool *sp, int i, uint64_t tsol_ps) {
+  const ust__floor_defer *d = &sp->rec[i];
+  double w[UST__N_PATHS], qr = 0, qw = 0, seconds = 0;
+  if (tsol_ps < d->bound_tsol_ps || ust__floor_resolve(d, sp->pinned + (size_t)i * UST__DEFER_BYTES, w, &qr, &qw) != 0 ||
+      ust__roofline_tsol_quiet(d->hw, w, qr + qw, &seconds) != 0)
+    return tsol_ps;
+  double flops = 0;
+  for (int p = 0; p < UST__N_PATHS; p++)
+    flops += w[p];
+  ust__figs_adjust_work(d->figs, flops - d->bound_flops, qr + qw - d->bound_bytes);
+  return tsol_ps - d->bound_tsol_ps + (uint64_t)(seconds * 1e12 + 0.5);
 }
 
 /* Whether a staged timer's lengths are in (sync: wait for them): 1, or 0
@@ -314,24 +348,16 @@ static int stage_ready(ust__timers *t, timer *s, int device, int sync) {
 }
 
 /* A timed call's floor with its staged lengths' part in place of the bound
- * (tsol_ps as given when they did not come or were let go), the work noted
- * corrected by as much; the area given back. */
+ * (tsol_ps as given when they did not come or were let go); the area given
+ * back. */
 static uint64_t stage_conclude(ust__timers *t, timer *s, int device, uint64_t tsol_ps) {
   if (s->stage < 0)
     return tsol_ps;
   stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
-  const ust__floor_defer *d = &sp->rec[s->stage];
-  double w[UST__N_PATHS], qr = 0, qw = 0, seconds = 0;
-  if (s->stage_part != 0 && s->stage_ok && tsol_ps >= d->bound_tsol_ps &&
-      ust__floor_resolve(d, sp->pinned + (size_t)s->stage * UST__DEFER_BYTES, w, &qr, &qw) == 0 &&
-      ust__roofline_tsol_quiet(d->hw, w, qr + qw, &seconds) == 0) {
-    tsol_ps = tsol_ps - d->bound_tsol_ps + (uint64_t)(seconds * 1e12 + 0.5);
-    double flops = 0;
-    for (int p = 0; p < UST__N_PATHS; p++)
-      flops += w[p];
-    ust__figs_adjust_work(d->figs, flops - d->bound_flops, qr + qw - d->bound_bytes);
-  }
-  stage_give_back(t, sp, s);
+  if (s->stage_part != 0 && s->stage_ok)
+    tsol_ps = stage_apply(sp, s->stage, tsol_ps);
+  stage_release(t, sp, s->stage);
+  s->stage = -1;
   return tsol_ps;
 }
 
@@ -341,14 +367,9 @@ int ust__timers_defer_floor(ust__timers *t, int token, const ust__floor_defer *d
   const int device = token >> 20;
   timer *s = &t->pools[device].timers[token & 0xfffff];
   stage_pool *sp = s->stage < 0 ? device_stages(t, device) : NULL;
-  if (sp == NULL)
-    return -1;
-  pthread_mutex_lock(&t->lock);
-  const int i = sp->n_free > 0 ? sp->free_list[--sp->n_free] : -1;
-  pthread_mutex_unlock(&t->lock);
+  const int i = sp != NULL ? stage_take(t, sp, d) : -1;
   if (i < 0)
     return -1;
-  sp->rec[i] = *d;
   s->stage = i;
   s->stage_part = part;
   s->stage_ok = 0;
@@ -361,6 +382,35 @@ void ust__timers_floor_settled(ust__timers *t, int token, int part) {
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   if (s->stage >= 0 && s->stage_part != part)
     s->stage_part = 0;
+}
+
+/* Tags: device << 8 | area, + 1. */
+int ust__timers_stage(ust__timers *t, int device, const ust__floor_defer *d) {
+  stage_pool *sp = device >= 0 && device < MAX_DEVICES ? device_stages(t, device) : NULL;
+  const int i = sp != NULL ? stage_take(t, sp, d) : -1;
+  if (i < 0)
+    return 0;
+  sp->ok[i] = 0;
+  return (device << 8 | i) + 1;
+}
+
+void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream) {
+  if (tag1 <= 0)
+    return;
+  const int device = (tag1 - 1) >> 8, i = (tag1 - 1) & 0xff;
+  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
+  sp->ok[i] = (unsigned char)stage_copy(t, sp, i, device, stream, 0);
+}
+
+uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps) {
+  if (tag1 <= 0)
+    return tsol_ps;
+  const int device = (tag1 - 1) >> 8, i = (tag1 - 1) & 0xff;
+  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
+  if (sp->ok[i])
+    tsol_ps = stage_apply(sp, i, tsol_ps);
+  stage_release(t, sp, i);
+  return tsol_ps;
 }
 
 static const ust__hold_dev_i gpu_hold_dev = {gpu_hold, gpu_release, gpu_expired, gpu_calibrate};
@@ -546,7 +596,8 @@ void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, u
     return;
   }
   if (s->stage >= 0 && s->stage_part != 0)
-    stage_copy(t, s, token >> 20, stream);
+    s->stage_ok = stage_copy(t, atomic_load_explicit(&t->stages[token >> 20], memory_order_acquire), s->stage,
+                             token >> 20, stream, 1);
   ust__tqueue_push(&t->pending, token);
 }
 

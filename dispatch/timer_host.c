@@ -28,6 +28,9 @@ void ust__timers_status(ust__timers *t, ust__timer_status *out) {
 int ust__timers_begin(ust__timers *t, int device_id, void *stream, ust__hold_word *hold) { return -1; }
 int ust__timers_defer_floor(ust__timers *t, int token, const ust__floor_defer *d, int part) { return -1; }
 void ust__timers_floor_settled(ust__timers *t, int token, int part) {}
+int ust__timers_stage(ust__timers *t, int device, const ust__floor_defer *d) { return 0; }
+void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream) {}
+uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps) { return tsol_ps; }
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind) {}
 void ust__timers_cancel(ust__timers *t, int token) {}
 int ust__timers_span_begin(ust__timers *t) { return -1; }

@@ -88,6 +88,14 @@ int ust__timers_defer_floor(ust__timers *t, int token, const ust__floor_defer *d
 /* The floor that stands for the call is part's: a deferral of the other
  * part is let go, neither read nor applied. */
 void ust__timers_floor_settled(ust__timers *t, int token, int part);
+/* The same for a floor the timers do not time (a shadow's arms): d's
+ * lengths staged on device, a tag (> 0; 0: none, the bound stands); copied
+ * on the call's stream (before whatever fences the call's conclusion);
+ * the floor then, its bounded part replaced by the lengths' own when they
+ * were copied, the area given back (every tag, exactly once). */
+int ust__timers_stage(ust__timers *t, int device, const ust__floor_defer *d);
+void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream);
+uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps);
 /* Record the end event (releasing the hold) and queue the timing for figs,
  * with the call's roofline floor (0: unknown). */
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind);

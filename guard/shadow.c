@@ -206,6 +206,7 @@ static void retire_unfenced(shadow_slot *s) {
   ust__verify_skipped(s->r.verify, UST__SKIP_ERROR);
   ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN,
                     s->r.timed_kind, 0, 0};
+  v.floor_tag1 = s->r.floor_tag1;
   s->pool->sink->concluded(s->pool->sink_ctx, s->r.cookie, &v);
   ust__log(s->pool->log, UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
 }
@@ -301,8 +302,10 @@ void ust__shadow_note_copied(void *slot, uint64_t bytes) {
 
 void ust__shadow_set_floor(void *slot, uint64_t tsol_ps) {
   shadow_slot *s = slot;
-  if (s != NULL)
+  if (s != NULL) {
     s->r.tsol_ps = tsol_ps;
+    s->r.floor_tag1 = 0;
+  }
 }
 
 int ust__shadow_alive(const void *slot) {
@@ -650,7 +653,7 @@ static void conclude(shadow_slot *s) {
   ust__verify *v = s->r.verify;
   atomic_fetch_add_explicit(&v->bytes_copied, s->copied, memory_order_relaxed);
   ust__verdict vd = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN,
-                     s->r.timed_kind, 0, 0};
+                     s->r.timed_kind, 0, 0, s->r.floor_tag1};
   const ust__cmp_stats *stats = s->host;
   const ust__cmp_stats *pinned = s->on_gpu ? ust__shadow_dev_results(s->pool->dev, slot_index(s)) : NULL;
   if (pinned != NULL)

@@ -59,6 +59,7 @@ typedef struct ust__verdict {
   int paired;                /* the times are the call's arms (same scope, the order drawn): a sample of the
                                 promotion's test; 0: production was timed serving, the candidate after it */
   int replay;                /* a replay of a call captured into a graph: no times by nature */
+  int floor_tag1;            /* the slot's floor_tag1, handed back */
 } ust__verdict;
 
 /* Where verdicts go: implemented by the router, which owns the routes the
@@ -104,6 +105,10 @@ typedef struct ust__slot_route {
    * (cand->aa_sample) of the route's slots. The order of each slot's arms
    * is drawn at random, for an armed shadow and for verified serving. */
   int arms;
+  /* the router's: a deferral of tsol_ps waiting for lengths on the device
+   * (+ 1; 0: none), handed back in the verdict, cleared when the floor is
+   * replaced (ust__shadow_set_floor) */
+  int floor_tag1;
 } ust__slot_route;
 
 /* Take a slot for a call; NULL when max_inflight are in use (the skip is
@@ -122,7 +127,7 @@ void ust__shadow_mark(void *slot, int mark, int device, void *stream);
 /* Bytes understudy copied for the call (counted when it concludes). */
 void ust__shadow_note_copied(void *slot, uint64_t bytes);
 /* The call's floor, known only once production ran (scored by its nested
- * ops): replaces the one the slot was taken with. */
+ * ops): replaces the one the slot was taken with (and its floor_tag1). */
 void ust__shadow_set_floor(void *slot, uint64_t tsol_ps);
 /* 0 once the slot could not record its device work (abandon it then). */
 int ust__shadow_alive(const void *slot);

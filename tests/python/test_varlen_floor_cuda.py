@@ -159,3 +159,31 @@ def test_vllms_attention_wrapper_is_floored_by_each_sequence_of_the_kernel_it_ca
     print(f"attention wrapper on {torch.cuda.get_device_name()}: floor {r['roofline']['tsol_ns_mean']:.1f} ns a call, "
           f"by hand {want:.1f}")
     assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, rel=1e-6), (r["roofline"], want)
+
+
+def test_a_shadowed_varlen_call_is_floored_by_each_sequence_on_both_arms(us):
+    """The same batches with a candidate shadowing FA2 (the same stand-in, a
+    torch op): production's and the candidate's times of each shadowed call
+    are floored by the lengths copied before its comparison."""
+    import understudy
+    define_fa2()
+    m, batch = metadata()
+    name = understudy.register_candidate("ust_varlen_test::fa2_stand_in", _varlen_fwd, like=FA2)
+    us.enable({"operators": {"unified_attention": {"mode": "shadow", "sample": 1.0,
+                                                   "candidate": {"torch_op": name, "target": FA2}}},
+               "hardware": {"profile": "H200"}})
+    calls = 20
+    for i in range(calls):
+        batch(i)
+        torch.ops._vllm_fa2_C.varlen_fwd(m["q"], m["cache"], m["cache"], m["out"], m["cu_q"], m["cu_k"], m["used"],
+                                         None, m["table"], None, 1, MAX_K, 0.0, 0.125, False, True, -1, -1, 0.0,
+                                         False, None)
+    torch.cuda.synchronize()
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, FA2)
+    assert r["shadow"]["passed"] == calls and r["roofline"]["calls"] == calls, (r["shadow"], r["roofline"])
+    want = (floor_ns(BATCH_A) + floor_ns(BATCH_B)) / 2
+    print(f"FA2 shadowed on {torch.cuda.get_device_name()}: floor {r['roofline']['tsol_ns_mean']:.1f} ns a call, "
+          f"by hand {want:.1f}")
+    assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, rel=1e-6), (r["roofline"], want)
