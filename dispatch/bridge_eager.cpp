@@ -561,13 +561,21 @@ int CallRun::run_candidate(bool timed_run) {
     fc.run_span = ust__call_span_begin(&st_, &call_);
     tl_fallback = &fc;
     {
+      // the count ends whatever the run does: the callback removed, the run's
+      // span ended (left open, it would keep every later window open)
+      struct CountEnd {
+        FallbackCount &c;
+        at::CallbackHandle h;
+        ~CountEnd() {
+          tl_fallback = nullptr;
+          ust__call_span_end(c.st, c.run_span, UST__SPAN_RUN);
+          if (h != 0)
+            at::removeCallback(h);
+        }
+      } end{fc, h};
       NestedScope nscope(ust__thread_state(), &bound);
       plain();
     }
-    tl_fallback = nullptr;
-    ust__call_span_end(&st_, fc.run_span, UST__SPAN_RUN);
-    if (h != 0)
-      at::removeCallback(h);
   };
   ust__call_cand_begin(&st_);
   if (timed_run)

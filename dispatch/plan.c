@@ -56,7 +56,7 @@ static int binding_floor(const ust__binding *b, const ust__call *call, const ust
  * call whose floor may still come from its nested ops, kept in st for
  * ust__call_nested_done. A floor bounded for lengths on the device is also
  * left in *defer (when given) for its timer (*deferring 1). */
-static uint64_t call_tsol_ps_of(ust__route *r, const ust__call *call, ust__call_state *st, ust__floor_defer *defer,
+static uint64_t call_tsol_ps(ust__route *r, const ust__call *call, ust__call_state *st, ust__floor_defer *defer,
                                 int *deferring) {
   const ust__binding *b = r->binding;
   const ust__hw_profile *hw = NULL;
@@ -69,6 +69,7 @@ static uint64_t call_tsol_ps_of(ust__route *r, const ust__call *call, ust__call_
     defer->bound_tsol_ps = (uint64_t)(seconds * 1e12 + 0.5);
     defer->bound_flops = flops;
     defer->bound_bytes = bytes;
+    defer->work_noted = !st->nested_ok; /* else when the call's floor settles: set by the caller */
     *deferring = 1;
   }
   if (st->nested_ok) {
@@ -87,10 +88,6 @@ static uint64_t call_tsol_ps_of(ust__route *r, const ust__call *call, ust__call_
   ust__figs_note_hw(&r->figs, hw);
   ust__figs_note_work(&r->figs, flops, bytes);
   return (uint64_t)(seconds * 1e12 + 0.5);
-}
-
-static uint64_t call_tsol_ps(ust__route *r, const ust__call *call, ust__call_state *st) {
-  return call_tsol_ps_of(r, call, st, NULL, NULL);
 }
 
 int ust__call_wants_nested(const ust__call_state *st) {
@@ -133,6 +130,7 @@ void ust__binding_nested_floor(ust__binding *b, const ust__call *call, ust__nest
     defer.bound_tsol_ps = (uint64_t)(seconds * 1e12 + 0.5);
     defer.bound_flops = flops;
     defer.bound_bytes = bytes;
+    defer.work_noted = 1; /* by ust__call_nested_done, where the callees' floor stands */
     if (ust__timers_defer_floor(outer->binding->router->timers, acc->token1 - 1, &defer, UST__FLOOR_CALLEES) == 0)
       acc->token1 = 0;
   }
@@ -293,7 +291,7 @@ static void *take_slot(ust__binding *b, const ust__call *call, ust__route *r, at
     return NULL;
   ust__floor_defer defer; /* a varlen floor whose lengths are on the device waits for them */
   int deferring = 0;
-  const uint64_t tsol_ps = call_tsol_ps_of(r, call, st, call->device == UST__DEV_CPU ? NULL : &defer, &deferring);
+  const uint64_t tsol_ps = call_tsol_ps(r, call, st, call->device == UST__DEV_CPU ? NULL : &defer, &deferring);
   const int tag1 = deferring ? ust__timers_stage(b->router->timers, call->device_id, &defer) : 0;
   ust__slot_route sr = {r, &r->verify, b->cand, serving, remote,
                         atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
@@ -369,7 +367,7 @@ static int graph_shadow_begin(ust__binding *b, ust__route *r, int mode, const us
   const ust__slot_route sr = {r, &r->verify, b->cand, 0, 0,
                               atomic_load_explicit(&r->rollout.served_cand, memory_order_relaxed),
                               atomic_load_explicit(&r->rollout.transitions, memory_order_relaxed),
-                              call_tsol_ps(r, call, st)};
+                              call_tsol_ps(r, call, st, NULL, NULL)};
   if (c == NULL || ust__graph_call_begin(g, &sr, call->device_id, call->stream, c) != 0) {
 #if defined(UST_GPU_CUDA)
     graph_plain(r, UST__GW_CAPTURE, c == NULL ? "out of memory" : ust_last_error());
@@ -544,7 +542,7 @@ static UST__NOINLINE void begin_captured(ust__binding *b, ust__route *r, int mod
   } else if (mode != UST__MODE_OFF && ust__timers_capture_mark(b->router->timers, call->stream, &st->capture_from) == 0) {
     /* production's nodes: their replays are this route's calls */
     st->capture_marked = 1;
-    st->tsol_ps = call_tsol_ps(r, call, st);
+    st->tsol_ps = call_tsol_ps(r, call, st, NULL, NULL);
   }
 }
 
@@ -598,7 +596,7 @@ static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust
                                        ust__call_state *st) {
   ust__floor_defer defer; /* a varlen floor whose lengths are on the device waits for them */
   int deferring = 0;
-  st->tsol_ps = call_tsol_ps_of(r, call, st, call->device == UST__DEV_CPU ? NULL : &defer, &deferring);
+  st->tsol_ps = call_tsol_ps(r, call, st, call->device == UST__DEV_CPU ? NULL : &defer, &deferring);
   if (call->device == UST__DEV_CPU) {
     st->timing = 1;
     st->t0_ns = ust__now_ns();
@@ -608,6 +606,7 @@ static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust
       st->timing = 2;
     else
       ust__figs_timing_dropped(&r->figs);
+    defer.work_noted = 1; /* now, or by ust__call_nested_done where its own floor stands */
     if (st->gpu_slot >= 0 && deferring)
       ust__timers_defer_floor(b->router->timers, st->gpu_slot, &defer, UST__FLOOR_OWN);
   }

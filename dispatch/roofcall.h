@@ -57,6 +57,7 @@ typedef struct ust__floor_defer {
   int path;                        /* the path W is booked on */
   uint64_t bound_tsol_ps;          /* the bounded floor, and work, the lengths' own replace */
   double bound_flops, bound_bytes;
+  int work_noted;                  /* the bounded work was noted on figs (else it is not corrected) */
   double vals[UST__MAX_RVARS];     /* the vars that read no lengths */
   int64_t div[UST__MAX_RVARS];     /* a seqcdiv's divisor */
   int8_t src[UST__MAX_RVARS][2];   /* a length var's operands: a source below, -1 every source None */

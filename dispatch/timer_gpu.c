@@ -327,7 +327,8 @@ static uint64_t stage_apply(const stage_pool *sp, int i, uint64_t tsol_ps) {
   double flops = 0;
   for (int p = 0; p < UST__N_PATHS; p++)
     flops += w[p];
-  ust__figs_adjust_work(d->figs, flops - d->bound_flops, qr + qw - d->bound_bytes);
+  if (d->work_noted)
+    ust__figs_adjust_work(d->figs, flops - d->bound_flops, qr + qw - d->bound_bytes);
   return tsol_ps - d->bound_tsol_ps + (uint64_t)(seconds * 1e12 + 0.5);
 }
 
@@ -403,7 +404,7 @@ void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream) {
 }
 
 uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps) {
-  if (tag1 <= 0)
+  if (tag1 <= 0 || t == NULL) /* NULL: the timers went first, with their areas (an engine freed) */
     return tsol_ps;
   const int device = (tag1 - 1) >> 8, i = (tag1 - 1) & 0xff;
   stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);

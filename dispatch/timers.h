@@ -95,7 +95,7 @@ void ust__timers_floor_settled(ust__timers *t, int token, int part);
  * were copied, the area given back (every tag, exactly once). */
 int ust__timers_stage(ust__timers *t, int device, const ust__floor_defer *d);
 void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream);
-uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps);
+uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps); /* t NULL: tsol_ps */
 /* Record the end event (releasing the hold) and queue the timing for figs,
  * with the call's roofline floor (0: unknown). */
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind);

@@ -238,6 +238,7 @@ static void engine_free(ust__engine *e) {
   if (e == NULL)
     return;
   ust__timers_destroy(e->router.timers);
+  e->router.timers = NULL; /* the shadows concluded below read no staged lengths (ust__timers_stage_floor) */
   ust__graphs_destroy(e->router.graphs);
   ust__shadow_pool_destroy(e->router.shadow);
   HASH_CLEAR(hh, e->ops_by_name);
