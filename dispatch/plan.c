@@ -52,6 +52,20 @@ static int binding_floor(const ust__binding *b, const ust__call *call, const ust
 }
 
 
+/* A bounded floor (how) deferred into d with its bounds: 1, or 0 (it cannot wait for its lengths). */
+static int floor_defer(const ust__binding *b, const ust__call *call, int how, const ust__hw_profile *hw, ust__figs *figs,
+                       double seconds, double flops, double bytes, int work_noted, ust__floor_defer *d) {
+  if (!(how & FLOOR_BOUNDED) || ust__roofline_defer(&b->roofline, call, how & FLOOR_TF32, d) != 0)
+    return 0;
+  d->hw = hw;
+  d->figs = figs;
+  d->bound_tsol_ps = (uint64_t)(seconds * 1e12 + 0.5);
+  d->bound_flops = flops;
+  d->bound_bytes = bytes;
+  d->work_noted = work_noted;
+  return 1;
+}
+
 /* The call's own floor in ps (0: unknown). Its work is noted now, or, for a
  * call whose floor may still come from its nested ops, kept in st for
  * ust__call_nested_done. A floor bounded for lengths on the device is also
@@ -63,15 +77,9 @@ static uint64_t call_tsol_ps(ust__route *r, const ust__call *call, ust__call_sta
   double seconds = 0, flops = 0, bytes = 0;
   int how = 0;
   const int ok = binding_floor(b, call, &hw, &seconds, &flops, &bytes, &how) == 0;
-  if (ok && defer != NULL && (how & FLOOR_BOUNDED) && ust__roofline_defer(&b->roofline, call, how & FLOOR_TF32, defer) == 0) {
-    defer->hw = hw;
-    defer->figs = &r->figs;
-    defer->bound_tsol_ps = (uint64_t)(seconds * 1e12 + 0.5);
-    defer->bound_flops = flops;
-    defer->bound_bytes = bytes;
-    defer->work_noted = !st->nested_ok; /* else when the call's floor settles: set by the caller */
+  /* its bounded work noted below, or where the call's floor settles */
+  if (ok && defer != NULL && floor_defer(b, call, how, hw, &r->figs, seconds, flops, bytes, !st->nested_ok, defer))
     *deferring = 1;
-  }
   if (st->nested_ok) {
     st->own_flops = ok ? flops : 0;
     st->own_bytes = ok ? bytes : 0;
@@ -122,18 +130,10 @@ void ust__binding_nested_floor(ust__binding *b, const ust__call *call, ust__nest
     return;
   }
   ust__route *outer = acc->outer;
-  ust__floor_defer defer; /* the outer's timer waits for this callee's lengths (one callee a call) */
-  if (acc->token1 > 0 && (how & FLOOR_BOUNDED) &&
-      ust__roofline_defer(&b->roofline, call, how & FLOOR_TF32, &defer) == 0) {
-    defer.hw = hw;
-    defer.figs = &outer->figs;
-    defer.bound_tsol_ps = (uint64_t)(seconds * 1e12 + 0.5);
-    defer.bound_flops = flops;
-    defer.bound_bytes = bytes;
-    defer.work_noted = 1; /* by ust__call_nested_done, where the callees' floor stands */
-    if (ust__timers_defer_floor(outer->binding->router->timers, acc->token1 - 1, &defer, UST__FLOOR_CALLEES) == 0)
-      acc->token1 = 0;
-  }
+  ust__floor_defer defer; /* the outer's timer waits for one callee's lengths; nested_done notes the work */
+  if (acc->token1 > 0 && floor_defer(b, call, how, hw, &outer->figs, seconds, flops, bytes, 1, &defer) &&
+      ust__timers_defer_floor(outer->binding->router->timers, acc->token1 - 1, &defer, UST__FLOOR_CALLEES) == 0)
+    acc->token1 = 0;
   acc->tsol_ps += (uint64_t)(seconds * 1e12 + 0.5);
   acc->flops += flops;
   acc->bytes += bytes;
@@ -606,9 +606,10 @@ static UST__NOINLINE void begin_timing(ust__binding *b, ust__route *r, const ust
       st->timing = 2;
     else
       ust__figs_timing_dropped(&r->figs);
-    defer.work_noted = 1; /* now, or by ust__call_nested_done where its own floor stands */
-    if (st->gpu_slot >= 0 && deferring)
+    if (st->gpu_slot >= 0 && deferring) { /* its work noted now, or by ust__call_nested_done */
+      defer.work_noted = 1;
       ust__timers_defer_floor(b->router->timers, st->gpu_slot, &defer, UST__FLOOR_OWN);
+    }
   }
 }
 
