@@ -34,7 +34,7 @@ import re
 import sys
 import tempfile
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, Optional
 
 from . import adapt
 
