@@ -95,6 +95,8 @@ struct ust__kt {
   uint32_t n_known;
   id_range *own; /* sorted by from, disjoint */
   uint32_t n_own, own_cap;
+  ust__kt_floor_fn floor_fn; /* staged floors' resolution (ust__kt_defer_floor) */
+  void *floor_ctx;
 };
 
 static _Thread_local int tls_current = -1; /* the calling thread's innermost slot */
@@ -232,6 +234,38 @@ void ust__kt_end(ust__kt *k, int slot, ust__figs *figs, uint64_t tsol_ps, int ki
 }
 
 void ust__kt_cancel(ust__kt *k, int slot) { end_slot(k, slot, 2); }
+
+void ust__kt_floor_fn_set(ust__kt *k, ust__kt_floor_fn resolve, void *ctx) {
+  k->floor_fn = resolve;
+  k->floor_ctx = ctx;
+}
+
+void ust__kt_defer_floor(ust__kt *k, int slot, int tag1, int part) {
+  k->calls[slot].floor_tag1 = tag1;
+  k->calls[slot].floor_part = part;
+}
+
+void ust__kt_floor_settled(ust__kt *k, int slot, int part) {
+  ust__kt_call *c = &k->calls[slot];
+  if (c->floor_tag1 > 0 && c->floor_part != part)
+    c->floor_part = 0;
+}
+
+int ust__kt_floor_tag(const ust__kt *k, int slot, int stands) {
+  const ust__kt_call *c = &k->calls[slot];
+  return !stands || c->floor_part != 0 ? c->floor_tag1 : 0;
+}
+
+/* A concluding call's floor, with its staged lengths' part in place of the
+ * bound when it takes a figure (timed); the lengths let go otherwise. */
+static uint64_t floor_settle(ust__kt *k, ust__kt_call *c, int timed) {
+  if (c->floor_tag1 <= 0 || k->floor_fn == NULL)
+    return c->tsol_ps;
+  const int applies = timed && c->floor_part != 0;
+  const uint64_t tsol_ps = k->floor_fn(k->floor_ctx, c->floor_tag1, applies ? c->tsol_ps : 0);
+  c->floor_tag1 = 0;
+  return applies ? tsol_ps : c->tsol_ps;
+}
 
 void ust__kt_end_span(ust__kt *k, int slot, ust__kt_sink *sink, int role) {
   ust__kt_call *c = &k->calls[slot];
@@ -815,9 +849,12 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
   conclude_spans(k, n_calls, complete);
   for (uint32_t i = 0; i < n_calls; i++) {
     ust__kt_call *c = &k->calls[i];
-    if (atomic_load_explicit(&c->ended, memory_order_acquire) != 1 || c->figs == NULL)
+    const int ended = atomic_load_explicit(&c->ended, memory_order_acquire) == 1 && c->figs != NULL;
+    const int whole = ended && complete != NULL && complete[i];
+    const uint64_t tsol_ps = floor_settle(k, c, whole && c->kernels > 0);
+    if (!ended)
       continue;
-    if (complete == NULL || !complete[i]) {
+    if (!whole) {
       t->calls_dropped++;
       ust__figs_timing_dropped(c->figs);
       continue;
@@ -828,7 +865,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     }
     t->calls_timed++;
     const uint64_t span = (uint64_t)((double)(c->end - c->start) * ns_per_tick + 0.5);
-    ust__figs_kernel_time(c->figs, c->sum_ns, span, c->tsol_ps, c->kind);
+    ust__figs_kernel_time(c->figs, c->sum_ns, span, tsol_ps, c->kind);
   }
   free(complete);
   if (n_replays > 0)

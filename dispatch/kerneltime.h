@@ -51,6 +51,7 @@ typedef struct ust__kt_call {
   uint64_t tsol_ps;
   int kind;             /* why it was timed (UST__TIMED_*) */
   int parent;           /* the slot of the call it is nested in, or -1 */
+  int floor_tag1, floor_part; /* its floor's staged lengths (ust__kt_defer_floor), whose part; 0: none */
   atomic_int ended;     /* 1 returned (time it), 2 raised or served by a candidate (do not) */
   /* joined at conclusion */
   uint64_t sum_ns, start, end;
@@ -105,6 +106,20 @@ void ust__kt_cancel(ust__kt *k, int slot);
  * UST__KT_OP) instead of a call: its kernels are counted into sink at the
  * window's conclusion, an op's only inside a run seen whole. */
 void ust__kt_end_span(ust__kt *k, int slot, ust__kt_sink *sink, int role);
+/* A call's floor, or one part of it (> 0), waits for the lengths of its
+ * varlen batch, staged under tag1 (> 0) by the tracer's owner
+ * (dispatch/timers.h): at the window's conclusion, resolve(ctx, tag1,
+ * tsol_ps) gives the floor with them, once for every tag, whatever became
+ * of the call (tsol_ps 0: they are let go). The slot's thread, before its
+ * end; one deferral a slot. */
+typedef uint64_t (*ust__kt_floor_fn)(void *ctx, int tag1, uint64_t tsol_ps);
+void ust__kt_floor_fn_set(ust__kt *k, ust__kt_floor_fn resolve, void *ctx);
+void ust__kt_defer_floor(ust__kt *k, int slot, int tag1, int part);
+/* The floor that stands for the call is part's: a deferral of another part
+ * is let go (its lengths are not copied, nor read). */
+void ust__kt_floor_settled(ust__kt *k, int slot, int part);
+/* The slot's tag (0: none); with stands, only while its part stands. */
+int ust__kt_floor_tag(const ust__kt *k, int slot, int stands);
 /* 1 while a window is open (relaxed: a hint for the router). */
 int ust__kt_window_open(const ust__kt *k);
 /* Close the window to new calls. */

@@ -168,6 +168,7 @@ int ust__roofline_defer(const ust__roofline_prog *p, const ust__call *call, int 
   if (!p->present || !p->reads_values)
     return -1;
   d->prog = p;
+  d->device = call->device_id;
   d->n_src = 0;
   d->path = w_path(p, call, tf32);
   for (int v = 0; v < p->n_vars; v++) {

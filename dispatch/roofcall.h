@@ -53,6 +53,7 @@ void ust__roofline_free(ust__roofline_prog *p);
 typedef struct ust__floor_defer {
   const ust__roofline_prog *prog;  /* borrowed: its binding's */
   const struct ust__hw_profile *hw; /* the call's device's profile */
+  int device;                      /* the call's device (its lengths' areas are that device's) */
   ust__figs *figs;                 /* its route's: where its work is noted */
   int path;                        /* the path W is booked on */
   uint64_t bound_tsol_ps;          /* the bounded floor, and work, the lengths' own replace */

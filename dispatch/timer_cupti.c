@@ -818,6 +818,8 @@ int ust__cupti_tracing(const ust__cupti *c) {
 
 int ust__cupti_present(const ust__cupti *c) { return c != NULL && c->state != ST_OFF; }
 
+ust__kt *ust__cupti_kt(ust__cupti *c) { return c != NULL ? c->kt : NULL; }
+
 int ust__cupti_begin(ust__cupti *c) {
   uint64_t ext = 0;
   const int slot = ust__kt_begin(c->kt, &ext);

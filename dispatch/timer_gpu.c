@@ -43,9 +43,8 @@
 typedef struct timer {
   cudaEvent_t start, stop;
   int device; /* -1 until its events exist */
-  int stage;       /* its staged lengths' area, -1: none */
-  int stage_part;  /* whose floor they are (UST__FLOOR_*); 0: let go */
-  int stage_ok;    /* their copies were enqueued */
+  int floor_tag1;  /* its floor's staged lengths (a tag, 0: none) */
+  int floor_part;  /* whose floor they are (UST__FLOOR_*); 0: let go */
   ust__figs *figs;
   uint64_t tsol_ps;
   int kind; /* why it was timed (UST__TIMED_*) */
@@ -71,7 +70,7 @@ typedef struct stage_pool {
   unsigned char *pinned; /* STAGES * UST__DEFER_BYTES */
   cudaEvent_t copied[STAGES]; /* recorded behind each area's copies */
   ust__floor_defer rec[STAGES];
-  unsigned char ok[STAGES]; /* a tagged area's copies were enqueued (ust__timers_stage) */
+  unsigned char ok[STAGES]; /* an area's copies and its event were enqueued */
   int free_list[STAGES]; /* under the timers' lock */
   int n_free;
 } stage_pool;
@@ -283,8 +282,10 @@ static int stage_take(ust__timers *t, stage_pool *sp, const ust__floor_defer *d)
   pthread_mutex_lock(&t->lock);
   const int i = sp->n_free > 0 ? sp->free_list[--sp->n_free] : -1;
   pthread_mutex_unlock(&t->lock);
-  if (i >= 0)
+  if (i >= 0) {
     sp->rec[i] = *d;
+    sp->ok[i] = 0;
+  }
   return i;
 }
 
@@ -292,28 +293,6 @@ static void stage_release(ust__timers *t, stage_pool *sp, int i) {
   pthread_mutex_lock(&t->lock);
   sp->free_list[sp->n_free++] = i;
   pthread_mutex_unlock(&t->lock);
-}
-
-/* Area i's lengths copied into it on stream (on device, made current for
- * the copies when it is not), then, with copied set, its event recorded
- * behind them: 1 when all were enqueued. */
-static int stage_copy(ust__timers *t, stage_pool *sp, int i, int device, void *stream, int copied) {
-  const ust__floor_defer *d = &sp->rec[i];
-  unsigned char *area = sp->pinned + (size_t)i * UST__DEFER_BYTES;
-  int prev = device;
-  if (cudaGetDevice(&prev) != cudaSuccess || (prev != device && cudaSetDevice(device) != cudaSuccess)) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  int ok = 1;
-  for (int k = 0; k < d->n_src && ok; k++)
-    ok = UST__GPU_CHECK(t->log, cudaMemcpyAsync(area + d->srcs[k].at, d->srcs[k].dev, d->srcs[k].bytes,
-                                                cudaMemcpyDeviceToHost, (cudaStream_t)stream)) == 0;
-  if (ok && copied)
-    ok = UST__GPU_CHECK(t->log, cudaEventRecord(sp->copied[i], (cudaStream_t)stream)) == 0;
-  if (prev != device)
-    cudaSetDevice(prev);
-  return ok;
 }
 
 /* A floor with area i's lengths in place of its bounded part (tsol_ps as
@@ -332,86 +311,119 @@ static uint64_t stage_apply(const stage_pool *sp, int i, uint64_t tsol_ps) {
   return tsol_ps - d->bound_tsol_ps + (uint64_t)(seconds * 1e12 + 0.5);
 }
 
-/* Whether a staged timer's lengths are in (sync: wait for them): 1, or 0
- * not yet; a copy that failed is in (its floor keeps the bound). */
-static int stage_ready(ust__timers *t, timer *s, int device, int sync) {
-  if (s->stage < 0 || !s->stage_ok)
+/* Tags name an area: device << 8 | area, + 1 (0: none). */
+static stage_pool *tag_pool(ust__timers *t, int tag1, int *i) {
+  *i = (tag1 - 1) & 0xff;
+  return atomic_load_explicit(&t->stages[(tag1 - 1) >> 8], memory_order_acquire);
+}
+
+int ust__timers_stage(ust__timers *t, int device, const ust__floor_defer *d) {
+  stage_pool *sp = device >= 0 && device < MAX_DEVICES ? device_stages(t, device) : NULL;
+  const int i = sp != NULL ? stage_take(t, sp, d) : -1;
+  return i < 0 ? 0 : (device << 8 | i) + 1;
+}
+
+/* The tagged area's lengths copied into it on stream (on its device, made
+ * current for the copies when it is not), its event recorded behind them. */
+void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream) {
+  if (tag1 <= 0)
+    return;
+  int i;
+  stage_pool *sp = tag_pool(t, tag1, &i);
+  const int device = (tag1 - 1) >> 8;
+  const ust__floor_defer *d = &sp->rec[i];
+  unsigned char *area = sp->pinned + (size_t)i * UST__DEFER_BYTES;
+  int prev = device;
+  if (cudaGetDevice(&prev) != cudaSuccess || (prev != device && cudaSetDevice(device) != cudaSuccess)) {
+    (void)cudaGetLastError();
+    return;
+  }
+  int ok = 1;
+  for (int k = 0; k < d->n_src && ok; k++)
+    ok = UST__GPU_CHECK(t->log, cudaMemcpyAsync(area + d->srcs[k].at, d->srcs[k].dev, d->srcs[k].bytes,
+                                                cudaMemcpyDeviceToHost, (cudaStream_t)stream)) == 0;
+  /* the event even behind a failed copy: the area is given back only once
+   * whatever was enqueued into it is done */
+  const int recorded = UST__GPU_CHECK(t->log, cudaEventRecord(sp->copied[i], (cudaStream_t)stream)) == 0;
+  sp->ok[i] = (unsigned char)(!recorded ? 0 : ok ? 1 : 2); /* 2: waited for, not read */
+  if (prev != device)
+    cudaSetDevice(prev);
+}
+
+/* Whether the tagged area's copies are done (sync: wait for them): 1, or 0
+ * not yet. An area whose copies were not enqueued is done. */
+static int stage_ready(ust__timers *t, int tag1, int sync) {
+  int i;
+  stage_pool *sp = tag1 > 0 ? tag_pool(t, tag1, &i) : NULL;
+  if (sp == NULL || sp->ok[i] == 0)
     return 1;
-  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
-  const cudaError_t q = sync ? cudaEventSynchronize(sp->copied[s->stage]) : cudaEventQuery(sp->copied[s->stage]);
+  const cudaError_t q = sync ? cudaEventSynchronize(sp->copied[i]) : cudaEventQuery(sp->copied[i]);
   if (q == cudaErrorNotReady)
     return 0;
   if (q != cudaSuccess) {
     (void)cudaGetLastError();
-    s->stage_ok = 0;
+    sp->ok[i] = 0; /* not read */
   }
   return 1;
-}
-
-/* A timed call's floor with its staged lengths' part in place of the bound
- * (tsol_ps as given when they did not come or were let go); the area given
- * back. */
-static uint64_t stage_conclude(ust__timers *t, timer *s, int device, uint64_t tsol_ps) {
-  if (s->stage < 0)
-    return tsol_ps;
-  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
-  if (s->stage_part != 0 && s->stage_ok)
-    tsol_ps = stage_apply(sp, s->stage, tsol_ps);
-  stage_release(t, sp, s->stage);
-  s->stage = -1;
-  return tsol_ps;
-}
-
-int ust__timers_defer_floor(ust__timers *t, int token, const ust__floor_defer *d, int part) {
-  if (token < 0 || (token & CUPTI_TOKEN))
-    return -1;
-  const int device = token >> 20;
-  timer *s = &t->pools[device].timers[token & 0xfffff];
-  stage_pool *sp = s->stage < 0 ? device_stages(t, device) : NULL;
-  const int i = sp != NULL ? stage_take(t, sp, d) : -1;
-  if (i < 0)
-    return -1;
-  s->stage = i;
-  s->stage_part = part;
-  s->stage_ok = 0;
-  return 0;
-}
-
-void ust__timers_floor_settled(ust__timers *t, int token, int part) {
-  if (token < 0 || (token & CUPTI_TOKEN))
-    return;
-  timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
-  if (s->stage >= 0 && s->stage_part != part)
-    s->stage_part = 0;
-}
-
-/* Tags: device << 8 | area, + 1. */
-int ust__timers_stage(ust__timers *t, int device, const ust__floor_defer *d) {
-  stage_pool *sp = device >= 0 && device < MAX_DEVICES ? device_stages(t, device) : NULL;
-  const int i = sp != NULL ? stage_take(t, sp, d) : -1;
-  if (i < 0)
-    return 0;
-  sp->ok[i] = 0;
-  return (device << 8 | i) + 1;
-}
-
-void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream) {
-  if (tag1 <= 0)
-    return;
-  const int device = (tag1 - 1) >> 8, i = (tag1 - 1) & 0xff;
-  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
-  sp->ok[i] = (unsigned char)stage_copy(t, sp, i, device, stream, 0);
 }
 
 uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps) {
   if (tag1 <= 0 || t == NULL) /* NULL: the timers went first, with their areas (an engine freed) */
     return tsol_ps;
-  const int device = (tag1 - 1) >> 8, i = (tag1 - 1) & 0xff;
-  stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
-  if (sp->ok[i])
+  int i;
+  stage_pool *sp = tag_pool(t, tag1, &i);
+  stage_ready(t, tag1, 1); /* their copies are behind the work whose conclusion brings the floor here */
+  if (sp->ok[i] == 1 && tsol_ps > 0)
     tsol_ps = stage_apply(sp, i, tsol_ps);
+  sp->ok[i] = 0;
   stage_release(t, sp, i);
   return tsol_ps;
+}
+
+/* The kernel tracer's calls: their floors at the window's conclusion. */
+static uint64_t kt_floor(void *ctx, int tag1, uint64_t tsol_ps) { return ust__timers_stage_floor(ctx, tag1, tsol_ps); }
+
+/* A timer's floor with its staged lengths' part in place of the bound
+ * (tsol_ps as given when they did not come or were let go); the area given
+ * back. */
+static uint64_t timer_floor(ust__timers *t, timer *s, uint64_t tsol_ps) {
+  const uint64_t floor = ust__timers_stage_floor(t, s->floor_tag1, s->floor_part != 0 ? tsol_ps : 0);
+  s->floor_tag1 = 0;
+  return s->floor_part != 0 ? floor : tsol_ps;
+}
+
+int ust__timers_defer_floor(ust__timers *t, int token, const ust__floor_defer *d, int part) {
+  if (token < 0)
+    return -1;
+  ust__kt *kt = token & CUPTI_TOKEN ? ust__cupti_kt(t->cupti) : NULL;
+  timer *s = token & CUPTI_TOKEN ? NULL : &t->pools[token >> 20].timers[token & 0xfffff];
+  if ((kt != NULL && ust__kt_floor_tag(kt, token & ~CUPTI_TOKEN, 0) > 0) || (s != NULL && s->floor_tag1 > 0) ||
+      (kt == NULL && s == NULL))
+    return -1; /* one deferral a call */
+  const int tag1 = ust__timers_stage(t, d->device, d);
+  if (tag1 == 0)
+    return -1;
+  if (kt != NULL) {
+    ust__kt_defer_floor(kt, token & ~CUPTI_TOKEN, tag1, part);
+  } else {
+    s->floor_tag1 = tag1;
+    s->floor_part = part;
+  }
+  return 0;
+}
+
+void ust__timers_floor_settled(ust__timers *t, int token, int part) {
+  if (token < 0)
+    return;
+  if (token & CUPTI_TOKEN) {
+    ust__kt *kt = ust__cupti_kt(t->cupti);
+    if (kt != NULL)
+      ust__kt_floor_settled(kt, token & ~CUPTI_TOKEN, part);
+    return;
+  }
+  timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
+  if (s->floor_tag1 > 0 && s->floor_part != part)
+    s->floor_part = 0;
 }
 
 static const ust__hold_dev_i gpu_hold_dev = {gpu_hold, gpu_release, gpu_expired, gpu_calibrate};
@@ -438,6 +450,9 @@ int ust__timers_create(int max_pending, const ust__timer_opts *opts, ust__log_si
     *out = NULL;
     return rc;
   }
+  ust__kt *kt = ust__cupti_kt(t->cupti);
+  if (kt != NULL)
+    ust__kt_floor_fn_set(kt, kt_floor, t);
   return 0;
 }
 
@@ -533,7 +548,7 @@ int ust__timers_begin(ust__timers *t, int device, void *stream, ust__hold_word *
   timer *s = &p->timers[idx];
   s->seq = 0;
   s->hold = hold;
-  s->stage = -1;
+  s->floor_tag1 = 0;
   if (timer_events(t, s, device) != 0) {
     give_back(t, device << 20 | idx);
     return -1;
@@ -576,12 +591,14 @@ void ust__timers_cancel(ust__timers *t, int token) {
   /* a call that raised, or was served by a candidate: its hold released, no strike */
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   ust__hold_end(&t->hold, NULL, token >> 20, token & 0xfffff, s->seq);
-  stage_conclude(t, s, token >> 20, 0); /* no copies were made: the area goes back */
+  timer_floor(t, s, 0); /* no copies were made: the area goes back */
   give_back(t, token);
 }
 
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind) {
   if (token & CUPTI_TOKEN) {
+    ust__kt *kt = ust__cupti_kt(t->cupti); /* the lengths copied behind the call's kernels */
+    ust__timers_stage_copy(t, kt != NULL ? ust__kt_floor_tag(kt, token & ~CUPTI_TOKEN, 1) : 0, stream);
     ust__cupti_end(t->cupti, token & ~CUPTI_TOKEN, figs, tsol_ps, kind);
     return;
   }
@@ -592,13 +609,12 @@ void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, u
   const int recorded = UST__GPU_CHECK(t->log, cudaEventRecord(s->stop, (cudaStream_t)stream)) == 0;
   s->struck = ust__hold_end(&t->hold, s->hold, token >> 20, token & 0xfffff, s->seq); /* released whatever happened */
   if (!recorded) {
-    stage_conclude(t, s, token >> 20, 0);
+    timer_floor(t, s, 0);
     give_back(t, token);
     return;
   }
-  if (s->stage >= 0 && s->stage_part != 0)
-    s->stage_ok = stage_copy(t, atomic_load_explicit(&t->stages[token >> 20], memory_order_acquire), s->stage,
-                             token >> 20, stream, 1);
+  if (s->floor_part != 0)
+    ust__timers_stage_copy(t, s->floor_tag1, stream);
   ust__tqueue_push(&t->pending, token);
 }
 
@@ -608,7 +624,7 @@ void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, u
 static int conclude(ust__timers *t, int token, cudaError_t q, int sync) {
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
   float ms = 0;
-  if (q == cudaSuccess && !stage_ready(t, s, token >> 20, sync))
+  if (q == cudaSuccess && !stage_ready(t, s->floor_tag1, sync))
     return 0;
   if (q == cudaSuccess && UST__GPU_CHECK(t->log, cudaEventElapsedTime(&ms, s->start, s->stop)) == 0) {
     double ns = 0;
@@ -616,7 +632,7 @@ static int conclude(ust__timers *t, int token, cudaError_t q, int sync) {
         ust__hold_conclude(&t->hold, s->hold, token >> 20, token & 0xfffff, s->seq, s->struck, (double)ms * 1e6, &ns);
     if (held < 0)
       return 0;
-    const uint64_t tsol_ps = stage_conclude(t, s, token >> 20, s->tsol_ps);
+    const uint64_t tsol_ps = timer_floor(t, s, s->tsol_ps);
     if (held == 0) {
       ust__figs_hold_expired(s->figs);
     } else {
@@ -625,7 +641,7 @@ static int conclude(ust__timers *t, int token, cudaError_t q, int sync) {
         ust__figs_held(s->figs);
     }
   } else {
-    stage_conclude(t, s, token >> 20, 0);
+    timer_floor(t, s, 0);
     ust__figs_timing_dropped(s->figs);
   }
   s->figs = NULL;

@@ -77,22 +77,24 @@ int ust__timers_used(const ust__timers *t);
 int ust__timers_begin(ust__timers *t, int device_id, void *stream, ust__hold_word *hold);
 /* A timed call's floor, or part of it, waits for the lengths of a varlen
  * batch on the device (dispatch/roofcall.h): copied on the call's stream
- * right after its stop event, and read once they are in: the floor given
- * at its end then has d's bounded part (d->bound_tsol_ps) replaced by the
- * lengths' own, and the work noted on d->figs is corrected the same way.
- * part: the call's own floor (UST__FLOOR_OWN) or its bound callees'
- * (UST__FLOOR_CALLEES). 0 when taken; -1 (the bound stands) for a kernel
- * tracer's token, a timer that has one already, no staging area free. */
+ * right after its stop event (or its last kernel, a kernel tracer's call),
+ * and read once they are in: the floor given at its end then has d's
+ * bounded part (d->bound_tsol_ps) replaced by the lengths' own, and the
+ * work noted on d->figs is corrected the same way (a tracer's call at its
+ * window's conclusion). part: the call's own floor (UST__FLOOR_OWN) or its
+ * bound callees' (UST__FLOOR_CALLEES). 0 when taken; -1 (the bound stands)
+ * for a call that has one already, no staging area free. */
 enum { UST__FLOOR_OWN = 1, UST__FLOOR_CALLEES = 2 };
 int ust__timers_defer_floor(ust__timers *t, int token, const ust__floor_defer *d, int part);
 /* The floor that stands for the call is part's: a deferral of the other
  * part is let go, neither read nor applied. */
 void ust__timers_floor_settled(ust__timers *t, int token, int part);
 /* The same for a floor the timers do not time (a shadow's arms): d's
- * lengths staged on device, a tag (> 0; 0: none, the bound stands); copied
- * on the call's stream (before whatever fences the call's conclusion);
- * the floor then, its bounded part replaced by the lengths' own when they
- * were copied, the area given back (every tag, exactly once). */
+ * lengths staged on d->device, a tag (> 0; 0: none, the bound stands);
+ * copied on the call's stream, an event behind them; the floor then, its
+ * bounded part replaced by the lengths' own when they were copied (waiting
+ * for the copies: call it once the work they follow is done), the area
+ * given back (every tag, exactly once; tsol_ps 0 lets them go). */
 int ust__timers_stage(ust__timers *t, int device, const ust__floor_defer *d);
 void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream);
 uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps); /* t NULL: tsol_ps */
@@ -152,6 +154,8 @@ int ust__cupti_tracing(const ust__cupti *c);
 /* 1 when the tracer is on (CUPTI asked for and loaded); never changes after
  * create: a tracer that is off stays off. */
 int ust__cupti_present(const ust__cupti *c);
+/* Its windows' call slots (NULL: a tracer that is always off). */
+ust__kt *ust__cupti_kt(ust__cupti *c);
 /* A call slot with its id pushed, or -1; ended by ust__cupti_end (figs NULL:
  * the call is not timed) on the same thread. */
 int ust__cupti_begin(ust__cupti *c);

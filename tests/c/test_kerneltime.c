@@ -154,6 +154,94 @@ TEST(kernel_spans_of_a_candidates_run_count_its_kernels_and_those_of_the_ops_it_
   ust__kt_destroy(k);
 }
 
+/* A stand-in for the timers' staged lengths: each tag's floor is the bound
+ * given less 1000 * tag (the lengths' own), and every resolution is noted. */
+typedef struct staged {
+  int tags[8];
+  uint64_t given[8];
+  int n;
+} staged;
+
+static uint64_t staged_floor(void *ctx, int tag1, uint64_t tsol_ps) {
+  staged *s = ctx;
+  s->tags[s->n] = tag1;
+  s->given[s->n++] = tsol_ps;
+  return tsol_ps > 0 ? tsol_ps - 1000u * (uint64_t)tag1 : 0;
+}
+
+TEST(staged_varlen_floors_settle_at_the_windows_conclusion_once_for_every_tag) {
+  ust__kt *k;
+  ASSERT_INT_EQ(ust__kt_create(&k), 0);
+  staged st = {0};
+  ust__kt_floor_fn_set(k, staged_floor, &st);
+  ust__figs timed, let_go, raised, lost, empty;
+  ust__figs *all[] = {&timed, &let_go, &raised, &lost, &empty};
+  for (int i = 0; i < 5; i++)
+    ASSERT_INT_EQ(ust__figs_init(all[i]), 0);
+  ust__kt_open(k);
+  uint64_t e[5];
+  int s[5];
+  for (int i = 0; i < 5; i++) {
+    s[i] = ust__kt_begin(k, &e[i]);
+    ust__kt_defer_floor(k, s[i], i + 1, 1); /* tags 1..5, each the call's own floor */
+    ASSERT_INT_EQ(ust__kt_floor_tag(k, s[i], 1), i + 1);
+    if (i == 1) { /* its callees' floor stands: its own lengths are let go, not copied */
+      ust__kt_floor_settled(k, s[i], 2);
+      ASSERT_INT_EQ(ust__kt_floor_tag(k, s[i], 1), 0);
+      ASSERT_INT_EQ(ust__kt_floor_tag(k, s[i], 0), 2);
+    }
+    if (i == 0) /* the part that stands: kept */
+      ust__kt_floor_settled(k, s[i], 1);
+    if (i == 2)
+      ust__kt_cancel(k, s[i]);
+    else
+      ust__kt_end(k, s[i], all[i], 9000u + (uint64_t)i, 0);
+  }
+  /* kernels for the first two; the fourth lost one; the fifth launched none */
+  ust__kt_ext(k, 1, e[0]);
+  ust__kt_kernel(k, 1, 0, 100, 140, "fa2");
+  ust__kt_ext(k, 2, e[1]);
+  ust__kt_kernel(k, 2, 0, 200, 260, "fa2");
+  ust__kt_ext(k, 3, e[2]);
+  ust__kt_kernel(k, 3, 0, 300, 310, "fa2");
+  ust__kt_ext(k, 4, e[3]);
+  ust__kt_launch(k, 4, UST__KT_LAUNCH_RUNTIME);
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  /* every tag resolved once; the lengths read only for the call timed with
+   * its own floor standing, the others let go (0) */
+  ASSERT_INT_EQ(st.n, 5);
+  int seen[6] = {0};
+  for (int i = 0; i < st.n; i++) {
+    seen[st.tags[i]]++;
+    ASSERT_U64_EQ(st.given[i], st.tags[i] == 1 ? 9000u : 0u);
+  }
+  for (int tag = 1; tag <= 5; tag++)
+    ASSERT_INT_EQ(seen[tag], 1);
+  ASSERT_U64_EQ(hist_sum(&timed), 40);
+  ASSERT_U64_EQ(atomic_load(&timed.prod.tsol_ps), 9000u - 1000u);
+  ASSERT_U64_EQ(hist_sum(&let_go), 60);
+  ASSERT_U64_EQ(atomic_load(&let_go.prod.tsol_ps), 9001u); /* the floor given stands */
+  ASSERT_U64_EQ(hist_count(&raised) + hist_count(&lost) + hist_count(&empty), 0);
+  ASSERT_U64_EQ(atomic_load(&lost.timing_dropped), 1);
+  /* a second window: the slots start without a deferral */
+  st.n = 0;
+  ust__kt_open(k);
+  uint64_t e2;
+  const int s2 = ust__kt_begin(k, &e2);
+  ASSERT_INT_EQ(ust__kt_floor_tag(k, s2, 0), 0);
+  ust__kt_end(k, s2, &timed, 7000, 0);
+  ust__kt_ext(k, 5, e2);
+  ust__kt_kernel(k, 5, 0, 400, 430, "fa2");
+  ust__kt_close(k);
+  ust__kt_conclude(k, 1000, 1.0);
+  ASSERT_INT_EQ(st.n, 0);
+  ASSERT_U64_EQ(atomic_load(&timed.prod.tsol_ps), 9000u - 1000u + 7000u);
+  for (int i = 0; i < 5; i++)
+    ust__figs_free(all[i]);
+  ust__kt_destroy(k);
+}
+
 TEST(kernel_records_lost_or_stale_do_not_make_figures) {
   ust__kt *k;
   ASSERT_INT_EQ(ust__kt_create(&k), 0);

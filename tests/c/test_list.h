@@ -67,6 +67,7 @@
   X(a_site_that_cannot_serve_is_verified_as_in_shadow) \
   X(kernel_records_lost_or_stale_do_not_make_figures) \
   X(kernel_spans_of_a_candidates_run_count_its_kernels_and_those_of_the_ops_it_called) \
+  X(staged_varlen_floors_settle_at_the_windows_conclusion_once_for_every_tag) \
   X(kernel_windows_never_reuse_a_slot_in_flight) \
   X(kernel_windows_keep_to_their_budget) \
   X(kernel_graph_replays_are_their_captured_calls) \

@@ -187,3 +187,47 @@ def test_a_shadowed_varlen_call_is_floored_by_each_sequence_on_both_arms(us):
     print(f"FA2 shadowed on {torch.cuda.get_device_name()}: floor {r['roofline']['tsol_ns_mean']:.1f} ns a call, "
           f"by hand {want:.1f}")
     assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, rel=1e-6), (r["roofline"], want)
+
+
+@pytest.mark.parametrize("through", ["direct", "wrapper"])
+def test_a_varlen_call_timed_by_its_kernels_is_floored_by_each_sequence(us, through):
+    """With the kernel tracer as the timer, calls in its window are timed by
+    their kernels: their lengths are copied behind the call's last kernel and
+    read at the window's conclusion; the key's first calls, before the
+    window, by events. Every call takes the exact floor either way, called
+    directly or inside vLLM's attention wrapper."""
+    import time
+    define_fa2()
+    m, batch = metadata()
+    if through == "wrapper":
+        define(WRAPPER, _unified_attention_with_output)
+        _metadata.update(m)
+
+    def call(i):
+        batch(i)
+        if through == "wrapper":
+            torch.ops.vllm.unified_attention_with_output(m["q"], m["q"], m["q"], m["out"], "layers.0.attn")
+            return
+        torch.ops._vllm_fa2_C.varlen_fwd(m["q"], m["cache"], m["cache"], m["out"], m["cu_q"], m["cu_k"], m["used"],
+                                         None, m["table"], None, 1, MAX_K, 0.0, 0.125, False, True, -1, -1, 0.0,
+                                         False, None)
+    us.enable({"operators": {"unified_attention": {"mode": "observe", "sample": 1.0}},
+               "hardware": {"profile": "H200"}, "report": {"interval_s": 0},
+               "timer": {"kind": "cupti", "budget": 0, "window_ms": 5000}})
+    calls = 40
+    for i in range(4):
+        call(i)
+    torch.cuda.synchronize()
+    time.sleep(0.3)  # the window opens within the worker's poll once a GPU call was seen
+    for i in range(4, calls):
+        call(i)
+    torch.cuda.synchronize()
+    rep = us.report()
+    us.disable()
+    (r,) = routes(rep, WRAPPER if through == "wrapper" else FA2)
+    assert rep["timer"]["kind"] == "cupti" and r["kernel_timed"] >= 30, (rep["timer"], r)
+    assert r["calls"] == calls and r["roofline"]["calls"] == calls, r
+    want = (floor_ns(BATCH_A) + floor_ns(BATCH_B)) / 2
+    print(f"FA2 ({through}) timed by its kernels on {torch.cuda.get_device_name()}: {r['kernel_timed']} of {calls} "
+          f"in a window, floor {r['roofline']['tsol_ns_mean']:.1f} ns a call, by hand {want:.1f}")
+    assert r["roofline"]["tsol_ns_mean"] == pytest.approx(want, rel=1e-6), (r["roofline"], want)
