@@ -1,0 +1,239 @@
+// What a kernel tracer's window leaves behind: the host cost of a kernel
+// launch before, during and after each step the tracer takes with CUPTI
+// (dispatch/timer_cupti.c), each variant in a process of its own.
+//
+// A launch is an empty kernel's, through the runtime (cudaLaunchKernel, as
+// torch launches) or the driver (cuLaunchKernel, as Triton launches). The
+// host time of a block of launches is taken with the device caught up before
+// each block (a full launch queue would time the device instead). Per
+// process: a warm-up, BLOCKS blocks before the step, the step (its launches
+// during it timed too), then BLOCKS blocks after it; the medians are
+// printed, one line, for benchmarks/cupti_residue.py to gather.
+//
+// Variants (the step; every one is undone before "after" is timed):
+//   none          nothing (the A/A line)
+//   load          libcupti loaded (dlopen), nothing called
+//   subscribe     cuptiSubscribe, then cuptiUnsubscribe
+//   callbacks     subscribed, the launch callbacks enabled around the
+//                 launches, then disabled and unsubscribed
+//   kernels       kernel records (CONCURRENT_KERNEL) enabled around the
+//                 launches, then disabled and flushed
+//   window        callbacks and kernels together: a window of understudy's
+//                 tracer in its default mode (timer.correlation: callbacks)
+//   records       runtime, driver, external-correlation and kernel records,
+//                 an id pushed and popped around each launch (the records mode)
+//   window+final  a window, then cuptiFinalize
+//   kernels+final kernel records, then cuptiFinalize
+//
+// Build (the device machine):
+//   nvcc -O2 -arch=sm_90 -I$CUDA/include -o cupti_residue benchmarks/cupti_residue.cu -lcuda -ldl
+//   ./cupti_residue VARIANT runtime|driver PATH_TO_LIBCUPTI
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cupti.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BLOCK 256   // launches a block
+#define BLOCKS 41   // blocks timed before and after
+#define WARM 4000   // launches before any timing
+
+__global__ void empty_kernel(int x) {
+  if (x == 12345)
+    asm volatile("trap;");
+}
+
+static double now_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int use_driver;
+static CUfunction driver_fn;
+
+static void launch() {
+  int x = 0;
+  if (use_driver) {
+    void *args[] = {&x};
+    cuLaunchKernel(driver_fn, 1, 1, 1, 1, 1, 1, 0, 0, args, NULL);
+  } else {
+    void *args[] = {&x};
+    cudaLaunchKernel((const void *)empty_kernel, dim3(1), dim3(1), args, 0, 0);
+  }
+}
+
+typedef CUptiResult (*fn_subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+typedef CUptiResult (*fn_unsubscribe)(CUpti_SubscriberHandle);
+typedef CUptiResult (*fn_enable_cb)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
+typedef CUptiResult (*fn_register)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
+typedef CUptiResult (*fn_kind)(CUpti_ActivityKind);
+typedef CUptiResult (*fn_flush)(uint32_t);
+typedef CUptiResult (*fn_push)(CUpti_ExternalCorrelationKind, uint64_t);
+typedef CUptiResult (*fn_pop)(CUpti_ExternalCorrelationKind, uint64_t *);
+typedef CUptiResult (*fn_void)(void);
+
+static struct {
+  fn_subscribe subscribe;
+  fn_unsubscribe unsubscribe;
+  fn_enable_cb enable_callback;
+  fn_register register_callbacks;
+  fn_kind enable, disable;
+  fn_flush flush_all;
+  fn_push push;
+  fn_pop pop;
+  fn_void finalize;
+} api;
+
+static CUpti_SubscriberHandle sub;
+static volatile unsigned long long noted;
+static int pushing;
+
+static void CUPTIAPI on_launch(void *data, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *cbdata) {
+  (void)data, (void)domain, (void)cbid;
+  const CUpti_CallbackData *cb = (const CUpti_CallbackData *)cbdata;
+  if (cb->callbackSite == CUPTI_API_ENTER)
+    noted += cb->correlationId;
+}
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
+  *size = 8 << 20;
+  *buffer = (uint8_t *)aligned_alloc(8, *size);
+  *max_records = 0;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid) {
+  (void)ctx, (void)stream, (void)size, (void)valid;
+  free(buffer);
+}
+
+static void load(const char *path) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    fprintf(stderr, "cupti_residue: %s: %s\n", path, dlerror());
+    exit(2);
+  }
+  *(void **)&api.subscribe = dlsym(h, "cuptiSubscribe");
+  *(void **)&api.unsubscribe = dlsym(h, "cuptiUnsubscribe");
+  *(void **)&api.enable_callback = dlsym(h, "cuptiEnableCallback");
+  *(void **)&api.register_callbacks = dlsym(h, "cuptiActivityRegisterCallbacks");
+  *(void **)&api.enable = dlsym(h, "cuptiActivityEnable");
+  *(void **)&api.disable = dlsym(h, "cuptiActivityDisable");
+  *(void **)&api.flush_all = dlsym(h, "cuptiActivityFlushAll");
+  *(void **)&api.push = dlsym(h, "cuptiActivityPushExternalCorrelationId");
+  *(void **)&api.pop = dlsym(h, "cuptiActivityPopExternalCorrelationId");
+  *(void **)&api.finalize = dlsym(h, "cuptiFinalize");
+}
+
+static void check(CUptiResult r, const char *what) {
+  if (r != CUPTI_SUCCESS) {
+    fprintf(stderr, "cupti_residue: %s failed (%d)\n", what, (int)r);
+    exit(3);
+  }
+}
+
+static void callbacks(uint32_t on) {
+  check(api.enable_callback(on, sub, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000),
+        "cuptiEnableCallback");
+  check(api.enable_callback(on, sub, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel),
+        "cuptiEnableCallback");
+}
+
+static void kinds(int on, int records) {
+  fn_kind f = on ? api.enable : api.disable;
+  check(f(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "kernel records");
+  if (records) {
+    check(f(CUPTI_ACTIVITY_KIND_RUNTIME), "runtime records");
+    check(f(CUPTI_ACTIVITY_KIND_DRIVER), "driver records");
+    check(f(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION), "external correlation records");
+  }
+}
+
+// ns per launch of one block (the device caught up first)
+static double block() {
+  cudaDeviceSynchronize();
+  const double t0 = now_ns();
+  for (int i = 0; i < BLOCK; i++) {
+    if (pushing)
+      api.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, (uint64_t)i + 1);
+    launch();
+    if (pushing)
+      api.pop(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, NULL);
+  }
+  return (now_ns() - t0) / BLOCK;
+}
+
+static int cmp(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median_blocks(int n) {
+  double v[BLOCKS];
+  for (int i = 0; i < n; i++)
+    v[i] = block();
+  qsort(v, n, sizeof v[0], cmp);
+  return v[n / 2];
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: cupti_residue VARIANT runtime|driver LIBCUPTI\n");
+    return 2;
+  }
+  const char *v = argv[1];
+  use_driver = strcmp(argv[2], "driver") == 0;
+  cudaFree(0);
+  if (use_driver) {
+    cudaFunction_t rf;
+    if (cudaGetFuncBySymbol(&rf, (const void *)empty_kernel) != cudaSuccess) {
+      fprintf(stderr, "cupti_residue: no driver handle for the kernel\n");
+      return 3;
+    }
+    driver_fn = (CUfunction)rf;
+  }
+  for (int i = 0; i < WARM / BLOCK; i++)
+    block();
+  const double before = median_blocks(BLOCKS);
+  double during = before;
+  const int win = strncmp(v, "window", 6) == 0, cbs = win || strcmp(v, "callbacks") == 0;
+  const int kern = win || strncmp(v, "kernels", 7) == 0, rec = strcmp(v, "records") == 0;
+  const int fin = strstr(v, "+final") != NULL;
+  if (strcmp(v, "none") != 0)
+    load(argv[3]);
+  if (strcmp(v, "subscribe") == 0) {
+    check(api.subscribe(&sub, on_launch, NULL), "cuptiSubscribe");
+    check(api.unsubscribe(sub), "cuptiUnsubscribe");
+  }
+  if (cbs || kern || rec) {
+    if (cbs) {
+      check(api.subscribe(&sub, on_launch, NULL), "cuptiSubscribe");
+      callbacks(1);
+    }
+    if (kern || rec) {
+      check(api.register_callbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
+      kinds(1, rec);
+    }
+    pushing = rec;
+    during = median_blocks(BLOCKS);
+    pushing = 0;
+    cudaDeviceSynchronize();
+    if (kern || rec) {
+      kinds(0, rec);
+      api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    }
+    if (cbs) {
+      callbacks(0);
+      check(api.unsubscribe(sub), "cuptiUnsubscribe");
+    }
+  }
+  if (fin)
+    check(api.finalize(), "cuptiFinalize");
+  const double after = median_blocks(BLOCKS);
+  printf("%s %s before_ns=%.1f during_ns=%.1f after_ns=%.1f\n", v, use_driver ? "driver" : "runtime", before, during,
+         after);
+  return 0;
+}
