@@ -2,8 +2,8 @@
  * The admission of an intercepted call (dispatch/callview.h): the calling
  * thread's block, the hook a call enters through and its binding, and
  * whether the call is passed on, tallied (counted without a key, standing
- * for the calls between keyed ones) or keyed. Also the thread's phase and
- * graph-capture hints.
+ * for the calls between keyed ones) or keyed. Also the thread's phase,
+ * graph-capture and graph-pool hints.
  */
 #include <math.h>
 #include <sched.h>
@@ -38,6 +38,14 @@ int ust_graph_capture_ended(void) {
   if (tl_thread.captures > 0)
     tl_thread.captures--;
   return tl_thread.captures;
+}
+
+int ust_pool_alloc_begun(void) { return ++tl_thread.pool_allocs; }
+
+int ust_pool_alloc_ended(void) {
+  if (tl_thread.pool_allocs > 0)
+    tl_thread.pool_allocs--;
+  return tl_thread.pool_allocs;
 }
 
 const char *ust__phase_name(int phase) {

@@ -381,7 +381,9 @@ void ReproDrop::operator()(Repro *r) const {
 // holds the values; the layout kept is the caller's.
 uint64_t CallRun::keep_inputs() {
   const uint64_t bound = ust__call_repro_bound(&st_);
-  if (bound == 0 || st_.slot == nullptr || st_.cand.remote || captured())
+  // allocations going to a graph's pool (a CUDA graph tree's warm-up): none
+  // may outlive the call, which the pool's owner checks
+  if (bound == 0 || st_.slot == nullptr || st_.cand.remote || captured() || ust__thread_state()->pool_allocs > 0)
     return 0;
   uint64_t copied = 0;
   repro_.reset(new Repro(op_, b_, call_, serving_, bound));

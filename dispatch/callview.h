@@ -148,6 +148,7 @@ typedef struct __attribute__((aligned(64))) ust__thread {
    * what a tallied call reads in this line, the warm-up's and the draw's
    * fields after it */
   int key_traced;   /* its router holds a kernel tracer: inside a window every call is keyed */
+  int pool_allocs;  /* its allocations go to a CUDA graph's pool outside a capture (ust_pool_alloc_begun) */
   uint64_t key_gen; /* the engine's number (as a binding's tally word holds it) the fields below count for */
   int64_t key_gap;  /* calls until the next one keyed at random; 0 until the warm-up ends */
   uint64_t key_after; /* its policy's */

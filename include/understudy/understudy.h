@@ -259,6 +259,18 @@ UST_API int ust_set_phase(int phase);
 UST_API int ust_graph_capture_begun(void);
 UST_API int ust_graph_capture_ended(void);
 
+/* For whoever routes a thread's allocations to a CUDA graph's memory pool
+ * outside a capture (torch.compile's CUDA graph trees run their warm-up
+ * so; the Python package reports torch._C._cuda_beginAllocateCurrentThreadToPool
+ * and _cuda_endAllocateToPool): between ust_pool_alloc_begun and
+ * ust_pool_alloc_ended on that thread, a shadowed call keeps none of its
+ * tensors past its return (a failing call is not kept whole, only its
+ * evidence), since the pool's owner holds that every block alive in it is
+ * an output it knows. Thread-local, engine-less; each returns the thread's
+ * depth (ended never goes below 0). */
+UST_API int ust_pool_alloc_begun(void);
+UST_API int ust_pool_alloc_ended(void);
+
 /* For whoever instantiates and replays a CUDA graph (the Python package
  * does it for torch.cuda.CUDAGraph): a shadow captured beside the chain
  * then runs its kernel in the chain only in the replays it verifies,

@@ -131,7 +131,8 @@ def _load():
             lib.ust_graph_unbind.restype = None
             lib.ust_graph_unseen.argtypes = []
             lib.ust_graph_unseen.restype = ctypes.c_int
-            for fn in ("ust_graph_capture_begun", "ust_graph_capture_ended"):
+            for fn in ("ust_graph_capture_begun", "ust_graph_capture_ended", "ust_pool_alloc_begun",
+                       "ust_pool_alloc_ended"):
                 getattr(lib, fn).argtypes = []
                 getattr(lib, fn).restype = ctypes.c_int
             lib.ust_graph_capture_id.argtypes = [ctypes.c_void_p]

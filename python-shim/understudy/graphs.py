@@ -40,6 +40,13 @@ capture_begin, ust_graph_capture_ended after capture_end, whether it raised
 or not): while it does, every call it makes of an observed operator is keyed
 one by one, none tallied, so that the graph's nodes map to routes.
 
+Outside a capture, torch.compile's CUDA graph trees warm a function up with
+the thread's allocations routed to the graph's pool, and then hold that every
+block alive in the pool is an output they know: the hooks on
+torch._C._cuda_beginAllocateCurrentThreadToPool and _cuda_endAllocateToPool
+(wrap_pool()) say so (ust_pool_alloc_begun, ust_pool_alloc_ended), and a
+shadowed call made meanwhile keeps none of its tensors past its return.
+
 install() wraps __init__, capture_begin, capture_end, instantiate, replay,
 reset and the raw handles of torch.cuda.CUDAGraph once per process (wrap()
 does it for a class); set_keep() says whether graphs made from now on are
@@ -54,6 +61,7 @@ import threading
 import weakref
 
 _installed = False
+_pool_wrapped = False
 _keep = False  # graphs made from now on are kept for gating
 _enabled = False  # understudy is enabled: a capture begun now is seen
 _generation = 0  # enables so far: a graph seen (or said unseen) under an earlier one is unseen by this one
@@ -148,10 +156,10 @@ def _bind(graph, lib, raw) -> None:
 
 
 def install(lib) -> bool:
-    """Wraps torch.cuda.CUDAGraph (once per process). False where this
-    torch has no graph object with raw handles and keep_graph (then every
-    replay is decided on the device)."""
-    global _installed
+    """Wraps torch.cuda.CUDAGraph and torch._C's pool hooks (once per
+    process). False where this torch has no graph object with raw handles
+    and keep_graph (then every replay is decided on the device)."""
+    global _installed, _pool_wrapped
     with _install_lock:
         if _installed:
             return True
@@ -160,8 +168,47 @@ def install(lib) -> bool:
             cls = torch.cuda.CUDAGraph
         except (ImportError, AttributeError):
             return False
+        if not _pool_wrapped:
+            _pool_wrapped = wrap_pool(torch._C, lib)
         _installed = wrap(cls, lib)
         return _installed
+
+
+_POOL_NAMES = ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool")
+
+
+def wrap_pool(mod, lib) -> bool:
+    """Wraps mod's (torch._C's) functions that route the calling thread's
+    allocations to a graph's pool and end that, so that the library knows
+    (ust_pool_alloc_begun after the first returned, ust_pool_alloc_ended
+    after the second, whether it raised or not); False, and mod untouched,
+    where it or the library lacks one of them."""
+    begun, ended = getattr(lib, "ust_pool_alloc_begun", None), getattr(lib, "ust_pool_alloc_ended", None)
+    if begun is None or ended is None or not all(callable(getattr(mod, n, None)) for n in _POOL_NAMES):
+        return False
+    begin, end = (getattr(mod, n) for n in _POOL_NAMES)
+
+    def _begin(*args, **kwargs):
+        out = begin(*args, **kwargs)
+        try:
+            begun()
+        except Exception:  # noqa: BLE001 - its calls keep what they keep
+            pass
+        return out
+
+    def _end(*args, **kwargs):
+        try:
+            return end(*args, **kwargs)
+        finally:
+            try:
+                ended()
+            except Exception:  # noqa: BLE001
+                pass
+
+    _begin.__wrapped__, _end.__wrapped__ = begin, end
+    setattr(mod, _POOL_NAMES[0], _begin)
+    setattr(mod, _POOL_NAMES[1], _end)
+    return True
 
 
 _NAMES = ("__init__", "capture_begin", "capture_end", "instantiate", "replay", "reset", "raw_cuda_graph",

@@ -404,3 +404,40 @@ def test_a_capture_keys_its_threads_calls_one_by_one(us):
         assert keys[n]["estimated"] % 7 == 0 and abs(keys[n]["estimated"] // 7 - 100) <= 47, keys[n]
     seen = sum(s["calls"] - s["estimated"] for s in keys.values())
     assert op["tallied"] + seen == 5 * 800
+
+
+def test_the_pool_hooks_say_when_a_thread_allocates_to_a_graph_pool():
+    """torch._C's functions that route the thread's allocations to a graph's
+    pool (a CUDA graph tree's warm-up) and end that: each hook calls torch's
+    first and then tells the library, the end whether torch's raised or not;
+    a module or a library without them is left as it is."""
+    import types
+    log = []
+
+    class Lib:
+        def ust_pool_alloc_begun(self):
+            log.append("begun")
+            return 1
+
+        def ust_pool_alloc_ended(self):
+            log.append("ended")
+            return 0
+
+    def begin(device, pool):
+        log.append(("begin", device, pool))
+
+    def end(device, pool):
+        log.append(("end", device, pool))
+        raise RuntimeError("no such pool")
+
+    mod = types.SimpleNamespace(_cuda_beginAllocateCurrentThreadToPool=begin, _cuda_endAllocateToPool=end)
+    assert graphs.wrap_pool(mod, Lib())
+    mod._cuda_beginAllocateCurrentThreadToPool(0, (1, 2))
+    with pytest.raises(RuntimeError, match="no such pool"):
+        mod._cuda_endAllocateToPool(0, (1, 2))
+    assert log == [("begin", 0, (1, 2)), "begun", ("end", 0, (1, 2)), "ended"]
+    assert mod._cuda_endAllocateToPool.__wrapped__ is end
+    bare = types.SimpleNamespace(_cuda_endAllocateToPool=end)
+    assert not graphs.wrap_pool(bare, Lib()) and bare._cuda_endAllocateToPool is end
+    assert not graphs.wrap_pool(types.SimpleNamespace(_cuda_beginAllocateCurrentThreadToPool=begin,
+                                                      _cuda_endAllocateToPool=end), object())

@@ -599,6 +599,36 @@ def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us, beside_mb):
           f"{n + m - eager} replays verified; live served {0 if beside else m} of {m}")
 
 
+def test_a_graph_trees_warm_up_keeps_no_shadow_tensor_in_the_graphs_pool(us):
+    """torch.compile(mode="reduce-overhead") warms the function up with the
+    thread's allocations routed to the graph's pool, and checks right after
+    that every block alive there is an output it knows (inductor's slow-path
+    assert, on by default). A shadow failing in the warm-up keeps its
+    evidence but none of its tensors past the call (no repro of it), so the
+    check holds whatever the worker's pace."""
+    torch._dynamo.reset()
+
+    def step(x, w):
+        out = torch.empty_like(x)
+        torch.ops._C.rms_norm(out, x, w, 1e-6)
+        return out
+
+    fn = torch.compile(step, mode="reduce-overhead")
+    (x, w), = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    w.mul_(16)  # past the candidate's saturation: its first verification fails
+    assert torch._inductor.config.triton.slow_path_cudagraph_asserts
+    us.enable(_serve_config("shadow", lib="rms_norm_cuda_saturates"))
+    for _ in range(6):
+        assert torch.equal(fn(x, w), _rms(x, w, 1e-6))  # production's, the pool's check passed
+    _settle(us)
+    (r,) = routes(us.report(), "_C::rms_norm")
+    us.disable()
+    torch._dynamo.reset()
+    sh = r["shadow"]
+    assert sh["failed"] == 1 and sh["rollback"]["reason"] == "mismatch" and r["mode"] == "rolled_back", sh
+    assert sh["repro"] is None, sh["repro"]
+
+
 def test_an_out_argument_needs_no_copy_before_production(us):
     """_C::rms_norm overwrites its out argument (problems/rms_norm.json):
     its captured call copies nothing before production, so each replay runs

@@ -207,6 +207,35 @@ def test_calls_over_the_bound_keep_the_evidence_alone(us, candidates):
         repro.pick({"operators": []})
 
 
+def test_a_call_while_its_thread_allocates_to_a_graph_pool_keeps_no_tensor(us, candidates):
+    """torch.compile's CUDA graph trees warm up with the thread's allocations
+    routed to the graph's pool, then hold that every block alive there is an
+    output they know: between ust_pool_alloc_begun and ust_pool_alloc_ended
+    a failing call keeps its evidence, not its tensors. The count is the
+    thread's own."""
+    import threading
+    _, mod = candidates
+    lib = us._load()
+    views, _ = traffic(planted_at=0, calls=1)
+    for in_pool in (True, False):
+        us.enable(shadow(mod.SATURATING))
+        if in_pool:
+            assert lib.ust_pool_alloc_begun() == 1
+            other = []
+            t = threading.Thread(target=lambda: other.append(lib.ust_pool_alloc_begun()))
+            t.start()
+            t.join()
+            assert other == [1]  # that thread's first, not this one's second
+        torch.nn.functional.silu(views[0])
+        if in_pool:
+            assert lib.ust_pool_alloc_ended() == 0 and lib.ust_pool_alloc_ended() == 0
+        rep = us.report()
+        us.disable()
+        sh = only_route(rep)["shadow"]
+        assert sh["rollback"]["reason"] == "mismatch" and sh["rollback"]["shadow_call"] == 1
+        assert (sh["repro"] is None) == in_pool, (in_pool, sh["repro"])
+
+
 def test_a_passing_route_keeps_nothing_and_repro_says_so(us, tmp_path, candidates):
     _, mod = candidates
     report = tmp_path / "report.json"
