@@ -72,6 +72,11 @@ ABOUT = {
         "torch.profiler's durations of the same kernels, for held event pairs, plain pairs and the kernel "
         "tracer (`timer.kind` `cupti`).",
         "PYTHONPATH=python-shim python3 benchmarks/kernel_time.py --models mistral qwen-moe --batch 1 8"),
+    "cupti_residue": (
+        "What the kernel tracer's steps leave on every later launch of the process: the host cost of an empty "
+        "kernel's launch (runtime and driver) before each CUPTI step, during it and after it is undone, each "
+        "variant in a fresh process (a compiled CUDA program, `benchmarks/cupti_residue.cu`).",
+        "python3 benchmarks/cupti_residue.py --rounds 5"),
     "graph_replay": (
         "Replays of a CUDA graph attributed to their routes by the kernel tracer: a decode step run eagerly "
         "and replayed from a graph (`torch.cuda.graph`, or `--compile`), replay time against eager time.",

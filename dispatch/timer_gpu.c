@@ -65,7 +65,7 @@ typedef struct hold_words {
 
 /* A device's areas for the lengths of varlen calls (pinned, written by
  * copies on the calls' streams) and the deferrals they are read for. */
-#define STAGES 32
+#define STAGES 256 /* a tracer window holds an area per varlen call until it concludes */
 typedef struct stage_pool {
   unsigned char *pinned; /* STAGES * UST__DEFER_BYTES */
   cudaEvent_t copied[STAGES]; /* recorded behind each area's copies */
@@ -311,16 +311,16 @@ static uint64_t stage_apply(const stage_pool *sp, int i, uint64_t tsol_ps) {
   return tsol_ps - d->bound_tsol_ps + (uint64_t)(seconds * 1e12 + 0.5);
 }
 
-/* Tags name an area: device << 8 | area, + 1 (0: none). */
+/* Tags name an area: device << 12 | area, + 1 (0: none). */
 static stage_pool *tag_pool(ust__timers *t, int tag1, int *i) {
-  *i = (tag1 - 1) & 0xff;
-  return atomic_load_explicit(&t->stages[(tag1 - 1) >> 8], memory_order_acquire);
+  *i = (tag1 - 1) & 0xfff;
+  return atomic_load_explicit(&t->stages[(tag1 - 1) >> 12], memory_order_acquire);
 }
 
 int ust__timers_stage(ust__timers *t, int device, const ust__floor_defer *d) {
   stage_pool *sp = device >= 0 && device < MAX_DEVICES ? device_stages(t, device) : NULL;
   const int i = sp != NULL ? stage_take(t, sp, d) : -1;
-  return i < 0 ? 0 : (device << 8 | i) + 1;
+  return i < 0 ? 0 : (device << 12 | i) + 1;
 }
 
 /* The tagged area's lengths copied into it on stream (on its device, made
@@ -330,7 +330,7 @@ void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream) {
     return;
   int i;
   stage_pool *sp = tag_pool(t, tag1, &i);
-  const int device = (tag1 - 1) >> 8;
+  const int device = (tag1 - 1) >> 12;
   const ust__floor_defer *d = &sp->rec[i];
   unsigned char *area = sp->pinned + (size_t)i * UST__DEFER_BYTES;
   int prev = device;

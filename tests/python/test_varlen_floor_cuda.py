@@ -225,8 +225,10 @@ def test_a_varlen_call_timed_by_its_kernels_is_floored_by_each_sequence(us, thro
     rep = us.report()
     us.disable()
     (r,) = routes(rep, WRAPPER if through == "wrapper" else FA2)
+    # the calls before the window opens are timed by events, the key's first
+    # ones at least; each timed call is floored, and most by their kernels
     assert rep["timer"]["kind"] == "cupti" and r["kernel_timed"] >= 30, (rep["timer"], r)
-    assert r["calls"] == calls and r["roofline"]["calls"] == calls, r
+    assert r["calls"] == calls and r["roofline"]["calls"] == r["timed"] >= 34, r
     want = (floor_ns(BATCH_A) + floor_ns(BATCH_B)) / 2
     print(f"FA2 ({through}) timed by its kernels on {torch.cuda.get_device_name()}: {r['kernel_timed']} of {calls} "
           f"in a window, floor {r['roofline']['tsol_ns_mean']:.1f} ns a call, by hand {want:.1f}")
