@@ -728,9 +728,10 @@ static void finish_window(ust__cupti *c, uint64_t now) {
   c->ns_per_tick = ns_per_tick;
   ust__kt_conclude(c->kt, open_ns, ns_per_tick);
   const int missing = buffers_out();
-  /* CUPTI stays attached: tracing the API calls leaves every later launch
-   * slower until cuptiFinalize, and detaching between windows (tried on an
-   * H200 with CUDA 13.0) corrupted the heap of the process later on. */
+  /* CUPTI stays attached: the kernel records leave every later launch
+   * slower until cuptiFinalize (benchmarks/cupti_residue.py), and detaching
+   * between windows (tried on an H200 with CUDA 13.0) corrupted the heap of
+   * the process later on. */
   if (c->subscribed)
     c->api.unsubscribe(c->sub);
   c->subscribed = 0;
