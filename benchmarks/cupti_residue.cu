@@ -24,6 +24,12 @@
 //                 an id pushed and popped around each launch (the records mode)
 //   window+final  a window, then cuptiFinalize
 //   kernels+final kernel records, then cuptiFinalize
+//   cycles        CYCLES windows in a row while THREADS other threads
+//                 launch on streams of their own throughout (as a serving
+//                 process's threads do), each window subscribing, tracing
+//                 and unsubscribing again ("during": one block in each)
+//   cycles+final  the same, each window ending in cuptiFinalize; then the
+//                 heap is churned, so that a corruption shows as a crash
 //
 // Build (the device machine):
 //   nvcc -O2 -arch=sm_90 -I$CUDA/include -o cupti_residue benchmarks/cupti_residue.cu -lcuda -ldl
@@ -32,6 +38,8 @@
 #include <cuda_runtime.h>
 #include <cupti.h>
 #include <dlfcn.h>
+#include <pthread.h>
+#include <atomic>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +48,8 @@
 #define BLOCK 256   // launches a block
 #define BLOCKS 41   // blocks timed before and after
 #define WARM 4000   // launches before any timing
+#define THREADS 4   // launching threads beside the windows (cycles)
+#define CYCLES 100  // windows in a row (cycles)
 
 __global__ void empty_kernel(int x) {
   if (x == 12345)
@@ -179,6 +189,67 @@ static double median_blocks(int n) {
   return v[n / 2];
 }
 
+static std::atomic<int> stop_launchers{0};
+
+// A serving thread: launches on a stream of its own until told to stop.
+static void *launcher(void *arg) {
+  (void)arg;
+  cudaStream_t s;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+    return NULL;
+  int x = 0;
+  void *args[] = {&x};
+  while (!stop_launchers.load()) {
+    for (int i = 0; i < BLOCK; i++) {
+      if (use_driver)
+        cuLaunchKernel(driver_fn, 1, 1, 1, 1, 1, 1, 0, (CUstream)s, args, NULL);
+      else
+        cudaLaunchKernel((const void *)empty_kernel, dim3(1), dim3(1), args, 0, s);
+    }
+    cudaStreamSynchronize(s);
+  }
+  cudaStreamDestroy(s);
+  return NULL;
+}
+
+// CYCLES windows beside THREADS launching threads; the median block inside them.
+static double cycles(int fin) {
+  pthread_t th[THREADS];
+  for (int i = 0; i < THREADS; i++)
+    pthread_create(&th[i], NULL, launcher, NULL);
+  double v[CYCLES];
+  for (int c = 0; c < CYCLES; c++) {
+    check(api.subscribe(&sub, on_launch, NULL), "cuptiSubscribe");
+    callbacks(1);
+    check(api.register_callbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
+    kinds(1, 0);
+    v[c] = block();
+    kinds(0, 0);
+    api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    callbacks(0);
+    check(api.unsubscribe(sub), "cuptiUnsubscribe");
+    if (fin)
+      check(api.finalize(), "cuptiFinalize");
+  }
+  stop_launchers.store(1);
+  for (int i = 0; i < THREADS; i++)
+    pthread_join(th[i], NULL);
+  // a heap CUPTI corrupted fails here, not silently
+  void *keep[1024] = {0};
+  unsigned r = 12345;
+  for (int i = 0; i < 200000; i++) {
+    r = r * 1103515245u + 12345u;
+    const int k = (int)(r >> 8) & 1023;
+    free(keep[k]);
+    keep[k] = malloc(1 + (r >> 12) % 8192);
+    memset(keep[k], 0xab, 1);
+  }
+  for (int k = 0; k < 1024; k++)
+    free(keep[k]);
+  qsort(v, CYCLES, sizeof v[0], cmp);
+  return v[CYCLES / 2];
+}
+
 int main(int argc, char **argv) {
   if (argc < 4) {
     fprintf(stderr, "usage: cupti_residue VARIANT runtime|driver LIBCUPTI\n");
@@ -208,6 +279,8 @@ int main(int argc, char **argv) {
     check(api.subscribe(&sub, on_launch, NULL), "cuptiSubscribe");
     check(api.unsubscribe(sub), "cuptiUnsubscribe");
   }
+  if (strncmp(v, "cycles", 6) == 0)
+    during = cycles(fin);
   if (cbs || kern || rec) {
     if (cbs) {
       check(api.subscribe(&sub, on_launch, NULL), "cuptiSubscribe");
@@ -230,7 +303,7 @@ int main(int argc, char **argv) {
       check(api.unsubscribe(sub), "cuptiUnsubscribe");
     }
   }
-  if (fin)
+  if (fin && strncmp(v, "cycles", 6) != 0)
     check(api.finalize(), "cuptiFinalize");
   const double after = median_blocks(BLOCKS);
   printf("%s %s before_ns=%.1f during_ns=%.1f after_ns=%.1f\n", v, use_driver ? "driver" : "runtime", before, during,

@@ -9,7 +9,7 @@ launches, in rounds that take the variants in turn, and prints per variant
 the launch's host cost before the step and the ratios during and after it
 (median of the rounds, and their range). Needs a CUDA device.
 
-    python3 benchmarks/cupti_residue.py [--rounds 5]
+    python3 benchmarks/cupti_residue.py [--rounds 5] [--variants none cycles ...]
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import torch  # noqa: F401 (the GPU and CUDA the results name)
 
 HERE = pathlib.Path(__file__).resolve().parent
 VARIANTS = ["none", "load", "subscribe", "callbacks", "kernels", "window", "records", "window+final",
-            "kernels+final"]
+            "kernels+final", "cycles", "cycles+final"]
 
 
 def libcupti() -> str:
@@ -63,11 +63,12 @@ def run(exe: pathlib.Path, variant: str, launch: str, lib: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS)
     args = ap.parse_args()
     lib = libcupti()
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(pathlib.Path(tmp))
-        runs = {(v, l): [] for v in VARIANTS for l in ("runtime", "driver")}
+        runs = {(v, l): [] for v in args.variants for l in ("runtime", "driver")}
         for _ in range(args.rounds):
             for key in runs:
                 runs[key].append(run(exe, key[0], key[1], lib))
