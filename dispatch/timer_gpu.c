@@ -70,9 +70,14 @@ typedef struct stage_pool {
   unsigned char *pinned; /* STAGES * UST__DEFER_BYTES */
   cudaEvent_t copied[STAGES]; /* recorded behind each area's copies */
   ust__floor_defer rec[STAGES];
-  unsigned char ok[STAGES]; /* an area's copies and its event were enqueued */
+  /* an area's copies: 0 none enqueued, 1 enqueued with its event behind
+   * them, 2 the event behind copies that failed (waited for, not read), 3
+   * copies with no event behind them (never given back) */
+  unsigned char ok[STAGES];
   int free_list[STAGES]; /* under the timers' lock */
   int n_free;
+  unsigned char draining[STAGES]; /* let go before its copies were done: given back once they are */
+  int n_draining;                 /* under the timers' lock */
 } stage_pool;
 
 typedef struct device_pool {
@@ -338,14 +343,14 @@ void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream) {
     (void)cudaGetLastError();
     return;
   }
-  int ok = 1;
+  int ok = 1, enqueued = 0;
   for (int k = 0; k < d->n_src && ok; k++)
-    ok = UST__GPU_CHECK(t->log, cudaMemcpyAsync(area + d->srcs[k].at, d->srcs[k].dev, d->srcs[k].bytes,
-                                                cudaMemcpyDeviceToHost, (cudaStream_t)stream)) == 0;
+    enqueued += ok = UST__GPU_CHECK(t->log, cudaMemcpyAsync(area + d->srcs[k].at, d->srcs[k].dev, d->srcs[k].bytes,
+                                                            cudaMemcpyDeviceToHost, (cudaStream_t)stream)) == 0;
   /* the event even behind a failed copy: the area is given back only once
    * whatever was enqueued into it is done */
   const int recorded = UST__GPU_CHECK(t->log, cudaEventRecord(sp->copied[i], (cudaStream_t)stream)) == 0;
-  sp->ok[i] = (unsigned char)(!recorded ? 0 : ok ? 1 : 2); /* 2: waited for, not read */
+  sp->ok[i] = (unsigned char)(recorded ? (ok ? 1 : 2) : enqueued > 0 ? 3 : 0);
   if (prev != device)
     cudaSetDevice(prev);
 }
@@ -372,12 +377,48 @@ uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps) {
     return tsol_ps;
   int i;
   stage_pool *sp = tag_pool(t, tag1, &i);
-  stage_ready(t, tag1, 1); /* their copies are behind the work whose conclusion brings the floor here */
-  if (sp->ok[i] == 1 && tsol_ps > 0)
+  if (sp->ok[i] == 3) /* copies that may still land: the area is never given back */
+    return tsol_ps;
+  /* never waits (a serving thread, the tracer's lock, another thread's
+   * capture): copies not done yet leave the bound, and their area drains */
+  enum cudaStreamCaptureMode mode = relax_capture_mode();
+  const int done = stage_ready(t, tag1, 0);
+  restore_capture_mode(mode);
+  if (done && sp->ok[i] == 1 && tsol_ps > 0)
     tsol_ps = stage_apply(sp, i, tsol_ps);
-  sp->ok[i] = 0;
-  stage_release(t, sp, i);
+  if (done) {
+    sp->ok[i] = 0;
+    stage_release(t, sp, i);
+  } else {
+    pthread_mutex_lock(&t->lock);
+    sp->draining[i] = 1;
+    __atomic_fetch_add(&sp->n_draining, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&t->lock);
+  }
   return tsol_ps;
+}
+
+/* The worker's turn (capture mode relaxed): draining areas whose copies are
+ * done given back (sync: waited for). */
+static void stages_drain(ust__timers *t, int sync) {
+  for (int d = 0; d < MAX_DEVICES; d++) {
+    stage_pool *sp = atomic_load_explicit(&t->stages[d], memory_order_acquire);
+    if (sp == NULL || __atomic_load_n(&sp->n_draining, __ATOMIC_RELAXED) == 0)
+      continue;
+    for (int i = 0; i < STAGES; i++) {
+      pthread_mutex_lock(&t->lock);
+      const int draining = sp->draining[i];
+      pthread_mutex_unlock(&t->lock);
+      if (!draining || !stage_ready(t, (d << 12 | i) + 1, sync))
+        continue;
+      pthread_mutex_lock(&t->lock);
+      sp->draining[i] = 0;
+      __atomic_fetch_sub(&sp->n_draining, 1, __ATOMIC_RELAXED);
+      sp->ok[i] = 0;
+      sp->free_list[sp->n_free++] = i;
+      pthread_mutex_unlock(&t->lock);
+    }
+  }
 }
 
 /* The kernel tracer's calls: their floors at the window's conclusion. */
@@ -667,10 +708,15 @@ static void calibrate_devices(ust__timers *t) {
  * queued one): it never waits for a driver call. A sync harvest (a flush)
  * first waits for a batch another harvest holds. */
 static int harvest(ust__timers *t, int sync) {
-  if (!ust__timers_used(t) || ust__tqueue_busy(&t->pending) == 0)
+  if (!ust__timers_used(t))
+    return 0;
+  enum cudaStreamCaptureMode mode = relax_capture_mode();
+  stages_drain(t, sync);
+  restore_capture_mode(mode);
+  if (ust__tqueue_busy(&t->pending) == 0)
     return 0;
   calibrate_devices(t);
-  enum cudaStreamCaptureMode mode = relax_capture_mode();
+  mode = relax_capture_mode();
   int taken[256], back[256];
   int left = 0;
   for (;;) {

@@ -92,9 +92,10 @@ void ust__timers_floor_settled(ust__timers *t, int token, int part);
 /* The same for a floor the timers do not time (a shadow's arms): d's
  * lengths staged on d->device, a tag (> 0; 0: none, the bound stands);
  * copied on the call's stream, an event behind them; the floor then, its
- * bounded part replaced by the lengths' own when they were copied (waiting
- * for the copies: call it once the work they follow is done), the area
- * given back (every tag, exactly once; tsol_ps 0 lets them go). */
+ * bounded part replaced by the lengths' own when their copies are done (it
+ * never waits: copies not done yet leave the bound, and the area is given
+ * back by the worker once they are), the area given back (every tag,
+ * exactly once; tsol_ps 0 lets them go). */
 int ust__timers_stage(ust__timers *t, int device, const ust__floor_defer *d);
 void ust__timers_stage_copy(ust__timers *t, int tag1, void *stream);
 uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps); /* t NULL: tsol_ps */

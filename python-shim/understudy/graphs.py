@@ -177,31 +177,67 @@ def install(lib) -> bool:
 _POOL_NAMES = ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool")
 
 
+_pool_thread = threading.local()  # per thread: the pools its allocations go to, as the hooks saw
+
+
+def _pools() -> set:
+    pools = getattr(_pool_thread, "pools", None)
+    if pools is None:
+        pools = _pool_thread.pools = set()
+    return pools
+
+
+def _pool_key(pool):
+    try:
+        return tuple(pool)
+    except TypeError:
+        return pool
+
+
+def _pool_begun(lib, pool) -> None:
+    """The thread's allocations go to pool: said once per pool."""
+    pools, key = _pools(), _pool_key(pool)
+    if key not in pools:
+        pools.add(key)
+        lib.ust_pool_alloc_begun()
+
+
+def pool_ended(lib, pool) -> None:
+    """They no longer go to pool (a pool never begun here: nothing)."""
+    pools, key = _pools(), _pool_key(pool)
+    if key in pools:
+        pools.discard(key)
+        lib.ust_pool_alloc_ended()
+
+
 def wrap_pool(mod, lib) -> bool:
     """Wraps mod's (torch._C's) functions that route the calling thread's
     allocations to a graph's pool and end that, so that the library knows
     (ust_pool_alloc_begun after the first returned, ust_pool_alloc_ended
-    after the second, whether it raised or not); False, and mod untouched,
-    where it or the library lacks one of them."""
+    after the second, whether it raised or not; once per pool, so that
+    ending a pool the thread never began, or beginning one twice, moves
+    nothing); False, and mod untouched, where it or the library lacks one
+    of them. A capture's end, which ends its pool inside torch, is said by
+    the CUDAGraph hooks (pool_ended)."""
     begun, ended = getattr(lib, "ust_pool_alloc_begun", None), getattr(lib, "ust_pool_alloc_ended", None)
     if begun is None or ended is None or not all(callable(getattr(mod, n, None)) for n in _POOL_NAMES):
         return False
     begin, end = (getattr(mod, n) for n in _POOL_NAMES)
 
-    def _begin(*args, **kwargs):
-        out = begin(*args, **kwargs)
+    def _begin(device, pool, *args, **kwargs):
+        out = begin(device, pool, *args, **kwargs)
         try:
-            begun()
+            _pool_begun(lib, pool)
         except Exception:  # noqa: BLE001 - its calls keep what they keep
             pass
         return out
 
-    def _end(*args, **kwargs):
+    def _end(device, pool, *args, **kwargs):
         try:
-            return end(*args, **kwargs)
+            return end(device, pool, *args, **kwargs)
         finally:
             try:
-                ended()
+                pool_ended(lib, pool)
             except Exception:  # noqa: BLE001
                 pass
 
@@ -284,6 +320,10 @@ def wrap(cls, lib) -> bool:
                     ended()
                 except Exception:  # noqa: BLE001
                     pass
+            try:  # torch ended the capture's pool for the thread, whatever began it
+                pool_ended(lib, self.pool())
+            except Exception:  # noqa: BLE001
+                pass
         if self.__dict__.get("_understudy_instantiates"):
             instantiate(self)  # where torch would have
         _bind(self, lib, raw)

@@ -431,12 +431,29 @@ def test_the_pool_hooks_say_when_a_thread_allocates_to_a_graph_pool():
         raise RuntimeError("no such pool")
 
     mod = types.SimpleNamespace(_cuda_beginAllocateCurrentThreadToPool=begin, _cuda_endAllocateToPool=end)
-    assert graphs.wrap_pool(mod, Lib())
+    lib = Lib()
+    assert graphs.wrap_pool(mod, lib)
     mod._cuda_beginAllocateCurrentThreadToPool(0, (1, 2))
     with pytest.raises(RuntimeError, match="no such pool"):
         mod._cuda_endAllocateToPool(0, (1, 2))
     assert log == [("begin", 0, (1, 2)), "begun", ("end", 0, (1, 2)), "ended"]
     assert mod._cuda_endAllocateToPool.__wrapped__ is end
+    # once per pool: an end of a pool the thread never began moves nothing,
+    # nor a second begin; a capture's end (torch ends its pool) ends it too
+    log.clear()
+    with pytest.raises(RuntimeError):
+        mod._cuda_endAllocateToPool(0, (7, 0))
+    mod._cuda_beginAllocateCurrentThreadToPool(0, (7, 0))
+    mod._cuda_beginAllocateCurrentThreadToPool(0, (7, 0))
+    graphs.pool_ended(lib, (7, 0))
+    graphs.pool_ended(lib, (7, 0))
+    assert log == [("end", 0, (7, 0)), ("begin", 0, (7, 0)), "begun", ("begin", 0, (7, 0)), "ended"]
+    # another thread's pools are its own
+    seen = []
+    t = threading.Thread(target=lambda: (mod._cuda_beginAllocateCurrentThreadToPool(0, (7, 0)), seen.append(log[-1])))
+    t.start()
+    t.join()
+    assert seen == ["begun"]
     bare = types.SimpleNamespace(_cuda_endAllocateToPool=end)
     assert not graphs.wrap_pool(bare, Lib()) and bare._cuda_endAllocateToPool is end
     assert not graphs.wrap_pool(types.SimpleNamespace(_cuda_beginAllocateCurrentThreadToPool=begin,
