@@ -398,13 +398,19 @@ uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps) {
   return tsol_ps;
 }
 
-/* The worker's turn (capture mode relaxed): draining areas whose copies are
- * done given back (sync: waited for). */
+/* The worker's turn: draining areas whose copies are done given back
+ * (sync: waited for), in the relaxed capture mode while it asks. */
 static void stages_drain(ust__timers *t, int sync) {
+  int relaxed = 0;
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed; /* set when relaxed */
   for (int d = 0; d < MAX_DEVICES; d++) {
     stage_pool *sp = atomic_load_explicit(&t->stages[d], memory_order_acquire);
     if (sp == NULL || __atomic_load_n(&sp->n_draining, __ATOMIC_RELAXED) == 0)
       continue;
+    if (!relaxed) {
+      mode = relax_capture_mode();
+      relaxed = 1;
+    }
     for (int i = 0; i < STAGES; i++) {
       pthread_mutex_lock(&t->lock);
       const int draining = sp->draining[i];
@@ -419,6 +425,8 @@ static void stages_drain(ust__timers *t, int sync) {
       pthread_mutex_unlock(&t->lock);
     }
   }
+  if (relaxed)
+    restore_capture_mode(mode);
 }
 
 /* The kernel tracer's calls: their floors at the window's conclusion. */
@@ -710,13 +718,11 @@ static void calibrate_devices(ust__timers *t) {
 static int harvest(ust__timers *t, int sync) {
   if (!ust__timers_used(t))
     return 0;
-  enum cudaStreamCaptureMode mode = relax_capture_mode();
   stages_drain(t, sync);
-  restore_capture_mode(mode);
   if (ust__tqueue_busy(&t->pending) == 0)
     return 0;
   calibrate_devices(t);
-  mode = relax_capture_mode();
+  enum cudaStreamCaptureMode mode = relax_capture_mode();
   int taken[256], back[256];
   int left = 0;
   for (;;) {
