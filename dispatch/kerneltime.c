@@ -664,7 +664,7 @@ static void conclude_replays(ust__kt *k, replay_rec *r, uint32_t n, double ns_pe
     } else if (cc->kernels != 0 && j - i != cc->kernels) {
       /* records lost: no figure rather than part of one */
       k->totals.calls_dropped++;
-      ust__figs_timing_dropped(cc->figs);
+      ust__figs_kernel_lost(cc->figs);
     } else {
       ust__figs_kernel_time(cc->figs, sum, (uint64_t)((double)(end - start) * ns_per_tick + 0.5), cc->tsol_ps, 0);
       ust__figs_replayed(cc->figs);
@@ -856,7 +856,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
       continue;
     if (!whole) {
       t->calls_dropped++;
-      ust__figs_timing_dropped(c->figs);
+      ust__figs_kernel_lost(c->figs);
       continue;
     }
     if (c->kernels == 0) {

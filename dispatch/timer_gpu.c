@@ -691,7 +691,7 @@ static int conclude(ust__timers *t, int token, cudaError_t q, int sync) {
     }
   } else {
     timer_floor(t, s, 0);
-    ust__figs_timing_dropped(s->figs);
+    ust__figs_pair_failed(s->figs);
   }
   s->figs = NULL;
   give_back(t, token);

@@ -197,6 +197,10 @@ static cJSON *shape_json(const ust__route_snap *s) {
   add_num(js, "timed", (double)s->figs.hist.count);
   add_num(js, "captured", (double)s->figs.captured);
   add_num(js, "timing_dropped", (double)s->figs.timing_dropped);
+  /* of those, the tracer's calls whose kernel records did not all come, and
+   * event pairs the device could not time */
+  add_num(js, "kernel_lost", (double)s->figs.kernel_lost);
+  add_num(js, "pair_failed", (double)s->figs.pair_failed);
   /* of the timed calls, the key's first ones (timed whatever the sampling) */
   add_num(js, "first_timed", (double)s->figs.first_timed);
   add_num(js, "first_time_ns", (double)s->figs.first_time_ns);
@@ -641,7 +645,10 @@ static int write_shape(cJSON *sh, const ust__reading *r, const ust__derive_shape
   set_num(tb, "kernels", by_kernels);
   set_num(tb, "held_pair", by_held);
   set_num(tb, r->in.on_host ? "host_clock" : "pair", by_rest);
-  set_num(dr, "no_timer", r->timing_dropped);
+  const double lost = num(sh, "kernel_lost"), failed = num(sh, "pair_failed");
+  set_num(dr, "no_timer", r->timing_dropped > lost + failed ? r->timing_dropped - lost - failed : 0);
+  set_num(dr, "kernel_records_lost", lost);
+  set_num(dr, "pair_failed", failed);
   set_num(dr, "hold_expired", num(sh, "hold_expired"));
   cJSON *shadow = cJSON_GetObjectItemCaseSensitive(sh, "shadow");
   set_quantiles(cJSON_GetObjectItemCaseSensitive(shadow, "candidate_latency_ns"), d->cand_timed, d->cand_p50,

@@ -157,6 +157,8 @@ static void roof_snap(ust__roof_sums *r, ust__roof_snap *out) {
 int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   memset(out, 0, sizeof *out);
   out->captured = atomic_load(&f->captured);
+  out->kernel_lost = atomic_load(&f->kernel_lost); /* before the total they are part of */
+  out->pair_failed = atomic_load(&f->pair_failed);
   out->timing_dropped = atomic_load(&f->timing_dropped);
   out->first_timed = atomic_load(&f->first_timed);
   out->first_time_ns = atomic_load(&f->first_time_ns);

@@ -170,7 +170,9 @@ typedef struct ust__figs {
    * for key_every calls (ust__binding_admit), all but itself counted here */
   atomic_uint_fast64_t estimated;
   atomic_uint_fast64_t captured;       /* calls made while the stream captured a graph */
-  atomic_uint_fast64_t timing_dropped; /* sampled, but no timer was free */
+  atomic_uint_fast64_t timing_dropped; /* sampled, but no figure: no timer free, or one of the two below */
+  atomic_uint_fast64_t kernel_lost;    /* of those, timed by the kernel tracer: a kernel record never came */
+  atomic_uint_fast64_t pair_failed;    /* of those, an event pair the device could not time */
   ust__hist hist;                      /* production's latency, ns (the timed calls) */
   /* of those, the key's first calls, timed whatever the sampling: kept apart
    * so that a slow first call (a kernel compiled, a plan tuned) does not
@@ -263,9 +265,19 @@ static inline void ust__figs_captured_call(ust__figs *f, int late) {
   if (late)
     atomic_fetch_add_explicit(&f->late_captured, 1, memory_order_relaxed);
 }
-/* A call sampled for timing that got no figure (no timer free, records lost). */
+/* A call sampled for timing that got no figure: no timer was free; its
+ * kernel records did not all come (the kernel tracer's); its event pair
+ * failed. */
 static inline void ust__figs_timing_dropped(ust__figs *f) {
   atomic_fetch_add_explicit(&f->timing_dropped, 1, memory_order_relaxed);
+}
+static inline void ust__figs_kernel_lost(ust__figs *f) {
+  atomic_fetch_add_explicit(&f->kernel_lost, 1, memory_order_relaxed);
+  ust__figs_timing_dropped(f);
+}
+static inline void ust__figs_pair_failed(ust__figs *f) {
+  atomic_fetch_add_explicit(&f->pair_failed, 1, memory_order_relaxed);
+  ust__figs_timing_dropped(f);
 }
 /* Of the timed calls, one whose figure is a held event pair (dispatch/hold.h). */
 static inline void ust__figs_held(ust__figs *f) { atomic_fetch_add_explicit(&f->held_timed, 1, memory_order_relaxed); }
@@ -323,7 +335,7 @@ typedef struct ust__roof_snap {
 /* A plain copy of a route's figures. Read in the order the counters grow
  * (captured before calls), so derived differences never go negative. */
 typedef struct ust__figs_snap {
-  uint64_t captured, timing_dropped, calls, estimated, unscored, nested_scored;
+  uint64_t captured, timing_dropped, kernel_lost, pair_failed, calls, estimated, unscored, nested_scored;
   uint64_t first_timed, first_time_ns;
   uint64_t steady_timed, steady_time_ns, late_captured;
   uint64_t kernel_timed, kernel_span_ns, replayed, unseen_kernels, unseen_ns, graph_changed;

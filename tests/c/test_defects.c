@@ -102,7 +102,8 @@ TEST(report_derive_from_additive_figures) {
   snprintf(json, sizeof json,
            "{\"schema\": \"understudy.report\", \"version\": 1, \"histogram\": {\"scheme\": \"%s\"},"
            " \"operators\": [{\"name\": \"a\", \"shapes\": ["
-           "  {\"key\": \"k1\", \"phase\": \"decode\", \"calls\": 6, \"captured\": 0,"
+           "  {\"key\": \"k1\", \"phase\": \"decode\", \"calls\": 6, \"captured\": 0, \"timing_dropped\": 7,"
+           "   \"kernel_lost\": 2, \"pair_failed\": 1, \"hold_expired\": 3,"
            "   \"latency_ns\": {\"sum\": 500, \"buckets\": [[%u, 1], [%u, 1], [%u, 1]]}},"
            "  {\"key\": \"k2\", \"phase\": \"decode\", \"calls\": 1, \"captured\": 0,"
            "   \"latency_ns\": {\"sum\": 1000, \"buckets\": [[%u, 1]]}}]}], \"totals\": {}}",
@@ -119,6 +120,13 @@ TEST(report_derive_from_additive_figures) {
   const double rep100 = (double)ust__hist_lower(b100) + (double)(ust__hist_width(b100) - 1) / 2.0;
   NEAR(cJSON_GetObjectItem(cJSON_GetObjectItem(k1, "latency_ns"), "p50")->valuedouble, rep100, 0);
   ASSERT_INT_EQ(cJSON_GetObjectItem(k1, "timed")->valueint, 3);
+  /* the samples dropped, by why: of the 7 without a figure, 2 lost kernel
+   * records and 1 a failed pair; the rest had no timer */
+  cJSON *dropped = cJSON_GetObjectItem(k1, "dropped");
+  ASSERT_INT_EQ(cJSON_GetObjectItem(dropped, "no_timer")->valueint, 4);
+  ASSERT_INT_EQ(cJSON_GetObjectItem(dropped, "kernel_records_lost")->valueint, 2);
+  ASSERT_INT_EQ(cJSON_GetObjectItem(dropped, "pair_failed")->valueint, 1);
+  ASSERT_INT_EQ(cJSON_GetObjectItem(dropped, "hold_expired")->valueint, 3);
   /* device time: the timed sum scaled to all calls: 500 * 6 / 3 = 1000; k2 1000 */
   NEAR(cJSON_GetObjectItem(k1, "est_device_time_ns")->valuedouble, 1000.0, 0);
   NEAR(cJSON_GetObjectItem(k1, "weight")->valuedouble, 0.5, 1e-15);

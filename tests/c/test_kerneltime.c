@@ -281,6 +281,7 @@ TEST(kernel_records_lost_or_stale_do_not_make_figures) {
   ASSERT_U64_EQ(hist_count(&c), 0);
   ASSERT_U64_EQ(atomic_load(&a.timing_dropped), 1);
   ASSERT_U64_EQ(atomic_load(&b.timing_dropped), 1);
+  ASSERT_U64_EQ(atomic_load(&a.kernel_lost) + atomic_load(&b.kernel_lost), 2); /* dropped for lost records */
   ASSERT_U64_EQ(atomic_load(&c.timing_dropped), 0);
   ust__kt_totals t;
   ust__kt_totals_get(k, &t);

@@ -132,7 +132,7 @@ def test_a_call_that_synchronises_inside_while_held_returns_and_its_sample_is_dr
         s = route(rep, f"ust_hold_test::{name}")
         # every call sampled: timed, or dropped for no free timer, or because its hold gave up
         assert s["calls"] == 50000, s
-        assert s["timed"] + s["dropped"]["no_timer"] + s["dropped"]["hold_expired"] == 50000, s
+        assert s["timed"] + sum(s["dropped"].values()) == 50000, s
         # its held calls gave up at the deadline (the other threads' calls, held meanwhile on the same
         # stream, may too): dropped, counted; then it was not held again
         assert 2 <= s["dropped"]["hold_expired"] < 100, s["dropped"]
