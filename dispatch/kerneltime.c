@@ -666,7 +666,8 @@ static void conclude_replays(ust__kt *k, replay_rec *r, uint32_t n, double ns_pe
       k->totals.calls_dropped++;
       ust__figs_kernel_lost(cc->figs);
     } else {
-      ust__figs_kernel_time(cc->figs, sum, (uint64_t)((double)(end - start) * ns_per_tick + 0.5), cc->tsol_ps, 0);
+      ust__figs_kernel_time(cc->figs, sum, (uint64_t)((double)(end - start) * ns_per_tick + 0.5), j - i, cc->tsol_ps,
+                            0);
       ust__figs_replayed(cc->figs);
       k->totals.calls_replayed++;
     }
@@ -865,7 +866,7 @@ void ust__kt_conclude(ust__kt *k, uint64_t window_ns, double ns_per_tick) {
     }
     t->calls_timed++;
     const uint64_t span = (uint64_t)((double)(c->end - c->start) * ns_per_tick + 0.5);
-    ust__figs_kernel_time(c->figs, c->sum_ns, span, tsol_ps, c->kind);
+    ust__figs_kernel_time(c->figs, c->sum_ns, span, c->kernels, tsol_ps, c->kind);
   }
   free(complete);
   if (n_replays > 0)

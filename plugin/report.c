@@ -214,6 +214,7 @@ static cJSON *shape_json(const ust__route_snap *s) {
   add_num(js, "steady_calls", late > s->figs.late_captured ? (double)(late - s->figs.late_captured) : 0.0);
   add_num(js, "kernel_timed", (double)s->figs.kernel_timed);
   add_num(js, "kernel_span_ns", (double)s->figs.kernel_span_ns);
+  add_num(js, "kernels", (double)s->figs.kernels); /* the kernels those calls ran (a nested call's counted in) */
   /* of the timed calls, those timed by a held pair (their work back to back,
    * dispatch/hold.h); the held calls whose hold gave up, their samples dropped */
   add_num(js, "held_timed", (double)s->figs.held_timed);
@@ -644,6 +645,12 @@ static int write_shape(cJSON *sh, const ust__reading *r, const ust__derive_shape
     return ust__error(UST_ENOMEM, "report: out of memory");
   set_num(tb, "kernels", by_kernels);
   set_num(tb, "held_pair", by_held);
+  /* the kernels a call timed by its kernels ran, on average (null: none was) */
+  cJSON_DeleteItemFromObjectCaseSensitive(sh, "kernels_per_call");
+  if (by_kernels > 0)
+    set_num(sh, "kernels_per_call", num(sh, "kernels") / by_kernels);
+  else
+    cJSON_AddNullToObject(sh, "kernels_per_call");
   set_num(tb, r->in.on_host ? "host_clock" : "pair", by_rest);
   const double lost = num(sh, "kernel_lost"), failed = num(sh, "pair_failed");
   set_num(dr, "no_timer", r->timing_dropped > lost + failed ? r->timing_dropped - lost - failed : 0);

@@ -42,9 +42,11 @@ void ust__figs_timed(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int kind) {
   }
 }
 
-void ust__figs_kernel_time(ust__figs *f, uint64_t sum_ns, uint64_t span_ns, uint64_t tsol_ps, int kind) {
+void ust__figs_kernel_time(ust__figs *f, uint64_t sum_ns, uint64_t span_ns, uint32_t kernels, uint64_t tsol_ps,
+                           int kind) {
   ust__figs_timed(f, sum_ns, tsol_ps, kind);
   atomic_fetch_add_explicit(&f->kernel_span_ns, span_ns, memory_order_relaxed);
+  atomic_fetch_add_explicit(&f->kernels, kernels, memory_order_relaxed);
   atomic_fetch_add_explicit(&f->kernel_timed, 1, memory_order_relaxed);
 }
 
@@ -169,6 +171,7 @@ int ust__figs_snapshot(ust__figs *f, ust__figs_snap *out) {
   out->held_timed = atomic_load(&f->held_timed);
   out->hold_expired = atomic_load(&f->hold_expired);
   out->kernel_span_ns = atomic_load(&f->kernel_span_ns);
+  out->kernels = atomic_load(&f->kernels);
   out->replayed = atomic_load(&f->replayed);
   out->unseen_kernels = atomic_load(&f->unseen_kernels);
   for (int i = 0; i < UST__FIGS_KERNEL_NAMES; i++)

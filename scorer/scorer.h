@@ -187,6 +187,7 @@ typedef struct ust__figs {
    * (first start to last end); the others were timed by events or the host
    * clock around the call */
   atomic_uint_fast64_t kernel_timed, kernel_span_ns;
+  atomic_uint_fast64_t kernels; /* the kernels those calls ran */
   /* of the timed calls, those whose figure is a held event pair
    * (dispatch/hold.h): the call's work run back to back, less what the pair
    * adds; and the held calls whose hold gave up (their samples dropped) */
@@ -234,7 +235,8 @@ void ust__figs_free(ust__figs *f);
 void ust__figs_timed(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int kind);
 /* One call timed by its kernels: their summed durations (the call's time)
  * and their span. */
-void ust__figs_kernel_time(ust__figs *f, uint64_t sum_ns, uint64_t span_ns, uint64_t tsol_ps, int kind);
+void ust__figs_kernel_time(ust__figs *f, uint64_t sum_ns, uint64_t span_ns, uint32_t kernels, uint64_t tsol_ps,
+                           int kind);
 void ust__figs_cand_time(ust__figs *f, uint64_t ns, uint64_t tsol_ps, int passed);
 /* The profile a scored call ran on; stored only when it changes. */
 void ust__figs_note_hw(ust__figs *f, const struct ust__hw_profile *hw);
@@ -338,7 +340,7 @@ typedef struct ust__figs_snap {
   uint64_t captured, timing_dropped, kernel_lost, pair_failed, calls, estimated, unscored, nested_scored;
   uint64_t first_timed, first_time_ns;
   uint64_t steady_timed, steady_time_ns, late_captured;
-  uint64_t kernel_timed, kernel_span_ns, replayed, unseen_kernels, unseen_ns, graph_changed;
+  uint64_t kernel_timed, kernel_span_ns, kernels, replayed, unseen_kernels, unseen_ns, graph_changed;
   uint64_t held_timed, hold_expired;
   const char *kernel_names[UST__FIGS_KERNEL_NAMES]; /* NULL past the last */
   const struct ust__hw_profile *hw;

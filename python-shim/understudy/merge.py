@@ -46,7 +46,7 @@ def _hist_json(acc: dict) -> dict:
 
 ADD_SHAPE = ("calls", "estimated", "captured", "timing_dropped", "kernel_lost", "pair_failed", "first_timed",
              "first_time_ns", "steady_timed", "steady_time_ns", "steady_calls", "kernel_timed", "kernel_span_ns",
-             "replayed", "held_timed", "hold_expired")
+             "kernels", "replayed", "held_timed", "hold_expired")
 ADD_SHADOW = ("calls", "verified", "passed", "failed", "skipped", "unverifiable", "bytes_copied", "overdue",
               "process_passed")
 ADD_ROOF = ("calls", "unscored", "tsol_ns_sum", "time_ns_sum", "candidate_calls", "candidate_tsol_ns_sum",

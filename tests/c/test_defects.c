@@ -103,7 +103,7 @@ TEST(report_derive_from_additive_figures) {
            "{\"schema\": \"understudy.report\", \"version\": 1, \"histogram\": {\"scheme\": \"%s\"},"
            " \"operators\": [{\"name\": \"a\", \"shapes\": ["
            "  {\"key\": \"k1\", \"phase\": \"decode\", \"calls\": 6, \"captured\": 0, \"timing_dropped\": 7,"
-           "   \"kernel_lost\": 2, \"pair_failed\": 1, \"hold_expired\": 3,"
+           "   \"kernel_lost\": 2, \"pair_failed\": 1, \"hold_expired\": 3, \"kernel_timed\": 2, \"kernels\": 5,"
            "   \"latency_ns\": {\"sum\": 500, \"buckets\": [[%u, 1], [%u, 1], [%u, 1]]}},"
            "  {\"key\": \"k2\", \"phase\": \"decode\", \"calls\": 1, \"captured\": 0,"
            "   \"latency_ns\": {\"sum\": 1000, \"buckets\": [[%u, 1]]}}]}], \"totals\": {}}",
@@ -127,6 +127,9 @@ TEST(report_derive_from_additive_figures) {
   ASSERT_INT_EQ(cJSON_GetObjectItem(dropped, "kernel_records_lost")->valueint, 2);
   ASSERT_INT_EQ(cJSON_GetObjectItem(dropped, "pair_failed")->valueint, 1);
   ASSERT_INT_EQ(cJSON_GetObjectItem(dropped, "hold_expired")->valueint, 3);
+  /* 2 calls timed by their kernels ran 5: 2.5 a call; none timed so: null */
+  NEAR(cJSON_GetObjectItem(k1, "kernels_per_call")->valuedouble, 2.5, 0);
+  ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItem(k2, "kernels_per_call")));
   /* device time: the timed sum scaled to all calls: 500 * 6 / 3 = 1000; k2 1000 */
   NEAR(cJSON_GetObjectItem(k1, "est_device_time_ns")->valuedouble, 1000.0, 0);
   NEAR(cJSON_GetObjectItem(k1, "weight")->valuedouble, 0.5, 1e-15);

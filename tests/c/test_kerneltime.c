@@ -56,6 +56,10 @@ TEST(kernel_records_join_calls_in_any_order) {
   ASSERT_U64_EQ(atomic_load(&inner.kernel_span_ns), 400);
   ASSERT_U64_EQ(hist_sum(&other), 70);
   ASSERT_U64_EQ(atomic_load(&outer.kernel_timed), 1);
+  /* the kernels each ran: its own and its nested calls' */
+  ASSERT_U64_EQ(atomic_load(&outer.kernels), 3);
+  ASSERT_U64_EQ(atomic_load(&inner.kernels), 1);
+  ASSERT_U64_EQ(atomic_load(&other.kernels), 1);
   ust__kt_totals t;
   ust__kt_totals_get(k, &t);
   ASSERT_U64_EQ(t.windows, 1);
@@ -447,6 +451,7 @@ TEST(kernel_graph_replays_are_their_captured_calls) {
   ASSERT_U64_EQ(hist_count(&a), 2);
   ASSERT_U64_EQ(hist_sum(&a), 2 * (100 + 50));
   ASSERT_U64_EQ(atomic_load(&a.kernel_span_ns), 2 * 250);
+  ASSERT_U64_EQ(atomic_load(&a.kernels), 2 * 2); /* two nodes a replay */
   ASSERT_U64_EQ(atomic_load(&b.replayed), 2);
   ASSERT_U64_EQ(hist_sum(&b), 2 * 30);
   ASSERT_U64_EQ(hist_sum(&e), 40);
