@@ -541,6 +541,21 @@ def test_a_mismatch_under_live_replays_rolls_back_from_the_next_replay(us):
     assert sh["rollback"]["while_serving"] is True  # that replay's entry says the candidate served it
 
 
+def _compiled_rms_norm():
+    """A step that calls _C::rms_norm (a mutating custom op) from inductor's
+    generated code, under torch.compile(mode="reduce-overhead"), with fresh
+    dynamo state; and its (8, 4096) bf16 inputs."""
+    torch._dynamo.reset()
+
+    def step(x, w):
+        out = torch.empty_like(x)
+        torch.ops._C.rms_norm(out, x, w, 1e-6)
+        return out
+
+    (x, w), = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    return torch.compile(step, mode="reduce-overhead"), x, w
+
+
 @pytest.mark.parametrize("beside_mb", [16, 0])
 def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us, beside_mb):
     """torch.compile(mode="reduce-overhead"): inductor calls _C::rms_norm
@@ -552,15 +567,7 @@ def test_reduce_overhead_graphs_hold_the_shadow_and_serve_live(us, beside_mb):
     verified and, with the shadow in the chain (graph_beside_max_mb 0),
     served by the candidate, not captured again; beside the chain (the
     default for a route in shadow) production serves them (verify-only)."""
-    torch._dynamo.reset()
-
-    def step(x, w):
-        out = torch.empty_like(x)
-        torch.ops._C.rms_norm(out, x, w, 1e-6)
-        return out
-
-    fn = torch.compile(step, mode="reduce-overhead")
-    (x, w), = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    fn, x, w = _compiled_rms_norm()
     cfg = shadow_config("rms_norm", native("rms_norm_cuda"))
     cfg["shadow"] = {"graph_beside_max_mb": beside_mb}
     us.enable(cfg)
@@ -606,15 +613,7 @@ def test_a_graph_trees_warm_up_keeps_no_shadow_tensor_in_the_graphs_pool(us):
     assert, on by default). A shadow failing in the warm-up keeps its
     evidence but none of its tensors past the call (no repro of it), so the
     check holds whatever the worker's pace."""
-    torch._dynamo.reset()
-
-    def step(x, w):
-        out = torch.empty_like(x)
-        torch.ops._C.rms_norm(out, x, w, 1e-6)
-        return out
-
-    fn = torch.compile(step, mode="reduce-overhead")
-    (x, w), = rms_inputs("cuda", torch.bfloat16, shapes=((8, 4096),))
+    fn, x, w = _compiled_rms_norm()
     w.mul_(16)  # past the candidate's saturation: its first verification fails
     assert torch._inductor.config.triton.slow_path_cudagraph_asserts
     us.enable(_serve_config("shadow", lib="rms_norm_cuda_saturates"))
