@@ -381,13 +381,15 @@ uint64_t ust__timers_stage_floor(ust__timers *t, int tag1, uint64_t tsol_ps) {
     return tsol_ps;
   /* never waits (a serving thread, the tracer's lock, another thread's
    * capture): copies not done yet leave the bound, and their area drains */
-  enum cudaStreamCaptureMode mode = relax_capture_mode();
-  const int done = stage_ready(t, tag1, 0);
-  restore_capture_mode(mode);
+  int done = 1;
+  if (sp->ok[i] != 0) {
+    enum cudaStreamCaptureMode mode = relax_capture_mode();
+    done = stage_ready(t, tag1, 0);
+    restore_capture_mode(mode);
+  }
   if (done && sp->ok[i] == 1 && tsol_ps > 0)
     tsol_ps = stage_apply(sp, i, tsol_ps);
   if (done) {
-    sp->ok[i] = 0;
     stage_release(t, sp, i);
   } else {
     pthread_mutex_lock(&t->lock);
@@ -420,9 +422,8 @@ static void stages_drain(ust__timers *t, int sync) {
       pthread_mutex_lock(&t->lock);
       sp->draining[i] = 0;
       __atomic_fetch_sub(&sp->n_draining, 1, __ATOMIC_RELAXED);
-      sp->ok[i] = 0;
-      sp->free_list[sp->n_free++] = i;
       pthread_mutex_unlock(&t->lock);
+      stage_release(t, sp, i);
     }
   }
   if (relaxed)
@@ -444,10 +445,10 @@ static uint64_t timer_floor(ust__timers *t, timer *s, uint64_t tsol_ps) {
 int ust__timers_defer_floor(ust__timers *t, int token, const ust__floor_defer *d, int part) {
   if (token < 0)
     return -1;
+  /* a tracer's token (CUPTI_TOKEN) is a call slot of its windows */
   ust__kt *kt = token & CUPTI_TOKEN ? ust__cupti_kt(t->cupti) : NULL;
-  timer *s = token & CUPTI_TOKEN ? NULL : &t->pools[token >> 20].timers[token & 0xfffff];
-  if ((kt != NULL && ust__kt_floor_tag(kt, token & ~CUPTI_TOKEN, 0) > 0) || (s != NULL && s->floor_tag1 > 0) ||
-      (kt == NULL && s == NULL))
+  timer *s = kt != NULL ? NULL : &t->pools[token >> 20].timers[token & 0xfffff];
+  if (kt != NULL ? ust__kt_floor_tag(kt, token & ~CUPTI_TOKEN, 0) > 0 : s->floor_tag1 > 0)
     return -1; /* one deferral a call */
   const int tag1 = ust__timers_stage(t, d->device, d);
   if (tag1 == 0)
@@ -465,9 +466,7 @@ void ust__timers_floor_settled(ust__timers *t, int token, int part) {
   if (token < 0)
     return;
   if (token & CUPTI_TOKEN) {
-    ust__kt *kt = ust__cupti_kt(t->cupti);
-    if (kt != NULL)
-      ust__kt_floor_settled(kt, token & ~CUPTI_TOKEN, part);
+    ust__kt_floor_settled(ust__cupti_kt(t->cupti), token & ~CUPTI_TOKEN, part);
     return;
   }
   timer *s = &t->pools[token >> 20].timers[token & 0xfffff];
@@ -646,8 +645,8 @@ void ust__timers_cancel(ust__timers *t, int token) {
 
 void ust__timers_end(ust__timers *t, int token, void *stream, ust__figs *figs, uint64_t tsol_ps, int kind) {
   if (token & CUPTI_TOKEN) {
-    ust__kt *kt = ust__cupti_kt(t->cupti); /* the lengths copied behind the call's kernels */
-    ust__timers_stage_copy(t, kt != NULL ? ust__kt_floor_tag(kt, token & ~CUPTI_TOKEN, 1) : 0, stream);
+    /* the lengths copied behind the call's kernels */
+    ust__timers_stage_copy(t, ust__kt_floor_tag(ust__cupti_kt(t->cupti), token & ~CUPTI_TOKEN, 1), stream);
     ust__cupti_end(t->cupti, token & ~CUPTI_TOKEN, figs, tsol_ps, kind);
     return;
   }
