@@ -205,8 +205,7 @@ static void retire_unfenced(shadow_slot *s) {
   tell_keeper(s);
   ust__verify_skipped(s->r.verify, UST__SKIP_ERROR);
   ust__verdict v = {UST__VERDICT_SKIPPED, s->r.serving, 0, 0, 0, s->r.tsol_ps, s->r.stage, s->r.remote, NAN,
-                    s->r.timed_kind, 0, 0};
-  v.floor_tag1 = s->r.floor_tag1;
+                    s->r.timed_kind, 0, 0, s->r.floor_tag1};
   s->pool->sink->concluded(s->pool->sink_ctx, s->r.cookie, &v);
   ust__log(s->pool->log, UST_LOG_WARN, "shadow: a slot's device work could not be fenced; the slot is retired");
 }
