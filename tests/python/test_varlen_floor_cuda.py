@@ -32,12 +32,16 @@ WRAPPER = "vllm::unified_attention_with_output"
 _metadata = {}  # the forward context the wrapper reads, as vLLM's
 
 
-def _unified_attention_with_output(query, key, value, output, layer_name, output_scale=None,
-                                   output_block_scale=None, kv_cache_dummy_dep=None):
-    m = _metadata
+def fa2(m, query, output):
+    """One FA2 call over the paged cache and lengths of metadata m, causal."""
     torch.ops._vllm_fa2_C.varlen_fwd(query, m["cache"], m["cache"], output, m["cu_q"], m["cu_k"], m["used"], None,
                                      m["table"], None, 1, m["max_k"], 0.0, 0.125, False, True, -1, -1, 0.0, False,
                                      None)
+
+
+def _unified_attention_with_output(query, key, value, output, layer_name, output_scale=None,
+                                   output_block_scale=None, kv_cache_dummy_dep=None):
+    fa2(_metadata, query, output)
 
 
 def define(qualname, fn):
@@ -124,9 +128,7 @@ def test_a_varlen_call_with_its_lengths_on_the_gpu_is_floored_by_each_sequence(u
     def call(calls):
         for i in range(calls):
             batch(i)
-            torch.ops._vllm_fa2_C.varlen_fwd(m["q"], m["cache"], m["cache"], m["out"], m["cu_q"], m["cu_k"],
-                                             m["used"], None, m["table"], None, 1, MAX_K, 0.0, 0.125, False, True,
-                                             -1, -1, 0.0, False, None)
+            fa2(m, m["q"], m["out"])
     rep = observed(us, 20, call)
     (r,) = routes(rep, FA2)
     assert r["calls"] == 20 and r["roofline"]["calls"] == 20, r
@@ -175,9 +177,7 @@ def test_a_shadowed_varlen_call_is_floored_by_each_sequence_on_both_arms(us):
     calls = 20
     for i in range(calls):
         batch(i)
-        torch.ops._vllm_fa2_C.varlen_fwd(m["q"], m["cache"], m["cache"], m["out"], m["cu_q"], m["cu_k"], m["used"],
-                                         None, m["table"], None, 1, MAX_K, 0.0, 0.125, False, True, -1, -1, 0.0,
-                                         False, None)
+        fa2(m, m["q"], m["out"])
     torch.cuda.synchronize()
     rep = us.report()
     us.disable()
@@ -208,9 +208,7 @@ def test_a_varlen_call_timed_by_its_kernels_is_floored_by_each_sequence(us, thro
         if through == "wrapper":
             torch.ops.vllm.unified_attention_with_output(m["q"], m["q"], m["q"], m["out"], "layers.0.attn")
             return
-        torch.ops._vllm_fa2_C.varlen_fwd(m["q"], m["cache"], m["cache"], m["out"], m["cu_q"], m["cu_k"], m["used"],
-                                         None, m["table"], None, 1, MAX_K, 0.0, 0.125, False, True, -1, -1, 0.0,
-                                         False, None)
+        fa2(m, m["q"], m["out"])
     us.enable({"operators": {"unified_attention": {"mode": "observe", "sample": 1.0}},
                "hardware": {"profile": "H200"}, "report": {"interval_s": 0},
                "timer": {"kind": "cupti", "budget": 0, "window_ms": 5000}})
