@@ -28,8 +28,12 @@
 //                 launch on streams of their own throughout (as a serving
 //                 process's threads do), each window subscribing, tracing
 //                 and unsubscribing again ("during": one block in each)
-//   cycles+final  the same, each window ending in cuptiFinalize; then the
-//                 heap is churned, so that a corruption shows as a crash
+//   cycles+final  the same, each window ending in cuptiFinalize called by
+//                 the timing thread while the others launch; then the heap
+//                 is churned, so that a corruption shows as a crash
+//   cycles+exit   the same, each window ending in cuptiFinalize called at a
+//                 launch API's exit callsite, on whichever thread launches
+//                 next (CUPTI's dynamic detach; understudy's tracer does so)
 //
 // Build (the device machine):
 //   nvcc -O2 -arch=sm_90 -I$CUDA/include -o cupti_residue benchmarks/cupti_residue.cu -lcuda -ldl
@@ -101,12 +105,15 @@ static struct {
 static CUpti_SubscriberHandle sub;
 static volatile unsigned long long noted;
 static int pushing;
+static std::atomic<int> detach_asked{0}, detached{0};
 
 static void CUPTIAPI on_launch(void *data, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *cbdata) {
   (void)data, (void)domain, (void)cbid;
   const CUpti_CallbackData *cb = (const CUpti_CallbackData *)cbdata;
   if (cb->callbackSite == CUPTI_API_ENTER)
     noted += cb->correlationId;
+  else if (detach_asked.exchange(0) == 1)
+    detached.store(api.finalize() == CUPTI_SUCCESS ? 1 : -1);
 }
 
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
@@ -213,6 +220,8 @@ static void *launcher(void *arg) {
 }
 
 // CYCLES windows beside THREADS launching threads; the median block inside them.
+// fin: 0 unsubscribe, 1 cuptiFinalize here, 2 cuptiFinalize at the next
+// launch's exit callsite (the callbacks stay on until it has run)
 static double cycles(int fin) {
   pthread_t th[THREADS];
   for (int i = 0; i < THREADS; i++)
@@ -226,6 +235,19 @@ static double cycles(int fin) {
     v[c] = block();
     kinds(0, 0);
     api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    if (fin == 2) {
+      detached.store(0);
+      detach_asked.store(1);
+      const double t0 = now_ns();
+      while (detached.load() == 0 && now_ns() - t0 < 5e9)
+        launch();
+      if (detached.load() != 1) {
+        fprintf(stderr, "cupti_residue: cuptiFinalize at an exit callsite %s\n",
+                detached.load() == 0 ? "never ran" : "failed");
+        exit(3);
+      }
+      continue;
+    }
     callbacks(0);
     check(api.unsubscribe(sub), "cuptiUnsubscribe");
     if (fin)
@@ -272,7 +294,7 @@ int main(int argc, char **argv) {
   double during = before;
   const int win = strncmp(v, "window", 6) == 0, cbs = win || strcmp(v, "callbacks") == 0;
   const int kern = win || strncmp(v, "kernels", 7) == 0, rec = strcmp(v, "records") == 0;
-  const int fin = strstr(v, "+final") != NULL;
+  const int fin = strstr(v, "+final") != NULL ? 1 : strstr(v, "+exit") != NULL ? 2 : 0;
   if (strcmp(v, "none") != 0)
     load(argv[3]);
   if (strcmp(v, "subscribe") == 0) {

@@ -28,7 +28,7 @@ import torch  # noqa: F401 (the GPU and CUDA the results name)
 
 HERE = pathlib.Path(__file__).resolve().parent
 VARIANTS = ["none", "load", "subscribe", "callbacks", "kernels", "window", "records", "window+final",
-            "kernels+final", "cycles", "cycles+final"]
+            "kernels+final", "cycles", "cycles+final", "cycles+exit"]
 
 
 def libcupti() -> str:
@@ -53,9 +53,16 @@ def build(out: pathlib.Path) -> pathlib.Path:
 
 
 def run(exe: pathlib.Path, variant: str, launch: str, lib: str) -> dict:
-    r = subprocess.run([str(exe), variant, launch, lib], capture_output=True, text=True, timeout=120)
+    """One process's medians, or {"failed": why} when it did not end well
+    (a crash is a finding: the table counts it)."""
+    try:
+        r = subprocess.run([str(exe), variant, launch, lib], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return {"failed": "no exit in 120 s"}
     if r.returncode != 0:
-        sys.exit(f"cupti_residue: {variant} {launch}: exit {r.returncode}: {r.stderr.strip()}")
+        why = f"exit {r.returncode}: {r.stderr.strip()[-200:]}"
+        print(f"cupti_residue: {variant} {launch}: {why}", file=sys.stderr)
+        return {"failed": why}
     fields = dict(kv.split("=") for kv in r.stdout.split()[2:])
     return {k: float(v) for k, v in fields.items()}
 
@@ -73,13 +80,18 @@ def main() -> None:
             for key in runs:
                 runs[key].append(run(exe, key[0], key[1], lib))
     rows = []
-    for (v, l), rs in runs.items():
+    for (v, l), all_rs in runs.items():
+        rs = [r for r in all_rs if "failed" not in r]
+        failed = f"{len(all_rs) - len(rs)} of {len(all_rs)}"
+        if not rs:
+            rows.append([v, l, None, None, None, "", failed])
+            continue
         during = [r["during_ns"] / r["before_ns"] for r in rs]
         after = [r["after_ns"] / r["before_ns"] for r in rs]
         rows.append([v, l, round(statistics.median(r["before_ns"] for r in rs), 1),
                      round(statistics.median(during), 3), round(statistics.median(after), 3),
-                     f"{min(after):.3f}-{max(after):.3f}"])
-    cols = ["step", "launch", "before ns", "during / before", "after / before", "after: range"]
+                     f"{min(after):.3f}-{max(after):.3f}", failed])
+    cols = ["step", "launch", "before ns", "during / before", "after / before", "after: range", "processes failed"]
     title = (f"host cost of an empty kernel's launch after each CUPTI step, over its cost before "
              f"(median of {args.rounds} processes each)")
     print(title)
