@@ -13,7 +13,9 @@ by hand, and a file is never rewritten: a new run is a new file.
                    args=args)
 
 UNDERSTUDY_BENCH_RESULTS names another folder to write into (a scratch run,
-a test), or "off" to write nothing. Only the standard library is used, so
+a test), or "off" to write nothing. UNDERSTUDY_BENCH_COMMIT names the commit
+for a copy of the tree whose git metadata is not its own (a machine the tree
+was copied to); its `dirty` is then unknown (null). Only the standard library is used, so
 the renderer and the tests read these files without torch.
 """
 from __future__ import annotations
@@ -80,6 +82,9 @@ def _git(*args: str) -> Optional[str]:
 def commit() -> dict:
     """The commit of the tree the benchmark ran from, and whether tracked
     files differ from it (a run of uncommitted code says so)."""
+    named = os.environ.get("UNDERSTUDY_BENCH_COMMIT", "").strip()
+    if named:
+        return {"commit": named, "dirty": None}
     head = _git("rev-parse", "--short", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if head else None
     return {"commit": head, "dirty": bool(status) if status is not None else None}

@@ -2,7 +2,7 @@
 
 HF decoders with random weights (2 layers, bf16: a Mistral-7B-shaped and a
 Qwen2-MoE-shaped one, --models) generate --tokens new tokens greedily at
-each --batch, four times on one GPU:
+each --batch, six times on one GPU:
 
 1. understudy at its default sampling, its timed calls held (timer.hold
    "auto", docs/timing.md);
@@ -10,7 +10,11 @@ each --batch, four times on one GPU:
    pair around each call, launch gaps included;
 3. understudy timed by the kernel tracer (CUPTI windows back to back:
    timer.kind "cupti", budget 0), every call sampled;
-4. torch.profiler (the ground truth): for each call of a bound op, the sum of
+4. understudy with the kernel tracer at its default window and budget
+   (timer.kind "cupti"), at the default sampling: the calls between its
+   windows are timed by events;
+5. understudy at its defaults (no configuration);
+6. torch.profiler (the ground truth): for each call of a bound op, the sum of
    the durations of the kernels launched inside it (its device_time_total).
 
 For each route (operator and shape key, prefill and decode) the table prints
@@ -151,7 +155,9 @@ def table(kind, batch, tokens, layers, correlation):
     _, plain = understudy_run(model, ids, tokens, {"defaults": {"sample": 1.0}, "timer": {"hold": "off"}})
     trep, cupti = understudy_run(model, ids, tokens, {"defaults": {"sample": 1.0}, "timer": {
         "kind": "cupti", "budget": 0, "window_ms": 1000, "correlation": correlation}})
-    held, plain, cupti = by_key(held), by_key(plain), by_key(cupti)
+    brep, budget = understudy_run(model, ids, tokens, {"timer": {"kind": "cupti", "correlation": correlation}})
+    _, dflt = understudy_run(model, ids, tokens, {})
+    held, plain, cupti, budget, dflt = by_key(held), by_key(plain), by_key(cupti), by_key(budget), by_key(dflt)
     ops = {k[0] for k in held} | {k[0] for k in plain} | {k[0] for k in cupti}
     per_key, bound_us, total_us = profiler_run(model, ids, tokens, ops)
     hold = rep.get("timer", {}).get("hold", {})
@@ -161,13 +167,16 @@ def table(kind, batch, tokens, layers, correlation):
     print(f"\n{kind}, batch {batch}, {tokens} new tokens, {layers} layers: hold {hold.get('state')} "
           f"(pair offset {cal}; held {hold.get('held', 0):.0f}, expired {hold.get('expired', 0):.0f}); tracer "
           f"{tm.get('kind')} ({tm.get('why') or tm.get('state')}), coverage {tm.get('coverage', float('nan')):.3f}")
+    bm = brep.get("timer", {})
+    print(f"tracer at its default budget: {bm.get('windows', 0):.0f} windows, correlation {bm.get('correlation')}, "
+          f"detach {bm.get('detach')} ({bm.get('detaches', 0):.0f} detached)")
     print(f"{'op':<34} {'key':<26} {'phase':<7} {'prof us':>8} {'held':>8} {'/prof':>6} {'held n':>6} "
-          f"{'events':>8} {'/prof':>6} {'tracer':>8} {'/prof':>6}")
+          f"{'events':>8} {'/prof':>6} {'tracer':>8} {'/prof':>6} {'budget':>6} {'kernel':>6} {'dflt':>6}")
 
     def med(s):
         return s["latency_ns"].get("p50", 0) / 1e3 if s else float("nan")
 
-    rows, r_held, r_plain, r_cupti = [], [], [], []
+    rows, r_held, r_plain, r_cupti, r_budget, r_dflt = [], [], [], [], [], []
     for (op, key), s in sorted(held.items()):
         prof = per_key.get((op, key))
         if not prof:
@@ -176,15 +185,23 @@ def table(kind, batch, tokens, layers, correlation):
         if p_us <= 0:
             continue
         h_us, e_us, c_us = med(s), med(plain.get((op, key))), med(cupti.get((op, key)))
+        b_us, d_us = med(budget.get((op, key))), med(dflt.get((op, key)))
+        # of the default-budget run's timed calls, the share its windows timed by their kernels
+        bs = budget.get((op, key)) or {}
+        by_kernels = bs.get("timed_by", {}).get("kernels", 0) / bs["timed"] if bs.get("timed") else float("nan")
         keytxt = ",".join(f"{k}={int(v)}" for k, v in key)
         n_held = s.get("timed_by", {}).get("held_pair", 0)
         print(f"{op:<34} {keytxt:<26} {s['phase']:<7} {p_us:>8.2f} {h_us:>8.2f} {h_us / p_us:>6.2f} {n_held:>6.0f} "
-              f"{e_us:>8.2f} {e_us / p_us:>6.2f} {c_us:>8.2f} {c_us / p_us:>6.2f}")
+              f"{e_us:>8.2f} {e_us / p_us:>6.2f} {c_us:>8.2f} {c_us / p_us:>6.2f} {b_us / p_us:>6.2f} "
+              f"{by_kernels:>6.0%} {d_us / p_us:>6.2f}")
         r_held.append(h_us / p_us)
         r_plain.append(e_us / p_us)
         r_cupti.append(c_us / p_us)
+        r_budget.append(b_us / p_us)
+        r_dflt.append(d_us / p_us)
         rows.append((kind, batch, op, keytxt, s["phase"], round(p_us, 2), round(h_us / p_us, 3), n_held,
-                     round(e_us / p_us, 3), round(c_us / p_us, 3)))
+                     round(e_us / p_us, 3), round(c_us / p_us, 3), round(b_us / p_us, 3),
+                     round(by_kernels, 3) if by_kernels == by_kernels else None, round(d_us / p_us, 3)))
 
     def summary(rs):
         rs = [r for r in rs if r == r]
@@ -194,7 +211,7 @@ def table(kind, batch, tokens, layers, correlation):
                 f"{sum(abs(r - 1) <= 0.1 for r in rs)}/{len(rs)}")
 
     print(f"routes {len(rows)}; over torch.profiler: held pairs {summary(r_held)}; plain events {summary(r_plain)}; "
-          f"tracer {summary(r_cupti)}")
+          f"tracer {summary(r_cupti)}; tracer at its default budget {summary(r_budget)}; defaults {summary(r_dflt)}")
     del model
     torch.cuda.empty_cache()
     return rows
@@ -217,10 +234,13 @@ def main():
                                                                           args.correlation)]
     tables = [_results.table(
         f"per route, median time per call over torch.profiler's kernels ({args.tokens} new tokens, {args.layers} "
-        f"layers, bf16): held event pairs at the default sampling, plain event pairs, the kernel tracer",
+        f"layers, bf16): held event pairs at the default sampling, plain event pairs, the kernel tracer (windows "
+        f"back to back), the tracer at its default budget (and the share of its timed calls its windows timed), "
+        f"understudy at its defaults",
         ["model", "batch", "op", "key", "phase", "profiler µs", "held / profiler", "held calls",
-         "events / profiler", "tracer / profiler"], rows,
-        [None, None, None, None, None, ".2f", ".2f", ",.0f", ".2f", ".2f"])]
+         "events / profiler", "tracer / profiler", "tracer at its budget / profiler", "timed in windows",
+         "defaults / profiler"], rows,
+        [None, None, None, None, None, ".2f", ".2f", ",.0f", ".2f", ".2f", ".2f", ".0%", ".2f"])]
     _results.write("kernel_time", tables, args=args)
 
 

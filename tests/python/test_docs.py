@@ -145,3 +145,17 @@ def test_results_files_are_what_the_renderer_reads():
         assert name.startswith(rec["benchmark"] + "-"), name
         assert rec["date"].replace("-", "").replace(":", "")[:16] == name[len(rec["benchmark"]) + 1:][:16], name
     assert r.headline(results) is not None, "no GPU run of the README's overhead table in benchmarks/results/"
+
+
+def test_a_results_file_names_the_commit_it_is_told_of(monkeypatch):
+    """A tree copied to another machine may carry git metadata not its own:
+    UNDERSTUDY_BENCH_COMMIT names the commit, and whether the tree was
+    dirty is then not known."""
+    spec = importlib.util.spec_from_file_location("_results", ROOT / "benchmarks" / "_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.delenv("UNDERSTUDY_BENCH_COMMIT", raising=False)
+    own = mod.commit()
+    assert own["commit"] is None or re.fullmatch(r"[0-9a-f]{7,40}", own["commit"])
+    monkeypatch.setenv("UNDERSTUDY_BENCH_COMMIT", "abc1234")
+    assert mod.commit() == {"commit": "abc1234", "dirty": None}
