@@ -21,14 +21,6 @@
  * that do not come back, or another client's that come to us, mean another
  * client took the activity callbacks: the tracer stands down too.
  *
- * Kernel records leave every later launch of the process dearer until CUPTI
- * is detached (benchmarks/cupti_residue.py). After a window it held the
- * subscription for, the tracer detaches it (timer.detach): cuptiFinalize at
- * a launch API's exit callsite, on whichever thread launches next, the one
- * place CUPTI documents it safe while other threads make CUDA calls (called
- * from the worker while they launched, it corrupted the heap later on). The
- * next window attaches CUPTI again.
- *
  * CUPTI's callbacks carry no context argument, so the tracer whose window is
  * open is published in one process-wide pointer (the registration it stands
  * for is process-wide too), and the activity buffers are process-wide and
@@ -72,7 +64,6 @@ typedef CUptiResult (*fn_enable_cb)(uint32_t, CUpti_SubscriberHandle, CUpti_Call
 typedef CUptiResult (*fn_node_id)(CUgraphNode, uint64_t *);
 typedef CUptiResult (*fn_graph_id)(CUgraph, uint32_t *);
 typedef CUptiResult (*fn_exec_id)(CUgraphExec, uint32_t *);
-typedef CUptiResult (*fn_void)(void);
 
 typedef struct cupti_api {
   fn_u32p get_version;
@@ -92,11 +83,10 @@ typedef struct cupti_api {
   fn_node_id graph_node_id; /* NULL: captured calls are not mapped to their graph nodes */
   fn_graph_id graph_id;     /* with exec_id: which graph an executable graph was instantiated */
   fn_exec_id exec_id;       /* from, seen while a window holds the subscription (NULL: not asked) */
-  fn_void finalize;         /* NULL: CUPTI is never detached */
 } cupti_api;
 
-enum { ST_OFF, ST_IDLE, ST_OPEN, ST_CLOSING, ST_DRAINING, ST_DETACHING, ST_YIELDED };
-static const char *const state_names[] = {"off", "idle", "window", "closing", "draining", "detaching", "yielded"};
+enum { ST_OFF, ST_IDLE, ST_OPEN, ST_CLOSING, ST_DRAINING, ST_YIELDED };
+static const char *const state_names[] = {"off", "idle", "window", "closing", "draining", "yielded"};
 
 /* The launch APIs (CUDA 13.0 ids): a call's launches are counted from
  * their records, so that a call whose kernel records were lost is known. */
@@ -232,21 +222,11 @@ struct ust__cupti {
   uint64_t opened_pair_ns;                /* how far apart that pair may be */
   uint64_t yields, windows_cut;
   uint64_t buffers_lost; /* still with CUPTI after a window's forced flush */
-  uint64_t detaches;     /* windows after which CUPTI was detached */
-  int detach_failed;     /* cuptiFinalize refused once: never asked again */
   atomic_uint_fast64_t buffers_short, foreign_buffers;
 };
 
 static _Atomic(ust__cupti *) g_tracer; /* the tracer CUPTI's callbacks feed (see the top) */
 static atomic_int g_in_callback;      /* callbacks running: a tracer is freed only after they left */
-
-/* A detach asked of the next launch API's exit callsite (see the top). The
- * callbacks are process-wide, and so is the request: DETACH_ASKED (the
- * worker) -> DETACH_RUNNING (the one thread that took it) -> DETACH_DONE or
- * DETACH_FAILED -> DETACH_NONE (the worker, having read it). */
-enum { DETACH_NONE, DETACH_ASKED, DETACH_RUNNING, DETACH_DONE, DETACH_FAILED };
-static atomic_int g_detach;
-static fn_void g_detach_fn; /* written before DETACH_ASKED is published */
 
 /* The activity buffers, process-wide and never freed: CUPTI may hold one
  * past the window (and the tracer) it was handed out for, and write into it
@@ -435,14 +415,6 @@ static void CUPTIAPI launch_callback(void *data, CUpti_CallbackDomain domain, CU
   const CUpti_CallbackData *cb = info;
   if ((domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) || cb == NULL)
     return;
-  if (atomic_load_explicit(&g_detach, memory_order_acquire) != DETACH_NONE) {
-    /* between windows, waiting to detach: no launch is noted */
-    int asked = DETACH_ASKED;
-    if (cb->callbackSite == CUPTI_API_EXIT &&
-        atomic_compare_exchange_strong(&g_detach, &asked, DETACH_RUNNING))
-      atomic_store(&g_detach, g_detach_fn() == CUPTI_SUCCESS ? DETACH_DONE : DETACH_FAILED);
-    return;
-  }
   const int kind = change_kind(domain, cbid); /* a switch: every launch of a window passes here */
   if (kind != 0) {
     graph_changed(domain, kind, cb);
@@ -466,20 +438,16 @@ static void CUPTIAPI launch_callback(void *data, CUpti_CallbackDomain domain, CU
   atomic_fetch_sub(&g_in_callback, 1);
 }
 
-static void set_launch_callbacks(ust__cupti *c, uint32_t on) {
-  for (size_t i = 0; i < sizeof runtime_launches / sizeof runtime_launches[0]; i++)
-    c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]);
-  for (size_t i = 0; i < sizeof driver_launches / sizeof driver_launches[0]; i++)
-    c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_launches[i]);
-}
-
 static void set_callbacks(ust__cupti *c, uint32_t on) {
   if (on) {
     unsigned gen = atomic_fetch_add(&g_change_gen, 1) + 1;
     if (gen == 0) /* never 0, the thread's "none" */
       atomic_fetch_add(&g_change_gen, 1);
   }
-  set_launch_callbacks(c, on);
+  for (size_t i = 0; i < sizeof runtime_launches / sizeof runtime_launches[0]; i++)
+    c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]);
+  for (size_t i = 0; i < sizeof driver_launches / sizeof driver_launches[0]; i++)
+    c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_launches[i]);
   if (c->api.graph_id != NULL && c->api.exec_id != NULL) {
     c->api.enable_callback(on, c->sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED);
     for (size_t i = 0; i < sizeof runtime_changes / sizeof runtime_changes[0]; i++)
@@ -527,7 +495,6 @@ static int load_api(ust__cupti *c) {
   *(void **)(&c->api.graph_node_id) = dlsym(c->lib, "cuptiGetGraphNodeId");
   *(void **)(&c->api.graph_id) = dlsym(c->lib, "cuptiGetGraphId");
   *(void **)(&c->api.exec_id) = dlsym(c->lib, "cuptiGetGraphExecId");
-  *(void **)(&c->api.finalize) = dlsym(c->lib, "cuptiFinalize");
 #undef SYM
   return 0;
 }
@@ -736,53 +703,6 @@ static void stop_tracing(ust__cupti *c, uint64_t now) {
   c->last_flush_ns = now;
 }
 
-/* Asks the next launch API's exit callsite to detach CUPTI; the worker
- * reads how it went (settle_detach). The launch callbacks, off since the
- * kernel records stopped, come on for it; they note nothing while it is
- * asked. */
-static void ask_detach(ust__cupti *c) {
-  g_detach_fn = c->api.finalize;
-  atomic_store_explicit(&g_detach, DETACH_ASKED, memory_order_release);
-  set_launch_callbacks(c, 1);
-  c->state = ST_DETACHING;
-}
-
-/* The detach's outcome, once a callsite ran it (else nothing yet). A
- * failed cuptiFinalize leaves CUPTI attached: the subscription is dropped
- * as without a detach, and no later window asks again. */
-static void settle_detach(ust__cupti *c) {
-  const int d = atomic_load(&g_detach);
-  if (d != DETACH_DONE && d != DETACH_FAILED)
-    return;
-  atomic_store(&g_detach, DETACH_NONE);
-  if (d == DETACH_DONE) {
-    c->detaches++;
-  } else {
-    c->detach_failed = 1;
-    set_launch_callbacks(c, 0);
-    c->api.unsubscribe(c->sub);
-    ust__log(c->log, UST_LOG_WARN, "timer: cuptiFinalize failed: CUPTI stays attached between tracer windows");
-  }
-  c->subscribed = 0;
-  c->state = ST_IDLE;
-}
-
-/* A detach asked and not yet run is taken back (the tracer is going):
- * the subscription is dropped instead. One running is waited for. */
-static void cancel_detach(ust__cupti *c) {
-  int asked = DETACH_ASKED;
-  if (atomic_compare_exchange_strong(&g_detach, &asked, DETACH_NONE)) {
-    set_launch_callbacks(c, 0);
-    c->api.unsubscribe(c->sub);
-    c->subscribed = 0;
-    c->state = ST_IDLE;
-    return;
-  }
-  for (int i = 0; i < 1000 && atomic_load(&g_detach) == DETACH_RUNNING; i++)
-    usleep(1000);
-  settle_detach(c);
-}
-
 static void finish_window(ust__cupti *c, uint64_t now) {
   c->api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   size_t dropped = 0;
@@ -808,20 +728,20 @@ static void finish_window(ust__cupti *c, uint64_t now) {
   c->ns_per_tick = ns_per_tick;
   ust__kt_conclude(c->kt, open_ns, ns_per_tick);
   const int missing = buffers_out();
-  const int foreign = atomic_load(&c->foreign_buffers) > 0;
+  /* CUPTI stays attached: the kernel records leave every later launch
+   * slower until cuptiFinalize (benchmarks/cupti_residue.py), and detaching
+   * between windows corrupted the heap of a torch process (CUDA 13.0), called
+   * from the worker (H200) and at a launch API's exit callsite, CUPTI's
+   * documented dynamic detach (H100: "malloc(): unsorted double linked list
+   * corrupted" within the first HF generate), though a CUDA program of its
+   * own detached 100 times beside launching threads without harm. */
+  if (c->subscribed)
+    c->api.unsubscribe(c->sub);
+  c->subscribed = 0;
   c->next_open_ns = ust__kt_next_open(c->opened_ns, c->opts.window_ns, kernels, c->opts.launch_cost_ns,
                                       c->opts.budget, MIN_GAP_NS);
   c->state = ST_IDLE;
-  /* detached only when every buffer came back and no other client showed:
-   * cuptiFinalize ends every client's tracing, not only ours */
-  if (c->subscribed && missing == 0 && !foreign && c->opts.detach && c->api.finalize != NULL && !c->detach_failed) {
-    ask_detach(c);
-  } else {
-    if (c->subscribed)
-      c->api.unsubscribe(c->sub);
-    c->subscribed = 0;
-  }
-  if (missing > 0 || foreign) {
+  if (missing > 0 || atomic_load(&c->foreign_buffers) > 0) {
     /* Buffers of ours did not come back, or another client's came to us:
      * another client holds the callbacks now. Ours stay out until they
      * come back (never handed out twice). */
@@ -846,9 +766,6 @@ int ust__cupti_poll(ust__cupti *c, int used, int sync) {
   case ST_IDLE:
     if (used && !sync && now >= c->next_open_ns)
       open_window(c, now);
-    break;
-  case ST_DETACHING:
-    settle_detach(c);
     break;
   case ST_OPEN: {
     /* records coming faster than they come back: the window ends early */
@@ -894,7 +811,7 @@ int ust__cupti_poll(ust__cupti *c, int used, int sync) {
     }
   }
   atomic_store_explicit(&c->traced, c->state != ST_OFF && c->state != ST_YIELDED, memory_order_relaxed);
-  return c->state == ST_OPEN || c->state == ST_CLOSING || c->state == ST_DRAINING || c->state == ST_DETACHING;
+  return c->state == ST_OPEN || c->state == ST_CLOSING || c->state == ST_DRAINING;
 }
 
 int ust__cupti_tracing(const ust__cupti *c) {
@@ -977,12 +894,6 @@ void ust__cupti_status(ust__cupti *c, ust__timer_status *out) {
   out->buffers_short = atomic_load(&c->buffers_short);
   out->buffers_lost = c->buffers_lost;
   out->ns_per_tick = c->ns_per_tick;
-  out->detaches = c->detaches;
-  out->detach = c->state == ST_OFF        ? NULL
-                : c->detach_failed        ? "failed"
-                : !c->opts.detach         ? "off"
-                : c->api.finalize == NULL ? "unavailable"
-                                          : "on";
   ust__kt_totals_get(c->kt, &out->totals);
 }
 
@@ -997,8 +908,6 @@ void ust__cupti_destroy(ust__cupti *c) {
     stop_tracing(c, now_ns());
   if (c->state == ST_DRAINING)
     finish_window(c, now_ns());
-  if (c->state == ST_DETACHING)
-    cancel_detach(c);
   ust__cupti *self = c;
   atomic_compare_exchange_strong(&g_tracer, &self, NULL);
   while (atomic_load(&g_in_callback) > 0)

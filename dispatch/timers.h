@@ -37,7 +37,6 @@ typedef struct ust__timer_opts {
   double launch_cost_ns; /* what tracing adds to one kernel launch, for the budget */
   const char *cupti_path; /* borrowed; NULL: libcupti.so.13 as the loader finds it */
   int callbacks;         /* 1: correlate launches through CUPTI's launch callbacks when it can subscribe */
-  int detach;            /* 1: CUPTI detached after each window it was subscribed for (cuptiFinalize) */
   int (*profiler_active)(void); /* 1 while torch's profiler records (may be NULL) */
   uint64_t hold_deadline_ns; /* timed GPU calls are held (dispatch/hold.h), giving up after this; 0: not held */
 } ust__timer_opts;
@@ -50,8 +49,6 @@ typedef struct ust__timer_status {
   uint32_t version;   /* libcupti's API version */
   const char *correlation; /* how the last window joined kernels to calls: "records" or "callbacks" (static) */
   uint64_t yields, windows_cut, buffers_short, buffers_lost;
-  const char *detach; /* "on", "off", "unavailable" or "failed" (static); NULL without a tracer */
-  uint64_t detaches;  /* windows after which CUPTI was detached */
   double ns_per_tick; /* the records' clock, over the last window (1: ns) */
   ust__kt_totals totals;
 } ust__timer_status;

@@ -147,14 +147,6 @@ static const ust__config_field fields[] = {
             "another client, such as torch's profiler, holds CUPTI's subscription, records are used); `records`, "
             "an id each call pushes, carried by CUPTI's API records, which makes every later API call of the "
             "process dearer. The report's `timer.correlation` says which was used."},
-    /* on by default: the kernel records leave every later launch of the process dearer until CUPTI
-     * is detached (benchmarks/cupti_residue.py) */
-    {"timer", "detach", UST__FIELD_BOOL, AT(ust__config, timer_detach), .def = "true",
-     .doc = "Whether CUPTI is detached from the process after each tracer window (`cuptiFinalize`, at the exit "
-            "of the next launch API call on whichever thread launches next, the way CUPTI's dynamic detach is "
-            "made), so that no launch between windows pays for the tracing. Only where understudy held CUPTI's "
-            "subscription for the window (`timer.correlation` `callbacks`, no other client there). The report's "
-            "`timer.detach` says how it went."},
     /* off by default until the held figures are checked against torch.profiler on a GPU
      * (benchmarks/kernel_time.py); the state machine is tested by the C runner */
     {"timer", "hold", UST__FIELD_CHOICE, CHOICES("auto", "off"), AT(ust__config, timer_hold), .def = "\"off\"",

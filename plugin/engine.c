@@ -416,7 +416,6 @@ static int build_router(ust__engine *e) {
         .launch_cost_ns = e->cfg.timer_launch_cost_us * 1e3,
         .cupti_path = e->cfg.cupti_path,
         .callbacks = e->cfg.timer_callbacks,
-        .detach = e->cfg.timer_detach,
         .profiler_active = c->seam != NULL ? c->seam->profiler_active : NULL,
         .hold_deadline_ns = e->cfg.timer_hold == 0 ? (uint64_t)(e->cfg.timer_hold_deadline_us * 1e3) : 0,
     };

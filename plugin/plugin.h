@@ -161,7 +161,6 @@ typedef struct ust__config {
   double timer_launch_cost_us; /* tracing's cost per kernel launch, for the budget */
   char *cupti_path;          /* owned, NULL: libcupti.so.13 as the loader finds it */
   int timer_callbacks;       /* timer.correlation "callbacks" */
-  int timer_detach;          /* timer.detach: CUPTI detached after each window */
   int timer_hold;            /* timer.hold: 0 auto (held where a GPU backend can), 1 off */
   double timer_hold_deadline_us; /* a held call's hold gives up after this long on the device */
   int all_operators;         /* 1 when "operators" is absent: every definition */

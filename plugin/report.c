@@ -344,10 +344,6 @@ static cJSON *timer_json(ust__timers *t, uint64_t elapsed_ns) {
   add_num(j, "elapsed_ns", (double)elapsed_ns); /* since enable: the time the windows sample */
   add_num(j, "yields", (double)st.yields);
   add_num(j, "windows_cut", (double)st.windows_cut);
-  if (st.detach != NULL) {
-    cJSON_AddStringToObject(j, "detach", st.detach);
-    add_num(j, "detaches", (double)st.detaches);
-  }
   add_num(j, "kernels", (double)k->kernels);
   add_num(j, "kernel_ns", (double)k->kernel_ns);
   add_num(j, "attributed_kernels", (double)k->attributed);

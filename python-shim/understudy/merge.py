@@ -90,8 +90,8 @@ def _rollout_add(acc, ro, t):
         acc["last_transition"] = last
 
 
-TIMER_ADD = ("windows", "window_ns", "elapsed_ns", "yields", "windows_cut", "detaches", "kernels", "kernel_ns",
-             "attributed_kernels", "attributed_ns", "calls_timed", "calls_dropped", "calls_empty", "calls_replayed", "captured_unmapped", "records_lost",
+TIMER_ADD = ("windows", "window_ns", "elapsed_ns", "yields", "windows_cut", "kernels", "kernel_ns", "attributed_kernels",
+             "attributed_ns", "calls_timed", "calls_dropped", "calls_empty", "calls_replayed", "captured_unmapped", "records_lost",
              "graph_unknown_kernels", "graph_unknown_ns", "graph_own_kernels", "graph_own_ns")
 
 

@@ -33,9 +33,6 @@ static int g_keep_buffer;   /* a forced flush keeps the kernel buffer (CUPTI hol
 static uint64_t g_ext_stack[16];
 static int g_ext_n;
 static int g_edge_gaps; /* kernel tracing on while a subscriber has no launch callback on */
-static int g_in_exit;   /* an API exit callsite's callback is running */
-static int g_finalizes, g_finalizes_outside; /* cuptiFinalize calls: all, and those not at an exit callsite */
-static CUptiResult g_finalize_result = CUPTI_SUCCESS;
 
 typedef struct buffer {
   uint8_t *p;
@@ -110,17 +107,6 @@ EXPORT void fake_cupti_reset(CUptiResult subscribe_result, double ticks_per_ns) 
   g_ticks_per_ns = ticks_per_ns;
   g_hold_kernels = g_keep_buffer = 0;
   g_edge_gaps = 0;
-  g_finalizes = g_finalizes_outside = 0;
-  g_finalize_result = CUPTI_SUCCESS;
-}
-
-/* What cuptiFinalize returns from now on. */
-EXPORT void fake_cupti_finalize_result(CUptiResult r) { g_finalize_result = r; }
-/* cuptiFinalize calls since the reset; *outside: those made anywhere but
- * at an API's exit callsite (CUPTI's one safe place while threads launch). */
-EXPORT int fake_cupti_finalizes(int *outside) {
-  *outside = g_finalizes_outside;
-  return g_finalizes;
 }
 
 EXPORT void fake_cupti_hold_kernels(int hold) { g_hold_kernels = hold; }
@@ -178,14 +164,6 @@ EXPORT uint32_t fake_cupti_call(int runtime, const char *name, uint64_t dur_ns) 
       k->end = g_hold_kernels ? 0 : k->start + (uint64_t)((double)dur_ns * g_ticks_per_ns);
       k->name = name;
     }
-  }
-  if (g_subscribed && g_cb != NULL && cbid < 1024 && (runtime ? g_cb_runtime[cbid] : g_cb_driver[cbid])) {
-    CUpti_CallbackData d = {0};
-    d.callbackSite = CUPTI_API_EXIT;
-    d.correlationId = corr;
-    g_in_exit = 1;
-    g_cb(NULL, runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, cbid, &d);
-    g_in_exit = 0;
   }
   return corr;
 }
@@ -301,26 +279,6 @@ EXPORT CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle *h, CUpti_CallbackFu
       p->oldSubscriberSize > 8)
     strcpy(p->oldSubscriberName, "kineto");
   return r;
-}
-
-/* Detaches: every subscription, callback and activity kind gone (a later
- * subscribe attaches again). */
-EXPORT CUptiResult cuptiFinalize(void) {
-  g_finalizes++;
-  g_finalizes_outside += !g_in_exit;
-  if (g_finalize_result != CUPTI_SUCCESS)
-    return g_finalize_result;
-  hand_over(&g_host); /* what CUPTI still held comes back first */
-  hand_over(&g_device);
-  g_subscribed = 0;
-  g_cb = NULL;
-  memset(g_cb_runtime, 0, sizeof g_cb_runtime);
-  memset(g_cb_driver, 0, sizeof g_cb_driver);
-  memset(g_cb_resource, 0, sizeof g_cb_resource);
-  memset(g_enabled, 0, sizeof g_enabled);
-  g_req = NULL;
-  g_comp = NULL;
-  return CUPTI_SUCCESS;
 }
 
 EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle h) {

@@ -11,7 +11,6 @@
 #define UST_TEST_LIST_TRACER(X)                                        \
   X(tracer_times_calls_by_their_kernels_through_records)              \
   X(tracer_times_calls_by_their_kernels_through_callbacks)            \
-  X(tracer_detaches_cupti_after_each_window_at_a_launchs_exit)       \
   X(tracer_converts_records_in_another_clients_clock)                 \
   X(tracer_stands_down_for_the_profiler_and_resumes)                  \
   X(tracer_yields_to_an_injected_tool_not_to_an_idle_subscriber)      \

@@ -2,7 +2,7 @@
  * against a stand-in libcupti (tests/c/fake_cupti.c), without a GPU:
  * windows, both ways of joining kernels to calls, another client's clock,
  * standing down and resuming, calls whose kernels never came, buffers CUPTI
- * keeps past a tracer, detaching CUPTI between windows. The expected figures are the durations the test
+ * keeps past a tracer. The expected figures are the durations the test
  * gives the stand-in's kernels. Time is the stand-in's clock, which the
  * test moves: a window is open or due when the test says, however slowly
  * the machine runs. */
@@ -30,20 +30,16 @@ typedef struct fake {
   int (*take_buffers)(int);
   void (*return_buffers)(void);
   void (*instantiate)(uint32_t, uint32_t);
-  void (*finalize_result)(CUptiResult);
-  int (*finalizes)(int *);
   fake_clock clock;
 } fake;
 
 static atomic_int profiler_on;
 static int profiler_active(void) { return atomic_load(&profiler_on); }
 
-static int detach_on; /* timer.detach for the tracers made next */
-
 static ust__cupti *tracer(int callbacks, fake *f) {
   const ust__timer_opts o = {.kind = UST__TIMER_CUPTI, .window_ns = 50000000, .budget = 0,
                              .launch_cost_ns = 10000, .cupti_path = UST_FAKE_CUPTI,
-                             .profiler_active = profiler_active, .callbacks = callbacks, .detach = detach_on};
+                             .profiler_active = profiler_active, .callbacks = callbacks};
   f->clock = fake_clock_install();
   ust__cupti *c = NULL;
   ASSERT_INT_EQ(ust__cupti_create(&o, NULL, &c), 0);
@@ -62,11 +58,8 @@ static ust__cupti *tracer(int callbacks, fake *f) {
   *(void **)&f->take_buffers = dlsym(h, "fake_cupti_take_buffers");
   *(void **)&f->return_buffers = dlsym(h, "fake_cupti_return_buffers");
   *(void **)&f->instantiate = dlsym(h, "fake_cupti_instantiate");
-  *(void **)&f->finalize_result = dlsym(h, "fake_cupti_finalize_result");
-  *(void **)&f->finalizes = dlsym(h, "fake_cupti_finalizes");
   ASSERT_TRUE(f->reset && f->hold_kernels && f->keep_buffer && f->release_buffer && f->enabled && f->call &&
-              f->subscribed && f->edge_gaps && f->graph_kernel && f->take_buffers && f->return_buffers && f->instantiate &&
-              f->finalize_result && f->finalizes);
+              f->subscribed && f->edge_gaps && f->graph_kernel && f->take_buffers && f->return_buffers && f->instantiate);
   return c;
 }
 
@@ -171,82 +164,6 @@ TEST(tracer_times_calls_by_their_kernels_through_callbacks) {
    * window: no kernel can arrive without its launch's call and phase */
   ASSERT_INT_EQ(r.f.edge_gaps(), 0);
   rig_down(&r);
-}
-
-static void check_detach(rig *r, const char *state, const char *detach, uint64_t detaches) {
-  ust__timer_status st;
-  ust__cupti_status(r->c, &st);
-  ASSERT_STR_EQ(st.state, state);
-  ASSERT_STR_EQ(st.detach, detach);
-  ASSERT_U64_EQ(st.detaches, detaches);
-}
-
-TEST(tracer_detaches_cupti_after_each_window_at_a_launchs_exit) {
-  detach_on = 1;
-  rig r;
-  rig_up(&r, 1, CUPTI_SUCCESS, 1.0);
-  int outside = -1;
-  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
-  ust__cupti_poll(r.c, 1, 1); /* the first window (empty) concludes: a detach is asked */
-  check_detach(&r, "detaching", "on", 0);
-  ASSERT_INT_EQ(ust__cupti_tracing(r.c), UST__TRACING_BETWEEN);
-  /* still attached, kernel records off, nothing finalized from the worker */
-  ASSERT_INT_EQ(r.f.subscribed(), 1);
-  ASSERT_TRUE(!r.f.enabled(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
-  ASSERT_INT_EQ(r.f.finalizes(&outside), 0);
-  r.f.clock.advance(200000000);
-  ust__cupti_poll(r.c, 1, 0); /* due, but no window opens before the detach */
-  check_detach(&r, "detaching", "on", 0);
-  /* the next launch's exit detaches, on the launching thread */
-  r.f.call(0, "triton_rms", 400);
-  ASSERT_INT_EQ(r.f.finalizes(&outside), 1);
-  ASSERT_INT_EQ(outside, 0);
-  ASSERT_INT_EQ(r.f.subscribed(), 0);
-  r.f.call(1, "gemm", 100); /* detached: no callback, nothing asked again */
-  ASSERT_INT_EQ(r.f.finalizes(&outside), 1);
-  ust__cupti_poll(r.c, 1, 0);
-  check_detach(&r, "idle", "on", 1);
-  /* the next window attaches again and times its calls as ever */
-  const int prev = ust_set_phase(UST_PHASE_DECODE);
-  one_window(&r);
-  ust_set_phase(prev);
-  check_window(&r, "callbacks");
-  ASSERT_INT_EQ(r.f.edge_gaps(), 0);
-  check_detach(&r, "detaching", "on", 1);
-  r.f.call(1, "gemm", 100);
-  ust__cupti_poll(r.c, 1, 0);
-  check_detach(&r, "idle", "on", 2);
-  ASSERT_INT_EQ(r.f.finalizes(&outside), 2);
-  ASSERT_INT_EQ(outside, 0);
-
-  /* a cuptiFinalize that fails: the subscription is dropped as without a
-   * detach, and no later window asks again */
-  r.f.finalize_result(CUPTI_ERROR_UNKNOWN);
-  r.f.clock.advance(200000000);
-  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
-  ust__cupti_poll(r.c, 1, 1);
-  r.f.call(1, "gemm", 100);
-  ASSERT_INT_EQ(r.f.finalizes(&outside), 3);
-  ust__cupti_poll(r.c, 1, 0);
-  check_detach(&r, "idle", "failed", 2);
-  ASSERT_INT_EQ(r.f.subscribed(), 0);
-  r.f.clock.advance(200000000);
-  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
-  ust__cupti_poll(r.c, 1, 1);
-  check_detach(&r, "idle", "failed", 2);
-  ASSERT_INT_EQ(r.f.subscribed(), 0);
-  rig_down(&r);
-
-  /* a tracer going while its detach waits for a launch takes it back */
-  rig_up(&r, 1, CUPTI_SUCCESS, 1.0);
-  ASSERT_INT_EQ(ust__cupti_poll(r.c, 1, 0), 1);
-  ust__cupti_poll(r.c, 1, 1);
-  check_detach(&r, "detaching", "on", 0);
-  rig_down(&r);
-  ASSERT_INT_EQ(r.f.subscribed(), 0);
-  r.f.call(1, "gemm", 100);
-  ASSERT_INT_EQ(r.f.finalizes(&outside), 0);
-  detach_on = 0;
 }
 
 TEST(tracer_converts_records_in_another_clients_clock) {
