@@ -168,8 +168,7 @@ def table(kind, batch, tokens, layers, correlation):
           f"(pair offset {cal}; held {hold.get('held', 0):.0f}, expired {hold.get('expired', 0):.0f}); tracer "
           f"{tm.get('kind')} ({tm.get('why') or tm.get('state')}), coverage {tm.get('coverage', float('nan')):.3f}")
     bm = brep.get("timer", {})
-    print(f"tracer at its default budget: {bm.get('windows', 0):.0f} windows, correlation {bm.get('correlation')}, "
-          f"detach {bm.get('detach')} ({bm.get('detaches', 0):.0f} detached)")
+    print(f"tracer at its default budget: {bm.get('windows', 0):.0f} windows, correlation {bm.get('correlation')}")
     print(f"{'op':<34} {'key':<26} {'phase':<7} {'prof us':>8} {'held':>8} {'/prof':>6} {'held n':>6} "
           f"{'events':>8} {'/prof':>6} {'tracer':>8} {'/prof':>6} {'budget':>6} {'kernel':>6} {'dflt':>6}")
 
