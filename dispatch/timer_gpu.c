@@ -239,9 +239,10 @@ out:
 
 /* ---- staged lengths of varlen calls (dispatch/roofcall.h) ------------------------ */
 
-/* The device's staging areas, made at its first deferred floor (outside the
- * lock: a pinned allocation may wait for the device); NULL when they could
- * not be made (its calls keep their bounds). */
+/* The device's staging areas, made at its first deferred floor, or before
+ * its first call that may be held (outside the lock: a pinned allocation
+ * may wait for the device); NULL when they could not be made (its calls
+ * keep their bounds). */
 static stage_pool *device_stages(ust__timers *t, int device) {
   stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
   if (sp != NULL || atomic_load_explicit(&t->stages_made[device], memory_order_acquire) == 2)
@@ -597,6 +598,11 @@ int ust__timers_begin(ust__timers *t, int device, void *stream, ust__hold_word *
   s->seq = 0;
   s->hold = hold;
   s->floor_tag1 = 0;
+  /* the staging areas of varlen floors are made before a call may be held,
+   * never inside its span: a pinned allocation may wait for the device,
+   * which would wait for the hold until its deadline */
+  if (hold != NULL && t->hold.deadline_ns != 0)
+    (void)device_stages(t, device);
   if (timer_events(t, s, device) != 0) {
     give_back(t, device << 20 | idx);
     return -1;
