@@ -33,7 +33,7 @@
 //                 is churned, so that a corruption shows as a crash
 //   cycles+exit   the same, each window ending in cuptiFinalize called at a
 //                 launch API's exit callsite, on whichever thread launches
-//                 next (CUPTI's dynamic detach; understudy's tracer does so)
+//                 next (CUPTI's documented dynamic detach)
 //
 // Build (the device machine):
 //   nvcc -O2 -arch=sm_90 -I$CUDA/include -o cupti_residue benchmarks/cupti_residue.cu -lcuda -ldl
@@ -112,7 +112,7 @@ static void CUPTIAPI on_launch(void *data, CUpti_CallbackDomain domain, CUpti_Ca
   const CUpti_CallbackData *cb = (const CUpti_CallbackData *)cbdata;
   if (cb->callbackSite == CUPTI_API_ENTER)
     noted += cb->correlationId;
-  else if (detach_asked.exchange(0) == 1)
+  else if (detach_asked.load(std::memory_order_relaxed) == 1 && detach_asked.exchange(0) == 1)
     detached.store(api.finalize() == CUPTI_SUCCESS ? 1 : -1);
 }
 

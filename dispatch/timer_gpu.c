@@ -112,9 +112,14 @@ static void restore_capture_mode(enum cudaStreamCaptureMode mode) { cudaThreadEx
 
 /* ---- the hold's device (dispatch/hold.h) ---------------------------------------- */
 
+static stage_pool *device_stages(ust__timers *t, int device);
+
 /* The device's hold words, made at its first held call (outside the timers'
  * lock: a host allocation may wait for the device); NULL when they could not
- * be made (its calls are then timed by the plain pair). */
+ * be made (its calls are then timed by the plain pair). Its staging areas
+ * for varlen floors are made first, before any call on it can be held: made
+ * later, inside a held call, their pinned allocation would wait for the
+ * device, which waits for the hold until its deadline. */
 static hold_words *device_words(ust__timers *t, int device) {
   hold_words *w = atomic_load_explicit(&t->words[device], memory_order_acquire);
   if (w != NULL || atomic_load_explicit(&t->words_made[device], memory_order_acquire) == 2)
@@ -136,6 +141,7 @@ static hold_words *device_words(ust__timers *t, int device) {
   restore_capture_mode(mode);
   if (ok) {
     memset(w->host, 0, n * sizeof *w->host);
+    (void)device_stages(t, device); /* NULL: its varlen calls keep their bounds */
     atomic_store_explicit(&t->words[device], w, memory_order_release);
   } else if (w != NULL) {
     if (w->host != NULL)
@@ -239,10 +245,9 @@ out:
 
 /* ---- staged lengths of varlen calls (dispatch/roofcall.h) ------------------------ */
 
-/* The device's staging areas, made at its first deferred floor, or before
- * its first call that may be held (outside the lock: a pinned allocation
- * may wait for the device); NULL when they could not be made (its calls
- * keep their bounds). */
+/* The device's staging areas, made at its first deferred floor or with its
+ * hold words (outside the lock: a pinned allocation may wait for the
+ * device); NULL when they could not be made (its calls keep their bounds). */
 static stage_pool *device_stages(ust__timers *t, int device) {
   stage_pool *sp = atomic_load_explicit(&t->stages[device], memory_order_acquire);
   if (sp != NULL || atomic_load_explicit(&t->stages_made[device], memory_order_acquire) == 2)
@@ -598,11 +603,6 @@ int ust__timers_begin(ust__timers *t, int device, void *stream, ust__hold_word *
   s->seq = 0;
   s->hold = hold;
   s->floor_tag1 = 0;
-  /* the staging areas of varlen floors are made before a call may be held,
-   * never inside its span: a pinned allocation may wait for the device,
-   * which would wait for the hold until its deadline */
-  if (hold != NULL && t->hold.deadline_ns != 0)
-    (void)device_stages(t, device);
   if (timer_events(t, s, device) != 0) {
     give_back(t, device << 20 | idx);
     return -1;
